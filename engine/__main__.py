@@ -1,0 +1,89 @@
+"""The `hubserve` command line: `hubserve serve ...` (Triton-like flags)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+
+
+def _resource(text: str) -> tuple[str, int]:
+    name, _, count = text.partition(":")
+    if not name or not count.isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME:COUNT, got '{text}'")
+    return name, int(count)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hubserve", description="Serve models over KServe v2 HTTP and gRPC.")
+    parser.add_argument("--version", action="version", version=f"hubserve {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model repository",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    serve.add_argument("--model-repository", required=True, type=Path,
+                       help="folder in Triton's layout: <repo>/<model>/config.pbtxt|config.yaml and "
+                            "<repo>/<model>/<version>/model.onnx")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    serve.add_argument("--http-port", type=int, default=8000, help="KServe v2 HTTP/REST port (0 = any free)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (0 = any free)")
+    serve.add_argument("--metrics-port", type=int, default=8002,
+                       help="Prometheus /metrics port (0 = disabled)")
+    serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="poll",
+                       help="none: load every model at start, never rescan; poll: load every model at start "
+                            "and pick up added, changed and removed model folders; explicit: load only "
+                            "--load-model at start, then only through the repository API")
+    serve.add_argument("--repository-poll-secs", type=float, default=2.0,
+                       help="seconds between repository scans in poll mode")
+    serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                       help="with explicit mode: a model to load at start (repeatable)")
+    serve.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
+                       help="/v2/health/ready needs every model ready (else: ready once the server is up)")
+    serve.add_argument("--max-message-mb", type=int, default=1024,
+                       help="largest HTTP body and gRPC message accepted or sent, in MiB")
+    serve.add_argument("--max-concurrent-executions", type=int, default=0,
+                       help="server-wide cap on batches executing at once across all models (0 = no cap)")
+    serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource, metavar="NAME:COUNT",
+                       help="server-wide count of a rate-limiter resource named in instance groups")
+    serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
+                       help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
+    serve.add_argument("--log-verbose", type=int, default=0,
+                       help="0: one line per model state change and errors; 1 or more: debug detail")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from .server import Server, ServerOptions
+
+        logging.basicConfig(level=logging.DEBUG if args.log_verbose > 0 else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        if not args.model_repository.is_dir():
+            print(f"hubserve: model repository '{args.model_repository}' is not a folder", file=sys.stderr)
+            return 2
+        options = ServerOptions(
+            model_repository=args.model_repository.resolve(),
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            metrics_port=args.metrics_port,
+            model_control_mode=args.model_control_mode,
+            repository_poll_secs=args.repository_poll_secs,
+            load_models=tuple(args.load_model),
+            strict_readiness=args.strict_readiness,
+            max_message_bytes=args.max_message_mb << 20,
+            max_concurrent_executions=args.max_concurrent_executions,
+            rate_limit_resources=dict(args.rate_limit_resource),
+            exit_timeout_secs=args.exit_timeout_secs,
+        )
+        asyncio.run(Server(options).run_until_signalled())
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

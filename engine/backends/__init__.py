@@ -1,0 +1,52 @@
+"""The backend seam: one small protocol, one module per runtime.
+
+`create(config, model_dir, device)` is called on the instance's own thread (see `engine/scheduler.py`); the
+backend it returns is run and closed on that same thread only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..config import ModelConfig, ModelIO
+from ..devices import Device
+from ..errors import EngineError, ErrorCode
+
+
+class Backend(Protocol):
+    def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        """Run one batch. Called only on the instance's thread; arrays are owned by the caller until it
+        returns, and the returned arrays are owned by the caller afterwards."""
+        ...
+
+    def close(self) -> None:
+        """Release the runtime's memory. Called once, on the instance's thread."""
+        ...
+
+
+def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:
+    if config.backend == "onnxruntime":
+        from .onnxruntime import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(config, model_path, device)
+    if config.backend == "tensorrt":
+        from .tensorrt import TensorRTBackend
+
+        return TensorRTBackend(config, model_path, device)
+    if config.backend == "identity":
+        from .identity import IdentityBackend
+
+        return IdentityBackend(config)
+    raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")
+
+
+def describe(backend: str, model_path: Path) -> ModelIO | None:
+    """What the model file declares, for auto-complete; None when the backend cannot tell."""
+    if backend == "onnxruntime":
+        from .onnxruntime import describe_onnx
+
+        return describe_onnx(model_path)
+    return None

@@ -1,0 +1,190 @@
+"""ONNX Runtime backend: one InferenceSession per instance.
+
+CPU instances use the CPU execution provider. GPU instances put the CUDA provider (bound to the instance's
+device id) first, or TensorRT then CUDA when the config asks for the `tensorrt` GPU accelerator. The GPU paths
+cannot be exercised in CI (no GPU there); what they do is build the provider list, which is tested as data.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from ..config import ModelConfig, ModelIO, TensorSpec
+from ..devices import Device
+from ..errors import EngineError, ErrorCode, invalid
+from ..types import DataType
+
+# ONNX Runtime's type strings for each protocol datatype.
+_ORT_TYPES = {
+    "tensor(bool)": DataType.BOOL,
+    "tensor(uint8)": DataType.UINT8,
+    "tensor(uint16)": DataType.UINT16,
+    "tensor(uint32)": DataType.UINT32,
+    "tensor(uint64)": DataType.UINT64,
+    "tensor(int8)": DataType.INT8,
+    "tensor(int16)": DataType.INT16,
+    "tensor(int32)": DataType.INT32,
+    "tensor(int64)": DataType.INT64,
+    "tensor(float16)": DataType.FP16,
+    "tensor(float)": DataType.FP32,
+    "tensor(double)": DataType.FP64,
+    "tensor(string)": DataType.BYTES,
+    "tensor(bfloat16)": DataType.BF16,
+}
+_ONNX_BFLOAT16 = 16  # TensorProto.BFLOAT16
+
+
+def providers_for(config: ModelConfig, device: Device) -> list[Any]:
+    if device.kind == "cpu":
+        return ["CPUExecutionProvider"]
+    cuda = ("CUDAExecutionProvider", {"device_id": device.index})
+    providers: list[Any] = [cuda, "CPUExecutionProvider"]
+    accelerators = config.proto().optimization.execution_accelerators.gpu_execution_accelerator
+    if any(a.name == "tensorrt" for a in accelerators):
+        providers.insert(0, ("TensorrtExecutionProvider", {"device_id": device.index}))
+    return providers
+
+
+def session_options(config: ModelConfig) -> ort.SessionOptions:
+    """One intra-op thread and no spinning unless the config says otherwise: ORT's default pool spins on
+    every core, which starves the event loop and the other instances on a small machine."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    params = config.parameters
+    for key, attr in (("intra_op_thread_count", "intra_op_num_threads"),
+                      ("inter_op_thread_count", "inter_op_num_threads")):
+        if key in params:
+            try:
+                setattr(opts, attr, int(params[key]))
+            except ValueError:
+                raise invalid(f"model '{config.name}': parameter {key} must be an integer, got {params[key]!r}")
+    opts.log_severity_level = 3
+    return opts
+
+
+def _spec(arg: Any) -> TensorSpec:
+    datatype = _ORT_TYPES.get(arg.type)
+    if datatype is None:
+        raise EngineError(ErrorCode.UNSUPPORTED, f"tensor '{arg.name}' has unsupported type {arg.type}")
+    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in arg.shape)
+    return TensorSpec(arg.name, datatype, dims)
+
+
+def describe_onnx(model_path: Path) -> ModelIO:
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own exception types for corrupt files
+        raise invalid(f"cannot read ONNX model {model_path}: {e}") from None
+    io = ModelIO(tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs()))
+    del session
+    return io
+
+
+class OnnxRuntimeBackend:
+    def __init__(self, config: ModelConfig, model_path: Path, device: Device) -> None:
+        try:
+            self._session = ort.InferenceSession(
+                str(model_path), session_options(config), providers=providers_for(config, device)
+            )
+        except EngineError:
+            raise
+        except Exception as e:
+            raise invalid(f"cannot load ONNX model {model_path}: {e}") from None
+        self._check_against_config(config)
+        self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
+        self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}
+        self._bf16_inputs = {s.name for s in config.inputs if s.datatype is DataType.BF16}
+        self._bf16_outputs = {s.name for s in config.outputs if s.datatype is DataType.BF16}
+
+    def _check_against_config(self, config: ModelConfig) -> None:
+        """A config that names a tensor the model lacks, or the wrong type, fails at load with both sides."""
+        for kind, declared, actual in (
+            ("input", config.inputs, self._session.get_inputs()),
+            ("output", config.outputs, self._session.get_outputs()),
+        ):
+            found = {a.name: _spec(a) for a in actual}
+            for spec in declared:
+                model_spec = found.get(spec.name)
+                if model_spec is None:
+                    raise invalid(
+                        f"model '{config.name}': config {kind} '{spec.name}' is not in the model; "
+                        f"the model's {kind}s are {', '.join(sorted(found))}"
+                    )
+                if model_spec.datatype is not spec.datatype:
+                    raise invalid(
+                        f"model '{config.name}': config {kind} '{spec.name}' is {spec.datatype.value} but the "
+                        f"model has {model_spec.datatype.value}"
+                    )
+
+    def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        if self._bf16_inputs or self._bf16_outputs:
+            return self._execute_ort_values(inputs, output_names)
+        feed = inputs
+        if self._bytes_inputs:
+            feed = dict(inputs)
+            for name in self._bytes_inputs & feed.keys():
+                feed[name] = _bytes_to_str(name, feed[name])
+        results = self._session.run(output_names, feed)
+        out = dict(zip(output_names, results))
+        for name in self._bytes_outputs & out.keys():
+            out[name] = _str_to_bytes(out[name])
+        return out
+
+    def _execute_ort_values(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+        """BF16 has no numpy dtype: its raw bits travel as uint16 and enter ORT as typed OrtValues."""
+        feed = {}
+        for name, arr in inputs.items():
+            if name in self._bf16_inputs:
+                feed[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(arr), _ONNX_BFLOAT16
+                )
+            elif name in self._bytes_inputs:
+                feed[name] = ort.OrtValue.ortvalue_from_numpy(_bytes_to_str(name, arr))
+            else:
+                feed[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
+        results = self._session.run_with_ort_values(output_names, feed)
+        out = {}
+        for name, value in zip(output_names, results):
+            if name in self._bf16_outputs:
+                out[name] = np.frombuffer(bytes(value.numpy().tobytes()), dtype=np.uint16).reshape(value.shape())
+            else:
+                out[name] = value.numpy()
+                if name in self._bytes_outputs:
+                    out[name] = _str_to_bytes(out[name])
+        return out
+
+    def close(self) -> None:
+        del self._session
+
+
+def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:
+    """ONNX string tensors are Unicode; protocol BYTES elements must therefore be valid UTF-8 here."""
+    out = np.empty(arr.shape, dtype=object)
+    flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        if isinstance(item, bytes):
+            try:
+                flat_out[i] = item.decode("utf-8")
+            except UnicodeDecodeError:
+                raise invalid(f"input '{name}' element {i} is not valid UTF-8, which ONNX string tensors need")
+        else:
+            flat_out[i] = str(item)
+    return out
+
+
+def _str_to_bytes(arr: np.ndarray) -> np.ndarray:
+    out = np.empty(arr.shape, dtype=object)
+    flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
+    for i, item in enumerate(flat_in):
+        flat_out[i] = item.encode("utf-8") if isinstance(item, str) else bytes(item)
+    return out

@@ -1,0 +1,392 @@
+"""Dynamic batching: a pure policy and a small asyncio driver.
+
+`BatchPolicy` is synchronous and owns the queues: it answers "which requests form the next batch, now" or
+"wait N ns", given the clock. It has no event loop, so its tests are plain functions.
+
+`Batcher` drives it. There is no background task: `_dispatch()` runs whenever something changes — a request
+arrives, an instance frees up, a timer fires — and forms batches only while an instance is free. So requests
+arriving while every instance is busy wait in the queue and join the next batch ("batch as late as possible").
+A timer is armed only for the earliest of the batching window and the next queue timeout, so timeouts fire
+on time even when no instance frees up.
+
+Semantics follow Triton's `dynamic_batching`: the window (`max_queue_delay_microseconds`) runs from the oldest
+queued request; a batch reaching `max_batch_size` or a preferred size goes at once; requests whose non-batch
+dims differ never share a batch; priority levels are served lowest number first; queue policies bound each
+level's queue and time requests out (REJECT fails them, DELAY moves them behind every undelayed request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
+from .errors import EngineError, ErrorCode, invalid
+from .scheduler import Instance, InstancePool
+from .stats import ModelStats
+from .types import InferenceRequest, InferenceResponse, Tensor
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A queued request. `inputs` are in the model's input order, validated."""
+
+    request: InferenceRequest
+    inputs: dict[str, np.ndarray]
+    batch_size: int
+    shape_key: tuple[Any, ...]
+    enqueue_ns: int
+    level: int = 0
+    deadline_ns: int = 0  # 0 = never times out
+    timeout_action: TimeoutAction = TimeoutAction.REJECT
+    future: asyncio.Future[InferenceResponse] | None = field(default=None, repr=False)
+
+
+@dataclass(slots=True)
+class Decision:
+    batch: list[Pending]  # empty = send nothing now
+    wait_ns: int | None  # when to ask again (None = only when something changes)
+
+
+class BatchPolicy:
+    """The queues and the rule that forms batches. Not thread-safe; used from one thread only."""
+
+    def __init__(self, max_batch_size: int, config: DynamicBatchingConfig | None) -> None:
+        self.max_batch_size = max(max_batch_size, 1)
+        self.config = config or DynamicBatchingConfig()
+        self.batching = config is not None
+        self.delay_ns = self.config.max_queue_delay_us * 1000
+        self.preferred = frozenset(self.config.preferred_batch_sizes)
+        levels = self.config.priority_levels or 1
+        self._queues: dict[int, deque[Pending]] = {lvl: deque() for lvl in range(1, levels + 1)}
+        self._delayed: deque[Pending] = deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    # ------------------------------------------------------------------ admission
+
+    def level_of(self, priority: int) -> int:
+        """The queue level for a request's `priority` parameter (0 = the model's default)."""
+        levels = self.config.priority_levels
+        if levels == 0:
+            return 1
+        if priority == 0:
+            return self.config.default_priority_level or 1
+        if not 1 <= priority <= levels:
+            raise invalid(f"priority {priority} is outside this model's levels 1..{levels}")
+        return priority
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        return self.config.queue_policy(level)
+
+    def enqueue(self, pending: Pending) -> None:
+        policy = self.queue_policy(pending.level)
+        queue = self._queues[pending.level]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            raise EngineError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"model '{pending.request.model_name}' queue is full ({policy.max_queue_size} requests "
+                f"at priority {pending.level}); retry later",
+            )
+        queue.append(pending)
+        self._size += 1
+
+    def remove(self, pending: Pending) -> bool:
+        """Take a request out (its client went away). False when it was already dispatched."""
+        for queue in (self._queues[pending.level], self._delayed):
+            try:
+                queue.remove(pending)
+            except ValueError:
+                continue
+            self._size -= 1
+            return True
+        return False
+
+    # ------------------------------------------------------------------ timeouts
+
+    def expire(self, now_ns: int) -> list[Pending]:
+        """Apply queue timeouts: returns the requests to reject; DELAY requests move to the back."""
+        rejected: list[Pending] = []
+        for queue in self._queues.values():
+            if not queue:
+                continue
+            keep: deque[Pending] = deque()
+            for p in queue:
+                if p.deadline_ns and now_ns >= p.deadline_ns:
+                    if p.timeout_action is TimeoutAction.DELAY:
+                        p.deadline_ns = 0
+                        self._delayed.append(p)
+                    else:
+                        rejected.append(p)
+                        self._size -= 1
+                else:
+                    keep.append(p)
+            if len(keep) != len(queue):
+                queue.clear()
+                queue.extend(keep)
+        return rejected
+
+    def next_deadline_ns(self) -> int | None:
+        deadlines = [p.deadline_ns for q in self._queues.values() for p in q if p.deadline_ns]
+        return min(deadlines) if deadlines else None
+
+    # ------------------------------------------------------------------ batch formation
+
+    def _walk(self) -> Iterator[Pending]:
+        for level in sorted(self._queues):
+            yield from self._queues[level]
+        yield from self._delayed
+
+    def peek(self, now_ns: int) -> Decision:
+        """The batch to send now, without removing it; or how long to wait before asking again."""
+        if not self._size:
+            return Decision([], None)
+        batch: list[Pending] = []
+        total = 0
+        preferred_prefix = 0
+        full = False
+        first_key = None
+        for p in self._walk():
+            if first_key is None:
+                first_key = p.shape_key
+            elif p.shape_key != first_key or total + p.batch_size > self.max_batch_size:
+                full = True  # the next request cannot join: this batch is as big as it gets
+                break
+            batch.append(p)
+            total += p.batch_size
+            if total in self.preferred:
+                preferred_prefix = len(batch)
+            if total >= self.max_batch_size or not self.batching:
+                full = True
+                break
+        if full or self.delay_ns == 0:
+            return Decision(batch, None)
+        if preferred_prefix:
+            return Decision(batch[:preferred_prefix], None)
+        oldest = min(p.enqueue_ns for p in batch)
+        if now_ns >= oldest + self.delay_ns:
+            return Decision(batch, None)
+        return Decision([], oldest + self.delay_ns - now_ns)
+
+    def take(self, batch: list[Pending]) -> None:
+        """Remove a batch returned by `peek` (always a prefix of the walk order)."""
+        for p in batch:
+            queue = self._queues[p.level]
+            if queue and queue[0] is p:
+                queue.popleft()
+            else:
+                self._delayed.remove(p)
+        self._size -= len(batch)
+
+
+class Batcher:
+    """The asyncio side: futures, timers, and running formed batches on instances. Runs on the event loop."""
+
+    def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats) -> None:
+        self.config = config
+        self._version = version
+        self._pool = pool
+        self._stats = stats
+        self.policy = BatchPolicy(config.max_batch_size, config.dynamic_batching)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._preserve = bool(config.dynamic_batching and config.dynamic_batching.preserve_ordering)
+        self._next_seq = 0
+        self._deliver_seq = 0
+        self._finished: dict[int, list[tuple[Pending, InferenceResponse | EngineError]]] = {}
+        self._output_names = [o.name for o in config.outputs]
+        self._output_types = {o.name: o.datatype for o in config.outputs}
+        pool.on_release = self._dispatch
+
+    async def submit(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> InferenceResponse:
+        """Queue a validated request and wait for its response. Cancelling the caller removes the request
+        from the queue, so it is never executed."""
+        pending = self._pending(request, inputs)
+        loop = asyncio.get_running_loop()
+        pending.future = loop.create_future()
+        self.policy.enqueue(pending)
+        self._inflight += 1
+        self._idle.clear()
+        self._dispatch()
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            if self.policy.remove(pending):
+                self._done(1)
+            raise
+
+    def _pending(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> Pending:
+        policy = self.policy
+        batching = self.config.max_batch_size > 0
+        first = next(iter(inputs.values()))
+        batch_size = int(first.shape[0]) if batching and first.ndim else 1
+        shape_key = tuple(a.shape[1:] for a in inputs.values()) if batching else ()
+        level = policy.level_of(_int_param(request, "priority"))
+        qp = policy.queue_policy(level)
+        timeout_us = qp.default_timeout_us
+        override = _int_param(request, "timeout")
+        if override and qp.allow_timeout_override:
+            timeout_us = override
+        now = time.perf_counter_ns()
+        return Pending(request, inputs, batch_size, shape_key, now, level,
+                       now + timeout_us * 1000 if timeout_us else 0, qp.timeout_action)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self) -> None:
+        """Form and start batches while an instance is free. Called on every state change."""
+        policy = self.policy
+        if not len(policy):
+            return
+        now = time.perf_counter_ns()
+        for p in policy.expire(now):
+            self._fail(p, EngineError(ErrorCode.UNAVAILABLE,
+                                      f"request timed out in the queue of model '{self.config.name}'"))
+            self._done(1)
+        wait_ns: int | None = None
+        while len(policy):
+            decision = policy.peek(now)
+            if not decision.batch:
+                wait_ns = decision.wait_ns
+                break
+            instance = self._pool.try_acquire()
+            if instance is None:
+                break  # the pool calls _dispatch again when an instance frees up
+            policy.take(decision.batch)
+            seq = self._next_seq
+            self._next_seq += 1
+            asyncio.get_running_loop().create_task(self._execute(instance, decision.batch, seq))
+        deadline = policy.next_deadline_ns()
+        if deadline is not None:
+            wait_ns = min(wait_ns, deadline - now) if wait_ns is not None else deadline - now
+        if wait_ns is not None:
+            self._arm_timer(max(wait_ns, 0) / 1e9)
+
+    def _arm_timer(self, delay_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        when = loop.time() + delay_s
+        if self._timer is not None:
+            if not self._timer.cancelled() and self._timer_at <= when and self._timer_at > loop.time():
+                return  # an earlier timer is already set
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    async def _execute(self, instance: Instance, batch: list[Pending], seq: int) -> None:
+        start = time.perf_counter_ns()
+        results: list[tuple[Pending, InferenceResponse | EngineError]]
+        try:
+            for p in batch:
+                self._stats.queue.add(start - p.enqueue_ns)
+            inputs = _concat(batch)
+            input_ns = time.perf_counter_ns() - start
+            outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names)
+            out_start = time.perf_counter_ns()
+            results = self._split(batch, outputs)
+            output_ns = time.perf_counter_ns() - out_start
+            total = sum(p.batch_size for p in batch)
+            self._stats.record_execution(total, len(batch), input_ns, infer_ns, output_ns)
+        except EngineError as e:
+            results = [(p, e) for p in batch]
+        except Exception as e:  # a backend bug or runtime failure fails this batch only
+            err = EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' failed to execute: {e}")
+            results = [(p, err) for p in batch]
+        finally:
+            self._pool.release(instance)
+        self._deliver(seq, results)
+
+    def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray]
+               ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
+        """Slice each output back to its requests (views, no copies)."""
+        batching = self.config.max_batch_size > 0
+        total = sum(p.batch_size for p in batch)
+        for name, arr in outputs.items():
+            if batching and (arr.ndim == 0 or arr.shape[0] != total):
+                raise EngineError(ErrorCode.INTERNAL,
+                                  f"model '{self.config.name}' returned output '{name}' with batch dimension "
+                                  f"{arr.shape[0] if arr.ndim else 'none'} for a batch of {total}")
+        results: list[tuple[Pending, InferenceResponse | EngineError]] = []
+        offset = 0
+        for p in batch:
+            req = p.request
+            names = [o.name for o in req.outputs] if req.outputs is not None else self._output_names
+            tensors = []
+            for name in names:
+                arr = outputs[name]
+                if batching and len(batch) > 1:
+                    arr = arr[offset:offset + p.batch_size]
+                tensors.append(Tensor(name, self._output_types[name], arr.shape, arr))
+            offset += p.batch_size
+            results.append((p, InferenceResponse(req.model_name, self._version, tensors, req.id)))
+        return results
+
+    def _deliver(self, seq: int, results: list[tuple[Pending, InferenceResponse | EngineError]]) -> None:
+        if not self._preserve:
+            self._resolve(results)
+            return
+        self._finished[seq] = results
+        while self._deliver_seq in self._finished:
+            self._resolve(self._finished.pop(self._deliver_seq))
+            self._deliver_seq += 1
+
+    def _resolve(self, results: list[tuple[Pending, InferenceResponse | EngineError]]) -> None:
+        for p, result in results:
+            fut = p.future
+            if fut is not None and not fut.done():
+                if isinstance(result, EngineError):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+        self._done(len(results))
+
+    def _fail(self, p: Pending, error: EngineError) -> None:
+        if p.future is not None and not p.future.done():
+            p.future.set_exception(error)
+
+    def _done(self, n: int) -> None:
+        self._inflight -= n
+        if self._inflight == 0:
+            self._idle.set()
+
+    @property
+    def pending_count(self) -> int:
+        """Requests accepted and not yet answered (queued or executing)."""
+        return self._inflight
+
+    async def drain(self) -> None:
+        """Wait until every accepted request has been answered."""
+        await self._idle.wait()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def _int_param(request: InferenceRequest, key: str) -> int:
+    value = request.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or int(value) != value:
+        raise invalid(f"request parameter '{key}' must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _concat(batch: list[Pending]) -> dict[str, np.ndarray]:
+    """One copy to form a batch; none for a batch of one."""
+    if len(batch) == 1:
+        return batch[0].inputs
+    names = batch[0].inputs.keys()
+    return {name: np.concatenate([p.inputs[name] for p in batch]) for name in names}

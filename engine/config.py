@@ -1,0 +1,457 @@
+"""Model configuration: parse → auto-complete → validate → frozen.
+
+A model folder holds `config.pbtxt` (Triton's text protobuf, read against our `protos/model_config.proto`),
+`config.yaml` (the same fields as YAML), or neither (then everything comes from the model file). The steps are
+separate functions so each can be tested alone:
+
+1. `read_config_proto(model_dir)`  — file → `model_config_pb2.ModelConfig` (syntax errors name file and line);
+2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
+3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`.
+
+The completed proto is kept (as bytes) only to answer the protocol's model-config requests.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from .errors import invalid
+from .proto import model_config_pb2 as pb
+from .types import DataType
+
+CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
+DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
+
+# Platform/backend spellings we accept, mapped to our backend names.
+_PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+BACKENDS = ("onnxruntime", "tensorrt", "identity")
+_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
+
+# Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
+_YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)
+
+
+class InstanceKind(enum.Enum):
+    AUTO = "KIND_AUTO"
+    GPU = "KIND_GPU"
+    CPU = "KIND_CPU"
+    MODEL = "KIND_MODEL"
+
+
+class TimeoutAction(enum.Enum):
+    REJECT = "REJECT"
+    DELAY = "DELAY"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """An input or output as configured. `dims` excludes the batch dimension when the model batches."""
+
+    name: str
+    datatype: DataType
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    max_queue_size: int = 0  # 0 = unbounded
+    default_timeout_us: int = 0  # 0 = no timeout
+    allow_timeout_override: bool = False
+    timeout_action: TimeoutAction = TimeoutAction.REJECT
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatchingConfig:
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0  # 0 = a single level
+    default_priority_level: int = 0
+    default_queue_policy: QueuePolicy = QueuePolicy()
+    priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        return self.priority_queue_policies.get(level, self.default_queue_policy)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimiterResource:
+    name: str
+    count: int
+    global_: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroupConfig:
+    name: str
+    kind: InstanceKind
+    count: int
+    gpus: tuple[int, ...] = ()
+    resources: tuple[RateLimiterResource, ...] = ()
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    """Which version folders to serve: the `latest` N, `all`, or a `specific` list."""
+
+    kind: str = "latest"  # "latest" | "all" | "specific"
+    latest_n: int = 1
+    specific: tuple[int, ...] = ()
+
+    def select(self, available: list[int]) -> list[int]:
+        available = sorted(available)
+        if self.kind == "all":
+            return available
+        if self.kind == "specific":
+            return [v for v in available if v in self.specific]
+        return available[-self.latest_n:] if self.latest_n > 0 else []
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    backend: str
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instance_groups: tuple[InstanceGroupConfig, ...]
+    dynamic_batching: DynamicBatchingConfig | None
+    version_policy: VersionPolicy
+    default_model_filename: str
+    parameters: Mapping[str, str]
+    proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
+
+    @property
+    def batching(self) -> bool:
+        return self.max_batch_size > 0
+
+    def input(self, name: str) -> TensorSpec | None:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def output(self, name: str) -> TensorSpec | None:
+        for spec in self.outputs:
+            if spec.name == name:
+                return spec
+        return None
+
+    def proto(self) -> pb.ModelConfig:
+        msg = pb.ModelConfig()
+        msg.ParseFromString(self.proto_bytes)
+        return msg
+
+    def as_json(self) -> dict[str, Any]:
+        """Triton's JSON form: proto field names, every primitive field printed, 64-bit ints as numbers."""
+        return message_to_json(self.proto())
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIO:
+    """What a backend read from a model file, for auto-complete. Dims include any batch dimension (-1 =
+    dynamic)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def default_filename(backend: str) -> str:
+    return _DEFAULT_FILENAMES.get(backend, "model.onnx")
+
+
+# --------------------------------------------------------------------------------------------- 1. parse
+
+def read_config_proto(model_dir: Path) -> pb.ModelConfig:
+    """Read the model's config file, or return an empty config when it has none."""
+    msg = pb.ModelConfig()
+    for filename in CONFIG_FILES:
+        path = model_dir / filename
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if filename == "config.pbtxt":
+                parse_pbtxt(text, msg, where=str(path))
+            else:
+                parse_yaml(text, msg, where=str(path))
+            break
+    return msg
+
+
+def parse_pbtxt(text: str, msg: pb.ModelConfig, where: str = "config.pbtxt") -> None:
+    try:
+        text_format.Parse(text, msg)
+    except text_format.ParseError as e:
+        raise invalid(f"{where}: {e}") from None
+
+
+def parse_yaml(text: str, msg: pb.ModelConfig, where: str = "config.yaml") -> None:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise invalid(f"{where}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise invalid(f"{where}: expected a mapping of config fields at the top level")
+    parse_dict(data, msg, where)
+
+
+def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
+    """A JSON/YAML config (protocol field names); our own plain keys become `parameters`."""
+    data = dict(data)
+    extra = {k: data.pop(k) for k in _YAML_PARAMETER_KEYS if k in data}
+    params = data.get("parameters")
+    if isinstance(params, dict):  # allow `parameters: {key: value}` as well as `{key: {string_value: ..}}`
+        data["parameters"] = {
+            k: v if isinstance(v, dict) else {"string_value": str(v)} for k, v in params.items()
+        }
+    try:
+        json_format.ParseDict(data, msg)
+    except json_format.ParseError as e:
+        raise invalid(f"{where}: {e}") from None
+    for key, value in extra.items():
+        msg.parameters[key].string_value = str(value)
+
+
+# --------------------------------------------------------------------------------------------- 2. complete
+
+def backend_of(msg: pb.ModelConfig, where: str) -> str:
+    """The backend a config asks for; Triton's `platform` spelling is accepted too."""
+    backend = msg.backend
+    if msg.platform:
+        mapped = _PLATFORMS.get(msg.platform)
+        if mapped is None:
+            raise invalid(
+                f"{where}: platform '{msg.platform}' is not supported; use one of {', '.join(_PLATFORMS)}"
+            )
+        if backend and backend != mapped:
+            raise invalid(f"{where}: platform '{msg.platform}' contradicts backend '{backend}'")
+        backend = mapped
+    return backend
+
+
+def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> None:
+    """Fill what the config leaves out from the model itself, in place (Triton's auto-complete rules)."""
+    if not msg.name:
+        msg.name = model_name
+    if io is not None:
+        if msg.max_batch_size == 0 and not msg.input and not msg.output:
+            every = list(io.inputs) + list(io.outputs)
+            if every and all(spec.dims and spec.dims[0] == -1 for spec in every):
+                msg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
+                if msg.WhichOneof("scheduling_choice") is None:
+                    msg.dynamic_batching.SetInParent()
+        skip = 1 if msg.max_batch_size > 0 else 0
+        _complete_tensors(msg.input, io.inputs, skip)
+        _complete_tensors(msg.output, io.outputs, skip)
+    if not msg.instance_group:
+        msg.instance_group.add()
+    for i, group in enumerate(msg.instance_group):
+        if not group.name:
+            group.name = f"{msg.name}_{i}"
+        if group.count == 0:
+            group.count = 1
+        if group.kind == pb.ModelInstanceGroup.KIND_AUTO:
+            group.kind = pb.ModelInstanceGroup.KIND_GPU if group.gpus else pb.ModelInstanceGroup.KIND_CPU
+    if not msg.HasField("version_policy"):
+        msg.version_policy.latest.num_versions = 1
+    if msg.version_policy.HasField("latest") and msg.version_policy.latest.num_versions == 0:
+        msg.version_policy.latest.num_versions = 1
+
+
+def _complete_tensors(configured: Any, found: tuple[TensorSpec, ...], skip: int) -> None:
+    by_name = {spec.name: spec for spec in found}
+    if len(configured) == 0:
+        for spec in found:
+            entry = configured.add()
+            entry.name = spec.name
+            entry.data_type = pb.DataType.Value(spec.datatype.config_name)
+            entry.dims.extend(spec.dims[skip:])
+        return
+    for entry in configured:
+        spec = by_name.get(entry.name)
+        if spec is None:
+            continue  # validation against the model happens in the backend, with a better message
+        if entry.data_type == pb.TYPE_INVALID:
+            entry.data_type = pb.DataType.Value(spec.datatype.config_name)
+        if len(entry.dims) == 0 and not entry.HasField("reshape"):
+            entry.dims.extend(spec.dims[skip:])
+
+
+# --------------------------------------------------------------------------------------------- 3. validate
+
+def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
+    """Check the completed config and freeze it. Every message names the model and the field."""
+    name = msg.name
+    backend = backend_of(msg, where)
+    if not backend:
+        raise invalid(f"{where}: no backend: set `backend: \"onnxruntime\"` or `platform: \"onnxruntime_onnx\"`")
+    if backend not in BACKENDS:
+        raise invalid(f"{where}: backend '{backend}' is not supported; use one of {', '.join(BACKENDS)}")
+    if msg.max_batch_size < 0:
+        raise invalid(f"{where}: max_batch_size must be >= 0, got {msg.max_batch_size}")
+    if not msg.input:
+        raise invalid(f"{where}: the model has no inputs; list them under `input`")
+    if not msg.output:
+        raise invalid(f"{where}: the model has no outputs; list them under `output`")
+    inputs = tuple(_tensor_spec(t, "input", where) for t in msg.input)
+    outputs = tuple(_tensor_spec(t, "output", where) for t in msg.output)
+    for kind, specs in (("input", inputs), ("output", outputs)):
+        names = [s.name for s in specs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
+
+    scheduling = msg.WhichOneof("scheduling_choice")
+    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+        raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
+    batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
+
+    groups = tuple(_instance_group(g, where) for g in msg.instance_group)
+    policy = version_policy_of(msg)
+    filename = msg.default_model_filename or default_filename(backend)
+    params = {k: v.string_value for k, v in msg.parameters.items()}
+    if not msg.default_model_filename:
+        msg.default_model_filename = filename
+    if not msg.backend:
+        msg.backend = backend
+    return ModelConfig(
+        name=name,
+        backend=backend,
+        platform=msg.platform,
+        max_batch_size=msg.max_batch_size,
+        inputs=inputs,
+        outputs=outputs,
+        instance_groups=groups,
+        dynamic_batching=batching,
+        version_policy=policy,
+        default_model_filename=filename,
+        parameters=params,
+        proto_bytes=msg.SerializeToString(deterministic=True),
+    )
+
+
+def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
+    if not t.name:
+        raise invalid(f"{where}: an {kind} has no name")
+    if t.data_type == pb.TYPE_INVALID:
+        raise invalid(f"{where}: {kind} '{t.name}' has no data_type (e.g. TYPE_FP32)")
+    datatype = DataType.from_config(pb.DataType.Name(t.data_type))
+    dims = tuple(int(d) for d in t.dims)
+    if not dims and not t.HasField("reshape"):
+        raise invalid(f"{where}: {kind} '{t.name}' has no dims; give its shape without the batch dimension")
+    for d in dims:
+        if d < -1 or d == 0:
+            raise invalid(f"{where}: {kind} '{t.name}' has dim {d}; dims must be positive or -1 (any size)")
+    reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
+    return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape)
+
+
+def _queue_policy(q: pb.ModelQueuePolicy) -> QueuePolicy:
+    return QueuePolicy(
+        max_queue_size=q.max_queue_size,
+        default_timeout_us=q.default_timeout_microseconds,
+        allow_timeout_override=q.allow_timeout_override,
+        timeout_action=TimeoutAction(pb.ModelQueuePolicy.TimeoutAction.Name(q.timeout_action)),
+    )
+
+
+def _dynamic_batching(msg: pb.ModelConfig, where: str) -> DynamicBatchingConfig:
+    db = msg.dynamic_batching
+    if msg.max_batch_size == 0:
+        raise invalid(f"{where}: dynamic_batching needs max_batch_size > 0")
+    for size in db.preferred_batch_size:
+        if size <= 0 or size > msg.max_batch_size:
+            raise invalid(
+                f"{where}: preferred_batch_size {size} must be between 1 and max_batch_size ({msg.max_batch_size})"
+            )
+    if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+        raise invalid(
+            f"{where}: default_priority_level {db.default_priority_level} must be between 1 and "
+            f"priority_levels ({db.priority_levels})"
+        )
+    for level in db.priority_queue_policy:
+        if not 1 <= level <= db.priority_levels:
+            raise invalid(f"{where}: priority_queue_policy names level {level}, outside 1..{db.priority_levels}")
+    return DynamicBatchingConfig(
+        preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
+        max_queue_delay_us=db.max_queue_delay_microseconds,
+        preserve_ordering=db.preserve_ordering,
+        priority_levels=db.priority_levels,
+        default_priority_level=db.default_priority_level,
+        default_queue_policy=_queue_policy(db.default_queue_policy),
+        priority_queue_policies={k: _queue_policy(v) for k, v in db.priority_queue_policy.items()},
+    )
+
+
+def _instance_group(g: Any, where: str) -> InstanceGroupConfig:
+    if g.count < 1:
+        raise invalid(f"{where}: instance_group '{g.name}' count must be >= 1, got {g.count}")
+    kind = InstanceKind(pb.ModelInstanceGroup.Kind.Name(g.kind))
+    if kind is InstanceKind.MODEL:
+        raise invalid(f"{where}: instance_group '{g.name}' kind KIND_MODEL is not supported; use KIND_CPU or KIND_GPU")
+    if kind is InstanceKind.CPU and g.gpus:
+        raise invalid(f"{where}: instance_group '{g.name}' is KIND_CPU but lists gpus")
+    resources = tuple(
+        RateLimiterResource(r.name, r.count, getattr(r, "global")) for r in g.rate_limiter.resources
+    )
+    return InstanceGroupConfig(g.name, kind, g.count, tuple(g.gpus), resources, g.rate_limiter.priority)
+
+
+def version_policy_of(msg: pb.ModelConfig) -> VersionPolicy:
+    vp = msg.version_policy
+    choice = vp.WhichOneof("policy_choice")
+    if choice == "all":
+        return VersionPolicy(kind="all")
+    if choice == "specific":
+        return VersionPolicy(kind="specific", specific=tuple(int(v) for v in vp.specific.versions))
+    return VersionPolicy(kind="latest", latest_n=vp.latest.num_versions or 1)
+
+
+# --------------------------------------------------------------------------------------------- JSON
+
+_INT_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+              FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def message_to_json(msg: Any) -> dict[str, Any]:
+    """Like protobuf's MessageToDict with field names and defaults, but 64-bit integers stay numbers
+    (Triton's clients and perf_analyzer read `max_batch_size`, dims and versions as numbers)."""
+    out = json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    _ints_to_numbers(msg, out)
+    return out
+
+
+def _ints_to_numbers(msg: Any, out: dict[str, Any]) -> None:
+    for fd in msg.DESCRIPTOR.fields:
+        if fd.name not in out:
+            continue
+        value = getattr(msg, fd.name)
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            value_fd = fd.message_type.fields_by_name["value"]
+            if value_fd.message_type is not None:
+                for key, sub in value.items():
+                    _ints_to_numbers(sub, out[fd.name][str(key)])
+            elif value_fd.type in _INT_TYPES:
+                out[fd.name] = {k: int(v) for k, v in out[fd.name].items()}
+            continue
+        if fd.message_type is not None:
+            if fd.label == FieldDescriptor.LABEL_REPEATED:
+                for sub_msg, sub_out in zip(value, out[fd.name]):
+                    _ints_to_numbers(sub_msg, sub_out)
+            else:
+                _ints_to_numbers(value, out[fd.name])
+        elif fd.type in _INT_TYPES:
+            out[fd.name] = [int(v) for v in out[fd.name]] if fd.label == FieldDescriptor.LABEL_REPEATED \
+                else int(out[fd.name])

@@ -1,0 +1,140 @@
+"""The transport-neutral data plane: every protocol operation, once. The HTTP and gRPC frontends are thin
+conversions around this object; the answers here are plain dicts and dataclasses, never wire types.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import __version__
+from .errors import EngineError, not_found
+from .model import Model
+from .repository import IndexEntry, ModelRepository
+from .stats import Duration, ModelStats
+from .types import InferenceRequest, InferenceResponse
+
+EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
+
+
+@dataclass(slots=True)
+class ServerInfo:
+    name: str = "hubserve"
+    version: str = __version__
+    extensions: tuple[str, ...] = EXTENSIONS
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository, strict_readiness: bool = True) -> None:
+        self.repository = repository
+        self.info = ServerInfo()
+        self.strict_readiness = strict_readiness
+        self.accepting = True  # False while draining: ready turns false, live stays true
+
+    # ------------------------------------------------------------------ health & metadata
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.accepting:
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.info.name, "version": self.info.version, "extensions": list(self.info.extensions)}
+
+    def model(self, name: str, version: str = "") -> Model:
+        return self.repository.get(name, version)
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.repository.is_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        meta = self.model(name, version).metadata()
+        if not version:
+            meta["versions"] = [str(v) for v in self.repository.versions(name)]
+        return meta
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return self.model(name, version).config.as_json()
+
+    # ------------------------------------------------------------------ inference
+
+    async def infer(self, request: InferenceRequest, start_ns: int = 0) -> InferenceResponse:
+        """Route, run and account one request. `start_ns` is when the frontend received it."""
+        start = start_ns or time.perf_counter_ns()
+        model = self.repository.get(request.model_name, request.model_version)
+        try:
+            response = await model.infer(request)
+        except EngineError:
+            model.stats.fail.add(time.perf_counter_ns() - start)
+            raise
+        model.stats.success.add(time.perf_counter_ns() - start)
+        return response
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        if name:
+            if version:
+                models = [self.model(name, version)]
+            else:
+                models = [m for m in self.repository.loaded_models() if m.name == name]
+                if not models:
+                    self.model(name)  # raises the precise NOT_FOUND / UNAVAILABLE
+        else:
+            models = self.repository.loaded_models()
+        return [stats_json(m.name, m.version_str, m.stats) for m in models]
+
+    # ------------------------------------------------------------------ repository
+
+    def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.repository.index(ready_only)
+
+    async def load(self, name: str, config_json: dict[str, Any] | None = None) -> None:
+        await self.repository.load(name, config_json)
+        self.repository.get(name)  # a load that left nothing ready is an error to the caller
+
+    async def unload(self, name: str) -> None:
+        if name not in {e.name for e in self.repository.index()}:
+            raise not_found(f"unknown model '{name}'")
+        await self.repository.unload(name)
+
+
+def _duration(d: Duration) -> dict[str, int]:
+    return {"count": d.count, "ns": d.ns}
+
+
+def stats_json(name: str, version: str, s: ModelStats) -> dict[str, Any]:
+    """Triton's statistics-extension form of one model version (counts as JSON numbers)."""
+    zero = {"count": 0, "ns": 0}
+    return {
+        "name": name,
+        "version": version,
+        "last_inference": s.last_inference_ms,
+        "inference_count": s.inference_count,
+        "execution_count": s.execution_count,
+        "inference_stats": {
+            "success": _duration(s.success),
+            "fail": _duration(s.fail),
+            "queue": _duration(s.queue),
+            "compute_input": _duration(s.compute_input),
+            "compute_infer": _duration(s.compute_infer),
+            "compute_output": _duration(s.compute_output),
+            "cache_hit": dict(zero),
+            "cache_miss": dict(zero),
+        },
+        "response_stats": {},
+        "batch_stats": [
+            {
+                "batch_size": size,
+                "compute_input": _duration(b.compute_input),
+                "compute_infer": _duration(b.compute_infer),
+                "compute_output": _duration(b.compute_output),
+            }
+            for size, b in sorted(s.batches.items())
+        ],
+        "memory_usage": [],
+    }

@@ -1,0 +1,45 @@
+"""One exception type for the whole engine, with transport-neutral codes.
+
+The core raises `EngineError(code, message)`; each frontend owns exactly one table that maps
+`ErrorCode` to its status codes (HTTP status, gRPC `StatusCode`). Nothing here knows a transport.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    INVALID_ARG = "INVALID_ARG"          # the request is wrong; the client must change it
+    NOT_FOUND = "NOT_FOUND"              # no such model, version or endpoint
+    UNAVAILABLE = "UNAVAILABLE"          # exists but cannot serve now (loading, unloading, broken)
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # queue full: try again later
+    UNSUPPORTED = "UNSUPPORTED"          # a feature this server does not implement
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"              # the client went away or a timeout rejected the request
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    INTERNAL = "INTERNAL"                # a bug or a backend failure; the message says which
+
+
+class EngineError(Exception):
+    """An error with a message a user can act on, e.g. "input 'INPUT0' expects INT32, got FP32"."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"EngineError({self.code.name}, {self.message!r})"
+
+
+def invalid(message: str) -> EngineError:
+    return EngineError(ErrorCode.INVALID_ARG, message)
+
+
+def not_found(message: str) -> EngineError:
+    return EngineError(ErrorCode.NOT_FOUND, message)
+
+
+def unavailable(message: str) -> EngineError:
+    return EngineError(ErrorCode.UNAVAILABLE, message)

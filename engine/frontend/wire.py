@@ -1,0 +1,85 @@
+"""Tensor bytes on the wire, shared by the HTTP binary extension and gRPC raw contents.
+
+Fixed-size datatypes are little-endian and become numpy views over the received buffer (no copy). BYTES
+elements are each a 4-byte little-endian length followed by that many bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..errors import invalid
+from ..types import DataType, element_count
+
+MAX_ELEMENTS = 1 << 31  # a shape claiming more is a mistake, not a tensor we could hold
+
+
+def check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    """A shape from the wire: a list of non-negative integers whose product is sane."""
+    if not isinstance(shape, (list, tuple)):
+        raise invalid(f"input '{name}': shape must be a list of integers, got {shape!r}")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not isinstance(d, int):
+            raise invalid(f"input '{name}': shape must be a list of integers, got {list(shape)!r}")
+        if d < 0:
+            raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
+        dims.append(d)
+    if element_count(dims) > MAX_ELEMENTS:
+        raise invalid(f"input '{name}': shape {list(shape)} has more than {MAX_ELEMENTS} elements")
+    return tuple(dims)
+
+
+def array_from_bytes(name: str, datatype: DataType, shape: tuple[int, ...], buf: Any) -> np.ndarray:
+    """Interpret `buf` (bytes or memoryview) as a tensor, checking its size against the shape."""
+    count = element_count(shape)
+    if datatype is DataType.BYTES:
+        return bytes_from_wire(name, shape, buf, count)
+    expected = count * datatype.itemsize
+    if len(buf) != expected:
+        raise invalid(f"input '{name}': shape {list(shape)} of {datatype.value} needs {expected} bytes, "
+                      f"got {len(buf)}")
+    return np.frombuffer(buf, dtype=datatype.numpy_dtype).reshape(shape)
+
+
+def bytes_from_wire(name: str, shape: tuple[int, ...], buf: Any, count: int) -> np.ndarray:
+    data = bytes(buf)
+    out = np.empty(count, dtype=object)
+    offset, size = 0, len(data)
+    for i in range(count):
+        if offset + 4 > size:
+            raise invalid(f"input '{name}': BYTES data ends after {i} of {count} elements")
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + length > size:
+            raise invalid(f"input '{name}': BYTES element {i} claims {length} bytes but only "
+                          f"{size - offset} remain")
+        out[i] = data[offset:offset + length]
+        offset += length
+    if offset != size:
+        raise invalid(f"input '{name}': {size - offset} bytes left over after {count} BYTES elements")
+    return out.reshape(shape)
+
+
+def array_to_bytes(arr: np.ndarray, datatype: DataType) -> bytes | memoryview:
+    """The wire form of a tensor; a view when the array is already contiguous."""
+    if datatype is DataType.BYTES:
+        return bytes_to_wire(arr)
+    if arr.dtype != datatype.numpy_dtype:
+        arr = arr.astype(datatype.numpy_dtype)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return memoryview(arr).cast("B")
+
+
+def bytes_to_wire(arr: np.ndarray) -> bytes:
+    parts = []
+    pack = struct.Struct("<I").pack
+    for item in arr.reshape(-1):
+        b = item if isinstance(item, bytes) else str(item).encode("utf-8")
+        parts.append(pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)

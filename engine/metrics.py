@@ -1,0 +1,65 @@
+"""Every Prometheus metric the server exports is defined here, and nowhere else.
+
+The numbers are read from each model version's `ModelStats` at scrape time, so the request path pays nothing
+for metrics. Names and labels follow Triton's (`nv_inference_*{model, version}`) so existing dashboards work.
+Counters are written in the text format by hand because prometheus_client renames counter families to
+`*_total`, which Triton's names are not; prometheus_client supplies the process metrics (memory, CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
+from .model import Model
+from .stats import ModelStats
+
+# name -> (type, help, value from stats)
+FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
+    ("nv_inference_request_success", "counter", "Number of successful inference requests",
+     lambda s, m: s.success.count),
+    ("nv_inference_request_failure", "counter", "Number of failed inference requests",
+     lambda s, m: s.fail.count),
+    ("nv_inference_count", "counter", "Number of inferences performed (batch elements)",
+     lambda s, m: s.inference_count),
+    ("nv_inference_exec_count", "counter", "Number of model executions (batches)",
+     lambda s, m: s.execution_count),
+    ("nv_inference_request_duration_us", "counter", "Cumulative end-to-end inference request duration",
+     lambda s, m: (s.success.ns + s.fail.ns) // 1000),
+    ("nv_inference_queue_duration_us", "counter", "Cumulative time requests spend queued",
+     lambda s, m: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "counter", "Cumulative compute input duration",
+     lambda s, m: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "counter", "Cumulative compute inference duration",
+     lambda s, m: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration",
+     lambda s, m: s.compute_output.ns // 1000),
+    ("nv_inference_pending_request_count", "gauge", "Requests queued or executing, not yet answered",
+     lambda s, m: m.batcher.pending_count),
+]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(models: Iterable[Model], process: CollectorRegistry | None = None) -> bytes:
+    models = list(models)
+    lines: list[str] = []
+    for name, kind, help_text, value in FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for m in models:
+            labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
+            lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
+    text = "\n".join(lines) + "\n"
+    if process is not None:
+        text += generate_latest(process).decode()
+    return text.encode()
+
+
+def process_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    return registry

@@ -1,0 +1,137 @@
+"""A loaded model version: its config, instance pool, batcher and statistics.
+
+`prepare()` checks a request against the config before it is queued, so one bad request never spoils a batch.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+import numpy as np
+
+from .batching import Batcher
+from .config import ModelConfig, TensorSpec
+from .errors import invalid
+from .scheduler import InstancePool, RateLimiter, place
+from .stats import ModelStats
+from .types import DataType, InferenceRequest, InferenceResponse
+
+
+class ModelState(enum.Enum):
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+class Model:
+    """One served version. Created LOADING; `start()` makes it READY; `stop()` drains then frees it."""
+
+    def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
+                 limiter: RateLimiter) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self.version_str = str(version)
+        self.model_path = model_path
+        self.state = ModelState.LOADING
+        self.stats = ModelStats()
+        self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
+        self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
+        self._inputs = {spec.name: spec for spec in config.inputs}
+        self._outputs = {spec.name for spec in config.outputs}
+        self._required = [spec.name for spec in config.inputs if not spec.optional]
+
+    async def start(self) -> None:
+        await self.pool.start()
+        self.state = ModelState.READY
+
+    async def stop(self) -> None:
+        """Finish what was accepted, then free the backends. Called once, after routing has moved away."""
+        self.state = ModelState.UNLOADING
+        await self.batcher.drain()
+        self.batcher.close()
+        await self.pool.close()
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        return await self.batcher.submit(request, self.prepare(request))
+
+    def prepare(self, request: InferenceRequest) -> dict[str, np.ndarray]:
+        """Validate a request and return its inputs by name, in config order, reshaped for the backend."""
+        cfg = self.config
+        given: dict[str, np.ndarray] = {}
+        batch = None
+        for tensor in request.inputs:
+            spec = self._inputs.get(tensor.name)
+            if spec is None:
+                raise invalid(f"unexpected input '{tensor.name}' for model '{self.name}'; it expects "
+                              f"{', '.join(repr(n) for n in self._inputs)}")
+            if tensor.name in given:
+                raise invalid(f"input '{tensor.name}' appears more than once")
+            if tensor.datatype is not spec.datatype:
+                raise invalid(f"input '{tensor.name}' expects {spec.datatype.value}, got {tensor.datatype.value}")
+            self._check_shape(spec, tensor.shape)
+            if cfg.max_batch_size > 0:
+                if batch is None:
+                    batch = tensor.shape[0]
+                elif tensor.shape[0] != batch:
+                    raise invalid(f"input '{tensor.name}' has batch size {tensor.shape[0]}, other inputs {batch}")
+            data = tensor.data
+            if spec.reshape is not None:
+                lead = (tensor.shape[0],) if cfg.max_batch_size > 0 else ()
+                data = data.reshape(lead + spec.reshape)
+            given[tensor.name] = data
+        missing = [n for n in self._required if n not in given]
+        if missing:
+            raise invalid(f"model '{self.name}' expects input '{missing[0]}', which the request lacks")
+        if request.outputs is not None:
+            seen = set()
+            for out in request.outputs:
+                if out.name not in self._outputs:
+                    raise invalid(f"unknown requested output '{out.name}' for model '{self.name}'; it has "
+                                  f"{', '.join(repr(o.name) for o in cfg.outputs)}")
+                if out.name in seen:
+                    raise invalid(f"output '{out.name}' is requested more than once")
+                seen.add(out.name)
+        if len(given) == len(self._inputs):
+            return {name: given[name] for name in self._inputs}
+        return {name: given[name] for name in self._inputs if name in given}
+
+    def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+        cfg = self.config
+        dims = spec.dims
+        if cfg.max_batch_size > 0:
+            if len(shape) != len(dims) + 1:
+                raise invalid(f"input '{spec.name}' expects shape [-1,{','.join(map(str, dims))}] "
+                              f"(batch first), got {list(shape)}")
+            if not 1 <= shape[0] <= cfg.max_batch_size:
+                raise invalid(f"input '{spec.name}' batch size {shape[0]} is outside 1..{cfg.max_batch_size} "
+                              f"(max_batch_size of model '{self.name}')")
+            body = shape[1:]
+        else:
+            if len(shape) != len(dims):
+                raise invalid(f"input '{spec.name}' expects shape {list(dims)}, got {list(shape)}")
+            body = shape
+        for want, got in zip(dims, body):
+            if want != -1 and want != got:
+                expected = ([-1] if cfg.max_batch_size > 0 else []) + list(dims)
+                raise invalid(f"input '{spec.name}' expects shape {expected}, got {list(shape)}")
+
+    def metadata(self) -> dict:
+        """The protocol's model metadata: a batching model's shapes start with -1."""
+        lead = [-1] if self.config.max_batch_size > 0 else []
+
+        def describe(spec: TensorSpec) -> dict:
+            return {"name": spec.name, "datatype": spec.datatype.value, "shape": lead + list(spec.dims)}
+
+        return {
+            "name": self.name,
+            "versions": [self.version_str],
+            "platform": self.config.platform or self.config.backend,
+            "inputs": [describe(s) for s in self.config.inputs],
+            "outputs": [describe(s) for s in self.config.outputs],
+        }
+
+
+__all__ = ["Model", "ModelState", "DataType"]

@@ -1,0 +1,210 @@
+"""Instances and the thread boundary.
+
+An `InstancePool` holds a model version's instances. Each instance owns a single-thread executor; its backend is
+created, run and closed on that thread only, which is the ONLY place the event loop hands work to a thread.
+The number of free instances is the model's concurrency limit. A server-wide `RateLimiter` adds two more
+limits across models: a cap on batches executing at once, and Triton-style named resources that instances
+must hold while they execute, so one busy model cannot starve the others.
+
+All methods except `Instance.run`'s worker run on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from . import backends
+from .config import InstanceKind, ModelConfig, RateLimiterResource
+from .devices import CPU, Device
+from .errors import unavailable
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    name: str
+    device: Device
+    resources: tuple[RateLimiterResource, ...] = ()
+    priority: int = 0
+
+
+def place(config: ModelConfig, gpus: tuple[int, ...]) -> list[Placement]:
+    """Where each instance runs: `count` instances on the CPU, or `count` on each listed (or every) GPU."""
+    out: list[Placement] = []
+    for group in config.instance_groups:
+        kind = group.kind
+        if kind is InstanceKind.AUTO:
+            kind = InstanceKind.GPU if gpus else InstanceKind.CPU
+        if kind is InstanceKind.CPU:
+            devices = [CPU] * group.count
+        else:
+            wanted = group.gpus or gpus
+            if not wanted:
+                raise unavailable(f"model '{config.name}': instance group '{group.name}' wants a GPU, "
+                                  "but none is visible; use kind KIND_CPU")
+            missing = [g for g in wanted if g not in gpus]
+            if missing:
+                raise unavailable(f"model '{config.name}': instance group '{group.name}' names GPU {missing[0]}, "
+                                  f"but the visible GPUs are {list(gpus) or 'none'}")
+            devices = [Device("gpu", g) for g in wanted for _ in range(group.count)]
+        for i, device in enumerate(devices):
+            out.append(Placement(f"{group.name}_{i}", device, group.resources, group.priority))
+    return out
+
+
+class RateLimiter:
+    """Server-wide execution limits. `try_acquire` never waits: a batcher that is refused is called back
+    through its listener when something is released."""
+
+    def __init__(self, max_concurrent_executions: int = 0, resources: dict[str, int] | None = None) -> None:
+        self._max = max_concurrent_executions  # 0 = unlimited
+        self._running = 0
+        self._explicit = dict(resources or {})
+        self._free: dict[str, int] = dict(self._explicit)
+        self._listeners: list[Callable[[], None]] = []
+
+    def register(self, resources: tuple[RateLimiterResource, ...]) -> None:
+        """Size a resource to the largest single need when the server was not told its count."""
+        for r in resources:
+            if r.name not in self._explicit:
+                total = max(self._free.get(r.name, 0), r.count)
+                self._free[r.name] = total
+
+    def try_acquire(self, resources: tuple[RateLimiterResource, ...]) -> bool:
+        if self._max and self._running >= self._max:
+            return False
+        if any(self._free.get(r.name, 0) < r.count for r in resources):
+            return False
+        for r in resources:
+            self._free[r.name] -= r.count
+        self._running += 1
+        return True
+
+    def release(self, resources: tuple[RateLimiterResource, ...]) -> None:
+        self._running -= 1
+        for r in resources:
+            self._free[r.name] += r.count
+        for listener in list(self._listeners):
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+
+@dataclass(eq=False)
+class Instance:
+    placement: Placement
+    executor: ThreadPoolExecutor
+    backend: Any = None
+    busy: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.placement.name
+
+
+@dataclass(slots=True)
+class ExecutionTimes:
+    infer_ns: int
+    output_names: list[str] = field(default_factory=list)
+
+
+class InstancePool:
+    """A model version's instances. The batcher calls `try_acquire` when it has work, runs the batch with
+    `execute`, and the pool calls `on_release` whenever an instance (or a limiter slot) frees up."""
+
+    def __init__(self, config: ModelConfig, model_path: Path, placements: list[Placement],
+                 limiter: RateLimiter) -> None:
+        self.config = config
+        self._model_path = model_path
+        self._limiter = limiter
+        self._instances = [
+            Instance(p, ThreadPoolExecutor(1, thread_name_prefix=f"{config.name}.{p.name}")) for p in placements
+        ]
+        self._free: deque[Instance] = deque(self._instances)
+        self.on_release: Callable[[], None] = lambda: None
+        for p in placements:
+            limiter.register(p.resources)
+        limiter.add_listener(self._limiter_released)
+
+    @property
+    def size(self) -> int:
+        return len(self._instances)
+
+    async def start(self) -> None:
+        """Create every backend on its own thread; on any failure close those already made."""
+        loop = asyncio.get_running_loop()
+
+        def make(instance: Instance) -> Any:
+            return backends.create(self.config, self._model_path, instance.placement.device)
+
+        try:
+            created = await asyncio.gather(
+                *(loop.run_in_executor(i.executor, make, i) for i in self._instances), return_exceptions=True
+            )
+            for instance, result in zip(self._instances, created):
+                if isinstance(result, BaseException):
+                    raise result
+                instance.backend = result
+        except BaseException:
+            await self.close()
+            raise
+
+    def try_acquire(self) -> Instance | None:
+        if not self._free:
+            return None
+        instance = self._free[0]
+        if not self._limiter.try_acquire(instance.placement.resources):
+            return None
+        self._free.popleft()
+        instance.busy = True
+        return instance
+
+    def release(self, instance: Instance) -> None:
+        instance.busy = False
+        self._free.append(instance)
+        self._limiter.release(instance.placement.resources)  # calls every pool's listener, ours included
+
+    def _limiter_released(self) -> None:
+        if self._free:
+            self.on_release()
+
+    async def execute(self, instance: Instance, inputs: dict[str, np.ndarray],
+                      output_names: list[str]) -> tuple[dict[str, np.ndarray], int]:
+        """Run one batch on `instance`'s thread; returns the outputs and the backend's own time in ns."""
+        backend = instance.backend
+
+        def run() -> tuple[dict[str, np.ndarray], int]:
+            start = time.perf_counter_ns()
+            outputs = backend.execute(inputs, output_names)
+            return outputs, time.perf_counter_ns() - start
+
+        return await asyncio.get_running_loop().run_in_executor(instance.executor, run)
+
+    async def close(self) -> None:
+        """Close each backend on its own thread, then stop the threads. Callers drain work first."""
+        self._limiter.remove_listener(self._limiter_released)
+        loop = asyncio.get_running_loop()
+
+        def close_backend(instance: Instance) -> None:
+            if instance.backend is not None:
+                instance.backend.close()
+                instance.backend = None
+
+        await asyncio.gather(
+            *(loop.run_in_executor(i.executor, close_backend, i) for i in self._instances),
+            return_exceptions=True,
+        )
+        for instance in self._instances:
+            instance.executor.shutdown(wait=False)

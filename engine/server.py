@@ -1,0 +1,143 @@
+"""Wires the repository, the data plane, the frontends and metrics; start, ready, drain, stop.
+
+Shutdown order keeps every accepted request: readiness turns false, the frontends stop accepting new
+connections and wait for in-flight calls, the models drain their queues, then everything is freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+
+from .dataplane import DataPlane
+from .devices import discover_gpus
+from .frontend import grpc as grpc_frontend
+from .frontend import http as http_frontend
+from .metrics import process_registry, render
+from .repository import ModelRepository
+from .scheduler import RateLimiter
+
+log = logging.getLogger("hubserve")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_repository: Path
+    host: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002  # 0 = no metrics endpoint
+    model_control_mode: str = "poll"  # none | poll | explicit
+    repository_poll_secs: float = 2.0
+    load_models: tuple[str, ...] = ()
+    strict_readiness: bool = True
+    max_message_bytes: int = 1 << 30
+    max_concurrent_executions: int = 0  # 0 = limited only by instances
+    rate_limit_resources: dict[str, int] = field(default_factory=dict)
+    exit_timeout_secs: float = 30.0
+
+
+class Server:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
+        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus())
+        self.dataplane = DataPlane(self.repository, options.strict_readiness)
+        self._http_runner: web.AppRunner | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self._grpc: grpc.aio.Server | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self.http_port = options.http_port
+        self.grpc_port = options.grpc_port
+        self.metrics_port = options.metrics_port
+
+    async def start(self) -> None:
+        opts = self.options
+        if opts.model_control_mode == "explicit":
+            await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
+        else:
+            await self.repository.load_all()
+        app = http_frontend.make_app(self.dataplane, opts.max_message_bytes)
+        self._http_runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                                          shutdown_timeout=opts.exit_timeout_secs)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, opts.host, opts.http_port, backlog=1024)
+        await site.start()
+        self.http_port = _bound_port(self._http_runner, self.http_port)
+
+        self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
+        self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
+        await self._grpc.start()
+
+        if opts.metrics_port:
+            self._metrics_runner = web.AppRunner(self._metrics_app(), access_log=None)
+            await self._metrics_runner.setup()
+            await web.TCPSite(self._metrics_runner, opts.host, opts.metrics_port).start()
+            self.metrics_port = _bound_port(self._metrics_runner, self.metrics_port)
+
+        if opts.model_control_mode == "poll":
+            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+        log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s",
+                 opts.host, self.http_port, opts.host, self.grpc_port,
+                 f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off")
+
+    def _metrics_app(self) -> web.Application:
+        registry = process_registry()
+
+        async def metrics(request: web.Request) -> web.Response:
+            body = render(self.repository.loaded_models(), registry)
+            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        return app
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.repository_poll_secs)
+            try:
+                await self.repository.poll()
+            except Exception:  # the poller must never stop reacting
+                log.exception("repository poll failed")
+
+    async def stop(self) -> None:
+        self.dataplane.accepting = False
+        if self._poller is not None:
+            self._poller.cancel()
+        grace = self.options.exit_timeout_secs
+        waits = []
+        if self._grpc is not None:
+            waits.append(self._grpc.stop(grace))
+        if self._http_runner is not None:
+            waits.append(self._http_runner.cleanup())
+        await asyncio.gather(*waits, return_exceptions=True)
+        await self.repository.close()
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+        log.info("stopped")
+
+    async def run_until_signalled(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("shutting down: finishing in-flight requests")
+        await self.stop()
+
+
+def _bound_port(runner: web.AppRunner, requested: int) -> int:
+    if requested:
+        return requested
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return int(server.sockets[0].getsockname()[1])
+    return requested

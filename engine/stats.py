@@ -1,0 +1,59 @@
+"""Per model-version counters: the single source for the statistics extension and the Prometheus metrics.
+
+Recorded at three points only: the data plane (request success/failure, end-to-end time), the batcher
+(queue time) and the instance (compute time, execution count, batch sizes). All updates happen on the event
+loop thread, so plain integers suffice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
+class ModelStats:
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    inference_count: int = 0  # batch elements inferred
+    execution_count: int = 0  # backend executions (batches)
+    last_inference_ms: int = 0
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+
+    def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
+                         output_ns: int) -> None:
+        """One backend execution of `requests` requests totalling `batch_size` elements. Each request is
+        charged the whole batch's compute time, as Triton does."""
+        self.execution_count += 1
+        self.inference_count += batch_size
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+        batch = self.batches.get(batch_size)
+        if batch is None:
+            batch = self.batches[batch_size] = BatchStats()
+        batch.compute_input.add(input_ns)
+        batch.compute_infer.add(infer_ns)
+        batch.compute_output.add(output_ns)
+        self.last_inference_ms = time.time_ns() // 1_000_000

@@ -1,0 +1,145 @@
+"""The nouns every stage shares: datatypes, tensors, requests and responses.
+
+Tensor data is always a numpy array. BYTES tensors are object arrays of `bytes`; BF16 tensors travel as
+`uint16` arrays holding the raw bfloat16 bits, because numpy has no bfloat16 type.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import invalid
+
+
+class DataType(enum.Enum):
+    """A protocol datatype. The value is the KServe v2 name (`"FP32"`)."""
+
+    BOOL = "BOOL"
+    UINT8 = "UINT8"
+    UINT16 = "UINT16"
+    UINT32 = "UINT32"
+    UINT64 = "UINT64"
+    INT8 = "INT8"
+    INT16 = "INT16"
+    INT32 = "INT32"
+    INT64 = "INT64"
+    FP16 = "FP16"
+    FP32 = "FP32"
+    FP64 = "FP64"
+    BYTES = "BYTES"
+    BF16 = "BF16"
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return _NUMPY[self]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element on the wire; 0 for BYTES, whose elements are length-prefixed."""
+        return 0 if self is DataType.BYTES else _NUMPY[self].itemsize
+
+    @property
+    def config_name(self) -> str:
+        """The model-config spelling: `TYPE_FP32`, `TYPE_STRING` for BYTES."""
+        return "TYPE_STRING" if self is DataType.BYTES else f"TYPE_{self.value}"
+
+    @classmethod
+    def from_v2(cls, name: str) -> DataType:
+        try:
+            return cls(name)
+        except ValueError:
+            raise invalid(f"unknown datatype '{name}'; expected one of {', '.join(d.value for d in cls)}") from None
+
+    @classmethod
+    def from_config(cls, name: str) -> DataType:
+        dt = _FROM_CONFIG.get(name)
+        if dt is None:
+            raise invalid(f"unsupported data_type '{name}'")
+        return dt
+
+    @classmethod
+    def from_numpy(cls, dtype: np.dtype) -> DataType:
+        if dtype.kind in "OSU":
+            return cls.BYTES
+        dt = _FROM_NUMPY.get(np.dtype(dtype))
+        if dt is None:
+            raise invalid(f"numpy dtype {dtype} has no protocol datatype")
+        return dt
+
+
+_NUMPY: dict[DataType, np.dtype] = {
+    DataType.BOOL: np.dtype(np.bool_),
+    DataType.UINT8: np.dtype(np.uint8),
+    DataType.UINT16: np.dtype(np.uint16),
+    DataType.UINT32: np.dtype(np.uint32),
+    DataType.UINT64: np.dtype(np.uint64),
+    DataType.INT8: np.dtype(np.int8),
+    DataType.INT16: np.dtype(np.int16),
+    DataType.INT32: np.dtype(np.int32),
+    DataType.INT64: np.dtype(np.int64),
+    DataType.FP16: np.dtype(np.float16),
+    DataType.FP32: np.dtype(np.float32),
+    DataType.FP64: np.dtype(np.float64),
+    DataType.BYTES: np.dtype(np.object_),
+    DataType.BF16: np.dtype(np.uint16),
+}
+_FROM_CONFIG = {dt.config_name: dt for dt in DataType}
+_FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k not in (DataType.BYTES, DataType.BF16)}
+
+
+@dataclass(slots=True)
+class Tensor:
+    """A named tensor. `data` has exactly `shape` and the numpy dtype of `datatype`."""
+
+    name: str
+    datatype: DataType
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for by name; `binary_data` is the HTTP binary-extension preference."""
+
+    name: str
+    binary_data: bool | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferenceRequest:
+    """One decoded request. Created by a frontend codec, validated by the model, owned by the batcher
+    from `submit()` until its future resolves."""
+
+    model_name: str
+    model_version: str  # "" = the router picks (highest ready version)
+    inputs: list[Tensor]
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None  # None = every output
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch_size(self) -> int:
+        """The leading dimension, meaningful only for models with max_batch_size > 0."""
+        return self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+
+
+@dataclass(slots=True)
+class InferenceResponse:
+    model_name: str
+    model_version: str
+    outputs: list[Tensor]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def element_count(shape: tuple[int, ...] | list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
