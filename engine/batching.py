@@ -208,22 +208,26 @@ class Batcher:
         self._output_types = {o.name: o.datatype for o in config.outputs}
         pool.on_release = self._dispatch
 
-    async def submit(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> InferenceResponse:
-        """Queue a validated request and wait for its response. Cancelling the caller removes the request
-        from the queue, so it is never executed."""
+    def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> asyncio.Future[InferenceResponse]:
+        """Queue a validated request; the future resolves with its response. Cancelling the future takes the
+        request out of the queue, so it is never executed. Raises at once when the queue is full."""
         pending = self._pending(request, inputs)
-        loop = asyncio.get_running_loop()
-        pending.future = loop.create_future()
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        pending.future = future
         self.policy.enqueue(pending)
         self._inflight += 1
         self._idle.clear()
+        future.add_done_callback(lambda f: self._cancelled(pending) if f.cancelled() else None)
         self._dispatch()
-        try:
-            return await pending.future
-        except asyncio.CancelledError:
-            if self.policy.remove(pending):
-                self._done(1)
-            raise
+        return future
+
+    async def submit(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> InferenceResponse:
+        """`enqueue` and wait; cancelling the caller cancels the request."""
+        return await self.enqueue(request, inputs)
+
+    def _cancelled(self, pending: Pending) -> None:
+        if self.policy.remove(pending):
+            self._done(1)
 
     def _pending(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> Pending:
         policy = self.policy

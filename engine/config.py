@@ -246,7 +246,9 @@ def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> No
     if io is not None:
         if msg.max_batch_size == 0 and not msg.input and not msg.output:
             every = list(io.inputs) + list(io.outputs)
-            if every and all(spec.dims and spec.dims[0] == -1 for spec in every):
+            # Batch only when every tensor has a dim besides the leading -1: a tensor that is nothing but the
+            # batch dim (e.g. a 1-D string list) would be left with no dims, so such a model is served unbatched.
+            if every and all(len(spec.dims) > 1 and spec.dims[0] == -1 for spec in every):
                 msg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
                 if msg.WhichOneof("scheduling_choice") is None:
                     msg.dynamic_batching.SetInParent()
@@ -447,11 +449,11 @@ def _ints_to_numbers(msg: Any, out: dict[str, Any]) -> None:
                 out[fd.name] = {k: int(v) for k, v in out[fd.name].items()}
             continue
         if fd.message_type is not None:
-            if fd.label == FieldDescriptor.LABEL_REPEATED:
+            if fd.is_repeated:
                 for sub_msg, sub_out in zip(value, out[fd.name]):
                     _ints_to_numbers(sub_msg, sub_out)
             else:
                 _ints_to_numbers(value, out[fd.name])
         elif fd.type in _INT_TYPES:
-            out[fd.name] = [int(v) for v in out[fd.name]] if fd.label == FieldDescriptor.LABEL_REPEATED \
+            out[fd.name] = [int(v) for v in out[fd.name]] if fd.is_repeated \
                 else int(out[fd.name])

@@ -4,6 +4,7 @@ conversions around this object; the answers here are plain dicts and dataclasses
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -62,17 +63,31 @@ class DataPlane:
 
     # ------------------------------------------------------------------ inference
 
-    async def infer(self, request: InferenceRequest, start_ns: int = 0) -> InferenceResponse:
-        """Route, run and account one request. `start_ns` is when the frontend received it."""
+    def submit(self, request: InferenceRequest, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
+        """Route and queue one request; the future resolves with its response. Raises at once for an unknown
+        model, a bad request or a full queue. `start_ns` is when the frontend received the request; success
+        and failure are accounted when the future resolves."""
         start = start_ns or time.perf_counter_ns()
         model = self.repository.get(request.model_name, request.model_version)
+        stats = model.stats
         try:
-            response = await model.infer(request)
+            future = model.submit(request)
         except EngineError:
-            model.stats.fail.add(time.perf_counter_ns() - start)
+            stats.fail.add(time.perf_counter_ns() - start)
             raise
-        model.stats.success.add(time.perf_counter_ns() - start)
-        return response
+
+        def account(f: asyncio.Future[InferenceResponse]) -> None:
+            elapsed = time.perf_counter_ns() - start
+            if f.cancelled() or f.exception() is not None:
+                stats.fail.add(elapsed)
+            else:
+                stats.success.add(elapsed)
+
+        future.add_done_callback(account)
+        return future
+
+    async def infer(self, request: InferenceRequest, start_ns: int = 0) -> InferenceResponse:
+        return await self.submit(request, start_ns)
 
     # ------------------------------------------------------------------ statistics
 

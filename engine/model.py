@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from pathlib import Path
 
@@ -54,8 +55,12 @@ class Model:
         self.batcher.close()
         await self.pool.close()
 
+    def submit(self, request: InferenceRequest) -> asyncio.Future[InferenceResponse]:
+        """Validate and queue; raises at once for a bad request or a full queue."""
+        return self.batcher.enqueue(request, self.prepare(request))
+
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        return await self.batcher.submit(request, self.prepare(request))
+        return await self.submit(request)
 
     def prepare(self, request: InferenceRequest) -> dict[str, np.ndarray]:
         """Validate a request and return its inputs by name, in config order, reshaped for the backend."""

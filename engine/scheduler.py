@@ -67,15 +67,18 @@ class RateLimiter:
         self._max = max_concurrent_executions  # 0 = unlimited
         self._running = 0
         self._explicit = dict(resources or {})
+        self._total: dict[str, int] = dict(self._explicit)
         self._free: dict[str, int] = dict(self._explicit)
         self._listeners: list[Callable[[], None]] = []
 
     def register(self, resources: tuple[RateLimiterResource, ...]) -> None:
         """Size a resource to the largest single need when the server was not told its count."""
         for r in resources:
-            if r.name not in self._explicit:
-                total = max(self._free.get(r.name, 0), r.count)
-                self._free[r.name] = total
+            total = self._total.get(r.name, 0)
+            if r.name not in self._explicit and r.count > total:
+                # grow by the difference: units held right now stay held (free may be below total)
+                self._free[r.name] = self._free.get(r.name, 0) + r.count - total
+                self._total[r.name] = r.count
 
     def try_acquire(self, resources: tuple[RateLimiterResource, ...]) -> bool:
         if self._max and self._running >= self._max:
@@ -91,7 +94,12 @@ class RateLimiter:
         self._running -= 1
         for r in resources:
             self._free[r.name] += r.count
-        for listener in list(self._listeners):
+        # Offer freed capacity to each batcher first in turn: always asking the same one first would let a
+        # model with a backlog take every slot it releases and starve the others.
+        listeners = list(self._listeners)
+        if len(self._listeners) > 1:
+            self._listeners.append(self._listeners.pop(0))
+        for listener in listeners:
             listener()
 
     def add_listener(self, listener: Callable[[], None]) -> None:

@@ -1,7 +1,8 @@
 """A backend with no runtime: OUTPUTn = INPUTn (by position). It exists so the batcher and scheduler can be
 tested with real timing and failures without an ML runtime in the way.
 
-Parameters (config `parameters`): `execute_delay_ms` sleeps per execution (a stand-in for compute), and
+Parameters (config `parameters`): `execute_delay_ms` sleeps per execution (a stand-in for compute),
+`execute_delay_ms_per_item` sleeps that much more per batch element (so a bigger batch finishes later), and
 `fail_on_value` makes an execution fail when any element of the first input equals that number.
 """
 
@@ -19,13 +20,20 @@ class IdentityBackend:
     def __init__(self, config: ModelConfig) -> None:
         self._pairs = {o.name: i.name for i, o in zip(config.inputs, config.outputs)}
         self._delay_s = float(config.parameters.get("execute_delay_ms", "0")) / 1000.0
+        self._delay_per_item_s = float(config.parameters.get("execute_delay_ms_per_item", "0")) / 1000.0
+        self._batching = config.max_batch_size > 0
         fail = config.parameters.get("fail_on_value")
         self._fail_on = float(fail) if fail is not None else None
         self._first_input = config.inputs[0].name
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
-        if self._delay_s:
-            time.sleep(self._delay_s)
+        delay_s = self._delay_s
+        if self._delay_per_item_s:
+            first = inputs[self._first_input]
+            items = first.shape[0] if self._batching and first.ndim else 1
+            delay_s += self._delay_per_item_s * items
+        if delay_s:
+            time.sleep(delay_s)
         if self._fail_on is not None:
             first = inputs[self._first_input]
             if first.dtype != object and np.any(first == self._fail_on):

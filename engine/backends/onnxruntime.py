@@ -7,6 +7,7 @@ cannot be exercised in CI (no GPU there); what they do is build the provider lis
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,7 @@ class OnnxRuntimeBackend:
         out = {}
         for name, value in zip(output_names, results):
             if name in self._bf16_outputs:
-                out[name] = np.frombuffer(bytes(value.numpy().tobytes()), dtype=np.uint16).reshape(value.shape())
+                out[name] = _bf16_bits(value)
             else:
                 out[name] = value.numpy()
                 if name in self._bytes_outputs:
@@ -165,6 +166,14 @@ class OnnxRuntimeBackend:
 
     def close(self) -> None:
         del self._session
+
+
+def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
+    """ORT cannot hand a bfloat16 tensor to numpy; copy its raw bits out as uint16 instead."""
+    shape = tuple(value.shape())
+    count = int(np.prod(shape)) if shape else 1
+    buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.frombuffer(buffer, dtype=np.uint16, count=count).reshape(shape).copy()
 
 
 def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:

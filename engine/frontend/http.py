@@ -64,7 +64,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         return {}  # tritonclient sends some requests with no body
     try:
         doc = json.loads(body)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise invalid(f"malformed JSON in request body: {e}") from None
     if not isinstance(doc, dict):
         raise invalid("request body must be a JSON object")

@@ -23,7 +23,7 @@ def decode_request(model_name: str, model_version: str, body: bytes, header_leng
     json_part, binary = _split_body(body, header_length)
     try:
         doc = json.loads(json_part)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
         raise invalid(f"malformed JSON in request body: {e}") from None
     if not isinstance(doc, dict):
         raise invalid("request body must be a JSON object with an 'inputs' list")

@@ -47,8 +47,11 @@ def array_from_bytes(name: str, datatype: DataType, shape: tuple[int, ...], buf:
 
 def bytes_from_wire(name: str, shape: tuple[int, ...], buf: Any, count: int) -> np.ndarray:
     data = bytes(buf)
-    out = np.empty(count, dtype=object)
     offset, size = 0, len(data)
+    if count > size // 4:  # checked before allocating: a shape may claim billions of elements
+        raise invalid(f"input '{name}': {size} bytes of BYTES data cannot hold {count} elements "
+                      "(each needs a 4-byte length prefix)")
+    out = np.empty(count, dtype=object)
     for i in range(count):
         if offset + 4 > size:
             raise invalid(f"input '{name}': BYTES data ends after {i} of {count} elements")

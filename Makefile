@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:
+#   make serve   install, build the example models, serve model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
+#   make test    install (with test tools: tritonclient, the real perf_analyzer), build models, run every test
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install models serve test perf-analyzer protos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: install
+	$(PY) -m engine.examples model_repository
+
+serve: models
+	$(VENV)/bin/hubserve serve --model-repository model_repository
+
+perf-analyzer: install
+	PYTHON=$(PY) bash tools/install_perf_analyzer.sh
+
+test: models perf-analyzer
+	$(PY) -m pytest -q tests
+
+protos: install
+	$(PY) protos/generate.py
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache

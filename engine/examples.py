@@ -1,0 +1,281 @@
+"""Deterministic builders for the example and test ONNX models.
+
+The example repository (`model_repository/`) and the test suite build their own small models from code
+instead of committing binaries or downloading anything: the files are reproducible byte for byte, cheap to
+rebuild, and their exact contents (names, shapes, weights) are documented right here. Only the config files
+are committed; `python -m engine.examples model_repository` (run by `make models`) writes every
+`<root>/<name>/1/model.onnx`, and rewrites none that is already identical.
+
+This module needs the `onnx` package (the `examples` / `test` extras). Only tools and tests import it, so the
+import sits at the top; the server itself never imports this module and serves without `onnx` installed.
+
+Every model uses opset 17 with IR version 8, the IR version that introduced opset 17. ONNX 1.23's own default
+(IR 14) is newer than onnxruntime 1.31 accepts (it reads up to IR 13), so the IR version is pinned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+IR_VERSION = 8  # opset 17 arrived with IR 8; onnxruntime 1.31 loads up to IR 13, not 14
+PRODUCER = "hubserve.engine.examples"  # no version number: a release must not change the model bytes
+
+# StringNormalizer's locale. onnxruntime's default on Linux is "en_US.UTF-8", which fails the session on any
+# machine without that locale generated (slim containers); "C" exists everywhere but upper-cases ASCII only.
+# glibc always has "C.UTF-8" (built in since 2.35, shipped by Debian/Ubuntu long before) with full Unicode
+# case mapping.
+STRINGS_LOCALE = "C.UTF-8"
+
+# Protocol datatype name -> ONNX element type.
+ONNX_TYPES: dict[str, int] = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+    "BF16": TensorProto.BFLOAT16,
+}
+
+Dim = int | str
+
+
+def _shape(dims: Sequence[int]) -> list[Dim]:
+    """Protocol dims to an ONNX shape: each -1 becomes a named dynamic dim ('batch' for the first)."""
+    out: list[Dim] = []
+    for i, d in enumerate(dims):
+        if d == -1:
+            out.append("batch" if i == 0 else f"dim{i}")
+        elif d > 0:
+            out.append(int(d))
+        else:
+            raise ValueError(f"dim {d} at index {i}: dims must be positive or -1 (dynamic)")
+    return out
+
+
+def _tensor(name: str, elem_type: int, dims: Sequence[int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, _shape(dims))
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name=PRODUCER,
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+# --------------------------------------------------------------------------------------------- models
+
+def simple_model() -> onnx.ModelProto:
+    """Triton's classic `simple`: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1, INT32 [batch, 16]."""
+    dims = (-1, 16)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"], name="add"),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"], name="sub"),
+        ],
+        "simple",
+        [_tensor("INPUT0", TensorProto.INT32, dims), _tensor("INPUT1", TensorProto.INT32, dims)],
+        [_tensor("OUTPUT0", TensorProto.INT32, dims), _tensor("OUTPUT1", TensorProto.INT32, dims)],
+    )
+    return _model(graph)
+
+
+def mlp_weights(in_features: int, hidden: Sequence[int], out_features: int,
+                seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (weight [fan_in, fan_out], bias [fan_out]) of each layer, FP32, from `default_rng(seed)`.
+
+    Weights are standard normal scaled by 1/sqrt(fan_in) and biases are small, so activations keep roughly
+    unit scale through any depth and outputs stay finite.
+    """
+    rng = np.random.default_rng(seed)
+    sizes = [in_features, *hidden, out_features]
+    layers = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        scale = np.float32(1.0 / math.sqrt(fan_in))
+        weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * scale
+        bias = rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.1)
+        layers.append((weight.astype(np.float32), bias.astype(np.float32)))
+    return layers
+
+
+def mlp_model(in_features: int = 256, hidden: Sequence[int] = (1024,), out_features: int = 256,
+              seed: int = 0) -> onnx.ModelProto:
+    """FP32 INPUT0 [batch, in_features] -> (Gemm + Relu) per hidden layer -> Gemm -> OUTPUT0 [batch, out]."""
+    for n in (in_features, *hidden, out_features):
+        if n <= 0:
+            raise ValueError(f"layer sizes must be positive, got {n}")
+    layers = mlp_weights(in_features, hidden, out_features, seed)
+    nodes, initializers = [], []
+    current = "INPUT0"
+    for i, (weight, bias) in enumerate(layers):
+        last = i == len(layers) - 1
+        w_name, b_name = f"layer{i}.weight", f"layer{i}.bias"
+        initializers += [numpy_helper.from_array(weight, w_name), numpy_helper.from_array(bias, b_name)]
+        gemm_out = "OUTPUT0" if last else f"layer{i}.gemm"
+        nodes.append(helper.make_node("Gemm", [current, w_name, b_name], [gemm_out], name=f"layer{i}.gemm"))
+        if not last:
+            current = f"layer{i}.relu"
+            nodes.append(helper.make_node("Relu", [gemm_out], [current], name=f"layer{i}.relu"))
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [_tensor("INPUT0", TensorProto.FLOAT, (-1, in_features))],
+        [_tensor("OUTPUT0", TensorProto.FLOAT, (-1, out_features))],
+        initializer=initializers,
+    )
+    return _model(graph)
+
+
+def strings_model() -> onnx.ModelProto:
+    """BYTES: TEXT [batch] (1-D string tensor) -> UPPER (upper-cased) and ECHO (unchanged).
+
+    UPPER maps each code point on its own (`towupper`): "café" -> "CAFÉ", but "ß" stays "ß". onnxruntime
+    rejects an empty batch (TEXT of shape [0]) for StringNormalizer.
+    """
+    graph = helper.make_graph(
+        [
+            helper.make_node("StringNormalizer", ["TEXT"], ["UPPER"], name="upper",
+                             case_change_action="UPPER", locale=STRINGS_LOCALE),
+            helper.make_node("Identity", ["TEXT"], ["ECHO"], name="echo"),
+        ],
+        "strings",
+        [_tensor("TEXT", TensorProto.STRING, (-1,))],
+        [_tensor("UPPER", TensorProto.STRING, (-1,)), _tensor("ECHO", TensorProto.STRING, (-1,))],
+    )
+    return _model(graph)
+
+
+def identity_model(datatype: str, dims: Sequence[int] = (-1, 4)) -> onnx.ModelProto:
+    """OUTPUT0 = Identity(INPUT0) for a protocol datatype name ("FP32", "BYTES", ...); -1 dims are dynamic."""
+    elem_type = ONNX_TYPES.get(datatype)
+    if elem_type is None:
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(ONNX_TYPES)}")
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"], name="identity")],
+        f"identity_{datatype.lower()}",
+        [_tensor("INPUT0", elem_type, dims)],
+        [_tensor("OUTPUT0", elem_type, dims)],
+    )
+    return _model(graph)
+
+
+def image_model() -> onnx.ModelProto:
+    """FP32 INPUT0 [batch, 3, 224, 224] -> per-channel mean -> OUTPUT0 [batch, 3]: heavy I/O, light math."""
+    graph = helper.make_graph(
+        # Opset 17's ReduceMean takes `axes` as an attribute (it became an input in opset 18).
+        [helper.make_node("ReduceMean", ["INPUT0"], ["OUTPUT0"], name="mean", axes=[2, 3], keepdims=0)],
+        "image",
+        [_tensor("INPUT0", TensorProto.FLOAT, (-1, 3, 224, 224))],
+        [_tensor("OUTPUT0", TensorProto.FLOAT, (-1, 3))],
+    )
+    return _model(graph)
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+def model_bytes(model: onnx.ModelProto) -> bytes:
+    """The file contents for a model: deterministic serialization, so the same model gives the same bytes."""
+    return model.SerializeToString(deterministic=True)
+
+
+def _write_bytes(data: bytes, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)  # a server polling the repository never sees a half-written file
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_model(model: onnx.ModelProto, path: Path | str) -> None:
+    """Save `model` at `path`, creating parent folders. The same model always gives the same bytes."""
+    _write_bytes(model_bytes(model), Path(path))
+
+
+# The example repository: model name -> builder. Order is the order they are built and reported.
+EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
+    "simple": simple_model,
+    "mlp": mlp_model,
+    "mlp_large": lambda: mlp_model(1024, (4096, 4096), 1024),  # compute-bound: ~25M parameters, ~100 MB
+    "strings": strings_model,
+    "image": image_model,
+}
+VERSION = "1"
+
+
+class Built(NamedTuple):
+    name: str
+    path: Path
+    written: bool  # False when the file already held exactly these bytes
+
+
+def build_repository(root: Path | str, models: Iterable[str] | None = None) -> list[Built]:
+    """Write `<root>/<name>/1/model.onnx` for the example models (all, or those named in `models`).
+
+    Only model files are written; config files are committed beside them. A file that already holds the same
+    bytes is left alone, so rebuilding is cheap and does not touch mtimes a polling server would notice.
+    """
+    root = Path(root)
+    names = list(EXAMPLES) if models is None else list(dict.fromkeys(models))
+    unknown = [n for n in names if n not in EXAMPLES]
+    if unknown:
+        raise ValueError(f"unknown example model(s) {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
+    built = []
+    for name in names:
+        path = root / name / VERSION / "model.onnx"
+        data = model_bytes(EXAMPLES[name]())
+        try:
+            same = path.stat().st_size == len(data) and path.read_bytes() == data
+        except FileNotFoundError:
+            same = False
+        if not same:
+            _write_bytes(data, path)
+        built.append(Built(name, path, not same))
+    return built
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m engine.examples",
+        description="Build the example ONNX models into a Triton-layout model repository.",
+    )
+    parser.add_argument("root", type=Path, help="the model repository folder, e.g. model_repository")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated subset of: {', '.join(EXAMPLES)} (default: all)")
+    args = parser.parse_args(argv)
+    models = None if args.models is None else [m.strip() for m in args.models.split(",") if m.strip()]
+    try:
+        built = build_repository(args.root, models)
+    except ValueError as e:
+        parser.error(str(e))
+    for item in built:
+        state = "wrote" if item.written else "up to date"
+        print(f"{item.name}: {state} {item.path} ({item.path.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Run NVIDIA's perf_analyzer (2.47.0) from tests and benchmarks.
+
+This is a helper module, not a test file. The binary is installed by
+``tools/install_perf_analyzer.sh`` into ``<repo>/.tools``; ``PERF_ANALYZER`` is the wrapper
+script there, which puts ``.tools/lib`` (libcudart.so.12) on ``LD_LIBRARY_PATH``.
+
+Typical use::
+
+    from perf_analyzer import perf_analyzer_available, run_perf_analyzer
+
+    result = run_perf_analyzer("simple", "localhost:8001", "grpc")
+    assert result.returncode == 0, result.output
+    assert result.throughput > 0
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+INSTALLER = REPO_ROOT / "tools" / "install_perf_analyzer.sh"
+PERF_ANALYZER = REPO_ROOT / ".tools" / "bin" / "perf_analyzer"
+
+# Short, loose measurement settings for a shared 2-core machine: 1 s windows, a measurement
+# counts as stable when the last 3 windows are within 50% of each other (default 10%), at most
+# 10 windows (the default), one fixed concurrency level (no sweep). Flags checked against the
+# 2.47.0 usage text. Arguments passed as extra_args come after these; for single-valued options
+# such as --concurrency-range the last occurrence wins.
+DEFAULT_ARGS: tuple[str, ...] = (
+    "--measurement-interval",
+    "1000",
+    "--stability-percentage",
+    "50",
+    "--max-trials",
+    "10",
+    "--concurrency-range",
+    "1",
+)
+
+PROTOCOLS = ("http", "grpc")
+
+# Column of the -f CSV report holding the throughput.
+THROUGHPUT_COLUMN = "Inferences/Second"
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    returncode: int
+    """perf_analyzer's exit status (0 on success; 124 when ``timeout_s`` ran out)."""
+    output: str
+    """stdout and stderr, interleaved as perf_analyzer wrote them."""
+    throughput: float
+    """Inferences/Second of the first CSV row; 0.0 when there is no CSV report or no such column."""
+    command: tuple[str, ...] = ()
+    csv_rows: tuple[dict[str, str], ...] = field(default=(), repr=False)
+    """All rows of the CSV report (one per concurrency level), as perf_analyzer wrote them."""
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def perf_analyzer_available() -> bool:
+    """Whether the installer has been run (for ``pytest.mark.skipif``)."""
+    return os.access(PERF_ANALYZER, os.X_OK)
+
+
+def run_perf_analyzer(
+    model: str,
+    url: str,
+    protocol: str,
+    *extra_args: str,
+    timeout_s: float = 120,
+) -> PerfResult:
+    """Run perf_analyzer once against ``model`` and return its exit status, output and throughput.
+
+    ``url`` is ``host:port`` with no scheme (perf_analyzer's ``-u``), e.g. ``localhost:8000``
+    for HTTP or ``localhost:8001`` for gRPC. ``protocol`` is ``"http"`` or ``"grpc"``.
+    ``extra_args`` are appended to the command line, e.g. ``"-b", "4"`` or
+    ``"--shape", "INPUT0:16"``.
+    """
+    if not perf_analyzer_available():
+        raise FileNotFoundError(f"{PERF_ANALYZER} is missing; run {INSTALLER.relative_to(REPO_ROOT)}")
+    protocol = protocol.lower()
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    if "://" in url:
+        raise ValueError(f"url must be host:port without a scheme, not {url!r}")
+
+    with tempfile.TemporaryDirectory(prefix="perf_analyzer.") as tmp:
+        report = Path(tmp) / "report.csv"
+        command = (
+            str(PERF_ANALYZER),
+            "-m",
+            model,
+            "-u",
+            url,
+            "-i",
+            protocol,
+            *DEFAULT_ARGS,
+            "-f",
+            str(report),
+            *extra_args,
+        )
+        timed_out = False
+        try:
+            proc = subprocess.run(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout_s,
+                check=False,
+            )
+            returncode, raw = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as exc:
+            timed_out = True
+            returncode = 124
+            raw = (exc.stdout or b"") + f"\n[perf_analyzer timed out after {timeout_s} s]\n".encode()
+        output = raw.decode("utf-8", errors="replace")
+        rows = _read_csv_report(report)
+
+    return PerfResult(
+        returncode=returncode,
+        output=output,
+        throughput=_throughput(rows),
+        command=command,
+        csv_rows=rows,
+        timed_out=timed_out,
+    )
+
+
+def _read_csv_report(path: Path) -> tuple[dict[str, str], ...]:
+    """Rows of perf_analyzer's -f report; () if it was not written (perf_analyzer failed)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return ()
+    # The latency table comes first; with --verbose-csv/--collect-metrics further tables follow
+    # after a blank line. Only the first table is read.
+    table = text.replace("\r\n", "\n").split("\n\n", 1)[0]
+    return tuple(csv.DictReader(io.StringIO(table)))
+
+
+def _throughput(rows: tuple[dict[str, str], ...]) -> float:
+    if not rows:
+        return 0.0
+    try:
+        return float(rows[0].get(THROUGHPUT_COLUMN) or 0.0)
+    except ValueError:
+        return 0.0
