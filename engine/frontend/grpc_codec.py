@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import invalid
 from ..proto import grpc_service_pb2 as pb
 from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count
-from .wire import array_from_bytes, array_to_bytes, check_shape
+from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 # Which typed `contents` field carries each datatype.
 _CONTENTS_FIELD = {
@@ -43,7 +43,7 @@ def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
         raise invalid(f"request has {len(msg.inputs)} inputs but {len(raw)} raw_input_contents entries")
     inputs = []
     for i, t in enumerate(msg.inputs):
-        datatype = DataType.from_v2(t.datatype)
+        datatype = check_datatype(t.name, t.datatype)
         shape = check_shape(t.name, list(t.shape))
         if raw:
             data = array_from_bytes(t.name, datatype, shape, raw[i])

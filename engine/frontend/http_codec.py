@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import invalid
 from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count
-from .wire import array_from_bytes, array_to_bytes, check_shape
+from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -75,7 +75,7 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     datatype_name = item.get("datatype")
     if not isinstance(datatype_name, str):
         raise invalid(f"input '{name}' has no 'datatype'")
-    datatype = DataType.from_v2(datatype_name)
+    datatype = check_datatype(name, datatype_name)
     shape = check_shape(name, item.get("shape"))
     params = item.get("parameters") or {}
     if not isinstance(params, dict):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import invalid
+from ..errors import EngineError, invalid
 from ..types import DataType, element_count
 
 MAX_ELEMENTS = 1 << 31  # a shape claiming more is a mistake, not a tensor we could hold
@@ -31,6 +31,14 @@ def check_shape(name: str, shape: Any) -> tuple[int, ...]:
     if element_count(dims) > MAX_ELEMENTS:
         raise invalid(f"input '{name}': shape {list(shape)} has more than {MAX_ELEMENTS} elements")
     return tuple(dims)
+
+
+def check_datatype(name: str, datatype: str) -> DataType:
+    """A datatype name from the wire; the error names the input, so a request with several can be fixed."""
+    try:
+        return DataType.from_v2(datatype)
+    except EngineError as e:
+        raise invalid(f"input '{name}': {e.message}") from None
 
 
 def array_from_bytes(name: str, datatype: DataType, shape: tuple[int, ...], buf: Any) -> np.ndarray:
@@ -75,6 +83,8 @@ def array_to_bytes(arr: np.ndarray, datatype: DataType) -> bytes | memoryview:
         arr = arr.astype(datatype.numpy_dtype)
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
+    if arr.size == 0:
+        return b""  # memoryview.cast refuses shapes with a zero dim, e.g. an empty batch (0, N)
     return memoryview(arr).cast("B")
 
 
