@@ -168,18 +168,25 @@ for _name in ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemS
 
 
 class HealthService(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: the server ("") is SERVING when ready; a model name is SERVING when that model is."""
+    """grpc.health.v1: the server ("") is SERVING when ready; a model name is SERVING when that model is. A
+    name the repository does not know is NOT_FOUND for Check and SERVICE_UNKNOWN for Watch, as the health
+    protocol says."""
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
 
     def _status(self, service: str) -> int:
-        ok = self.dp.ready() if not service else self.dp.model_ready(service)
         resp = health_pb2.HealthCheckResponse
+        if service and service not in {e.name for e in self.dp.repository_index()}:
+            return resp.SERVICE_UNKNOWN
+        ok = self.dp.ready() if not service else self.dp.model_ready(service)
         return resp.SERVING if ok else resp.NOT_SERVING
 
     async def Check(self, request: Any, context: Any) -> Any:
-        return health_pb2.HealthCheckResponse(status=self._status(request.service))
+        status = self._status(request.service)
+        if status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service '{request.service}'")
+        return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(self, request: Any, context: Any) -> AsyncIterator[Any]:
         last = None

@@ -1,0 +1,204 @@
+"""The model-repository extension (explicit load, unload, config override, index) through both of Triton's
+clients, against a server of its own started in explicit model-control mode.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from conftest import build_test_repository, start_server
+
+BAD_PBTXT = 'name: "bad_config"\nbackend: "onnxruntime"\nmax_batch_size: 8\ninput [ { name: "INPUT0" \n'
+
+
+@pytest.fixture(scope="module")
+def explicit_server(tmp_path_factory: pytest.TempPathFactory):
+    """Starts with only `simple` and `bad_config` loaded; `bad_config` fails, so the server is live but not
+    strictly ready."""
+    repo = build_test_repository(tmp_path_factory.mktemp("explicit_repository"))
+    bad = repo / "bad_config"
+    (bad / "1").mkdir(parents=True)
+    (bad / "1" / "model.onnx").write_bytes((repo / "simple" / "1" / "model.onnx").read_bytes())
+    (bad / "config.pbtxt").write_text(BAD_PBTXT)
+    log = tmp_path_factory.mktemp("explicit_server") / "server.log"
+    srv = start_server(repo, log, "--model-control-mode", "explicit", "--load-model", "simple",
+                       "--load-model", "bad_config", wait_ready=False)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(explicit_server):
+    with httpclient.InferenceServerClient(explicit_server.http_url, network_timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def grpc_client(explicit_server):
+    with grpcclient.InferenceServerClient(explicit_server.grpc_url) as c:
+        yield c
+
+
+def http_ready_index(server) -> list[dict]:
+    """POST /v2/repository/index {"ready": true}: tritonclient has no argument for it."""
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", data=b'{"ready": true}',
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def grpc_ready_index(server) -> list:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        return list(stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=10).models)
+
+
+def infer_simple(client, module, batch: int = 1) -> None:
+    a = np.arange(batch * 16, dtype=np.int32).reshape(batch, 16)
+    b = np.full((batch, 16), 3, dtype=np.int32)
+    inputs = []
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        tensor = module.InferInput(name, [batch, 16], "INT32")
+        tensor.set_data_from_numpy(arr)
+        inputs.append(tensor)
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_only_requested_models_load_at_start(http, explicit_server):
+    assert http.is_server_live()
+    assert http.is_model_ready("simple")
+    assert not http.is_model_ready("mlp")
+    assert not http.is_server_ready()  # strict readiness: bad_config was asked for and failed
+    ready = {row["name"] for row in http_ready_index(explicit_server)}
+    assert "simple" in ready and "mlp" not in ready and "bad_config" not in ready
+    rows = {row["name"]: row for row in http.get_model_repository_index()}
+    assert rows["simple"]["state"] == "READY"
+    assert rows["mlp"]["state"] != "READY"  # on disk, not loaded
+
+
+def test_bad_config_is_unavailable_with_reason_while_others_serve(http, grpc_client, explicit_server):
+    rows = {row["name"]: row for row in http.get_model_repository_index()}
+    assert rows["bad_config"]["state"] == "UNAVAILABLE"
+    assert "config.pbtxt" in rows["bad_config"]["reason"], rows["bad_config"]
+    grpc_rows = {m.name: m for m in grpc_client.get_model_repository_index().models}
+    assert grpc_rows["bad_config"].state == "UNAVAILABLE" and "config.pbtxt" in grpc_rows["bad_config"].reason
+    assert not http.is_model_ready("bad_config")
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("bad_config")
+    assert e.value.status() == "503" and "config.pbtxt" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("bad_config")
+    assert e.value.status() == "StatusCode.UNAVAILABLE" and "config.pbtxt" in e.value.message()
+    infer_simple(http, httpclient)
+    infer_simple(grpc_client, grpcclient)
+
+
+def test_http_load_infer_unload(http, explicit_server):
+    http.load_model("mlp")
+    assert http.is_model_ready("mlp") and http.is_model_ready("mlp", "1")
+    assert "mlp" in {row["name"] for row in http_ready_index(explicit_server)}
+    x = np.random.default_rng(0).standard_normal((2, 256), dtype=np.float32)
+    tensor = httpclient.InferInput("INPUT0", [2, 256], "FP32")
+    tensor.set_data_from_numpy(x)
+    out = http.infer("mlp", [tensor]).as_numpy("OUTPUT0")
+    assert out.shape == (2, 256) and np.isfinite(out).all()
+
+    http.unload_model("mlp")
+    assert not http.is_model_ready("mlp")
+    assert "mlp" not in {row["name"] for row in http_ready_index(explicit_server)}
+    assert "mlp" in {row["name"] for row in http.get_model_repository_index()}  # still on disk
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("mlp", [tensor])
+    assert e.value.status() in ("404", "503")
+    assert http.is_model_ready("simple")
+
+
+def test_grpc_load_infer_unload(grpc_client, explicit_server):
+    grpc_client.load_model("strings")
+    assert grpc_client.is_model_ready("strings")
+    assert "strings" in {m.name for m in grpc_ready_index(explicit_server)}
+    tensor = grpcclient.InferInput("TEXT", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array([b"abc", b""], dtype=object))
+    result = grpc_client.infer("strings", [tensor])
+    assert [bytes(x) for x in result.as_numpy("UPPER")] == [b"ABC", b""]
+
+    grpc_client.unload_model("strings")
+    assert not grpc_client.is_model_ready("strings")
+    assert "strings" not in {m.name for m in grpc_ready_index(explicit_server)}
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.infer("strings", [tensor])
+    assert e.value.status() in ("StatusCode.NOT_FOUND", "StatusCode.UNAVAILABLE")
+
+
+def test_http_load_with_config_override(http):
+    override = {"name": "simple", "backend": "onnxruntime", "max_batch_size": 2,
+                "dynamic_batching": {"max_queue_delay_microseconds": 100}}
+    try:
+        http.load_model("simple", config=json.dumps(override))
+        config = http.get_model_config("simple")
+        assert config["max_batch_size"] == 2
+        assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+        assert [i["name"] for i in config["input"]] == ["INPUT0", "INPUT1"]  # auto-completed from the model
+        assert http.get_model_metadata("simple")["inputs"][0]["shape"] == [-1, 16]
+        infer_simple(http, httpclient, batch=2)
+        with pytest.raises(InferenceServerException) as e:
+            infer_simple(http, httpclient, batch=3)
+        assert e.value.status() == "400" and "max_batch_size" in e.value.message()
+    finally:
+        http.load_model("simple")  # back to the config file
+    assert http.get_model_config("simple")["max_batch_size"] == 8
+    infer_simple(http, httpclient, batch=3)
+
+
+def test_grpc_load_with_config_override(grpc_client):
+    override = {"name": "simple", "backend": "onnxruntime", "max_batch_size": 3}
+    try:
+        grpc_client.load_model("simple", config=json.dumps(override))
+        config = grpc_client.get_model_config("simple").config
+        assert config.max_batch_size == 3
+        assert not config.HasField("dynamic_batching")
+        assert grpc_client.get_model_config("simple", as_json=True)["config"]["max_batch_size"] == 3
+        infer_simple(grpc_client, grpcclient, batch=3)
+    finally:
+        grpc_client.load_model("simple")
+    assert grpc_client.get_model_config("simple").config.max_batch_size == 8
+
+
+def test_load_bad_override_is_rejected_and_model_keeps_serving(http, grpc_client):
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("simple", config="{not json")
+    assert e.value.status() == "400" and "config" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("simple", config="[1, 2]")
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert http.get_model_config("simple")["max_batch_size"] == 8
+    infer_simple(http, httpclient)
+
+
+def test_load_unknown_model(http, grpc_client):
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("no_such_model")
+    assert e.value.status() == "404" and "no_such_model" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("no_such_model")
+    assert e.value.status() == "StatusCode.NOT_FOUND" and "no_such_model" in e.value.message()
+
+
+def test_unload_unknown_model(http, grpc_client):
+    with pytest.raises(InferenceServerException) as e:
+        http.unload_model("no_such_model")
+    assert e.value.status() == "404" and "no_such_model" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.unload_model("no_such_model")
+    assert e.value.status() == "StatusCode.NOT_FOUND" and "no_such_model" in e.value.message()
