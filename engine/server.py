@@ -49,7 +49,8 @@ class Server:
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus())
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
-        self._http_runner: web.AppRunner | None = None
+        self._http: http_frontend.HttpApp | None = None
+        self._http_server: asyncio.AbstractServer | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._grpc: grpc.aio.Server | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -63,13 +64,9 @@ class Server:
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
             await self.repository.load_all()
-        app = http_frontend.make_app(self.dataplane, opts.max_message_bytes)
-        self._http_runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                                          shutdown_timeout=opts.exit_timeout_secs)
-        await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, opts.host, opts.http_port, backlog=1024)
-        await site.start()
-        self.http_port = _bound_port(self._http_runner, self.http_port)
+        self._http = http_frontend.HttpApp(self.dataplane, opts.max_message_bytes)
+        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
+        self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
         self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
@@ -114,8 +111,8 @@ class Server:
         waits = []
         if self._grpc is not None:
             waits.append(self._grpc.stop(grace))
-        if self._http_runner is not None:
-            waits.append(self._http_runner.cleanup())
+        if self._http is not None and self._http_server is not None:
+            waits.append(http_frontend.shutdown(self._http, self._http_server, grace))
         await asyncio.gather(*waits, return_exceptions=True)
         await self.repository.close()
         if self._metrics_runner is not None:
