@@ -65,7 +65,10 @@ class BatchPolicy:
         levels = self.config.priority_levels or 1
         self._queues: dict[int, deque[Pending]] = {lvl: deque() for lvl in range(1, levels + 1)}
         self._delayed: deque[Pending] = deque()
+        self._single = levels == 1
+        self._only_queue = self._queues[1]
         self._size = 0
+        self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
 
     def __len__(self) -> int:
         return self._size
@@ -97,6 +100,8 @@ class BatchPolicy:
             )
         queue.append(pending)
         self._size += 1
+        if pending.deadline_ns:
+            self._with_deadline += 1
 
     def remove(self, pending: Pending) -> bool:
         """Take a request out (its client went away). False when it was already dispatched."""
@@ -106,6 +111,8 @@ class BatchPolicy:
             except ValueError:
                 continue
             self._size -= 1
+            if pending.deadline_ns:
+                self._with_deadline -= 1
             return True
         return False
 
@@ -114,12 +121,15 @@ class BatchPolicy:
     def expire(self, now_ns: int) -> list[Pending]:
         """Apply queue timeouts: returns the requests to reject; DELAY requests move to the back."""
         rejected: list[Pending] = []
+        if not self._with_deadline:
+            return rejected
         for queue in self._queues.values():
             if not queue:
                 continue
             keep: deque[Pending] = deque()
             for p in queue:
                 if p.deadline_ns and now_ns >= p.deadline_ns:
+                    self._with_deadline -= 1
                     if p.timeout_action is TimeoutAction.DELAY:
                         p.deadline_ns = 0
                         self._delayed.append(p)
@@ -134,12 +144,19 @@ class BatchPolicy:
         return rejected
 
     def next_deadline_ns(self) -> int | None:
+        if not self._with_deadline:
+            return None
         deadlines = [p.deadline_ns for q in self._queues.values() for p in q if p.deadline_ns]
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------ batch formation
 
     def _walk(self) -> Iterator[Pending]:
+        if self._single and not self._delayed:
+            return iter(self._only_queue)
+        return self._walk_levels()
+
+    def _walk_levels(self) -> Iterator[Pending]:
         for level in sorted(self._queues):
             yield from self._queues[level]
         yield from self._delayed
@@ -183,6 +200,8 @@ class BatchPolicy:
                 queue.popleft()
             else:
                 self._delayed.remove(p)
+            if p.deadline_ns:
+                self._with_deadline -= 1
         self._size -= len(batch)
 
 
@@ -258,14 +277,14 @@ class Batcher:
                                       f"request timed out in the queue of model '{self.config.name}'"))
             self._done(1)
         wait_ns: int | None = None
-        while len(policy):
+        while len(policy) and self._pool.has_free():
             decision = policy.peek(now)
             if not decision.batch:
                 wait_ns = decision.wait_ns
                 break
             instance = self._pool.try_acquire()
             if instance is None:
-                break  # the pool calls _dispatch again when an instance frees up
+                break  # the limiter said no; the pool calls _dispatch again when it frees up
             policy.take(decision.batch)
             seq = self._next_seq
             self._next_seq += 1

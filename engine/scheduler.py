@@ -80,6 +80,11 @@ class RateLimiter:
                 self._free[r.name] = self._free.get(r.name, 0) + r.count - total
                 self._total[r.name] = r.count
 
+    @property
+    def limiting(self) -> bool:
+        """Whether anything here can refuse an instance; if not, releases concern only their own pool."""
+        return bool(self._max or self._free)
+
     def try_acquire(self, resources: tuple[RateLimiterResource, ...]) -> bool:
         if self._max and self._running >= self._max:
             return False
@@ -102,6 +107,10 @@ class RateLimiter:
         for listener in listeners:
             listener()
 
+    def release_quietly(self) -> None:
+        """A release that frees nothing another pool waits for (no cap, no resources)."""
+        self._running -= 1
+
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
@@ -120,12 +129,6 @@ class Instance:
     @property
     def name(self) -> str:
         return self.placement.name
-
-
-@dataclass(slots=True)
-class ExecutionTimes:
-    infer_ns: int
-    output_names: list[str] = field(default_factory=list)
 
 
 class InstancePool:
@@ -169,6 +172,9 @@ class InstancePool:
             await self.close()
             raise
 
+    def has_free(self) -> bool:
+        return bool(self._free)
+
     def try_acquire(self) -> Instance | None:
         if not self._free:
             return None
@@ -182,7 +188,11 @@ class InstancePool:
     def release(self, instance: Instance) -> None:
         instance.busy = False
         self._free.append(instance)
-        self._limiter.release(instance.placement.resources)  # calls every pool's listener, ours included
+        if self._limiter.limiting:
+            self._limiter.release(instance.placement.resources)  # offers the slot to every pool, ours included
+        else:
+            self._limiter.release_quietly()
+            self.on_release()
 
     def _limiter_released(self) -> None:
         if self._free:

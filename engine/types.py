@@ -33,14 +33,11 @@ class DataType(enum.Enum):
     BYTES = "BYTES"
     BF16 = "BF16"
 
-    @property
-    def numpy_dtype(self) -> np.dtype:
-        return _NUMPY[self]
-
-    @property
-    def itemsize(self) -> int:
-        """Bytes per element on the wire; 0 for BYTES, whose elements are length-prefixed."""
-        return 0 if self is DataType.BYTES else _NUMPY[self].itemsize
+    # Set on each member below: `numpy_dtype`, and `itemsize` (bytes per element on the wire; 0 for BYTES,
+    # whose elements are length-prefixed). Plain attributes, because they are read on every request and an
+    # Enum-keyed dict lookup hashes through Python code.
+    numpy_dtype: np.dtype
+    itemsize: int
 
     @property
     def config_name(self) -> str:
@@ -49,10 +46,10 @@ class DataType(enum.Enum):
 
     @classmethod
     def from_v2(cls, name: str) -> DataType:
-        try:
-            return cls(name)
-        except ValueError:
-            raise invalid(f"unknown datatype '{name}'; expected one of {', '.join(d.value for d in cls)}") from None
+        dt = _FROM_V2.get(name)
+        if dt is not None:
+            return dt
+        raise invalid(f"unknown datatype '{name}'; expected one of {', '.join(d.value for d in cls)}") from None
 
     @classmethod
     def from_config(cls, name: str) -> DataType:
@@ -87,7 +84,11 @@ _NUMPY: dict[DataType, np.dtype] = {
     DataType.BYTES: np.dtype(np.object_),
     DataType.BF16: np.dtype(np.uint16),
 }
+for _dt, _np in _NUMPY.items():
+    _dt.numpy_dtype = _np
+    _dt.itemsize = 0 if _dt is DataType.BYTES else _np.itemsize
 _FROM_CONFIG = {dt.config_name: dt for dt in DataType}
+_FROM_V2 = {dt.value: dt for dt in DataType}  # a dict lookup is far cheaper than Enum's constructor
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k not in (DataType.BYTES, DataType.BF16)}
 
 
@@ -122,6 +123,7 @@ class InferenceRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
+    plan: Any = None  # the frontend's cached decoding of this request's header, if any
 
     @property
     def batch_size(self) -> int:

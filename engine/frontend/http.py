@@ -28,7 +28,7 @@ import orjson
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..types import InferenceRequest, InferenceResponse
-from .http_codec import HEADER_LENGTH, decode_request, encode_response
+from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response
 
 log = logging.getLogger("hubserve.http")
 
@@ -254,6 +254,7 @@ class HttpApp:
         self.max_body_bytes = max_body_bytes
         self.connections: set[HttpProtocol] = set()
         self.closing = False
+        self.header_cache = HeaderCache()
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def protocol(self) -> HttpProtocol:
@@ -261,7 +262,10 @@ class HttpApp:
 
     def route(self, req: _Request) -> Answer | asyncio.Future[Answer]:
         path = req.url.split(b"?", 1)[0]
-        parts = [unquote(p.decode("utf-8", "replace")) for p in path.strip(b"/").split(b"/")]
+        text = path.decode("utf-8", "replace")
+        parts = text.strip("/").split("/")
+        if "%" in text:
+            parts = [unquote(p) for p in parts]
         method = req.method
         if not parts or parts[0] != "v2":
             raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
@@ -305,7 +309,8 @@ class HttpApp:
         body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
         header_length = req.headers.get(_HEADER_LENGTH_LOWER)
         request = decode_request(name, version, body,
-                                 header_length.decode("latin-1") if header_length is not None else None)
+                                 header_length.decode("latin-1") if header_length is not None else None,
+                                 self.header_cache)
         inner = self.dp.submit(request, req.start_ns)
         outer: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
 

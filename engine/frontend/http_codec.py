@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import numpy as np
+import orjson
 
 from ..errors import invalid
 from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count
@@ -18,13 +19,56 @@ from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def decode_request(model_name: str, model_version: str, body: bytes, header_length: str | None
-                   ) -> InferenceRequest:
+class HeaderCache:
+    """Decoded request headers, keyed by their exact JSON bytes.
+
+    Clients of the binary extension (perf_analyzer, tritonclient) send the same JSON header with every
+    request; only the tensor bytes change. The first sight of a header is decoded and validated in full;
+    later requests with the same bytes reuse the result and only wrap their tensor bytes. Bounded, so a
+    client sending endless distinct headers cannot grow it."""
+
+    MAX_ENTRIES = 1024
+    MAX_HEADER_BYTES = 8192
+
+    def __init__(self) -> None:
+        self.plans: dict[bytes, _Plan] = {}
+
+    def get(self, header: bytes) -> _Plan | None:
+        return self.plans.get(header)
+
+    def put(self, header: bytes, plan: _Plan) -> None:
+        if len(header) > self.MAX_HEADER_BYTES:
+            return
+        if len(self.plans) >= self.MAX_ENTRIES:
+            self.plans.clear()
+        self.plans[header] = plan
+
+
+class _Plan:
+    """How to cut a body with a known header into tensors. Shared by requests: never mutated."""
+
+    __slots__ = ("inputs", "outputs", "params", "id", "binary_size", "encoded")
+
+    def __init__(self, request: InferenceRequest, sizes: list[int]) -> None:
+        self.inputs = [(t.name, t.datatype, t.shape, size) for t, size in zip(request.inputs, sizes)]
+        self.outputs = request.outputs
+        self.params = request.parameters
+        self.id = request.id
+        self.binary_size = sum(sizes)
+        self.encoded: dict[Any, tuple[bytes, int]] = {}  # response headers by output shapes
+
+
+def decode_request(model_name: str, model_version: str, body: bytes, header_length: str | None,
+                   cache: HeaderCache | None = None) -> InferenceRequest:
     json_part, binary = _split_body(body, header_length)
+    if cache is not None and binary:
+        plan = cache.get(json_part)
+        if plan is not None and plan.binary_size == len(binary):
+            return _from_plan(plan, model_name, model_version, binary)
     try:
-        doc = json.loads(json_part)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
-        raise invalid(f"malformed JSON in request body: {e}") from None
+        doc = orjson.loads(json_part)
+    except orjson.JSONDecodeError:
+        doc = _loads_lenient(json_part)
     if not isinstance(doc, dict):
         raise invalid("request body must be a JSON object with an 'inputs' list")
     raw_inputs = doc.get("inputs")
@@ -33,10 +77,12 @@ def decode_request(model_name: str, model_version: str, body: bytes, header_leng
     view = memoryview(binary)
     offset = 0
     inputs = []
+    sizes = []
     for item in raw_inputs:
         tensor, used = _decode_input(item, view, offset)
         offset += used
         inputs.append(tensor)
+        sizes.append(used)
     if offset != len(binary):
         raise invalid(f"request has {len(binary) - offset} bytes of binary data that no input claims")
     outputs = None
@@ -51,7 +97,32 @@ def decode_request(model_name: str, model_version: str, body: bytes, header_leng
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
-    return InferenceRequest(model_name, model_version, inputs, request_id, outputs, params)
+    request = InferenceRequest(model_name, model_version, inputs, request_id, outputs, params)
+    if cache is not None and binary and all(sizes):  # only all-binary requests: JSON data varies per request
+        cache.put(json_part, _Plan(request, sizes))
+    return request
+
+
+def _from_plan(plan: _Plan, model_name: str, model_version: str, binary: bytes) -> InferenceRequest:
+    view = memoryview(binary)
+    offset = 0
+    inputs = []
+    for name, datatype, shape, size in plan.inputs:
+        inputs.append(Tensor(name, datatype, shape, array_from_bytes(name, datatype, shape,
+                                                                     view[offset:offset + size])))
+        offset += size
+    request = InferenceRequest(model_name, model_version, inputs, plan.id, plan.outputs, plan.params)
+    request.plan = plan
+    return request
+
+
+def _loads_lenient(text: bytes) -> Any:
+    """Python's json accepts the NaN and Infinity that json.dumps (and so tritonclient) writes; orjson,
+    the fast path, does not."""
+    try:
+        return json.loads(text)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+        raise invalid(f"malformed JSON in request body: {e}") from None
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -106,7 +177,10 @@ def _flatten(data: Any) -> list:
 
 
 def _array_from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any) -> np.ndarray:
-    flat = _flatten(data)
+    try:
+        flat = _flatten(data)
+    except RecursionError:
+        raise invalid(f"input '{name}': 'data' is nested too deeply") from None
     count = element_count(shape)
     if len(flat) != count:
         raise invalid(f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(flat)}")
@@ -154,10 +228,20 @@ def _decode_output(item: Any) -> RequestedOutput:
 
 def encode_response(response: InferenceResponse, request: InferenceRequest) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary data follows (else None)."""
+    plan = request.plan
+    if plan is not None:
+        key = (response.model_name, response.model_version, tuple(t.shape for t in response.outputs))
+        cached = plan.encoded.get(key)
+        if cached is not None:
+            header, n = cached
+            chunks = [array_to_bytes(t.data, t.datatype) for t in response.outputs]
+            if sum(len(c) for c in chunks) == n:
+                return b"".join([header, *chunks]), len(header)
     default_binary = bool(request.parameters.get("binary_data_output", False))
     wanted = {o.name: o.binary_data for o in request.outputs} if request.outputs else {}
     outputs = []
-    chunks: list[Any] = []
+    chunks = []
+    json_nonfinite = False
     for tensor in response.outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype.value,
                                  "shape": list(tensor.shape)}
@@ -170,14 +254,25 @@ def encode_response(response: InferenceResponse, request: InferenceRequest) -> t
             chunks.append(raw)
         else:
             entry["data"] = _json_data(tensor)
+            if tensor.data.dtype.kind == "f" and not np.isfinite(tensor.data).all():
+                json_nonfinite = True
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         doc["id"] = response.id
     doc["outputs"] = outputs
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    try:
+        header = orjson.dumps(doc)
+    except (TypeError, OverflowError):
+        header = json.dumps(doc, separators=(",", ":")).encode()
+    if json_nonfinite:  # orjson writes NaN and Inf as null; JSON readers of the v2 protocol expect NaN/Infinity
+        header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
         return header, None
+    if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64:
+        # every output binary: the header depends only on the shapes, so the next one is a lookup
+        plan.encoded[(response.model_name, response.model_version, tuple(t.shape for t in response.outputs))] = (
+            header, sum(len(c) for c in chunks))
     return b"".join([header, *chunks]), len(header)
 
 

@@ -1,0 +1,17 @@
+"""`hubserve perf`: a perf_analyzer-style load tester for KServe v2 / Triton servers, and the batching-window
+tuner (`hubserve perf tune-window`).
+
+The request path of one run, one module per stage:
+
+    cli.py       flags → PerfOptions; runs a sweep or the window tuner; exit codes as perf_analyzer's
+    control.py   metadata, config, statistics and repository load, over HTTP (aiohttp) or gRPC (grpc.aio)
+    inputs.py    model metadata + --input-data/--shape/-b → the tensors of each request, encoded once
+    client.py    the hot path: a lean HTTP/1.1 connection (binary tensors) and a raw-bytes gRPC stub
+    load.py      closed-loop (concurrency) and open-loop (request rate) load on one event loop → Records
+    workers.py   the same load spread over several processes, each with its own event loop
+    measure.py   measurement windows, the stability rule, server-stat deltas → StepResult
+    report.py    table, perf_analyzer's CSV, JSON, latency–throughput plot
+    tune.py      sweep max_queue_delay_microseconds through the repository API and recommend a window
+
+It never imports the server: it is a client and talks to any server of the protocol (hubserve or Triton).
+"""
