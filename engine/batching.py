@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from .adaptive_window import AdaptiveWindow
 from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
 from .scheduler import Instance, InstancePool
@@ -225,6 +226,11 @@ class Batcher:
         self._finished: dict[int, list[tuple[Pending, InferenceResponse | EngineError]]] = {}
         self._output_names = [o.name for o in config.outputs]
         self._output_types = {o.name: o.datatype for o in config.outputs}
+        self.adaptive: AdaptiveWindow | None = None
+        target_ms = config.parameters.get("p95_latency_target_ms")
+        if target_ms is not None and config.dynamic_batching is not None:
+            self.adaptive = AdaptiveWindow(int(float(target_ms) * 1e6), config.max_batch_size)
+            self.policy.delay_ns = 0  # until something is measured, batch whatever is queued
         pool.on_release = self._dispatch
 
     def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> asyncio.Future[InferenceResponse]:
@@ -233,6 +239,8 @@ class Batcher:
         pending = self._pending(request, inputs)
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         pending.future = future
+        if self.adaptive is not None:
+            self.adaptive.on_arrival(pending.enqueue_ns)
         self.policy.enqueue(pending)
         self._inflight += 1
         self._idle.clear()
@@ -323,6 +331,9 @@ class Batcher:
             output_ns = time.perf_counter_ns() - out_start
             total = sum(p.batch_size for p in batch)
             self._stats.record_execution(total, len(batch), input_ns, infer_ns, output_ns)
+            if self.adaptive is not None:
+                self.adaptive.on_execution(total, input_ns + infer_ns + output_ns)
+                self.policy.delay_ns = self.adaptive.window_ns
         except EngineError as e:
             results = [(p, e) for p in batch]
         except Exception as e:  # a backend bug or runtime failure fails this batch only
@@ -367,6 +378,11 @@ class Batcher:
             self._deliver_seq += 1
 
     def _resolve(self, results: list[tuple[Pending, InferenceResponse | EngineError]]) -> None:
+        if self.adaptive is not None:
+            now = time.perf_counter_ns()
+            for p, _ in results:
+                self.adaptive.on_latency(now - p.enqueue_ns)
+            self.policy.delay_ns = self.adaptive.window_ns
         for p, result in results:
             fut = p.future
             if fut is not None and not fut.done():

@@ -318,6 +318,17 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
 
+    target = msg.parameters["p95_latency_target_ms"].string_value if "p95_latency_target_ms" in msg.parameters \
+        else None
+    if target is not None:
+        try:
+            ok = float(target) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, got {target!r}")
+        if batching is None:
+            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; add dynamic_batching")
     groups = tuple(_instance_group(g, where) for g in msg.instance_group)
     policy = version_policy_of(msg)
     filename = msg.default_model_filename or default_filename(backend)
