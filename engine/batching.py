@@ -52,6 +52,7 @@ class Pending:
 class Decision:
     batch: list[Pending]  # empty = send nothing now
     wait_ns: int | None  # when to ask again (None = only when something changes)
+    reason: str = ""  # why the batch goes now: full | preferred | window | immediate
 
 
 class BatchPolicy:
@@ -184,13 +185,15 @@ class BatchPolicy:
             if total >= self.max_batch_size or not self.batching:
                 full = True
                 break
-        if full or self.delay_ns == 0:
-            return Decision(batch, None)
+        if full:
+            return Decision(batch, None, "full")
+        if self.delay_ns == 0:
+            return Decision(batch, None, "immediate")
         if preferred_prefix:
-            return Decision(batch[:preferred_prefix], None)
+            return Decision(batch[:preferred_prefix], None, "preferred")
         oldest = min(p.enqueue_ns for p in batch)
         if now_ns >= oldest + self.delay_ns:
-            return Decision(batch, None)
+            return Decision(batch, None, "window")
         return Decision([], oldest + self.delay_ns - now_ns)
 
     def take(self, batch: list[Pending]) -> None:
@@ -294,6 +297,8 @@ class Batcher:
             if instance is None:
                 break  # the limiter said no; the pool calls _dispatch again when it frees up
             policy.take(decision.batch)
+            reasons = self._stats.dispatch_reasons
+            reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
             seq = self._next_seq
             self._next_seq += 1
             asyncio.get_running_loop().create_task(self._execute(instance, decision.batch, seq))

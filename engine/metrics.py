@@ -53,6 +53,13 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
         for m in models:
             labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
+    lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, preferred "
+                 "(a preferred size reached), window (max_queue_delay expired), immediate (no window)")
+    lines.append("# TYPE hubserve_batch_dispatch_total counter")
+    for m in models:
+        for reason, count in sorted(m.stats.dispatch_reasons.items()):
+            lines.append(f'hubserve_batch_dispatch_total{{model="{_escape(m.name)}",version="{m.version_str}",'
+                         f'reason="{reason}"}} {count}')
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()

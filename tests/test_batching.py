@@ -278,3 +278,17 @@ def test_take_removes_a_batch_spanning_levels_and_delayed_requests() -> None:
     pol.take(second.batch)
     assert len(pol) == 0
     assert pol.peek(10).batch == []
+
+
+def test_each_decision_says_why_the_batch_leaves() -> None:
+    window = policy(max_batch_size=4, max_queue_delay_us=100, preferred_batch_sizes=(2,))
+    window.enqueue(pending(0))
+    assert window.peek(200_000).reason == "window"
+    window.enqueue(pending(10))
+    assert window.peek(20).reason == "preferred"
+    for t in (20, 30):
+        window.enqueue(pending(t))
+    assert window.peek(40).reason == "full"
+    immediate = policy(max_queue_delay_us=0)
+    immediate.enqueue(pending(0))
+    assert immediate.peek(0).reason == "immediate"
