@@ -30,6 +30,7 @@ from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutActi
 from .errors import EngineError, ErrorCode, invalid
 from .scheduler import Instance, InstancePool
 from .stats import ModelStats
+from .timers import THRESHOLD_S, PreciseTimer
 from .types import InferenceRequest, InferenceResponse, Tensor
 
 
@@ -219,7 +220,9 @@ class Batcher:
         self._stats = stats
         self.policy = BatchPolicy(config.max_batch_size, config.dynamic_batching)
         self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = 0.0
+        self._precise: PreciseTimer | None = None  # created on first sub-2 ms wait
+        self._precise_token: int | None = None
+        self._timer_at = 0.0  # perf_counter seconds of the pending timer, 0 when none
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -309,17 +312,32 @@ class Batcher:
             self._arm_timer(max(wait_ns, 0) / 1e9)
 
     def _arm_timer(self, delay_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        when = loop.time() + delay_s
-        if self._timer is not None:
-            if not self._timer.cancelled() and self._timer_at <= when and self._timer_at > loop.time():
-                return  # an earlier timer is already set
-            self._timer.cancel()
+        """Ask for one `_dispatch` after `delay_s`; an earlier pending timer already covers a later one."""
+        now = time.perf_counter()
+        when = now + delay_s
+        if self._timer_at > now and self._timer_at <= when:
+            return
+        self._cancel_timer()
         self._timer_at = when
-        self._timer = loop.call_at(when, self._on_timer)
+        if delay_s < THRESHOLD_S:
+            if self._precise is None:
+                self._precise = PreciseTimer(asyncio.get_running_loop(), self.config.name)
+            self._precise_token = self._precise.call_later(delay_s, self._on_timer)
+        else:
+            self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._precise_token is not None and self._precise is not None:
+            self._precise.cancel(self._precise_token)
+            self._precise_token = None
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._precise_token = None
+        self._timer_at = 0.0
         self._dispatch()
 
     async def _execute(self, instance: Instance, batch: list[Pending], seq: int) -> None:
@@ -416,9 +434,10 @@ class Batcher:
         await self._idle.wait()
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_timer()
+        if self._precise is not None:
+            self._precise.close()
+            self._precise = None
 
 
 def _int_param(request: InferenceRequest, key: str) -> int:
