@@ -47,6 +47,7 @@ class Pending:
     deadline_ns: int = 0  # 0 = never times out
     timeout_action: TimeoutAction = TimeoutAction.REJECT
     future: asyncio.Future[InferenceResponse] | None = field(default=None, repr=False)
+    received_ns: int = 0  # when the frontend received it: the SLO window counts latency from here
 
 
 @dataclass(slots=True)
@@ -239,10 +240,12 @@ class Batcher:
             self.policy.delay_ns = 0  # until something is measured, batch whatever is queued
         pool.on_release = self._dispatch
 
-    def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> asyncio.Future[InferenceResponse]:
+    def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray],
+                received_ns: int = 0) -> asyncio.Future[InferenceResponse]:
         """Queue a validated request; the future resolves with its response. Cancelling the future takes the
         request out of the queue, so it is never executed. Raises at once when the queue is full."""
         pending = self._pending(request, inputs)
+        pending.received_ns = received_ns or pending.enqueue_ns
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         pending.future = future
         if self.adaptive is not None:
@@ -404,7 +407,7 @@ class Batcher:
         if self.adaptive is not None:
             now = time.perf_counter_ns()
             for p, _ in results:
-                self.adaptive.on_latency(now - p.enqueue_ns)
+                self.adaptive.on_latency(now - p.received_ns)
             self.policy.delay_ns = self.adaptive.window_ns
         for p, result in results:
             fut = p.future

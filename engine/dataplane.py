@@ -71,7 +71,7 @@ class DataPlane:
         model = self.repository.get(request.model_name, request.model_version)
         stats = model.stats
         try:
-            future = model.submit(request)
+            future = model.submit(request, start)
         except EngineError:
             stats.fail.add(time.perf_counter_ns() - start)
             raise

@@ -55,9 +55,9 @@ class Model:
         self.batcher.close()
         await self.pool.close()
 
-    def submit(self, request: InferenceRequest) -> asyncio.Future[InferenceResponse]:
+    def submit(self, request: InferenceRequest, received_ns: int = 0) -> asyncio.Future[InferenceResponse]:
         """Validate and queue; raises at once for a bad request or a full queue."""
-        return self.batcher.enqueue(request, self.prepare(request))
+        return self.batcher.enqueue(request, self.prepare(request), received_ns)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         return await self.submit(request)
