@@ -351,7 +351,8 @@ class Batcher:
                 self._stats.queue.add(start - p.enqueue_ns)
             inputs = _concat(batch)
             input_ns = time.perf_counter_ns() - start
-            outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names)
+            elements = sum(p.batch_size for p in batch)
+            outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names, elements)
             out_start = time.perf_counter_ns()
             results = self._split(batch, outputs)
             output_ns = time.perf_counter_ns() - out_start
