@@ -1,0 +1,346 @@
+"""hubserve side by side with NVIDIA Triton, the KServe python server and Seldon MLServer, all driven by the
+real perf_analyzer on the same models and input data, interleaved in one run.
+
+    bash perf/peers/setup_triton.sh; bash perf/peers/setup_kserve.sh; bash perf/peers/setup_mlserver.sh
+    bash tools/install_perf_analyzer.sh
+    .venv/bin/python perf/bench_peers.py [--models simple,mlp,image] [--protocols grpc,http]
+        [--concurrency 1,4,16,32] [--servers hubserve,triton,kserve,mlserver] [--interval-ms 5000]
+
+Every server is started once on free 127.0.0.1 ports (a peer that is not installed or fails to start is left
+out, with the reason in the report). Then for each model, protocol and concurrency, perf_analyzer runs against
+each server in turn (server A then B at the same point, so drift on this shared machine hits all of them),
+with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its process tree, /proc) and its own
+inference counter are read: CPU per inference = CPU delta / inference delta. Afterwards each model's ONNX file
+runs in this process at the batch sizes hubserve formed (the ceiling, `bench_serving.ceiling`). The markdown
+report, with the exact commands, goes to perf/results/peers-<date>.md and is printed.
+
+HTTP uses the binary tensor extension except for MLServer, which does not implement it (JSON tensors there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "perf"), str(ROOT / "perf" / "peers")]
+
+import bench_serving  # noqa: E402
+import repos  # noqa: E402
+import servers  # noqa: E402
+from perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer  # noqa: E402
+
+from engine import examples  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    model: str
+    protocol: str
+    concurrency: int
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    point: Point
+    server: str
+    infer_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p95_ms: float = 0.0
+    p99_ms: float = 0.0
+    cpu_us_per_infer: float = 0.0
+    avg_batch: float | None = None
+    error: str = ""
+    command: tuple[str, ...] = ()
+
+
+def perf_args(server: str, point: Point, args: argparse.Namespace) -> list[str]:
+    extra = ["--concurrency-range", str(point.concurrency), "-b", "1", "--input-data", "zero",
+             "--measurement-interval", str(args.interval_ms), "--stability-percentage", str(args.stability),
+             "--max-trials", str(args.max_trials)]
+    if server == "mlserver" and point.protocol == "http":
+        extra += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
+    return extra
+
+
+def measure(server: servers.RunningServer, point: Point, args: argparse.Namespace) -> Measurement:
+    """One perf_analyzer run against one server, with the server's CPU and inference count around it."""
+    name, model = server.kind.name, point.model
+    if server.process.poll() is not None:
+        return Measurement(point, name, error=f"server exited with {server.process.returncode}")
+    timeout_s = args.max_trials * args.interval_ms / 1000 * 3 + 90
+    try:
+        cpu0, n0, e0 = server.cpu_s(), server.inferences(model), server.executions(model)
+        for _ in range(1 + args.retries):  # exit 2: no stable windows; noise on this machine, so try again
+            result = run_perf_analyzer(model, server.url(point.protocol), point.protocol,
+                                       *perf_args(name, point, args), timeout_s=timeout_s)
+            if result.returncode != 2:
+                break
+        cpu1, n1, e1 = server.cpu_s(), server.inferences(model), server.executions(model)
+    except OSError as e:  # the server's stats or metrics endpoint did not answer
+        return Measurement(point, name, error=f"reading the server's counters failed: {e}")
+    command = tuple("<csv>" if arg.endswith("report.csv") else arg for arg in result.command)
+    if not result.ok or not result.csv_rows:
+        lines = [ln for ln in result.output.splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(lines) if "rror" in ln or "nstable" in ln or "timed out" in ln),
+                   lines[-1] if lines else "")
+        return Measurement(point, name, error=f"perf_analyzer exit {result.returncode}: {why.strip()[:160]}",
+                           command=command)
+    row = result.csv_rows[0]
+    inferences = n1 - n0
+    return Measurement(
+        point, name, result.throughput,
+        float(row["p50 latency"]) / 1000, float(row["p95 latency"]) / 1000, float(row["p99 latency"]) / 1000,
+        (cpu1 - cpu0) * 1e6 / inferences if inferences else float("nan"),
+        inferences / (e1 - e0) if e0 is not None and e1 is not None and e1 > e0 else None,
+        command=command,
+    )
+
+
+def idle_cpu(running: list[servers.RunningServer], seconds: float) -> dict[int, float]:
+    """CPU share of a core each server burns with no load (timers, pollers), by PID, all measured at once."""
+    before = {s.pid: s.cpu_s() for s in running}
+    time.sleep(seconds)
+    return {s.pid: (s.cpu_s() - before[s.pid]) / seconds for s in running}
+
+
+def exited_within(server: servers.RunningServer, timeout_s: float) -> bool:
+    try:
+        server.process.wait(timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def restart(server: servers.RunningServer, models: list[str], log_dir: Path,
+            events: list[str]) -> servers.RunningServer:
+    """Start a server again after something outside this benchmark stopped it (the machine is shared)."""
+    event = (f"{datetime.now():%H:%M:%S} {server.kind.name} (PID {server.pid}) exited with "
+             f"{server.process.returncode} without being stopped by this benchmark")
+    try:
+        server = servers.start(server.kind, models, log_dir)
+        event += f"; restarted as PID {server.pid}"
+    except RuntimeError as e:
+        event += f"; restarting failed: {e}"
+    print(event, flush=True)
+    events.append(event)
+    return server
+
+
+def prepare_repositories(names: list[str], models: list[str]) -> None:
+    """Rebuild the ONNX files and regenerate each installed peer's repository from hubserve's configs."""
+    repository = ROOT / "model_repository"
+    examples.build_repository(repository, models)
+    served = [repos.served_model(repository, m) for m in models]
+    if "triton" in names:
+        site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
+        repos.write_triton_repo(served, servers.PEERS_DIR / "triton_repo", site)
+    if "kserve" in names:
+        repos.write_kserve_repo(served, servers.PEERS_DIR / "kserve_repo")
+    if "mlserver" in names:
+        repos.write_mlserver_repo(served, servers.PEERS_DIR / "mlserver_repo")
+
+
+def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str, int], float]:
+    """In-process ONNX Runtime infer/s per (model, batch size hubserve formed), hubserve's session options."""
+    out: dict[tuple[str, int], float] = {}
+    for m in measurements:
+        if m.server != "hubserve" or m.error:
+            continue
+        key = (m.point.model, max(1, round(m.avg_batch or 1)))
+        if key not in out:
+            served = repos.served_model(ROOT / "model_repository", key[0])
+            bench_serving.MODEL_INPUTS.setdefault(key[0], {
+                s.name: (s.dims, s.datatype.numpy_dtype) for s in served.config.inputs})
+            out[key] = bench_serving.ceiling(served.onnx_path, key[0], key[1], seconds)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _ratio(a: float, b: float) -> str:
+    return "—" if not a or not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
+
+
+def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
+    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer and protocol."""
+    ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for point, row in by_point.items():
+        hub = row.get("hubserve")
+        if hub is None or hub.error:
+            continue
+        for name, m in row.items():
+            if name != "hubserve" and not m.error and m.infer_per_s and m.cpu_us_per_infer > 0:
+                ratios.setdefault((name, point.protocol), []).append(
+                    (hub.infer_per_s / m.infer_per_s, hub.cpu_us_per_infer / m.cpu_us_per_infer))
+    if not ratios:
+        return []
+    out = ["", "Summary, geometric mean over the points both completed:", "",
+           "| peer | proto | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |", "|---|---|---|---|---|"]
+    for (name, protocol), pairs in ratios.items():
+        tput, cpu = (math.exp(sum(math.log(p[i]) for p in pairs) / len(pairs)) for i in (0, 1))
+        out.append(f"| {name} | {protocol} | {len(pairs)} | {tput:.2f} | {cpu:.2f} |")
+    return out
+
+
+def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
+           running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str], events: list[str],
+           args: argparse.Namespace, started: str, wall_s: float,
+           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+    by_point: dict[Point, dict[str, Measurement]] = {}
+    for m in measurements:
+        by_point.setdefault(m.point, {})[m.server] = m
+    out = [f"## Peers run {started}", "",
+           (f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared with other "
+            f"engineers' test runs: load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end. "
+            f"The servers and perf_analyzer share these cores. Numbers compare within this run only."), "",
+           (f"Settings: models {args.models}; protocols {args.protocols}; concurrency {args.concurrency}; "
+            f"`-b 1`; `--input-data zero`; {args.interval_ms} ms windows, stability {args.stability} %, "
+            f"at most {args.max_trials} windows, {args.retries} rerun(s) of a point without stable windows; "
+            f"wall time {wall_s / 60:.1f} min."), "",
+           f"| server | version | PID | idle CPU (% of a core, {args.idle_s:g} s before the first run) |",
+           "|---|---|---|---|"]
+    out += [f"| {s.kind.name} | {s.version} | {s.pid} | {_fmt(idle[s.pid] * 100, 1) if s.pid in idle else '—'} |"
+            for s in running]
+    out += [f"| {name} | not run: {why.splitlines()[0]} | | |" for name, why in skipped.items()]
+    out += [f"\nEvent: {e}" for e in events]
+    out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference below 1 "
+                 "favour hubserve."), "",
+            ("| model | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms | server CPU µs/infer | avg batch "
+             "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"), "|" + "---|" * 12]
+    for point, row in by_point.items():
+        hub = row.get("hubserve")
+        for name, m in row.items():
+            cells = [point.model, point.protocol, str(point.concurrency), name]
+            if m.error:
+                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 7) + " |")
+                continue
+            fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
+            cells[3] += f" ({fmt})" if fmt else ""
+            cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
+                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1)]
+            if name == "hubserve" or hub is None or hub.error:
+                cells += ["", ""]
+            else:
+                cells += [_ratio(hub.infer_per_s, m.infer_per_s), _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
+            out.append("| " + " | ".join(cells) + " |")
+    out += summary(by_point)
+    out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, hubserve's "
+                 f"session options, at the batch size hubserve formed (`bench_serving.ceiling`, best of three "
+                 f"{args.ceiling_s:g} s windows, after the servers stopped):"), "",
+            "| model | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s | hubserve ÷ ceiling |",
+            "|---|---|---|---|---|---|---|"]
+    for point, row in by_point.items():
+        hub = row.get("hubserve")
+        if hub is None or hub.error:
+            continue
+        c = ceiling.get((point.model, max(1, round(hub.avg_batch or 1))))
+        out.append(f"| {point.model} | {point.protocol} | {point.concurrency} | {_fmt(hub.avg_batch, 1)} | "
+                   f"{_fmt(c)} | {_fmt(hub.infer_per_s)} | {_ratio(hub.infer_per_s, c or 0)} |")
+    out += ["", "Commands (ports were picked free for this run):", "", "```"]
+    out += [" ".join(s.command) for s in running]
+    out += ["# perf_analyzer, one run per row above (these are the first runs; -m, -u, -i and the last",
+            "# --concurrency-range change per row; a later copy of a flag overrides an earlier one;",
+            "# -f <csv> is a temporary file):"]
+    seen: set[tuple[str, str]] = set()
+    for m in measurements:
+        if m.command and (m.server, m.point.protocol) not in seen:
+            seen.add((m.server, m.point.protocol))
+            out.append(" ".join(m.command).replace(str(ROOT) + "/", ""))
+    out.append("```")
+    return "\n".join(out) + "\n"
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="simple,mlp,image")
+    parser.add_argument("--protocols", default="grpc,http")
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument("--servers", default="hubserve,triton,kserve,mlserver")
+    parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
+    parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
+    parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
+    parser.add_argument("--retries", type=int, default=1, help="reruns of a point that found no stable windows")
+    parser.add_argument("--idle-s", type=float, default=3.0, help="seconds to measure idle server CPU")
+    parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per ceiling measurement")
+    parser.add_argument("--out", type=Path, help="default: perf/results/peers-<date>.md")
+    args = parser.parse_args()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # unwind through `finally`, which stops every server we started
+        signal.signal(sig, _exit_on_signal)
+    if not perf_analyzer_available():
+        sys.exit(f"{PERF_ANALYZER} is missing: run `bash tools/install_perf_analyzer.sh`")
+    models = [m for m in args.models.split(",") if m]
+    started = datetime.now()
+    out_path = args.out or ROOT / "perf" / "results" / f"peers-{started:%Y%m%d-%H%M%S}.md"
+    log_dir = out_path.with_suffix(".logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    skipped: dict[str, str] = {}
+    wanted = []
+    for name in args.servers.split(","):
+        kind = servers.KINDS[name]
+        why = kind.missing()
+        if why:
+            skipped[name] = why
+        else:
+            wanted.append(kind)
+    prepare_repositories([k.name for k in wanted], models)
+    load_start, t0 = os.getloadavg(), time.monotonic()
+    running: list[servers.RunningServer] = []
+    measurements: list[Measurement] = []
+    events: list[str] = []
+    idle: dict[int, float] = {}
+    try:
+        for kind in wanted:
+            print(f"starting {kind.name} ...", flush=True)
+            try:
+                running.append(servers.start(kind, models, log_dir))
+            except RuntimeError as e:
+                skipped[kind.name] = str(e)
+                print(f"  {kind.name} left out: {e}", flush=True)
+        idle = idle_cpu(running, args.idle_s)
+        points = [Point(m, p, int(c)) for m in models for p in args.protocols.split(",")
+                  for c in args.concurrency.split(",")]
+        for i, point in enumerate(points, 1):
+            for j, server in enumerate(running):
+                for _ in range(2):  # a server stopped from outside (only a signal stops one) is restarted once
+                    if server.process.poll() is not None:
+                        running[j] = server = restart(server, models, log_dir, events)
+                    m = measure(server, point, args)
+                    if not m.error or not exited_within(server, 5.0):
+                        break
+                measurements.append(m)
+                print(f"[{i}/{len(points)}] {point.model} {point.protocol} c={point.concurrency} "
+                      f"{server.kind.name}: " + (m.error or f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
+                                                 f"CPU {m.cpu_us_per_infer:,.0f} µs/infer"), flush=True)
+    finally:
+        for server in running:
+            server.stop()
+    wall_s, load_end = time.monotonic() - t0, os.getloadavg()
+    report = render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped, events, args,
+                    f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
+    out_path.write_text(report)
+    print("\n" + report + f"\nwritten to {out_path} (server logs in "
+          f"{log_dir}/)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
