@@ -1,0 +1,212 @@
+"""The gRPC services' per-RPC logic, transport-neutral: a parsed request message in, a response message out
+(or an `EngineError`). Both gRPC frontends are thin wrappers around `GrpcHandlers`: `grpc.py` (grpc.aio) and
+`h2/` (our own HTTP/2). Neither duplicates a conversion, so the two answer every RPC identically.
+
+`STATUS` is the one table from `ErrorCode` to gRPC status codes, as the numbers the protocol puts on the wire
+(`grpc-status`); grpc.py derives its `grpc.StatusCode` table from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from google.protobuf import json_format
+
+from ..dataplane import DataPlane
+from ..errors import EngineError, ErrorCode, invalid, not_found
+from ..proto import grpc_service_pb2, health_pb2
+from ..types import InferenceResponse
+from .grpc_codec import decode_request, encode_response, param_value
+
+# The generated modules carry no type information: their messages are typed Any here.
+pb: Any = grpc_service_pb2
+health: Any = health_pb2
+
+
+class GrpcStatus(enum.IntEnum):
+    """gRPC status codes as numbers (grpc/doc/statuscodes.md)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+STATUS: dict[ErrorCode, GrpcStatus] = {
+    ErrorCode.INVALID_ARG: GrpcStatus.INVALID_ARGUMENT,
+    ErrorCode.NOT_FOUND: GrpcStatus.NOT_FOUND,
+    ErrorCode.UNAVAILABLE: GrpcStatus.UNAVAILABLE,
+    ErrorCode.RESOURCE_EXHAUSTED: GrpcStatus.UNAVAILABLE,  # a full queue: the client may retry
+    ErrorCode.UNSUPPORTED: GrpcStatus.UNIMPLEMENTED,
+    ErrorCode.ALREADY_EXISTS: GrpcStatus.ALREADY_EXISTS,
+    ErrorCode.CANCELLED: GrpcStatus.CANCELLED,
+    ErrorCode.DEADLINE_EXCEEDED: GrpcStatus.DEADLINE_EXCEEDED,
+    ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
+}
+
+# RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED.
+UNIMPLEMENTED_RPCS = ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+                      "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
+                      "TraceSetting", "LogSettings")
+HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
+
+
+class GrpcHandlers:
+    """One per server, shared by every connection. Methods named after a unary RPC take its request message and
+    return its response message, or an awaitable of it for RPCs that wait (load, unload); they raise
+    `EngineError`. Inference is split so a frontend can answer from a future's callback without a task:
+    `submit_infer` queues, `encode_response` converts the result."""
+
+    encode_response = staticmethod(encode_response)
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    # ------------------------------------------------------------------ inference.GRPCInferenceService
+
+    def ServerLive(self, request: Any) -> Any:
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    def ServerReady(self, request: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    def ModelReady(self, request: Any) -> Any:
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    def ServerMetadata(self, request: Any) -> Any:
+        return pb.ServerMetadataResponse(**self.dp.server_metadata())
+
+    def ModelMetadata(self, request: Any) -> Any:
+        meta = self.dp.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["inputs"]],
+            outputs=[pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta["outputs"]],
+        )
+
+    def ModelConfig(self, request: Any) -> Any:
+        return pb.ModelConfigResponse(config=self.dp.model(request.name, request.version).config.proto())
+
+    def ModelStatistics(self, request: Any) -> Any:
+        stats = self.dp.statistics(request.name, request.version)
+        return json_format.ParseDict({"model_stats": stats}, pb.ModelStatisticsResponse())
+
+    def RepositoryIndex(self, request: Any) -> Any:
+        rows = self.dp.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(models=[
+            pb.RepositoryIndexResponse.ModelIndex(name=e.name, version=e.version, state=e.state.value,
+                                                  reason=e.reason) for e in rows
+        ])
+
+    async def RepositoryModelLoad(self, request: Any) -> Any:
+        config_json = None
+        params = {k: param_value(v) for k, v in request.parameters.items()}
+        files = {k[5:]: v for k, v in params.items() if k.startswith("file:")}  # bytes_param values
+        if "config" in params:
+            try:
+                config_json = json.loads(params["config"])
+            except (TypeError, ValueError) as e:
+                raise invalid(f"parameter 'config' is not valid JSON: {e}") from None
+            if not isinstance(config_json, dict):
+                raise invalid("parameter 'config' must be a JSON object")
+        await self.dp.load(request.model_name, config_json, files)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any) -> Any:
+        await self.dp.unload(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+    def submit_infer(self, request: Any, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
+        """ModelInfer, first half: decode and queue. Raises at once for a bad request; the future resolves with
+        the response (pass it to `encode_response`) or an EngineError. Cancelling it drops the request."""
+        return self.dp.submit(decode_request(request), start_ns or time.perf_counter_ns())
+
+    def stream_infer(self, request: Any) -> asyncio.Future[Any]:
+        """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an
+        answer on the stream (`error_message`, with the request's id), which stays open. Cancelling the
+        returned future drops the request."""
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        try:
+            inner = self.submit_infer(request)
+        except EngineError as e:
+            out.set_result(_stream_error(request, e))
+            return out
+
+        def done(f: asyncio.Future[InferenceResponse]) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+                return
+            exc = f.exception()
+            if exc is None:
+                out.set_result(pb.ModelStreamInferResponse(infer_response=encode_response(f.result())))
+            elif isinstance(exc, EngineError):
+                out.set_result(_stream_error(request, exc))
+            else:
+                out.set_exception(exc)
+
+        inner.add_done_callback(done)
+        out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        return out
+
+    # ------------------------------------------------------------------ grpc.health.v1.Health
+
+    def health_status(self, service: str) -> int:
+        """The server ("") is SERVING when ready; a model name is SERVING when that model is; a name the
+        repository does not know is SERVICE_UNKNOWN."""
+        resp = health.HealthCheckResponse
+        if service and service not in {e.name for e in self.dp.repository_index()}:
+            return resp.SERVICE_UNKNOWN
+        ok = self.dp.ready() if not service else self.dp.model_ready(service)
+        return resp.SERVING if ok else resp.NOT_SERVING
+
+    def Check(self, request: Any) -> Any:
+        status = self.health_status(request.service)
+        if status == health.HealthCheckResponse.SERVICE_UNKNOWN:  # the health protocol says NOT_FOUND
+            raise not_found(f"unknown service '{request.service}'")
+        return health.HealthCheckResponse(status=status)
+
+    async def Watch(self, request: Any) -> AsyncIterator[Any]:
+        """Server streaming: the status now, then each change, until the client cancels."""
+        last = None
+        while True:
+            status = self.health_status(request.service)
+            if status != last:
+                last = status
+                yield health.HealthCheckResponse(status=status)
+            await asyncio.sleep(HEALTH_POLL_S)
+
+
+def _stream_error(request: Any, error: EngineError) -> Any:
+    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=request.id))
+
+
+def _unimplemented(name: str) -> Any:
+    def handler(self: GrpcHandlers, request: Any) -> Any:
+        raise EngineError(ErrorCode.UNSUPPORTED, f"hubserve does not implement {name} yet")
+
+    handler.__name__ = name
+    return handler
+
+
+for _name in UNIMPLEMENTED_RPCS:
+    setattr(GrpcHandlers, _name, _unimplemented(_name))

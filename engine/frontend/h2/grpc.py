@@ -1,0 +1,354 @@
+"""gRPC over our HTTP/2 connection (grpc/doc/PROTOCOL-HTTP2.md): request heads, 5-byte length-prefixed
+messages, `grpc-timeout`, and responses as `:status 200` + `content-type: application/grpc` headers, messages,
+and `grpc-status` / `grpc-message` trailers (or one trailers-only HEADERS frame for an early error).
+
+Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answered by the transport-neutral
+`GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
+ModelInfer, the hot path, creates no task: parse, `submit_infer`, and a done-callback that serializes the
+response and hands headers + message + trailers to the connection for one write. The header blocks are
+built once, at import, from static-table indices and literals that never touch HPACK's dynamic table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from ...errors import EngineError
+from ...proto import grpc_service_pb2, health_pb2
+from ..grpc_handlers import STATUS, GrpcHandlers
+from ..grpc_handlers import GrpcStatus as S
+from .connection import H2Connection
+from .headers import RequestHead, indexed, literal
+from .streams import H2Stream
+
+log = logging.getLogger("hubserve.h2")
+
+# RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
+RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
+OK_TRAILERS = literal(b"grpc-status", b"0")
+_PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+
+
+class Kind(enum.Enum):
+    UNARY = "unary"  # one request, one response; the handler may return an awaitable
+    INFER = "infer"  # ModelInfer: a future from submit_infer, answered from its callback
+    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request answered as it completes
+    SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    kind: Kind
+    request_type: Any  # the generated message class
+    handler: Callable[..., Any]
+
+
+def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
+    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at start."""
+    table = {}
+    for module in (grpc_service_pb2, health_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():  # type: ignore[attr-defined]
+            for method in service.methods:
+                request_type = getattr(module, method.input_type.name)
+                if method.name == "ModelInfer":
+                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer)
+                elif method.name == "ModelStreamInfer":
+                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer)
+                elif method.client_streaming:
+                    raise TypeError(f"no handler for client-streaming RPC {method.full_name}")
+                elif method.server_streaming:
+                    rpc = Rpc(Kind.SERVER_STREAM, request_type, getattr(handlers, method.name))
+                else:
+                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name))
+                table[f"/{service.full_name}/{method.name}".encode()] = rpc
+    return table
+
+
+def percent_encode(message: str) -> bytes:
+    """grpc-message is percent-encoded UTF-8: bytes outside 0x20-0x7E, and '%', become %XX."""
+    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+                    for b in message.encode("utf-8"))
+
+
+def status_block(status: int, message: str, trailers_only: bool, http_status: int = 200) -> bytes:
+    block = literal(b"grpc-status", b"%d" % status)
+    if message:
+        block += literal(b"grpc-message", percent_encode(message))
+    if not trailers_only:
+        return block
+    head = RESPONSE_HEAD if http_status == 200 else literal(8, b"%d" % http_status) + literal(31, b"application/grpc")
+    return head + block
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """grpc-timeout: at most 8 digits and a unit (H M S m u n), in seconds; None if malformed."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in _TIMEOUT_UNITS:
+        return None
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+
+
+class GrpcApp:
+    """The StreamApp of a gRPC server: one per server, shared by its connections."""
+
+    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, max_header_list_bytes: int) -> None:
+        self.handlers = handlers
+        self.rpcs = rpc_table(handlers)
+        self.max_message_bytes = max_message_bytes
+        self.max_header_list_bytes = max_header_list_bytes
+
+    def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> Call:
+        return Call(self, conn, stream, head)
+
+
+class Call:
+    """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
+    when the final status has been sent or the stream is gone; nothing is sent after that."""
+
+    __slots__ = ("app", "buffer", "conn", "done", "headers_sent", "need", "pending", "remote_done", "request",
+                 "rpc", "start_ns", "stream", "timer", "work")
+
+    def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
+        self.app = app
+        self.conn = conn
+        self.stream = stream
+        self.start_ns = time.perf_counter_ns()
+        self.buffer: bytearray | None = None  # an incomplete message
+        self.need = 5  # bytes `buffer` must hold before the next message can be read
+        self.request: memoryview | None = None  # the one request message of a unary call
+        self.work: asyncio.Future[Any] | None = None  # the handler's future or task, cancelled on reset
+        self.pending: set[asyncio.Future[Any]] = set()  # ModelStreamInfer requests in flight
+        self.remote_done = False
+        self.headers_sent = False
+        self.done = False
+        self.timer: asyncio.TimerHandle | None = None
+        fields = head.fields
+        rpc = app.rpcs.get(fields.get(b":path", b""))
+        self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
+        if head.list_size > app.max_header_list_bytes:
+            self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit of "
+                                              f"{app.max_header_list_bytes}")
+        elif fields[b":method"] != b"POST":
+            self.finish(S.UNIMPLEMENTED, "gRPC needs POST", http_status=405)
+        elif not fields.get(b"content-type", b"").startswith(b"application/grpc"):
+            self.finish(S.UNKNOWN, "content-type must be application/grpc", http_status=415)  # PROTOCOL-HTTP2.md
+        elif rpc is None:
+            self.finish(S.UNIMPLEMENTED, f"unknown method {fields[b':path'].decode('utf-8', 'replace')}")
+        elif (timeout := fields.get(b"grpc-timeout")) is not None:
+            seconds = parse_timeout(timeout)
+            if seconds is not None:
+                self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
+
+    # ------------------------------------------------------------------ StreamHandler
+
+    def data_received(self, data: memoryview, end_stream: bool) -> None:
+        if self.done:
+            return
+        if data:
+            self._read_messages(data)
+        if end_stream and not self.done:
+            self.remote_done = True
+            self._requests_complete()
+
+    def reset(self) -> None:
+        if not self.done:
+            self.done = True
+            self._stop_work()
+
+    # ------------------------------------------------------------------ requests in
+
+    def _read_messages(self, data: memoryview) -> None:
+        buf = self.buffer
+        if buf is not None:
+            buf += data
+            if len(buf) < self.need:
+                return  # a large message still arriving: don't re-read it on every frame
+            data = memoryview(buf)  # `buf` is never resized again: views of it stay valid
+            self.buffer = None
+        offset, size = 0, len(data)
+        while True:
+            if size - offset < 5:
+                self.need = 5
+                break
+            flag, length = _PREFIX.unpack_from(data, offset)
+            if flag:
+                self.finish(S.UNIMPLEMENTED, "compressed messages are not supported: send with identity encoding")
+                return
+            if length > self.app.max_message_bytes:  # rejected before it is buffered, as grpc does
+                self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
+                                                  f"{self.app.max_message_bytes})")
+                return
+            if size - offset - 5 < length:
+                self.need = 5 + length
+                break
+            message = data[offset + 5:offset + 5 + length]
+            offset += 5 + length
+            if self.rpc.kind is Kind.STREAM_INFER:
+                self._stream_request(message)
+                if self.done:
+                    return
+            elif self.request is not None:
+                self.finish(S.INTERNAL, "a unary RPC got more than one request message")
+                return
+            else:
+                self.request = message
+        if offset < size:
+            self.buffer = bytearray(data[offset:])
+
+    def _requests_complete(self) -> None:
+        """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
+        rpc = self.rpc
+        if self.buffer:
+            self.finish(S.INTERNAL, "the request ended inside a message")
+            return
+        if rpc.kind is Kind.STREAM_INFER:
+            if not self.pending:
+                self.finish(S.OK, "")
+            return
+        if self.request is None:
+            self.finish(S.INTERNAL, "a unary RPC got no request message")
+            return
+        try:
+            request = rpc.request_type.FromString(self.request)
+            self.request = None
+            if rpc.kind is Kind.INFER:
+                self.work = rpc.handler(request, self.start_ns)
+                self.work.add_done_callback(self._infer_done)  # type: ignore[union-attr]
+            elif rpc.kind is Kind.UNARY:
+                result = rpc.handler(request)
+                if inspect.isawaitable(result):
+                    self.work = asyncio.ensure_future(result)
+                    self.work.add_done_callback(self._unary_done)
+                else:
+                    self._reply(result.SerializeToString())
+            else:
+                self.work = asyncio.ensure_future(self._stream_responses(rpc.handler(request)))
+        except Exception as e:  # noqa: BLE001  # EngineError, DecodeError or a bug: each becomes a status
+            self._fail(e)
+
+    def _stream_request(self, message: memoryview) -> None:
+        try:
+            future = self.rpc.handler(self.rpc.request_type.FromString(message))
+        except Exception as e:  # noqa: BLE001  # an unparsable message ends the stream, as grpc does
+            self._fail(e)
+            return
+        self.pending.add(future)
+        future.add_done_callback(self._stream_answered)
+
+    # ------------------------------------------------------------------ answers out
+
+    def _infer_done(self, future: asyncio.Future[Any]) -> None:
+        self.work = None
+        if self.done:
+            return
+        if future.cancelled():
+            self.finish(S.CANCELLED, "the request was cancelled")
+        elif (exc := future.exception()) is not None:
+            self._fail(exc)
+        else:
+            try:
+                body = self.app.handlers.encode_response(future.result()).SerializeToString()
+            except Exception as e:  # noqa: BLE001  # a bug in encoding: answer INTERNAL, keep serving
+                self._fail(e)
+                return
+            self._reply(body)
+
+    def _unary_done(self, task: asyncio.Future[Any]) -> None:
+        self.work = None
+        if self.done or task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            self._fail(exc)
+        else:
+            self._reply(task.result().SerializeToString())
+
+    def _stream_answered(self, future: asyncio.Future[Any]) -> None:
+        self.pending.discard(future)
+        if self.done or future.cancelled():
+            return
+        if (exc := future.exception()) is not None:
+            self._fail(exc)
+            return
+        self._send_message(future.result().SerializeToString())
+        if self.remote_done and not self.pending:
+            self.finish(S.OK, "")
+
+    async def _stream_responses(self, responses: AsyncIterator[Any]) -> None:
+        try:
+            async for response in responses:
+                if self.done:
+                    return
+                self._send_message(response.SerializeToString())
+            self.finish(S.OK, "")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001  # EngineError or a bug: each becomes a status
+            self._fail(e)
+
+    def _reply(self, body: bytes) -> None:
+        """The one response of a unary call: headers, message and trailers in one write."""
+        if len(body) > self.app.max_message_bytes:
+            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({len(body)} vs. "
+                                              f"{self.app.max_message_bytes})")
+            return
+        self.done = True
+        self._stop_timer()
+        self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, len(body)), body], OK_TRAILERS)
+
+    def _send_message(self, body: bytes) -> None:
+        if len(body) > self.app.max_message_bytes:
+            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({len(body)} vs. "
+                                              f"{self.app.max_message_bytes})")
+            return
+        head = None if self.headers_sent else RESPONSE_HEAD
+        self.headers_sent = True
+        self.conn.send(self.stream, head, [_PREFIX.pack(0, len(body)), body], None)
+
+    def finish(self, status: int, message: str, http_status: int = 200) -> None:
+        """End the call with `status`: trailers, or a trailers-only response if no headers went out yet."""
+        if self.done:
+            return
+        self.done = True
+        self._stop_work()
+        if status == S.OK and self.headers_sent:
+            block = OK_TRAILERS
+        else:
+            block = status_block(status, message, not self.headers_sent, http_status)
+        self.conn.send(self.stream, None, [], block)
+
+    def _fail(self, error: BaseException) -> None:
+        if isinstance(error, EngineError):
+            self.finish(STATUS[error.code], error.message)
+        elif isinstance(error, DecodeError):
+            self.finish(S.INTERNAL, f"could not parse the request message: {error}")
+        else:
+            log.error("gRPC handler failed", exc_info=error)
+            self.finish(S.INTERNAL, f"internal error: {error!r}")
+
+    def _deadline(self) -> None:
+        self.timer = None
+        self.finish(S.DEADLINE_EXCEEDED, "deadline exceeded")  # cancels the work: the batcher drops it
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _stop_work(self) -> None:
+        self._stop_timer()
+        if self.work is not None:
+            self.work.cancel()
+            self.work = None
+        for future in list(self.pending):
+            future.cancel()
+        self.pending.clear()

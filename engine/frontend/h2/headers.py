@@ -1,0 +1,125 @@
+"""Header blocks: HPACK decoding of what clients send (with the `hpack` library), request-head validation, and
+the few HPACK encodings our fixed response blocks are built from once, at import.
+
+Why a cache: we advertise SETTINGS_HEADER_TABLE_SIZE 0. Once the client has acknowledged it (and shrunk its
+encoder table to 0, RFC 7541 §4.2), no block can refer to or change the dynamic table, so equal bytes decode
+to equal headers and each distinct block is decoded by `hpack` once. A client's request blocks repeat (same
+path, authority, content type), so the hot path does a dict lookup instead of HPACK work.
+"""
+
+from __future__ import annotations
+
+import hpack
+
+_CACHE_ENTRIES = 512  # distinct blocks kept (grpc-timeout values make blocks vary; bounded, then cleared)
+_CONNECTION_SPECIFIC = frozenset((b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding",
+                                  b"upgrade"))
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
+
+
+class RequestHead:
+    """A decoded request field block. `malformed` says why the request is malformed (§8.1.1), else "".
+    `list_size` is the header list size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (§6.5.2). Shared between
+    requests through the cache: never mutate."""
+
+    __slots__ = ("fields", "list_size", "malformed")
+
+    def __init__(self, fields: dict[bytes, bytes], malformed: str, list_size: int) -> None:
+        self.fields = fields
+        self.malformed = malformed
+        self.list_size = list_size
+
+
+def _request_head(pairs: list[tuple[bytes, bytes]]) -> RequestHead:
+    fields: dict[bytes, bytes] = {}
+    size = 0
+    malformed = ""
+    regular_seen = False
+    for name, value in pairs:
+        size += len(name) + len(value) + 32
+        if malformed:
+            continue
+        if name.startswith(b":"):
+            if regular_seen:  # pseudo-header fields come first (§8.3)
+                malformed = f"pseudo-header {name.decode('latin-1')} after a regular field"
+            elif name not in _REQUEST_PSEUDO:  # only the request pseudo-headers are defined (§8.3.1)
+                malformed = f"unknown pseudo-header {name.decode('latin-1')}"
+            elif name in fields:
+                malformed = f"duplicated pseudo-header {name.decode('latin-1')}"
+        else:
+            regular_seen = True
+            if name != name.lower():  # §8.2.1
+                malformed = f"uppercase field name {name.decode('latin-1')}"
+            elif name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):  # §8.2.2
+                malformed = f"connection-specific field {name.decode('latin-1')}"
+        fields[name] = value
+    if not malformed:
+        for required in (b":method", b":scheme", b":path"):  # §8.3.1
+            if not fields.get(required):
+                malformed = f"missing or empty {required.decode()}"
+                break
+    return RequestHead(fields, malformed, size)
+
+
+class HeaderDecoder:
+    """One per connection: HPACK state is per connection (RFC 7541 §2.2). `decode` must see every field
+    block the client sends, in order, even for streams that are refused or ignored (RFC 9113 §4.3)."""
+
+    def __init__(self, max_block_bytes: int) -> None:
+        # hpack's own list-size guard only protects memory; our advertised limit is checked by the caller.
+        self._decoder = hpack.Decoder(max_header_list_size=4 * max_block_bytes + 4096)
+        self._cache: dict[bytes, RequestHead] = {}
+
+    def table_size_acknowledged(self) -> None:
+        """The client acknowledged our SETTINGS_HEADER_TABLE_SIZE 0: a larger table is now an error."""
+        self._decoder.max_allowed_table_size = 0
+
+    def decode(self, block: bytes) -> RequestHead:
+        """Raises hpack.HPACKError for a block that cannot be decoded: a connection error (§4.3)."""
+        decoder = self._decoder
+        stateless = decoder.max_allowed_table_size == 0 and decoder.header_table_size == 0
+        if stateless:
+            head = self._cache.get(block)
+            if head is not None:
+                return head
+        head = _request_head(decoder.decode(block, raw=True))  # type: ignore[arg-type]
+        if stateless:
+            if len(self._cache) >= _CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[block] = head
+        return head
+
+
+# ---------------------------------------------------------------------------------- encoding (RFC 7541)
+
+def _integer(value: int, prefix_bits: int, first: int) -> bytes:
+    """An HPACK integer with an N-bit prefix (§5.1)."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = [first | limit]
+    value -= limit
+    while value >= 128:
+        out.append(value & 127 | 128)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(raw: bytes) -> bytes:
+    """A string literal without Huffman coding (§5.2)."""
+    return _integer(len(raw), 7, 0) + raw
+
+
+def indexed(index: int) -> bytes:
+    """A field from the static table (§6.1), e.g. 8 for `:status: 200` (Appendix A)."""
+    return _integer(index, 7, 0x80)
+
+
+def literal(name: bytes | int, value: bytes) -> bytes:
+    """A literal field without indexing (§6.2.2): it never touches the dynamic table, so a block made of
+    these and static indices means the same on every stream and can be built once. `name` is a static-table
+    index or a literal name."""
+    if isinstance(name, int):
+        return _integer(name, 4, 0) + _string(value)
+    return b"\x00" + _string(name) + _string(value)

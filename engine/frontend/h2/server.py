@@ -1,0 +1,84 @@
+"""The gRPC listener on our HTTP/2 stack, shaped like `grpc.aio.Server` (`add_insecure_port`, `start`,
+`stop(grace)`) so engine/server.py drives either frontend the same way.
+
+Graceful stop: stop accepting, send every connection the two-step GOAWAY (RFC 9113 §6.8), let the streams it
+admitted finish within the grace period, then close whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from ...dataplane import DataPlane
+from ..grpc_handlers import GrpcHandlers
+from .connection import H2Connection
+from .grpc import GrpcApp
+from .streams import Limits
+
+
+class H2GrpcServer:
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None) -> None:
+        self._limits = limits = limits or Limits()
+        self._app = GrpcApp(GrpcHandlers(dataplane), max_message_bytes, limits.max_header_list_bytes)
+        self._sockets: list[socket.socket] = []
+        self._servers: list[asyncio.AbstractServer] = []
+        self._connections: set[H2Connection] = set()
+        self._all_closed = asyncio.Event()
+
+    def add_insecure_port(self, address: str) -> int:
+        """Bind `host:port` now (port 0 = any free one; `[::]:port` for IPv6), on every address the host
+        resolves to, as grpc does; returns the bound port."""
+        host, _, port_text = address.rpartition(":")
+        port = int(port_text)
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        both_families = len({info[0] for info in infos}) > 1
+        error: OSError | None = None
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6 and both_families:  # IPv4 has a socket of its own
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind((addr[0], port, *addr[2:]))
+            except OSError as e:
+                sock.close()
+                error = error or e
+                continue
+            sock.listen(1024)
+            sock.setblocking(False)
+            self._sockets.append(sock)
+            port = int(sock.getsockname()[1])  # the other addresses take the same port
+        if not self._sockets:
+            raise error or OSError(f"could not bind {address}")
+        return port
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            self._servers.append(await loop.create_server(self._connection, sock=sock))
+
+    def _connection(self) -> H2Connection:
+        conn = H2Connection(self._app, self._limits, self._closed)
+        self._connections.add(conn)
+        self._all_closed.clear()
+        return conn
+
+    def _closed(self, conn: Any) -> None:
+        self._connections.discard(conn)
+        if not self._connections:
+            self._all_closed.set()
+
+    async def stop(self, grace: float | None) -> None:
+        for server in self._servers:
+            server.close()
+        if not self._connections:
+            return
+        for conn in list(self._connections):
+            conn.shutdown()
+        try:
+            await asyncio.wait_for(self._all_closed.wait(), grace or 0)
+        except asyncio.TimeoutError:
+            for conn in list(self._connections):
+                conn.abort()

@@ -1,0 +1,352 @@
+"""The h2 gRPC frontend (engine/frontend/h2/) at the protocol level, where real clients can't reach: a bare
+HTTP/2 client on a blocking socket sends exactly the frames each test needs (RFC 9113), and checks what comes
+back. Plus what real clients see of the limits, deadlines and shutdown, and a smoke test of the grpcio frontend.
+
+Our server runs in its own process on a repository of echo models (identity backend: no model file, shape
+[-1], so any size passes) and `simple`, with --max-message-mb 8.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import struct
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from conftest import start_server
+from h2_client import (
+    ACK,
+    CANCEL,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    INITIAL_WINDOW_SIZE,
+    MAX_FRAME_SIZE,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    RST_STREAM,
+    WINDOW_UPDATE,
+    RawClient,
+    frame,
+    grpc_message,
+    status_of,
+    unwrap,
+)
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+MAX_MESSAGE_BYTES = 8 << 20
+
+ECHO = """name: "{name}"
+backend: "identity"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+parameters {{ key: "execute_delay_ms" value: {{ string_value: "{delay_ms}" }} }}
+"""
+
+
+def echo_request(values: np.ndarray, model: str = "echo_fp32") -> bytes:
+    request = pb.ModelInferRequest(model_name=model, raw_input_contents=[values.tobytes()])
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[values.size])
+    return request.SerializeToString()
+
+
+def simple_request() -> bytes:
+    request = pb.ModelInferRequest(model_name="simple", id="raw")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    return request.SerializeToString()
+
+
+def stats(server, model: str) -> dict:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{model}/stats", timeout=10) as r:
+        return json.loads(r.read())["model_stats"][0]["inference_stats"]
+
+
+def build_repository(root: Path, session_repository: Path) -> Path:
+    shutil.copytree(session_repository / "simple", root / "simple")
+    for name, delay_ms in (("echo_fp32", 0), ("slow_echo", 400)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(ECHO.format(name=name, delay_ms=delay_ms))
+    return root
+
+
+@pytest.fixture(scope="module")
+def h2_repository(tmp_path_factory, repository) -> Path:
+    return build_repository(tmp_path_factory.mktemp("h2_repository"), repository)
+
+
+@pytest.fixture(scope="module")
+def h2_server(h2_repository, tmp_path_factory):
+    srv = start_server(h2_repository, tmp_path_factory.mktemp("h2") / "server.log", "--grpc-frontend", "h2",
+                       "--max-message-mb", str(MAX_MESSAGE_BYTES >> 20), "--model-control-mode", "none")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(h2_server):
+    c = RawClient(h2_server.grpc_port)
+    c.handshake()
+    yield c
+    c.close()
+
+
+# ------------------------------------------------------------------------------------------ connection level
+
+def expect_goaway(c: RawClient, code: int) -> None:
+    _, _, _, payload = c.read_until(GOAWAY)
+    assert int.from_bytes(payload[4:8], "big") == code, payload[8:]
+    while c.read() is not None:  # then the server closes the connection
+        pass
+
+
+def test_bad_preface_is_answered_with_goaway_and_close(h2_server):
+    expect_goaway(RawClient(h2_server.grpc_port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), PROTOCOL_ERROR)
+
+
+@pytest.mark.parametrize("frames, code", [
+    ([frame(PING, 0, 0, b"12345678")], PROTOCOL_ERROR),  # the preface must end in SETTINGS (§3.4)
+], ids=["first frame not SETTINGS"])
+def test_preface_must_end_in_settings(h2_server, frames, code):
+    c = RawClient(h2_server.grpc_port, preface=PREFACE + b"".join(frames))
+    expect_goaway(c, code)
+
+
+@pytest.mark.parametrize("make, code", [
+    (lambda c: frame(DATA, 0, 1, b"x" * (c.server_settings[MAX_FRAME_SIZE] + 1))[:4096], FRAME_SIZE_ERROR),
+    (lambda c: frame(HEADERS, END_HEADERS, 2, b"\x83"), PROTOCOL_ERROR),  # servers' even ids (§5.1.1)
+    (lambda c: frame(CONTINUATION, END_HEADERS, 1, b"\x83"), PROTOCOL_ERROR),  # no HEADERS before it (§6.10)
+    (lambda c: frame(DATA, END_STREAM, 9, b"x"), PROTOCOL_ERROR),  # idle stream (§5.1)
+    (lambda c: frame(PING, 0, 0, b"short"), FRAME_SIZE_ERROR),  # §6.7
+    (lambda c: frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 0x7FFFFFFF)), 0x3),  # window > 2^31-1 (§6.9.1)
+    (lambda c: frame(PUSH_PROMISE, END_HEADERS, 1, b"\0\0\0\2"), PROTOCOL_ERROR),  # §8.4
+    (lambda c: frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff"), 0x9),  # undecodable HPACK (§4.3)
+], ids=["frame over max size", "even stream id", "stray CONTINUATION", "DATA on idle stream", "short PING",
+        "window overflow", "PUSH_PROMISE", "bad HPACK"])
+def test_connection_errors_send_goaway(client, make, code):
+    client.send(make(client))
+    expect_goaway(client, code)
+
+
+def test_ping_is_answered(client):
+    client.send(frame(PING, 0, 0, b"pingpong"))
+    _, flags, stream_id, payload = client.read_until(PING)
+    assert flags & ACK and stream_id == 0 and payload == b"pingpong"
+
+
+# -------------------------------------------------------------------------------------------- streams, flow
+
+def test_large_response_to_a_client_that_opens_its_windows_slowly(h2_server):
+    """4 MiB each way: the request waits for the server's WINDOW_UPDATEs, the response for ours; the server
+    never sends more than a window or a frame allows, and everything arrives intact."""
+    c = RawClient(h2_server.grpc_port, settings={INITIAL_WINDOW_SIZE: 7000})
+    c.handshake()
+    values = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
+    c.call(1, echo_request(values))
+    stream_avail, conn_avail, body, trailers = 7000, 65535, b"", None
+    while trailers is None:
+        kind, flags, _, payload = c.read_until_stream(1)
+        if kind == HEADERS:
+            trailers = dict(c.decoder.decode(payload)) if flags & END_STREAM else None
+            continue
+        assert len(payload) <= min(stream_avail, conn_avail, 16384), "the server overran a window or frame size"
+        stream_avail -= len(payload)
+        conn_avail -= len(payload)
+        body += payload
+        c.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", len(payload))))  # stream: as consumed
+        if conn_avail < 20000:  # connection: lazily, so it is the limit now and then
+            c.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 65535 - conn_avail)))
+            conn_avail = 65535
+        stream_avail += len(payload)
+    assert trailers.get("grpc-status") == "0", trailers
+    response = pb.ModelInferResponse.FromString(unwrap(body))
+    assert response.raw_output_contents[0] == values.tobytes()
+
+
+def test_request_split_into_continuation_and_many_data_frames(client):
+    block = client.headers(1)[9:]
+    pieces = [block[i:i + 3] for i in range(0, len(block), 3)]
+    padded_priority = bytes((4,)) + struct.pack(">IB", 0, 15) + pieces[0] + b"\0" * 4
+    frames = [frame(HEADERS, PADDED | PRIORITY_FLAG, 1, padded_priority)]
+    frames += [frame(CONTINUATION, 0, 1, p) for p in pieces[1:-1]]
+    frames.append(frame(CONTINUATION, END_HEADERS, 1, pieces[-1]))
+    message = grpc_message(simple_request())
+    for i in range(0, len(message), 7):  # the 5-byte prefix itself is split
+        chunk = message[i:i + 7]
+        frames.append(frame(DATA, PADDED, 1, b"\x02" + chunk + b"\0\0") if i % 2 else frame(DATA, 0, 1, chunk))
+        frames.append(frame(0xFA, 0, 1, b"unknown types are ignored"))  # §5.5
+    frames.append(frame(DATA, END_STREAM, 1))
+    for f in frames:  # one frame per send: the server sees them arrive piecemeal
+        client.send(f)
+    headers, data, trailers = client.response(1)
+    assert headers[":status"] == "200" and headers["content-type"] == "application/grpc"
+    assert trailers["grpc-status"] == "0", trailers
+    response = pb.ModelInferResponse.FromString(unwrap(data))
+    assert response.id == "raw" and np.frombuffer(response.raw_output_contents[0], np.int32).tolist() == \
+        list(range(0, 32, 2))
+
+
+def test_message_over_the_limit_is_resource_exhausted(client):
+    client.send(client.headers(1), frame(DATA, 0, 1, struct.pack(">BI", 0, MAX_MESSAGE_BYTES + 1) + b"abc"))
+    status, message = status_of(client, 1)
+    assert status == "8" and str(MAX_MESSAGE_BYTES) in message
+    client.call(3, simple_request())  # the connection serves on
+    assert status_of(client, 3)[0] == "0"
+
+
+def test_message_over_the_limit_from_a_real_client(h2_server):
+    big = np.zeros((MAX_MESSAGE_BYTES // 4) + 16, np.float32)
+    with grpc.insecure_channel(h2_server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(pb.ModelInferRequest.FromString(echo_request(big)),
+                                                             timeout=30)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_large_messages_both_ways_from_a_real_client(h2_server):
+    """6 MiB each way through grpc's own flow control (its windows and ours), under the 8 MiB limit."""
+    values = np.random.default_rng(2).standard_normal(6 << 18).astype(np.float32)
+    options = [("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(h2_server.grpc_url, options=options) as channel:
+        response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            pb.ModelInferRequest.FromString(echo_request(values)), timeout=60)
+    assert response.raw_output_contents[0] == values.tobytes()
+
+
+def test_compressed_message_is_unimplemented(client):
+    client.send(client.headers(1), frame(DATA, END_STREAM, 1, grpc_message(simple_request(), compressed=1)))
+    status, message = status_of(client, 1)
+    assert status == "12" and "compress" in message
+
+
+def test_unknown_method_is_unimplemented(client, h2_server):
+    client.send(client.headers(1, "/inference.GRPCInferenceService/NoSuchRpc", end_stream=True))
+    assert status_of(client, 1)[0] == "12"
+    with grpc.insecure_channel(h2_server.grpc_url) as channel:
+        call = channel.unary_unary("/no.Such/Method", request_serializer=lambda b: b,
+                                   response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"", timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_oversized_request_headers_are_resource_exhausted(client):
+    client.send(client.headers(1, extra=(("x-big", "a" * 20000),), end_stream=True))
+    assert status_of(client, 1)[0] == "8"
+
+
+def test_grpc_timeout_is_deadline_exceeded(client):
+    client.send(client.headers(1, extra=(("grpc-timeout", "100m"),)))
+    client.send_data(1, grpc_message(echo_request(np.ones(4, np.float32), model="slow_echo")))
+    assert status_of(client, 1)[0] == "4"
+
+
+def test_rst_stream_mid_request_and_in_flight_is_harmless(client, h2_server):
+    before = stats(h2_server, "slow_echo")["fail"]["count"]
+    message = grpc_message(simple_request())
+    client.send(client.headers(1), frame(DATA, 0, 1, message[:20]), frame(RST_STREAM, 0, 1, struct.pack(">I", CANCEL)))
+    client.call(3, echo_request(np.ones(4, np.float32), model="slow_echo"))
+    client.send(frame(RST_STREAM, 0, 3, struct.pack(">I", CANCEL)))
+    client.call(5, simple_request())
+    assert status_of(client, 5)[0] == "0"
+    deadline = time.monotonic() + 10  # the cancelled request is accounted as failed once the batcher drops it
+    while stats(h2_server, "slow_echo")["fail"]["count"] != before + 1:
+        assert time.monotonic() < deadline, "the in-flight request was not cancelled"
+        time.sleep(0.02)
+
+
+def test_client_disconnect_cancels_the_in_flight_request(h2_server):
+    before = stats(h2_server, "slow_echo")["fail"]["count"]
+    c = RawClient(h2_server.grpc_port)
+    c.handshake()
+    c.call(1, echo_request(np.ones(4, np.float32), model="slow_echo"))
+    c.sock.shutdown(socket.SHUT_WR)  # a FIN after the request (a close with unread bytes would be a RST,
+    try:                             # which may drop the request before the server reads it)
+        deadline = time.monotonic() + 10
+        while stats(h2_server, "slow_echo")["fail"]["count"] != before + 1:
+            assert time.monotonic() < deadline, "the request of a vanished client was not cancelled"
+            time.sleep(0.02)
+    finally:
+        c.close()
+
+
+def test_error_messages_are_percent_encoded(client, h2_server):
+    name = "caf\u00e9 100%"
+    request = pb.ModelMetadataRequest(name=name).SerializeToString()
+    client.call(1, request, path="/inference.GRPCInferenceService/ModelMetadata")
+    assert status_of(client, 1) == ("5", "unknown model 'caf%C3%A9 100%25'")
+    with grpc.insecure_channel(h2_server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and e.value.details() == f"unknown model '{name}'"
+
+
+# ------------------------------------------------------------------------------------------- real clients
+
+def test_plain_grpc_stub_health_watch_and_infer(h2_server):
+    with grpc.insecure_channel(h2_server.grpc_url) as channel:
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch", request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        stream = watch(b"", timeout=10)
+        assert next(stream) == b"\x08\x01"  # status: SERVING
+        stream.cancel()
+        response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            pb.ModelInferRequest.FromString(simple_request()), timeout=10)
+    assert response.id == "raw" and len(response.raw_output_contents) == 2
+
+
+def test_graceful_shutdown_two_step_goaway(h2_repository, tmp_path):
+    server = start_server(h2_repository, tmp_path / "server.log", "--model-control-mode", "none")
+    try:
+        c = RawClient(server.grpc_port)
+        c.handshake()
+        c.call(1, echo_request(np.arange(4, dtype=np.float32), model="slow_echo"))
+        time.sleep(0.1)  # let the request reach the server; the answer takes 400 ms
+        server.process.send_signal(signal.SIGTERM)
+        _, _, _, first = c.read_until(GOAWAY)
+        assert struct.unpack(">II", first[:8]) == (0x7FFFFFFF, 0)  # §6.8: "2^31-1 and NO_ERROR" first
+        _, _, _, payload = c.read_until(PING)
+        c.send(frame(PING, ACK, 0, payload))
+        _, _, _, final = c.read_until(GOAWAY)
+        assert struct.unpack(">II", final[:8]) == (1, 0)  # the last stream it took: ours
+        _, data, trailers = c.response(1)
+        assert trailers["grpc-status"] == "0"
+        assert pb.ModelInferResponse.FromString(unwrap(data)).raw_output_contents[0] == \
+            np.arange(4, dtype=np.float32).tobytes()
+        assert c.read() is None  # then the connection closes
+        assert server.process.wait(30) == 0
+    finally:
+        server.stop()
+
+
+def test_grpcio_frontend_smoke(h2_repository, tmp_path):
+    server = start_server(h2_repository, tmp_path / "server.log", "--grpc-frontend", "grpcio",
+                          "--model-control-mode", "none")
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            assert c.is_server_ready() and c.get_model_metadata("simple").name == "simple"
+            tensor = grpcclient.InferInput("INPUT0", [3], "FP32")
+            tensor.set_data_from_numpy(np.array([1.5, -2.0, 3.25], np.float32))
+            assert c.infer("echo_fp32", [tensor]).as_numpy("OUTPUT0").tolist() == [1.5, -2.0, 3.25]
+            with pytest.raises(Exception, match="unknown model"):
+                c.infer("no_such_model", [tensor])
+        assert "gRPC on 127.0.0.1" in server.log()
+    finally:
+        assert server.stop() == 0
