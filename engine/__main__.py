@@ -39,7 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "and pick up added, changed and removed model folders; explicit: load only "
                             "--load-model at start, then only through the repository API")
     serve.add_argument("--repository-poll-secs", type=float, default=2.0,
-                       help="seconds between repository scans in poll mode")
+                       help="poll mode: seconds between full repository scans (with file-system events on, "
+                            "the safety net for missed events)")
+    serve.add_argument("--repository-quiet-secs", type=float, default=1.0,
+                       help="poll mode: a model folder is (re)loaded only once no file in it has changed for "
+                            "this long, so a copy in progress is never loaded half-way")
+    serve.add_argument("--repository-events", action=argparse.BooleanOptionalAction, default=True,
+                       help="poll mode: react to file-system events (watchfiles) as well as scanning")
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="with explicit mode: a model to load at start (repeatable)")
     serve.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
@@ -50,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide cap on batches executing at once across all models (0 = no cap)")
     serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource, metavar="NAME:COUNT",
                        help="server-wide count of a rate-limiter resource named in instance groups")
+    serve.add_argument("--grpc-frontend", choices=("h2", "grpcio"), default="h2",
+                       help="h2: gRPC on hubserve's own lean HTTP/2; grpcio: gRPC on grpc.aio")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
     serve.add_argument("--log-verbose", type=int, default=0,
@@ -78,12 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             metrics_port=args.metrics_port,
             model_control_mode=args.model_control_mode,
             repository_poll_secs=args.repository_poll_secs,
+            repository_quiet_secs=args.repository_quiet_secs,
+            repository_events=args.repository_events,
             load_models=tuple(args.load_model),
             strict_readiness=args.strict_readiness,
             max_message_bytes=args.max_message_mb << 20,
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
+            grpc_frontend=args.grpc_frontend,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms switch
         # interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had finished.

@@ -108,8 +108,9 @@ class DataPlane:
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.repository.index(ready_only)
 
-    async def load(self, name: str, config_json: dict[str, Any] | None = None) -> None:
-        await self.repository.load(name, config_json)
+    async def load(self, name: str, config_json: dict[str, Any] | None = None,
+                   files: dict[str, bytes] | None = None) -> None:
+        await self.repository.load(name, config_json, files)
         self.repository.get(name)  # a load that left nothing ready is an error to the caller
 
     async def unload(self, name: str) -> None:

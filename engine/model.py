@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import warmup
 from .batching import Batcher
 from .config import ModelConfig, TensorSpec
 from .errors import invalid
@@ -45,7 +46,14 @@ class Model:
         self._required = [spec.name for spec in config.inputs if not spec.optional]
 
     async def start(self) -> None:
+        """Create the instances, then warm them up (engine/warmup.py); READY only if both succeed. On a
+        failure everything made so far is freed and the error says why."""
         await self.pool.start()
+        try:
+            await warmup.run(self.config, self.pool, self.model_path.parent.parent, self.version)
+        except BaseException:
+            await self.pool.close()
+            raise
         self.state = ModelState.READY
 
     async def stop(self) -> None:

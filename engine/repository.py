@@ -2,8 +2,12 @@
 
 Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`.
 Loading runs off the event loop (model files are read and sessions built on worker threads). A reload builds
-the new versions beside the old ones and switches routing only when they are READY; the old versions then
-drain and unload. A model that fails to load is UNAVAILABLE with the reason, and never takes others down.
+the new or changed versions beside the serving ones (versions whose files and config did not change are kept)
+and switches routing in one step once they are READY, warm-up included; the old versions then drain, unload and
+give their memory back (engine/memory.py). A model that fails to load is UNAVAILABLE with the reason and never
+takes others down; a failed reload keeps what was serving. Called by the repository API (dataplane.py) and, in
+poll mode, by the watcher (watcher.py), which decides when a folder has settled; `ModelEntry.lock` serializes
+the loads and unloads of one model.
 """
 
 from __future__ import annotations
@@ -15,10 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from . import backends
-from .config import (ModelConfig, autocomplete, backend_of, default_filename, parse_dict, read_config_proto,
-                     validate, version_policy_of)
+from .config import (
+    ModelConfig,
+    autocomplete,
+    backend_of,
+    default_filename,
+    parse_dict,
+    read_config_proto,
+    validate,
+    version_policy_of,
+)
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
+from .memory import release_freed_memory
 from .model import Model, ModelState
+from .overrides import remove_override, write_override
 from .proto import model_config_pb2 as pb
 from .scheduler import RateLimiter
 
@@ -33,24 +47,34 @@ class IndexEntry:
     reason: str = ""
 
 
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
 @dataclass(eq=False)
 class ModelEntry:
-    """Everything known about one model folder. `versions` holds the versions that serve traffic."""
+    """Everything known about one model. `versions` holds the versions that serve traffic; `fingerprint` is the
+    repository folder as it was when the model was last loaded (None: no such folder), which the watcher
+    compares with the disk; `version_keys` say what each serving version was built from, so a reload rebuilds
+    only the versions whose files or config changed."""
 
     name: str
     versions: dict[int, Model] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
     error: str = ""  # a model-level failure (bad config, no versions)
     state: ModelState = ModelState.LOADING
-    fingerprint: Any = None
+    fingerprint: Fingerprint | None = None
+    version_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, m in self.versions.items() if m.state is ModelState.READY)
 
 
-def fingerprint(model_dir: Path) -> tuple:
-    """What changes when a user edits, adds or removes files: (relative path, size, mtime) of each file."""
+def fingerprint(model_dir: Path) -> Fingerprint | None:
+    """What changes when a user edits, adds or removes files: (relative path, size, mtime) of each file.
+    None when the folder does not exist. Runs on a worker thread."""
+    if not model_dir.is_dir():
+        return None
     items = []
     for path in sorted(model_dir.rglob("*")):
         try:
@@ -58,8 +82,18 @@ def fingerprint(model_dir: Path) -> tuple:
         except OSError:
             continue
         if path.is_file():
-            items.append((str(path.relative_to(model_dir)), st.st_size, st.st_mtime_ns))
+            items.append((path.relative_to(model_dir).as_posix(), st.st_size, st.st_mtime_ns))
     return tuple(items)
+
+
+def split_fingerprint(fp: Fingerprint | None) -> dict[str, Fingerprint]:
+    """The fingerprint of each version folder (keyed by its name) and of everything else (key "")."""
+    parts: dict[str, list[tuple[str, int, int]]] = {}
+    for item in fp or ():
+        head, sep, _ = item[0].partition("/")
+        key = head if sep and head.isdigit() else ""
+        parts.setdefault(key, []).append(item)
+    return {k: tuple(v) for k, v in parts.items()}
 
 
 class ModelRepository:
@@ -68,6 +102,9 @@ class ModelRepository:
         self._limiter = limiter
         self._gpus = gpus
         self._models: dict[str, ModelEntry] = {}
+        # Folders as they were when the repository API unloaded their model: the watcher leaves those models
+        # unloaded until the folder changes (the same rule as for an API load).
+        self._unloaded: dict[str, Fingerprint | None] = {}
 
     # ------------------------------------------------------------------ routing
 
@@ -139,73 +176,113 @@ class ModelRepository:
     async def load_all(self) -> None:
         await asyncio.gather(*(self.load(name) for name in self._on_disk()))
 
-    async def poll(self) -> None:
-        """Reconcile with the disk: load new or changed models once their files stop changing, unload
-        removed ones. Never raises: a failure is recorded on that model."""
-        on_disk = set(self._on_disk())
-        for name in sorted(set(self._models) - on_disk):
-            await self.unload(name)
-        pending = []
-        for name in sorted(on_disk):
-            fp = await asyncio.to_thread(fingerprint, self.root / name)
-            entry = self._models.get(name)
-            if entry is None or entry.fingerprint != fp:
-                pending.append((name, fp))
-        if not pending:
-            return
-        await asyncio.sleep(0.2)  # a copy in progress is not a model: load only what stopped changing
-        stable = [name for name, fp in pending if await asyncio.to_thread(fingerprint, self.root / name) == fp]
-        await asyncio.gather(*(self.load(name) for name in stable))
+    def loaded_fingerprints(self) -> dict[str, Fingerprint | None]:
+        """For the watcher: each model's folder as it was at its last load or API unload (None: no folder)."""
+        return {**self._unloaded, **{name: entry.fingerprint for name, entry in self._models.items()}}
 
-    async def load(self, name: str, config_json: dict[str, Any] | None = None) -> None:
-        """Load or reload a model: every version its policy selects. New versions become READY beside the
-        old ones before routing moves; the old ones then drain and unload."""
-        model_dir = self.root / name
-        if not model_dir.is_dir():
-            raise not_found(f"no model folder '{name}' in repository {self.root}")
-        entry = self._models.setdefault(name, ModelEntry(name))
-        async with entry.lock:
-            fp = await asyncio.to_thread(fingerprint, model_dir)
+    def folder_names(self) -> set[str]:
+        """Every name the watcher looks at: folders on disk and models known here."""
+        return set(self._on_disk()) | set(self._models)
+
+    async def reconcile(self, name: str) -> None:
+        """Make a model match its folder: (re)load it when the folder exists, unload it when it is gone. Called
+        by the watcher once the folder has settled. Never raises: a failure is recorded on that model."""
+        try:
+            if (self.root / name).is_dir():
+                await self.load(name)
+            else:
+                self._unloaded.pop(name, None)
+                if name in self._models:
+                    await self.unload(name, by_api=False)
+        except EngineError as e:
+            log.error("model %s: %s", name, e.message)
+        except Exception:
+            log.exception("model %s: reconciling with its folder failed", name)
+
+    async def load(self, name: str, config_json: dict[str, Any] | None = None,
+                   files: dict[str, bytes] | None = None) -> None:
+        """Load or reload a model: every version its policy selects. New or changed versions become READY
+        (warm-up included) beside the old ones before routing moves; unchanged ones keep serving; the old
+        ones then drain and unload. `files` (`<version>/<name>` → bytes, from the repository API) are loaded
+        instead of the repository folder and need `config_json`, as in Triton."""
+        if files:
+            if config_json is None:
+                raise invalid(f"model '{name}': loading model files needs the 'config' parameter as well")
+            override = await asyncio.to_thread(write_override, name, files)
             try:
-                config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json)
-            except EngineError as e:
-                self._record_model_failure(entry, e.message)
-                entry.fingerprint = fp
-                return
-            entry.error = ""
-            entry.fingerprint = fp
-            old = entry.versions
-            new: dict[int, Model] = {}
-            failed: dict[int, str] = {}
-            results = await asyncio.gather(
-                *(self._load_version(config, model_dir, v) for v in selected), return_exceptions=True
-            )
-            for version, result in zip(selected, results):
-                if isinstance(result, Model):
-                    new[version] = result
-                else:
-                    failed[version] = result.message if isinstance(result, EngineError) else repr(result)
-                    log.error("model %s version %d UNAVAILABLE: %s", name, version, failed[version])
-            # Keep an old version serving when its replacement failed (a failed reload is not an outage).
-            for version, reason in list(failed.items()):
-                if version in old and old[version].state is ModelState.READY:
-                    new[version] = old[version]
-                    log.warning("model %s version %d: reload failed, keeping the loaded one: %s",
-                                name, version, reason)
-                    del failed[version]
-            entry.versions = new
-            entry.failed = failed
-            entry.state = ModelState.READY if new else ModelState.UNAVAILABLE
-            for version, model in new.items():
-                if old.get(version) is not model:
-                    log.info("model %s version %d READY", name, version)
-            retired = [m for v, m in old.items() if new.get(v) is not m]
-        await asyncio.gather(*(self._retire(m) for m in retired))
+                await self._load(name, override, config_json)
+            finally:  # the sessions hold what they need: the files are not read again after loading
+                await asyncio.to_thread(remove_override, override)
+            return
+        if not (self.root / name).is_dir():
+            raise not_found(f"no model folder '{name}' in repository {self.root}")
+        await self._load(name, self.root / name, config_json)
+
+    async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None) -> None:
+        self._unloaded.pop(name, None)
+        while True:
+            entry = self._models.setdefault(name, ModelEntry(name))
+            async with entry.lock:
+                if self._models.get(name) is not entry:
+                    continue  # unloaded while this load waited: start over with a fresh entry
+                retired = await self._load_locked(entry, model_dir, config_json)
+                break
+        await self._retire_all(retired)
+
+    async def _load_locked(self, entry: ModelEntry, model_dir: Path, config_json: dict[str, Any] | None
+                           ) -> list[Model]:
+        """The steps of a load, under the model's lock; returns the versions to retire."""
+        name = entry.name
+        # 1. Remember the folder as it is now: a change made while loading makes the watcher load again.
+        entry.fingerprint = await asyncio.to_thread(fingerprint, self.root / name)
+        source = entry.fingerprint if model_dir == self.root / name else \
+            await asyncio.to_thread(fingerprint, model_dir)
+        try:
+            config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json)
+        except EngineError as e:
+            self._record_model_failure(entry, e.message)
+            return []
+        entry.error = ""
+        # 2. Build what changed beside what serves; keep a version built from the same files and config.
+        parts = split_fingerprint(source)
+        keys = {v: (str(model_dir), parts.get(""), parts.get(str(v)), config.proto_bytes) for v in selected}
+        old = entry.versions
+        new = {v: old[v] for v in selected
+               if v in old and old[v].state is ModelState.READY and entry.version_keys.get(v) == keys[v]}
+        to_load = [v for v in selected if v not in new]
+        failed: dict[int, str] = {}
+        results = await asyncio.gather(
+            *(self._load_version(config, model_dir, v) for v in to_load), return_exceptions=True
+        )
+        for version, result in zip(to_load, results):
+            if isinstance(result, Model):
+                new[version] = result
+                log.info("model %s version %d READY", name, version)
+            else:
+                failed[version] = result.message if isinstance(result, EngineError) else repr(result)
+                log.error("model %s version %d UNAVAILABLE: %s", name, version, failed[version])
+        version_keys = {v: keys[v] for v in new}
+        # 3. A failed reload is not an outage: while anything failed, every version that served keeps serving.
+        if failed:
+            for version, model in old.items():
+                if new.get(version) is None and model.state is ModelState.READY:
+                    new[version] = model
+                    version_keys[version] = entry.version_keys.get(version, ())
+                    log.warning("model %s version %d keeps serving: the reload failed", name, version)
+        # 4. Switch routing in one step, then hand back what no longer serves.
+        entry.versions, entry.failed, entry.version_keys = new, failed, version_keys
+        entry.state = ModelState.READY if new else ModelState.UNAVAILABLE
+        return [m for v, m in old.items() if new.get(v) is not m]
 
     def _record_model_failure(self, entry: ModelEntry, reason: str) -> None:
+        """A failure before any version could be built (config, auto-complete): what served keeps serving."""
         entry.error = reason
-        if not entry.versions:
-            entry.state = ModelState.UNAVAILABLE
+        if entry.versions:
+            log.error("model %s: reload failed: %s", entry.name, reason)
+            for version in sorted(entry.versions):
+                log.warning("model %s version %d keeps serving: the reload failed", entry.name, version)
+            return
+        entry.state = ModelState.UNAVAILABLE
         log.error("model %s UNAVAILABLE: %s", entry.name, reason)
 
     def _read_config(self, name: str, model_dir: Path, config_json: dict[str, Any] | None
@@ -246,24 +323,39 @@ class ModelRepository:
         await model.start()
         return model
 
+    async def _retire_all(self, models: list[Model]) -> None:
+        """Drain and free versions that no longer receive requests, then give their memory back."""
+        if not models:
+            return
+        await asyncio.gather(*(self._retire(m) for m in models))
+        await asyncio.to_thread(release_freed_memory)
+
     async def _retire(self, model: Model) -> None:
         log.info("model %s version %d UNLOADING", model.name, model.version)
         await model.stop()
         log.info("model %s version %d unloaded", model.name, model.version)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, by_api: bool = True) -> None:
+        """Stop routing to every version of the model, then drain and free them. Unloaded `by_api`, it stays
+        unloaded in poll mode until its folder changes."""
         entry = self._models.get(name)
         if entry is None:
             raise not_found(f"unknown model '{name}'")
+        folder = await asyncio.to_thread(fingerprint, self.root / name) if by_api else None
         async with entry.lock:
+            if self._models.get(name) is not entry:
+                return  # unloaded by another call while this one waited
+            if by_api:
+                self._unloaded[name] = folder
             retired = list(entry.versions.values())
             for model in retired:
                 model.state = ModelState.UNLOADING
             del self._models[name]
-        await asyncio.gather(*(self._retire(m) for m in retired))
+        await self._retire_all(retired)
 
     async def close(self) -> None:
-        await asyncio.gather(*(self.unload(name) for name in list(self._models)), return_exceptions=True)
+        await asyncio.gather(*(self.unload(name, by_api=False) for name in list(self._models)),
+                             return_exceptions=True)
 
 
 __all__ = ["ModelRepository", "IndexEntry", "ErrorCode"]

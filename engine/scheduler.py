@@ -232,6 +232,18 @@ class InstancePool:
                 instance.inline_elements = elements - 1  # too slow now: back to the thread
         return outputs, took
 
+    async def warm_up(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> None:
+        """Run one warm-up sample on every instance at once, each on its own thread (engine/warmup.py). Called
+        only while the version is LOADING, before any request can reach the pool, so it takes no slots."""
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(loop.run_in_executor(i.executor, i.backend.execute, inputs, output_names) for i in self._instances),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
     async def close(self) -> None:
         """Close each backend on its own thread, then stop the threads. Callers drain work first."""
         self._limiter.remove_listener(self._limiter_released)

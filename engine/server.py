@@ -19,9 +19,11 @@ from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import grpc as grpc_frontend
 from .frontend import http as http_frontend
+from .frontend.h2 import H2GrpcServer
 from .metrics import process_registry, render
 from .repository import ModelRepository
 from .scheduler import RateLimiter
+from .watcher import RepositoryWatcher
 
 log = logging.getLogger("hubserve")
 
@@ -34,13 +36,16 @@ class ServerOptions:
     grpc_port: int = 8001
     metrics_port: int = 8002  # 0 = no metrics endpoint
     model_control_mode: str = "poll"  # none | poll | explicit
-    repository_poll_secs: float = 2.0
+    repository_poll_secs: float = 2.0  # poll mode: the full rescan (with events: the safety net)
+    repository_quiet_secs: float = 1.0  # poll mode: a folder loads once unchanged for this long
+    repository_events: bool = True  # poll mode: react to file-system events, not only to the rescan
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
     max_message_bytes: int = 1 << 30
     max_concurrent_executions: int = 0  # 0 = limited only by instances
     rate_limit_resources: dict[str, int] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
+    grpc_frontend: str = "h2"  # h2 (our own HTTP/2, frontend/h2/) | grpcio (grpc.aio)
 
 
 class Server:
@@ -52,7 +57,7 @@ class Server:
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.AbstractServer | None = None
         self._metrics_runner: web.AppRunner | None = None
-        self._grpc: grpc.aio.Server | None = None
+        self._grpc: grpc.aio.Server | H2GrpcServer | None = None
         self._poller: asyncio.Task[None] | None = None
         self.http_port = options.http_port
         self.grpc_port = options.grpc_port
@@ -68,7 +73,10 @@ class Server:
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
-        self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
+        if opts.grpc_frontend == "grpcio":
+            self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
+        else:
+            self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -79,7 +87,9 @@ class Server:
             self.metrics_port = _bound_port(self._metrics_runner, self.metrics_port)
 
         if opts.model_control_mode == "poll":
-            self._poller = asyncio.get_running_loop().create_task(self._poll_forever())
+            watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs, opts.repository_quiet_secs,
+                                        opts.repository_events)
+            self._poller = asyncio.get_running_loop().create_task(watcher.run())
         log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s",
                  opts.host, self.http_port, opts.host, self.grpc_port,
                  f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off")
@@ -95,18 +105,11 @@ class Server:
         app.router.add_get("/metrics", metrics)
         return app
 
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.repository_poll_secs)
-            try:
-                await self.repository.poll()
-            except Exception:  # the poller must never stop reacting
-                log.exception("repository poll failed")
-
     async def stop(self) -> None:
         self.dataplane.accepting = False
         if self._poller is not None:
             self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
         grace = self.options.exit_timeout_secs
         waits = []
         if self._grpc is not None:

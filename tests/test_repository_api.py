@@ -1,10 +1,11 @@
-"""The model-repository extension (explicit load, unload, config override, index) through both of Triton's
-clients, against a server of its own started in explicit model-control mode.
+"""The model-repository extension (explicit load, unload, config override, model files sent with the load,
+index) through both of Triton's clients, against a server of its own started in explicit model-control mode.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import grpc
@@ -202,3 +203,70 @@ def test_unload_unknown_model(http, grpc_client):
     with pytest.raises(InferenceServerException) as e:
         grpc_client.unload_model("no_such_model")
     assert e.value.status() == "StatusCode.NOT_FOUND" and "no_such_model" in e.value.message()
+
+
+SIMPLE_OVERRIDE = {"name": "from_files", "backend": "onnxruntime", "max_batch_size": 8}
+
+
+def infer_named(client, module, name: str) -> str:
+    """Infer `simple`'s add/sub on the model `name`; returns the version that answered."""
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = []
+    for input_name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(input_name, [1, 16], "INT32")
+        tensor.set_data_from_numpy(a)
+        inputs.append(tensor)
+    result = client.infer(name, inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    response = result.get_response()
+    return str(response["model_version"] if isinstance(response, dict) else response.model_version)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_load_model_files_through_the_api(protocol, http, grpc_client, explicit_server):
+    """`file:<version>/<name>` parameters (base64 in HTTP JSON, bytes_param in gRPC) with a config: the model
+    is served from those files, though the repository has no such folder."""
+    client, module = (http, httpclient) if protocol == "http" else (grpc_client, grpcclient)
+    onnx_bytes = (explicit_server.repository / "simple" / "1" / "model.onnx").read_bytes()
+    client.load_model("from_files", config=json.dumps(SIMPLE_OVERRIDE),
+                      files={"file:3/model.onnx": onnx_bytes})
+    try:
+        assert client.is_model_ready("from_files", "3")
+        assert infer_named(client, module, "from_files") == "3"
+        assert not (explicit_server.repository / "from_files").exists()
+    finally:
+        client.unload_model("from_files", unload_dependents=True)  # accepted; no ensembles to unload
+    assert not client.is_model_ready("from_files")
+    assert "from_files" not in {row["name"] for row in http.get_model_repository_index()}
+
+
+def test_load_model_files_needs_a_config_and_paths_inside_the_folder(http, grpc_client, explicit_server):
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("from_files", files={"file:1/model.onnx": b"x"})
+    assert e.value.status() == "400" and "'config'" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("from_files", config=json.dumps(SIMPLE_OVERRIDE), files={"file:../x": b"x"})
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "inside the model folder" in e.value.message()
+    request = urllib.request.Request(
+        f"http://{explicit_server.http_url}/v2/repository/models/from_files/load",
+        data=json.dumps({"parameters": {"config": json.dumps(SIMPLE_OVERRIDE), "file:1/model.onnx": "%%%"}})
+        .encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as http_error:
+        urllib.request.urlopen(request, timeout=10)
+    assert http_error.value.code == 400 and b"base64" in http_error.value.read()
+
+
+def test_load_of_a_loaded_model_picks_up_a_new_version_folder(http, explicit_server):
+    folder = explicit_server.repository / "grows"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes((explicit_server.repository / "simple/1/model.onnx").read_bytes())
+    (folder / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
+    http.load_model("grows")
+    assert infer_named(http, httpclient, "grows") == "1"
+    (folder / "2").mkdir()
+    (folder / "2" / "model.onnx").write_bytes((folder / "1" / "model.onnx").read_bytes())
+    http.load_model("grows")
+    assert infer_named(http, httpclient, "grows") == "2"
+    assert [(r["version"], r["state"]) for r in http.get_model_repository_index() if r["name"] == "grows"] == \
+        [("2", "READY")]
+    http.unload_model("grows")

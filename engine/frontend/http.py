@@ -15,6 +15,7 @@ Errors leave as `{"error": "..."}` with the status from `STATUS`, the one table 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import socket
 import time
@@ -349,8 +350,7 @@ class HttpApp:
         params = _json_body(req).get("parameters") or {}
         if not isinstance(params, dict):
             raise invalid("'parameters' must be a JSON object")
-        if any(k.startswith("file:") for k in params):
-            raise EngineError(ErrorCode.UNSUPPORTED, "loading model files through the API is not supported yet")
+        files = {k[5:]: _base64(k, v) for k, v in params.items() if k.startswith("file:")}
         config_json = None
         if "config" in params:
             config = params["config"]
@@ -362,7 +362,7 @@ class HttpApp:
                 raise invalid(f"parameter 'config' is not valid JSON: {e}") from None
             if not isinstance(config_json, dict):
                 raise invalid("parameter 'config' must be a JSON object")
-        await self.dp.load(name, config_json)
+        await self.dp.load(name, config_json, files)
         return 200, b"", _JSON, b""
 
     async def _unload(self, req: _Request, name: str) -> Answer:
@@ -375,6 +375,14 @@ class HttpApp:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+
+def _base64(key: str, value: Any) -> bytes:
+    """A `file:` load parameter: the file's bytes, base64-encoded in the JSON (Triton's protocol)."""
+    try:
+        return base64.b64decode(value, validate=True)
+    except (TypeError, ValueError):
+        raise invalid(f"parameter '{key}' must be the file's content as a base64 string") from None
 
 
 def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:

@@ -1,0 +1,155 @@
+"""Model warm-up (`model_warmup` in the config): synthetic requests run on every instance before a version is
+READY, so the first real request does not pay for lazy allocations, kernel selection or graph compilation.
+
+Called by `Model.start()` once the instances exist; a failure there leaves the version UNAVAILABLE with the
+reason, and the repository keeps the previous version serving. Each sample is built once (`build_samples`, on a
+worker thread: it may read files) and run `count` times on each instance through `InstancePool.warm_up`, which
+goes straight to the backends: as in Triton, warm-up is not queued behind requests and is not counted in the
+statistics extension or the metrics (those describe traffic). The log says what ran and how long it took.
+
+Triton's rules are kept: `batch_size` (0 means 1) is the leading dimension of every input of a batching model
+and must be 1 for a model that does not batch; `dims` exclude the batch dimension and must be fixed;
+`input_data_file` names a file in the model's `warmup/` folder holding the raw data in row-major order (for
+BYTES, each element as a 4-byte little-endian length and its bytes); `count` (0 means 1) repeats the sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .config import ModelConfig
+from .errors import EngineError, ErrorCode, invalid
+from .proto import model_config_pb2
+from .scheduler import InstancePool
+from .types import DataType
+
+log = logging.getLogger("hubserve.warmup")
+pb: Any = model_config_pb2  # generated code carries no types
+
+WARMUP_FOLDER = "warmup"
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    """One configured warm-up: its inputs (batch dimension included) and how many times to run it."""
+
+    name: str
+    inputs: dict[str, np.ndarray]
+    count: int
+
+
+def build_samples(config: ModelConfig, model_dir: Path, seed: int = 0) -> list[WarmupSample]:
+    """The config's warm-up samples with their data. Raises INVALID_ARG naming the sample and the input."""
+    samples = []
+    rng = np.random.default_rng(seed)
+    for i, entry in enumerate(config.proto().model_warmup):
+        name = entry.name or f"warmup_{i}"
+        where = f"model '{config.name}' warm-up '{name}'"
+        batch = entry.batch_size or 1
+        if config.max_batch_size == 0 and batch != 1:
+            raise invalid(f"{where}: batch_size must be 1 for a model that does not batch, got {batch}")
+        if config.max_batch_size and batch > config.max_batch_size:
+            raise invalid(f"{where}: batch_size {batch} exceeds max_batch_size {config.max_batch_size}")
+        inputs: dict[str, np.ndarray] = {}
+        for input_name, spec in sorted(entry.inputs.items()):
+            inputs[input_name] = _input_data(config, model_dir, where, input_name, spec, batch, rng)
+        required = [s.name for s in config.inputs if not s.optional and s.name not in inputs]
+        if required:
+            raise invalid(f"{where}: no data for input '{required[0]}'")
+        ordered = {s.name: inputs[s.name] for s in config.inputs if s.name in inputs}
+        samples.append(WarmupSample(name, ordered, max(1, entry.count)))
+    return samples
+
+
+def _input_data(config: ModelConfig, model_dir: Path, where: str, name: str, spec: Any, batch: int,
+                rng: np.random.Generator) -> np.ndarray:
+    declared = config.input(name)
+    if declared is None:
+        raise invalid(f"{where}: '{name}' is not an input of the model; its inputs are "
+                      f"{', '.join(repr(s.name) for s in config.inputs)}")
+    if spec.data_type == pb.TYPE_INVALID:
+        raise invalid(f"{where}: input '{name}' has no data_type")
+    datatype = DataType.from_config(pb.DataType.Name(spec.data_type))
+    if datatype is not declared.datatype:
+        raise invalid(f"{where}: input '{name}' is {datatype.value} here but {declared.datatype.value} in the "
+                      "model config")
+    dims = tuple(int(d) for d in spec.dims)
+    if any(d < 0 for d in dims):
+        raise invalid(f"{where}: input '{name}' dims {list(dims)} must be fixed (no -1)")
+    shape = ((batch,) if config.max_batch_size else ()) + dims
+    kind = spec.WhichOneof("input_data_type")
+    if kind == "input_data_file":
+        return _from_file(model_dir / WARMUP_FOLDER / spec.input_data_file, where, name, datatype, shape)
+    if kind == "random_data":
+        return _random(datatype, shape, rng)
+    if kind == "zero_data" or kind is None:  # Triton's default is zeros too
+        if datatype is DataType.BYTES:
+            return np.full(shape, b"", dtype=object)
+        return np.zeros(shape, dtype=datatype.numpy_dtype)
+    raise invalid(f"{where}: input '{name}' has unsupported data kind '{kind}'")
+
+
+def _random(datatype: DataType, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Values a model can take without overflow or NaN: small integers, floats in [0, 1), short strings."""
+    if datatype is DataType.BYTES:
+        flat = [bytes(rng.integers(97, 123, size=8, dtype=np.uint8)) for _ in range(int(np.prod(shape)))]
+        return np.array(flat, dtype=object).reshape(shape)
+    if datatype is DataType.BOOL:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    dtype = datatype.numpy_dtype
+    if dtype.kind == "f":
+        return rng.random(size=shape).astype(dtype)
+    if datatype is DataType.BF16:  # uint16 bits of a bfloat16 in [1, 2)
+        return np.full(shape, 0x3F80, dtype=np.uint16) + rng.integers(0, 128, size=shape, dtype=np.uint16)
+    return rng.integers(0, 64, size=shape).astype(dtype)
+
+
+def _from_file(path: Path, where: str, name: str, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise invalid(f"{where}: input '{name}': cannot read input_data_file {path}: {e.strerror}") from None
+    count = int(np.prod(shape))
+    if datatype is DataType.BYTES:
+        items: list[bytes] = []
+        offset = 0
+        while offset < len(raw) and len(items) < count:
+            length = int.from_bytes(raw[offset:offset + 4], "little")
+            items.append(raw[offset + 4:offset + 4 + length])
+            offset += 4 + length
+        if len(items) < count:
+            raise invalid(f"{where}: input '{name}': {path} holds {len(items)} strings, the shape needs {count}")
+        return np.array(items, dtype=object).reshape(shape)
+    need = count * datatype.itemsize
+    if len(raw) < need:
+        raise invalid(f"{where}: input '{name}': {path} holds {len(raw)} bytes, shape {list(shape)} of "
+                      f"{datatype.value} needs {need}")
+    return np.frombuffer(raw[:need], dtype=datatype.numpy_dtype).reshape(shape).copy()
+
+
+async def run(config: ModelConfig, pool: InstancePool, model_dir: Path, version: int) -> None:
+    """Run every sample `count` times on each instance. Raises UNAVAILABLE naming the sample that failed."""
+    if not config.proto_bytes or not config.proto().model_warmup:
+        return
+    samples = await asyncio.to_thread(build_samples, config, model_dir)
+    output_names = [o.name for o in config.outputs]
+    for sample in samples:
+        start_ns = time.perf_counter_ns()
+        try:
+            for _ in range(sample.count):
+                await pool.warm_up(sample.inputs, output_names)
+        except Exception as e:  # a backend's own exception types too: the reason must reach the index
+            detail = e.message if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            raise EngineError(ErrorCode.UNAVAILABLE, f"warm-up '{sample.name}' failed: {detail}") from None
+        log.info("model %s version %d warm-up '%s': %d run(s) on %d instance(s) in %.1f ms", config.name,
+                 version, sample.name, sample.count, pool.size, (time.perf_counter_ns() - start_ns) / 1e6)
+
+
+__all__ = ["WarmupSample", "build_samples", "run", "WARMUP_FOLDER"]

@@ -1,0 +1,318 @@
+"""Model lifecycle on a real server in poll mode: folders dropped into, changed in and removed from the
+repository are served, reloaded and unloaded, with real clients, and no request fails because of a reload.
+
+One server (`--model-control-mode poll --repository-poll-secs 0.5`, file-system events on, the default quiet
+time of 1 s) watches a tmp repository; each test works on model folders of its own. Every wait polls a
+condition with a bound; the only sleeps are the slow copy's own pauses, which are the scenario under test.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import start_server
+from engine import examples
+
+SIMPLE = examples.model_bytes(examples.simple_model())
+PICKUP_S = 10.0  # a dropped or changed folder is served within this (quiet time 1 s + load)
+
+
+def simple_config(name: str, extra: str = "") -> str:
+    return f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n{extra}\n'
+
+
+def identity_config(name: str, extra: str = "") -> str:
+    return (f'name: "{name}"\nbackend: "identity"\nmax_batch_size: 8\n'
+            'input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }\n'
+            'output { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }\n' + extra)
+
+
+def drop(root: Path, name: str, files: dict[str, bytes | str], staging: Path) -> None:
+    """Copy a model folder into the repository, as a user would (`cp -r`)."""
+    src = staging / name
+    shutil.rmtree(src, ignore_errors=True)
+    for rel, data in files.items():
+        path = src / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+    shutil.copytree(src, root / name, dirs_exist_ok=True)
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = PICKUP_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def lifecycle(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("lifecycle_repository")
+    staging = tmp_path_factory.mktemp("staging")
+    drop(root, "anchor", {"config.pbtxt": simple_config("anchor"), "1/model.onnx": SIMPLE}, staging)
+    log = tmp_path_factory.mktemp("lifecycle_server") / "server.log"
+    srv = start_server(root, log, "--model-control-mode", "poll", "--repository-poll-secs", "0.5")
+    srv.staging = staging  # type: ignore[attr-defined]
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(lifecycle):
+    with httpclient.InferenceServerClient(lifecycle.http_url, network_timeout=60.0) as client:
+        yield client
+
+
+def rows(client: httpclient.InferenceServerClient, name: str) -> list[tuple[str, str, str]]:
+    return [(r.get("version", ""), r.get("state", ""), r.get("reason", ""))
+            for r in client.get_model_repository_index() if r["name"] == name]
+
+
+def failure(client: httpclient.InferenceServerClient, name: str) -> str:
+    """The reason `name` failed to load; "" while it has not (a folder not yet looked at is listed as
+    UNAVAILABLE "not loaded", then LOADING)."""
+    found = [r for r in rows(client, name) if r[1] == "UNAVAILABLE" and r[2] != "not loaded"]
+    return found[0][2] if len(found) == 1 else ""
+
+
+def simple_inputs(module, batch: int = 2) -> tuple[list, np.ndarray]:
+    a = np.arange(batch * 16, dtype=np.int32).reshape(batch, 16)
+    inputs = []
+    for input_name in ("INPUT0", "INPUT1"):
+        tensor = module.InferInput(input_name, [batch, 16], "INT32")
+        tensor.set_data_from_numpy(a)
+        inputs.append(tensor)
+    return inputs, a
+
+
+def infer_simple(client, module, name: str, version: str = "") -> str:
+    """Infer `a + a` and `a - a`; returns the version that answered."""
+    inputs, a = simple_inputs(module)
+    result = client.infer(name, inputs, model_version=version)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), np.zeros_like(a))
+    response = result.get_response()
+    return str(response["model_version"] if isinstance(response, dict) else response.model_version)
+
+
+def test_a_dropped_folder_is_served_within_the_bound(lifecycle, http):
+    start = time.monotonic()
+    drop(lifecycle.repository, "dropped", {"config.pbtxt": simple_config("dropped"), "1/model.onnx": SIMPLE},
+         lifecycle.staging)
+    wait_until(lambda: http.is_model_ready("dropped"), "'dropped' READY")
+    assert time.monotonic() - start < PICKUP_S
+    assert infer_simple(http, httpclient, "dropped") == "1"
+    assert rows(http, "dropped") == [("1", "READY", "")]
+
+
+def test_a_new_version_is_served_per_policy_and_the_old_one_retired(lifecycle, http):
+    root, staging = lifecycle.repository, lifecycle.staging
+    drop(root, "versioned", {"config.pbtxt": simple_config("versioned"), "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("versioned"), "'versioned' version 1 READY")
+    drop(root, "versioned", {"2/model.onnx": SIMPLE}, staging)  # default policy: latest 1
+    wait_until(lambda: http.is_model_ready("versioned", "2"), "'versioned' version 2 READY")
+    wait_until(lambda: not http.is_model_ready("versioned", "1"), "'versioned' version 1 retired")
+    assert rows(http, "versioned") == [("2", "READY", "")]
+    assert infer_simple(http, httpclient, "versioned") == "2"
+    with pytest.raises(InferenceServerException) as e:
+        infer_simple(http, httpclient, "versioned", version="1")
+    assert e.value.status() == "404"
+
+    # A changed config reloads: now every version is served.
+    (root / "versioned" / "config.pbtxt").write_text(simple_config("versioned", "version_policy: { all { } }"))
+    wait_until(lambda: http.is_model_ready("versioned", "1"), "'versioned' version 1 back with policy all")
+    assert [r[:2] for r in rows(http, "versioned")] == [("1", "READY"), ("2", "READY")]
+    assert infer_simple(http, httpclient, "versioned", version="1") == "1"
+    assert infer_simple(http, httpclient, "versioned") == "2"
+
+    # A removed version folder is retired; the other keeps serving.
+    shutil.rmtree(root / "versioned" / "2")
+    wait_until(lambda: not http.is_model_ready("versioned", "2"), "'versioned' version 2 retired")
+    assert rows(http, "versioned") == [("1", "READY", "")]
+    assert infer_simple(http, httpclient, "versioned") == "1"
+
+
+def test_a_removed_model_leaves_the_index(lifecycle, http):
+    drop(lifecycle.repository, "removed", {"config.pbtxt": simple_config("removed"), "1/model.onnx": SIMPLE},
+         lifecycle.staging)
+    wait_until(lambda: http.is_model_ready("removed"), "'removed' READY")
+    shutil.rmtree(lifecycle.repository / "removed")
+    wait_until(lambda: not rows(http, "removed"), "'removed' gone from the index")
+    with pytest.raises(InferenceServerException) as e:
+        infer_simple(http, httpclient, "removed")
+    assert e.value.status() == "404"
+
+
+def test_a_corrupt_file_is_unavailable_with_its_reason_then_fixed(lifecycle, http):
+    root = lifecycle.repository
+    drop(root, "corrupt", {"config.pbtxt": simple_config("corrupt"), "1/model.onnx": b"not an onnx file"},
+         lifecycle.staging)
+    # Listed as UNAVAILABLE "not loaded" until it settles, then LOADING, then UNAVAILABLE with the reason.
+    wait_until(lambda: failure(http, "corrupt"), "'corrupt' UNAVAILABLE with a reason")
+    reason = failure(http, "corrupt")
+    assert "ONNX" in reason and "model.onnx" in reason, reason
+    assert not http.is_server_ready()  # strict readiness: one model is not ready
+    assert infer_simple(http, httpclient, "anchor") == "1"  # the others serve
+
+    (root / "corrupt" / "1" / "model.onnx").write_bytes(SIMPLE)  # fixed: retried because it changed
+    wait_until(lambda: http.is_model_ready("corrupt"), "'corrupt' READY once fixed")
+    assert infer_simple(http, httpclient, "corrupt") == "1"
+    assert http.is_server_ready()
+
+    # Broken again while serving: the reload fails, the loaded version keeps serving.
+    (root / "corrupt" / "1" / "model.onnx").write_bytes(b"broken again")
+    wait_until(lambda: "model corrupt version 1 keeps serving" in lifecycle.log(), "the failed reload")
+    assert http.is_model_ready("corrupt") and infer_simple(http, httpclient, "corrupt") == "1"
+    shutil.rmtree(root / "corrupt")
+    wait_until(lambda: not rows(http, "corrupt"), "'corrupt' gone")
+
+
+def test_a_slow_copy_is_not_loaded_half_way(lifecycle, http):
+    target = lifecycle.repository / "slow_copy"
+    (target / "1").mkdir(parents=True)
+    (target / "config.pbtxt").write_text(simple_config("slow_copy"))
+    chunk = len(SIMPLE) // 10 + 1
+    with open(target / "1" / "model.onnx", "wb") as f:  # ~2 s for the whole file, as a slow disk would
+        for i in range(0, len(SIMPLE), chunk):
+            f.write(SIMPLE[i:i + chunk])
+            f.flush()
+            time.sleep(0.2)
+    wait_until(lambda: http.is_model_ready("slow_copy"), "'slow_copy' READY")
+    log = [line for line in lifecycle.log().splitlines() if "model slow_copy" in line]
+    assert not [line for line in log if "UNAVAILABLE" in line or "ERROR" in line], log
+    assert sum("LOADING" in line for line in log) == 1, log  # loaded once, when complete
+    assert infer_simple(http, httpclient, "slow_copy") == "1"
+
+
+def test_reload_under_continuous_load_fails_no_request(lifecycle, http):
+    root, staging = lifecycle.repository, lifecycle.staging
+    config = simple_config("busy", "dynamic_batching { max_queue_delay_microseconds: 100 }")
+    drop(root, "busy", {"config.pbtxt": config, "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("busy"), "'busy' READY")
+
+    stop = threading.Event()
+    done: list[int] = []
+    errors: list[str] = []
+    seen: set[str] = set()
+    lock = threading.Lock()
+
+    def client_loop(module, url: str) -> None:
+        with module.InferenceServerClient(url) as client:
+            while not stop.is_set():
+                try:
+                    version = infer_simple(client, module, "busy")
+                except Exception as e:  # every failure is a finding: record it, keep going
+                    with lock:
+                        errors.append(repr(e))
+                    continue
+                with lock:
+                    done.append(1)
+                    seen.add(version)
+
+    threads = [threading.Thread(target=client_loop, args=(httpclient, lifecycle.http_url)) for _ in range(4)]
+    threads.append(threading.Thread(target=client_loop, args=(grpcclient, lifecycle.grpc_url)))
+    for t in threads:
+        t.start()
+    try:
+        wait_until(lambda: len(done) >= 100, "traffic flowing")
+        drop(root, "busy", {"2/model.onnx": SIMPLE}, staging)  # a new version: v1 retires
+        wait_until(lambda: "2" in seen and not http.is_model_ready("busy", "1"), "traffic moved to version 2")
+        (root / "busy" / "config.pbtxt").write_text(config.replace("100", "500"))  # a changed config
+        wait_until(lambda: http.get_model_config("busy")["dynamic_batching"]["max_queue_delay_microseconds"]
+                   == 500, "the new config serving")
+        after = len(done)
+        wait_until(lambda: len(done) >= after + 100, "traffic on the reloaded model")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert errors == [], errors[:5]
+    assert seen == {"1", "2"} and len(done) >= 300
+    wait_until(lambda: "model busy version 1 unloaded" in lifecycle.log()
+               and "model busy version 2 unloaded" in lifecycle.log(), "the replaced versions drained and unloaded")
+
+
+def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable(lifecycle, http):
+    root, staging = lifecycle.repository, lifecycle.staging
+    zeros = ('model_warmup { name: "zeros" batch_size: 4 count: 2 inputs { key: "INPUT0" value: '
+             '{ data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } } '
+             'inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } } }')
+    from_file = ('model_warmup { name: "sevens" inputs { key: "INPUT0" value: '
+                 '{ data_type: TYPE_INT32 dims: [ 16 ] input_data_file: "sevens.bin" } } }')
+    fail_on = 'parameters {{ key: "fail_on_value" value: {{ string_value: "{}" }} }}\n'
+    drop(root, "warm", {"config.pbtxt": simple_config("warm", zeros), "1/model.onnx": SIMPLE}, staging)
+    only_zeros = zeros.split(" inputs { key: \"INPUT1\"")[0] + " }"
+    drop(root, "warm_fails", {"config.pbtxt": identity_config("warm_fails", fail_on.format(0) + only_zeros),
+                              "1/model.txt": ""}, staging)
+    drop(root, "warm_file", {"config.pbtxt": identity_config("warm_file", fail_on.format(7) + from_file),
+                             "warmup/sevens.bin": np.full(16, 7, dtype=np.int32).tobytes(), "1/model.txt": ""},
+         staging)
+    wait_until(lambda: http.is_model_ready("warm"), "'warm' READY")
+    assert "model warm version 1 warm-up 'zeros': 2 run(s) on 1 instance(s)" in lifecycle.log()
+    # As in Triton, warm-up is not traffic: the statistics start from zero.
+    stats = http.get_inference_statistics("warm")["model_stats"][0]
+    assert stats["execution_count"] == 0 and stats["inference_stats"]["success"]["count"] == 0
+    assert infer_simple(http, httpclient, "warm") == "1"
+    assert http.get_inference_statistics("warm")["model_stats"][0]["execution_count"] == 1
+
+    wait_until(lambda: failure(http, "warm_fails") and failure(http, "warm_file"), "both warm-ups failed")
+    assert failure(http, "warm_fails") == "warm-up 'zeros' failed: identity backend: input contains 0"
+    assert failure(http, "warm_file") == "warm-up 'sevens' failed: identity backend: input contains 7"
+    assert not http.is_model_ready("warm_fails")
+    for name in ("warm", "warm_fails", "warm_file"):
+        shutil.rmtree(root / name)
+    wait_until(lambda: not any(rows(http, n) for n in ("warm", "warm_fails", "warm_file")), "warm-up models gone")
+
+
+@pytest.mark.parametrize("flags", [("--repository-poll-secs", "300"),
+                                   ("--no-repository-events", "--repository-poll-secs", "0.5")],
+                         ids=["events-only", "polling-only"])
+def test_each_mechanism_alone_picks_up_changes(tmp_path: Path, flags: tuple[str, ...]):
+    root = tmp_path / "repository"
+    root.mkdir()
+    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "poll", *flags)
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as client:
+            drop(root, "m", {"config.pbtxt": simple_config("m"), "1/model.onnx": SIMPLE}, tmp_path / "staging")
+            wait_until(lambda: client.is_model_ready("m"), "'m' READY")
+            assert infer_simple(client, httpclient, "m") == "1"
+            shutil.rmtree(root / "m")
+            wait_until(lambda: not rows(client, "m"), "'m' gone")
+    finally:
+        srv.stop()
+
+
+def test_api_loads_and_unloads_hold_until_the_folder_changes(lifecycle, http):
+    """In poll mode the folder is the source of truth, but not a tyrant: an API load with a config override,
+    or an API unload, holds until the folder changes."""
+    root, staging = lifecycle.repository, lifecycle.staging
+    drop(root, "override", {"config.pbtxt": simple_config("override"), "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("override"), "'override' READY")
+    http.load_model("override", config=json.dumps({"name": "override", "backend": "onnxruntime",
+                                                   "max_batch_size": 2}))
+    assert http.get_model_config("override")["max_batch_size"] == 2
+    (root / "override" / "config.pbtxt").write_text(simple_config("override", "# edited"))
+    wait_until(lambda: http.get_model_config("override")["max_batch_size"] == 8, "the folder's config back")
+
+    http.unload_model("override")
+    # A folder dropped after the unload is picked up by a later watcher pass; 'override' stays unloaded.
+    drop(root, "marker", {"config.pbtxt": simple_config("marker"), "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("marker"), "'marker' READY")
+    assert not http.is_model_ready("override")
+    (root / "override" / "config.pbtxt").write_text(simple_config("override", "# edited again"))
+    wait_until(lambda: http.is_model_ready("override"), "'override' back once its folder changed")
+    for name in ("override", "marker"):
+        shutil.rmtree(root / name)
+    wait_until(lambda: not rows(http, "override") and not rows(http, "marker"), "'override' and 'marker' gone")
