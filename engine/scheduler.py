@@ -30,7 +30,11 @@ from .errors import unavailable
 # A hand-off to an instance thread and back costs 50-100 us of CPU on the small VMs we measure on
 # (futex wake-ups, the GIL, the loop's wake-up pipe). A CPU batch that runs faster than this costs the loop
 # less when run in place, so tiny models (the `simple` add) run inline; anything slower keeps its thread.
+# Only backends that say their execution time is CPU time (`cpu_bound = True`) qualify: one that waits on a
+# device or a sleep uses no CPU yet blocks. An inline run that still takes longer than INLINE_WALL_LIMIT_NS of
+# wall time turns inlining off for that instance for good.
 INLINE_BELOW_NS = 50_000
+INLINE_WALL_LIMIT_NS = 2_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +135,7 @@ class Instance:
     executor: ThreadPoolExecutor
     backend: Any = None
     busy: bool = False
-    # The largest batch (in elements) measured to run in under INLINE_BELOW_NS; 0 = none yet.
+    # The largest batch (in elements) measured to run in under INLINE_BELOW_NS; 0 = none yet, -1 = never.
     inline_elements: int = 0
 
     @property
@@ -220,11 +224,16 @@ class InstancePool:
             outputs = backend.execute(inputs, output_names)
             return outputs, time.perf_counter_ns() - start, time.thread_time_ns() - cpu_start
 
-        if elements <= instance.inline_elements and instance.placement.device.kind == "cpu":
+        inline_ok = instance.inline_elements >= 0 and getattr(backend, "cpu_bound", False) \
+            and instance.placement.device.kind == "cpu"
+        if inline_ok and elements <= instance.inline_elements:
             outputs, took, cpu = run()
+            if took > INLINE_WALL_LIMIT_NS:  # it blocked the loop for real: never inline this instance again
+                instance.inline_elements = -1
+                return outputs, took
         else:
             outputs, took, cpu = await asyncio.get_running_loop().run_in_executor(instance.executor, run)
-        if instance.placement.device.kind == "cpu":
+        if inline_ok:
             # CPU time, not wall time: on a busy machine preemption inflates the wall clock, not the cost.
             if cpu < INLINE_BELOW_NS:
                 instance.inline_elements = max(instance.inline_elements, elements)

@@ -26,6 +26,9 @@ class Backend(Protocol):
         """Release the runtime's memory. Called once, on the instance's thread."""
         ...
 
+    # Optional: `cpu_bound = True` says execution time is CPU time (no device waits, no sleeps), which lets
+    # the scheduler run very short batches on the loop instead of paying a thread hand-off.
+
 
 def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:
     if config.backend == "onnxruntime":

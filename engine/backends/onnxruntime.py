@@ -102,6 +102,8 @@ class OnnxRuntimeBackend:
         except Exception as e:
             raise invalid(f"cannot load ONNX model {model_path}: {e}") from None
         self._check_against_config(config)
+        # On the CPU provider, execution time is CPU time, so a short run may execute inline (scheduler.py).
+        self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}
         self._bf16_inputs = {s.name for s in config.inputs if s.datatype is DataType.BF16}
