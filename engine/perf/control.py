@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Protocol as TypingProtocol
+from typing import Any
+from typing import Protocol as TypingProtocol
 
-from .types import ModelInfo, PerfError, Protocol, ServerStats, TensorSpec
+from .types import ExitCode, ModelInfo, PerfError, Protocol, ServerStats, TensorSpec
 
 DEFAULT_PORTS = {Protocol.HTTP: 8000, Protocol.GRPC: 8001}
 LOAD_TIMEOUT_S = 300.0  # loading a model may compile it; the server answers when it is ready
@@ -25,7 +26,7 @@ def split_url(url: str, protocol: Protocol) -> tuple[str, int]:
     if not sep or "]" in port:
         return rest, DEFAULT_PORTS[protocol]
     if not port.isdigit():
-        raise PerfError(f"-u expects HOST:PORT, got '{url}'", 1)
+        raise PerfError(f"-u expects HOST:PORT, got '{url}'", ExitCode.USAGE)
     return host.strip("[]"), int(port)
 
 
@@ -73,22 +74,21 @@ def model_info_from(metadata: dict[str, Any], config: dict[str, Any], version: s
 def stats_from(doc: dict[str, Any]) -> ServerStats:
     """Sum the `model_stats` entries of a statistics answer (one per listed version). Numbers may arrive as
     JSON numbers (HTTP) or as strings (protobuf JSON of 64-bit fields)."""
+    def ns(infer: dict[str, Any], key: str) -> int:
+        return int(infer.get(key, {}).get("ns", 0))
+
     total = ServerStats()
     for entry in doc.get("model_stats", ()):
         infer = entry.get("inference_stats", {})
-
-        def ns(key: str) -> int:
-            return int(infer.get(key, {}).get("ns", 0))
-
         by_size = tuple(sorted((int(b["batch_size"]), int(b.get("compute_infer", {}).get("count", 0)))
                                for b in entry.get("batch_stats", ())))
         total = total + ServerStats(
             success_count=int(infer.get("success", {}).get("count", 0)),
-            success_ns=ns("success"),
-            queue_ns=ns("queue"),
-            compute_input_ns=ns("compute_input"),
-            compute_infer_ns=ns("compute_infer"),
-            compute_output_ns=ns("compute_output"),
+            success_ns=ns(infer, "success"),
+            queue_ns=ns(infer, "queue"),
+            compute_input_ns=ns(infer, "compute_input"),
+            compute_infer_ns=ns(infer, "compute_infer"),
+            compute_output_ns=ns(infer, "compute_output"),
             inference_count=int(entry.get("inference_count", 0)),
             execution_count=int(entry.get("execution_count", 0)),
             executions_by_batch_size=by_size,
@@ -151,10 +151,10 @@ class GrpcControl:
     def __init__(self, host: str, port: int) -> None:
         import grpc
 
-        from ..proto import grpc_service_pb2 as pb
-        from ..proto import grpc_service_pb2_grpc as pb_grpc
+        from ..proto import grpc_service_pb2, grpc_service_pb2_grpc
 
-        self._pb = pb
+        self._pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
+        pb_grpc: Any = grpc_service_pb2_grpc
         self._channel = grpc.aio.insecure_channel(f"{host}:{port}", options=_GRPC_OPTIONS)
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._target = f"{host}:{port}"

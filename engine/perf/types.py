@@ -78,12 +78,15 @@ class InputTensor:
 @dataclass(frozen=True, slots=True)
 class LoadPlan:
     """One step of a sweep for one load source: either `concurrency` closed-loop requests in flight, or an
-    open-loop `request_rate` (requests/s) with the given inter-arrival distribution."""
+    open-loop `request_rate` (requests/s) with the given inter-arrival distribution. `phase` delays the first
+    open-loop request by that fraction of the mean gap, so several processes sharing a constant rate
+    interleave instead of sending together."""
 
     concurrency: int = 0
     request_rate: float = 0.0
     distribution: Distribution = Distribution.CONSTANT
     seed: int = 0
+    phase: float = 0.0
 
     @property
     def open_loop(self) -> bool:
@@ -171,3 +174,13 @@ class Records:
     @property
     def latency_ns(self) -> np.ndarray:
         return self.end_ns - self.start_ns
+
+
+@dataclass(slots=True)
+class Drained:
+    """What a load source hands over at the end of a window: the records completed since the last drain, how
+    many open-loop requests left late, and the CPU time the load process(es) used meanwhile."""
+
+    records: Records
+    delayed: int
+    cpu_ns: int

@@ -1,0 +1,194 @@
+"""`hubserve perf ...` and `hubserve perf tune-window ...`: flags, and the run of a sweep.
+
+engine/__main__.py calls `add_parser()` to register the subcommand and `main()` to run it. This module imports
+only argparse at load time, so `hubserve serve` pays nothing for the load tester.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .types import Distribution, ExitCode, LoadPlan, PerfError
+
+DESCRIPTION = """\
+Measure a KServe v2 / Triton server as NVIDIA's perf_analyzer does: closed-loop concurrency or open-loop
+request-rate load over HTTP (binary tensors) or gRPC, measurement windows (1.2 x --measurement-interval, as
+perf_analyzer's) until 3 in a row agree within --stability-percentage, client latency percentiles, server
+queue and compute time from the statistics extension. Progress goes to stderr, one line per window; the table to stdout. Exit codes as perf_analyzer's:
+0 success, 1 bad flags or input data, 2 no stable measurement, 99 the server refused a request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    start: float
+    end: float
+    step: float
+
+    def values(self) -> list[float]:
+        out, value = [], self.start
+        while value <= self.end + 1e-9:
+            out.append(value)
+            value += self.step
+        return out
+
+
+def parse_range(text: str) -> Range:
+    """perf_analyzer's `start[:end[:step]]`."""
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        parts = []
+    if not 1 <= len(parts) <= 3:
+        raise argparse.ArgumentTypeError(f"expected START[:END[:STEP]], got '{text}'")
+    start = parts[0]
+    end = parts[1] if len(parts) > 1 else start
+    step = parts[2] if len(parts) > 2 else 1.0
+    if start <= 0 or end < start or step <= 0:
+        raise argparse.ArgumentTypeError(f"range '{text}' needs 0 < START <= END and STEP > 0")
+    return Range(start, end, step)
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model-name", dest="model", help="model to measure (required)")
+    p.add_argument("-x", "--model-version", dest="version", default="", help="version (default: the server's)")
+    p.add_argument("-u", "--url", default=None,
+                   help="server HOST:PORT (default localhost:8000 for http, localhost:8001 for grpc)")
+    p.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http", help="protocol")
+    p.add_argument("--grpc-client", choices=("h2", "grpcio"), default="h2",
+                   help="gRPC load client: our lean HTTP/2 client, or grpcio's grpc.aio (several times the "
+                        "client CPU per call)")
+    p.add_argument("-b", "--batch-size", type=int, default=1, help="batch size of each request")
+    p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
+                   help="shape of an input with variable dims, without the batch dim, e.g. INPUT0:3,224,224")
+    p.add_argument("--input-data", default="random", metavar="zero|random|FILE.json",
+                   help="input values: zeros, random bytes, or a perf_analyzer JSON data file")
+    p.add_argument("-p", "--measurement-interval", dest="interval_ms", type=int, default=5000, metavar="MS",
+                   help="length of one measurement window in milliseconds")
+    p.add_argument("-s", "--stability-percentage", type=float, default=10.0, metavar="P",
+                   help="stable when the last 3 windows' max/min throughput and latency are at most 1 + P/100")
+    p.add_argument("-r", "--max-trials", type=int, default=10, metavar="N",
+                   help="at most this many windows per step before giving up as unstable")
+    p.add_argument("--percentile", type=int, default=0, metavar="P",
+                   help="stabilize on the P-th percentile latency instead of the average (also reported)")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="load processes, each with its own event loop (default: one per 32 requests in "
+                        "flight or 2,000 requests/s, at most the cores, half of them for a local server)")
+    p.add_argument("--json", type=Path, metavar="OUT.json", help="write everything measured as JSON")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw the curve (needs matplotlib)")
+
+
+def _add_load_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
+    kind = parse_range if sweep else float
+    p.add_argument("--request-rate-range" if sweep else "--request-rate", dest="request_rate", type=kind,
+                   metavar="START:END:STEP" if sweep else "R",
+                   help="open-loop load at these request rates (requests/s) instead of a concurrency")
+    p.add_argument("--request-distribution", choices=("constant", "poisson"), default="constant",
+                   help="spacing of open-loop requests")
+
+
+def add_parser(sub: Any) -> None:
+    perf = sub.add_parser("perf", help="measure a server's throughput and latency (perf_analyzer-style)",
+                          description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_target_flags(perf)
+    perf.add_argument("--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP",
+                      help="closed-loop load: requests in flight at each step (default 1)")
+    _add_load_flags(perf, sweep=True)
+    perf.add_argument("-f", "--latency-report-file", dest="csv", type=Path, metavar="OUT.csv",
+                      help="write perf_analyzer's CSV report")
+    tune_sub = perf.add_subparsers(dest="perf_command", metavar="tune-window")
+    tune = tune_sub.add_parser(
+        "tune-window", help="find the batching window (max_queue_delay_microseconds) for a p95 budget",
+        description="Reload the model with each max_queue_delay_microseconds through the repository API (a "
+                    "config override; the server must allow it, e.g. --model-control-mode explicit), measure "
+                    "each, recommend the highest-throughput window whose p95 meets the budget, and put the "
+                    "original config back. Exits 1 when no window meets the budget.")
+    _add_target_flags(tune)
+    tune.add_argument("--p95-budget-ms", type=float, required=True, help="the p95 latency budget")
+    tune.add_argument("--windows-us", default="0,100,500,1000,2000,5000", metavar="LIST",
+                      help="comma-separated max_queue_delay_microseconds values to try")
+    tune.add_argument("--concurrency", type=int, default=0, metavar="N",
+                      help="closed-loop load during each measurement (default: 2 x max_batch_size)")
+    _add_load_flags(tune, sweep=False)
+    tune.add_argument("-f", "--curve-file", dest="csv", type=Path, metavar="OUT.csv", help="write the curve as CSV")
+    tune.add_argument("--metrics-url", metavar="HOST:PORT",
+                      help="hubserve's Prometheus port: count end-of-window flushes exactly from "
+                           "hubserve_batch_dispatch_total (default: estimate them from batch sizes)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `hubserve perf` (or its tune-window); returns the exit code."""
+    from .workers import run_loop
+
+    try:
+        if not args.model:
+            raise PerfError("-m MODEL is required", ExitCode.USAGE)
+        if args.perf_command == "tune-window":
+            from .tune import run_tune
+
+            return int(run_loop(run_tune(args)))
+        return int(run_loop(run_sweep(args)))
+    except PerfError as e:
+        print(f"hubserve perf: {e.message}", file=sys.stderr)
+        return int(e.exit_code)
+    except KeyboardInterrupt:
+        return 130
+
+
+def sweep_plans(args: argparse.Namespace) -> list[LoadPlan]:
+    if args.request_rate is not None and args.concurrency_range is not None:
+        raise PerfError("give --concurrency-range or --request-rate-range, not both", ExitCode.USAGE)
+    if args.request_rate is not None:
+        distribution = Distribution(args.request_distribution)
+        return [LoadPlan(request_rate=r, distribution=distribution) for r in args.request_rate.values()]
+    concurrency = args.concurrency_range or Range(1, 1, 1)
+    return [LoadPlan(concurrency=int(c)) for c in concurrency.values()]
+
+
+def check_common(args: argparse.Namespace) -> None:
+    if args.interval_ms < 1 or args.max_trials < 1:
+        raise PerfError("--measurement-interval and --max-trials must be positive", ExitCode.USAGE)
+    if not 0 <= args.percentile <= 100 or args.stability_percentage <= 0:
+        raise PerfError("--percentile must lie in 0..100 and --stability-percentage above 0", ExitCode.USAGE)
+    if args.workers < 0:
+        raise PerfError("--workers must be 0 (automatic) or more", ExitCode.USAGE)
+    if args.plot:
+        from .report import check_plot_available
+
+        check_plot_available()
+
+
+async def run_sweep(args: argparse.Namespace) -> int:
+    from . import report
+    from .measure import describe, measure_step
+    from .session import open_session
+
+    plans = sweep_plans(args)
+    check_common(args)
+    largest = max(plans, key=lambda p: (p.concurrency, p.request_rate))
+    async with open_session(args, largest) as session:
+        steps = []
+        for plan in plans:
+            step = await measure_step(session.load, session.control, session.model.name, args.version, plan,
+                                      session.settings, session.progress)
+            steps.append(step)
+            session.warn_if_delayed(step)
+            if not step.stable:
+                session.progress(f"Failed to obtain a stable measurement within {args.max_trials} windows "
+                                 f"at {describe(plan)}; try a longer --measurement-interval or a larger "
+                                 "--stability-percentage")
+                break
+    settings = session.settings
+    report.print_table(steps, settings)
+    stable = [s for s in steps if s.stable]
+    open_loop = plans[0].open_loop
+    if args.csv:
+        report.write_csv(args.csv, stable, settings, open_loop)
+    if args.json:
+        report.write_json(args.json, {**session.describe(), "steps": [report.step_json(s) for s in steps]})
+    if args.plot and stable:
+        report.plot_latency_throughput(args.plot, stable, f"{args.model} over {args.protocol}")
+    return int(ExitCode.OK if len(stable) == len(steps) else ExitCode.UNSTABLE)

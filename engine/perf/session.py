@@ -1,0 +1,94 @@
+"""Everything one run holds open, set up from the flags in the order perf_analyzer uses: server metadata
+(does it list the statistics extension?), model metadata and config, the requests encoded once, then the
+load processes. Shared by the sweep (cli.py) and the window tuner (tune.py); closed on exit, in reverse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from . import client, control
+from .inputs import build_requests, parse_shape
+from .load import LoadGenerator, LoadSource
+from .measure import MeasureSettings, StepResult, describe
+from .types import LoadPlan, ModelInfo, Protocol
+from .workers import ProcessLoad, WorkerSpec, default_workers
+
+
+@dataclass
+class Session:
+    args: argparse.Namespace
+    protocol: Protocol
+    host: str
+    port: int
+    control: control.ControlClient
+    model: ModelInfo
+    settings: MeasureSettings
+    load: LoadSource
+    workers: int
+
+    def progress(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def warn_if_delayed(self, step: StepResult) -> None:
+        if step.plan.open_loop and step.delayed > 0.01 * max(step.request_count, 1):
+            self.progress(f"warning: {step.delayed} of {step.request_count} requests at {describe(step.plan)} "
+                          "left more than 2 ms behind schedule, so the rate offered was lower than asked: the "
+                          "client could not keep up (try --workers), or the server fell so far behind that "
+                          "4,096 requests were in flight")
+
+    def describe(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "model": self.model.name, "version": a.version, "url": f"{self.host}:{self.port}",
+            "protocol": self.protocol.value, "batch_size": a.batch_size, "input_data": a.input_data,
+            "shapes": a.shape, "measurement_interval_ms": a.interval_ms,
+            "stability_percentage": a.stability_percentage, "max_trials": a.max_trials,
+            "percentile": a.percentile or None, "workers": self.workers, "grpc_client": a.grpc_client,
+            "server_statistics": self.settings.server_stats,
+        }
+
+
+@asynccontextmanager
+async def open_session(args: argparse.Namespace, largest: LoadPlan) -> AsyncIterator[Session]:
+    """Connect, read the model, encode its requests, start the load processes sized for `largest`."""
+    protocol = Protocol(args.protocol)
+    host, port = control.split_url(args.url or f"localhost:{control.DEFAULT_PORTS[protocol]}", protocol)
+    shapes = dict(parse_shape(s) for s in args.shape)
+    ctl = control.connect(protocol, host, port)
+    try:
+        model = await ctl.model_info(args.model, args.version)
+        extensions = await ctl.server_extensions()
+        requests = build_requests(model, args.batch_size, args.input_data, shapes)
+        wires = client.encode_requests(protocol, host, port, args.model, args.version, requests, model.outputs)
+        settings = MeasureSettings(interval_ms=args.interval_ms, stability_percentage=args.stability_percentage,
+                                   max_trials=args.max_trials, percentile=args.percentile,
+                                   batch_size=args.batch_size, server_stats="statistics" in extensions)
+        workers = args.workers or default_workers(largest.concurrency, largest.request_rate, host)
+        if not largest.open_loop:
+            workers = min(workers, largest.concurrency)
+        spec = WorkerSpec(protocol, host, port, wires, args.grpc_client)
+        load: LoadSource
+        if workers == 1:
+            load = LoadGenerator(client.connect(protocol, host, port, args.grpc_client), wires)
+        else:
+            load = await ProcessLoad.open(spec, workers)
+        session = Session(args, protocol, host, port, ctl, model, settings, load, workers)
+        session.progress(
+            f"*** {args.model} at {host}:{port} over {protocol.value}: batch {args.batch_size}, "
+            f"{args.interval_ms} ms measurement interval (windows of 1.2x), stable when 3 windows lie within "
+            f"{args.stability_percentage:g}% (max/min) "
+            f"(at most {args.max_trials}), on {f'p{args.percentile}' if args.percentile else 'avg'} latency, "
+            f"{workers} load process{'es' if workers > 1 else ''}"
+            + ("" if settings.server_stats else "; the server lists no statistics extension"))
+        try:
+            yield session
+        finally:
+            await load.close()
+    finally:
+        await ctl.close()

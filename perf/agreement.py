@@ -1,0 +1,210 @@
+"""Does `hubserve perf` measure what NVIDIA's perf_analyzer measures? Both, at the same settings, against one
+hubserve, interleaved, side by side in one run.
+
+    .venv/bin/python perf/agreement.py [--concurrency 4,16] [--request-rates 1000] [--protocols grpc,http]
+                                       [--reps 5] [--interval-ms 2000] [--stability 50] [--pin]
+
+It starts a hubserve on free loopback ports serving `simple` (the same start-up the tests use), then for
+each repetition, protocol and load — a concurrency (closed loop), or a request rate (open loop: then the
+server sees the same arrivals from either tool, which separates what the server does from how a client's
+own cost and rhythm feed back into a closed loop) — runs perf_analyzer (sync mode, its defaults otherwise)
+and `python -m engine perf` with identical flags, alternating which goes first. Each run's throughput and p50
+come from its own `-f` CSV; the client's CPU time (user + system, worker processes included) and the
+server's CPU time are read around each run. It prints every run, then the medians over the repetitions
+with the ratios hubserve perf / perf_analyzer of each back-to-back pair (both saw about the same background
+load), and exits 1 when a median ratio falls outside ±15 %.
+
+Both tools share the machine's cores with the server, as they would on one host. Numbers are only
+comparable within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import start_server
+from perf_analyzer import PERF_ANALYZER
+
+from engine import examples
+
+TOLERANCE = 0.15
+RUN_TIMEOUT_S = 180
+
+
+@dataclass
+class Run:
+    rep: int
+    tool: str
+    protocol: str
+    load: str  # "c=N" (concurrency) or "r=N" (request rate)
+    rc: int
+    throughput: float
+    p50_us: float
+    client_cpu_s: float
+    server_cpu_s: float
+    wall_s: float
+
+
+def server_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def command(tool: str, url: str, protocol: str, load: str, flags: list[str], report: Path) -> list[str]:
+    kind, value = load.split("=")
+    load_flag = "--concurrency-range" if kind == "c" else "--request-rate-range"
+    common = ["-m", "simple", "-u", url, "-i", protocol, load_flag, value, *flags,
+              "-f", str(report)]
+    if tool == "perf_analyzer":
+        return [str(PERF_ANALYZER), *common]
+    return [sys.executable, "-m", "engine", "perf", *common]
+
+
+def pin_process(pid: int, cores: set[int]) -> None:
+    """Pin every thread of a running process (sched_setaffinity on a pid moves only its main thread)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
+def run_one(rep: int, tool: str, url: str, protocol: str, load: str, flags: list[str], server_pid: int,
+            tmp: Path, client_cores: set[int] | None) -> Run:
+    report = tmp / f"{tool.replace(' ', '_')}-{protocol}-{load}-{time.monotonic_ns()}.csv"
+    cmd = command(tool, url, protocol, load, flags, report)
+    cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
+    try:
+        pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, preexec_fn=pin, check=False)
+        rc = proc.returncode
+        if rc != 0:
+            print(f"{' '.join(cmd)} exited {rc}:\n" + "\n".join(proc.stdout.decode(errors="replace").splitlines()[-8:]))
+    except subprocess.TimeoutExpired:
+        rc = 124
+    wall = time.monotonic() - wall0
+    throughput = p50 = 0.0
+    if report.exists():
+        rows = list(csv.DictReader(report.read_text().split("\n\n")[0].splitlines()))
+        if rows:
+            throughput, p50 = float(rows[0]["Inferences/Second"]), float(rows[0]["p50 latency"])
+    return Run(rep, tool, protocol, load, rc, throughput, p50, children_cpu_s() - cpu0,
+               server_cpu_s(server_pid) - srv0, wall)
+
+
+def median(runs: list[Run], field: str) -> float:
+    values = [getattr(r, field) for r in runs]
+    return statistics.median(values) if values else 0.0
+
+
+def cpu_per_k(runs: list[Run]) -> float:
+    """Client CPU seconds per 1,000 inferences, over the whole run (start-up included)."""
+    ok = [1000 * r.client_cpu_s / (r.throughput * r.wall_s) for r in runs if r.throughput > 0]
+    return statistics.median(ok) if ok else 0.0
+
+
+def paired_ratio(pairs: list[tuple[Run, Run]], field: str) -> tuple[float, float, float]:
+    """(median, min, max) of ours / theirs over runs made back to back, so both saw the same background."""
+    ratios = [getattr(b, field) / getattr(a, field) for a, b in pairs if getattr(a, field)]
+    return (statistics.median(ratios), min(ratios), max(ratios)) if ratios else (0.0, 0.0, 0.0)
+
+
+def fmt_ratio(ratio: tuple[float, float, float]) -> str:
+    return f"{ratio[0]:.2f} [{ratio[1]:.2f}-{ratio[2]:.2f}]"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="4,16")
+    parser.add_argument("--request-rates", default="", help="open-loop rates to compare as well, e.g. 1000")
+    parser.add_argument("--protocols", default="grpc,http")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--interval-ms", type=int, default=2000)
+    parser.add_argument("--stability", type=float, default=50.0)
+    parser.add_argument("--max-trials", type=int, default=10)
+    parser.add_argument("--pin", action="store_true",
+                        help="run the server on core 0 and the load tools on core 1, so that what a tool spends "
+                             "of CPU is not taken from the server")
+    args = parser.parse_args()
+    levels = [f"c={c}" for c in args.concurrency.split(",") if c] + \
+        [f"r={r}" for r in args.request_rates.split(",") if r]
+    protocols = args.protocols.split(",")
+    flags = ["-p", str(args.interval_ms), "-s", f"{args.stability:g}", "-r", str(args.max_trials)]
+
+    tmp = Path(tempfile.mkdtemp(prefix="agreement."))
+    repo = tmp / "repository"
+    (repo / "simple").mkdir(parents=True)
+    shutil.copy(ROOT / "model_repository" / "simple" / "config.pbtxt", repo / "simple")
+    examples.build_repository(repo, ["simple"])
+    server = start_server(repo, tmp / "server.log", "--model-control-mode", "none")
+    client_cores = None
+    if args.pin:
+        pin_process(server.process.pid, {0})
+        client_cores = {1}
+    print(f"hubserve pid {server.process.pid} on http {server.http_url}, grpc {server.grpc_url}; "
+          f"{os.cpu_count()} cores{', server pinned to core 0, tools to core 1' if args.pin else ''}; "
+          f"settings: {' '.join(flags)}, sync perf_analyzer; {args.reps} repetitions")
+    runs: list[Run] = []
+    try:
+        for rep in range(args.reps):
+            for protocol in protocols:
+                for load in levels:
+                    url = server.grpc_url if protocol == "grpc" else server.http_url
+                    order = ["perf_analyzer", "hubserve perf"]
+                    if (rep + levels.index(load) + protocols.index(protocol)) % 2:
+                        order.reverse()
+                    for tool in order:
+                        run = run_one(rep, tool, url, protocol, load, flags, server.process.pid, tmp,
+                                      client_cores)
+                        runs.append(run)
+                        print(f"rep {rep + 1} {protocol:4} {load:6} {tool:14} rc={run.rc:<3} "
+                              f"{run.throughput:9.1f} infer/s  p50 {run.p50_us:7.0f} us  "
+                              f"client CPU {run.client_cpu_s:5.2f} s  server CPU {run.server_cpu_s:5.2f} s  "
+                              f"wall {run.wall_s:5.1f} s", flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print()
+    print("| protocol | load | perf_analyzer infer/s | hubserve perf infer/s | throughput ratio | "
+          "perf_analyzer p50 us | hubserve perf p50 us | p50 ratio | client CPU ms per 1k infer (pa / ours) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    worst = 0.0
+    for protocol in protocols:
+        for load in levels:
+            pa = [r for r in runs if r.tool == "perf_analyzer" and r.protocol == protocol
+                  and r.load == load and r.rc == 0]
+            hs = [r for r in runs if r.tool == "hubserve perf" and r.protocol == protocol
+                  and r.load == load and r.rc == 0]
+            ours = {r.rep: r for r in hs}
+            pairs = [(a, ours[a.rep]) for a in pa if a.rep in ours and a.throughput > 0 and ours[a.rep].throughput > 0]
+            t_ratio = paired_ratio(pairs, "throughput")
+            p_ratio = paired_ratio(pairs, "p50_us")
+            worst = max(worst, abs(t_ratio[0] - 1), abs(p_ratio[0] - 1))
+            print(f"| {protocol} | {load} | {median(pa, 'throughput'):,.0f} | {median(hs, 'throughput'):,.0f} | "
+                  f"{fmt_ratio(t_ratio)} | {median(pa, 'p50_us'):,.0f} | {median(hs, 'p50_us'):,.0f} | "
+                  f"{fmt_ratio(p_ratio)} | {1000 * cpu_per_k(pa):.0f} / {1000 * cpu_per_k(hs):.0f} |")
+    verdict = "agree" if worst <= TOLERANCE else "DISAGREE"
+    print(f"\nratios are hubserve perf / perf_analyzer of back-to-back pairs: median [min-max] of {args.reps}")
+    print(f"largest median deviation {100 * worst:.1f} %: {verdict} within ±{100 * TOLERANCE:.0f} %")
+    return 0 if worst <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
