@@ -31,6 +31,8 @@ import time
 import urllib.parse
 from typing import Any
 
+from ..frontend.h2.frames import frame
+from ..frontend.h2.headers import hpack_integer, hpack_string
 from .types import PerfError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -48,26 +50,8 @@ GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEED
 _now = time.monotonic_ns
 
 
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return (len(payload) << 8 | kind).to_bytes(4, "big") + bytes((flags,)) + stream_id.to_bytes(4, "big") + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = [first | limit]
-    value -= limit
-    while value >= 128:
-        out.append(value & 127 | 128)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _hpack_string(text: str) -> bytes:
-    raw = text.encode()
-    return _hpack_int(len(raw), 7, 0) + raw
+    return hpack_string(text.encode())
 
 
 def request_header_block(authority: str, path: str) -> bytes:
@@ -76,9 +60,9 @@ def request_header_block(authority: str, path: str) -> bytes:
     SETTINGS_HEADER_TABLE_SIZE than the default requires that update in our next block (§4.2)."""
     return (b"\x20"  # dynamic table size update: 0
             + b"\x83\x86"  # :method POST, :scheme http (static indices 3 and 6)
-            + _hpack_int(4, 4, 0) + _hpack_string(path)  # :path, name index 4, literal without indexing
-            + _hpack_int(1, 4, 0) + _hpack_string(authority)  # :authority, name index 1
-            + _hpack_int(31, 4, 0) + _hpack_string("application/grpc")  # content-type, name index 31
+            + hpack_integer(4, 4, 0) + _hpack_string(path)  # :path, name index 4, literal without indexing
+            + hpack_integer(1, 4, 0) + _hpack_string(authority)  # :authority, name index 1
+            + hpack_integer(31, 4, 0) + _hpack_string("application/grpc")  # content-type, name index 31
             + b"\x00" + _hpack_string("te") + _hpack_string("trailers"))
 
 

@@ -92,7 +92,7 @@ class HeaderDecoder:
 
 # ---------------------------------------------------------------------------------- encoding (RFC 7541)
 
-def _integer(value: int, prefix_bits: int, first: int) -> bytes:
+def hpack_integer(value: int, prefix_bits: int, first: int) -> bytes:
     """An HPACK integer with an N-bit prefix (§5.1)."""
     limit = (1 << prefix_bits) - 1
     if value < limit:
@@ -106,14 +106,14 @@ def _integer(value: int, prefix_bits: int, first: int) -> bytes:
     return bytes(out)
 
 
-def _string(raw: bytes) -> bytes:
+def hpack_string(raw: bytes) -> bytes:
     """A string literal without Huffman coding (§5.2)."""
-    return _integer(len(raw), 7, 0) + raw
+    return hpack_integer(len(raw), 7, 0) + raw
 
 
 def indexed(index: int) -> bytes:
     """A field from the static table (§6.1), e.g. 8 for `:status: 200` (Appendix A)."""
-    return _integer(index, 7, 0x80)
+    return hpack_integer(index, 7, 0x80)
 
 
 def literal(name: bytes | int, value: bytes) -> bytes:
@@ -121,5 +121,5 @@ def literal(name: bytes | int, value: bytes) -> bytes:
     these and static indices means the same on every stream and can be built once. `name` is a static-table
     index or a literal name."""
     if isinstance(name, int):
-        return _integer(name, 4, 0) + _string(value)
-    return b"\x00" + _string(name) + _string(value)
+        return hpack_integer(name, 4, 0) + hpack_string(value)
+    return b"\x00" + hpack_string(name) + hpack_string(value)
