@@ -1,11 +1,19 @@
-"""The lean gRPC client's wire pieces. Its conversations with real servers are covered by test_perf_tool.py
-(hubserve) and the agreement check against perf_analyzer (perf/agreement.py)."""
+"""The lean gRPC client's wire pieces, and how it spreads calls over connections against the real server. Its
+measurements are covered by test_perf_tool.py (hubserve) and the agreement check against perf_analyzer
+(perf/agreement.py)."""
 
 from __future__ import annotations
 
-import hpack
+import asyncio
 
-from engine.perf.grpc_h2 import DATA, END_STREAM, frame, request_header_block
+import hpack
+import numpy as np
+import pytest
+from conftest import RunningServer
+
+from engine.perf.client import MODEL_INFER, grpc_request_bytes
+from engine.perf.grpc_h2 import DATA, END_STREAM, GrpcH2Client, frame, request_header_block
+from engine.perf.types import InputTensor
 
 
 def test_request_headers_decode_and_leave_the_dynamic_table_alone() -> None:
@@ -34,3 +42,34 @@ def test_frame_layout() -> None:
     assert raw[3] == DATA and raw[4] == END_STREAM
     assert int.from_bytes(raw[5:9], "big") == 5
     assert raw[9:] == payload
+
+
+def simple_request() -> bytes:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()), InputTensor("INPUT1", "INT32", (1, 16), a.tobytes()))
+    return grpc_request_bytes("simple", "", inputs, ())
+
+
+@pytest.mark.parametrize("per_connection,calls,connections", [(6, 16, 3), (6, 4, 1), (0, 16, 1), (1, 5, 5)])
+def test_calls_spread_over_connections_as_perf_analyzers_channels(
+        server: RunningServer, per_connection: int, calls: int, connections: int) -> None:
+    """perf_analyzer's client puts at most 6 requests in flight on one connection; so does ours by default."""
+    host, port = server.grpc_url.split(":")
+
+    async def run() -> tuple[int, list[tuple[int, int]]]:
+        client = GrpcH2Client(host, int(port), MODEL_INFER, per_connection)
+        try:
+            wire = simple_request()
+            results = await asyncio.gather(*(client.infer(wire) for _ in range(calls)))
+            opened = client.connections
+            # Sequential calls afterwards reuse the first connection rather than opening more.
+            for _ in range(3):
+                await client.infer(wire)
+            assert client.connections == opened
+            return opened, results
+        finally:
+            await client.close()
+
+    opened, results = asyncio.run(run())
+    assert opened == connections
+    assert len(results) == calls and all(send >= 0 and recv >= 0 for send, recv in results)

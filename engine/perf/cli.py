@@ -61,6 +61,9 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-client", choices=("h2", "grpcio"), default="h2",
                    help="gRPC load client: our lean HTTP/2 client, or grpcio's grpc.aio (several times the "
                         "client CPU per call)")
+    p.add_argument("--grpc-calls-per-connection", type=int, default=6, metavar="N",
+                   help="gRPC (h2 client): open another connection whenever N calls are in flight on each, as "
+                        "perf_analyzer's client shares a channel among 6 (default 6; 0: one connection)")
     p.add_argument("-b", "--batch-size", type=int, default=1, help="batch size of each request")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
                    help="shape of an input with variable dims, without the batch dim, e.g. INPUT0:3,224,224")
@@ -155,6 +158,8 @@ def check_common(args: argparse.Namespace) -> None:
         raise PerfError("--percentile must lie in 0..100 and --stability-percentage above 0", ExitCode.USAGE)
     if args.workers < 0:
         raise PerfError("--workers must be 0 (automatic) or more", ExitCode.USAGE)
+    if args.grpc_calls_per_connection < 0:
+        raise PerfError("--grpc-calls-per-connection must be 0 (one connection) or more", ExitCode.USAGE)
     if args.plot:
         from .report import check_plot_available
 

@@ -7,8 +7,9 @@ request costs the client only a write and a read:
         inputs and outputs in the binary tensor extension, as perf_analyzer sends them. Connections are
         pooled: one per request in flight.
   gRPC  ModelInfer with the serialized request bytes (`raw_input_contents`), the answer parsed with our
-        generated `ModelInferResponse`; over one HTTP/2 connection of our own (grpc_h2.py, the default: a
-        fraction of grpcio's client CPU) or over one grpc.aio channel (`--grpc-client grpcio`).
+        generated `ModelInferResponse`; over HTTP/2 connections of our own (grpc_h2.py, the default: a
+        fraction of grpcio's client CPU; at most 6 calls in flight per connection, as perf_analyzer) or over
+        one grpc.aio channel (`--grpc-client grpcio`).
 
 `InferClient.infer()` returns (send_ns, recv_ns): the time spent writing the request, and the time from the
 first byte of the answer to a decoded answer ("Client Send" and "Client Recv" of perf_analyzer's report).
@@ -41,14 +42,16 @@ class InferClient(TypingProtocol):
 GRPC_CLIENTS = ("h2", "grpcio")
 
 
-def connect(protocol: Protocol, host: str, port: int, grpc_client: str = "h2") -> InferClient:
+def connect(protocol: Protocol, host: str, port: int, grpc_client: str = "h2",
+            grpc_calls_per_connection: int | None = None) -> InferClient:
     if protocol is Protocol.HTTP:
         return HttpInferClient(host, port)
     if grpc_client == "grpcio":
         return GrpcInferClient(host, port)
-    from .grpc_h2 import GrpcH2Client
+    from .grpc_h2 import CALLS_PER_CONNECTION, GrpcH2Client
 
-    return GrpcH2Client(host, port, MODEL_INFER)
+    per_connection = CALLS_PER_CONNECTION if grpc_calls_per_connection is None else grpc_calls_per_connection
+    return GrpcH2Client(host, port, MODEL_INFER, per_connection)
 
 
 def encode_requests(protocol: Protocol, host: str, port: int, model: str, version: str,

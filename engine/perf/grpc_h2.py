@@ -1,4 +1,4 @@
-"""A lean gRPC client for the load hot path: unary ModelInfer calls over one HTTP/2 connection, on
+"""A lean gRPC client for the load hot path: unary ModelInfer calls over HTTP/2 connections of our own, on
 `asyncio.Protocol`, with HPACK from the `hpack` package.
 
 Why not grpcio: its Python layer costs 300–400 µs of client CPU per unary call on a 2-core machine — about
@@ -346,54 +346,98 @@ class H2Connection(asyncio.Protocol):
             self._transport.close()
 
 
+CALLS_PER_CONNECTION = 6  # as perf_analyzer's gRPC client shares a channel (observed: c=4 → 1, c=16 → 3)
+MAX_CONNECTIONS = 64  # past this, calls share the least busy connection
+
+
+class _Lane:
+    """One connection slot of the pool: its connection (reopened when retired) and its calls in flight."""
+
+    __slots__ = ("conn", "in_flight", "opening")
+
+    def __init__(self) -> None:
+        self.conn: H2Connection | None = None
+        self.opening: asyncio.Future[H2Connection] | None = None
+        self.in_flight = 0
+
+
 class GrpcH2Client:
-    """An InferClient: ModelInfer calls over one H2Connection, reopened when retired."""
+    """An InferClient: ModelInfer calls spread over H2Connections, at most `calls_per_connection` in flight
+    on each, as perf_analyzer's client spreads its requests over shared channels.
+
+    Why spread at all when HTTP/2 multiplexes: the number of connections shapes what the server sees per
+    read — sixteen calls on one connection arrive in one recv() and tend to form one batch, on three
+    connections they arrive apart. Matching perf_analyzer here is part of measuring what it measures
+    (perf/README.md, "hubserve perf vs perf_analyzer"); `--grpc-calls-per-connection 0` puts every call on
+    one connection."""
 
     HANDSHAKE_TIMEOUT_S = 10.0
 
-    def __init__(self, host: str, port: int, method_path: str) -> None:
+    def __init__(self, host: str, port: int, method_path: str,
+                 calls_per_connection: int = CALLS_PER_CONNECTION) -> None:
         from ..proto import grpc_service_pb2
 
         pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
         self._host, self._port = host, port
         self._block = request_header_block(f"{host}:{port}", method_path)
         self._parse = pb.ModelInferResponse.FromString
-        self._conn: H2Connection | None = None
-        self._opening: asyncio.Future[H2Connection] | None = None
+        self._per_connection = calls_per_connection if calls_per_connection > 0 else MAX_WINDOW
+        self._lanes: list[_Lane] = []
 
-    async def _connection(self) -> H2Connection:
-        if self._conn is not None and not self._conn.retired:
-            return self._conn
-        if self._opening is None:  # the first caller opens; the others wait for the same connection
-            self._opening = asyncio.ensure_future(self._open())
-        opening = self._opening
+    def _lane(self) -> _Lane:
+        """The first lane with room, a new one when all are full, the least busy one past MAX_CONNECTIONS."""
+        for lane in self._lanes:
+            if lane.in_flight < self._per_connection:
+                return lane
+        if len(self._lanes) < MAX_CONNECTIONS:
+            self._lanes.append(_Lane())
+            return self._lanes[-1]
+        return min(self._lanes, key=lambda lane: lane.in_flight)
+
+    async def _connection(self, lane: _Lane) -> H2Connection:
+        if lane.conn is not None and not lane.conn.retired:
+            return lane.conn
+        if lane.opening is None:  # the first caller opens; the others wait for the same connection
+            lane.opening = asyncio.ensure_future(self._open(lane))
+        opening = lane.opening
         try:
             conn = await asyncio.shield(opening)
         finally:
             if opening.done():
-                self._opening = None
+                lane.opening = None
         return conn
 
-    async def _open(self) -> H2Connection:
+    async def _open(self, lane: _Lane) -> H2Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(lambda: H2Connection(self._block), self._host, self._port)
             await asyncio.wait_for(asyncio.shield(conn.settled), self.HANDSHAKE_TIMEOUT_S)
         except (OSError, asyncio.TimeoutError) as e:
             raise PerfError(f"cannot open a gRPC connection to {self._host}:{self._port}: {e!r}") from None
-        if self._conn is not None:
-            self._conn.close()
-        self._conn = conn
+        if lane.conn is not None:
+            lane.conn.close()
+        lane.conn = conn
         return conn
 
     async def infer(self, wire: bytes) -> tuple[int, int]:
+        lane = self._lane()
+        lane.in_flight += 1
         try:
-            answer, send_ns, first_byte_ns = await (await self._connection()).call(wire)
-        except NotSent:  # once more, on a new connection; a server going away for good fails that too
-            answer, send_ns, first_byte_ns = await (await self._connection()).call(wire)
+            try:
+                answer, send_ns, first_byte_ns = await (await self._connection(lane)).call(wire)
+            except NotSent:  # once more, on a new connection; a server going away for good fails that too
+                answer, send_ns, first_byte_ns = await (await self._connection(lane)).call(wire)
+        finally:
+            lane.in_flight -= 1
         self._parse(answer)
         return send_ns, _now() - first_byte_ns
 
+    @property
+    def connections(self) -> int:
+        """Connections open now (for tests and the progress line)."""
+        return sum(1 for lane in self._lanes if lane.conn is not None and not lane.conn.retired)
+
     async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        for lane in self._lanes:
+            if lane.conn is not None:
+                lane.conn.close()

@@ -50,6 +50,7 @@ class Session:
             "shapes": a.shape, "measurement_interval_ms": a.interval_ms,
             "stability_percentage": a.stability_percentage, "max_trials": a.max_trials,
             "percentile": a.percentile or None, "workers": self.workers, "grpc_client": a.grpc_client,
+            "grpc_calls_per_connection": a.grpc_calls_per_connection,
             "server_statistics": self.settings.server_stats,
         }
 
@@ -72,10 +73,10 @@ async def open_session(args: argparse.Namespace, largest: LoadPlan) -> AsyncIter
         workers = args.workers or default_workers(largest.concurrency, largest.request_rate, host)
         if not largest.open_loop:
             workers = min(workers, largest.concurrency)
-        spec = WorkerSpec(protocol, host, port, wires, args.grpc_client)
+        spec = WorkerSpec(protocol, host, port, wires, args.grpc_client, args.grpc_calls_per_connection)
         load: LoadSource
         if workers == 1:
-            load = LoadGenerator(client.connect(protocol, host, port, args.grpc_client), wires)
+            load = LoadGenerator(client.connect(protocol, host, port, args.grpc_client, args.grpc_calls_per_connection), wires)
         else:
             load = await ProcessLoad.open(spec, workers)
         session = Session(args, protocol, host, port, ctl, model, settings, load, workers)

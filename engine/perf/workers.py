@@ -33,6 +33,7 @@ class WorkerSpec:
     port: int
     wires: list[bytes]
     grpc_client: str = "h2"
+    grpc_calls_per_connection: int | None = None
 
 
 def default_workers(concurrency: int, request_rate: float, host: str) -> int:
@@ -147,7 +148,8 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
 
 
 async def _serve(conn: Connection, spec: WorkerSpec) -> None:
-    generator = LoadGenerator(client.connect(spec.protocol, spec.host, spec.port, spec.grpc_client), spec.wires)
+    generator = LoadGenerator(client.connect(spec.protocol, spec.host, spec.port, spec.grpc_client,
+                                              spec.grpc_calls_per_connection), spec.wires)
     conn.send(("ok", None))
     while True:
         try:
