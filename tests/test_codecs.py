@@ -806,3 +806,89 @@ def test_grpc_encode_then_decode_round_trip() -> None:
     for before, after in zip((FP, STR, INT), inputs, strict=True):
         assert (after.name, after.datatype, after.shape) == (before.name, before.datatype, before.shape)
         assert after.data.tolist() == before.data.tolist()
+
+
+# ------------------------------------------------------------------------- grpc_codec: the wire fast path
+
+def same_request(a: InferenceRequest, b: InferenceRequest) -> None:
+    assert (a.model_name, a.model_version, a.id, a.parameters) == (b.model_name, b.model_version, b.id, b.parameters)
+    assert a.outputs == b.outputs
+    assert [(t.name, t.datatype, t.shape, t.parameters) for t in a.inputs] == \
+        [(t.name, t.datatype, t.shape, t.parameters) for t in b.inputs]
+    for x, y in zip(a.inputs, b.inputs, strict=True):
+        assert x.data.tolist() == y.data.tolist()
+
+
+def raw_request(values: np.ndarray, request_id: str = "", big: bool = False) -> gpb.ModelInferRequest:
+    msg = gpb.ModelInferRequest(model_name="m", model_version="3", id=request_id)
+    msg.parameters["priority"].int64_param = 2
+    t = grpc_input(msg, "A", "INT32", list(values.shape))
+    t.parameters["tag"].string_param = "x"
+    grpc_input(msg, "B", "BYTES", [1])
+    msg.outputs.add(name="OUT").parameters["classification"].int64_param = 0
+    msg.raw_input_contents.extend([values.tobytes(), length_prefixed(b"y" * (300 if big else 1))])
+    return msg
+
+
+def test_grpc_wire_decode_matches_the_full_decode_and_reuses_the_plan() -> None:
+    codec = grpc_codec.InferWireCodec()
+    for i in range(3):  # a miss, then hits: ids and tensor bytes change, the rest repeats
+        msg = raw_request(np.arange(4, dtype=np.int32).reshape(1, 4) + i, request_id=f"r{i}" if i else "",
+                          big=i == 2)
+        same_request(codec.decode(msg.SerializeToString()), grpc_codec.decode_request(msg))
+    assert len(codec.plans) == 1  # one shape of request: one plan, whatever the ids and data
+
+
+def test_grpc_wire_decode_of_a_new_shape_makes_a_new_plan() -> None:
+    codec = grpc_codec.InferWireCodec()
+    for rows in (1, 2, 1):
+        msg = raw_request(np.zeros((rows, 4), dtype=np.int32))
+        same_request(codec.decode(msg.SerializeToString()), grpc_codec.decode_request(msg))
+    assert len(codec.plans) == 2
+
+
+def test_grpc_wire_decode_checks_tensor_sizes_on_every_request() -> None:
+    codec = grpc_codec.InferWireCodec()
+    good = raw_request(np.zeros((1, 4), dtype=np.int32))
+    codec.decode(good.SerializeToString())
+    bad = raw_request(np.zeros((1, 4), dtype=np.int32))
+    bad.raw_input_contents[0] = b"\x00" * 12  # the same header, 4 bytes short
+    with rejected("'A'", "needs 16 bytes, got 12"):
+        codec.decode(bad.SerializeToString())
+    del bad.raw_input_contents[1]
+    with rejected("2 inputs but 1 raw_input_contents"):
+        codec.decode(bad.SerializeToString())
+
+
+def test_grpc_wire_decode_falls_back_for_what_it_does_not_cut() -> None:
+    from google.protobuf.message import DecodeError
+
+    codec = grpc_codec.InferWireCodec()
+    msg = raw_request(np.zeros((1, 4), dtype=np.int32))
+    wire_bytes = msg.SerializeToString()
+    unknown_varint = b"\x48\x01"  # field 9, varint: not ours to cut, the full parse skips it
+    same_request(codec.decode(wire_bytes + unknown_varint), grpc_codec.decode_request(msg))
+    codec.decode(wire_bytes)
+    bad_id = wire_bytes + b"\x1a\x01\xff"  # an id that is not UTF-8: protobuf refuses it, and so do we
+    with pytest.raises(DecodeError):
+        codec.decode(bad_id)
+    with pytest.raises(DecodeError):
+        codec.decode(wire_bytes[:-3])  # truncated
+    typed = gpb.ModelInferRequest(model_name="m")
+    grpc_input(typed, "IN", "INT32", [2]).contents.int_contents.extend([1, 2])
+    codec.decode(typed.SerializeToString())
+    assert len(codec.plans) == 1  # typed contents are data: never a plan
+
+
+def test_grpc_wire_encode_parses_as_the_message_encode_response_builds() -> None:
+    codec = grpc_codec.InferWireCodec()
+    strided = Tensor("S", DataType.INT32, (2, 2), np.arange(8, dtype=np.int32).reshape(2, 4)[:, ::2])
+    big = Tensor("BIG", DataType.UINT8, (300,), np.arange(300, dtype=np.int64).astype(np.uint8))
+    for resp in (response(INT, STR, FP, strided, big, id="r9"), response(INT, STR, FP, strided, big),
+                 response(Tensor("E", DataType.FP32, (0, 4), np.zeros((0, 4), dtype=np.float32)), id="é" * 80)):
+        for _ in range(2):  # built, then from the cached head
+            parts, size = codec.encode(resp)
+            body = b"".join(parts)
+            assert len(body) == size
+            assert gpb.ModelInferResponse.FromString(body) == grpc_codec.encode_response(resp)
+    assert len(codec.heads) == 2

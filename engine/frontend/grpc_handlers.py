@@ -21,7 +21,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import InferenceResponse
-from .grpc_codec import decode_request, encode_response, param_value
+from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value
 
 # The generated modules carry no type information: their messages are typed Any here.
 pb: Any = grpc_service_pb2
@@ -79,6 +79,7 @@ class GrpcHandlers:
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
+        self.wire = InferWireCodec()
 
     # ------------------------------------------------------------------ inference.GRPCInferenceService
 
@@ -138,6 +139,11 @@ class GrpcHandlers:
         """ModelInfer, first half: decode and queue. Raises at once for a bad request; the future resolves with
         the response (pass it to `encode_response`) or an EngineError. Cancelling it drops the request."""
         return self.dp.submit(decode_request(request), start_ns or time.perf_counter_ns())
+
+    def submit_infer_wire(self, message: Any, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
+        """`submit_infer` from the serialized request; answer with `wire.encode(response)`. Raises
+        DecodeError for bytes that are not a ModelInferRequest."""
+        return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns())
 
     def stream_infer(self, request: Any) -> asyncio.Future[Any]:
         """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an

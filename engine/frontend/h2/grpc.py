@@ -4,8 +4,9 @@ and `grpc-status` / `grpc-message` trailers (or one trailers-only HEADERS frame 
 
 Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answered by the transport-neutral
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
-ModelInfer, the hot path, creates no task: parse, `submit_infer`, and a done-callback that serializes the
-response and hands headers + message + trailers to the connection for one write. The header blocks are
+ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
+decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
+to the connection for one write. The header blocks are
 built once, at import, from static-table indices and literals that never touch HPACK's dynamic table.
 """
 
@@ -42,7 +43,7 @@ _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-
 
 class Kind(enum.Enum):
     UNARY = "unary"  # one request, one response; the handler may return an awaitable
-    INFER = "infer"  # ModelInfer: a future from submit_infer, answered from its callback
+    INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
     STREAM_INFER = "stream infer"  # ModelStreamInfer: each request answered as it completes
     SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
 
@@ -62,7 +63,7 @@ def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
             for method in service.methods:
                 request_type = getattr(module, method.input_type.name)
                 if method.name == "ModelInfer":
-                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer)
+                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
                 elif method.name == "ModelStreamInfer":
                     rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer)
                 elif method.client_streaming:
@@ -219,12 +220,14 @@ class Call:
             self.finish(S.INTERNAL, "a unary RPC got no request message")
             return
         try:
+            if rpc.kind is Kind.INFER:
+                message, self.request = self.request, None
+                self.work = rpc.handler(message, self.start_ns)
+                self.work.add_done_callback(self._infer_done)  # type: ignore[union-attr]
+                return
             request = rpc.request_type.FromString(self.request)
             self.request = None
-            if rpc.kind is Kind.INFER:
-                self.work = rpc.handler(request, self.start_ns)
-                self.work.add_done_callback(self._infer_done)  # type: ignore[union-attr]
-            elif rpc.kind is Kind.UNARY:
+            if rpc.kind is Kind.UNARY:
                 result = rpc.handler(request)
                 if inspect.isawaitable(result):
                     self.work = asyncio.ensure_future(result)
@@ -257,11 +260,11 @@ class Call:
             self._fail(exc)
         else:
             try:
-                body = self.app.handlers.encode_response(future.result()).SerializeToString()
+                parts, size = self.app.handlers.wire.encode(future.result())
             except Exception as e:  # noqa: BLE001  # a bug in encoding: answer INTERNAL, keep serving
                 self._fail(e)
                 return
-            self._reply(body)
+            self._reply_parts(parts, size)
 
     def _unary_done(self, task: asyncio.Future[Any]) -> None:
         self.work = None
@@ -296,14 +299,18 @@ class Call:
             self._fail(e)
 
     def _reply(self, body: bytes) -> None:
-        """The one response of a unary call: headers, message and trailers in one write."""
-        if len(body) > self.app.max_message_bytes:
-            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({len(body)} vs. "
+        self._reply_parts([body], len(body))
+
+    def _reply_parts(self, parts: list[Any], size: int) -> None:
+        """The one response of a unary call, a message of `size` bytes in `parts`: headers, message and
+        trailers in one write."""
+        if size > self.app.max_message_bytes:
+            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
         self.done = True
         self._stop_timer()
-        self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, len(body)), body], OK_TRAILERS)
+        self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, size), *parts], OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
         if len(body) > self.app.max_message_bytes:

@@ -107,6 +107,8 @@ class Outbound:
 
     def flush(self) -> None:
         """After the windows grew or the transport drained: let waiting streams go, in the order they queued."""
+        if not self.blocked:  # the common case: gRPC clients return window after every answer
+            return
         for stream in list(self.blocked.values()):
             if self.window <= 0 or self.paused or self.closed:
                 return
