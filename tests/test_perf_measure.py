@@ -101,3 +101,19 @@ def test_plans_split_between_workers() -> None:
     assert [p.request_rate for p in rates] == [100, 100, 100]
     assert len({p.seed for p in rates}) == 3
     assert [p.phase for p in rates] == pytest.approx([0, 1 / 3, 2 / 3])
+
+
+@pytest.mark.parametrize("workers,cpu_s_per_window,warned", [(1, 0.95, True), (1, 0.5, False), (2, 1.5, False),
+                                                             (2, 1.9, True)])
+def test_a_saturated_load_process_warns_that_it_set_the_pace(
+        capsys: pytest.CaptureFixture[str], workers: int, cpu_s_per_window: float, warned: bool) -> None:
+    from engine.perf.session import Session
+
+    busy = [Window(1_000_000_000, records([1000] * 10), ServerStats(), 0, int(cpu_s_per_window * 1e9))] * 3
+    step = summarize(LoadPlan(concurrency=8), busy, True, MeasureSettings())
+    session = Session(argparse.Namespace(), None, "", 0, None, None, MeasureSettings(), None, workers)  # type: ignore[arg-type]
+    session.warn_if_client_bound(step)
+    err = capsys.readouterr().err
+    assert ("set the pace" in err) is warned
+    if warned:
+        assert f"busy {round(100 * cpu_s_per_window / workers)} %" in err

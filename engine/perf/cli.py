@@ -181,6 +181,7 @@ async def run_sweep(args: argparse.Namespace) -> int:
                                       session.settings, session.progress)
             steps.append(step)
             session.warn_if_delayed(step)
+            session.warn_if_client_bound(step)
             if not step.stable:
                 session.progress(f"Failed to obtain a stable measurement within {args.max_trials} windows "
                                  f"at {describe(plan)}; try a longer --measurement-interval or a larger "

@@ -6,6 +6,7 @@ load processes. Shared by the sweep (cli.py) and the window tuner (tune.py); clo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,8 @@ from .load import LoadGenerator, LoadSource
 from .measure import MeasureSettings, StepResult, describe
 from .types import LoadPlan, ModelInfo, Protocol
 from .workers import ProcessLoad, WorkerSpec, default_workers
+
+CLIENT_BOUND_SHARE = 0.9  # a load process busy this much of a step's windows warns that it set the pace
 
 
 @dataclass
@@ -41,6 +44,17 @@ class Session:
                           "left more than 2 ms behind schedule, so the rate offered was lower than asked: the "
                           "client could not keep up (try --workers), or the server fell so far behind that "
                           "4,096 requests were in flight")
+
+    def warn_if_client_bound(self, step: StepResult) -> None:
+        """A load process busy nearly all the time sets the pace itself: what it measured is partly its own
+        speed (perf/README.md shows how far that moves a closed-loop number)."""
+        if not step.duration_ns:
+            return
+        per_process = step.client_cpu_ns / step.duration_ns / max(self.workers, 1)
+        if per_process >= CLIENT_BOUND_SHARE:
+            hint = "more --workers" if self.workers < (os.cpu_count() or 1) else "a client machine of its own"
+            self.progress(f"warning: at {describe(step.plan)} each load process was busy {100 * per_process:.0f} % "
+                          f"of the time, so the client may have set the pace rather than the server: try {hint}")
 
     def describe(self) -> dict[str, Any]:
         a = self.args

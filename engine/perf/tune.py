@@ -134,6 +134,7 @@ async def run_tune(args: argparse.Namespace) -> int:
                 step = await measure_step(session.load, session.control, model.name, args.version, plan,
                                           session.settings, session.progress)
                 session.warn_if_delayed(step)
+                session.warn_if_client_bound(step)
                 if args.metrics_url:
                     # Counted over the whole measurement, not only its last 3 windows: a share, not a rate.
                     after = await dispatch_counts(args.metrics_url, model.name)
