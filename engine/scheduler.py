@@ -12,6 +12,7 @@ All methods except `Instance.run`'s worker run on the event loop thread.
 from __future__ import annotations
 
 import asyncio
+import resource
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +33,21 @@ from .errors import unavailable
 # less when run in place, so tiny models (the `simple` add) run inline; anything slower keeps its thread.
 # Only backends that say their execution time is CPU time (`cpu_bound = True`) qualify: one that waits on a
 # device or a sleep uses no CPU yet blocks. An inline run that still takes longer than INLINE_WALL_LIMIT_NS of
-# wall time turns inlining off for that instance for good.
+# wall time turns inlining off for that instance for good — if the run itself was the cause: it used that much
+# CPU, or it gave up the CPU (a voluntary context switch: a sleep, a lock, a device wait). A run that was merely
+# preempted (involuntary switches only: on two busy cores a 2 ms preemption is common) says nothing about the
+# backend; with the old one-strike rule, one such preemption under load sent `simple` back to its thread for
+# the rest of the server's life.
 INLINE_BELOW_NS = 50_000
 INLINE_WALL_LIMIT_NS = 2_000_000
+
+
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
+
+
+def _voluntary_switches() -> int | None:
+    """Times this thread has given up the CPU of its own accord; None where the OS cannot say per thread."""
+    return None if _RUSAGE_THREAD is None else resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,9 +240,11 @@ class InstancePool:
         inline_ok = instance.inline_elements >= 0 and getattr(backend, "cpu_bound", False) \
             and instance.placement.device.kind == "cpu"
         if inline_ok and elements <= instance.inline_elements:
+            waits = _voluntary_switches()
             outputs, took, cpu = run()
-            if took > INLINE_WALL_LIMIT_NS:  # it blocked the loop for real: never inline this instance again
-                instance.inline_elements = -1
+            if took > INLINE_WALL_LIMIT_NS and (waits is None or cpu > INLINE_WALL_LIMIT_NS // 2
+                                                or (_voluntary_switches() or 0) > waits):
+                instance.inline_elements = -1  # it blocked the loop itself: never inline this instance again
                 return outputs, took
         else:
             outputs, took, cpu = await asyncio.get_running_loop().run_in_executor(instance.executor, run)

@@ -10,6 +10,7 @@ Backend delays only make an instance stay busy; assertions are about order and c
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -486,4 +487,57 @@ def test_stop_drains_accepted_requests_before_returning() -> None:
         assert model.stats.inference_count == 10
         assert model.batcher.pending_count == 0
 
+    run(main)
+
+
+# ------------------------------------------------------------------------------------- inline execution
+
+def backend_threads(model: Model) -> list[int]:
+    return model.pool._instances[0].backend.threads  # the identity backend's record of where it ran
+
+
+def test_a_fast_cpu_bound_backend_runs_inline_after_its_first_run() -> None:
+    """The hand-off to the instance thread costs more than a tiny CPU batch: once a run measured under
+    INLINE_BELOW_NS of CPU, batches no larger run on the loop thread, and keep doing so."""
+    async def main() -> None:
+        model = await started(model_config("", cpu_bound="true"))
+        try:
+            for i in range(5):
+                await bounded(model.submit(request(model, data(i))))
+            threads = backend_threads(model)
+            loop_thread = threading.get_ident()
+            assert threads[0] != loop_thread  # measured first, on the instance's thread
+            assert threads[1:] == [loop_thread] * 4
+        finally:
+            await model.stop()
+    run(main)
+
+
+def test_a_backend_that_blocks_inline_goes_back_to_its_thread_for_good() -> None:
+    """The first run is fast, so the backend qualifies for inlining; the second, inline, sleeps 3 ms, giving up
+    the CPU of its own accord (a voluntary context switch) while the loop waits: that backend is not inlined
+    again. (A run merely preempted for as long keeps inlining; that cannot be staged deterministically.)"""
+    async def main() -> None:
+        model = await started(model_config("", cpu_bound="true", execute_delay_ms=3, execute_delay_from_run=2))
+        try:
+            for i in range(4):
+                await bounded(model.submit(request(model, data(i))))
+            threads = backend_threads(model)
+            loop_thread = threading.get_ident()
+            assert threads[0] != loop_thread and threads[1] == loop_thread
+            assert loop_thread not in threads[2:]
+        finally:
+            await model.stop()
+    run(main)
+
+
+def test_a_backend_not_cpu_bound_never_runs_inline() -> None:
+    async def main() -> None:
+        model = await started(model_config(""))
+        try:
+            for i in range(3):
+                await bounded(model.submit(request(model, data(i))))
+            assert threading.get_ident() not in backend_threads(model)
+        finally:
+            await model.stop()
     run(main)

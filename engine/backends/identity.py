@@ -1,13 +1,17 @@
 """A backend with no runtime: OUTPUTn = INPUTn (by position). It exists so the batcher and scheduler can be
 tested with real timing and failures without an ML runtime in the way.
 
-Parameters (config `parameters`): `execute_delay_ms` sleeps per execution (a stand-in for compute),
-`execute_delay_ms_per_item` sleeps that much more per batch element (so a bigger batch finishes later), and
-`fail_on_value` makes an execution fail when any element of the first input equals that number.
+Parameters (config `parameters`): `execute_delay_ms` sleeps per execution (a stand-in for compute; from the
+`execute_delay_from_run`-th execution on, default the first),
+`execute_delay_ms_per_item` sleeps that much more per batch element (so a bigger batch finishes later),
+`fail_on_value` makes an execution fail when any element of the first input equals that number, and
+`cpu_bound: "true"` claims (falsely, when it sleeps) that execution time is CPU time, so the scheduler may run
+it inline on the event loop. `threads` records the thread of each execution, for the tests of that rule.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -20,14 +24,18 @@ class IdentityBackend:
     def __init__(self, config: ModelConfig) -> None:
         self._pairs = {o.name: i.name for i, o in zip(config.inputs, config.outputs)}
         self._delay_s = float(config.parameters.get("execute_delay_ms", "0")) / 1000.0
+        self._delay_from_run = int(config.parameters.get("execute_delay_from_run", "1"))
         self._delay_per_item_s = float(config.parameters.get("execute_delay_ms_per_item", "0")) / 1000.0
         self._batching = config.max_batch_size > 0
         fail = config.parameters.get("fail_on_value")
         self._fail_on = float(fail) if fail is not None else None
         self._first_input = config.inputs[0].name
+        self.cpu_bound = config.parameters.get("cpu_bound", "false") == "true"
+        self.threads: list[int] = []
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
-        delay_s = self._delay_s
+        self.threads.append(threading.get_ident())
+        delay_s = self._delay_s if len(self.threads) >= self._delay_from_run else 0.0
         if self._delay_per_item_s:
             first = inputs[self._first_input]
             items = first.shape[0] if self._batching and first.ndim else 1
