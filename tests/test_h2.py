@@ -83,9 +83,11 @@ def stats(server, model: str) -> dict:
 
 def build_repository(root: Path, session_repository: Path) -> Path:
     shutil.copytree(session_repository / "simple", root / "simple")
-    for name, delay_ms in (("echo_fp32", 0), ("slow_echo", 400)):
+    for name, delay_ms in (("echo_fp32", 0), ("slow_echo", 400), ("fails_on_13", 0)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(ECHO.format(name=name, delay_ms=delay_ms))
+    with open(root / "fails_on_13" / "config.pbtxt", "a") as f:
+        f.write('parameters { key: "fail_on_value" value: { string_value: "13" } }\n')
     return root
 
 
@@ -310,6 +312,33 @@ def test_plain_grpc_stub_health_watch_and_infer(h2_server):
         response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
             pb.ModelInferRequest.FromString(simple_request()), timeout=10)
     assert response.id == "raw" and len(response.raw_output_contents) == 2
+
+
+def test_stream_infer_answers_and_errors_carry_their_request_ids(h2_server):
+    """ModelStreamInfer answers from the wire codec: a success is infer_response, an error found at once
+    (unknown model) or only after execution (the backend fails) is error_message with the request's id, and
+    the stream stays open through both."""
+    def request(model: str, values: list[float], request_id: str) -> pb.ModelInferRequest:
+        r = pb.ModelInferRequest(model_name=model, id=request_id,
+                                 raw_input_contents=[np.array(values, dtype=np.float32).tobytes()])
+        r.inputs.add(name="INPUT0", datatype="FP32", shape=[len(values)])
+        return r
+
+    requests = [request("echo_fp32", [1.0, 2.0], "ok-1"), request("fails_on_13", [13.0], "boom"),
+                request("no_such_model", [1.0], "lost"), request("echo_fp32", [3.0], "ok-2")]
+    with grpc.insecure_channel(h2_server.grpc_url) as channel:
+        answers = list(pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(requests), timeout=30))
+    by_id = {a.infer_response.id: a for a in answers}
+    assert set(by_id) == {"ok-1", "boom", "lost", "ok-2"}
+    for ok, values in (("ok-1", [1.0, 2.0]), ("ok-2", [3.0])):
+        answer = by_id[ok]
+        assert answer.error_message == ""
+        assert answer.infer_response.model_name == "echo_fp32"
+        assert [(o.name, o.datatype, list(o.shape)) for o in answer.infer_response.outputs] == \
+            [("OUTPUT0", "FP32", [len(values)])]
+        assert np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32).tolist() == values
+    assert "input contains 13" in by_id["boom"].error_message
+    assert "no_such_model" in by_id["lost"].error_message
 
 
 def test_graceful_shutdown_two_step_goaway(h2_repository, tmp_path):

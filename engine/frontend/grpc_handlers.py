@@ -21,7 +21,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import InferenceResponse
-from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value
+from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value, varint_bytes
 
 # The generated modules carry no type information: their messages are typed Any here.
 pb: Any = grpc_service_pb2
@@ -145,6 +145,37 @@ class GrpcHandlers:
         DecodeError for bytes that are not a ModelInferRequest."""
         return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns())
 
+    def stream_infer_wire(self, message: Any) -> asyncio.Future[tuple[list[Any], int]]:
+        """`stream_infer` from the serialized request; the future resolves with the serialized
+        ModelStreamInferResponse as (parts, size). Raises DecodeError for bytes that are not a
+        ModelInferRequest (the stream then ends, as grpc ends it)."""
+        out: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
+        try:
+            inner = self.submit_infer_wire(message)
+        except EngineError as e:
+            out.set_result(_serialized(_stream_error(pb.ModelInferRequest.FromString(message), e)))
+            return out
+
+        def done(f: asyncio.Future[InferenceResponse]) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+                return
+            exc = f.exception()
+            if exc is None:
+                parts, size = self.wire.encode(f.result())
+                head = _STREAM_INFER_RESPONSE_TAG + varint_bytes(size)  # infer_response, as one field
+                out.set_result(([head, *parts], len(head) + size))
+            elif isinstance(exc, EngineError):  # the id is needed only here: parse the request again
+                out.set_result(_serialized(_stream_error(pb.ModelInferRequest.FromString(message), exc)))
+            else:
+                out.set_exception(exc)
+
+        inner.add_done_callback(done)
+        out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        return out
+
     def stream_infer(self, request: Any) -> asyncio.Future[Any]:
         """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an
         answer on the stream (`error_message`, with the request's id), which stays open. Cancelling the
@@ -200,6 +231,14 @@ class GrpcHandlers:
                 last = status
                 yield health.HealthCheckResponse(status=status)
             await asyncio.sleep(HEALTH_POLL_S)
+
+
+_STREAM_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse field 2 (infer_response), length-delimited
+
+
+def _serialized(message: Any) -> tuple[list[Any], int]:
+    body = message.SerializeToString()
+    return [body], len(body)
 
 
 def _stream_error(request: Any, error: EngineError) -> Any:

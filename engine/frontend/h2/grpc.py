@@ -44,7 +44,7 @@ _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-
 class Kind(enum.Enum):
     UNARY = "unary"  # one request, one response; the handler may return an awaitable
     INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
-    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request answered as it completes
+    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
     SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
 
 
@@ -65,7 +65,7 @@ def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
                 if method.name == "ModelInfer":
                     rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
                 elif method.name == "ModelStreamInfer":
-                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer)
+                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer_wire)
                 elif method.client_streaming:
                     raise TypeError(f"no handler for client-streaming RPC {method.full_name}")
                 elif method.server_streaming:
@@ -241,7 +241,7 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            future = self.rpc.handler(self.rpc.request_type.FromString(message))
+            future = self.rpc.handler(message)
         except Exception as e:  # noqa: BLE001  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
@@ -282,7 +282,7 @@ class Call:
         if (exc := future.exception()) is not None:
             self._fail(exc)
             return
-        self._send_message(future.result().SerializeToString())
+        self._send_message_parts(*future.result())
         if self.remote_done and not self.pending:
             self.finish(S.OK, "")
 
@@ -313,13 +313,17 @@ class Call:
         self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, size), *parts], OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
-        if len(body) > self.app.max_message_bytes:
-            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({len(body)} vs. "
+        self._send_message_parts([body], len(body))
+
+    def _send_message_parts(self, parts: list[Any], size: int) -> None:
+        """One message of a streaming response, `size` bytes in `parts`; the response headers go first."""
+        if size > self.app.max_message_bytes:
+            self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
         head = None if self.headers_sent else RESPONSE_HEAD
         self.headers_sent = True
-        self.conn.send(self.stream, head, [_PREFIX.pack(0, len(body)), body], None)
+        self.conn.send(self.stream, head, [_PREFIX.pack(0, size), *parts], None)
 
     def finish(self, status: int, message: str, http_status: int = 200) -> None:
         """End the call with `status`: trailers, or a trailers-only response if no headers went out yet."""
