@@ -87,15 +87,20 @@ def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.nda
 
 
 def encode_response(response: InferenceResponse) -> pb.ModelInferResponse:
-    msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
-                                id=response.id)
-    raw = msg.raw_output_contents
+    msg = _response_head(response)
+    msg.id = response.id
+    msg.raw_output_contents.extend(bytes(array_to_bytes(t.data, t.datatype)) for t in response.outputs)
+    return msg
+
+
+def _response_head(response: InferenceResponse) -> pb.ModelInferResponse:
+    """Everything of the response but its id and tensor bytes."""
+    msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version)
     for tensor in response.outputs:
         out = msg.outputs.add()
         out.name = tensor.name
         out.datatype = tensor.datatype.value
         out.shape.extend(tensor.shape)
-        raw.append(bytes(array_to_bytes(tensor.data, tensor.datatype)))
     return msg
 
 
@@ -104,6 +109,7 @@ def encode_response(response: InferenceResponse) -> pb.ModelInferResponse:
 _ID_TAG = 0x1A  # field 3 (id), wire type 2, in both ModelInferRequest and ModelInferResponse
 _RAW_INPUT_TAG = 0x3A  # ModelInferRequest field 7, raw_input_contents
 _RAW_OUTPUT_TAG = 0x32  # ModelInferResponse field 6, raw_output_contents
+_STREAM_RESPONSE_TAG = 0x12  # ModelStreamInferResponse field 2, infer_response
 
 
 def _varint(buf: Any, pos: int) -> tuple[int, int]:
@@ -120,12 +126,15 @@ def _varint(buf: Any, pos: int) -> tuple[int, int]:
             raise ValueError("varint longer than 10 bytes")
 
 
-def varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
+def field_head(tag: int, length: int) -> bytes:
+    """The tag and length that open a length-delimited field of `length` bytes."""
+    if length < 0x80:
+        return bytes((tag, length))
+    out = bytearray((tag,))
+    while length > 0x7F:
+        out.append(length & 0x7F | 0x80)
+        length >>= 7
+    out.append(length)
     return bytes(out)
 
 
@@ -219,13 +228,7 @@ class InferWireCodec:
         key = (response.model_name, response.model_version, tuple([(t.name, t.datatype, t.shape) for t in outputs]))
         head = self.heads.get(key)
         if head is None:
-            msg = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version)
-            for tensor in outputs:
-                out = msg.outputs.add()
-                out.name = tensor.name
-                out.datatype = tensor.datatype.value
-                out.shape.extend(tensor.shape)
-            head = msg.SerializeToString()
+            head = _response_head(response).SerializeToString()
             if len(self.heads) >= self.MAX_ENTRIES:
                 self.heads.clear()
             self.heads[key] = head
@@ -233,16 +236,21 @@ class InferWireCodec:
         size = len(head)
         if response.id:
             rid = response.id.encode("utf-8")
-            tagged = bytes((_ID_TAG,)) + varint_bytes(len(rid)) + rid
+            tagged = field_head(_ID_TAG, len(rid)) + rid
             parts.append(tagged)
             size += len(tagged)
         for chunk in chunks:
-            n = len(chunk)
-            prefix = bytes((_RAW_OUTPUT_TAG, n)) if n < 0x80 else bytes((_RAW_OUTPUT_TAG,)) + varint_bytes(n)
+            prefix = field_head(_RAW_OUTPUT_TAG, len(chunk))
             parts.append(prefix)
             parts.append(chunk)
-            size += len(prefix) + n
+            size += len(prefix) + len(chunk)
         return parts, size
+
+    def encode_stream(self, response: InferenceResponse) -> tuple[list[Any], int]:
+        """The serialized ModelStreamInferResponse carrying `response`, as (parts, total length)."""
+        parts, size = self.encode(response)
+        head = field_head(_STREAM_RESPONSE_TAG, size)
+        return [head, *parts], len(head) + size
 
 
 def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceRequest:

@@ -12,8 +12,8 @@ import asyncio
 import enum
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
 
@@ -21,7 +21,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import InferenceResponse
-from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value, varint_bytes
+from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value
 
 # The generated modules carry no type information: their messages are typed Any here.
 pb: Any = grpc_service_pb2
@@ -149,61 +149,19 @@ class GrpcHandlers:
         """`stream_infer` from the serialized request; the future resolves with the serialized
         ModelStreamInferResponse as (parts, size). Raises DecodeError for bytes that are not a
         ModelInferRequest (the stream then ends, as grpc ends it)."""
-        out: asyncio.Future[tuple[list[Any], int]] = asyncio.get_running_loop().create_future()
-        try:
-            inner = self.submit_infer_wire(message)
-        except EngineError as e:
-            out.set_result(_serialized(_stream_error(pb.ModelInferRequest.FromString(message), e)))
-            return out
+        def error(e: EngineError) -> tuple[list[Any], int]:  # the id is needed only here: parse in full
+            body = _stream_error(pb.ModelInferRequest.FromString(message), e).SerializeToString()
+            return [body], len(body)
 
-        def done(f: asyncio.Future[InferenceResponse]) -> None:
-            if out.done():
-                return
-            if f.cancelled():
-                out.cancel()
-                return
-            exc = f.exception()
-            if exc is None:
-                parts, size = self.wire.encode(f.result())
-                head = _STREAM_INFER_RESPONSE_TAG + varint_bytes(size)  # infer_response, as one field
-                out.set_result(([head, *parts], len(head) + size))
-            elif isinstance(exc, EngineError):  # the id is needed only here: parse the request again
-                out.set_result(_serialized(_stream_error(pb.ModelInferRequest.FromString(message), exc)))
-            else:
-                out.set_exception(exc)
-
-        inner.add_done_callback(done)
-        out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        return out
+        return _stream_answer(lambda: self.submit_infer_wire(message), self.wire.encode_stream, error)
 
     def stream_infer(self, request: Any) -> asyncio.Future[Any]:
         """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an
         answer on the stream (`error_message`, with the request's id), which stays open. Cancelling the
         returned future drops the request."""
-        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        try:
-            inner = self.submit_infer(request)
-        except EngineError as e:
-            out.set_result(_stream_error(request, e))
-            return out
-
-        def done(f: asyncio.Future[InferenceResponse]) -> None:
-            if out.done():
-                return
-            if f.cancelled():
-                out.cancel()
-                return
-            exc = f.exception()
-            if exc is None:
-                out.set_result(pb.ModelStreamInferResponse(infer_response=encode_response(f.result())))
-            elif isinstance(exc, EngineError):
-                out.set_result(_stream_error(request, exc))
-            else:
-                out.set_exception(exc)
-
-        inner.add_done_callback(done)
-        out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-        return out
+        return _stream_answer(lambda: self.submit_infer(request),
+                              lambda r: pb.ModelStreamInferResponse(infer_response=encode_response(r)),
+                              lambda e: _stream_error(request, e))
 
     # ------------------------------------------------------------------ grpc.health.v1.Health
 
@@ -233,12 +191,37 @@ class GrpcHandlers:
             await asyncio.sleep(HEALTH_POLL_S)
 
 
-_STREAM_INFER_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse field 2 (infer_response), length-delimited
+T = TypeVar("T")
 
 
-def _serialized(message: Any) -> tuple[list[Any], int]:
-    body = message.SerializeToString()
-    return [body], len(body)
+def _stream_answer(submit: Callable[[], asyncio.Future[InferenceResponse]],
+                   answer: Callable[[InferenceResponse], T], error: Callable[[EngineError], T]) -> asyncio.Future[T]:
+    """A ModelStreamInfer request's answer: `answer(response)`, or `error(e)` for an EngineError raised at
+    submit or by the request later; other exceptions fail the future. Cancelling it drops the request."""
+    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    try:
+        inner = submit()
+    except EngineError as e:
+        out.set_result(error(e))
+        return out
+
+    def done(f: asyncio.Future[InferenceResponse]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+            return
+        exc = f.exception()
+        if exc is None:
+            out.set_result(answer(f.result()))
+        elif isinstance(exc, EngineError):
+            out.set_result(error(exc))
+        else:
+            out.set_exception(exc)
+
+    inner.add_done_callback(done)
+    out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+    return out
 
 
 def _stream_error(request: Any, error: EngineError) -> Any:

@@ -180,43 +180,24 @@ class HttpProtocol(asyncio.Protocol):
             if isinstance(answer, tuple):
                 self._respond(req, answer)
                 continue
-            if isinstance(answer, _Infer):
-                self._inflight = answer.future
-                answer.future.add_done_callback(
-                    lambda fut, req=req, request=answer.request: self._on_infer_done(req, request, fut))
-                return
-            self._inflight = answer
-            answer.add_done_callback(lambda fut, req=req: self._on_done(req, fut))
+            future, request = (answer.future, answer.request) if isinstance(answer, _Infer) else (answer, None)
+            self._inflight = future
+            future.add_done_callback(lambda fut, req=req, request=request: self._on_done(req, fut, request))
             return
         self._busy = False
 
-    def _on_infer_done(self, req: _Request, request: InferenceRequest,
-                       fut: asyncio.Future[InferenceResponse]) -> None:
+    def _on_done(self, req: _Request, fut: asyncio.Future[Any], request: InferenceRequest | None) -> None:
+        """Answer `req` from its future: an Answer, or with `request` given, an InferenceResponse to encode."""
         self._inflight = None
         if fut.cancelled():
             return  # the connection went away (it cancelled the request): nobody to answer
         exc = fut.exception()
         if exc is None:
             try:
-                answer = _infer_answer(fut.result(), request)
+                answer = fut.result() if request is None else _infer_answer(fut.result(), request)
             except Exception as e:  # a bug in encoding: answer 500, keep serving
                 log.exception("HTTP response encoding failed")
                 answer = _error(500, f"internal error: {e}")
-        elif isinstance(exc, EngineError):
-            answer = _error(STATUS[exc.code], exc.message)
-        else:
-            log.error("HTTP handler failed: %r", exc)
-            answer = _error(500, f"internal error: {exc}")
-        self._respond(req, answer)
-        self._next()
-
-    def _on_done(self, req: _Request, fut: asyncio.Future[Answer]) -> None:
-        self._inflight = None
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is None:
-            answer = fut.result()
         elif isinstance(exc, EngineError):
             answer = _error(STATUS[exc.code], exc.message)
         else:

@@ -6,8 +6,8 @@ Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answere
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
 ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
 decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
-to the connection for one write. The header blocks are
-built once, at import, from static-table indices and literals that never touch HPACK's dynamic table.
+to the connection for one write. The header blocks are built once, at import, from static-table indices and
+literals that never touch HPACK's dynamic table.
 """
 
 from __future__ import annotations
