@@ -16,7 +16,7 @@ import resource
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,18 +28,33 @@ from .devices import CPU, Device
 from .errors import unavailable
 
 
-# A hand-off to an instance thread and back costs 50-100 us of CPU on the small VMs we measure on
-# (futex wake-ups, the GIL, the loop's wake-up pipe). A CPU batch that runs faster than this costs the loop
-# less when run in place, so tiny models (the `simple` add) run inline; anything slower keeps its thread.
-# Only backends that say their execution time is CPU time (`cpu_bound = True`) qualify: one that waits on a
-# device or a sleep uses no CPU yet blocks. An inline run that still takes longer than INLINE_WALL_LIMIT_NS of
-# wall time turns inlining off for that instance for good — if the run itself was the cause: it used that much
-# CPU, or it gave up the CPU (a voluntary context switch: a sleep, a lock, a device wait). A run that was merely
-# preempted (involuntary switches only: on two busy cores a 2 ms preemption is common) says nothing about the
-# backend; with the old one-strike rule, one such preemption under load sent `simple` back to its thread for
-# the rest of the server's life.
-INLINE_BELOW_NS = 50_000
+# A hand-off to an instance thread and back costs about 75 us of CPU per batch on the small VMs we measure on
+# (futex wake-ups, the GIL, the loop's wake-up pipe): `simple` under concurrency 8 over gRPC, server on one
+# core, used ~215 us of server CPU per inference with every batch on the thread and ~190 us with every batch
+# inline (batches of ~2.7). A CPU batch that costs less than the hand-off is cheaper run in place, so tiny
+# models run inline; anything slower keeps its thread. Only backends that say their execution time is CPU
+# time (`cpu_bound = True`) qualify: one that waits on a device or a sleep uses no CPU yet blocks.
+#
+# The decision rests on a running average of each batch size's CPU time, not on the last run. In the server
+# a `simple` run takes ~60 us of CPU (~25 us alone in a loop: the loop, timer and instance threads share the
+# core's caches), and some runs take several times that (cache misses, page faults); with a one-sample rule
+# each such run sent that batch size back to the thread until a thread run measured fast again — 70 % of
+# batches under perf_analyzer at concurrency 4. A sample counts at most INLINE_SAMPLE_CAP_NS, so an outlier
+# moves the average by ~15 us while a backend that is really slow crosses INLINE_BELOW_NS within a few runs.
+#
+# An inline run that still takes longer than INLINE_WALL_LIMIT_NS of wall time is a strike against the
+# instance if the run itself may have been the cause: it used that much CPU, or it gave up the CPU (a
+# voluntary context switch: a sleep, a lock, a device wait). A strike sends that batch size back to the
+# thread at once (its average set to the cap); INLINE_STRIKES of them turn inlining off for good. Why not at
+# the first: waiting for the GIL is a voluntary switch too — ORT releases the GIL while it computes, and the
+# timer thread may hold it when the run ends — so on one busy core a fast backend collects a strike now and
+# then (once in ~60 s of saturated load here), while a backend that blocks collects one every time it is
+# tried inline. A run that was merely preempted (involuntary switches only) says nothing about the backend.
+INLINE_BELOW_NS = 100_000
+INLINE_SAMPLE_CAP_NS = 2 * INLINE_BELOW_NS
+INLINE_AVERAGE_WEIGHT = 1 / 8  # of the newest sample
 INLINE_WALL_LIMIT_NS = 2_000_000
+INLINE_STRIKES = 3
 
 
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
@@ -148,8 +163,32 @@ class Instance:
     executor: ThreadPoolExecutor
     backend: Any = None
     busy: bool = False
-    # The largest batch (in elements) measured to run in under INLINE_BELOW_NS; 0 = none yet, -1 = never.
+    # The largest batch (in elements) whose average CPU time is under INLINE_BELOW_NS; 0 = none yet, -1 = never.
     inline_elements: int = 0
+    cpu_ns: dict[int, float] = field(default_factory=dict)  # batch elements -> running average of CPU ns
+    inline_strikes: int = 0
+
+    def measured(self, elements: int, cpu_ns: int) -> None:
+        """Fold one run's CPU time into its batch size's average and move `inline_elements` accordingly."""
+        if self.inline_elements < 0:
+            return
+        sample = min(cpu_ns, INLINE_SAMPLE_CAP_NS)
+        average = self.cpu_ns.get(elements)
+        average = sample if average is None else average + (sample - average) * INLINE_AVERAGE_WEIGHT
+        self.cpu_ns[elements] = average
+        if average < INLINE_BELOW_NS:
+            self.inline_elements = max(self.inline_elements, elements)
+        elif elements <= self.inline_elements:
+            self.inline_elements = elements - 1  # this size got slow: it and larger ones back to the thread
+
+    def blocked_inline(self, elements: int) -> None:
+        """An inline run of `elements` held the loop past INLINE_WALL_LIMIT_NS, maybe by its own doing."""
+        self.inline_strikes += 1
+        if self.inline_strikes >= INLINE_STRIKES:
+            self.inline_elements = -1  # it keeps blocking the loop: never inline this instance again
+        else:
+            self.cpu_ns[elements] = INLINE_SAMPLE_CAP_NS
+            self.inline_elements = min(self.inline_elements, elements - 1)
 
     @property
     def name(self) -> str:
@@ -244,16 +283,12 @@ class InstancePool:
             outputs, took, cpu = run()
             if took > INLINE_WALL_LIMIT_NS and (waits is None or cpu > INLINE_WALL_LIMIT_NS // 2
                                                 or (_voluntary_switches() or 0) > waits):
-                instance.inline_elements = -1  # it blocked the loop itself: never inline this instance again
+                instance.blocked_inline(elements)
                 return outputs, took
         else:
             outputs, took, cpu = await asyncio.get_running_loop().run_in_executor(instance.executor, run)
         if inline_ok:
-            # CPU time, not wall time: on a busy machine preemption inflates the wall clock, not the cost.
-            if cpu < INLINE_BELOW_NS:
-                instance.inline_elements = max(instance.inline_elements, elements)
-            elif elements <= instance.inline_elements:
-                instance.inline_elements = elements - 1  # too slow now: back to the thread
+            instance.measured(elements, cpu)  # CPU time: preemption inflates the wall clock, not the cost
         return outputs, took
 
     async def warm_up(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> None:
