@@ -20,6 +20,17 @@ What the verdict leaves out, and says so: a closed-loop point where either tool 
 busy. There the tool's own per-request cost sets the pace (throughput = concurrency / (client + server
 time)), so the two numbers measure the two clients as much as the server; the table still shows them.
 
+What it compares differently, and says so: a point where the server itself is bistable. `mlp_large` at
+concurrency 4 settles either into batches of 4 or into staggered pairs (one pair computes while the other
+waits), the choice made by chance early in a run and kept; pairs cost 1.6x the CPU per inference, so the
+runs split into two throughput levels under either tool. Pairing run i of one tool with run i of the other
+then compares states, not tools. Each run records the server's average batch size (statistics extension);
+when the runs of a point split into two groups of batch sizes more than BISTABLE_GAP apart, the tools are
+compared within each group that both reached (ratio of medians), and a point where they never shared a
+state is left out as undecided. Groups that split by tool (every perf_analyzer run in one, every run of ours
+in the other) would be a difference between the tools, not two server states: such a point is compared run
+against run as usual.
+
 The server runs on the first half of the machine's cores and the tools on the other half (one core each on
 a 2-core machine). Why: in a closed loop on shared cores, whatever CPU a tool spends per request is taken
 from the server, so a cheaper client measures a faster server, and the comparison would measure the two
@@ -31,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
+import json
 import os
 import resource
 import shutil
@@ -39,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +66,7 @@ from engine import examples
 TOLERANCE = 0.15
 CLIENT_BOUND_BUSY = 70.0  # % of its cores: past this a tool's own speed sets a closed loop's pace
 RUN_TIMEOUT_S = 180
+BISTABLE_GAP = 1.3  # ratio between two groups of runs' average batch sizes that marks two server states
 
 
 @dataclass
@@ -69,6 +84,7 @@ class Run:
     client_cpu_s: float
     server_cpu_s: float
     wall_s: float
+    batch: float  # the server's average batch size during the run (inferences / executions)
 
 
 def server_cpu_s(pid: int) -> float:
@@ -103,10 +119,18 @@ def pin_process(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cores)
 
 
+def executions(http_url: str, model: str) -> tuple[int, int]:
+    """The server's (inference_count, execution_count) for `model`, from the statistics extension."""
+    with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as response:
+        stats = json.load(response)["model_stats"][0]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
 def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str, flags: list[str],
-            server_pid: int, tmp: Path, client_cores: set[int] | None) -> Run:
+            server_pid: int, http_url: str, tmp: Path, client_cores: set[int] | None) -> Run:
     report = tmp / f"{tool.replace(' ', '_')}-{model}-{protocol}-{load}-{time.monotonic_ns()}.csv"
     cmd = command(tool, model, url, protocol, load, flags, report)
+    counts0 = executions(http_url, model)
     cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
     try:
         pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
@@ -126,8 +150,11 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
             throughput, p50, avg = float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["Avg latency"])
             server = sum(float(row[c]) for c in ("Server Queue", "Server Compute Input", "Server Compute Infer",
                                                   "Server Compute Output"))
-    return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, children_cpu_s() - cpu0,
-               server_cpu_s(server_pid) - srv0, wall)
+    client_cpu, server_cpu = children_cpu_s() - cpu0, server_cpu_s(server_pid) - srv0
+    counts1 = executions(http_url, model)
+    batch = (counts1[0] - counts0[0]) / max(counts1[1] - counts0[1], 1)
+    return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, client_cpu, server_cpu, wall,
+               batch)
 
 
 def median(runs: list[Run], field: str) -> float:
@@ -201,11 +228,12 @@ def main() -> int:
                         if (rep + levels.index(load) + protocols.index(protocol) + models.index(model)) % 2:
                             order.reverse()
                         for tool in order:
-                            run = run_one(rep, model, tool, url, protocol, load, flags, server.process.pid, tmp,
-                                          client_cores)
+                            run = run_one(rep, model, tool, url, protocol, load, flags, server.process.pid,
+                                          server.http_url, tmp, client_cores)
                             runs.append(run)
                             print(f"rep {rep + 1} {model:10} {protocol:4} {load:6} {tool:14} rc={run.rc:<3} "
                                   f"{run.throughput:9.1f} infer/s  p50 {run.p50_us:7.0f} us  "
+                                  f"batch {run.batch:4.2f}  "
                                   f"client CPU {run.client_cpu_s:5.2f} s  server CPU {run.server_cpu_s:5.2f} s  "
                                   f"wall {run.wall_s:5.1f} s", flush=True)
     finally:
@@ -216,10 +244,11 @@ def main() -> int:
     print()
     print("| model | protocol | load | perf_analyzer infer/s | hubserve perf infer/s | throughput ratio | "
           "perf_analyzer p50 us | hubserve perf p50 us | p50 ratio | client CPU ms per 1k infer (pa / ours) "
-          "| tool's cores busy (pa / ours) | in the server / outside it, us (pa ; ours) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| tool's cores busy (pa / ours) | in the server / outside it, us (pa ; ours) | server batch (pa / ours) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst: dict[str, float] = {}
     excluded: list[str] = []
+    bistable: list[str] = []
     for model in models:
         for protocol in protocols:
             for load in levels:
@@ -233,8 +262,16 @@ def main() -> int:
                 p_ratio = paired_ratio(pairs, "p50_us")
                 busiest = max(busy(pa, tool_cores), busy(hs, tool_cores))
                 worst.setdefault(model, 0.0)
+                groups = server_states(pa + hs)
                 if busiest >= CLIENT_BOUND_BUSY and load.startswith("c="):
                     excluded.append(f"{model} {protocol} {load}")
+                elif groups:
+                    deviation, note = compare_states(groups)
+                    bistable.append(f"{model} {protocol} {load}: {note}")
+                    if deviation is None:
+                        excluded.append(f"{model} {protocol} {load} (bistable, the tools never shared a state)")
+                    else:
+                        worst[model] = max(worst[model], deviation)
                 else:
                     worst[model] = max(worst[model], abs(t_ratio[0] - 1), abs(p_ratio[0] - 1))
                 print(f"| {model} | {protocol} | {load} | {median(pa, 'throughput'):,.0f} | "
@@ -242,9 +279,12 @@ def main() -> int:
                       f"{median(hs, 'p50_us'):,.0f} | {fmt_ratio(p_ratio)} | "
                       f"{1000 * cpu_per_k(pa):.0f} / {1000 * cpu_per_k(hs):.0f} | "
                       f"{busy(pa, tool_cores):.0f} % / {busy(hs, tool_cores):.0f} % | "
-                      f"{split(pa)} ; {split(hs)} |")
+                      f"{split(pa)} ; {split(hs)} | {median(pa, 'batch'):.2f} / {median(hs, 'batch'):.2f} |")
     print(f"\nratios are hubserve perf / perf_analyzer of back-to-back pairs: median [min-max] of {args.reps}; "
           f"'cores busy' is the tool's CPU time over its run's wall time and its {tool_cores} core(s)")
+    if bistable:
+        print(f"bistable server (run batch sizes in two groups > {BISTABLE_GAP}x apart; compared within each "
+              "state, ratio of medians hubserve perf / perf_analyzer):\n  " + "\n  ".join(bistable))
     if excluded:
         print(f"not in the verdict, a tool kept its cores >= {CLIENT_BOUND_BUSY:.0f} % busy, so its own speed set "
               f"the pace: {', '.join(excluded)}")
@@ -253,6 +293,40 @@ def main() -> int:
         print(f"{model}: largest median deviation {100 * worst[model]:.1f} %: {verdict} within "
               f"±{100 * TOLERANCE:.0f} %")
     return 0 if all(w <= TOLERANCE for w in worst.values()) else 1
+
+
+def server_states(runs: list[Run]) -> list[list[Run]]:
+    """The runs in two groups by the server's average batch size, if they fall into two groups more than
+    BISTABLE_GAP apart (the largest gap between neighbouring sizes) and at least one tool saw both; []
+    otherwise. Two groups that split by tool are not two server states but a difference between the tools,
+    and are compared run against run like any other point."""
+    ordered = sorted((r for r in runs if r.batch > 0), key=lambda r: r.batch)
+    if len(ordered) < 2:
+        return []
+    gap, at = max((b.batch / a.batch, i + 1) for i, (a, b) in enumerate(itertools.pairwise(ordered)))
+    low, high = ordered[:at], ordered[at:]
+    if gap <= BISTABLE_GAP or not {r.tool for r in low} & {r.tool for r in high}:
+        return []
+    return [low, high]
+
+
+def compare_states(groups: list[list[Run]]) -> tuple[float | None, str]:
+    """Throughput and p50 of the two tools within each server state both reached: the largest deviation of
+    a ratio of medians (None if they shared no state), and a line saying what was compared."""
+    worst: float | None = None
+    notes = []
+    for group in groups:
+        pa = [r for r in group if r.tool == "perf_analyzer"]
+        hs = [r for r in group if r.tool == "hubserve perf"]
+        label = f"batch {statistics.median(r.batch for r in group):.1f}: {len(pa)} + {len(hs)} runs"
+        if not pa or not hs:
+            notes.append(f"{label} (one tool only)")
+            continue
+        t = median(hs, "throughput") / median(pa, "throughput")
+        p = median(hs, "p50_us") / median(pa, "p50_us")
+        worst = max(worst or 0.0, abs(t - 1), abs(p - 1))
+        notes.append(f"{label}, throughput {t:.2f}, p50 {p:.2f}")
+    return worst, "; ".join(notes)
 
 
 def split(runs: list[Run]) -> str:
