@@ -62,6 +62,8 @@ from conftest import start_server
 from perf_analyzer import PERF_ANALYZER
 
 from engine import examples
+from engine.perf.control import stats_from
+from engine.perf.types import ServerStats
 
 TOLERANCE = 0.15
 CLIENT_BOUND_BUSY = 70.0  # % of its cores: past this a tool's own speed sets a closed loop's pace
@@ -119,18 +121,17 @@ def pin_process(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cores)
 
 
-def executions(http_url: str, model: str) -> tuple[int, int]:
-    """The server's (inference_count, execution_count) for `model`, from the statistics extension."""
+def server_stats(http_url: str, model: str) -> ServerStats:
+    """The statistics extension's counters for `model`, read the way `hubserve perf` reads them."""
     with urllib.request.urlopen(f"http://{http_url}/v2/models/{model}/stats", timeout=10) as response:
-        stats = json.load(response)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
+        return stats_from(json.load(response))
 
 
 def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str, flags: list[str],
             server_pid: int, http_url: str, tmp: Path, client_cores: set[int] | None) -> Run:
     report = tmp / f"{tool.replace(' ', '_')}-{model}-{protocol}-{load}-{time.monotonic_ns()}.csv"
     cmd = command(tool, model, url, protocol, load, flags, report)
-    counts0 = executions(http_url, model)
+    stats0 = server_stats(http_url, model)
     cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
     try:
         pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
@@ -151,8 +152,7 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
             server = sum(float(row[c]) for c in ("Server Queue", "Server Compute Input", "Server Compute Infer",
                                                   "Server Compute Output"))
     client_cpu, server_cpu = children_cpu_s() - cpu0, server_cpu_s(server_pid) - srv0
-    counts1 = executions(http_url, model)
-    batch = (counts1[0] - counts0[0]) / max(counts1[1] - counts0[1], 1)
+    batch = (server_stats(http_url, model) - stats0).avg_batch_size
     return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, client_cpu, server_cpu, wall,
                batch)
 

@@ -91,7 +91,7 @@ def step_json(step: StepResult) -> dict[str, Any]:
             "request_count": s.success_count,
             "inference_count": s.inference_count,
             "execution_count": s.execution_count,
-            "avg_batch_size": s.inference_count / s.execution_count if s.execution_count else 0.0,
+            "avg_batch_size": s.avg_batch_size,
             "request_us": step.server_avg_ns(s.success_ns) / 1e3,  # the server's own view of a request
             "queue_us": step.server_avg_ns(s.queue_ns) / 1e3,
             "compute_input_us": step.server_avg_ns(s.compute_input_ns) / 1e3,

@@ -44,8 +44,7 @@ class TunePoint:
 
     @property
     def avg_batch(self) -> float:
-        s = self.step.server
-        return s.inference_count / s.execution_count if s.execution_count else 0.0
+        return self.step.server.avg_batch_size
 
     @property
     def flush_share(self) -> float:

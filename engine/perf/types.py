@@ -108,6 +108,11 @@ class ServerStats:
     execution_count: int = 0
     executions_by_batch_size: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def avg_batch_size(self) -> float:
+        """Inferences per execution: the batch size the server formed on average (0 before any ran)."""
+        return self.inference_count / self.execution_count if self.execution_count else 0.0
+
     def __sub__(self, earlier: ServerStats) -> ServerStats:
         before = dict(earlier.executions_by_batch_size)
         by_size = tuple((size, n - before.get(size, 0)) for size, n in self.executions_by_batch_size
