@@ -188,10 +188,21 @@ class RepositoryWatcher:
         while True:
             try:
                 log.info("watching %s for changes (and scanning every %.1f s)", self.root, self.poll_secs)
+                live = False
                 async for changes in watchfiles.awatch(self.root, watch_filter=None, debounce=200, step=20,
                                                        stop_event=self._stop_events, recursive=True,
-                                                       ignore_permission_denied=True):
-                    self.notice([Path(path) for _, path in changes])
+                                                       ignore_permission_denied=True, yield_on_timeout=True,
+                                                       rust_timeout=500):
+                    if not live:
+                        # The first yield (changes, or an empty set after rust_timeout) means the watch is
+                        # in place. A folder dropped between the start-up scan and now raised no event (the
+                        # server answers ready before this task first runs): one more scan finds it, instead
+                        # of the next poll minutes later. Seen under load as a dropped model never served.
+                        live = True
+                        self._rescan_all = True
+                        self._wake.set()
+                    if changes:
+                        self.notice([Path(path) for _, path in changes])
                 return  # stopped
             except asyncio.CancelledError:
                 raise
