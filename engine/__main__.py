@@ -20,6 +20,12 @@ def _resource(text: str) -> tuple[str, int]:
     return name, int(count)
 
 
+def _byte_count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of bytes, got '{text}'")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hubserve", description="Serve models over KServe v2 HTTP and gRPC.")
     parser.add_argument("--version", action="version", version=f"hubserve {__version__}")
@@ -50,8 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with explicit mode: a model to load at start (repeatable)")
     serve.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
                        help="/v2/health/ready needs every model ready (else: ready once the server is up)")
-    serve.add_argument("--max-message-mb", type=int, default=1024,
-                       help="largest HTTP body and gRPC message accepted or sent, in MiB")
+    serve.add_argument("--max-message-mb", type=int, default=64,
+                       help="largest gRPC message accepted or sent, in MiB (and the HTTP body limit, unless "
+                            "--http-max-input-size is given)")
+    serve.add_argument("--http-max-input-size", type=_byte_count, default=0, metavar="BYTES",
+                       help="largest HTTP request body, in bytes, as Triton's flag (0 = --max-message-mb)")
+    serve.add_argument("--client-timeout-secs", type=float, default=30.0,
+                       help="the longest a client may stall: a request head must arrive within it, a request "
+                            "body or HTTP/2 preface may pause no longer, and a client that leaves our answers "
+                            "unread that long is disconnected")
+    serve.add_argument("--idle-timeout-secs", type=float, default=300.0,
+                       help="a connection with no request in flight is closed after this long")
     serve.add_argument("--max-concurrent-executions", type=int, default=0,
                        help="server-wide cap on batches executing at once across all models (0 = no cap)")
     serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource, metavar="NAME:COUNT",
@@ -91,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
             load_models=tuple(args.load_model),
             strict_readiness=args.strict_readiness,
             max_message_bytes=args.max_message_mb << 20,
+            http_max_input_bytes=args.http_max_input_size,
+            client_timeout_secs=args.client_timeout_secs,
+            idle_timeout_secs=args.idle_timeout_secs,
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,

@@ -41,7 +41,12 @@ class ServerOptions:
     repository_events: bool = True  # poll mode: react to file-system events, not only to the rescan
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
-    max_message_bytes: int = 1 << 30
+    max_message_bytes: int = 64 << 20  # largest gRPC message (and, unless http_max_input_bytes, HTTP body)
+    http_max_input_bytes: int = 0  # largest HTTP request body; 0 = max_message_bytes (Triton's default: 64 MiB)
+    max_header_bytes: int = 16 << 10  # HTTP/1.1 request head / HTTP/2 header list; larger → 431 / refused
+    max_header_count: int = 100  # HTTP/1.1 header fields in one request; more → 431
+    client_timeout_secs: float = 30.0  # the longest a client may stall mid-request or leave answers unread
+    idle_timeout_secs: float = 300.0  # a connection with nothing in flight is closed after this long
     max_concurrent_executions: int = 0  # 0 = limited only by instances
     rate_limit_resources: dict[str, int] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
