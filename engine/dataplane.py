@@ -78,7 +78,9 @@ class DataPlane:
 
         def account(f: asyncio.Future[InferenceResponse]) -> None:
             elapsed = time.perf_counter_ns() - start
-            if f.cancelled() or f.exception() is not None:
+            if f.cancelled():
+                stats.cancelled.add(elapsed)
+            elif f.exception() is not None:
                 stats.fail.add(elapsed)
             else:
                 stats.success.add(elapsed)

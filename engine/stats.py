@@ -32,6 +32,9 @@ class BatchStats:
 class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
+    # Requests whose client went away (disconnect, RST_STREAM, deadline) before the answer: not failures of
+    # the model, so a client resetting streams cannot inflate `fail` (and the failure metric) at will.
+    cancelled: Duration = field(default_factory=Duration)
     queue: Duration = field(default_factory=Duration)
     compute_input: Duration = field(default_factory=Duration)
     compute_infer: Duration = field(default_factory=Duration)

@@ -8,6 +8,7 @@ and a separate process is also the honest way to test a server.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +54,15 @@ class RunningServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, model: str, version: str = "1") -> float:
+        """One model's value of a Prometheus family, read from /metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            assert r.status == 200
+            text = r.read().decode()
+        match = re.search(rf'^{name}\{{model="{model}",version="{version}"\}} (\S+)$', text, re.MULTILINE)
+        assert match, f"{name} for {model} v{version} missing from /metrics:\n{text[:2000]}"
+        return float(match.group(1))
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.process.poll() is None:

@@ -261,29 +261,35 @@ def test_grpc_timeout_is_deadline_exceeded(client):
     assert status_of(client, 1)[0] == "4"
 
 
+def cancelled(server, model: str) -> float:
+    return server.metric("hubserve_inference_request_cancelled_total", model)
+
+
 def test_rst_stream_mid_request_and_in_flight_is_harmless(client, h2_server):
-    before = stats(h2_server, "slow_echo")["fail"]["count"]
+    before = cancelled(h2_server, "slow_echo")
+    failed_before = stats(h2_server, "slow_echo")["fail"]["count"]
     message = grpc_message(simple_request())
     client.send(client.headers(1), frame(DATA, 0, 1, message[:20]), frame(RST_STREAM, 0, 1, struct.pack(">I", CANCEL)))
     client.call(3, echo_request(np.ones(4, np.float32), model="slow_echo"))
     client.send(frame(RST_STREAM, 0, 3, struct.pack(">I", CANCEL)))
     client.call(5, simple_request())
     assert status_of(client, 5)[0] == "0"
-    deadline = time.monotonic() + 10  # the cancelled request is accounted as failed once the batcher drops it
-    while stats(h2_server, "slow_echo")["fail"]["count"] != before + 1:
+    deadline = time.monotonic() + 10  # the request is accounted as cancelled, not failed, once the batcher drops it
+    while cancelled(h2_server, "slow_echo") != before + 1:
         assert time.monotonic() < deadline, "the in-flight request was not cancelled"
         time.sleep(0.02)
+    assert stats(h2_server, "slow_echo")["fail"]["count"] == failed_before
 
 
 def test_client_disconnect_cancels_the_in_flight_request(h2_server):
-    before = stats(h2_server, "slow_echo")["fail"]["count"]
+    before = cancelled(h2_server, "slow_echo")
     c = RawClient(h2_server.grpc_port)
     c.handshake()
     c.call(1, echo_request(np.ones(4, np.float32), model="slow_echo"))
     c.sock.shutdown(socket.SHUT_WR)  # a FIN after the request (a close with unread bytes would be a RST,
     try:                             # which may drop the request before the server reads it)
         deadline = time.monotonic() + 10
-        while stats(h2_server, "slow_echo")["fail"]["count"] != before + 1:
+        while cancelled(h2_server, "slow_echo") != before + 1:
             assert time.monotonic() < deadline, "the request of a vanished client was not cancelled"
             time.sleep(0.02)
     finally:

@@ -72,12 +72,7 @@ def same_tensor(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def metric(server, name: str, model: str, version: str = "1") -> float:
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
-        assert r.status == 200
-        text = r.read().decode()
-    match = re.search(rf'^{name}\{{model="{model}",version="{version}"\}} (\S+)$', text, re.MULTILINE)
-    assert match, f"{name} for {model} v{version} missing from /metrics:\n{text[:2000]}"
-    return float(match.group(1))
+    return server.metric(name, model, version)
 
 
 # ------------------------------------------------------------------------------------------ health & metadata
