@@ -233,6 +233,9 @@ class Batcher:
         self._finished: dict[int, list[tuple[Pending, InferenceResponse | EngineError]]] = {}
         self._output_names = [o.name for o in config.outputs]
         self._output_types = {o.name: o.datatype for o in config.outputs}
+        # Outputs configured with `reshape` leave in their configured dims, as Triton answers and as the
+        # metadata says: the model's own shape (`reshape.shape`) stays inside.
+        self._output_dims = {o.name: o.dims for o in config.outputs if o.reshape is not None}
         self.adaptive: AdaptiveWindow | None = None
         target_ms = config.parameters.get("p95_latency_target_ms")
         if target_ms is not None and config.dynamic_batching is not None:
@@ -390,6 +393,8 @@ class Batcher:
                 arr = outputs[name]
                 if batching and len(batch) > 1:
                     arr = arr[offset:offset + p.batch_size]
+                if self._output_dims and name in self._output_dims:
+                    arr = arr.reshape(((p.batch_size,) if batching else ()) + self._output_dims[name])
                 tensors.append(Tensor(name, self._output_types[name], arr.shape, arr))
             offset += p.batch_size
             results.append((p, InferenceResponse(req.model_name, self._version, tensors, req.id)))

@@ -31,6 +31,7 @@ DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batc
 
 # Platform/backend spellings we accept, mapped to our backend names.
 _PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+_BACKEND_PLATFORMS = {backend: platform for platform, backend in _PLATFORMS.items()}
 BACKENDS = ("onnxruntime", "tensorrt", "identity")
 _DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
 
@@ -135,6 +136,12 @@ class ModelConfig:
     @property
     def batching(self) -> bool:
         return self.max_batch_size > 0
+
+    @property
+    def platform_name(self) -> str:
+        """The platform model metadata reports: Triton's name for the backend (`onnxruntime_onnx`, as Triton
+        reports for `backend: "onnxruntime"` and for a model without a config), else the backend's."""
+        return self.platform or _BACKEND_PLATFORMS.get(self.backend, self.backend)
 
     def input(self, name: str) -> TensorSpec | None:
         for spec in self.inputs:
@@ -316,6 +323,9 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
     scheduling = msg.WhichOneof("scheduling_choice")
     if scheduling in ("sequence_batching", "ensemble_scheduling"):
         raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
+    if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
+        raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
+                      "supported yet; remove it to serve one response per request")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
 
     target = msg.parameters["p95_latency_target_ms"].string_value if "p95_latency_target_ms" in msg.parameters \

@@ -16,7 +16,11 @@ from .repository import IndexEntry, ModelRepository
 from .stats import Duration, ModelStats
 from .types import InferenceRequest, InferenceResponse
 
-EXTENSIONS = ("binary_tensor_data", "model_repository", "model_configuration", "statistics")
+# What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
+# built: classification, sequence, model_repository(unload_dependents), system_shared_memory,
+# cuda_shared_memory, parameters (custom request parameters reach no model: no backend reads them), trace,
+# logging. schedule_policy: the request parameters `priority` and `timeout` of the dynamic batcher.
+EXTENSIONS = ("binary_tensor_data", "model_repository", "schedule_policy", "model_configuration", "statistics")
 
 
 @dataclass(slots=True)
@@ -51,6 +55,13 @@ class DataPlane:
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.repository.is_ready(name, version)
+
+    def require_model_ready(self, name: str, version: str = "") -> bool:
+        """True when the model (version) is ready, else the EngineError saying why: HTTP answers readiness
+        with the error's status (an unknown model or version is 404, a bad version string 400, a model that
+        exists but cannot serve 503), as Triton does (server src/http_server.cc HandleModelReady)."""
+        self.repository.get(name, version)
+        return True
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         meta = self.model(name, version).metadata()
@@ -113,7 +124,9 @@ class DataPlane:
     async def load(self, name: str, config_json: dict[str, Any] | None = None,
                    files: dict[str, bytes] | None = None) -> None:
         await self.repository.load(name, config_json, files)
-        self.repository.get(name)  # a load that left nothing ready is an error to the caller
+        failure = self.repository.load_failure(name)  # a failed load (or reload) is an error to the caller
+        if failure is not None:
+            raise failure
 
     async def unload(self, name: str) -> None:
         if name not in {e.name for e in self.repository.index()}:

@@ -14,10 +14,10 @@ import numpy as np
 from . import warmup
 from .batching import Batcher
 from .config import ModelConfig, TensorSpec
-from .errors import invalid
+from .errors import EngineError, ErrorCode, invalid
 from .scheduler import InstancePool, RateLimiter, place
 from .stats import ModelStats
-from .types import DataType, InferenceRequest, InferenceResponse
+from .types import SHARED_MEMORY_PARAMETERS, DataType, InferenceRequest, InferenceResponse
 
 
 class ModelState(enum.Enum):
@@ -76,6 +76,8 @@ class Model:
         given: dict[str, np.ndarray] = {}
         batch = None
         for tensor in request.inputs:
+            if tensor.parameters:
+                refuse_unsupported(f"input '{tensor.name}'", tensor.parameters)
             spec = self._inputs.get(tensor.name)
             if spec is None:
                 raise invalid(f"unexpected input '{tensor.name}' for model '{self.name}'; it expects "
@@ -101,6 +103,8 @@ class Model:
         if request.outputs is not None:
             seen = set()
             for out in request.outputs:
+                if out.parameters:
+                    refuse_unsupported(f"output '{out.name}'", out.parameters)
                 if out.name not in self._outputs:
                     raise invalid(f"unknown requested output '{out.name}' for model '{self.name}'; it has "
                                   f"{', '.join(repr(o.name) for o in cfg.outputs)}")
@@ -141,10 +145,28 @@ class Model:
         return {
             "name": self.name,
             "versions": [self.version_str],
-            "platform": self.config.platform or self.config.backend,
+            "platform": self.config.platform_name,
             "inputs": [describe(s) for s in self.config.inputs],
             "outputs": [describe(s) for s in self.config.outputs],
         }
 
 
-__all__ = ["Model", "ModelState", "DataType"]
+def refuse_unsupported(what: str, parameters: dict) -> None:
+    """Tensor parameters of extensions hubserve does not implement are refused, never ignored: ignoring them
+    would answer something other than what was asked. UNSUPPORTED (HTTP 501, gRPC UNIMPLEMENTED), as Triton
+    answers features it does not serve."""
+    shm = [key for key in SHARED_MEMORY_PARAMETERS if key in parameters]
+    if shm:
+        raise EngineError(ErrorCode.UNSUPPORTED,
+                          f"{what} has parameter '{shm[0]}': hubserve does not implement the "
+                          "system_shared_memory and cuda_shared_memory extensions; send the tensor's data in "
+                          "the request instead")
+    count = parameters.get("classification")  # what the clients send for class_count
+    if count:
+        raise EngineError(ErrorCode.UNSUPPORTED,
+                          f"{what} asks for classification (class_count {count!r}): hubserve does not "
+                          "implement the classification extension; request the output without class_count for "
+                          "its raw values")
+
+
+__all__ = ["Model", "ModelState", "DataType", "refuse_unsupported"]

@@ -86,6 +86,30 @@ def fingerprint(model_dir: Path) -> Fingerprint | None:
     return tuple(items)
 
 
+def parse_version(version: str) -> int:
+    """A requested version string as a number, refused in Triton's words (server src/common.cc)."""
+    if version.isascii() and version.isdigit():
+        return int(version)
+    if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
+        raise invalid(f"invalid model version specified '{version}' , version should be an integral value > 0")
+    raise invalid(f"failed to get model version from specified version string '{version}', "
+                  "version should be an integral value > 0")
+
+
+def public_reason(message: str, model_dir: Path, name: str) -> str:
+    """A failure reason fit for clients: the model's folder (in the repository, or a private folder holding
+    files sent with a load) is written as the model's name, so no server path leaves the server."""
+    return message.replace(str(model_dir), name)
+
+
+class _VersionFailure(EngineError):
+    """A failure of one version's files met while reading the config (auto-complete reads the latest)."""
+
+    def __init__(self, version: int, error: EngineError) -> None:
+        super().__init__(error.code, error.message)
+        self.version = version
+
+
 def split_fingerprint(fp: Fingerprint | None) -> dict[str, Fingerprint]:
     """The fingerprint of each version folder (keyed by its name) and of everything else (key "")."""
     parts: dict[str, list[tuple[str, int, int]]] = {}
@@ -105,32 +129,56 @@ class ModelRepository:
         # Folders as they were when the repository API unloaded their model: the watcher leaves those models
         # unloaded until the folder changes (the same rule as for an API load).
         self._unloaded: dict[str, Fingerprint | None] = {}
+        # Versions that served and were unloaded since (by an unload, or a reload that dropped them), listed
+        # in the index as Triton lists them until they serve again.
+        self._retired: dict[str, set[int]] = {}
 
     # ------------------------------------------------------------------ routing
 
     def get(self, name: str, version: str = "") -> Model:
-        """The model version a request goes to: the named one, or the highest ready one."""
+        """The model version a request goes to: the named one, or the highest ready one. The messages start
+        with Triton's words (core model_repository_manager.cc / model_lifecycle.cc, server common.cc), which
+        clients match on; ours follow them."""
         entry = self._models.get(name)
         if entry is None:
-            raise not_found(f"unknown model '{name}'")
+            raise not_found(f"Request for unknown model: '{name}' is not found")
         if version:
-            try:
-                number = int(version)
-            except ValueError:
-                raise invalid(f"model version must be a number, got '{version}'") from None
+            number = parse_version(version)
             model = entry.versions.get(number)
             if model is None:
                 if number in entry.failed:
-                    raise unavailable(f"model '{name}' version {number} is unavailable: {entry.failed[number]}")
-                raise not_found(f"unknown version {number} of model '{name}'")
+                    raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
+                                      f"state: {entry.failed[number]}")
+                raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
             if model.state is not ModelState.READY:
-                raise unavailable(f"model '{name}' version {number} is {model.state.value.lower()}")
+                raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state "
+                                  f"({model.state.value.lower()})")
             return model
         ready = entry.ready_versions()
         if not ready:
             reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items()))
-            raise unavailable(f"model '{name}' is not ready" + (f": {reason}" if reason else ""))
+            raise unavailable(f"Request for unknown model: '{name}' has no available versions"
+                              + (f": {reason}" if reason else f" (it is {entry.state.value.lower()})"))
         return entry.versions[ready[-1]]
+
+    def load_failure(self, name: str) -> EngineError | None:
+        """Why the last load of `name` failed, in Triton's words and codes (core model_repository_manager.cc):
+        a model that could not be read is INTERNAL "failed to load 'X', failed to poll from model repository";
+        versions that failed are INVALID_ARG "load failed for model 'X': version N is at UNAVAILABLE state:
+        ...;". None when it loaded. A failed reload is a failure even though what served keeps serving."""
+        entry = self._models.get(name)
+        if entry is None:
+            return EngineError(ErrorCode.INTERNAL,
+                               f"failed to load '{name}', failed to poll from model repository")
+        if entry.error:
+            return EngineError(ErrorCode.INTERNAL,
+                               f"failed to load '{name}', failed to poll from model repository: {entry.error}")
+        if entry.failed:
+            states = "".join(f"version {v} is at UNAVAILABLE state: {r};" for v, r in sorted(entry.failed.items()))
+            return invalid(f"load failed for model '{name}': {states}")
+        if not entry.ready_versions():
+            return EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', no version is available")
+        return None
 
     def is_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -150,18 +198,27 @@ class ModelRepository:
         return [m for e in self._models.values() for m in e.versions.values()]
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model on disk or loaded, one row per version, as Triton lists them: serving versions with
+        their state, versions whose last (re)load failed as UNAVAILABLE with the reason (beside the one
+        still serving, if any), versions unloaded since as UNAVAILABLE "unloaded"."""
         out: list[IndexEntry] = []
         names = sorted(set(self._models) | set(self._on_disk()))
         for name in names:
             entry = self._models.get(name)
+            retired = self._retired.get(name, set())
             if entry is None:
-                out.append(IndexEntry(name, "", ModelState.UNAVAILABLE, "not loaded"))
+                rows = [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in sorted(retired)]
+                out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, "not loaded")]
                 continue
-            rows = [IndexEntry(name, str(v), m.state) for v, m in sorted(entry.versions.items())]
-            rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in sorted(entry.failed.items())]
-            if not rows:
-                rows = [IndexEntry(name, "", entry.state, entry.error)]
-            out += rows
+            rows = [IndexEntry(name, str(v), m.state) for v, m in entry.versions.items()]
+            rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in entry.failed.items()]
+            rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in retired
+                     if v not in entry.versions and v not in entry.failed]
+            rows.sort(key=lambda r: int(r.version))
+            if entry.error:  # a failure no version can be blamed for (e.g. the config), beside what serves
+                rows.append(IndexEntry(name, "", ModelState.UNAVAILABLE if entry.versions else entry.state,
+                                       entry.error))
+            out += rows or [IndexEntry(name, "", entry.state)]
         if ready_only:
             out = [r for r in out if r.state is ModelState.READY]
         return out
@@ -194,6 +251,7 @@ class ModelRepository:
                 self._unloaded.pop(name, None)
                 if name in self._models:
                     await self.unload(name, by_api=False)
+                self._retired.pop(name, None)  # the index lists only folders on disk and loaded models
         except EngineError as e:
             log.error("model %s: %s", name, e.message)
         except Exception:
@@ -215,7 +273,8 @@ class ModelRepository:
                 await asyncio.to_thread(remove_override, override)
             return
         if not (self.root / name).is_dir():
-            raise not_found(f"no model folder '{name}' in repository {self.root}")
+            raise EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
+                              f"repository: the repository has no folder '{name}'")
         await self._load(name, self.root / name, config_json)
 
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None) -> None:
@@ -239,8 +298,11 @@ class ModelRepository:
             await asyncio.to_thread(fingerprint, model_dir)
         try:
             config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json)
+        except _VersionFailure as e:
+            self._record_model_failure(entry, public_reason(e.message, model_dir, name), e.version)
+            return []
         except EngineError as e:
-            self._record_model_failure(entry, e.message)
+            self._record_model_failure(entry, public_reason(e.message, model_dir, name))
             return []
         entry.error = ""
         # 2. Build what changed beside what serves; keep a version built from the same files and config.
@@ -259,7 +321,8 @@ class ModelRepository:
                 new[version] = result
                 log.info("model %s version %d READY", name, version)
             else:
-                failed[version] = result.message if isinstance(result, EngineError) else repr(result)
+                reason = result.message if isinstance(result, EngineError) else repr(result)
+                failed[version] = public_reason(reason, model_dir, name)
                 log.error("model %s version %d UNAVAILABLE: %s", name, version, failed[version])
         version_keys = {v: keys[v] for v in new}
         # 3. A failed reload is not an outage: while anything failed, every version that served keeps serving.
@@ -271,19 +334,27 @@ class ModelRepository:
                     log.warning("model %s version %d keeps serving: the reload failed", name, version)
         # 4. Switch routing in one step, then hand back what no longer serves.
         entry.versions, entry.failed, entry.version_keys = new, failed, version_keys
+        retired = self._retired.setdefault(name, set())
+        retired.difference_update(new)
+        retired.update(v for v in old if v not in new)
         entry.state = ModelState.READY if new else ModelState.UNAVAILABLE
         return [m for v, m in old.items() if new.get(v) is not m]
 
-    def _record_model_failure(self, entry: ModelEntry, reason: str) -> None:
-        """A failure before any version could be built (config, auto-complete): what served keeps serving."""
-        entry.error = reason
+    def _record_model_failure(self, entry: ModelEntry, reason: str, version: int | None = None) -> None:
+        """A failure before any version could be built (config, auto-complete): what served keeps serving.
+        The reason goes to that `version` when the failure was in its files, else to the model."""
+        if version is None:
+            entry.error = reason
+        else:
+            entry.error, entry.failed = "", {version: reason}
+        what = f"model {entry.name}" + ("" if version is None else f" version {version}")
         if entry.versions:
-            log.error("model %s: reload failed: %s", entry.name, reason)
-            for version in sorted(entry.versions):
-                log.warning("model %s version %d keeps serving: the reload failed", entry.name, version)
+            log.error("%s: reload failed: %s", what, reason)
+            for v in sorted(entry.versions):
+                log.warning("model %s version %d keeps serving: the reload failed", entry.name, v)
             return
         entry.state = ModelState.UNAVAILABLE
-        log.error("model %s UNAVAILABLE: %s", entry.name, reason)
+        log.error("%s UNAVAILABLE: %s", what, reason)
 
     def _read_config(self, name: str, model_dir: Path, config_json: dict[str, Any] | None
                      ) -> tuple[ModelConfig, list[int]]:
@@ -302,7 +373,7 @@ class ModelRepository:
             msg.backend = backend
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
         if not versions:
-            raise invalid(f"{where}: no version folders (e.g. '{model_dir}/1/model.onnx')")
+            raise invalid(f"{where}: no version folders (e.g. '{name}/1/model.onnx')")
         selected = version_policy_of(msg).select(versions)
         if not selected:
             raise invalid(f"{where}: the version policy selects none of the versions {versions}")
@@ -310,14 +381,18 @@ class ModelRepository:
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
         if latest_file.exists():
-            io = backends.describe(backend, latest_file)
+            try:
+                io = backends.describe(backend, latest_file)
+            except EngineError as e:
+                raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
         return validate(msg, where), selected
 
     async def _load_version(self, config: ModelConfig, model_dir: Path, version: int) -> Model:
         path = model_dir / str(version) / config.default_model_filename
         if config.backend != "identity" and not path.exists():
-            raise invalid(f"model '{config.name}' version {version}: missing model file {path}")
+            raise invalid(f"model '{config.name}' version {version}: missing model file "
+                          f"'{version}/{config.default_model_filename}'")
         log.info("model %s version %d LOADING", config.name, version)
         model = Model(config, version, path, self._gpus, self._limiter)
         await model.start()
@@ -350,6 +425,7 @@ class ModelRepository:
             retired = list(entry.versions.values())
             for model in retired:
                 model.state = ModelState.UNLOADING
+            self._retired.setdefault(name, set()).update(entry.versions)
             del self._models[name]
         await self._retire_all(retired)
 

@@ -92,6 +92,16 @@ _FROM_V2 = {dt.value: dt for dt in DataType}  # a dict lookup is far cheaper tha
 _FROM_NUMPY = {v: k for k, v in _NUMPY.items() if k not in (DataType.BYTES, DataType.BF16)}
 
 
+# Tensor parameters of Triton's shared-memory extensions (server docs/protocol/extension_shared_memory.md). A
+# codec keeps them on the tensor, with no data, so the model refuses them once for every protocol.
+SHARED_MEMORY_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def in_shared_memory(parameters: Any) -> bool:
+    """Whether a tensor's parameters (a dict or a protobuf map) place its data in a shared-memory region."""
+    return "shared_memory_region" in parameters
+
+
 @dataclass(slots=True)
 class Tensor:
     """A named tensor. `data` has exactly `shape` and the numpy dtype of `datatype`."""

@@ -168,13 +168,13 @@ def assert_grpc_error(stub, request: pb.ModelInferRequest, code: grpc.StatusCode
 
 def test_http_unknown_model(server, session):
     assert_http_error(session.post("/v2/models/no_such_model/infer", good_json_body()), 404,
-                      "unknown model 'no_such_model'")
+                      "Request for unknown model: 'no_such_model' is not found")
     assert_still_serving(server, session)
 
 
 def test_http_unknown_version(server, session):
     assert_http_error(session.post("/v2/models/simple/versions/7/infer", good_json_body()), 404,
-                      "unknown version 7", "'simple'")
+                      "Request for unknown model: 'simple' version 7 is not found")
     assert_still_serving(server, session)
 
 
@@ -468,14 +468,14 @@ def special_fp32() -> np.ndarray:
 def test_grpc_unknown_model(server, stub):
     request = good_grpc_request()
     request.model_name = "no_such_model"
-    assert_grpc_error(stub, request, NOT_FOUND, "unknown model 'no_such_model'")
+    assert_grpc_error(stub, request, NOT_FOUND, "Request for unknown model: 'no_such_model' is not found")
     assert_grpc_good_infer(server)
 
 
 def test_grpc_unknown_version(server, stub):
     request = good_grpc_request()
     request.model_version = "7"
-    assert_grpc_error(stub, request, NOT_FOUND, "unknown version 7", "'simple'")
+    assert_grpc_error(stub, request, NOT_FOUND, "Request for unknown model: 'simple' version 7 is not found")
     assert_grpc_good_infer(server)
 
 

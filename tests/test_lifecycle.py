@@ -83,7 +83,7 @@ def rows(client: httpclient.InferenceServerClient, name: str) -> list[tuple[str,
 def failure(client: httpclient.InferenceServerClient, name: str) -> str:
     """The reason `name` failed to load; "" while it has not (a folder not yet looked at is listed as
     UNAVAILABLE "not loaded", then LOADING)."""
-    found = [r for r in rows(client, name) if r[1] == "UNAVAILABLE" and r[2] != "not loaded"]
+    found = [r for r in rows(client, name) if r[1] == "UNAVAILABLE" and r[2] not in ("not loaded", "unloaded")]
     return found[0][2] if len(found) == 1 else ""
 
 
@@ -124,7 +124,7 @@ def test_a_new_version_is_served_per_policy_and_the_old_one_retired(lifecycle, h
     drop(root, "versioned", {"2/model.onnx": SIMPLE}, staging)  # default policy: latest 1
     wait_until(lambda: http.is_model_ready("versioned", "2"), "'versioned' version 2 READY")
     wait_until(lambda: not http.is_model_ready("versioned", "1"), "'versioned' version 1 retired")
-    assert rows(http, "versioned") == [("2", "READY", "")]
+    assert rows(http, "versioned") == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]  # as Triton lists
     assert infer_simple(http, httpclient, "versioned") == "2"
     with pytest.raises(InferenceServerException) as e:
         infer_simple(http, httpclient, "versioned", version="1")
@@ -140,7 +140,7 @@ def test_a_new_version_is_served_per_policy_and_the_old_one_retired(lifecycle, h
     # A removed version folder is retired; the other keeps serving.
     shutil.rmtree(root / "versioned" / "2")
     wait_until(lambda: not http.is_model_ready("versioned", "2"), "'versioned' version 2 retired")
-    assert rows(http, "versioned") == [("1", "READY", "")]
+    assert rows(http, "versioned") == [("1", "READY", ""), ("2", "UNAVAILABLE", "unloaded")]
     assert infer_simple(http, httpclient, "versioned") == "1"
 
 
@@ -177,6 +177,27 @@ def test_a_corrupt_file_is_unavailable_with_its_reason_then_fixed(lifecycle, htt
     assert http.is_model_ready("corrupt") and infer_simple(http, httpclient, "corrupt") == "1"
     shutil.rmtree(root / "corrupt")
     wait_until(lambda: not rows(http, "corrupt"), "'corrupt' gone")
+
+
+def test_a_corrupt_version_beside_a_serving_one_is_listed_with_its_reason(lifecycle, http):
+    """The config names no inputs, so auto-complete reads the newest version's file: its failure belongs to that
+    version, listed UNAVAILABLE with the reason over both protocols while the older one serves."""
+    root = lifecycle.repository
+    drop(root, "beside", {"config.pbtxt": simple_config("beside", "version_policy: { all { } }"),
+                          "1/model.onnx": SIMPLE}, lifecycle.staging)
+    wait_until(lambda: http.is_model_ready("beside"), "'beside' READY")
+    drop(root, "beside", {"2/model.onnx": b"not an onnx file"}, lifecycle.staging)
+    wait_until(lambda: failure(http, "beside"), "'beside' version 2 UNAVAILABLE with a reason")
+    with grpcclient.InferenceServerClient(lifecycle.grpc_url) as grpc:
+        grpc_rows = [(m.version, m.state, m.reason) for m in grpc.get_model_repository_index().models
+                     if m.name == "beside"]
+        assert infer_simple(grpc, grpcclient, "beside") == "1"
+    for listed in (rows(http, "beside"), grpc_rows):
+        assert [r[:2] for r in listed] == [("1", "READY"), ("2", "UNAVAILABLE")], listed
+        assert "ONNX" in listed[1][2] and str(root) not in listed[1][2], listed
+    assert infer_simple(http, httpclient, "beside") == "1"
+    shutil.rmtree(root / "beside")
+    wait_until(lambda: not rows(http, "beside"), "'beside' gone")
 
 
 def test_a_slow_copy_is_not_loaded_half_way(lifecycle, http):

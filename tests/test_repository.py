@@ -87,7 +87,8 @@ def test_a_removed_version_is_retired(tmp_path: Path):
         (folder / "2").rmdir()
         await repo.load("m")
         assert sorted(serving(repo, "m")) == [1] and old.state is ModelState.UNLOADING
-        assert [(e.version, e.state) for e in repo.index()] == [("1", ModelState.READY)]
+        assert [(e.version, e.state, e.reason) for e in repo.index()] == \
+            [("1", ModelState.READY, ""), ("2", ModelState.UNAVAILABLE, "unloaded")]  # listed as Triton lists it
 
     run(test, tmp_path)
 

@@ -95,12 +95,18 @@ def test_bad_config_is_unavailable_with_reason_while_others_serve(http, grpc_cli
     grpc_rows = {m.name: m for m in grpc_client.get_model_repository_index().models}
     assert grpc_rows["bad_config"].state == "UNAVAILABLE" and "config.pbtxt" in grpc_rows["bad_config"].reason
     assert not http.is_model_ready("bad_config")
+    # A config that cannot be read fails the poll in Triton: INTERNAL "failed to load 'X', failed to poll from
+    # model repository" (core model_repository_manager.cc; server qa/L0_lifecycle/lifecycle_test.py); our
+    # reason follows.
+    triton_words = "failed to load 'bad_config', failed to poll from model repository"
     with pytest.raises(InferenceServerException) as e:
         http.load_model("bad_config")
-    assert e.value.status() == "503" and "config.pbtxt" in e.value.message()
+    assert e.value.status() == "500" and e.value.message().startswith(triton_words), e.value.message()
+    assert "config.pbtxt" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("bad_config")
-    assert e.value.status() == "StatusCode.UNAVAILABLE" and "config.pbtxt" in e.value.message()
+    assert e.value.status() == "StatusCode.INTERNAL" and e.value.message().startswith(triton_words)
+    assert "config.pbtxt" in e.value.message()
     infer_simple(http, httpclient)
     infer_simple(grpc_client, grpcclient)
 
@@ -188,12 +194,16 @@ def test_load_bad_override_is_rejected_and_model_keeps_serving(http, grpc_client
 
 
 def test_load_unknown_model(http, grpc_client):
+    # Triton's words and code (core model_repository_manager.cc; server qa/L0_lifecycle/lifecycle_test.py
+    # "Load non-existent model"); no server path in the message.
+    triton_words = "failed to load 'no_such_model', failed to poll from model repository"
     with pytest.raises(InferenceServerException) as e:
         http.load_model("no_such_model")
-    assert e.value.status() == "404" and "no_such_model" in e.value.message()
+    assert e.value.status() == "500" and e.value.message().startswith(triton_words), e.value.message()
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("no_such_model")
-    assert e.value.status() == "StatusCode.NOT_FOUND" and "no_such_model" in e.value.message()
+    assert e.value.status() == "StatusCode.INTERNAL" and e.value.message().startswith(triton_words)
+    assert "/" not in e.value.message()
 
 
 def test_unload_unknown_model(http, grpc_client):
@@ -267,6 +277,40 @@ def test_load_of_a_loaded_model_picks_up_a_new_version_folder(http, explicit_ser
     (folder / "2" / "model.onnx").write_bytes((folder / "1" / "model.onnx").read_bytes())
     http.load_model("grows")
     assert infer_named(http, httpclient, "grows") == "2"
-    assert [(r["version"], r["state"]) for r in http.get_model_repository_index() if r["name"] == "grows"] == \
-        [("2", "READY")]
+    assert [(r["version"], r["state"], r["reason"]) for r in http.get_model_repository_index()
+            if r["name"] == "grows"] == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]  # as Triton lists
     http.unload_model("grows")
+
+
+def index_rows(client, name: str) -> list[tuple[str, str, str]]:
+    """(version, state, reason) of each index row of `name`, from either client."""
+    index = client.get_model_repository_index()
+    rows = index if isinstance(index, list) else [
+        {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason} for m in index.models]
+    return [(r.get("version", ""), r.get("state", ""), r.get("reason", "")) for r in rows if r["name"] == name]
+
+
+def test_a_failed_version_is_triton_worded_and_listed_beside_the_serving_one(http, grpc_client, explicit_server):
+    folder = explicit_server.repository / "half_broken"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.onnx").write_bytes((explicit_server.repository / "simple/1/model.onnx").read_bytes())
+    (folder / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\nversion_policy: { all { } }\n')
+    http.load_model("half_broken")
+    (folder / "2").mkdir()
+    (folder / "2" / "model.onnx").write_bytes(b"not an onnx file")
+    # Versions that fail: INVALID_ARG "load failed for model 'X': version N is at UNAVAILABLE state: ...;"
+    # (core model_repository_manager.cc LoadUnloadModels, model_lifecycle.cc OnLoadComplete).
+    triton_words = "load failed for model 'half_broken': version 2 is at UNAVAILABLE state: "
+    for client, code in ((http, "400"), (grpc_client, "StatusCode.INVALID_ARGUMENT")):
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("half_broken")
+        assert e.value.status() == code and e.value.message().startswith(triton_words), e.value.message()
+        assert str(explicit_server.repository) not in e.value.message()
+        rows = index_rows(client, "half_broken")
+        assert [r[:2] for r in rows] == [("1", "READY"), ("2", "UNAVAILABLE")], rows
+        assert "ONNX" in rows[1][2] and str(explicit_server.repository) not in rows[1][2], rows
+        assert infer_named(client, httpclient if client is http else grpcclient, "half_broken") == "1"
+    # Unloaded versions stay listed as Triton lists them (core model_lifecycle.cc: reason "unloaded").
+    http.unload_model("half_broken")
+    for client in (http, grpc_client):
+        assert index_rows(client, "half_broken") == [("1", "UNAVAILABLE", "unloaded")]

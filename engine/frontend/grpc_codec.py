@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import invalid
 from ..proto import grpc_service_pb2 as pb
-from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count
+from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
+                     in_shared_memory)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 # Which typed `contents` field carries each datatype.
@@ -48,14 +49,19 @@ def param_value(p: Any) -> Any:
 
 def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
+    shared = sum(1 for t in msg.inputs if in_shared_memory(t.parameters))
+    if raw and len(raw) != len(msg.inputs) - shared:
         raise invalid(f"request has {len(msg.inputs)} inputs but {len(raw)} raw_input_contents entries")
     inputs = []
-    for i, t in enumerate(msg.inputs):
+    next_raw = 0
+    for t in msg.inputs:
         datatype = check_datatype(t.name, t.datatype)
         shape = check_shape(t.name, list(t.shape))
-        if raw:
-            data = array_from_bytes(t.name, datatype, shape, raw[i])
+        if shared and in_shared_memory(t.parameters):  # no data here: Model.prepare refuses it, as for HTTP
+            data = np.empty(0, datatype.numpy_dtype)
+        elif raw:
+            data = array_from_bytes(t.name, datatype, shape, raw[next_raw])
+            next_raw += 1
         else:
             data = _from_contents(t, datatype, shape)
         params = {k: param_value(v) for k, v in t.parameters.items()} if t.parameters else {}

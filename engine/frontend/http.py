@@ -317,7 +317,7 @@ class HttpApp:
         if action == "":
             return _json(self.dp.model_metadata(name, version))
         if action == "ready":
-            return _status(self.dp.model_ready(name, version))
+            return _status(self.dp.require_model_ready(name, version))
         if action == "config":
             return _json(self.dp.model_config(name, version))
         if action == "stats":

@@ -13,7 +13,8 @@ import numpy as np
 import orjson
 
 from ..errors import invalid
-from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count
+from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
+                     in_shared_memory)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -151,6 +152,8 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise invalid(f"input '{name}': 'parameters' must be a JSON object")
+    if in_shared_memory(params):  # no data here: Model.prepare refuses it, as for gRPC
+        return Tensor(name, datatype, shape, np.empty(0, datatype.numpy_dtype), params), 0
     size = params.get("binary_data_size")
     if size is not None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
