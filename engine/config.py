@@ -180,17 +180,25 @@ def default_filename(backend: str) -> str:
 
 # --------------------------------------------------------------------------------------------- 1. parse
 
-def read_config_proto(model_dir: Path) -> pb.ModelConfig:
-    """Read the model's config file, or return an empty config when it has none."""
+def read_config_proto(model_dir: Path, shown: str = "") -> pb.ModelConfig:
+    """Read the model's config file, or return an empty config when it has none. Messages name the file as
+    `<shown>/<file>` (`shown`: the folder as the user knows it, by default its own name), never by its
+    absolute path: they reach clients."""
     msg = pb.ModelConfig()
     for filename in CONFIG_FILES:
         path = model_dir / filename
         if path.is_file():
-            text = path.read_text(encoding="utf-8")
+            where = f"{shown or model_dir.name}/{filename}"
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise invalid(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            except OSError as e:
+                raise invalid(f"{where}: cannot be read: {e.strerror or type(e).__name__}") from None
             if filename == "config.pbtxt":
-                parse_pbtxt(text, msg, where=str(path))
+                parse_pbtxt(text, msg, where=where)
             else:
-                parse_yaml(text, msg, where=str(path))
+                parse_yaml(text, msg, where=where)
             break
     return msg
 

@@ -1,5 +1,10 @@
 """The transport-neutral data plane: every protocol operation, once. The HTTP and gRPC frontends are thin
 conversions around this object; the answers here are plain dicts and dataclasses, never wire types.
+
+Model names are checked here, once for every protocol (engine/names.py): a name that is not one folder name
+of the repository is INVALID_ARG on every endpoint. Loaded models only ever have valid names (load and
+unload check before they act; the repository skips folders with bad names), so a lookup that finds its model
+needs no check: the name is checked only when the lookup fails, and the request path pays nothing.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 from . import __version__
 from .errors import EngineError, not_found
 from .model import Model
+from .names import check_model_name
 from .repository import IndexEntry, ModelRepository
 from .stats import Duration, ModelStats
 from .types import InferenceRequest, InferenceResponse
@@ -51,16 +57,23 @@ class DataPlane:
         return {"name": self.info.name, "version": self.info.version, "extensions": list(self.info.extensions)}
 
     def model(self, name: str, version: str = "") -> Model:
-        return self.repository.get(name, version)
+        try:
+            return self.repository.get(name, version)
+        except EngineError:
+            check_model_name(name)  # a bad name says so rather than "unknown model"
+            raise
 
     def model_ready(self, name: str, version: str = "") -> bool:
-        return self.repository.is_ready(name, version)
+        if self.repository.is_ready(name, version):
+            return True
+        check_model_name(name)
+        return False
 
     def require_model_ready(self, name: str, version: str = "") -> bool:
         """True when the model (version) is ready, else the EngineError saying why: HTTP answers readiness
         with the error's status (an unknown model or version is 404, a bad version string 400, a model that
         exists but cannot serve 503), as Triton does (server src/http_server.cc HandleModelReady)."""
-        self.repository.get(name, version)
+        self.model(name, version)
         return True
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
@@ -79,7 +92,11 @@ class DataPlane:
         model, a bad request or a full queue. `start_ns` is when the frontend received the request; success
         and failure are accounted when the future resolves."""
         start = start_ns or time.perf_counter_ns()
-        model = self.repository.get(request.model_name, request.model_version)
+        try:
+            model = self.repository.get(request.model_name, request.model_version)
+        except EngineError:
+            check_model_name(request.model_name)
+            raise
         stats = model.stats
         try:
             future = model.submit(request, start)
@@ -123,12 +140,14 @@ class DataPlane:
 
     async def load(self, name: str, config_json: dict[str, Any] | None = None,
                    files: dict[str, bytes] | None = None) -> None:
+        check_model_name(name)
         await self.repository.load(name, config_json, files)
         failure = self.repository.load_failure(name)  # a failed load (or reload) is an error to the caller
         if failure is not None:
             raise failure
 
     async def unload(self, name: str) -> None:
+        check_model_name(name)
         if name not in {e.name for e in self.repository.index()}:
             raise not_found(f"unknown model '{name}'")
         await self.repository.unload(name)

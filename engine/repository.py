@@ -8,18 +8,27 @@ give their memory back (engine/memory.py). A model that fails to load is UNAVAIL
 takes others down; a failed reload keeps what was serving. Called by the repository API (dataplane.py) and, in
 poll mode, by the watcher (watcher.py), which decides when a folder has settled; `ModelEntry.lock` serializes
 the loads and unloads of one model.
+
+Only folders inside the repository are served. A model name is one folder name (engine/names.py; the data
+plane rejects other names from clients), and, independently of that check, a model folder, its config, version
+folders and model files must resolve inside the root, symbolic links followed: a link to elsewhere is refused
+on an explicit load and skipped (with one warning, and marked UNAVAILABLE in the index) by `load_all` and the
+watcher. Messages that reach clients name files by their path inside the repository (`simple/1/model.onnx`),
+never by the server's absolute paths.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import backends
 from .config import (
+    CONFIG_FILES,
     ModelConfig,
     autocomplete,
     backend_of,
@@ -32,6 +41,7 @@ from .config import (
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .memory import release_freed_memory
 from .model import Model, ModelState
+from .names import name_problem
 from .overrides import remove_override, write_override
 from .proto import model_config_pb2 as pb
 from .scheduler import RateLimiter
@@ -96,18 +106,20 @@ def parse_version(version: str) -> int:
                   "version should be an integral value > 0")
 
 
-def public_reason(message: str, model_dir: Path, name: str) -> str:
-    """A failure reason fit for clients: the model's folder (in the repository, or a private folder holding
-    files sent with a load) is written as the model's name, so no server path leaves the server."""
-    return message.replace(str(model_dir), name)
-
-
 class _VersionFailure(EngineError):
     """A failure of one version's files met while reading the config (auto-complete reads the latest)."""
 
     def __init__(self, version: int, error: EngineError) -> None:
         super().__init__(error.code, error.message)
         self.version = version
+
+
+def inside(path: Path, base: Path) -> bool:
+    """Whether `path` lies in `base`, both with symbolic links resolved (`path` need not exist)."""
+    try:
+        return path.resolve().is_relative_to(base.resolve())
+    except (OSError, RuntimeError, ValueError):  # a symbolic-link loop, a NUL byte: not a usable path
+        return False
 
 
 def split_fingerprint(fp: Fingerprint | None) -> dict[str, Fingerprint]:
@@ -132,6 +144,7 @@ class ModelRepository:
         # Versions that served and were unloaded since (by an unload, or a reload that dropped them), listed
         # in the index as Triton lists them until they serve again.
         self._retired: dict[str, set[int]] = {}
+        self._warned: set[str] = set()  # folders skipped with a warning already
 
     # ------------------------------------------------------------------ routing
 
@@ -202,13 +215,14 @@ class ModelRepository:
         their state, versions whose last (re)load failed as UNAVAILABLE with the reason (beside the one
         still serving, if any), versions unloaded since as UNAVAILABLE "unloaded"."""
         out: list[IndexEntry] = []
-        names = sorted(set(self._models) | set(self._on_disk()))
+        on_disk, refused = self._scan()
+        names = sorted(set(self._models) | set(on_disk) | set(refused))
         for name in names:
             entry = self._models.get(name)
             retired = self._retired.get(name, set())
             if entry is None:
                 rows = [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in sorted(retired)]
-                out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, "not loaded")]
+                out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, refused.get(name, "not loaded"))]
                 continue
             rows = [IndexEntry(name, str(v), m.state) for v, m in entry.versions.items()]
             rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in entry.failed.items()]
@@ -224,9 +238,49 @@ class ModelRepository:
         return out
 
     def _on_disk(self) -> list[str]:
-        if not self.root.is_dir():
-            return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[str], dict[str, str]]:
+        """The model folders on disk that can be served, and those refused with the reason (a folder that
+        resolves outside the repository). Folders whose names are no model names are left out of both.
+        Each skipped folder is logged once."""
+        try:
+            folders = [p.name for p in self.root.iterdir() if not p.name.startswith(".") and p.is_dir()]
+        except OSError as e:
+            log.error("cannot list the model repository: %s", e.strerror or e)
+            return [], {}
+        servable: list[str] = []
+        refused: dict[str, str] = {}
+        for name in folders:
+            problem = self.folder_problem(name)
+            if problem is None:
+                servable.append(name)
+                continue
+            if name_problem(name) is None:
+                refused[name] = problem
+            if name not in self._warned:
+                self._warned.add(name)
+                log.warning("skipping folder %r of the model repository: %s", name, problem)
+        return sorted(servable), refused
+
+    def folder_problem(self, name: str) -> str | None:
+        """Why `<root>/<name>` cannot be a model folder (a name that is not one folder name; a folder that
+        resolves outside the repository), or None. Says nothing of whether the folder exists."""
+        problem = name_problem(name)
+        if problem is not None:
+            return f"invalid model name: {problem}"
+        if not inside(self.root / name, self.root):
+            return (f"the folder of model '{name}' resolves outside the model repository (a symbolic link to "
+                    "elsewhere?); models are served only from folders inside the repository")
+        return None
+
+    def folder_fingerprint(self, name: str) -> Fingerprint | None:
+        """The fingerprint of model `name`'s folder; None when there is none or it cannot be a model folder
+        (so the watcher treats it as absent, and never scans a tree outside the repository). Runs on a
+        worker thread."""
+        if self.folder_problem(name) is not None:
+            return None
+        return fingerprint(self.root / name)
 
     # ------------------------------------------------------------------ loading
 
@@ -245,7 +299,7 @@ class ModelRepository:
         """Make a model match its folder: (re)load it when the folder exists, unload it when it is gone. Called
         by the watcher once the folder has settled. Never raises: a failure is recorded on that model."""
         try:
-            if (self.root / name).is_dir():
+            if self.folder_problem(name) is None and (self.root / name).is_dir():
                 await self.load(name)
             else:
                 self._unloaded.pop(name, None)
@@ -262,47 +316,56 @@ class ModelRepository:
         """Load or reload a model: every version its policy selects. New or changed versions become READY
         (warm-up included) beside the old ones before routing moves; unchanged ones keep serving; the old
         ones then drain and unload. `files` (`<version>/<name>` → bytes, from the repository API) are loaded
-        instead of the repository folder and need `config_json`, as in Triton."""
+        instead of the repository folder and need `config_json`, as in Triton. INVALID_ARG for a name that is
+        not one folder name or a folder that resolves outside the repository; NOT_FOUND for no folder."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise invalid(f"invalid model name: {problem}")
         if files:
             if config_json is None:
                 raise invalid(f"model '{name}': loading model files needs the 'config' parameter as well")
-            override = await asyncio.to_thread(write_override, name, files)
+            override = await _write_override(name, files)
             try:
-                await self._load(name, override, config_json)
+                await self._load(name, override, config_json, override)
             finally:  # the sessions hold what they need: the files are not read again after loading
                 await asyncio.to_thread(remove_override, override)
             return
+        problem = self.folder_problem(name)
+        if problem is not None:
+            raise invalid(f"failed to load '{name}': {problem}")
         if not (self.root / name).is_dir():
             raise EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
-                              f"repository: the repository has no folder '{name}'")
-        await self._load(name, self.root / name, config_json)
+                              f"repository: it has no folder '{name}'")
+        await self._load(name, self.root / name, config_json, self.root)
 
-    async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None) -> None:
+    async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
+        """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
+        override folder)."""
         self._unloaded.pop(name, None)
         while True:
             entry = self._models.setdefault(name, ModelEntry(name))
             async with entry.lock:
                 if self._models.get(name) is not entry:
                     continue  # unloaded while this load waited: start over with a fresh entry
-                retired = await self._load_locked(entry, model_dir, config_json)
+                retired = await self._load_locked(entry, model_dir, config_json, base)
                 break
         await self._retire_all(retired)
 
-    async def _load_locked(self, entry: ModelEntry, model_dir: Path, config_json: dict[str, Any] | None
-                           ) -> list[Model]:
+    async def _load_locked(self, entry: ModelEntry, model_dir: Path, config_json: dict[str, Any] | None,
+                           base: Path) -> list[Model]:
         """The steps of a load, under the model's lock; returns the versions to retire."""
         name = entry.name
         # 1. Remember the folder as it is now: a change made while loading makes the watcher load again.
-        entry.fingerprint = await asyncio.to_thread(fingerprint, self.root / name)
+        entry.fingerprint = await asyncio.to_thread(self.folder_fingerprint, name)
         source = entry.fingerprint if model_dir == self.root / name else \
             await asyncio.to_thread(fingerprint, model_dir)
         try:
-            config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json)
+            config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json, base)
         except _VersionFailure as e:
-            self._record_model_failure(entry, public_reason(e.message, model_dir, name), e.version)
+            self._record_model_failure(entry, self._reason(e, model_dir, name), e.version)
             return []
-        except EngineError as e:
-            self._record_model_failure(entry, public_reason(e.message, model_dir, name))
+        except (EngineError, OSError) as e:  # OSError: a folder or file the server may not read
+            self._record_model_failure(entry, self._reason(e, model_dir, name))
             return []
         entry.error = ""
         # 2. Build what changed beside what serves; keep a version built from the same files and config.
@@ -314,15 +377,14 @@ class ModelRepository:
         to_load = [v for v in selected if v not in new]
         failed: dict[int, str] = {}
         results = await asyncio.gather(
-            *(self._load_version(config, model_dir, v) for v in to_load), return_exceptions=True
+            *(self._load_version(config, model_dir, v, base) for v in to_load), return_exceptions=True
         )
         for version, result in zip(to_load, results):
             if isinstance(result, Model):
                 new[version] = result
                 log.info("model %s version %d READY", name, version)
             else:
-                reason = result.message if isinstance(result, EngineError) else repr(result)
-                failed[version] = public_reason(reason, model_dir, name)
+                failed[version] = self._reason(result, model_dir, name)
                 log.error("model %s version %d UNAVAILABLE: %s", name, version, failed[version])
         version_keys = {v: keys[v] for v in new}
         # 3. A failed reload is not an outage: while anything failed, every version that served keeps serving.
@@ -356,7 +418,40 @@ class ModelRepository:
         entry.state = ModelState.UNAVAILABLE
         log.error("%s UNAVAILABLE: %s", what, reason)
 
-    def _read_config(self, name: str, model_dir: Path, config_json: dict[str, Any] | None
+    def _reason(self, error: BaseException, model_dir: Path, name: str) -> str:
+        """A load failure as clients read it (errors, the index): the EngineError's message, an OSError as the
+        file and what went wrong, anything else by its repr; with our absolute paths made relative."""
+        if isinstance(error, EngineError):
+            text = error.message
+        elif isinstance(error, OSError):
+            where = ""
+            if isinstance(error.filename, str):
+                shown = self._relative(error.filename, model_dir, name)
+                where = f" '{shown if not os.path.isabs(shown) else os.path.basename(shown)}'"
+            text = f"model '{name}': cannot read{where}: {error.strerror or type(error).__name__}"
+        else:
+            text = repr(error)
+        return self._relative(text, model_dir, name)
+
+    def _relative(self, text: str, model_dir: Path, name: str) -> str:
+        """`text` with the model folder (a repository folder, or an override's temporary folder) written as
+        the model's name and the repository root left out: `/srv/models/simple/1/model.onnx` becomes
+        `simple/1/model.onnx`."""
+        for path, label in ((model_dir, name), (self.root, "")):
+            for form in sorted({str(path), os.path.realpath(path)}, key=len, reverse=True):
+                if len(form) > 1:
+                    text = text.replace(form + os.sep, f"{label}/" if label else "")
+                    text = text.replace(form, label or "the model repository")
+        return text
+
+    def _outside(self, where: str, path: Path, shown: str, base: Path) -> None:
+        """INVALID_ARG when `path` resolves outside `base`: a symbolic link (or a `../` in the config's
+        default_model_filename) must not make the server read files outside the repository."""
+        if not inside(path, base):
+            raise invalid(f"{where}: '{shown}' resolves outside the model repository (a symbolic link to "
+                          "elsewhere?); model files are read only from inside the repository")
+
+    def _read_config(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path
                      ) -> tuple[ModelConfig, list[int]]:
         """Parse → auto-complete → validate, and pick the versions to serve. Runs on a worker thread."""
         where = f"model '{name}'"
@@ -364,7 +459,10 @@ class ModelRepository:
             msg = pb.ModelConfig()
             parse_dict(config_json, msg, f"{where} (config override)")
         else:
-            msg = read_config_proto(model_dir)
+            for filename in CONFIG_FILES:
+                if os.path.lexists(model_dir / filename):
+                    self._outside(where, model_dir / filename, f"{name}/{filename}", base)
+            msg = read_config_proto(model_dir, name)
         if msg.name and msg.name != name:
             raise invalid(f"{where}: config name '{msg.name}' does not match the folder name '{name}'")
         backend = backend_of(msg, where)
@@ -382,17 +480,20 @@ class ModelRepository:
         latest_file = model_dir / str(selected[-1]) / filename
         if latest_file.exists():
             try:
-                io = backends.describe(backend, latest_file)
+                self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
+                io = backends.describe(backend, latest_file, name)
             except EngineError as e:
                 raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
         return validate(msg, where), selected
 
-    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int) -> Model:
+    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path) -> Model:
         path = model_dir / str(version) / config.default_model_filename
+        where = f"model '{config.name}' version {version}"
+        shown = f"{config.name}/{version}/{config.default_model_filename}"
+        self._outside(where, path, shown, base)
         if config.backend != "identity" and not path.exists():
-            raise invalid(f"model '{config.name}' version {version}: missing model file "
-                          f"'{version}/{config.default_model_filename}'")
+            raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
         model = Model(config, version, path, self._gpus, self._limiter)
         await model.start()
@@ -416,7 +517,7 @@ class ModelRepository:
         entry = self._models.get(name)
         if entry is None:
             raise not_found(f"unknown model '{name}'")
-        folder = await asyncio.to_thread(fingerprint, self.root / name) if by_api else None
+        folder = await asyncio.to_thread(self.folder_fingerprint, name) if by_api else None
         async with entry.lock:
             if self._models.get(name) is not entry:
                 return  # unloaded by another call while this one waited
@@ -434,4 +535,19 @@ class ModelRepository:
                              return_exceptions=True)
 
 
-__all__ = ["ModelRepository", "IndexEntry", "ErrorCode"]
+async def _write_override(name: str, files: dict[str, bytes]) -> Path:
+    """`write_override` on a worker thread. Should the caller be cancelled (a client that went away) while the
+    files are written, the folder is removed once written rather than left behind."""
+    future = asyncio.get_running_loop().run_in_executor(None, write_override, name, files)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        def remove(f: asyncio.Future[Path]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                remove_override(f.result())  # a quick rmtree of what the request had sent
+
+        future.add_done_callback(remove)
+        raise
+
+
+__all__ = ["ModelRepository", "IndexEntry", "ErrorCode", "inside"]

@@ -86,7 +86,8 @@ def _input_data(config: ModelConfig, model_dir: Path, where: str, name: str, spe
     shape = ((batch,) if config.max_batch_size else ()) + dims
     kind = spec.WhichOneof("input_data_type")
     if kind == "input_data_file":
-        return _from_file(model_dir / WARMUP_FOLDER / spec.input_data_file, where, name, datatype, shape)
+        path = _data_file(model_dir, where, name, spec.input_data_file)
+        return _from_file(path, f"{WARMUP_FOLDER}/{spec.input_data_file}", where, name, datatype, shape)
     if kind == "random_data":
         return _random(datatype, shape, rng)
     if kind == "zero_data" or kind is None:  # Triton's default is zeros too
@@ -111,11 +112,29 @@ def _random(datatype: DataType, shape: tuple[int, ...], rng: np.random.Generator
     return rng.integers(0, 64, size=shape).astype(dtype)
 
 
-def _from_file(path: Path, where: str, name: str, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
+def _data_file(model_dir: Path, where: str, name: str, file_name: str) -> Path:
+    """The `input_data_file`'s path. INVALID_ARG when it leaves the model folder (`../`, an absolute name, a
+    symbolic link to elsewhere): a config, which a client can send with a load request, must not make the
+    server read files outside the model."""
+    path = model_dir / WARMUP_FOLDER / file_name
+    try:
+        inside = path.resolve().is_relative_to(model_dir.resolve())
+    except (OSError, RuntimeError, ValueError):  # a symbolic-link loop; a NUL byte
+        inside = False
+    if not inside:
+        raise invalid(f"{where}: input '{name}': input_data_file must name a file in the model's "
+                      f"{WARMUP_FOLDER}/ folder")
+    return path
+
+
+def _from_file(path: Path, shown: str, where: str, name: str, datatype: DataType, shape: tuple[int, ...]
+               ) -> np.ndarray:
+    """The file's data; messages name it as `shown` (inside the model folder), not by its absolute path."""
     try:
         raw = path.read_bytes()
-    except OSError as e:
-        raise invalid(f"{where}: input '{name}': cannot read input_data_file {path}: {e.strerror}") from None
+    except (OSError, ValueError) as e:
+        detail = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        raise invalid(f"{where}: input '{name}': cannot read input_data_file {shown}: {detail}") from None
     count = int(np.prod(shape))
     if datatype is DataType.BYTES:
         items: list[bytes] = []
@@ -125,11 +144,12 @@ def _from_file(path: Path, where: str, name: str, datatype: DataType, shape: tup
             items.append(raw[offset + 4:offset + 4 + length])
             offset += 4 + length
         if len(items) < count:
-            raise invalid(f"{where}: input '{name}': {path} holds {len(items)} strings, the shape needs {count}")
+            raise invalid(f"{where}: input '{name}': {shown} holds {len(items)} strings, the shape needs "
+                          f"{count}")
         return np.array(items, dtype=object).reshape(shape)
     need = count * datatype.itemsize
     if len(raw) < need:
-        raise invalid(f"{where}: input '{name}': {path} holds {len(raw)} bytes, shape {list(shape)} of "
+        raise invalid(f"{where}: input '{name}': {shown} holds {len(raw)} bytes, shape {list(shape)} of "
                       f"{datatype.value} needs {need}")
     return np.frombuffer(raw[:need], dtype=datatype.numpy_dtype).reshape(shape).copy()
 

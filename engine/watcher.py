@@ -11,7 +11,8 @@ from a slow disk pauses for seconds between files. A folder is reconciled only w
 and mtime of every file) has not changed for `quiet_secs` and no file in it was written within `quiet_secs`.
 `SettleTracker` holds that rule as a pure object (tested without a loop or a disk); `RepositoryWatcher` feeds
 it from events and scans, and runs each reconcile as its own task, so a slow load never stops the watcher from
-reacting to other folders. A failed load is retried when its folder changes again.
+reacting to other folders. A failed load is retried when its folder changes again. Folders whose names are no
+model names, or that resolve outside the repository, count as absent (the repository logs each once).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .repository import Fingerprint, ModelRepository, fingerprint
+from .repository import Fingerprint, ModelRepository
 
 log = logging.getLogger("hubserve.watcher")
 
@@ -134,10 +135,12 @@ class RepositoryWatcher:
                 pass
 
     async def _observe(self, names: set[str]) -> None:
-        root = self.root
+        repository = self.repository
 
         def scan() -> dict[str, Fingerprint | None]:
-            return {name: fingerprint(root / name) for name in names if not name.startswith(".")}
+            # A folder that cannot be a model folder (a bad name; one resolving outside the repository)
+            # reads as absent: never loaded, and unloaded should a loaded model's folder turn into one.
+            return {name: repository.folder_fingerprint(name) for name in names if not name.startswith(".")}
 
         now = time.monotonic()
         loaded = self.repository.loaded_fingerprints()

@@ -76,14 +76,15 @@ class RunningServer:
 
 
 def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,
-                 wait_ready: bool = True) -> RunningServer:
-    """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked)."""
+                 wait_ready: bool = True, env: dict[str, str] | None = None) -> RunningServer:
+    """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
+    adds to (or overrides) the server's environment, e.g. TMPDIR."""
     http, grpc_port, metrics = free_port(), free_port(), free_port()
     cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
            "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics), *extra]
     log = open(log_path, "wb")
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     server = RunningServer(proc, http, grpc_port, metrics, repository, log_path)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     deadline = time.monotonic() + ready_timeout

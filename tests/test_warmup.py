@@ -71,13 +71,22 @@ def test_input_data_file_is_read_from_the_warmup_folder(tmp_path: Path):
     (sample(ZEROS.replace("[ 4 ]", "[ -1 ]")), 8, "must be fixed"),
     (sample('inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }'), 8,
      "no data for input 'INPUT0'"),
-    (sample(ZEROS.replace("zero_data: true", 'input_data_file: "missing"')), 8, "cannot read input_data_file"),
+    (sample(ZEROS.replace("zero_data: true", 'input_data_file: "missing"')), 8,
+     "cannot read input_data_file warmup/missing"),
+    (sample(ZEROS.replace("zero_data: true", 'input_data_file: "../../outside"')), 8,
+     "input_data_file must name a file in the model's warmup/ folder"),
+    (sample(ZEROS.replace("zero_data: true", 'input_data_file: "/etc/hostname"')), 8,
+     "input_data_file must name a file in the model's warmup/ folder"),
 ])
 def test_mistakes_name_the_sample_and_the_input(tmp_path: Path, text: str, max_batch_size: int, message: str):
+    (tmp_path / "outside").write_bytes(b"\0" * 16)  # a readable file beside the model folder
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
     with pytest.raises(EngineError) as e:
-        build_samples(config(text, max_batch_size), tmp_path)
+        build_samples(config(text, max_batch_size), model_dir)
     assert e.value.code is ErrorCode.INVALID_ARG
     assert "warm-up 's'" in e.value.message and message in e.value.message, e.value.message
+    assert str(tmp_path) not in e.value.message  # messages reach clients: never the server's paths
 
 
 def test_short_data_file_is_rejected(tmp_path: Path):

@@ -46,10 +46,11 @@ def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:
     raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")
 
 
-def describe(backend: str, model_path: Path) -> ModelIO | None:
-    """What the model file declares, for auto-complete; None when the backend cannot tell."""
+def describe(backend: str, model_path: Path, model_name: str = "") -> ModelIO | None:
+    """What the model file declares, for auto-complete; None when the backend cannot tell. `model_name`
+    names the file in messages (`<model>/<version>/<file>`; by default from the path)."""
     if backend == "onnxruntime":
         from .onnxruntime import describe_onnx
 
-        return describe_onnx(model_path)
+        return describe_onnx(model_path, model_name)
     return None

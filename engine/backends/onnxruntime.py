@@ -78,14 +78,26 @@ def _spec(arg: Any) -> TensorSpec:
     return TensorSpec(arg.name, datatype, dims)
 
 
-def describe_onnx(model_path: Path) -> ModelIO:
+def shown_path(model_path: Path, model_name: str) -> str:
+    """A model file as the user knows it, `<model>/<version>/<file>`: messages reach clients, and must not
+    carry the server's absolute paths (nor the name of an override's temporary folder)."""
+    return f"{model_name}/{model_path.parent.name}/{model_path.name}"
+
+
+def _ort_failure(e: Exception, model_path: Path, shown: str) -> str:
+    """ORT's message for a file it could not load, with the absolute path it quotes replaced by `shown`."""
+    return str(e).replace(str(model_path), shown)
+
+
+def describe_onnx(model_path: Path, model_name: str = "") -> ModelIO:
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    shown = shown_path(model_path, model_name or model_path.parent.parent.name)
     try:
         session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own exception types for corrupt files
-        raise invalid(f"cannot read ONNX model {model_path}: {e}") from None
+        raise invalid(f"cannot read ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
     io = ModelIO(tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs()))
     del session
     return io
@@ -100,7 +112,8 @@ class OnnxRuntimeBackend:
         except EngineError:
             raise
         except Exception as e:
-            raise invalid(f"cannot load ONNX model {model_path}: {e}") from None
+            shown = shown_path(model_path, config.name)
+            raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
         # On the CPU provider, execution time is CPU time, so a short run may execute inline (scheduler.py).
         self.cpu_bound = device.kind == "cpu"
