@@ -6,5 +6,6 @@ grpc.py (gRPC messages, status, deadlines; answers through grpc_handlers.GrpcHan
 """
 
 from .server import H2GrpcServer
+from .streams import Limits
 
-__all__ = ["H2GrpcServer"]
+__all__ = ["H2GrpcServer", "Limits"]
