@@ -6,8 +6,10 @@ Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answere
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
 ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
 decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
-to the connection for one write. The header blocks are built once, at import, from static-table indices and
-literals that never touch HPACK's dynamic table.
+to the connection for one write (its header blocks are built once, in rpcs.py).
+
+What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
+ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
 """
 
 from __future__ import annotations
