@@ -9,6 +9,7 @@ state, named below.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from . import frames as f
@@ -21,6 +22,22 @@ from .streams import H2Stream, Limits
 log = logging.getLogger("hubserve.h2")
 
 SHUTDOWN_PING = b"hubserve"  # opaque data of the PING that times the final GOAWAY (§6.8)
+_REPEAT_SECS = 10.0  # the same connection error is logged as a warning at most this often
+_last_logged: dict[str, float] = {}
+
+
+def _log_error(code: H2Error, message: str) -> None:
+    """A flood reconnecting in a loop fails thousands of connections a second: each distinct error is a
+    warning once per _REPEAT_SECS, and at debug level in between, so the log cannot be flooded instead."""
+    now = time.monotonic()
+    if now - _last_logged.get(message, float("-inf")) >= _REPEAT_SECS:
+        if len(_last_logged) > 256:  # messages naming stream ids vary: keep the table small
+            _last_logged.clear()
+        _last_logged[message] = now
+        log.warning("HTTP/2 connection error %s: %s (repeats within %g s are logged at debug level)",
+                    code.name, message, _REPEAT_SECS)
+    else:
+        log.debug("HTTP/2 connection error %s: %s", code.name, message)
 
 
 class Lifecycle:
@@ -104,7 +121,7 @@ class Lifecycle:
         if self._closed:
             return
         if code != H2Error.NO_ERROR:
-            log.warning("HTTP/2 connection error %s: %s", code.name, message)
+            _log_error(code, message)
         self._out.write(f.goaway(self._last_stream_id, code, message))
         self._mark_closed()
         self._out.flush_writes()
