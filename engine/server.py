@@ -19,7 +19,7 @@ from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import grpc as grpc_frontend
 from .frontend import http as http_frontend
-from .frontend.h2 import H2GrpcServer
+from .frontend.h2 import H2GrpcServer, Limits
 from .metrics import process_registry, render
 from .repository import ModelRepository
 from .scheduler import RateLimiter
@@ -80,8 +80,12 @@ class Server:
 
         if opts.grpc_frontend == "grpcio":
             self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
-        else:
-            self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes)
+        else:  # (grpc.aio keeps grpc-core's own flood, memory and keepalive protections)
+            limits = Limits(max_header_list_bytes=opts.max_header_bytes,
+                            max_buffered_request_bytes=2 * opts.max_message_bytes,
+                            max_queued_response_bytes=2 * opts.max_message_bytes,
+                            client_timeout_secs=opts.client_timeout_secs, idle_timeout_secs=opts.idle_timeout_secs)
+            self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, limits)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 

@@ -1,10 +1,13 @@
 """gRPC on a lean HTTP/2 implementation of our own (`--grpc-frontend h2`, the default).
 
 The request path reads top-down: frames.py (RFC 9113 frames) → connection.py (one connection: streams, flow
-control in, SETTINGS, PING, GOAWAY) with outbound.py (flow control out) and headers.py (HPACK via `hpack`) →
-grpc.py (gRPC messages, status, deadlines; answers through grpc_handlers.GrpcHandlers) → server.py (listener).
+control in, SETTINGS, PING) with outbound.py (flow control out), headers.py (HPACK via `hpack`), lifecycle.py
+(GOAWAY, errors, timeouts) and guard.py (flood, memory and timeout policies) → grpc.py (gRPC messages, status,
+deadlines; answers through grpc_handlers.GrpcHandlers; rpcs.py: methods and wire constants) → server.py
+(listener, sweeper).
 """
 
 from .server import H2GrpcServer
+from .streams import Limits
 
-__all__ = ["H2GrpcServer"]
+__all__ = ["H2GrpcServer", "Limits"]

@@ -21,18 +21,19 @@ import hpack
 
 from . import frames as f
 from .frames import H2ConnectionError, H2Error, H2StreamError
-from .headers import HeaderDecoder
+from .guard import ByteBudget, ConnectionClock, FloodGuard
+from .headers import FieldBlock, HeaderDecoder
+from .lifecycle import SHUTDOWN_PING, Lifecycle
 from .outbound import Outbound
 from .streams import H2Stream, Limits, StreamApp
 
 log = logging.getLogger("hubserve.h2")
 
-SHUTDOWN_PING = b"hubserve"  # opaque data of the PING that times the final GOAWAY (§6.8)
 _EMPTY = memoryview(b"")
 _WORD = struct.Struct(">L")
 
 
-class H2Connection(asyncio.Protocol):
+class H2Connection(Lifecycle, asyncio.Protocol):
     def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None) -> None:
         self._app = app
         self._limits = limits
@@ -46,8 +47,13 @@ class H2Connection(asyncio.Protocol):
         self._streams: dict[int, H2Stream] = {}
         self._last_stream_id = 0
         self._recv_window = limits.connection_window_bytes
-        self._continuation: tuple[int, int, list[bytes]] | None = None  # stream id, HEADERS flags, fragments
-        self._continuation_size = 0
+        self._block = FieldBlock(4 * limits.max_header_list_bytes, limits.max_header_block_frames)
+        self._guard = FloodGuard(limits)
+        self.request_bytes = ByteBudget(limits.max_buffered_request_bytes)  # drawn on by the app's handlers
+        self._clock: ConnectionClock | None = None
+        self._reads = 0  # data_received calls, for the sweeper
+        self._opened = False  # a stream opened since the last tick
+        self._closed_at: float | None = None  # first tick after we closed, for a close that never completes
         self._shutting_down = False
         self._goaway_last: int | None = None  # last stream id of our final GOAWAY
         self._peer_gone = False  # the client sent GOAWAY
@@ -61,6 +67,9 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
         self._out = Outbound(transport, self._finished)
+        now = asyncio.get_running_loop().time()
+        self._clock = ConnectionClock(self._limits.client_timeout_secs, self._limits.idle_timeout_secs, now)
+        self._guard.tick(now)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames go out as written
@@ -71,6 +80,8 @@ class H2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._mark_closed()
         self._reset_all()
+        self._handlers = ()  # bound methods: the cycles through them are broken, so memory goes back at once
+        self._out.detach()
         if self._on_close is not None:
             self._on_close(self)
 
@@ -79,11 +90,14 @@ class H2Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._out.paused = False
+        self._out.drains += 1
+        self._guard.reader_caught_up()
         self._out.flush()
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
+        self._reads += 1
         if self._buffer:
             self._buffer += data
             if len(self._buffer) < self._need:
@@ -115,7 +129,7 @@ class H2Connection(asyncio.Protocol):
                     break
                 payload = view[offset + 9:end]
                 offset = end
-                if self._continuation is not None and kind != f.CONTINUATION:  # §6.10
+                if self._block.stream_id and kind != f.CONTINUATION:  # §6.10
                     raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "header block interrupted by another frame")
                 if self._expect_settings:
                     if kind != f.SETTINGS or flags & f.ACK:  # §3.4
@@ -125,10 +139,12 @@ class H2Connection(asyncio.Protocol):
                     try:
                         handlers[kind](flags, stream_id & f.STREAM_ID_MASK, payload)
                     except H2StreamError as e:
+                        self._answer_unread()
                         self._stream_error(e)
                     if self._closed:
                         return
-                # unknown frame types are ignored (§5.5)
+                else:  # unknown frame types are ignored (§5.5), but count as frames that carry nothing
+                    self._guard.empty_frame()
         except H2ConnectionError as e:
             self._fail(e.code, e.message)
             return
@@ -159,6 +175,8 @@ class H2Connection(asyncio.Protocol):
         if stream_id == 0:
             raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "DATA on stream 0")  # §6.1
         length = len(payload)  # flow control counts the whole payload, padding included (§6.9.1)
+        if not length and not flags & f.END_STREAM:
+            self._guard.empty_frame()
         self._recv_window -= length
         if self._recv_window < 0:
             raise H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, "DATA beyond the connection window")
@@ -195,20 +213,17 @@ class H2Connection(asyncio.Protocol):
         if flags & f.END_HEADERS:
             self._field_block(stream_id, flags, bytes(block))
         else:
-            self._continuation = (stream_id, flags, [bytes(block)])
-            self._continuation_size = len(block)
+            if not block:
+                self._guard.empty_frame()
+            self._block.start(stream_id, flags, bytes(block))
 
     def _on_continuation(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        cont = self._continuation
-        if cont is None or cont[0] != stream_id:  # §6.10
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"unexpected CONTINUATION on stream {stream_id}")
-        cont[2].append(bytes(payload))
-        self._continuation_size += len(payload)
-        if self._continuation_size > 4 * self._limits.max_header_list_bytes:  # a flood, not a request (§10.5)
-            raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, "header block too large")
-        if flags & f.END_HEADERS:
-            self._continuation = None
-            self._field_block(stream_id, cont[1], b"".join(cont[2]))
+        if not payload and not flags & f.END_HEADERS:
+            self._guard.empty_frame()
+        head_flags = self._block.flags
+        block = self._block.add(stream_id, bytes(payload), bool(flags & f.END_HEADERS))
+        if block is not None:
+            self._field_block(stream_id, head_flags, block)
 
     def _field_block(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
@@ -232,25 +247,33 @@ class H2Connection(asyncio.Protocol):
         self._last_stream_id = stream_id
         if self._goaway_last is not None and stream_id > self._goaway_last:
             return  # opened after our final GOAWAY: ignored, the client retries elsewhere (§6.8)
-        if len(self._streams) >= self._limits.max_concurrent_streams:  # §5.1.2
+        # §5.1.2; and while our answers queue up unread, no new work (the client retries the stream).
+        if len(self._streams) >= self._limits.max_concurrent_streams or \
+                self._out.queued_bytes > self._limits.max_queued_response_bytes:
+            self._answer_unread()
             self._out.write(f.rst_stream(stream_id, H2Error.REFUSED_STREAM))
             return
         if head.malformed:  # §8.1.1
             log.debug("malformed request on stream %d: %s", stream_id, head.malformed)
+            self._answer_unread()
             self._out.write(f.rst_stream(stream_id, H2Error.PROTOCOL_ERROR))
             return
         stream = H2Stream(stream_id, self._out.initial_window, self._limits.stream_window_bytes)
         stream.remote_closed = end
         self._streams[stream_id] = stream
-        stream.handler = self._app.open_stream(self, stream, head)
-        if end and not stream.closed:
-            stream.handler.data_received(_EMPTY, True)
+        self._opened = True
+        handler = self._app.open_stream(self, stream, head)
+        if not stream.closed:  # (a call answered at once is forgotten already: no reference back to it)
+            stream.handler = handler
+            if end:
+                handler.data_received(_EMPTY, True)
 
     def _on_priority(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if stream_id == 0:
             raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")  # §6.3
         if len(payload) != 5:
             raise H2StreamError(stream_id, H2Error.FRAME_SIZE_ERROR, "PRIORITY payload is not 5 bytes")
+        self._guard.empty_frame()  # deprecated (§5.3.2): it does nothing here
 
     def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if len(payload) != 4:
@@ -259,8 +282,8 @@ class H2Connection(asyncio.Protocol):
             raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
         stream = self._streams.get(stream_id)
         if stream is not None:
-            self._forget(stream)
-            stream.handler.reset()
+            self._guard.stream_reset()
+            self._forget(stream).reset()
 
     def _on_settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if stream_id != 0:
@@ -270,6 +293,8 @@ class H2Connection(asyncio.Protocol):
                 raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
             self._decoder.table_size_acknowledged()  # we send SETTINGS once: this acknowledges them
             return
+        self._guard.settings_frame()
+        self._answer_unread()
         for key, value in f.parse_settings(payload):  # in order (§6.5.3)
             if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
                 self._out.initial_window_changed(value, self._streams.values())
@@ -288,6 +313,8 @@ class H2Connection(asyncio.Protocol):
         if stream_id != 0:
             raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "PING on a stream")
         if not flags & f.ACK:
+            self._guard.ping()
+            self._answer_unread()
             self._out.write(f.ping(bytes(payload), ack=True))
         elif payload == SHUTDOWN_PING and self._shutting_down and self._goaway_last is None:
             self._final_goaway()
@@ -327,9 +354,24 @@ class H2Connection(asyncio.Protocol):
             self._out.write(f.rst_stream(stream.id, H2Error.NO_ERROR))
         self._close_if_idle()
 
-    def _forget(self, stream: H2Stream) -> None:
+    def _forget(self, stream: H2Stream) -> Any:
+        """The stream is closed: the connection and the stream let go of it and of its handler (returned, to
+        reset it if need be), so a handler's buffers are freed once the app lets go too."""
         self._out.forget(stream)
         self._streams.pop(stream.id, None)
+        handler, stream.handler = stream.handler, None
+        return handler
+
+    def _answer_unread(self) -> None:
+        """Before queueing an answer to a client's control frame: it counts while the client doesn't read."""
+        if self._out.paused:
+            self._guard.ack_unread()
+
+    def reset_stream(self, stream: H2Stream, code: H2Error, reason: str) -> None:
+        """The app gives up on a stream (say, its client stalled mid-message): RST_STREAM with `code`, and the
+        stream's handler is reset."""
+        if not stream.closed and not self._closed:
+            self._stream_error(H2StreamError(stream.id, code, reason))
 
     def _stream_error(self, error: H2StreamError) -> None:
         """§5.4.2: RST_STREAM with the error; the app's work on the stream stops."""
@@ -337,54 +379,5 @@ class H2Connection(asyncio.Protocol):
         self._out.write(f.rst_stream(error.stream_id, error.code))
         stream = self._streams.get(error.stream_id)
         if stream is not None:
-            self._forget(stream)
-            stream.handler.reset()
+            self._forget(stream).reset()
             self._close_if_idle()
-
-    # ------------------------------------------------------------------ ending the connection
-
-    def shutdown(self) -> None:
-        """Graceful close (§6.8): GOAWAY with the largest id (streams in flight still count), then a PING
-        whose ACK times the final GOAWAY with the last stream id we saw; close once those streams finish."""
-        if self._shutting_down or self._closed:
-            return
-        self._shutting_down = True
-        self._out.write(f.goaway(f.MAX_WINDOW, H2Error.NO_ERROR) + f.ping(SHUTDOWN_PING))
-
-    def abort(self) -> None:
-        """The drain deadline passed: tell the client which streams were done and close."""
-        self._fail(H2Error.NO_ERROR, "server shutting down")
-
-    def _final_goaway(self) -> None:
-        self._goaway_last = self._last_stream_id
-        self._out.write(f.goaway(self._last_stream_id, H2Error.NO_ERROR))
-        self._close_if_idle()
-
-    def _close_if_idle(self) -> None:
-        if not self._streams and (self._goaway_last is not None or self._peer_gone) and not self._closed:
-            self._mark_closed()
-            self._out.flush_writes()
-            self._transport.close()  # after what is buffered has been written
-
-    def _fail(self, code: H2Error, message: str) -> None:
-        """A connection error (§5.4.1): GOAWAY with the code, then close; every open stream stops."""
-        if self._closed:
-            return
-        if code != H2Error.NO_ERROR:
-            log.warning("HTTP/2 connection error %s: %s", code.name, message)
-        self._out.write(f.goaway(self._last_stream_id, code, message))
-        self._mark_closed()
-        self._out.flush_writes()
-        self._transport.close()
-        self._reset_all()
-
-    def _mark_closed(self) -> None:
-        self._closed = True
-        self._out.closed = True  # nothing more is written; late answers are dropped
-
-    def _reset_all(self) -> None:
-        streams = list(self._streams.values())
-        for stream in streams:
-            self._forget(stream)
-        for stream in streams:
-            stream.handler.reset()

@@ -6,118 +6,72 @@ Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answere
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
 ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
 decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
-to the connection for one write. The header blocks are built once, at import, from static-table indices and
-literals that never touch HPACK's dynamic table.
+to the connection for one write (its header blocks are built once, in rpcs.py).
+
+What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
+ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
-import struct
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from ...errors import EngineError
-from ...proto import grpc_service_pb2, health_pb2
 from ..grpc_handlers import STATUS, GrpcHandlers
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
-from .headers import RequestHead, indexed, literal
-from .streams import H2Stream
+from .frames import H2Error
+from .guard import MemoryReturn
+from .headers import RequestHead
+from .rpcs import OK_TRAILERS, PREFIX, RESPONSE_HEAD, Kind, Rpc, parse_timeout, rpc_table, status_block
+from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
 
-# RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
-RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
-OK_TRAILERS = literal(b"grpc-status", b"0")
-_PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
-_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
-
-
-class Kind(enum.Enum):
-    UNARY = "unary"  # one request, one response; the handler may return an awaitable
-    INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
-    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
-    SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
-
-
-@dataclass(frozen=True, slots=True)
-class Rpc:
-    kind: Kind
-    request_type: Any  # the generated message class
-    handler: Callable[..., Any]
-
-
-def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
-    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at start."""
-    table = {}
-    for module in (grpc_service_pb2, health_pb2):
-        for service in module.DESCRIPTOR.services_by_name.values():  # type: ignore[attr-defined]
-            for method in service.methods:
-                request_type = getattr(module, method.input_type.name)
-                if method.name == "ModelInfer":
-                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
-                elif method.name == "ModelStreamInfer":
-                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer_wire)
-                elif method.client_streaming:
-                    raise TypeError(f"no handler for client-streaming RPC {method.full_name}")
-                elif method.server_streaming:
-                    rpc = Rpc(Kind.SERVER_STREAM, request_type, getattr(handlers, method.name))
-                else:
-                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name))
-                table[f"/{service.full_name}/{method.name}".encode()] = rpc
-    return table
-
-
-def percent_encode(message: str) -> bytes:
-    """grpc-message is percent-encoded UTF-8: bytes outside 0x20-0x7E, and '%', become %XX."""
-    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
-                    for b in message.encode("utf-8"))
-
-
-def status_block(status: int, message: str, trailers_only: bool, http_status: int = 200) -> bytes:
-    block = literal(b"grpc-status", b"%d" % status)
-    if message:
-        block += literal(b"grpc-message", percent_encode(message))
-    if not trailers_only:
-        return block
-    head = RESPONSE_HEAD if http_status == 200 else literal(8, b"%d" % http_status) + literal(31, b"application/grpc")
-    return head + block
-
-
-def parse_timeout(value: bytes) -> float | None:
-    """grpc-timeout: at most 8 digits and a unit (H M S m u n), in seconds; None if malformed."""
-    if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in _TIMEOUT_UNITS:
-        return None
-    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+_LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
 
 
 class GrpcApp:
     """The StreamApp of a gRPC server: one per server, shared by its connections."""
 
-    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, max_header_list_bytes: int) -> None:
+    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits) -> None:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
         self.max_message_bytes = max_message_bytes
-        self.max_header_list_bytes = max_header_list_bytes
+        self.max_header_list_bytes = limits.max_header_list_bytes
+        self.client_timeout_secs = limits.client_timeout_secs
+        self.partial: set[Call] = set()  # calls holding part of a message: `sweep` resets those that stall
+        self.memory = MemoryReturn()  # large dropped buffers, for the server's sweeper to trim
 
     def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> Call:
         return Call(self, conn, stream, head)
+
+    def sweep(self, now: float) -> None:
+        """Called by the server's sweeper about once a second: a call whose partial message got no DATA for
+        the client timeout is reset (RST_STREAM CANCEL), which drops its buffer."""
+        timeout = self.client_timeout_secs
+        for call in list(self.partial):
+            if call.fed:
+                call.fed = False
+                call.fed_at = now
+            elif now - call.fed_at >= timeout > 0:
+                call.conn.reset_stream(call.stream, H2Error.CANCEL, "no DATA within the client timeout")
+                call.reset()  # (already done through the connection unless the stream was closed)
 
 
 class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("app", "buffer", "conn", "done", "headers_sent", "need", "pending", "remote_done", "request",
-                 "rpc", "start_ns", "stream", "timer", "work")
+    __slots__ = ("app", "buffer", "conn", "done", "fed", "fed_at", "headers_sent", "need", "pending", "remote_done",
+                 "request", "reserved", "rpc", "start_ns", "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -126,6 +80,9 @@ class Call:
         self.start_ns = time.perf_counter_ns()
         self.buffer: bytearray | None = None  # an incomplete message
         self.need = 5  # bytes `buffer` must hold before the next message can be read
+        self.reserved = 0  # bytes of the connection's request budget this call holds (buffer, request)
+        self.fed = False  # DATA arrived since the last sweep (while in app.partial)
+        self.fed_at = 0.0
         self.request: memoryview | None = None  # the one request message of a unary call
         self.work: asyncio.Future[Any] | None = None  # the handler's future or task, cancelled on reset
         self.pending: set[asyncio.Future[Any]] = set()  # ModelStreamInfer requests in flight
@@ -157,14 +114,19 @@ class Call:
             return
         if data:
             self._read_messages(data)
-        if end_stream and not self.done:
+            if self.done:
+                return
+        if end_stream:
             self.remote_done = True
             self._requests_complete()
+        elif data:
+            self._account()
 
     def reset(self) -> None:
         if not self.done:
             self.done = True
             self._stop_work()
+        self._drop_request()
 
     # ------------------------------------------------------------------ requests in
 
@@ -172,6 +134,7 @@ class Call:
         buf = self.buffer
         if buf is not None:
             buf += data
+            self.fed = True
             if len(buf) < self.need:
                 return  # a large message still arriving: don't re-read it on every frame
             data = memoryview(buf)  # `buf` is never resized again: views of it stay valid
@@ -181,7 +144,7 @@ class Call:
             if size - offset < 5:
                 self.need = 5
                 break
-            flag, length = _PREFIX.unpack_from(data, offset)
+            flag, length = PREFIX.unpack_from(data, offset)
             if flag:
                 self.finish(S.UNIMPLEMENTED, "compressed messages are not supported: send with identity encoding")
                 return
@@ -206,12 +169,54 @@ class Call:
         if offset < size:
             self.buffer = bytearray(data[offset:])
 
+    def _account(self) -> None:
+        """After DATA that did not end the request: what the call holds (a partial message at its declared
+        length, a unary request awaiting END_STREAM) is drawn from the connection's budget, or the call ends
+        RESOURCE_EXHAUSTED; a call holding a partial message is watched for stalls."""
+        buf = self.buffer
+        held = 0 if buf is None else max(self.need, len(buf))
+        if self.request is not None:
+            held += len(self.request)
+        if held != self.reserved:
+            budget = self.conn.request_bytes
+            if held > self.reserved and not budget.take(held - self.reserved):
+                self.finish(S.RESOURCE_EXHAUSTED, f"request messages buffered on this connection would exceed "
+                                                  f"{budget.limit} bytes: send fewer large messages at once")
+                return
+            if held < self.reserved:
+                budget.give(self.reserved - held)
+            self.reserved = held
+        if buf is None:
+            self.app.partial.discard(self)
+        elif self not in self.app.partial:
+            self.app.partial.add(self)
+            self.fed = True
+
+    def _drop_request(self) -> None:
+        """The request's bytes are handed on or no longer wanted: the budget is given back, a large dropped
+        buffer noted for handing memory back to the OS."""
+        self.request = None
+        buf = self.buffer
+        if buf is not None:
+            self.buffer = None
+            if len(buf) >= _LARGE_BUFFER:
+                self.app.memory.freed(len(buf))
+        if self.reserved:
+            self._release_budget()
+
+    def _release_budget(self) -> None:
+        self.conn.request_bytes.give(self.reserved)
+        self.reserved = 0
+        self.app.partial.discard(self)
+
     def _requests_complete(self) -> None:
         """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
         rpc = self.rpc
         if self.buffer:
             self.finish(S.INTERNAL, "the request ended inside a message")
             return
+        if self.reserved:  # what the request held is handed on now
+            self._release_budget()
         if rpc.kind is Kind.STREAM_INFER:
             if not self.pending:
                 self.finish(S.OK, "")
@@ -310,7 +315,7 @@ class Call:
             return
         self.done = True
         self._stop_timer()
-        self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, size), *parts], OK_TRAILERS)
+        self.conn.send(self.stream, RESPONSE_HEAD, [PREFIX.pack(0, size), *parts], OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -323,7 +328,7 @@ class Call:
             return
         head = None if self.headers_sent else RESPONSE_HEAD
         self.headers_sent = True
-        self.conn.send(self.stream, head, [_PREFIX.pack(0, size), *parts], None)
+        self.conn.send(self.stream, head, [PREFIX.pack(0, size), *parts], None)
 
     def finish(self, status: int, message: str, http_status: int = 200) -> None:
         """End the call with `status`: trailers, or a trailers-only response if no headers went out yet."""
@@ -331,6 +336,7 @@ class Call:
             return
         self.done = True
         self._stop_work()
+        self._drop_request()
         if status == S.OK and self.headers_sent:
             block = OK_TRAILERS
         else:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hpack
 
+from .frames import H2ConnectionError, H2Error
+
 _CACHE_ENTRIES = 512  # distinct blocks kept (grpc-timeout values make blocks vary; bounded, then cleared)
 _CONNECTION_SPECIFIC = frozenset((b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding",
                                   b"upgrade"))
@@ -88,6 +90,50 @@ class HeaderDecoder:
                 self._cache.clear()
             self._cache[block] = head
         return head
+
+
+class FieldBlock:
+    """A field block arriving as HEADERS then CONTINUATION frames (RFC 9113 §4.3, §6.10), bounded in bytes
+    and in frames: either past its bound is a flood, not a request (§10.5), answered ENHANCE_YOUR_CALM. One
+    per connection; `stream_id` is 0 while no block is open."""
+
+    __slots__ = ("_fragments", "_frames", "_max_bytes", "_max_frames", "_size", "flags", "stream_id")
+
+    def __init__(self, max_bytes: int, max_frames: int) -> None:
+        self._max_bytes = max_bytes
+        self._max_frames = max_frames
+        self.clear()
+
+    def clear(self) -> None:
+        self.stream_id = 0
+        self.flags = 0  # of the HEADERS frame (END_STREAM)
+        self._fragments: list[bytes] = []
+        self._size = 0
+        self._frames = 0
+
+    def start(self, stream_id: int, flags: int, fragment: bytes) -> None:
+        """HEADERS without END_HEADERS."""
+        self.stream_id, self.flags = stream_id, flags
+        self._fragments = [fragment]
+        self._size = len(fragment)
+        self._frames = 1
+
+    def add(self, stream_id: int, fragment: bytes, end: bool) -> bytes | None:
+        """A CONTINUATION; returns the whole block once `end` (END_HEADERS), else None."""
+        if stream_id != self.stream_id or not stream_id:  # §6.10
+            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"unexpected CONTINUATION on stream {stream_id}")
+        self._fragments.append(fragment)
+        self._size += len(fragment)
+        self._frames += 1
+        if self._size > self._max_bytes:
+            raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, "header block too large")
+        if self._frames > self._max_frames:
+            raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, f"header block in more than {self._max_frames} frames")
+        if not end:
+            return None
+        block = b"".join(self._fragments)
+        self.clear()
+        return block
 
 
 # ---------------------------------------------------------------------------------- encoding (RFC 7541)

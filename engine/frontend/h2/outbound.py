@@ -29,6 +29,8 @@ class Outbound:
         self.paused = False  # the transport's buffer is full (pause_writing)
         self.closed = False
         self.blocked: dict[int, H2Stream] = {}  # streams with DATA or trailers waiting
+        self.queued_bytes = 0  # DATA in the streams' `pending`, waiting for window or the transport
+        self.drains = 0  # times waiting DATA or trailers went out (the sweeper's sign of a reading peer)
         self._queued: list[bytes | memoryview] = []  # written at the end of this round of callbacks
         self._loop = asyncio.get_running_loop()
 
@@ -67,6 +69,7 @@ class Outbound:
         first: list[bytes | memoryview] = [] if head is None else [f.headers(sid, head, False, max_frame)]
         if size:
             stream.pending.append(memoryview(b"".join(data)))
+            self.queued_bytes += size
         if trailers is not None:
             stream.trailers = trailers
         self.blocked[sid] = stream
@@ -93,6 +96,7 @@ class Outbound:
             out.append(chunk)
             stream.send_window -= len(chunk)
             self.window -= len(chunk)
+            self.queued_bytes -= len(chunk)
         done = not pending and not self.paused
         if done:
             self.blocked.pop(sid, None)
@@ -101,7 +105,9 @@ class Outbound:
                 stream.trailers = None
             else:
                 done = False
-        self._write(out)
+        if out:
+            self.drains += 1
+            self._write(out)
         if done:
             self._on_finished(stream)
 
@@ -143,9 +149,20 @@ class Outbound:
 
     def forget(self, stream: H2Stream) -> None:
         stream.closed = True
+        for chunk in stream.pending:
+            self.queued_bytes -= len(chunk)
         stream.pending.clear()
         stream.trailers = None
         self.blocked.pop(stream.id, None)
+
+    def detach(self) -> None:
+        """The connection is gone: drop what waits and the reference back to it, so the two are freed by
+        reference counting at once rather than by a later cyclic collection."""
+        self.closed = True
+        self._on_finished = _ignore
+        self.blocked.clear()
+        self._queued = []
+        self.queued_bytes = 0
 
     def _write(self, parts: list[bytes | memoryview]) -> None:
         if parts and not self.closed:
@@ -171,3 +188,7 @@ class Outbound:
             self._queued = []
             if not self._transport.is_closing():
                 self._transport.writelines(queued)  # one writev on uvloop; no copy of large messages
+
+
+def _ignore(stream: H2Stream) -> None:
+    """on_finished of a detached Outbound."""

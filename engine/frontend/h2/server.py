@@ -3,15 +3,21 @@
 
 Graceful stop: stop accepting, send every connection the two-step GOAWAY (RFC 9113 §6.8), let the streams it
 admitted finish within the grace period, then close whatever is left.
+
+One sweeper task per server, on a coarse tick (at most a second), does everything timed: it advances each
+connection's flood windows and checks its timeouts (`H2Connection.tick`), resets streams stalled mid-message
+(`GrpcApp.sweep`), and hands dropped request buffers back to the OS. The request path only counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
 from ...dataplane import DataPlane
+from ...memory import release_freed_memory
 from ..grpc_handlers import GrpcHandlers
 from .connection import H2Connection
 from .grpc import GrpcApp
@@ -21,7 +27,10 @@ from .streams import Limits
 class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None) -> None:
         self._limits = limits = limits or Limits()
-        self._app = GrpcApp(GrpcHandlers(dataplane), max_message_bytes, limits.max_header_list_bytes)
+        self._app = GrpcApp(GrpcHandlers(dataplane), max_message_bytes, limits)
+        timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
+        self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))
+        self._sweeper: asyncio.Task[None] | None = None
         self._sockets: list[socket.socket] = []
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[H2Connection] = set()
@@ -58,6 +67,18 @@ class H2GrpcServer:
         loop = asyncio.get_running_loop()
         for sock in self._sockets:
             self._servers.append(await loop.create_server(self._connection, sock=sock))
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self._tick_secs)
+            now = loop.time()
+            for conn in list(self._connections):
+                conn.tick(now)
+            self._app.sweep(now)
+            if self._app.memory.due(now):
+                loop.run_in_executor(None, release_freed_memory)  # milliseconds: off the loop
 
     def _connection(self) -> H2Connection:
         conn = H2Connection(self._app, self._limits, self._closed)
@@ -73,12 +94,15 @@ class H2GrpcServer:
     async def stop(self, grace: float | None) -> None:
         for server in self._servers:
             server.close()
-        if not self._connections:
-            return
-        for conn in list(self._connections):
-            conn.shutdown()
-        try:
-            await asyncio.wait_for(self._all_closed.wait(), grace or 0)
-        except asyncio.TimeoutError:
+        if self._connections:
             for conn in list(self._connections):
-                conn.abort()
+                conn.shutdown()
+            try:
+                await asyncio.wait_for(self._all_closed.wait(), grace or 0)
+            except asyncio.TimeoutError:
+                for conn in list(self._connections):
+                    conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper

@@ -1,0 +1,79 @@
+"""The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed response
+header blocks; status trailers; `grpc-timeout`. Used by grpc.py's Call.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...proto import grpc_service_pb2, health_pb2
+from ..grpc_handlers import GrpcHandlers
+from .headers import indexed, literal
+
+# RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
+RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
+OK_TRAILERS = literal(b"grpc-status", b"0")
+PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
+TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+
+
+class Kind(enum.Enum):
+    UNARY = "unary"  # one request, one response; the handler may return an awaitable
+    INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
+    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
+    SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    kind: Kind
+    request_type: Any  # the generated message class
+    handler: Callable[..., Any]
+
+
+def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
+    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at start."""
+    table = {}
+    for module in (grpc_service_pb2, health_pb2):
+        for service in module.DESCRIPTOR.services_by_name.values():  # type: ignore[attr-defined]
+            for method in service.methods:
+                request_type = getattr(module, method.input_type.name)
+                if method.name == "ModelInfer":
+                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
+                elif method.name == "ModelStreamInfer":
+                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer_wire)
+                elif method.client_streaming:
+                    raise TypeError(f"no handler for client-streaming RPC {method.full_name}")
+                elif method.server_streaming:
+                    rpc = Rpc(Kind.SERVER_STREAM, request_type, getattr(handlers, method.name))
+                else:
+                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name))
+                table[f"/{service.full_name}/{method.name}".encode()] = rpc
+    return table
+
+
+def percent_encode(message: str) -> bytes:
+    """grpc-message is percent-encoded UTF-8: bytes outside 0x20-0x7E, and '%', become %XX."""
+    return b"".join(b"%%%02X" % b if b < 0x20 or b > 0x7E or b == 0x25 else bytes((b,))
+                    for b in message.encode("utf-8"))
+
+
+def status_block(status: int, message: str, trailers_only: bool, http_status: int = 200) -> bytes:
+    block = literal(b"grpc-status", b"%d" % status)
+    if message:
+        block += literal(b"grpc-message", percent_encode(message))
+    if not trailers_only:
+        return block
+    head = RESPONSE_HEAD if http_status == 200 else literal(8, b"%d" % http_status) + literal(31, b"application/grpc")
+    return head + block
+
+
+def parse_timeout(value: bytes) -> float | None:
+    """grpc-timeout: at most 8 digits and a unit (H M S m u n), in seconds; None if malformed."""
+    if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in TIMEOUT_UNITS:
+        return None
+    return int(value[:-1]) * TIMEOUT_UNITS[value[-1]]
