@@ -300,10 +300,11 @@ def test_error_messages_are_percent_encoded(client, h2_server):
     name = "caf\u00e9 100%"
     request = pb.ModelMetadataRequest(name=name).SerializeToString()
     client.call(1, request, path="/inference.GRPCInferenceService/ModelMetadata")
-    assert status_of(client, 1) == ("5", "unknown model 'caf%C3%A9 100%25'")
+    assert status_of(client, 1) == ("5", "Request for unknown model: 'caf%C3%A9 100%25' is not found")
     with grpc.insecure_channel(h2_server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
         pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=10)
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND and e.value.details() == f"unknown model '{name}'"
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert e.value.details() == f"Request for unknown model: '{name}' is not found"
 
 
 # ------------------------------------------------------------------------------------------- real clients
