@@ -182,15 +182,25 @@ def test_grpc_load_with_config_override(grpc_client):
     assert grpc_client.get_model_config("simple").config.max_batch_size == 8
 
 
-def test_load_bad_override_is_rejected_and_model_keeps_serving(http, grpc_client):
-    with pytest.raises(InferenceServerException) as e:
-        http.load_model("simple", config="{not json")
-    assert e.value.status() == "400" and "config" in e.value.message()
-    with pytest.raises(InferenceServerException) as e:
-        grpc_client.load_model("simple", config="[1, 2]")
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+def test_load_bad_override_fails_in_tritons_words_and_model_keeps_serving(http, grpc_client, explicit_server):
+    # Triton's words and code: core model_repository_manager.cc (InitializeModelInfo logs "Invalid config
+    # override", the load answers INTERNAL "failed to load '<name>', failed to poll from model repository");
+    # client src/python/examples/simple_{http,grpc}_model_control.py match on "failed to load".
+    words = "failed to load 'simple', failed to poll from model repository: Invalid config override: "
+    # What those examples send, a JSON array, a JSON string, and (raw HTTP) a config that is not a string.
+    for config in ('"parameters": {"config": {{"max_batch_size": "16"}}}', "[1, 2]", '"x"'):
+        for client, code in ((http, "500"), (grpc_client, "StatusCode.INTERNAL")):
+            with pytest.raises(InferenceServerException) as e:
+                client.load_model("simple", config=config)
+            assert e.value.status() == code and e.value.message().startswith(words), e.value.message()
+    request = urllib.request.Request(f"http://{explicit_server.http_url}/v2/repository/models/simple/load",
+                                     data=b'{"parameters": {"config": {"max_batch_size": 4}}}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=30)
+    assert e.value.code == 500 and json.loads(e.value.read())["error"].startswith(words)
     assert http.get_model_config("simple")["max_batch_size"] == 8
     infer_simple(http, httpclient)
+    infer_simple(grpc_client, grpcclient)
 
 
 def test_load_unknown_model(http, grpc_client):

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 
 from ...errors import EngineError
 from ...proto import grpc_service_pb2, health_pb2
+from .. import compression
 from ..grpc_handlers import STATUS, GrpcHandlers
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
@@ -37,6 +38,10 @@ log = logging.getLogger("hubserve.h2")
 # RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
 OK_TRAILERS = literal(b"grpc-status", b"0")
+ACCEPT_ENCODING = literal(b"grpc-accept-encoding", compression.ACCEPT.encode())
+# Response heads of calls whose responses are compressed (grpc/doc/compression.md), by encoding.
+COMPRESSED_HEADS = {e: RESPONSE_HEAD + literal(b"grpc-encoding", e.encode()) + ACCEPT_ENCODING
+                    for e in compression.ENCODINGS}
 _PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
 _TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 
@@ -99,6 +104,15 @@ def parse_timeout(value: bytes) -> float | None:
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
 
+def response_encoding(encoding: str, accept: bytes) -> str | None:
+    """How to compress a call's responses: like its requests, when the client compresses them with an encoding
+    it accepts back (tritonclient's `compression_algorithm`), else not at all. grpc servers compress nothing
+    unasked, and the hot path of clients that don't compress (perf_analyzer) stays as it is."""
+    if encoding not in compression.ENCODINGS:
+        return None
+    return encoding if compression.accepted_encoding(accept.decode("latin-1"), encoding) else None
+
+
 class GrpcApp:
     """The StreamApp of a gRPC server: one per server, shared by its connections."""
 
@@ -116,8 +130,8 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("app", "buffer", "conn", "done", "headers_sent", "need", "pending", "remote_done", "request",
-                 "rpc", "start_ns", "stream", "timer", "work")
+    __slots__ = ("app", "buffer", "conn", "done", "encoding", "headers_sent", "need", "pending",
+                 "remote_done", "request", "response_encoding", "rpc", "start_ns", "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -134,6 +148,8 @@ class Call:
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
         fields = head.fields
+        self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
+        self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
         self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
         if head.list_size > app.max_header_list_bytes:
@@ -182,9 +198,6 @@ class Call:
                 self.need = 5
                 break
             flag, length = _PREFIX.unpack_from(data, offset)
-            if flag:
-                self.finish(S.UNIMPLEMENTED, "compressed messages are not supported: send with identity encoding")
-                return
             if length > self.app.max_message_bytes:  # rejected before it is buffered, as grpc does
                 self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
                                                   f"{self.app.max_message_bytes})")
@@ -194,6 +207,10 @@ class Call:
                 break
             message = data[offset + 5:offset + 5 + length]
             offset += 5 + length
+            if flag:
+                message = self._decompress(flag, message)  # type: ignore[assignment]
+                if message is None:
+                    return
             if self.rpc.kind is Kind.STREAM_INFER:
                 self._stream_request(message)
                 if self.done:
@@ -205,6 +222,24 @@ class Call:
                 self.request = message
         if offset < size:
             self.buffer = bytearray(data[offset:])
+
+    def _decompress(self, flag: int, message: memoryview) -> bytes | None:
+        """A message with the Compressed-Flag set, decompressed with the call's grpc-encoding within the
+        message limit; None when the call ended instead (PROTOCOL-HTTP2.md, grpc/doc/compression.md)."""
+        if flag != 1:
+            self.finish(S.INTERNAL, f"invalid Compressed-Flag {flag} on a request message")
+        elif compression.is_identity(self.encoding):
+            self.finish(S.INTERNAL, "a request message is marked compressed but has no grpc-encoding")
+        else:
+            try:
+                return compression.decode(self.encoding, message, self.app.max_message_bytes)
+            except compression.UnsupportedEncoding as e:
+                self.finish(S.UNIMPLEMENTED, e.message, extra=ACCEPT_ENCODING)
+            except compression.TooLarge as e:
+                self.finish(S.RESOURCE_EXHAUSTED, e.message)
+            except EngineError as e:
+                self.finish(S.INTERNAL, e.message)
+        return None
 
     def _requests_complete(self) -> None:
         """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
@@ -310,7 +345,7 @@ class Call:
             return
         self.done = True
         self._stop_timer()
-        self.conn.send(self.stream, RESPONSE_HEAD, [_PREFIX.pack(0, size), *parts], OK_TRAILERS)
+        self.conn.send(self.stream, self._response_head(), self._message(parts, size), OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -321,12 +356,23 @@ class Call:
             self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
-        head = None if self.headers_sent else RESPONSE_HEAD
+        head = None if self.headers_sent else self._response_head()
         self.headers_sent = True
-        self.conn.send(self.stream, head, [_PREFIX.pack(0, size), *parts], None)
+        self.conn.send(self.stream, head, self._message(parts, size), None)
 
-    def finish(self, status: int, message: str, http_status: int = 200) -> None:
-        """End the call with `status`: trailers, or a trailers-only response if no headers went out yet."""
+    def _response_head(self) -> bytes:
+        return RESPONSE_HEAD if self.response_encoding is None else COMPRESSED_HEADS[self.response_encoding]
+
+    def _message(self, parts: list[Any], size: int) -> list[Any]:
+        """A response message of `size` bytes in `parts`, length-prefixed, compressed if the call's are."""
+        if self.response_encoding is None:
+            return [_PREFIX.pack(0, size), *parts]
+        body = compression.encode(self.response_encoding, parts)
+        return [_PREFIX.pack(1, len(body)), body]
+
+    def finish(self, status: int, message: str, http_status: int = 200, extra: bytes = b"") -> None:
+        """End the call with `status`: trailers, or a trailers-only response if no headers went out yet;
+        `extra`, an encoded header field, goes with them."""
         if self.done:
             return
         self.done = True
@@ -335,7 +381,7 @@ class Call:
             block = OK_TRAILERS
         else:
             block = status_block(status, message, not self.headers_sent, http_status)
-        self.conn.send(self.stream, None, [], block)
+        self.conn.send(self.stream, None, [], block + extra)
 
     def _fail(self, error: BaseException) -> None:
         if isinstance(error, EngineError):
