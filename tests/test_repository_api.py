@@ -261,12 +261,22 @@ def test_load_model_files_through_the_api(protocol, http, grpc_client, explicit_
 
 
 def test_load_model_files_needs_a_config_and_paths_inside_the_folder(http, grpc_client, explicit_server):
+    # Triton fails bad file overrides as any poll: INTERNAL "failed to load 'X', failed to poll from model
+    # repository" (core model_repository_manager.cc; client src/python/examples/simple_grpc_model_control.py
+    # checks both for a path component longer than NAME_MAX).
+    words = "failed to load 'from_files', failed to poll from model repository: "
     with pytest.raises(InferenceServerException) as e:
         http.load_model("from_files", files={"file:1/model.onnx": b"x"})
-    assert e.value.status() == "400" and "'config'" in e.value.message()
+    assert e.value.status() == "500" and e.value.message().startswith(words) and "'config'" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("from_files", config=json.dumps(SIMPLE_OVERRIDE), files={"file:../x": b"x"})
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "inside the model folder" in e.value.message()
+    assert e.value.status() == "StatusCode.INTERNAL" and e.value.message().startswith(words)
+    assert "inside the model folder" in e.value.message()
+    for client, code in ((http, "500"), (grpc_client, "StatusCode.INTERNAL")):
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("from_files", config="{}", files={"file:1/" + "A" * 256: b"a"})
+        assert e.value.status() == code and e.value.message().startswith(words), e.value.message()
+        assert "/tmp" not in e.value.message() and client.is_server_live()
     request = urllib.request.Request(
         f"http://{explicit_server.http_url}/v2/repository/models/from_files/load",
         data=json.dumps({"parameters": {"config": json.dumps(SIMPLE_OVERRIDE), "file:1/model.onnx": "%%%"}})
