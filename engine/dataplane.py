@@ -10,12 +10,13 @@ needs no check: the name is checked only when the lookup fails, and the request 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from . import __version__
-from .errors import EngineError, not_found
+from .errors import EngineError, ErrorCode, not_found
 from .model import Model
 from .names import check_model_name
 from .repository import IndexEntry, ModelRepository
@@ -138,10 +139,11 @@ class DataPlane:
     def repository_index(self, ready_only: bool = False) -> list[IndexEntry]:
         return self.repository.index(ready_only)
 
-    async def load(self, name: str, config_json: dict[str, Any] | None = None,
-                   files: dict[str, bytes] | None = None) -> None:
+    async def load(self, name: str, config: Any = None, files: dict[str, bytes] | None = None) -> None:
+        """A repository load. `config` is the request's `config` parameter as it came (None when absent):
+        the model config override as a JSON string, parsed here, once for both protocols."""
         check_model_name(name)
-        await self.repository.load(name, config_json, files)
+        await self.repository.load(name, None if config is None else config_override(name, config), files)
         failure = self.repository.load_failure(name)  # a failed load (or reload) is an error to the caller
         if failure is not None:
             raise failure
@@ -151,6 +153,27 @@ class DataPlane:
         if name not in {e.name for e in self.repository.index()}:
             raise not_found(f"unknown model '{name}'")
         await self.repository.unload(name)
+
+
+def config_override(name: str, config: Any) -> dict[str, Any]:
+    """The `config` parameter of a load, parsed. A malformed one fails the load in Triton's words and code:
+    its core logs "Invalid config override: ..." and answers INTERNAL "failed to load '<name>', failed to poll
+    from model repository" (core src/model_repository_manager/model_repository_manager.cc Poll and
+    InitializeModelInfo), which clients match on (client src/python/examples/simple_http_model_control.py:
+    "failed to load"); the precise reason follows."""
+    def failed(reason: str) -> EngineError:
+        return EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
+                                               f"repository: Invalid config override: {reason}")
+
+    if not isinstance(config, str):
+        raise failed("parameter 'config' must be a string holding the model config as JSON")
+    try:
+        parsed = json.loads(config)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
+        raise failed(f"parameter 'config' is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise failed("parameter 'config' must be a JSON object")
+    return parsed
 
 
 def _duration(d: Duration) -> dict[str, int]:

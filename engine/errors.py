@@ -43,3 +43,11 @@ def not_found(message: str) -> EngineError:
 
 def unavailable(message: str) -> EngineError:
     return EngineError(ErrorCode.UNAVAILABLE, message)
+
+
+def unserved_extension(extension: str, operation: str) -> EngineError:
+    """The one answer of both protocols to an endpoint or RPC of a KServe v2 / Triton extension hubserve does
+    not serve (HTTP 501, gRPC UNIMPLEMENTED): `extension` in Triton's name for it (core src/server.cc),
+    `operation` the endpoint or RPC that was called."""
+    return EngineError(ErrorCode.UNSUPPORTED, f"hubserve does not implement the {extension} extension "
+                                              f"({operation})")

@@ -322,9 +322,19 @@ class ModelRepository:
         if problem is not None:
             raise invalid(f"invalid model name: {problem}")
         if files:
+            # Triton fails a bad file override as it fails any poll: INTERNAL "failed to load '<name>', failed
+            # to poll from model repository" (core model_repository_manager.cc), which its examples match on.
+            failed = f"failed to load '{name}', failed to poll from model repository: "
             if config_json is None:
-                raise invalid(f"model '{name}': loading model files needs the 'config' parameter as well")
-            override = await _write_override(name, files)
+                raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs the "
+                                                      "'config' parameter as well")
+            try:
+                override = await _write_override(name, files)
+            except EngineError as e:
+                raise EngineError(ErrorCode.INTERNAL, failed + e.message) from None
+            except OSError as e:  # e.g. a name longer than the file system allows; no server path in the answer
+                raise EngineError(ErrorCode.INTERNAL, f"{failed}could not write the model files: {e.strerror}"
+                                  ) from None
             try:
                 await self._load(name, override, config_json, override)
             finally:  # the sessions hold what they need: the files are not read again after loading

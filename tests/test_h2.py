@@ -15,6 +15,7 @@ import socket
 import struct
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 import grpc
@@ -234,10 +235,67 @@ def test_large_messages_both_ways_from_a_real_client(h2_server):
     assert response.raw_output_contents[0] == values.tobytes()
 
 
-def test_compressed_message_is_unimplemented(client):
+def test_compressed_message_without_grpc_encoding_is_internal(client):
+    # PROTOCOL-HTTP2.md: "If the Message-Encoding header is omitted then the Compressed-Flag must be 0."
     client.send(client.headers(1), frame(DATA, END_STREAM, 1, grpc_message(simple_request(), compressed=1)))
     status, message = status_of(client, 1)
-    assert status == "12" and "compress" in message
+    assert status == "13" and "grpc-encoding" in message
+
+
+def test_unsupported_grpc_encoding_is_unimplemented_and_names_what_is_accepted(client):
+    # grpc/doc/compression.md: UNIMPLEMENTED, and a grpc-accept-encoding header listing what the server takes.
+    client.send(client.headers(1, extra=(("grpc-encoding", "snappy"),)),
+                frame(DATA, END_STREAM, 1, grpc_message(b"\x00" * 10, compressed=1)))
+    _, _, trailers = client.response(1)
+    assert trailers["grpc-status"] == "12" and "snappy" in trailers["grpc-message"]
+    assert {"gzip", "deflate"} <= {e.strip() for e in trailers["grpc-accept-encoding"].split(",")}
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_call_is_answered_compressed_when_the_client_accepts_it(client, encoding):
+    wbits = 31 if encoding == "gzip" else 15
+    deflater = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    body = deflater.compress(simple_request()) + deflater.flush()
+    for stream_id, accept in ((1, f"identity,{encoding}"), (3, "identity")):
+        extra = (("grpc-encoding", encoding), ("grpc-accept-encoding", accept))
+        client.send(client.headers(stream_id, extra=extra))
+        client.send_data(stream_id, grpc_message(body, compressed=1))
+        headers, data, trailers = client.response(stream_id)
+        assert trailers["grpc-status"] == "0", trailers
+        if accept == "identity":  # the client can't read ours: plain
+            assert "grpc-encoding" not in headers and data[0] == 0
+            message = data[5:]
+        else:
+            assert headers["grpc-encoding"] == encoding and data[0] == 1
+            assert int.from_bytes(data[1:5], "big") == len(data) - 5
+            message = zlib.decompress(data[5:], wbits)
+        response = pb.ModelInferResponse.FromString(message)
+        assert response.id == "raw"
+        assert np.frombuffer(response.raw_output_contents[0], np.int32).tolist() == list(range(0, 32, 2))
+
+
+def vm_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def zeros_gzip(size: int) -> bytes:
+    """`size` zero bytes gzip-compressed, built 1 MiB at a time."""
+    deflater = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return b"".join(deflater.compress(bytes(1 << 20)) for _ in range(size >> 20)) + deflater.flush()
+
+
+def test_decompression_bomb_is_resource_exhausted_without_inflating(client, h2_server):
+    bomb = zeros_gzip(512 << 20)  # 512 MiB in ~0.5 MB, 64 times the message limit
+    before = vm_rss_bytes(h2_server.process.pid)
+    for stream_id in (1, 3, 5):
+        client.send(client.headers(stream_id, extra=(("grpc-encoding", "gzip"),)))
+        client.send_data(stream_id, grpc_message(bomb, compressed=1))
+        status, message = status_of(client, stream_id)
+        assert status == "8" and "larger than max" in message
+    assert vm_rss_bytes(h2_server.process.pid) - before < 4 * MAX_MESSAGE_BYTES
+    client.call(7, simple_request())  # the server serves on, on the same connection
+    assert status_of(client, 7)[0] == "0"
 
 
 def test_unknown_method_is_unimplemented(client, h2_server):
@@ -304,7 +362,8 @@ def test_error_messages_are_percent_encoded(client, h2_server):
     assert status_of(client, 1) == ("5", "Request for unknown model: 'caf%C3%A9 100%25' is not found")
     with grpc.insecure_channel(h2_server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
         pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=10)
-    assert e.value.code() == grpc.StatusCode.NOT_FOUND and e.value.details() == f"Request for unknown model: '{name}' is not found"
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    assert e.value.details() == f"Request for unknown model: '{name}' is not found"
 
 
 # ------------------------------------------------------------------------------------------- real clients
@@ -383,6 +442,20 @@ def test_grpcio_frontend_smoke(h2_repository, tmp_path):
             assert c.infer("echo_fp32", [tensor]).as_numpy("OUTPUT0").tolist() == [1.5, -2.0, 3.25]
             with pytest.raises(Exception, match="unknown model"):
                 c.infer("no_such_model", [tensor])
+        with grpc.insecure_channel(server.grpc_url) as channel:  # the full decode and grpcio's stream path
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            both = pb.ModelInferRequest.FromString(simple_request())
+            both.inputs[0].contents.int_contents[:] = range(16)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(both, timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.details().startswith("contents field must not be specified when using raw_input")
+            [answer] = stub.ModelStreamInfer(iter([pb.ModelInferRequest.FromString(simple_request())]),
+                                             timeout=10)
+            assert answer.infer_response.parameters["triton_final_response"].bool_param is True
+            response = stub.ModelInfer(pb.ModelInferRequest.FromString(simple_request()), timeout=10,
+                                       compression=grpc.Compression.Gzip)  # grpcio decompresses on its own
+            assert response.id == "raw"
         assert "gRPC on 127.0.0.1" in server.log()
     finally:
         assert server.stop() == 0

@@ -5,9 +5,13 @@ against a real server process; the values are checked, not only the status.
 from __future__ import annotations
 
 import asyncio
+import gzip
+import http.client
+import json
 import math
 import re
 import urllib.request
+import zlib
 
 import numpy as np
 import onnxruntime as ort
@@ -409,3 +413,56 @@ def test_prometheus_metrics_grow(client, server):
     assert metric(server, "nv_inference_request_success", "simple") >= before + 2
     assert metric(server, "nv_inference_count", "simple") >= count_before + 4
     assert metric(server, "nv_inference_request_success", "mlp") >= 0
+
+
+# ------------------------------------------------------------------------------------------- compression
+
+SIMPLE_JSON = json.dumps({"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16],
+                                      "data": list(range(16))} for n in ("INPUT0", "INPUT1")]}).encode()
+
+
+def post_infer(server, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    try:
+        conn.request("POST", "/v2/models/simple/infer", body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def vm_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_body_and_response_on_the_wire(server, encoding):
+    body = gzip.compress(SIMPLE_JSON) if encoding == "gzip" else zlib.compress(SIMPLE_JSON)
+    status, headers, payload = post_infer(server, body, {"Content-Encoding": encoding,
+                                                         "Accept-Encoding": f"br;q=1, {encoding};q=0.5"})
+    assert status == 200 and headers["content-encoding"] == encoding
+    doc = json.loads(gzip.decompress(payload) if encoding == "gzip" else zlib.decompress(payload))
+    assert doc["outputs"][0]["data"] == list(range(0, 32, 2))
+    status, headers, payload = post_infer(server, SIMPLE_JSON, {"Accept-Encoding": "identity"})
+    assert status == 200 and "content-encoding" not in headers and json.loads(payload)["outputs"]
+
+
+@pytest.mark.parametrize("body, encoding, code", [
+    (b"not gzip at all", "gzip", 400), (gzip.compress(SIMPLE_JSON)[:-10], "gzip", 400),
+    (SIMPLE_JSON, "br", 415),
+], ids=["corrupt", "truncated", "unsupported"])
+def test_bad_compressed_bodies(server, body, encoding, code):
+    status, _, payload = post_infer(server, body, {"Content-Encoding": encoding})
+    assert status == code and json.loads(payload)["error"], payload
+
+
+def test_decompression_bomb_is_413_without_inflating(server):
+    deflater = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(deflater.compress(bytes(1 << 20)) for _ in range(512)) + deflater.flush()  # 512 MiB
+    before = vm_rss_bytes(server.process.pid)
+    for _ in range(3):
+        status, _, payload = post_infer(server, bomb, {"Content-Encoding": "gzip"})
+        assert status == 413 and "larger than max" in json.loads(payload)["error"]
+    assert vm_rss_bytes(server.process.pid) - before < 256 << 20  # the limit is 64 MiB, the bomb 512
+    assert post_infer(server, SIMPLE_JSON, {})[0] == 200  # and the server serves on

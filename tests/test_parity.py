@@ -1,6 +1,8 @@
-"""Where hubserve answers as Triton does (issue 11, the core's half), through Triton's own clients over both
-protocols: error wording clients match on, output reshape, metadata platform, readiness of an unknown version,
-unsupported configuration and request features refused, the extensions listed.
+"""Where hubserve answers as Triton does (issue 11), through Triton's own clients over both protocols. The
+core's half: error wording clients match on, output reshape, metadata platform, readiness of an unknown
+version, unsupported configuration and request features refused, the extensions listed. The frontends' half:
+raw and typed contents refused together, extensions we don't serve answered alike on both protocols,
+compression, stream responses flagged final.
 
 The server runs in its own process; this file imports `tritonclient.grpc` and none of our generated modules.
 Where a point is Triton's wording, the comment names the Triton source it comes from.
@@ -8,13 +10,18 @@ Where a point is Triton's wording, the comment names the Triton source it comes 
 
 from __future__ import annotations
 
+import json
+import queue
 import urllib.error
 import urllib.request
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as grpc_service_pb2
+from tritonclient.grpc import service_pb2_grpc as grpc_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
@@ -191,3 +198,140 @@ def test_extensions_are_exactly_what_is_served(client):
     meta = as_json(client, "get_server_metadata")
     assert sorted(meta["extensions"]) == sorted(["binary_tensor_data", "model_repository", "schedule_policy",
                                                  "model_configuration", "statistics"])
+
+
+# ================================================================ issue 11, the frontends' half
+
+# 2 ------------------------------------------------------------------------- raw and typed contents at once
+
+def contents_and_raw_request(with_contents: bool) -> grpc_service_pb2.ModelInferRequest:
+    request = grpc_service_pb2.ModelInferRequest(model_name="simple", id="both")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        request.raw_input_contents.append(np.arange(16, dtype=np.int32).tobytes())
+    if with_contents:
+        request.inputs[0].contents.int_contents[:] = range(16)
+    return request
+
+
+def test_raw_and_typed_contents_together_are_refused(parity_server):
+    # Triton's words and code: server src/grpc/infer_handler.cc; client src/python/examples/
+    # grpc_explicit_int_content_client.py matches on them. tritonclient only sends raw contents: a plain stub.
+    words = ("contents field must not be specified when using raw_input_contents for 'INPUT0' for model "
+             "'simple'")
+    with grpc.insecure_channel(parity_server.grpc_url) as channel:
+        stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert stub.ModelInfer(contents_and_raw_request(False), timeout=10).id == "both"  # makes a plan
+        for _ in range(3):  # the wire path's first sight of it and its repeats
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(contents_and_raw_request(True), timeout=10)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and e.value.details() == words
+        answers = list(stub.ModelStreamInfer(iter([contents_and_raw_request(True)]), timeout=10))
+    assert [a.error_message for a in answers] == [words]
+
+
+# 8 ------------------------------------------------------------------------- extensions we don't serve
+
+def unserved_calls(client) -> list:
+    """(extension, call) for every client method of an extension hubserve does not serve."""
+    return [
+        ("system_shared_memory", lambda: client.get_system_shared_memory_status()),
+        ("system_shared_memory", lambda: client.get_system_shared_memory_status(region_name="r")),
+        ("system_shared_memory", lambda: client.register_system_shared_memory("r", "/r_key", 64)),
+        ("system_shared_memory", lambda: client.unregister_system_shared_memory()),
+        ("system_shared_memory", lambda: client.unregister_system_shared_memory("r")),
+        ("cuda_shared_memory", lambda: client.get_cuda_shared_memory_status()),
+        ("cuda_shared_memory", lambda: client.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64)),
+        ("cuda_shared_memory", lambda: client.unregister_cuda_shared_memory()),
+        ("trace", lambda: client.get_trace_settings()),
+        ("trace", lambda: client.get_trace_settings(model_name="simple")),
+        ("trace", lambda: client.update_trace_settings(settings={"trace_level": ["OFF"]})),
+        ("logging", lambda: client.get_log_settings()),
+        ("logging", lambda: client.update_log_settings({"log_info": True})),
+    ]
+
+
+def test_unserved_extensions_are_unimplemented_on_both_protocols(client):
+    for extension, call in unserved_calls(client):
+        e = error_of(call)
+        assert e.status() == status(client, "501", "StatusCode.UNIMPLEMENTED"), (extension, e)
+        assert f"hubserve does not implement the {extension} extension" in e.message(), e.message()
+
+
+@pytest.mark.parametrize("method, path, extension", [
+    ("GET", "systemsharedmemory/status", "system_shared_memory"),
+    ("POST", "systemsharedmemory/region/r/register", "system_shared_memory"),
+    ("POST", "systemsharedmemory/unregister", "system_shared_memory"),  # perf_analyzer --shared-memory
+    ("POST", "cudasharedmemory/unregister", "cuda_shared_memory"),
+    ("GET", "cudasharedmemory/region/r/status", "cuda_shared_memory"),
+    ("POST", "trace/setting", "trace"), ("GET", "models/simple/versions/1/trace/setting", "trace"),
+    ("GET", "logging", "logging"),
+    ("POST", "models/simple/generate", "generate"),
+    ("POST", "models/simple/versions/1/generate_stream", "generate"),
+    ("POST", "models/no_such_model/generate", "generate"),
+])
+def test_unserved_http_endpoints_answer_501_in_json(parity_server, method, path, extension):
+    request = urllib.request.Request(f"http://{parity_server.http_url}/v2/{path}", method=method,
+                                     data=b"{}" if method == "POST" else None)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=10)
+    assert e.value.code == 501
+    assert json.loads(e.value.read())["error"] == \
+        f"hubserve does not implement the {extension} extension ({method} /v2/{path})"
+
+
+def test_paths_that_are_no_endpoint_stay_404(parity_server):
+    for path in ("systemsharedmemory/nothing", "logging/extra", "models/simple/trace"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://{parity_server.http_url}/v2/{path}", timeout=10)
+        assert e.value.code == 404, path
+
+
+# 9 ------------------------------------------------------------------------- compression
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+@pytest.mark.parametrize("binary_output", [True, False])
+def test_compressed_requests_and_responses(client, algorithm, binary_output):
+    """tritonclient.http's request_/response_compression_algorithm (the request's Inference-Header-Content-
+    Length counts the uncompressed JSON) and tritonclient.grpc's compression_algorithm."""
+    inputs = simple_inputs(client.module, batch=2)
+    outputs = [client.module.InferRequestedOutput(name, **({"binary_data": binary_output}
+                                                           if client.module is httpclient else {}))
+               for name in ("OUTPUT0", "OUTPUT1")]
+    if client.module is httpclient:
+        result = client.infer("simple", inputs, outputs=outputs, request_compression_algorithm=algorithm,
+                              response_compression_algorithm=algorithm)
+    else:
+        result = client.infer("simple", inputs, outputs=outputs, compression_algorithm=algorithm)
+    a = np.arange(32, dtype=np.int32).reshape(2, 16)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - a)
+
+
+# 11 ------------------------------------------------------------------------ stream responses flagged final
+
+def test_stream_responses_carry_triton_final_response(parity_server):
+    # Triton flags a non-decoupled model's one response final (server src/grpc/stream_infer_handler.cc
+    # StreamInferResponseComplete); a client asking for an empty final response waits for the flag.
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(parity_server.grpc_url) as c:
+        c.start_stream(callback=lambda result, error: results.put((result, error)))
+        try:
+            c.async_stream_infer("simple", simple_inputs(grpcclient), request_id="f1",
+                                 enable_empty_final_response=True)
+            result, error = results.get(timeout=30)
+            assert error is None
+            response = result.get_response()
+            assert response.id == "f1" and response.parameters["triton_final_response"].bool_param is True
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * np.arange(16).reshape(1, 16))
+            c.async_stream_infer("simple", simple_inputs(grpcclient), request_id="f2")  # without asking
+            result, error = results.get(timeout=30)
+            assert error is None and result.get_response().parameters["triton_final_response"].bool_param
+        finally:
+            c.stop_stream()
+    with grpc.insecure_channel(parity_server.grpc_url) as channel:  # an error's answer is flagged as well
+        stub = grpc_service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        bad = grpc_service_pb2.ModelInferRequest(model_name="no_such_model", id="f3")
+        [answer] = list(stub.ModelStreamInfer(iter([bad]), timeout=10))
+    assert "no_such_model" in answer.error_message and answer.infer_response.id == "f3"
+    assert answer.infer_response.parameters["triton_final_response"].bool_param is True

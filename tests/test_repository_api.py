@@ -182,15 +182,25 @@ def test_grpc_load_with_config_override(grpc_client):
     assert grpc_client.get_model_config("simple").config.max_batch_size == 8
 
 
-def test_load_bad_override_is_rejected_and_model_keeps_serving(http, grpc_client):
-    with pytest.raises(InferenceServerException) as e:
-        http.load_model("simple", config="{not json")
-    assert e.value.status() == "400" and "config" in e.value.message()
-    with pytest.raises(InferenceServerException) as e:
-        grpc_client.load_model("simple", config="[1, 2]")
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+def test_load_bad_override_fails_in_tritons_words_and_model_keeps_serving(http, grpc_client, explicit_server):
+    # Triton's words and code: core model_repository_manager.cc (InitializeModelInfo logs "Invalid config
+    # override", the load answers INTERNAL "failed to load '<name>', failed to poll from model repository");
+    # client src/python/examples/simple_{http,grpc}_model_control.py match on "failed to load".
+    words = "failed to load 'simple', failed to poll from model repository: Invalid config override: "
+    # What those examples send, a JSON array, a JSON string, and (raw HTTP) a config that is not a string.
+    for config in ('"parameters": {"config": {{"max_batch_size": "16"}}}', "[1, 2]", '"x"'):
+        for client, code in ((http, "500"), (grpc_client, "StatusCode.INTERNAL")):
+            with pytest.raises(InferenceServerException) as e:
+                client.load_model("simple", config=config)
+            assert e.value.status() == code and e.value.message().startswith(words), e.value.message()
+    request = urllib.request.Request(f"http://{explicit_server.http_url}/v2/repository/models/simple/load",
+                                     data=b'{"parameters": {"config": {"max_batch_size": 4}}}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=30)
+    assert e.value.code == 500 and json.loads(e.value.read())["error"].startswith(words)
     assert http.get_model_config("simple")["max_batch_size"] == 8
     infer_simple(http, httpclient)
+    infer_simple(grpc_client, grpcclient)
 
 
 def test_load_unknown_model(http, grpc_client):
@@ -251,12 +261,22 @@ def test_load_model_files_through_the_api(protocol, http, grpc_client, explicit_
 
 
 def test_load_model_files_needs_a_config_and_paths_inside_the_folder(http, grpc_client, explicit_server):
+    # Triton fails bad file overrides as any poll: INTERNAL "failed to load 'X', failed to poll from model
+    # repository" (core model_repository_manager.cc; client src/python/examples/simple_grpc_model_control.py
+    # checks both for a path component longer than NAME_MAX).
+    words = "failed to load 'from_files', failed to poll from model repository: "
     with pytest.raises(InferenceServerException) as e:
         http.load_model("from_files", files={"file:1/model.onnx": b"x"})
-    assert e.value.status() == "400" and "'config'" in e.value.message()
+    assert e.value.status() == "500" and e.value.message().startswith(words) and "'config'" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("from_files", config=json.dumps(SIMPLE_OVERRIDE), files={"file:../x": b"x"})
-    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "inside the model folder" in e.value.message()
+    assert e.value.status() == "StatusCode.INTERNAL" and e.value.message().startswith(words)
+    assert "inside the model folder" in e.value.message()
+    for client, code in ((http, "500"), (grpc_client, "StatusCode.INTERNAL")):
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("from_files", config="{}", files={"file:1/" + "A" * 256: b"a"})
+        assert e.value.status() == code and e.value.message().startswith(words), e.value.message()
+        assert "/tmp" not in e.value.message() and client.is_server_live()
     request = urllib.request.Request(
         f"http://{explicit_server.http_url}/v2/repository/models/from_files/load",
         data=json.dumps({"parameters": {"config": json.dumps(SIMPLE_OVERRIDE), "file:1/model.onnx": "%%%"}})

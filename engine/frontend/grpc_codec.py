@@ -48,7 +48,13 @@ def param_value(p: Any) -> Any:
 
 
 def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
+    """The full decode (the grpcio frontend's, and the wire path's first sight of a request)."""
     raw = msg.raw_input_contents
+    if raw:  # checked first, as Triton does (server src/grpc/infer_handler.cc), so its words come first
+        for t in msg.inputs:
+            if t.HasField("contents"):
+                raise invalid(f"contents field must not be specified when using raw_input_contents for "
+                              f"'{t.name}' for model '{msg.model_name}'")
     shared = sum(1 for t in msg.inputs if in_shared_memory(t.parameters))
     if raw and len(raw) != len(msg.inputs) - shared:
         raise invalid(f"request has {len(msg.inputs)} inputs but {len(raw)} raw_input_contents entries")
@@ -116,6 +122,11 @@ _ID_TAG = 0x1A  # field 3 (id), wire type 2, in both ModelInferRequest and Model
 _RAW_INPUT_TAG = 0x3A  # ModelInferRequest field 7, raw_input_contents
 _RAW_OUTPUT_TAG = 0x32  # ModelInferResponse field 6, raw_output_contents
 _STREAM_RESPONSE_TAG = 0x12  # ModelStreamInferResponse field 2, infer_response
+# The `parameters` field of a ModelInferResponse holding triton_final_response: true, serialized once: every
+# answer on a stream carries it, as Triton's do for a non-decoupled model (server
+# src/grpc/stream_infer_handler.cc StreamInferResponseComplete).
+_FINAL_PARAMETER = pb.ModelInferResponse(
+    parameters={"triton_final_response": pb.InferParameter(bool_param=True)}).SerializeToString()
 
 
 def _varint(buf: Any, pos: int) -> tuple[int, int]:
@@ -207,7 +218,9 @@ class InferWireCodec:
 
     def decode(self, message: Any) -> InferenceRequest:
         """Raises EngineError for a request the protocol or the engine refuses, DecodeError for bytes that
-        are not a ModelInferRequest."""
+        are not a ModelInferRequest. A plan is made only by a full decode that succeeded, and its key holds
+        the typed `contents` of every input, so a request the full decode refuses (raw and typed contents
+        together) never finds one."""
         cut = split_infer_request(message)
         if cut is not None:
             key, request_id, raw = cut
@@ -253,8 +266,11 @@ class InferWireCodec:
         return parts, size
 
     def encode_stream(self, response: InferenceResponse) -> tuple[list[Any], int]:
-        """The serialized ModelStreamInferResponse carrying `response`, as (parts, total length)."""
+        """The serialized ModelStreamInferResponse carrying `response`, flagged final, as (parts, total
+        length)."""
         parts, size = self.encode(response)
+        parts.append(_FINAL_PARAMETER)
+        size += len(_FINAL_PARAMETER)
         head = field_head(_STREAM_RESPONSE_TAG, size)
         return [head, *parts], len(head) + size
 

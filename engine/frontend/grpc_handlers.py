@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -18,7 +17,7 @@ from typing import Any, TypeVar
 from google.protobuf import json_format
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, invalid, not_found
+from ..errors import EngineError, ErrorCode, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import InferenceResponse
 from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value
@@ -62,10 +61,14 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
 }
 
-# RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED.
-UNIMPLEMENTED_RPCS = ("SystemSharedMemoryStatus", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
-                      "CudaSharedMemoryStatus", "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister",
-                      "TraceSetting", "LogSettings")
+# RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
+# belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501 (http.py _UNSERVED).
+UNIMPLEMENTED_RPCS = {
+    "SystemSharedMemoryStatus": "system_shared_memory", "SystemSharedMemoryRegister": "system_shared_memory",
+    "SystemSharedMemoryUnregister": "system_shared_memory", "CudaSharedMemoryStatus": "cuda_shared_memory",
+    "CudaSharedMemoryRegister": "cuda_shared_memory", "CudaSharedMemoryUnregister": "cuda_shared_memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
 HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 
@@ -118,17 +121,9 @@ class GrpcHandlers:
         ])
 
     async def RepositoryModelLoad(self, request: Any) -> Any:
-        config_json = None
         params = {k: param_value(v) for k, v in request.parameters.items()}
         files = {k[5:]: v for k, v in params.items() if k.startswith("file:")}  # bytes_param values
-        if "config" in params:
-            try:
-                config_json = json.loads(params["config"])
-            except (TypeError, ValueError) as e:
-                raise invalid(f"parameter 'config' is not valid JSON: {e}") from None
-            if not isinstance(config_json, dict):
-                raise invalid("parameter 'config' must be a JSON object")
-        await self.dp.load(request.model_name, config_json, files)
+        await self.dp.load(request.model_name, params.get("config"), files)  # the data plane parses it
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any) -> Any:
@@ -159,8 +154,7 @@ class GrpcHandlers:
         """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an
         answer on the stream (`error_message`, with the request's id), which stays open. Cancelling the
         returned future drops the request."""
-        return _stream_answer(lambda: self.submit_infer(request),
-                              lambda r: pb.ModelStreamInferResponse(infer_response=encode_response(r)),
+        return _stream_answer(lambda: self.submit_infer(request), _stream_response,
                               lambda e: _stream_error(request, e))
 
     # ------------------------------------------------------------------ grpc.health.v1.Health
@@ -224,17 +218,30 @@ def _stream_answer(submit: Callable[[], asyncio.Future[InferenceResponse]],
     return out
 
 
+def _stream_response(response: InferenceResponse) -> Any:
+    """A stream's answer: the response, flagged final as Triton flags a non-decoupled model's only one
+    (server src/grpc/stream_infer_handler.cc StreamInferResponseComplete)."""
+    infer_response = encode_response(response)
+    infer_response.parameters["triton_final_response"].bool_param = True
+    return pb.ModelStreamInferResponse(infer_response=infer_response)
+
+
 def _stream_error(request: Any, error: EngineError) -> Any:
-    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=pb.ModelInferResponse(id=request.id))
+    """A failed request's answer on the stream: the error, and the request's id, model and version, flagged
+    final as Triton flags it (server src/grpc/stream_infer_handler.cc StreamInferResponseComplete)."""
+    infer_response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                           model_version=request.model_version)
+    infer_response.parameters["triton_final_response"].bool_param = True
+    return pb.ModelStreamInferResponse(error_message=error.message, infer_response=infer_response)
 
 
-def _unimplemented(name: str) -> Any:
+def _unimplemented(name: str, extension: str) -> Any:
     def handler(self: GrpcHandlers, request: Any) -> Any:
-        raise EngineError(ErrorCode.UNSUPPORTED, f"hubserve does not implement {name} yet")
+        raise unserved_extension(extension, name)
 
     handler.__name__ = name
     return handler
 
 
-for _name in UNIMPLEMENTED_RPCS:
-    setattr(GrpcHandlers, _name, _unimplemented(_name))
+for _name, _extension in UNIMPLEMENTED_RPCS.items():
+    setattr(GrpcHandlers, _name, _unimplemented(_name, _extension))

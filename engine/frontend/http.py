@@ -27,8 +27,9 @@ import httptools
 import orjson
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, invalid, not_found
+from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..types import InferenceRequest, InferenceResponse
+from . import compression
 from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response
 
 log = logging.getLogger("hubserve.http")
@@ -45,7 +46,8 @@ STATUS = {
     ErrorCode.INTERNAL: 500,
 }
 _REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            413: b"Payload Too Large", 429: b"Too Many Requests", 499: b"Client Closed Request",
+            413: b"Payload Too Large", 415: b"Unsupported Media Type", 429: b"Too Many Requests",
+            499: b"Client Closed Request",
             500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
             504: b"Gateway Timeout"}
 _HEADER_LENGTH_LOWER = HEADER_LENGTH.lower().encode()
@@ -252,8 +254,8 @@ def _status(ok: bool) -> Answer:
     return (200 if ok else 503), b"", b"text/plain", b""
 
 
-def _json_body(req: _Request) -> dict[str, Any]:
-    body = b"".join(req.body)
+def _json_body(req: _Request, limit: int) -> dict[str, Any]:
+    body = _body(req, limit)
     if not body.strip():
         return {}  # tritonclient sends some requests with no body
     try:
@@ -280,6 +282,14 @@ class HttpApp:
         return HttpProtocol(self)
 
     def route(self, req: _Request) -> Answer | asyncio.Future[Answer] | _Infer:
+        try:
+            return self._route(req)
+        except compression.TooLarge as e:  # a compressed body inflating past the limit, as one over it
+            return _error(413, e.message)
+        except compression.UnsupportedEncoding as e:
+            return _error(415, e.message)
+
+    def _route(self, req: _Request) -> Answer | asyncio.Future[Answer] | _Infer:
         path = req.url.split(b"?", 1)[0]
         text = path.decode("utf-8", "replace")
         parts = text.strip("/").split("/")
@@ -289,6 +299,9 @@ class HttpApp:
         if not parts or parts[0] != "v2":
             raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
         rest = parts[1:]
+        extension = _unserved(rest)
+        if extension is not None:
+            raise unserved_extension(extension, f"{method.decode()} {path.decode('utf-8', 'replace')}")
         if method in (b"GET", b"HEAD"):
             if not rest or rest == [""]:
                 return _json(self.dp.server_metadata())
@@ -303,11 +316,12 @@ class HttpApp:
             if rest[1:] == ["index"]:
                 return self._index(req)
             if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
-                return self._spawn(self._load(req, rest[2]) if rest[3] == "load" else self._unload(req, rest[2]))
+                doc = _json_body(req, self.max_body_bytes)  # parsed here, so its errors are answered here
+                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]))
         raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
 
     def _model_route(self, req: _Request, method: bytes, name: str, version: str, action: str
-                     ) -> Answer | _Infer:
+                     ) -> Answer | _Infer | asyncio.Future[Answer]:
         if action == "infer":
             if method != b"POST":
                 return _error(405, "infer needs POST")
@@ -324,43 +338,39 @@ class HttpApp:
             return _json({"model_stats": self.dp.statistics(name, version)})
         raise not_found(f"no endpoint {action!r} for model '{name}'")
 
-    def _infer(self, req: _Request, name: str, version: str) -> _Infer:
-        body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+    def _infer(self, req: _Request, name: str, version: str) -> _Infer | asyncio.Future[Answer]:
+        """Decode and submit. A compressed body is decompressed first (Inference-Header-Content-Length counts
+        the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
+        response gets one, built in a task of its own."""
+        body = _body(req, self.max_body_bytes)
         header_length = req.headers.get(_HEADER_LENGTH_LOWER)
         request = decode_request(name, version, body,
                                  header_length.decode("latin-1") if header_length is not None else None,
                                  self.header_cache)
-        return _Infer(self.dp.submit(request, req.start_ns), request)
+        future = self.dp.submit(request, req.start_ns)
+        accept = req.headers.get(b"accept-encoding")
+        encoding = compression.accepted(accept.decode("latin-1")) if accept else None
+        if encoding is None:
+            return _Infer(future, request)
+        return self._spawn(_compressed_answer(future, request, encoding))
 
     def _index(self, req: _Request) -> Answer:
-        doc = _json_body(req)
+        doc = _json_body(req, self.max_body_bytes)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid("'ready' must be true or false")
         return _json([{"name": e.name, "version": e.version, "state": e.state.value, "reason": e.reason}
                       for e in self.dp.repository_index(ready)])
 
-    async def _load(self, req: _Request, name: str) -> Answer:
-        params = _json_body(req).get("parameters") or {}
+    async def _load(self, doc: dict[str, Any], name: str) -> Answer:
+        params = doc.get("parameters") or {}
         if not isinstance(params, dict):
             raise invalid("'parameters' must be a JSON object")
         files = {k[5:]: _base64(k, v) for k, v in params.items() if k.startswith("file:")}
-        config_json = None
-        if "config" in params:
-            config = params["config"]
-            if not isinstance(config, str):
-                raise invalid("parameter 'config' must be a string holding the model config as JSON")
-            try:
-                config_json = orjson.loads(config)
-            except orjson.JSONDecodeError as e:
-                raise invalid(f"parameter 'config' is not valid JSON: {e}") from None
-            if not isinstance(config_json, dict):
-                raise invalid("parameter 'config' must be a JSON object")
-        await self.dp.load(name, config_json, files)
+        await self.dp.load(name, params.get("config"), files)  # the data plane parses the config override
         return 200, b"", _JSON, b""
 
-    async def _unload(self, req: _Request, name: str) -> Answer:
-        _json_body(req)
+    async def _unload(self, name: str) -> Answer:
         await self.dp.unload(name)
         return 200, b"", _JSON, b""
 
@@ -388,6 +398,62 @@ def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:
     if len(rest) > 1:
         raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
     return name, version, rest[0] if rest else ""
+
+
+def _body(req: _Request, limit: int) -> bytes:
+    """The request body, decompressed when it has a Content-Encoding (gzip, deflate), within `limit` bytes:
+    compression.TooLarge beyond it, compression.UnsupportedEncoding for other encodings."""
+    body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+    encoding = req.headers.get(b"content-encoding")
+    if encoding is None or compression.is_identity(encoding.decode("latin-1").strip().lower()):
+        return body
+    return compression.decode(encoding.decode("latin-1"), body, limit)
+
+
+# Triton's HTTP endpoints of extensions hubserve does not serve (server src/http_server.cc; docs/protocol/
+# extension_*.md), by first path segment after /v2: each answers 501 naming its extension (as the gRPC
+# RPCs answer UNIMPLEMENTED), not 404 as if it were no endpoint at all.
+_UNSERVED = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory",
+             "trace": "trace", "logging": "logging"}
+_SHM_ACTIONS = ("status", "register", "unregister")
+
+
+def _unserved(rest: list[str]) -> str | None:
+    """The extension of an endpoint we don't serve at /v2/<rest>, or None."""
+    if not rest:
+        return None
+    extension = _UNSERVED.get(rest[0])
+    if extension is not None:
+        tail = rest[1:]
+        if extension == "logging":
+            return extension if not tail else None
+        if extension == "trace":
+            return extension if tail == ["setting"] else None
+        if len(tail) == 1 and tail[0] in _SHM_ACTIONS or len(tail) == 3 and tail[0] == "region" \
+                and tail[2] in _SHM_ACTIONS:
+            return extension
+        return None
+    if rest[0] == "models" and len(rest) >= 3:
+        tail = rest[2:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            tail = tail[2:]
+        if tail in (["generate"], ["generate_stream"]):
+            return "generate"
+        if tail == ["trace", "setting"]:
+            return "trace"
+    return None
+
+
+async def _compressed_answer(future: asyncio.Future[InferenceResponse], request: InferenceRequest,
+                             encoding: str) -> Answer:
+    """An inference answer compressed with `encoding`, for a client that accepts it (Accept-Encoding).
+    Cancelling this task (the client left) cancels the request; large bodies compress on a worker thread."""
+    status, payload, content_type, extra = _infer_answer(await future, request)
+    if len(payload) < 1 << 20:
+        body = compression.encode(encoding, [payload])
+    else:
+        body = await asyncio.to_thread(compression.encode, encoding, [payload])
+    return status, body, content_type, extra + b"Content-Encoding: %s\r\n" % encoding.encode()
 
 
 def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Answer:

@@ -24,18 +24,32 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ...errors import EngineError
+from .. import compression
 from ..grpc_handlers import STATUS, GrpcHandlers
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
 from .frames import H2Error
 from .guard import MemoryReturn
-from .headers import RequestHead
+from .headers import RequestHead, literal
 from .rpcs import OK_TRAILERS, PREFIX, RESPONSE_HEAD, Kind, Rpc, parse_timeout, rpc_table, status_block
 from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
 
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
+ACCEPT_ENCODING = literal(b"grpc-accept-encoding", compression.ACCEPT.encode())
+# Response heads of calls whose responses are compressed (grpc/doc/compression.md), by encoding.
+COMPRESSED_HEADS = {e: RESPONSE_HEAD + literal(b"grpc-encoding", e.encode()) + ACCEPT_ENCODING
+                    for e in compression.ENCODINGS}
+
+
+def response_encoding(encoding: str, accept: bytes) -> str | None:
+    """How to compress a call's responses: like its requests, when the client compresses them with an encoding
+    it accepts back (tritonclient's `compression_algorithm`), else not at all. grpc servers compress nothing
+    unasked, and the hot path of clients that don't compress (perf_analyzer) stays as it is."""
+    if encoding not in compression.ENCODINGS:
+        return None
+    return encoding if compression.accepted_encoding(accept.decode("latin-1"), encoding) else None
 
 
 class GrpcApp:
@@ -70,8 +84,9 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("app", "buffer", "conn", "done", "fed", "fed_at", "headers_sent", "need", "pending", "remote_done",
-                 "request", "reserved", "rpc", "start_ns", "stream", "timer", "work")
+    __slots__ = ("app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent", "need", "pending",
+                 "remote_done", "request", "reserved", "response_encoding", "rpc", "start_ns", "stream", "timer",
+                 "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -91,6 +106,8 @@ class Call:
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
         fields = head.fields
+        self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
+        self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
         self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
         if head.list_size > app.max_header_list_bytes:
@@ -145,9 +162,6 @@ class Call:
                 self.need = 5
                 break
             flag, length = PREFIX.unpack_from(data, offset)
-            if flag:
-                self.finish(S.UNIMPLEMENTED, "compressed messages are not supported: send with identity encoding")
-                return
             if length > self.app.max_message_bytes:  # rejected before it is buffered, as grpc does
                 self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
                                                   f"{self.app.max_message_bytes})")
@@ -157,6 +171,10 @@ class Call:
                 break
             message = data[offset + 5:offset + 5 + length]
             offset += 5 + length
+            if flag:
+                message = self._decompress(flag, message)  # type: ignore[assignment]
+                if message is None:
+                    return
             if self.rpc.kind is Kind.STREAM_INFER:
                 self._stream_request(message)
                 if self.done:
@@ -208,6 +226,24 @@ class Call:
         self.conn.request_bytes.give(self.reserved)
         self.reserved = 0
         self.app.partial.discard(self)
+
+    def _decompress(self, flag: int, message: memoryview) -> bytes | None:
+        """A message with the Compressed-Flag set, decompressed with the call's grpc-encoding within the
+        message limit; None when the call ended instead (PROTOCOL-HTTP2.md, grpc/doc/compression.md)."""
+        if flag != 1:
+            self.finish(S.INTERNAL, f"invalid Compressed-Flag {flag} on a request message")
+        elif compression.is_identity(self.encoding):
+            self.finish(S.INTERNAL, "a request message is marked compressed but has no grpc-encoding")
+        else:
+            try:
+                return compression.decode(self.encoding, message, self.app.max_message_bytes)
+            except compression.UnsupportedEncoding as e:
+                self.finish(S.UNIMPLEMENTED, e.message, extra=ACCEPT_ENCODING)
+            except compression.TooLarge as e:
+                self.finish(S.RESOURCE_EXHAUSTED, e.message)
+            except EngineError as e:
+                self.finish(S.INTERNAL, e.message)
+        return None
 
     def _requests_complete(self) -> None:
         """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
@@ -315,7 +351,7 @@ class Call:
             return
         self.done = True
         self._stop_timer()
-        self.conn.send(self.stream, RESPONSE_HEAD, [PREFIX.pack(0, size), *parts], OK_TRAILERS)
+        self.conn.send(self.stream, self._response_head(), self._message(parts, size), OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -326,12 +362,23 @@ class Call:
             self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
-        head = None if self.headers_sent else RESPONSE_HEAD
+        head = None if self.headers_sent else self._response_head()
         self.headers_sent = True
-        self.conn.send(self.stream, head, [PREFIX.pack(0, size), *parts], None)
+        self.conn.send(self.stream, head, self._message(parts, size), None)
 
-    def finish(self, status: int, message: str, http_status: int = 200) -> None:
-        """End the call with `status`: trailers, or a trailers-only response if no headers went out yet."""
+    def _response_head(self) -> bytes:
+        return RESPONSE_HEAD if self.response_encoding is None else COMPRESSED_HEADS[self.response_encoding]
+
+    def _message(self, parts: list[Any], size: int) -> list[Any]:
+        """A response message of `size` bytes in `parts`, length-prefixed, compressed if the call's are."""
+        if self.response_encoding is None:
+            return [PREFIX.pack(0, size), *parts]
+        body = compression.encode(self.response_encoding, parts)
+        return [PREFIX.pack(1, len(body)), body]
+
+    def finish(self, status: int, message: str, http_status: int = 200, extra: bytes = b"") -> None:
+        """End the call with `status`: trailers, or a trailers-only response if no headers went out yet;
+        `extra`, an encoded header field, goes with them."""
         if self.done:
             return
         self.done = True
@@ -341,7 +388,7 @@ class Call:
             block = OK_TRAILERS
         else:
             block = status_block(status, message, not self.headers_sent, http_status)
-        self.conn.send(self.stream, None, [], block)
+        self.conn.send(self.stream, None, [], block + extra)
 
     def _fail(self, error: BaseException) -> None:
         if isinstance(error, EngineError):
