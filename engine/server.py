@@ -74,7 +74,9 @@ class Server:
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
             await self.repository.load_all()
-        self._http = http_frontend.HttpApp(self.dataplane, opts.max_message_bytes)
+        self._http = http_frontend.HttpApp(self.dataplane, http_frontend.HttpLimits(
+            opts.http_max_input_bytes or opts.max_message_bytes, opts.max_header_bytes, opts.max_header_count,
+            opts.client_timeout_secs, opts.idle_timeout_secs))
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 

@@ -1,15 +1,19 @@
-"""KServe v2 over HTTP/1.1, on an asyncio.Protocol with the httptools (llhttp) parser.
+"""KServe v2 over HTTP/1.1: the routes, and the app that owns the connections (frontend/http_connection.py).
 
 Why not a web framework: on the small models that dominate serving traffic, a framework's per-request
 machinery (request objects, middleware, routing tables, header multidicts) costs more CPU than the inference.
 Here a request is parsed by llhttp in C, routed by splitting the path, and answered with one `write` of status
-line, headers and body (no Nagle stall, no second packet). Inference does not even create a task: the frontend
-attaches a callback to the batcher's future.
+line, headers and body (no Nagle stall, no second packet). Inference does not even create a task: the
+connection attaches a callback to the batcher's future.
 
 Semantics: keep-alive by default (HTTP/1.1), `Connection: close` honoured, `Expect: 100-continue` answered,
-pipelined requests answered in order (one at a time per connection), bodies capped at `max_body_bytes` (413).
-A client that disconnects cancels its in-flight request, which takes it out of the batcher's queue.
-Errors leave as `{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP.
+pipelined requests answered in order (one at a time per connection); the limits and timeouts of
+`HttpLimits` are the connection's (413, 431, 408). A client that disconnects cancels its in-flight request,
+which takes it out of the batcher's queue. Errors leave as `{"error": "..."}` with the status from `STATUS`,
+the one table from `ErrorCode` to HTTP.
+
+`HttpApp` also runs the one sweeper of all its connections' timeouts (no timer per request), hands freed
+request buffers back to the OS after large bodies (rate-limited), and drains on shutdown.
 """
 
 from __future__ import annotations
@@ -17,20 +21,19 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import socket
 import time
-from collections import deque
 from typing import Any
 from urllib.parse import unquote
 
-import httptools
 import orjson
 
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
+from ..memory import release_freed_memory
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
 from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response
+from .http_connection import Answer, HttpLimits, HttpProtocol, HttpRequest, Pending
 
 log = logging.getLogger("hubserve.http")
 
@@ -45,201 +48,52 @@ STATUS = {
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INTERNAL: 500,
 }
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            413: b"Payload Too Large", 415: b"Unsupported Media Type", 429: b"Too Many Requests",
-            499: b"Client Closed Request",
-            500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
-            504: b"Gateway Timeout"}
 _HEADER_LENGTH_LOWER = HEADER_LENGTH.lower().encode()
 _JSON = b"application/json"
+TRIM_INTERVAL_SECS = 1.0  # at most one malloc_trim a second, and only after a large body was dropped
+DRAIN_QUIET_SECS = 1.0  # draining: an idle keep-alive connection is closed once this quiet
 
 
-class _Request:
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "start_ns")
+class _Deferred:
+    """A route answered by a task (repository load and unload). `answer()` runs once the future is done."""
 
-    def __init__(self) -> None:
-        self.method = b""
-        self.url = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.body: list[bytes] = []
-        self.keep_alive = True
-        self.start_ns = 0
+    __slots__ = ("future",)
 
-
-# A route answers with (status, body, content type, extra header lines) or with an awaitable/future of it,
-# or, for inference, with an _Infer: the batcher's own future, converted to an Answer in its done-callback.
-Answer = tuple[int, bytes, bytes, bytes]
-
-
-class _Infer:
-    """An inference in flight: answering from the data plane's future itself, rather than through a second
-    future, saves an allocation and a round of the event loop per request."""
-
-    __slots__ = ("future", "request")
-
-    def __init__(self, future: asyncio.Future[InferenceResponse], request: InferenceRequest) -> None:
+    def __init__(self, future: asyncio.Future[Any]) -> None:
         self.future = future
-        self.request = request
 
-
-class HttpProtocol(asyncio.Protocol):
-    def __init__(self, app: "HttpApp") -> None:
-        self._app = app
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._current: _Request | None = None
-        self._body_size = 0
-        self._queue: deque[_Request] = deque()
-        self._busy = False
-        self._inflight: asyncio.Future[Any] | None = None
-        self._closing = False
-
-    # ------------------------------------------------------------------ transport events
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        self._app.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closing = True
-        self._app.connections.discard(self)
-        if self._inflight is not None and not self._inflight.done():
-            self._inflight.cancel()  # the batcher drops it from its queue
-        self._transport = None
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail_connection(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as e:
-            self._fail_connection(400, f"malformed HTTP request: {e}")
-        except _BodyTooLarge as e:
-            self._fail_connection(413, str(e))
-
-    # ------------------------------------------------------------------ parser callbacks
-
-    def on_message_begin(self) -> None:
-        self._current = _Request()
-        self._current.start_ns = time.perf_counter_ns()
-        self._body_size = 0
-
-    def on_url(self, url: bytes) -> None:
-        assert self._current is not None
-        self._current.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._current is not None
-        self._current.headers[name.lower()] = value
-
-    def on_headers_complete(self) -> None:
-        req = self._current
-        assert req is not None
-        req.method = self._parser.get_method()
-        req.keep_alive = self._parser.should_keep_alive()
-        length = req.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._app.max_body_bytes:
-            raise _BodyTooLarge(f"request body of {int(length)} bytes exceeds the limit of "
-                                f"{self._app.max_body_bytes} bytes (--max-message-mb)")
-        if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        assert self._current is not None
-        self._body_size += len(body)
-        if self._body_size > self._app.max_body_bytes:
-            raise _BodyTooLarge(f"request body exceeds the limit of {self._app.max_body_bytes} bytes")
-        self._current.body.append(body)
-
-    def on_message_complete(self) -> None:
-        req = self._current
-        self._current = None
-        if req is None:
-            return
-        self._queue.append(req)
-        if not self._busy:
-            self._next()
-
-    # ------------------------------------------------------------------ dispatch
-
-    def _next(self) -> None:
-        while self._queue and not self._closing:
-            req = self._queue.popleft()
-            self._busy = True
-            try:
-                answer = self._app.route(req)
-            except EngineError as e:
-                answer = _error(STATUS[e.code], e.message)
-            except Exception as e:  # a bug: answer 500, keep serving
-                log.exception("HTTP handler failed")
-                answer = _error(500, f"internal error: {e}")
-            if isinstance(answer, tuple):
-                self._respond(req, answer)
-                continue
-            future, request = (answer.future, answer.request) if isinstance(answer, _Infer) else (answer, None)
-            self._inflight = future
-            future.add_done_callback(lambda fut, req=req, request=request: self._on_done(req, fut, request))
-            return
-        self._busy = False
-
-    def _on_done(self, req: _Request, fut: asyncio.Future[Any], request: InferenceRequest | None) -> None:
-        """Answer `req` from its future: an Answer, or with `request` given, an InferenceResponse to encode."""
-        self._inflight = None
+    def answer(self) -> Answer:
+        fut = self.future
         if fut.cancelled():
-            return  # the connection went away (it cancelled the request): nobody to answer
+            return _error(503, "the request was cancelled: the server is stopping or the model unloading")
         exc = fut.exception()
         if exc is None:
             try:
-                answer = fut.result() if request is None else _infer_answer(fut.result(), request)
+                return self._convert(fut.result())
             except Exception as e:  # a bug in encoding: answer 500, keep serving
                 log.exception("HTTP response encoding failed")
-                answer = _error(500, f"internal error: {e}")
-        elif isinstance(exc, EngineError):
-            answer = _error(STATUS[exc.code], exc.message)
-        else:
-            log.error("HTTP handler failed: %r", exc)
-            answer = _error(500, f"internal error: {exc}")
-        self._respond(req, answer)
-        self._next()
+                return _error(500, f"internal error: {e}")
+        if isinstance(exc, EngineError):
+            return _error(STATUS[exc.code], exc.message)
+        log.error("HTTP handler failed: %r", exc)
+        return _error(500, f"internal error: {exc}")
 
-    def _respond(self, req: _Request, answer: Answer) -> None:
-        transport = self._transport
-        if transport is None:
-            return
-        status, body, content_type, extra = answer
-        keep = req.keep_alive and not self._app.closing
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
-            status, _REASONS.get(status, b"Unknown"), content_type, len(body), extra,
-            b"" if keep else b"Connection: close\r\n")
-        transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            transport.write(body)
-        if not keep:
-            transport.close()
-            self._closing = True
-        self._busy = False
-
-    def _fail_connection(self, status: int, message: str) -> None:
-        if self._transport is not None:
-            body = orjson.dumps({"error": message})
-            self._transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
-                                  b"Connection: close\r\n\r\n%s" % (status, _REASONS.get(status, b""), len(body), body))
-            self._transport.close()
-        self._closing = True
-
-    def close_if_idle(self) -> None:
-        if not self._busy and not self._queue and self._transport is not None:
-            self._transport.close()
+    def _convert(self, result: Any) -> Answer:
+        return result  # type: ignore[no-any-return]
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _Infer(_Deferred):
+    """An inference in flight: answering from the data plane's future itself, rather than through a second
+    future, saves an allocation and a round of the event loop per request."""
+
+    __slots__ = ("request",)
+
+    def __init__(self, future: asyncio.Future[InferenceResponse], request: InferenceRequest) -> None:
+        super().__init__(future)
+        self.request = request
+
+    def _convert(self, result: Any) -> Answer:
+        return _infer_answer(result, self.request)
 
 
 def _error(status: int, message: str) -> Answer:
@@ -254,7 +108,7 @@ def _status(ok: bool) -> Answer:
     return (200 if ok else 503), b"", b"text/plain", b""
 
 
-def _json_body(req: _Request, limit: int) -> dict[str, Any]:
+def _json_body(req: HttpRequest, limit: int) -> dict[str, Any]:
     body = _body(req, limit)
     if not body.strip():
         return {}  # tritonclient sends some requests with no body
@@ -268,28 +122,74 @@ def _json_body(req: _Request, limit: int) -> dict[str, Any]:
 
 
 class HttpApp:
-    """Routes parsed requests to the data plane. One per server; owns the set of open connections."""
+    """Routes parsed requests to the data plane. One per server; owns the set of open connections, their
+    sweeper and the release of freed request memory."""
 
-    def __init__(self, dataplane: DataPlane, max_body_bytes: int) -> None:
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
         self.dp = dataplane
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
         self.connections: set[HttpProtocol] = set()
         self.closing = False
         self.header_cache = HeaderCache()
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._trim_wanted = False
+        self._trim_running = False
+        self._trimmed_at = 0.0
 
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
 
-    def route(self, req: _Request) -> Answer | asyncio.Future[Answer] | _Infer:
+    def handle(self, req: HttpRequest) -> Answer | Pending:
+        """Called by a connection for each request, in order; never raises."""
         try:
-            return self._route(req)
+            return self.route(req)
         except compression.TooLarge as e:  # a compressed body inflating past the limit, as one over it
             return _error(413, e.message)
         except compression.UnsupportedEncoding as e:
             return _error(415, e.message)
+        except EngineError as e:
+            return _error(STATUS[e.code], e.message)
+        except Exception as e:  # a bug: answer 500, keep serving
+            log.exception("HTTP handler failed")
+            return _error(500, f"internal error: {e}")
 
-    def _route(self, req: _Request) -> Answer | asyncio.Future[Answer] | _Infer:
+    def large_body_dropped(self) -> None:
+        """Called by a connection when a large request body is let go; the sweeper trims the heap soon."""
+        self._trim_wanted = True
+
+    # ------------------------------------------------------------------ sweeper
+
+    def start_sweeper(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def stop_sweeper(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+
+    async def _sweep_forever(self) -> None:
+        """Every quarter of the client timeout (at most a second): each connection applies its timeouts, and
+        freed heap goes back to the OS if a large body was dropped since the last trim."""
+        interval = max(0.05, min(1.0, self.limits.client_timeout_secs / 4))
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                conn.sweep(now)
+            if self._trim_wanted and not self._trim_running and now - self._trimmed_at >= TRIM_INTERVAL_SECS:
+                self._trim_wanted = False
+                self._trim_running = True
+                self._trimmed_at = now
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
+                finally:
+                    self._trim_running = False
+
+    # ------------------------------------------------------------------ routes
+
+    def route(self, req: HttpRequest) -> Answer | Pending:
         path = req.url.split(b"?", 1)[0]
         text = path.decode("utf-8", "replace")
         parts = text.strip("/").split("/")
@@ -316,12 +216,12 @@ class HttpApp:
             if rest[1:] == ["index"]:
                 return self._index(req)
             if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
-                doc = _json_body(req, self.max_body_bytes)  # parsed here, so its errors are answered here
+                doc = _json_body(req, self.limits.max_body_bytes)  # parsed here, so its errors are answered here
                 return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]))
         raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
 
-    def _model_route(self, req: _Request, method: bytes, name: str, version: str, action: str
-                     ) -> Answer | _Infer | asyncio.Future[Answer]:
+    def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str
+                     ) -> Answer | Pending:
         if action == "infer":
             if method != b"POST":
                 return _error(405, "infer needs POST")
@@ -338,11 +238,11 @@ class HttpApp:
             return _json({"model_stats": self.dp.statistics(name, version)})
         raise not_found(f"no endpoint {action!r} for model '{name}'")
 
-    def _infer(self, req: _Request, name: str, version: str) -> _Infer | asyncio.Future[Answer]:
+    def _infer(self, req: HttpRequest, name: str, version: str) -> Pending:
         """Decode and submit. A compressed body is decompressed first (Inference-Header-Content-Length counts
         the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
         response gets one, built in a task of its own."""
-        body = _body(req, self.max_body_bytes)
+        body = _body(req, self.limits.max_body_bytes)
         header_length = req.headers.get(_HEADER_LENGTH_LOWER)
         request = decode_request(name, version, body,
                                  header_length.decode("latin-1") if header_length is not None else None,
@@ -354,8 +254,8 @@ class HttpApp:
             return _Infer(future, request)
         return self._spawn(_compressed_answer(future, request, encoding))
 
-    def _index(self, req: _Request) -> Answer:
-        doc = _json_body(req, self.max_body_bytes)
+    def _index(self, req: HttpRequest) -> Answer:
+        doc = _json_body(req, self.limits.max_body_bytes)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid("'ready' must be true or false")
@@ -374,11 +274,11 @@ class HttpApp:
         await self.dp.unload(name)
         return 200, b"", _JSON, b""
 
-    def _spawn(self, coro: Any) -> asyncio.Future[Answer]:
+    def _spawn(self, coro: Any) -> _Deferred:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return task
+        return _Deferred(task)
 
 
 def _base64(key: str, value: Any) -> bytes:
@@ -400,10 +300,10 @@ def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:
     return name, version, rest[0] if rest else ""
 
 
-def _body(req: _Request, limit: int) -> bytes:
+def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
     """The request body, decompressed when it has a Content-Encoding (gzip, deflate), within `limit` bytes:
     compression.TooLarge beyond it, compression.UnsupportedEncoding for other encodings."""
-    body = req.body[0] if len(req.body) == 1 else b"".join(req.body)
+    body = req.body
     encoding = req.headers.get(b"content-encoding")
     if encoding is None or compression.is_identity(encoding.decode("latin-1").strip().lower()):
         return body
@@ -465,23 +365,27 @@ def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Ans
 
 async def serve(app: HttpApp, host: str, port: int) -> asyncio.AbstractServer:
     loop = asyncio.get_running_loop()
-    return await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True)
+    server = await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True)
+    app.start_sweeper()
+    return server
 
 
 async def shutdown(app: HttpApp, server: asyncio.AbstractServer, timeout_s: float) -> None:
-    """Stop accepting, let in-flight requests finish (answered with Connection: close), close idle ones."""
+    """Stop accepting and drain: every request that reached us is answered (with Connection: close); an idle
+    keep-alive connection is closed once quiet for DRAIN_QUIET_SECS, so a request the client was sending
+    as the drain began is answered, not cut off; whatever is left at the deadline is dropped."""
     app.closing = True
     server.close()
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    quiet = min(DRAIN_QUIET_SECS, timeout_s / 4)
+    while app.connections and time.monotonic() < deadline:
+        now = time.monotonic()
         for conn in list(app.connections):
-            conn.close_if_idle()
-        if not app.connections:
-            break
+            conn.close_if_quiet(now, quiet)
         await asyncio.sleep(0.02)
     for conn in list(app.connections):
-        if conn._transport is not None:
-            conn._transport.close()
+        conn.abort()
+    await app.stop_sweeper()
 
 
-__all__ = ["HttpApp", "serve", "shutdown", "STATUS"]
+__all__ = ["STATUS", "HttpApp", "HttpLimits", "serve", "shutdown"]

@@ -59,11 +59,11 @@ class _Plan:
         self.encoded: dict[Any, tuple[bytes, int]] = {}  # response headers by output shapes
 
 
-def decode_request(model_name: str, model_version: str, body: bytes, header_length: str | None,
+def decode_request(model_name: str, model_version: str, body: bytes | bytearray, header_length: str | None,
                    cache: HeaderCache | None = None) -> InferenceRequest:
     json_part, binary = _split_body(body, header_length)
     if cache is not None and binary:
-        plan = cache.get(json_part)
+        plan = cache.get(bytes(json_part))  # bytes already when binary data follows: no copy
         if plan is not None and plan.binary_size == len(binary):
             return _from_plan(plan, model_name, model_version, binary)
     try:
@@ -100,11 +100,11 @@ def decode_request(model_name: str, model_version: str, body: bytes, header_leng
         raise invalid("'id' must be a string")
     request = InferenceRequest(model_name, model_version, inputs, request_id, outputs, params)
     if cache is not None and binary and all(sizes):  # only all-binary requests: JSON data varies per request
-        cache.put(json_part, _Plan(request, sizes))
+        cache.put(bytes(json_part), _Plan(request, sizes))
     return request
 
 
-def _from_plan(plan: _Plan, model_name: str, model_version: str, binary: bytes) -> InferenceRequest:
+def _from_plan(plan: _Plan, model_name: str, model_version: str, binary: memoryview) -> InferenceRequest:
     view = memoryview(binary)
     offset = 0
     inputs = []
@@ -117,7 +117,7 @@ def _from_plan(plan: _Plan, model_name: str, model_version: str, binary: bytes) 
     return request
 
 
-def _loads_lenient(text: bytes) -> Any:
+def _loads_lenient(text: bytes | bytearray) -> Any:
     """Python's json accepts the NaN and Infinity that json.dumps (and so tritonclient) writes; orjson,
     the fast path, does not."""
     try:
@@ -126,16 +126,19 @@ def _loads_lenient(text: bytes) -> Any:
         raise invalid(f"malformed JSON in request body: {e}") from None
 
 
-def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+def _split_body(body: bytes | bytearray, header_length: str | None) -> tuple[bytes | bytearray, memoryview]:
+    """The JSON header (bytes when the binary part follows: it keys the HeaderCache) and a view of the binary
+    part, so the tensor bytes are never copied out of the received body."""
     if header_length is None:
-        return body, b""
+        return body, memoryview(b"")
     try:
         n = int(header_length)
     except ValueError:
         raise invalid(f"{HEADER_LENGTH} must be an integer, got '{header_length}'") from None
     if n < 0 or n > len(body):
         raise invalid(f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes")
-    return body[:n], body[n:]
+    view = memoryview(body)
+    return view[:n].tobytes(), view[n:]
 
 
 def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, int]:

@@ -1,0 +1,422 @@
+"""One HTTP/1.1 connection: parsing (httptools / llhttp), limits, timeouts, flow control and writing answers.
+
+`HttpProtocol` knows no routes: each parsed `HttpRequest` goes to its owner's `handle()`, which answers at
+once (an `Answer`) or later (a `Pending`). Answers leave in request order, one request in flight at a time.
+What one client cannot do through it (the limits are `HttpLimits`):
+- send a body over `max_body_bytes`: a declared Content-Length over it is refused before the body is read, a
+  chunked body as soon as it passes it (413);
+- send a head over `max_header_bytes` or `max_header_count` fields (431). Bytes fed while a head is incomplete
+  are counted and feeding stops once over, so a huge header never piles up in llhttp (which joins pieces
+  quadratically);
+- stall: a head must be complete within `client_timeout_secs` of its first byte and a body may pause no longer
+  (408); answers left unread that long abort the connection; `idle_timeout_secs` with nothing in flight closes
+  it. The owner's one sweeper calls `sweep()`: no timer per request;
+- pile up pipelined requests: with one in flight and another complete one waiting, reading pauses.
+
+A body lives in its request object only, and the parser's callbacks (our bound methods, a reference cycle) are
+cut loose when the connection ends, so buffers are freed by reference counting, not by the cycle collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import httptools
+import orjson
+
+if TYPE_CHECKING:
+    from .http import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
+
+log = logging.getLogger("hubserve.http")
+
+# A route's answer: (status, body, content type, extra header lines).
+Answer = tuple[int, bytes, bytes, bytes]
+
+REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large", 415: b"Unsupported Media Type", 429: b"Too Many Requests",
+           431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
+           500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
+           504: b"Gateway Timeout"}
+
+LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand freed heap back to the OS
+LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
+_SMALL_WRITE = 65536  # answers below this go out in one write with their head
+_monotonic = time.monotonic  # looked up once: it runs twice per request
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one connection may cost the server (ServerOptions carries them; see engine/server.py)."""
+
+    max_body_bytes: int = 64 << 20
+    max_header_bytes: int = 16 << 10
+    max_header_count: int = 100
+    client_timeout_secs: float = 30.0
+    idle_timeout_secs: float = 300.0
+
+
+class HttpRequest:
+    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "url")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: bytes | bytearray = b""
+        self.keep_alive = True
+        self.start_ns = time.perf_counter_ns()
+
+
+class Pending(Protocol):
+    """An answer still being computed: `answer()` is called once `future` is done (cancelled included)."""
+
+    future: asyncio.Future[Any]
+
+    def answer(self) -> Answer: ...
+
+
+class _Reject(Exception):
+    """Raised inside a parser callback to stop llhttp at once; `HttpProtocol._rejection` says why."""
+
+
+class HttpProtocol(asyncio.Protocol):
+    def __init__(self, owner: HttpApp) -> None:
+        self._owner = owner
+        self._limits = owner.limits
+        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._peer = "?"
+        self._current: HttpRequest | None = None  # being parsed
+        self._in_head = False  # between the first byte of a request and its headers' end
+        self._in_body = False  # between the headers' end and the message's end
+        self._head_fed = 0  # bytes fed since the current head began (may miss part of one read)
+        self._max_head_bytes = self._limits.max_header_bytes
+        self._head_size = 0  # the head's header fields, measured once its reads pass max_head_bytes
+        self._header_count = 0
+        self._rejection: tuple[int, str] | None = None
+        self._queue: deque[HttpRequest] = deque()  # parsed, waiting for the one in flight
+        self._inflight: Pending | None = None
+        self._inflight_req: HttpRequest | None = None
+        self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
+        self._done = False  # no more answers on this connection (closing, lingering or gone)
+        self._reading_paused = False
+        self._write_paused_at = 0.0
+        self._linger_at = 0.0
+        self._closing_at = 0.0
+        now = _monotonic()
+        self._last_rx = now
+        self._last_tx = now
+        self._head_at = now
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except (AttributeError, OSError):  # not a TCP socket
+            pass
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._peer = f"{peer[0]}:{peer[1]}"
+        self._owner.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._done = True
+        self._owner.connections.discard(self)
+        inflight = self._inflight
+        if inflight is not None and not inflight.future.done():
+            inflight.future.cancel()  # the batcher drops it from its queue
+        large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES
+                    for r in (self._current, self._inflight_req, *self._queue))
+        # Break the reference cycle (the parser's callbacks are our bound methods) and drop every request.
+        self._parser = None
+        self._current = None
+        self._queue.clear()
+        self._inflight = self._inflight_req = None
+        self._transport = None
+        if large:
+            self._owner.large_body_dropped()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_rx = _monotonic()
+        parser = self._parser
+        if parser is None:  # rejected or closing: discard what the client still sends
+            return
+        if not self._in_body:
+            self._head_fed += len(data)
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrades are not supported")
+        except httptools.HttpParserError as e:
+            rejection, self._rejection = self._rejection, None
+            if self._done:
+                pass  # our last answer is out: the rest of this input was cut off on purpose
+            elif rejection is not None:
+                self._fail(*rejection)
+            else:
+                self._fail(400, f"malformed HTTP request: {e}")
+        else:
+            if self._in_head and self._head_fed > self._limits.max_header_bytes:
+                self._fail(431, self._head_too_large())
+            elif not self._in_head and not self._in_body:
+                self._head_fed = 0
+
+    def pause_writing(self) -> None:
+        self._write_paused_at = _monotonic()
+
+    def resume_writing(self) -> None:
+        self._write_paused_at = 0.0
+        if self._inflight is None:
+            self._next()
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        if self._done:
+            raise _Reject("the connection is closing")  # stop llhttp: no more requests on this connection
+        self._current = HttpRequest()
+        self._in_head = True
+        self._head_at = self._last_rx
+        self._head_size = 0
+        self._header_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        assert self._current is not None
+        self._current.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self._current is not None
+        self._current.headers[name.lower()] = value
+        self._header_count += 1
+        if self._head_fed > self._max_head_bytes:  # the reads of this head are large: measure it
+            self._head_size += len(name) + len(value) + 4
+
+    def on_headers_complete(self) -> None:
+        req = self._current
+        parser = self._parser
+        assert req is not None
+        if parser is None:
+            raise _Reject("the connection is closing")
+        self._in_head = False
+        self._in_body = True
+        limits = self._limits
+        if self._header_count > limits.max_header_count:
+            self._reject(431, f"Request has more than {limits.max_header_count} header fields")
+        if self._head_size and self._head_size + len(req.url) > limits.max_header_bytes:
+            self._reject(431, self._head_too_large())
+        req.method = parser.get_method()
+        req.keep_alive = parser.should_keep_alive()
+        length = req.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+            self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
+        if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        req = self._current
+        assert req is not None
+        if not req.body:
+            req.body = body  # the usual case: the whole body in one piece, kept without a copy
+            if len(body) > self._limits.max_body_bytes:
+                self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
+            return
+        if len(req.body) + len(body) > self._limits.max_body_bytes:
+            self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
+        if type(req.body) is bytes:
+            req.body = bytearray(req.body)
+        req.body += body  # type: ignore[operator]
+
+    def on_message_complete(self) -> None:
+        req = self._current
+        self._current = None
+        self._in_body = False
+        self._head_fed = 0
+        if req is None or self._done:
+            return
+        self._queue.append(req)
+        if self._inflight is None:
+            self._next()
+        if self._queue and not self._reading_paused and self._transport is not None:
+            # One request in flight and another complete one waiting: read no further until it is answered,
+            # so a pipelining client cannot make us buffer body after body.
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _reject(self, status: int, message: str) -> None:
+        self._rejection = (status, message)
+        raise _Reject(message)
+
+    def _head_too_large(self) -> str:
+        return f"Request line and header fields exceed {self._limits.max_header_bytes} bytes"
+
+    # ------------------------------------------------------------------ dispatch and answers
+
+    def _next(self) -> None:
+        """Dispatch waiting requests in order while none is in flight. Called when a request has been parsed,
+        an answer written, or writing resumed. Stops while the client leaves answers unread."""
+        while self._queue and not self._done and not self._write_paused_at:
+            req = self._queue.popleft()
+            answer = self._owner.handle(req)
+            if isinstance(answer, tuple):
+                self._respond(req, answer)
+                continue
+            self._inflight = answer
+            self._inflight_req = req
+            answer.future.add_done_callback(self._on_done)
+            break
+        if self._done or self._queue:
+            return
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            self._transport.resume_reading()
+        if self._inflight is None and self._final is not None:
+            self._send_error(*self._final)
+
+    def _on_done(self, fut: asyncio.Future[Any]) -> None:
+        pending, req = self._inflight, self._inflight_req
+        self._inflight = self._inflight_req = None
+        if pending is None or req is None or self._done:
+            return  # the connection went away (it cancelled the request): nobody to answer
+        self._respond(req, pending.answer())
+        self._next()
+
+    def _respond(self, req: HttpRequest, answer: Answer) -> None:
+        # Draining: close after this answer, unless more of this client's requests are already here.
+        keep = req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
+                                       and not self._in_body and self._final is None)
+        self._write(answer, keep)
+        if len(req.body) >= LARGE_BODY_BYTES:
+            self._owner.large_body_dropped()
+
+    def _write(self, answer: Answer, keep: bool) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        status, body, content_type, extra = answer
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
+            status, REASONS.get(status, b"Unknown"), content_type, len(body), extra,
+            b"" if keep else b"Connection: close\r\n")
+        if len(body) < _SMALL_WRITE:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
+        self._last_tx = _monotonic()
+        if not keep:
+            self._close_gracefully()
+
+    def _fail(self, status: int, message: str) -> None:
+        """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after
+        the requests before it."""
+        level = logging.INFO if status == 400 else logging.WARNING
+        log.log(level, "HTTP %s: %d %s", self._peer, status, message)
+        self._parser = None
+        dropped = self._current
+        self._current = None
+        self._in_head = self._in_body = False
+        if dropped is not None and len(dropped.body) >= LARGE_BODY_BYTES:
+            self._owner.large_body_dropped()
+        if self._done:
+            return
+        if self._inflight is not None or self._queue:
+            self._final = (status, message)
+        else:
+            self._send_error(status, message)
+
+    def _send_error(self, status: int, message: str) -> None:
+        self._final = None
+        self._write((status, orjson.dumps({"error": message}), b"application/json", b""), keep=False)
+
+    def _close_gracefully(self) -> None:
+        """After our last answer: send FIN once it is flushed, then read and discard until the client closes
+        or falls silent. Closing at once with unread input would reset the connection, and a reset can destroy
+        the answer before the client has read it (a client still uploading a refused body, say)."""
+        self._done = True
+        self._parser = None
+        self._queue.clear()
+        transport = self._transport
+        if transport is None or self._linger_at:
+            return
+        self._linger_at = _monotonic()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        if not transport.can_write_eof():
+            transport.close()
+        else:
+            transport.write_eof()
+
+    # ------------------------------------------------------------------ timeouts and draining
+
+    def sweep(self, now: float) -> None:
+        """Apply the timeouts. Called by the owner's sweeper every fraction of `client_timeout_secs`."""
+        transport = self._transport
+        if transport is None:
+            return
+        timeout = self._limits.client_timeout_secs
+        if self._closing_at:  # close() waits for our answers to flush; a client not reading them is dropped
+            if now - self._closing_at > timeout:
+                transport.abort()
+            return
+        if self._write_paused_at and now - self._write_paused_at > timeout:
+            log.warning("HTTP %s: answers left unread for over %g s, disconnecting (--client-timeout-secs)",
+                        self._peer, timeout)
+            self._done = True
+            transport.abort()
+        elif self._linger_at:
+            if now - max(self._last_rx, self._linger_at) > min(LINGER_QUIET_SECS, timeout) \
+                    or now - self._linger_at > timeout:
+                self._close(now)
+        elif self._reading_paused or self._done:
+            pass  # we stopped reading: the client cannot make progress, and it is not its fault
+        elif self._in_head and now - self._head_at > timeout:
+            self._fail(408, f"Request head not complete within {timeout:g} s of its first byte "
+                            "(--client-timeout-secs)")
+        elif self._in_body and now - self._last_rx > timeout:
+            self._fail(408, f"Request body stalled for over {timeout:g} s (--client-timeout-secs)")
+        elif self._idle() and now - max(self._last_rx, self._last_tx) > self._limits.idle_timeout_secs:
+            log.info("HTTP %s: idle for over %g s, closing (--idle-timeout-secs)", self._peer,
+                     self._limits.idle_timeout_secs)
+            self._close(now)
+
+    def close_if_quiet(self, now: float, quiet_secs: float) -> None:
+        """Draining: close a connection with nothing in flight once no bytes have passed for `quiet_secs`, so
+        a client that read our last answer a moment ago and is sending its next request is not cut off."""
+        if self._transport is not None and not self._done and self._idle() \
+                and now - max(self._last_rx, self._last_tx) >= quiet_secs:
+            self._close(now)
+
+    def abort(self) -> None:
+        """The exit deadline has passed: drop the connection whatever it is doing."""
+        if self._transport is not None:
+            self._done = True
+            self._transport.abort()
+
+    def _close(self, now: float) -> None:
+        self._done = True
+        self._closing_at = now
+        if self._transport is not None:
+            self._transport.close()
+
+    def _idle(self) -> bool:
+        return (self._inflight is None and not self._queue and not self._in_head and not self._in_body
+                and self._final is None)
+
+
+def _too_large(what: str, limit: int) -> str:
+    return (f"{what} exceeds the maximum allowed value of {limit} bytes. "
+            "Use --http-max-input-size to increase the limit.")
+
+
+__all__ = ["LARGE_BODY_BYTES", "REASONS", "Answer", "HttpLimits", "HttpProtocol", "HttpRequest", "Pending"]
