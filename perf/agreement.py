@@ -57,10 +57,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import examples
-from engine.perf.control import stats_from
-from engine.perf.types import ServerStats
 from hubserve_harness import ROOT, checkout_env, start_server
 from hubserve_harness.perf_analyzer import PERF_ANALYZER
+from hubserve_perf.control import stats_from
+from hubserve_perf.types import ServerStats
 
 TOLERANCE = 0.15
 CLIENT_BOUND_BUSY = 70.0  # % of its cores: past this a tool's own speed sets a closed loop's pace

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import RunningServer
 
-from engine.perf.client import MODEL_INFER, grpc_request_bytes
-from engine.perf.grpc_h2 import DATA, END_STREAM, GrpcH2Client, frame, request_header_block
-from engine.perf.types import InputTensor
+from hubserve_perf.client import MODEL_INFER, grpc_request_bytes
+from hubserve_perf.grpc_h2 import DATA, END_STREAM, GrpcH2Client, frame, request_header_block
+from hubserve_perf.types import InputTensor
 
 
 def test_request_headers_decode_and_leave_the_dynamic_table_alone() -> None:
@@ -73,3 +73,4 @@ def test_calls_spread_over_connections_as_perf_analyzers_channels(
     opened, results = asyncio.run(run())
     assert opened == connections
     assert len(results) == calls and all(send >= 0 and recv >= 0 for send, recv in results)
+

@@ -31,8 +31,9 @@ import time
 import urllib.parse
 from typing import Any
 
-from ..frontend.h2.frames import frame
-from ..frontend.h2.headers import hpack_integer, hpack_string
+from engine.frontend.h2.frames import frame
+from engine.frontend.h2.headers import hpack_integer, hpack_string
+
 from .types import PerfError
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -375,7 +376,7 @@ class GrpcH2Client:
 
     def __init__(self, host: str, port: int, method_path: str,
                  calls_per_connection: int = CALLS_PER_CONNECTION) -> None:
-        from ..proto import grpc_service_pb2
+        from engine.proto import grpc_service_pb2
 
         pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
         self._host, self._port = host, port
