@@ -1,4 +1,8 @@
-"""The `hubserve` command line: `hubserve serve ...` (Triton-like flags), `hubserve perf ...` (load tester)."""
+"""The `hubserve` command line: `hubserve serve ...` (Triton-like flags), `hubserve perf ...` (load tester).
+
+The load tester is a package of its own (perf/hubserve_perf/): `hubserve perf ARGS` is handed to it whole, and
+it is imported only then, so the server never loads a client.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .perf import cli as perf_cli
+
+PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `hubserve perf --help` for more"
 
 
 def _resource(text: str) -> tuple[str, int]:
@@ -77,14 +82,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
-    perf_cli.add_parser(sub)
+    # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
+    sub.add_parser("perf", help=PERF_HELP, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["perf"]:
+        try:
+            from hubserve_perf.cli import main as perf_main
+        except ModuleNotFoundError as e:
+            if e.name != "hubserve_perf":
+                raise
+            print("hubserve perf: the load tester (package hubserve_perf, perf/hubserve_perf/ in the checkout) is "
+                  "not installed; run `pip install -e .` in the checkout", file=sys.stderr)
+            return 2
+        return perf_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "perf":
-        return perf_cli.main(args)
     if args.command == "serve":
         from .server import Server, ServerOptions
 

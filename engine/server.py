@@ -19,7 +19,8 @@ from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import grpc as grpc_frontend
 from .frontend import http as http_frontend
-from .frontend.h2 import H2GrpcServer, Limits
+from .frontend.h2.server import H2GrpcServer
+from .frontend.h2.streams import Limits
 from .metrics import process_registry, render
 from .repository import ModelRepository
 from .scheduler import RateLimiter

@@ -56,14 +56,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import start_server
-from perf_analyzer import PERF_ANALYZER
-
 from engine import examples
-from engine.perf.control import stats_from
-from engine.perf.types import ServerStats
+from hubserve_harness import ROOT, checkout_env, start_server
+from hubserve_harness.perf_analyzer import PERF_ANALYZER
+from hubserve_perf.control import stats_from
+from hubserve_perf.types import ServerStats
 
 TOLERANCE = 0.15
 CLIENT_BOUND_BUSY = 70.0  # % of its cores: past this a tool's own speed sets a closed loop's pace
@@ -135,7 +132,7 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
     cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
     try:
         pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, preexec_fn=pin, check=False)
         rc = proc.returncode
         if rc != 0:

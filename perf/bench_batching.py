@@ -11,19 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "perf"))
-from bench_serving import ceiling  # noqa: E402
-from conftest import start_server  # noqa: E402
-from perf_analyzer import run_perf_analyzer  # noqa: E402
-
-from engine import examples  # noqa: E402
+from bench_serving import ceiling  # perf/, this script's folder
+from engine import examples
+from hubserve_harness import ROOT, start_server
+from hubserve_harness.perf_analyzer import run_perf_analyzer
 
 
 class Hub:

@@ -19,14 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import start_server
-from perf_analyzer import run_perf_analyzer
+from hubserve_harness import ROOT, start_server
+from hubserve_harness.perf_analyzer import run_perf_analyzer
 
 
 def cpu_seconds(pid: int) -> float:

@@ -27,10 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine import examples  # noqa: E402
+from engine import examples
+from hubserve_harness import ROOT
 
 # Runs the server with the post-unload trim switched off; everything else is the shipped server.
 BASELINE = ("import sys, engine.memory; engine.memory._libc = None; from engine.__main__ import main; "

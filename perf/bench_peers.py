@@ -31,15 +31,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "perf"), str(ROOT / "perf" / "peers")]
-
-import bench_serving  # noqa: E402
-import repos  # noqa: E402
-import servers  # noqa: E402
-from perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer  # noqa: E402
-
-from engine import examples  # noqa: E402
+import bench_serving  # perf/, this script's folder, as are peers/ below
+from engine import examples
+from hubserve_harness import ROOT
+from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+from peers import repos, servers
 
 
 @dataclass(frozen=True, slots=True)

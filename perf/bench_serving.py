@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -22,12 +21,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import start_server  # noqa: E402  (the same server start-up the tests use)
-from perf_analyzer import run_perf_analyzer  # noqa: E402
-
-from engine import examples  # noqa: E402
+from engine import examples
+from hubserve_harness import ROOT, start_server  # the same server start-up the tests use
+from hubserve_harness.perf_analyzer import run_perf_analyzer
 
 MODEL_INPUTS = {
     "simple": {"INPUT0": ((16,), np.int32), "INPUT1": ((16,), np.int32)},

@@ -6,11 +6,7 @@ settles into batches of 4 or into staggered pairs)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "perf"))
-import agreement  # noqa: E402
+import agreement  # perf/agreement.py: pytest puts perf/ on sys.path (pythonpath in pyproject.toml)
 
 PA, OURS = "perf_analyzer", "hubserve perf"
 

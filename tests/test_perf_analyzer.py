@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
 
 MODEL = "simple"
 CONCURRENCY = "2"

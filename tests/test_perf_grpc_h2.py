@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from conftest import RunningServer
 
-from engine.perf.client import MODEL_INFER, grpc_request_bytes
-from engine.perf.grpc_h2 import DATA, END_STREAM, GrpcH2Client, frame, request_header_block
-from engine.perf.types import InputTensor
+from engine.frontend.h2.frames import DATA, END_STREAM, frame
+from hubserve_perf.client import MODEL_INFER, grpc_request_bytes
+from hubserve_perf.grpc_h2 import GrpcH2Client, request_header_block
+from hubserve_perf.types import InputTensor, PerfError
 
 
 def test_request_headers_decode_and_leave_the_dynamic_table_alone() -> None:
@@ -73,3 +74,23 @@ def test_calls_spread_over_connections_as_perf_analyzers_channels(
     opened, results = asyncio.run(run())
     assert opened == connections
     assert len(results) == calls and all(send >= 0 and recv >= 0 for send, recv in results)
+
+
+def test_a_refused_call_names_its_grpc_status(server: RunningServer) -> None:
+    """The status name comes from grpcio's table, not a copy of it; the message is the server's, decoded."""
+    host, port = server.grpc_url.split(":")
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()),)
+
+    async def run() -> str:
+        client = GrpcH2Client(host, int(port), MODEL_INFER)
+        try:
+            with pytest.raises(PerfError) as refused:
+                await client.infer(grpc_request_bytes("no_such_model", "", inputs, ()))
+            return refused.value.message
+        finally:
+            await client.close()
+
+    message = asyncio.run(run())
+    assert message.startswith("the server refused an inference request (NOT_FOUND): ")
+    assert "no_such_model" in message

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.perf.inputs import build_requests, parse_shape
-from engine.perf.types import ModelInfo, PerfError, TensorSpec
+from hubserve_perf.inputs import build_requests, parse_shape
+from hubserve_perf.types import ModelInfo, PerfError, TensorSpec
 
 SIMPLE = ModelInfo("simple", "", (TensorSpec("INPUT0", "INT32", (-1, 16)), TensorSpec("INPUT1", "INT32", (-1, 16))),
                    (TensorSpec("OUTPUT0", "INT32", (-1, 16)),), 8, {})

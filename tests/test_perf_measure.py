@@ -8,11 +8,11 @@ import argparse
 import numpy as np
 import pytest
 
-from engine.perf.cli import parse_range
-from engine.perf.measure import MeasureSettings, Window, is_stable, nearest_rank, summarize
-from engine.perf.report import csv_header, csv_row
-from engine.perf.types import Distribution, LoadPlan, Records, ServerStats
-from engine.perf.workers import split_plan
+from hubserve_perf.cli import parse_range
+from hubserve_perf.measure import MeasureSettings, Window, is_stable, nearest_rank, summarize
+from hubserve_perf.report import csv_header, csv_row
+from hubserve_perf.types import Distribution, LoadPlan, Records, ServerStats
+from hubserve_perf.workers import split_plan
 
 
 def records(latencies_us: list[int], start_ns: int = 0) -> Records:
@@ -107,7 +107,7 @@ def test_plans_split_between_workers() -> None:
                                                              (2, 1.9, True)])
 def test_a_saturated_load_process_warns_that_it_set_the_pace(
         capsys: pytest.CaptureFixture[str], workers: int, cpu_s_per_window: float, warned: bool) -> None:
-    from engine.perf.session import Session
+    from hubserve_perf.session import Session
 
     busy = [Window(1_000_000_000, records([1000] * 10), ServerStats(), 0, int(cpu_s_per_window * 1e9))] * 3
     step = summarize(LoadPlan(concurrency=8), busy, True, MeasureSettings())

@@ -14,8 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, RunningServer, start_server
-from perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+
+from hubserve_harness import ROOT, RunningServer, checkout_env, start_server
+from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
 
 EXPECTED_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
                    "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,"
@@ -24,8 +25,8 @@ QUICK = ("-p", "500", "-s", "100", "-r", "8")  # 0.5 s windows, any 3 windows co
 
 
 def hubserve_perf(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine", "perf", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run([sys.executable, "-m", "engine", "perf", *args], cwd=ROOT, env=checkout_env(),
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
 
 
 def url(server: RunningServer, protocol: str) -> str:

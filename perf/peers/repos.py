@@ -35,11 +35,8 @@ from typing import Any
 
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from engine import backends  # noqa: E402
-from engine.config import (  # noqa: E402
+from engine import backends
+from engine.config import (
     ModelConfig,
     autocomplete,
     backend_of,
@@ -48,8 +45,10 @@ from engine.config import (  # noqa: E402
     read_config_proto,
     validate,
 )
-from engine.proto import grpc_service_pb2  # noqa: E402
-from engine.proto import model_config_pb2 as pb  # noqa: E402
+from engine.proto import grpc_service_pb2
+from engine.proto import model_config_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PEERS_DIR = ROOT / ".peers"
 DEFAULT_MODELS = ("simple", "mlp", "image")

@@ -5,9 +5,7 @@ control in, SETTINGS, PING) with outbound.py (flow control out), headers.py (HPA
 (GOAWAY, errors, timeouts) and guard.py (flood, memory and timeout policies) → grpc.py (gRPC messages, status,
 deadlines; answers through grpc_handlers.GrpcHandlers; rpcs.py: methods and wire constants) → server.py
 (listener, sweeper).
+
+Nothing is imported here: the load tester (perf/hubserve_perf) takes frames.py and headers.py alone, without
+the server behind them.
 """
-
-from .server import H2GrpcServer
-from .streams import Limits
-
-__all__ = ["H2GrpcServer", "Limits"]

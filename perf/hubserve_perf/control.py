@@ -151,7 +151,7 @@ class GrpcControl:
     def __init__(self, host: str, port: int) -> None:
         import grpc
 
-        from ..proto import grpc_service_pb2, grpc_service_pb2_grpc
+        from engine.proto import grpc_service_pb2, grpc_service_pb2_grpc
 
         self._pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
         pb_grpc: Any = grpc_service_pb2_grpc

@@ -26,28 +26,34 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
-import struct
 import time
 import urllib.parse
 from typing import Any
 
-from ..frontend.h2.frames import frame
-from ..frontend.h2.headers import hpack_integer, hpack_string
+# The server's frame numbers and serializers, and its HPACK encoders: all the load tester shares with it.
+from engine.frontend.h2 import frames as f
+from engine.frontend.h2.headers import hpack_integer, hpack_string
+
 from .types import PerfError
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM = ACK = 0x1
-END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS = 1, 2, 3
-SETTINGS_INITIAL_WINDOW_SIZE, SETTINGS_MAX_FRAME_SIZE = 4, 5
-MAX_WINDOW = (1 << 31) - 1
 RECEIVE_REPLENISH = 1 << 20  # give the server back its connection window every MiB received
-GRPC_CODES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-              "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-              "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
 
 _now = time.monotonic_ns
+
+
+def grpc_status_name(code: int) -> str:
+    """`grpc-status` as grpcio names it (`INVALID_ARGUMENT`), for an error message. grpcio is imported on this
+    error path only: its names, not a copy of them, and no import cost for a run without errors."""
+    import grpc
+
+    return next((s.name for s in grpc.StatusCode if s.value[0] == code), str(code))
+
+
+def h2_error_name(code: int) -> str:
+    try:
+        return f.H2Error(code).name
+    except ValueError:
+        return str(code)
 
 
 def _hpack_string(text: str) -> bytes:
@@ -96,10 +102,10 @@ class H2Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._streams: dict[int, _Stream] = {}
         self._next_stream_id = 1
-        self._send_window = 65535  # the connection's, as the server grants it
-        self._initial_stream_window = 65535
-        self._max_frame_size = 16384
-        self._max_streams = MAX_WINDOW
+        self._send_window = f.DEFAULT_WINDOW  # the connection's, as the server grants it
+        self._initial_stream_window = f.DEFAULT_WINDOW
+        self._max_frame_size = f.DEFAULT_MAX_FRAME_SIZE
+        self._max_streams = f.MAX_WINDOW
         self._received_unacked = 0
         self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block so far
         self._window_changed = asyncio.Event()
@@ -115,10 +121,10 @@ class H2Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        settings = struct.pack(">HIHIHI", SETTINGS_HEADER_TABLE_SIZE, 0, SETTINGS_ENABLE_PUSH, 0,
-                               SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
-        transport.write(PREFACE + frame(SETTINGS, 0, 0, settings)
-                        + frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - 65535).to_bytes(4, "big")))
+        transport.write(f.PREFACE
+                        + f.settings(((f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_ENABLE_PUSH, 0),
+                                    (f.SETTINGS_INITIAL_WINDOW_SIZE, f.MAX_WINDOW)))
+                        + f.window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.retired = True
@@ -131,14 +137,14 @@ class H2Connection(asyncio.Protocol):
         buffer += data
         offset, size = 0, len(buffer)
         try:
-            while size - offset >= 9:
-                length = int.from_bytes(buffer[offset:offset + 3], "big")
-                if size - offset < 9 + length:
+            while size - offset >= f.FRAME_HEADER_SIZE:
+                length_high, length_low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(buffer, offset)
+                end = offset + f.FRAME_HEADER_SIZE + (length_high << 8 | length_low)
+                if end > size:
                     break
-                kind, flags = buffer[offset + 3], buffer[offset + 4]
-                stream_id = int.from_bytes(buffer[offset + 5:offset + 9], "big") & MAX_WINDOW
-                payload = bytes(buffer[offset + 9:offset + 9 + length])
-                offset += 9 + length
+                payload = bytes(buffer[offset + f.FRAME_HEADER_SIZE:end])
+                offset = end
+                stream_id &= f.STREAM_ID_MASK
                 self._on_frame(kind, flags, stream_id, payload)
         except PerfError as e:
             self._abort(e)
@@ -148,62 +154,61 @@ class H2Connection(asyncio.Protocol):
 
     # frames ------------------------------------------------------------------------------------------------
     def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and kind != CONTINUATION:
+        if self._continuation is not None and kind != f.CONTINUATION:
             raise PerfError("HTTP/2 protocol error: a header block was interrupted")
-        if kind == DATA:
+        if kind == f.DATA:
             self._on_data(flags, stream_id, payload)
-        elif kind == HEADERS:
-            if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY_FLAG:
+        elif kind == f.HEADERS:
+            if flags & f.PADDED:
+                payload = bytes(f.strip_padding(memoryview(payload), flags, stream_id))
+            if flags & f.PRIORITY_FLAG:
                 payload = payload[5:]
             self._header_fragment(stream_id, flags, bytearray(payload))
-        elif kind == CONTINUATION:
+        elif kind == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise PerfError("HTTP/2 protocol error: unexpected CONTINUATION")
             sid, first_flags, block = self._continuation
             block += payload
             self._continuation = None
-            self._header_fragment(sid, first_flags | (flags & END_HEADERS), block)
-        elif kind == SETTINGS:
-            if not flags & ACK:
+            self._header_fragment(sid, first_flags | (flags & f.END_HEADERS), block)
+        elif kind == f.SETTINGS:
+            if not flags & f.ACK:
                 self._on_settings(payload)
-        elif kind == WINDOW_UPDATE:
-            increment = int.from_bytes(payload[:4], "big") & MAX_WINDOW
+        elif kind == f.WINDOW_UPDATE:
+            increment = int.from_bytes(payload[:4], "big") & f.STREAM_ID_MASK  # the reserved bit is ignored (§6.9)
             if stream_id == 0:
                 self._send_window += increment
             elif stream_id in self._streams:
                 self._streams[stream_id].send_window += increment
             self._wake(self._window_changed)
-        elif kind == PING:
-            if not flags & ACK:
-                self._transport.write(frame(PING, ACK, 0, payload))
-        elif kind == RST_STREAM:
-            code = int.from_bytes(payload[:4], "big")
+        elif kind == f.PING:
+            if not flags & f.ACK:
+                self._transport.write(f.ping(payload, ack=True))
+        elif kind == f.RST_STREAM:
+            code = h2_error_name(int.from_bytes(payload[:4], "big"))
             self._finish(stream_id, PerfError(f"the server reset the gRPC stream (HTTP/2 error {code})"))
-        elif kind == GOAWAY:
-            last = int.from_bytes(payload[:4], "big") & MAX_WINDOW
+        elif kind == f.GOAWAY:
+            last = int.from_bytes(payload[:4], "big") & f.STREAM_ID_MASK
             self.retired = True
             for sid in [s for s in self._streams if s > last]:
                 self._finish(sid, NotSent("the server is going away (GOAWAY) and did not take the request"))
             self._wake_stream_waiters(len(self._stream_waiters))
-        elif kind == PUSH_PROMISE:
+        elif kind == f.PUSH_PROMISE:
             raise PerfError("HTTP/2 protocol error: the server pushed although push is disabled")
         # PRIORITY and unknown frame types are ignored, as RFC 9113 §5.5 asks
 
     def _on_settings(self, payload: bytes) -> None:
-        for i in range(0, len(payload) - 5, 6):
-            key, value = struct.unpack_from(">HI", payload, i)
-            if key == SETTINGS_INITIAL_WINDOW_SIZE:
+        for key, value in f.parse_settings(memoryview(payload)):
+            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
                 delta = value - self._initial_stream_window
                 self._initial_stream_window = value
                 for stream in self._streams.values():
                     stream.send_window += delta
-            elif key == SETTINGS_MAX_FRAME_SIZE:
+            elif key == f.SETTINGS_MAX_FRAME_SIZE:
                 self._max_frame_size = value
-            elif key == SETTINGS_MAX_CONCURRENT_STREAMS:
+            elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
                 self._max_streams = value
-        self._transport.write(frame(SETTINGS, ACK, 0))
+        self._transport.write(f.SETTINGS_ACK)
         self._wake(self._window_changed)
         self._wake_stream_waiters(self._max_streams - len(self._streams))
         if not self.settled.done():
@@ -212,19 +217,19 @@ class H2Connection(asyncio.Protocol):
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
         self._received_unacked += len(payload)
         if self._received_unacked >= RECEIVE_REPLENISH:
-            self._transport.write(frame(WINDOW_UPDATE, 0, 0, self._received_unacked.to_bytes(4, "big")))
+            self._transport.write(f.window_update(0, self._received_unacked))
             self._received_unacked = 0
         stream = self._streams.get(stream_id)
         if stream is None:
             return  # a stream we already gave up on
-        if flags & PADDED:
-            payload = payload[1:len(payload) - payload[0]]
+        if flags & f.PADDED:
+            payload = bytes(f.strip_padding(memoryview(payload), flags, stream_id))
         stream.data.append(payload)
-        if flags & END_STREAM:
+        if flags & f.END_STREAM:
             self._finish(stream_id, PerfError("the gRPC answer ended without trailers (no grpc-status)"))
 
     def _header_fragment(self, stream_id: int, flags: int, block: bytearray) -> None:
-        if not flags & END_HEADERS:
+        if not flags & f.END_HEADERS:
             self._continuation = (stream_id, flags, block)
             return
         key = bytes(block)
@@ -244,14 +249,14 @@ class H2Connection(asyncio.Protocol):
             if status != b"200":
                 self._finish(stream_id, PerfError(f"the server answered the gRPC call with HTTP {status.decode()}"))
                 return
-        if flags & END_STREAM:  # trailers, or a trailers-only answer
+        if flags & f.END_STREAM:  # trailers, or a trailers-only answer
             self._complete(stream, headers)
 
     # calls -------------------------------------------------------------------------------------------------
     def _complete(self, stream: _Stream, trailers: dict[bytes, bytes]) -> None:
         code = int(trailers.get(b"grpc-status", b"2"))
         if code != 0:
-            name = GRPC_CODES[code] if code < len(GRPC_CODES) else str(code)
+            name = grpc_status_name(code)
             message = urllib.parse.unquote(trailers.get(b"grpc-message", b"").decode(errors="replace"))
             self._finish(stream.id, PerfError(f"the server refused an inference request ({name}): {message}"))
             return
@@ -307,17 +312,17 @@ class H2Connection(asyncio.Protocol):
         start = _now()
         stream_id = self._next_stream_id
         self._next_stream_id += 2
-        if self._next_stream_id > MAX_WINDOW:
+        if self._next_stream_id > f.STREAM_ID_MASK:
             self.retired = True
             self._wake_stream_waiters(len(self._stream_waiters))
         future: asyncio.Future[tuple[bytes, int]] = asyncio.get_running_loop().create_future()
         stream = self._streams[stream_id] = _Stream(stream_id, future, self._initial_stream_window)
         body = b"\x00" + len(message).to_bytes(4, "big") + message
-        headers = frame(HEADERS, END_HEADERS, stream_id, self._header_block)
+        headers = f.frame(f.HEADERS, f.END_HEADERS, stream_id, self._header_block)
         if len(body) <= min(self._send_window, stream.send_window, self._max_frame_size):
             self._send_window -= len(body)
             stream.send_window -= len(body)
-            self._transport.write(headers + frame(DATA, END_STREAM, stream_id, body))
+            self._transport.write(headers + f.frame(f.DATA, f.END_STREAM, stream_id, body))
         else:
             self._transport.write(headers)
             await self._send_body(stream, body)
@@ -335,7 +340,7 @@ class H2Connection(asyncio.Protocol):
                 await self._window_changed.wait()
                 continue
             last = offset + allowed == len(body)
-            self._transport.write(frame(DATA, END_STREAM if last else 0, stream.id, bytes(view[offset:offset + allowed])))
+            self._transport.write(f.frame(f.DATA, f.END_STREAM if last else 0, stream.id, bytes(view[offset:offset + allowed])))
             self._send_window -= allowed
             stream.send_window -= allowed
             offset += allowed
@@ -375,13 +380,13 @@ class GrpcH2Client:
 
     def __init__(self, host: str, port: int, method_path: str,
                  calls_per_connection: int = CALLS_PER_CONNECTION) -> None:
-        from ..proto import grpc_service_pb2
+        from engine.proto import grpc_service_pb2
 
         pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
         self._host, self._port = host, port
         self._block = request_header_block(f"{host}:{port}", method_path)
         self._parse = pb.ModelInferResponse.FromString
-        self._per_connection = calls_per_connection if calls_per_connection > 0 else MAX_WINDOW
+        self._per_connection = calls_per_connection if calls_per_connection > 0 else f.MAX_WINDOW
         self._lanes: list[_Lane] = []
 
     def _lane(self) -> _Lane:

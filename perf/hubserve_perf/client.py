@@ -209,7 +209,7 @@ MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def grpc_request_bytes(model: str, version: str, inputs: RequestInputs, outputs: tuple[TensorSpec, ...]) -> bytes:
-    from ..proto import grpc_service_pb2
+    from engine.proto import grpc_service_pb2
 
     pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them
     request = pb.ModelInferRequest(model_name=model, model_version=version)
@@ -225,7 +225,7 @@ class GrpcInferClient:
     def __init__(self, host: str, port: int) -> None:
         import grpc
 
-        from ..proto import grpc_service_pb2
+        from engine.proto import grpc_service_pb2
 
         pb: Any = grpc_service_pb2
         self._grpc = grpc

@@ -1,12 +1,12 @@
 """Run NVIDIA's perf_analyzer (2.47.0) from tests and benchmarks.
 
-This is a helper module, not a test file. The binary is installed by
+Part of the harness (perf/hubserve_harness/), not a test file. The binary is installed by
 ``tools/install_perf_analyzer.sh`` into ``<repo>/.tools``; ``PERF_ANALYZER`` is the wrapper
 script there, which puts ``.tools/lib`` (libcudart.so.12) on ``LD_LIBRARY_PATH``.
 
 Typical use::
 
-    from perf_analyzer import perf_analyzer_available, run_perf_analyzer
+    from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
 
     result = run_perf_analyzer("simple", "localhost:8001", "grpc")
     assert result.returncode == 0, result.output
@@ -23,7 +23,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .checkout import ROOT as REPO_ROOT
+
 INSTALLER = REPO_ROOT / "tools" / "install_perf_analyzer.sh"
 PERF_ANALYZER = REPO_ROOT / ".tools" / "bin" / "perf_analyzer"
 

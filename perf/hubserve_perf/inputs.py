@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..types import DataType
+from engine.errors import EngineError
+from engine.types import DataType
+
 from .types import ExitCode, InputTensor, ModelInfo, PerfError, TensorSpec
 
 STRING_LENGTH = 128  # characters of a random BYTES element, perf_analyzer's --string-length default

@@ -1,7 +1,8 @@
 """`hubserve perf ...` and `hubserve perf tune-window ...`: flags, and the run of a sweep.
 
-engine/__main__.py calls `add_parser()` to register the subcommand and `main()` to run it. This module imports
-only argparse at load time, so `hubserve serve` pays nothing for the load tester.
+engine/__main__.py hands `hubserve perf ARGS` to `main(ARGS)`, importing this package only then, so the server
+never loads the load tester; `python -m hubserve_perf ARGS` is the same command without the server's CLI.
+This module imports only argparse and the load tester's own types at load time.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .types import Distribution, ExitCode, LoadPlan, PerfError
 
@@ -93,9 +93,9 @@ def _add_load_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
                    help="spacing of open-loop requests")
 
 
-def add_parser(sub: Any) -> None:
-    perf = sub.add_parser("perf", help="measure a server's throughput and latency (perf_analyzer-style)",
-                          description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
+    perf = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_target_flags(perf)
     perf.add_argument("--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP",
                       help="closed-loop load: requests in flight at each step (default 1)")
@@ -120,12 +120,14 @@ def add_parser(sub: Any) -> None:
     tune.add_argument("--metrics-url", metavar="HOST:PORT",
                       help="hubserve's Prometheus port: count end-of-window flushes exactly from "
                            "hubserve_batch_dispatch_total (default: estimate them from batch sizes)")
+    return perf
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `hubserve perf` (or its tune-window); returns the exit code."""
+def main(argv: list[str] | None = None, prog: str = "hubserve perf") -> int:
+    """Run `hubserve perf ARGV` (or its tune-window); returns the exit code. `argv` excludes the word `perf`."""
     from .workers import run_loop
 
+    args = build_parser(prog).parse_args(argv)
     try:
         if not args.model:
             raise PerfError("-m MODEL is required", ExitCode.USAGE)

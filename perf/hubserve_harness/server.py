@@ -1,0 +1,98 @@
+"""A real hubserve process on free loopback ports, for tests and benchmarks.
+
+The server runs in its own process: our generated protos and tritonclient's both define package `inference`,
+and a separate process is also the honest way to test a server. It runs `python -m engine` with the
+repository root as its working directory, so it serves this checkout's code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .checkout import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    repository: Path
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, model: str, version: str = "1") -> float:
+        """One model's value of a Prometheus family, read from /metrics."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
+            assert r.status == 200
+            text = r.read().decode()
+        match = re.search(rf'^{name}\{{model="{model}",version="{version}"\}} (\S+)$', text, re.MULTILINE)
+        assert match, f"{name} for {model} v{version} missing from /metrics:\n{text[:2000]}"
+        return float(match.group(1))
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        return int(self.process.returncode)
+
+
+def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,
+                 wait_ready: bool = True, env: dict[str, str] | None = None) -> RunningServer:
+    """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
+    adds to (or overrides) the server's environment, e.g. TMPDIR."""
+    http, grpc_port, metrics = free_port(), free_port(), free_port()
+    cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
+           "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics), *extra]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    server = RunningServer(proc, http, grpc_port, metrics, repository, log_path)
+    path = "/v2/health/ready" if wait_ready else "/v2/health/live"
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}{path}", timeout=1) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"server not ready within {ready_timeout}s:\n{server.log()}")
