@@ -8,11 +8,13 @@ Our server runs in its own process on a repository of echo models (identity back
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import socket
 import struct
+import threading
 import time
 import urllib.request
 import zlib
@@ -366,7 +368,74 @@ def test_error_messages_are_percent_encoded(client, h2_server):
     assert e.value.details() == f"Request for unknown model: '{name}' is not found"
 
 
-# ------------------------------------------------------------------------------------------- real clients
+# ------------------------------------------------------------- grpcio, an independent HTTP/2 and gRPC client
+
+# grpcio's C core implements HTTP/2 and gRPC apart from our code, so what follows checks our reading of the
+# protocols against another one: unary ModelInfer and Health/Watch, a stream of several requests, 6 MiB each
+# way, an error with a non-ASCII message (test_error_messages_are_percent_encoded) and gzip both ways.
+
+class CountingRelay:
+    """A loopback TCP relay in front of the server that counts the bytes each way: what grpcio really put on
+    the wire, and what it really got. One thread per direction of each connection, ended by the peers."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.to_server = 0
+        self.to_client = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port), timeout=30)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, to_server: bool) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if to_server:
+                    self.to_server += len(data)
+                else:
+                    self.to_client += len(data)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes accept()
+        self.listener.close()
+
+
+def test_grpcio_gzip_both_ways(h2_server):
+    """grpcio compresses every message of a gzip channel and lists gzip in grpc-accept-encoding, so our
+    answers come back gzip too (grpc/doc/compression.md), unary and on a stream; grpcio inflates them on its
+    own. 1 MiB of zeros each way crosses the relay in a few KiB, which shows that both sides did compress."""
+    zeros = np.zeros(1 << 18, np.float32)
+    relay = CountingRelay(h2_server.grpc_port)
+    try:
+        with grpc.insecure_channel(relay.url, compression=grpc.Compression.Gzip) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            response = stub.ModelInfer(pb.ModelInferRequest.FromString(echo_request(zeros)), timeout=30)
+            assert response.raw_output_contents[0] == zeros.tobytes()
+            requests = [pb.ModelInferRequest.FromString(simple_request())] * 3
+            answers = list(stub.ModelStreamInfer(iter(requests), timeout=30))
+        assert [(a.infer_response.id, a.error_message) for a in answers] == [("raw", "")] * 3
+        assert np.frombuffer(answers[0].infer_response.raw_output_contents[0], np.int32).tolist() == \
+            list(range(0, 32, 2))
+        assert relay.to_server < 64 << 10 and relay.to_client < 64 << 10, (relay.to_server, relay.to_client)
+    finally:
+        relay.close()
+
 
 def test_plain_grpc_stub_health_watch_and_infer(h2_server):
     with grpc.insecure_channel(h2_server.grpc_url) as channel:
@@ -403,6 +472,8 @@ def test_stream_infer_answers_and_errors_carry_their_request_ids(h2_server):
         assert [(o.name, o.datatype, list(o.shape)) for o in answer.infer_response.outputs] == \
             [("OUTPUT0", "FP32", [len(values)])]
         assert np.frombuffer(answer.infer_response.raw_output_contents[0], np.float32).tolist() == values
+    for answer in answers:  # as Triton flags a non-decoupled model's one answer, success or error
+        assert answer.infer_response.parameters["triton_final_response"].bool_param is True
     assert "input contains 13" in by_id["boom"].error_message
     assert "no_such_model" in by_id["lost"].error_message
 
