@@ -1,6 +1,7 @@
 """The h2 gRPC frontend (engine/frontend/h2/) at the protocol level, where real clients can't reach: a bare
 HTTP/2 client on a blocking socket sends exactly the frames each test needs (RFC 9113), and checks what comes
-back. Plus what real clients see of the limits, deadlines and shutdown, and a smoke test of the grpcio frontend.
+back. Plus grpcio, an HTTP/2 and gRPC client written apart from ours, end to end, and what real clients see
+of the limits, deadlines and shutdown.
 
 Our server runs in its own process on a repository of echo models (identity backend: no model file, shape
 [-1], so any size passes) and `simple`, with --max-message-mb 8.
@@ -23,7 +24,6 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 from conftest import start_server
 from h2_client import (
     ACK,
@@ -101,7 +101,7 @@ def h2_repository(tmp_path_factory, repository) -> Path:
 
 @pytest.fixture(scope="module")
 def h2_server(h2_repository, tmp_path_factory):
-    srv = start_server(h2_repository, tmp_path_factory.mktemp("h2") / "server.log", "--grpc-frontend", "h2",
+    srv = start_server(h2_repository, tmp_path_factory.mktemp("h2") / "server.log",
                        "--max-message-mb", str(MAX_MESSAGE_BYTES >> 20), "--model-control-mode", "none")
     yield srv
     srv.stop()
@@ -501,32 +501,3 @@ def test_graceful_shutdown_two_step_goaway(h2_repository, tmp_path):
     finally:
         server.stop()
 
-
-def test_grpcio_frontend_smoke(h2_repository, tmp_path):
-    server = start_server(h2_repository, tmp_path / "server.log", "--grpc-frontend", "grpcio",
-                          "--model-control-mode", "none")
-    try:
-        with grpcclient.InferenceServerClient(server.grpc_url) as c:
-            assert c.is_server_ready() and c.get_model_metadata("simple").name == "simple"
-            tensor = grpcclient.InferInput("INPUT0", [3], "FP32")
-            tensor.set_data_from_numpy(np.array([1.5, -2.0, 3.25], np.float32))
-            assert c.infer("echo_fp32", [tensor]).as_numpy("OUTPUT0").tolist() == [1.5, -2.0, 3.25]
-            with pytest.raises(Exception, match="unknown model"):
-                c.infer("no_such_model", [tensor])
-        with grpc.insecure_channel(server.grpc_url) as channel:  # the full decode and grpcio's stream path
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            both = pb.ModelInferRequest.FromString(simple_request())
-            both.inputs[0].contents.int_contents[:] = range(16)
-            with pytest.raises(grpc.RpcError) as e:
-                stub.ModelInfer(both, timeout=10)
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert e.value.details().startswith("contents field must not be specified when using raw_input")
-            [answer] = stub.ModelStreamInfer(iter([pb.ModelInferRequest.FromString(simple_request())]),
-                                             timeout=10)
-            assert answer.infer_response.parameters["triton_final_response"].bool_param is True
-            response = stub.ModelInfer(pb.ModelInferRequest.FromString(simple_request()), timeout=10,
-                                       compression=grpc.Compression.Gzip)  # grpcio decompresses on its own
-            assert response.id == "raw"
-        assert "gRPC on 127.0.0.1" in server.log()
-    finally:
-        assert server.stop() == 0
