@@ -76,8 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide cap on batches executing at once across all models (0 = no cap)")
     serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource, metavar="NAME:COUNT",
                        help="server-wide count of a rate-limiter resource named in instance groups")
-    serve.add_argument("--grpc-frontend", choices=("h2", "grpcio"), default="h2",
-                       help="h2: gRPC on hubserve's own lean HTTP/2; grpcio: gRPC on grpc.aio")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
     serve.add_argument("--log-verbose", type=int, default=0,
@@ -127,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
-            grpc_frontend=args.grpc_frontend,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms switch
         # interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had finished.

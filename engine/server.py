@@ -12,12 +12,10 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
 from aiohttp import web
 
 from .dataplane import DataPlane
 from .devices import discover_gpus
-from .frontend import grpc as grpc_frontend
 from .frontend import http as http_frontend
 from .frontend.h2.server import H2GrpcServer
 from .frontend.h2.streams import Limits
@@ -51,7 +49,6 @@ class ServerOptions:
     max_concurrent_executions: int = 0  # 0 = limited only by instances
     rate_limit_resources: dict[str, int] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
-    grpc_frontend: str = "h2"  # h2 (our own HTTP/2, frontend/h2/) | grpcio (grpc.aio)
 
 
 class Server:
@@ -63,7 +60,7 @@ class Server:
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.AbstractServer | None = None
         self._metrics_runner: web.AppRunner | None = None
-        self._grpc: grpc.aio.Server | H2GrpcServer | None = None
+        self._grpc: H2GrpcServer | None = None
         self._poller: asyncio.Task[None] | None = None
         self.http_port = options.http_port
         self.grpc_port = options.grpc_port
@@ -81,14 +78,11 @@ class Server:
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
-        if opts.grpc_frontend == "grpcio":
-            self._grpc = grpc_frontend.make_server(self.dataplane, opts.max_message_bytes)
-        else:  # (grpc.aio keeps grpc-core's own flood, memory and keepalive protections)
-            limits = Limits(max_header_list_bytes=opts.max_header_bytes,
-                            max_buffered_request_bytes=2 * opts.max_message_bytes,
-                            max_queued_response_bytes=2 * opts.max_message_bytes,
-                            client_timeout_secs=opts.client_timeout_secs, idle_timeout_secs=opts.idle_timeout_secs)
-            self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, limits)
+        limits = Limits(max_header_list_bytes=opts.max_header_bytes,
+                        max_buffered_request_bytes=2 * opts.max_message_bytes,
+                        max_queued_response_bytes=2 * opts.max_message_bytes,
+                        client_timeout_secs=opts.client_timeout_secs, idle_timeout_secs=opts.idle_timeout_secs)
+        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, limits)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 

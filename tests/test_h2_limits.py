@@ -45,7 +45,7 @@ IDLE_TIMEOUT_SECS = 3.0
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, repository):
     root = build_repository(tmp_path_factory.mktemp("limits_repository"), repository)
-    srv = start_server(root, tmp_path_factory.mktemp("limits") / "server.log", "--grpc-frontend", "h2",
+    srv = start_server(root, tmp_path_factory.mktemp("limits") / "server.log",
                        "--max-message-mb", str(MAX_MESSAGE_BYTES >> 20), "--model-control-mode", "none",
                        "--client-timeout-secs", str(CLIENT_TIMEOUT_SECS),
                        "--idle-timeout-secs", str(IDLE_TIMEOUT_SECS))

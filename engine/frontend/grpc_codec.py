@@ -3,14 +3,15 @@
 Inputs arrive as `raw_input_contents` (one entry per input, in order) or typed `contents`; outputs always
 leave as `raw_output_contents`, one entry per output in order (perf_analyzer crashes on typed contents).
 
-The hot path works on the serialized bytes (`InferWireCodec`): reading fields of a parsed message through
-the protobuf runtime costs ~20 µs per small request and building a response message ~12 µs, several times
-what the rest of the frontend spends. Clients repeat the same request apart from its tensor bytes and id, so
-a request is cut into its fields (every top-level field of ModelInferRequest is length-delimited), the
-fields other than `id` and `raw_input_contents` are the key of a decoded plan, and a response is a cached
-serialized head followed by `id` and `raw_output_contents` fields written by hand. Protobuf parsers accept
-fields in any order, and a field repeated is merged/last-wins exactly as on the first, full decode, so the
-result is the message the full path would produce.
+ModelInfer and ModelStreamInfer work on the serialized bytes (`InferWireCodec`): reading fields of a parsed
+message through the protobuf runtime costs ~20 µs per small request and building a response message ~12 µs,
+several times what the rest of the frontend spends. Clients repeat the same request apart from its tensor
+bytes and id, so a request is cut into its fields (every top-level field of ModelInferRequest is
+length-delimited), the fields other than `id` and `raw_input_contents` are the key of a plan made by the full
+decode (`decode_request`), and a response is a cached serialized head followed by `id` and
+`raw_output_contents` fields written by hand. Protobuf parsers accept fields in any order, and a field
+repeated is merged/last-wins exactly as on the first, full decode, so the result is the message the full
+path would produce.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def param_value(p: Any) -> Any:
 
 
 def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
-    """The full decode (the grpcio frontend's, and the wire path's first sight of a request)."""
+    """The full decode: the wire path's first sight of a request, and its fallback for what it does not cut."""
     raw = msg.raw_input_contents
     if raw:  # checked first, as Triton does (server src/grpc/infer_handler.cc), so its words come first
         for t in msg.inputs:
@@ -96,13 +97,6 @@ def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.nda
         return np.array(values, dtype=datatype.numpy_dtype).reshape(shape)
     except OverflowError:
         raise invalid(f"input '{t.name}': a value is out of range for {datatype.value}") from None
-
-
-def encode_response(response: InferenceResponse) -> pb.ModelInferResponse:
-    msg = _response_head(response)
-    msg.id = response.id
-    msg.raw_output_contents.extend(bytes(array_to_bytes(t.data, t.datatype)) for t in response.outputs)
-    return msg
 
 
 def _response_head(response: InferenceResponse) -> pb.ModelInferResponse:

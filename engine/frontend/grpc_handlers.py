@@ -1,9 +1,9 @@
-"""The gRPC services' per-RPC logic, transport-neutral: a parsed request message in, a response message out
-(or an `EngineError`). Both gRPC frontends are thin wrappers around `GrpcHandlers`: `grpc.py` (grpc.aio) and
-`h2/` (our own HTTP/2). Neither duplicates a conversion, so the two answer every RPC identically.
+"""The gRPC services' per-RPC logic, apart from the transport: a parsed request message in, a response
+message out (or an `EngineError`); for ModelInfer and ModelStreamInfer, serialized bytes in and out
+(grpc_codec.py's wire codec). The h2 frontend (`h2/`) calls `GrpcHandlers` for every RPC it serves.
 
 `STATUS` is the one table from `ErrorCode` to gRPC status codes, as the numbers the protocol puts on the wire
-(`grpc-status`); grpc.py derives its `grpc.StatusCode` table from it.
+(`grpc-status`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import InferenceResponse
-from .grpc_codec import InferWireCodec, decode_request, encode_response, param_value
+from .grpc_codec import InferWireCodec, param_value
 
 # The generated modules carry no type information: their messages are typed Any here.
 pb: Any = grpc_service_pb2
@@ -75,10 +75,8 @@ HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 class GrpcHandlers:
     """One per server, shared by every connection. Methods named after a unary RPC take its request message and
     return its response message, or an awaitable of it for RPCs that wait (load, unload); they raise
-    `EngineError`. Inference is split so a frontend can answer from a future's callback without a task:
-    `submit_infer` queues, `encode_response` converts the result."""
-
-    encode_response = staticmethod(encode_response)
+    `EngineError`. Inference returns a future, so the frontend answers from its callback without a task:
+    `submit_infer_wire` queues, `wire.encode` serializes the result."""
 
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
@@ -130,32 +128,24 @@ class GrpcHandlers:
         await self.dp.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    def submit_infer(self, request: Any, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
-        """ModelInfer, first half: decode and queue. Raises at once for a bad request; the future resolves with
-        the response (pass it to `encode_response`) or an EngineError. Cancelling it drops the request."""
-        return self.dp.submit(decode_request(request), start_ns or time.perf_counter_ns())
-
     def submit_infer_wire(self, message: Any, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
-        """`submit_infer` from the serialized request; answer with `wire.encode(response)`. Raises
-        DecodeError for bytes that are not a ModelInferRequest."""
+        """ModelInfer, first half: decode the serialized request and queue it. Raises at once for a bad
+        request (EngineError), or DecodeError for bytes that are not a ModelInferRequest; the future resolves
+        with the response (answer with `wire.encode(response)`) or an EngineError. Cancelling it drops the
+        request."""
         return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns())
 
     def stream_infer_wire(self, message: Any) -> asyncio.Future[tuple[list[Any], int]]:
-        """`stream_infer` from the serialized request; the future resolves with the serialized
-        ModelStreamInferResponse as (parts, size). Raises DecodeError for bytes that are not a
-        ModelInferRequest (the stream then ends, as grpc ends it)."""
+        """One serialized request of ModelStreamInfer; the future resolves with the serialized
+        ModelStreamInferResponse as (parts, size). Never fails with an EngineError: as Triton does, an error is
+        an answer on the stream (`error_message`, with the request's id), which stays open. Raises DecodeError
+        for bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
+        returned future drops the request."""
         def error(e: EngineError) -> tuple[list[Any], int]:  # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e).SerializeToString()
             return [body], len(body)
 
         return _stream_answer(lambda: self.submit_infer_wire(message), self.wire.encode_stream, error)
-
-    def stream_infer(self, request: Any) -> asyncio.Future[Any]:
-        """One request of ModelStreamInfer. Never fails with an EngineError: as Triton does, an error is an
-        answer on the stream (`error_message`, with the request's id), which stays open. Cancelling the
-        returned future drops the request."""
-        return _stream_answer(lambda: self.submit_infer(request), _stream_response,
-                              lambda e: _stream_error(request, e))
 
     # ------------------------------------------------------------------ grpc.health.v1.Health
 
@@ -216,14 +206,6 @@ def _stream_answer(submit: Callable[[], asyncio.Future[InferenceResponse]],
     inner.add_done_callback(done)
     out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
     return out
-
-
-def _stream_response(response: InferenceResponse) -> Any:
-    """A stream's answer: the response, flagged final as Triton flags a non-decoupled model's only one
-    (server src/grpc/stream_infer_handler.cc StreamInferResponseComplete)."""
-    infer_response = encode_response(response)
-    infer_response.parameters["triton_final_response"].bool_param = True
-    return pb.ModelStreamInferResponse(infer_response=infer_response)
 
 
 def _stream_error(request: Any, error: EngineError) -> Any:

@@ -1,4 +1,4 @@
-"""gRPC on a lean HTTP/2 implementation of our own (`--grpc-frontend h2`, the default).
+"""gRPC on a lean HTTP/2 implementation of our own: hubserve's one gRPC server.
 
 The request path reads top-down: frames.py (RFC 9113 frames) → connection.py (one connection: streams, flow
 control in, SETTINGS, PING) with outbound.py (flow control out), headers.py (HPACK via `hpack`), lifecycle.py

@@ -1,5 +1,5 @@
-"""The gRPC listener on our HTTP/2 stack, shaped like `grpc.aio.Server` (`add_insecure_port`, `start`,
-`stop(grace)`) so engine/server.py drives either frontend the same way.
+"""The gRPC listener on our HTTP/2 stack, driven by engine/server.py as a grpc server is: `add_insecure_port`
+(bind now, learn the port), `start`, `stop(grace)`.
 
 Graceful stop: stop accepting, send every connection the two-step GOAWAY (RFC 9113 §6.8), let the streams it
 admitted finish within the grace period, then close whatever is left.
