@@ -102,6 +102,31 @@ def simple_model() -> onnx.ModelProto:
     return _model(graph)
 
 
+def simple_string_model() -> onnx.ModelProto:
+    """Triton's `simple_string`: `simple` over BYTES [batch, 16] holding decimal integers ("3" + "1" = "4").
+
+    Each input is Cast to INT32, added and subtracted, and the results Cast back to their decimal strings, so
+    Triton's string example clients get the numbers they check. An element that is not a decimal integer
+    fails the request in onnxruntime's Cast.
+    """
+    dims = (-1, 16)
+    to_int, to_str = TensorProto.INT32, TensorProto.STRING
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["INPUT0"], ["in0"], name="parse0", to=to_int),
+            helper.make_node("Cast", ["INPUT1"], ["in1"], name="parse1", to=to_int),
+            helper.make_node("Add", ["in0", "in1"], ["sum"], name="add"),
+            helper.make_node("Sub", ["in0", "in1"], ["diff"], name="sub"),
+            helper.make_node("Cast", ["sum"], ["OUTPUT0"], name="format0", to=to_str),
+            helper.make_node("Cast", ["diff"], ["OUTPUT1"], name="format1", to=to_str),
+        ],
+        "simple_string",
+        [_tensor("INPUT0", to_str, dims), _tensor("INPUT1", to_str, dims)],
+        [_tensor("OUTPUT0", to_str, dims), _tensor("OUTPUT1", to_str, dims)],
+    )
+    return _model(graph)
+
+
 def mlp_weights(in_features: int, hidden: Sequence[int], out_features: int,
                 seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The (weight [fan_in, fan_out], bias [fan_out]) of each layer, FP32, from `default_rng(seed)`.
@@ -222,6 +247,10 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "mlp_large": lambda: mlp_model(1024, (4096, 4096), 1024),  # compute-bound: ~25M parameters, ~100 MB
     "strings": strings_model,
     "image": image_model,
+    # Triton's own example models of these names (its string example clients use both). Triton serves
+    # simple_identity with its Python backend; here it is the same BYTES identity as an ONNX model.
+    "simple_string": simple_string_model,
+    "simple_identity": lambda: identity_model("BYTES", (-1, -1)),
 }
 VERSION = "1"
 

@@ -17,7 +17,7 @@ from engine import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
-SMALL_EXAMPLES = ["simple", "mlp", "strings", "image"]  # all but mlp_large (~100 MB)
+SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity"]  # not mlp_large
 
 # Datatypes onnxruntime's CPU provider runs Identity on with plain numpy inputs. BF16 has no numpy dtype: it
 # needs OrtValues (test_identity_bf16_through_ort_values).
@@ -44,6 +44,7 @@ def io_of(sess: ort.InferenceSession) -> dict[str, tuple[str, list]]:
     lambda: examples.mlp_model(32, (64, 48), 16),
     examples.strings_model,
     examples.image_model,
+    examples.simple_string_model,
     *[lambda d=d: examples.identity_model(d) for d in examples.ONNX_TYPES],
 ])
 def test_models_are_valid_opset17_with_an_ir_version_onnxruntime_reads(build):
@@ -69,6 +70,31 @@ def test_simple_adds_and_subtracts(batch):
     assert out0.dtype == out1.dtype == np.int32
     np.testing.assert_array_equal(out0, a + b)
     np.testing.assert_array_equal(out1, a - b)
+
+
+# ------------------------------------------------------------------------------------ Triton's string pair
+
+def test_simple_string_adds_and_subtracts_decimal_strings():
+    """What Triton's string example clients send and check: decimal integers as BYTES, their sum and
+    difference as decimal strings (client src/python/examples/simple_http_string_infer_client.py)."""
+    sess = session(examples.simple_string_model())
+    assert io_of(sess) == {name: ("tensor(string)", ["batch", 16])
+                           for name in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")}
+    a = np.arange(-8, 24, dtype=np.int32).reshape(2, 16)
+    b = np.full((2, 16), 7, dtype=np.int32)
+    as_text = np.vectorize(str, otypes=[object])
+    out0, out1 = sess.run(["OUTPUT0", "OUTPUT1"], {"INPUT0": as_text(a), "INPUT1": as_text(b)})
+    assert out0.tolist() == as_text(a + b).tolist() and out1.tolist() == as_text(a - b).tolist()
+
+
+def test_simple_identity_echoes_any_bytes():
+    """Triton's simple_identity, as its string clients use it: strings with an embedded NUL and raw bytes."""
+    sess = session(examples.EXAMPLES["simple_identity"]())
+    assert io_of(sess) == {"INPUT0": ("tensor(string)", ["batch", "dim1"]),
+                           "OUTPUT0": ("tensor(string)", ["batch", "dim1"])}
+    x = np.array([["he\x00llo"] * 3, ["\x00\x01\x02\x03", "", "café"]], dtype=object)
+    (got,) = sess.run(["OUTPUT0"], {"INPUT0": x})
+    assert got.tolist() == x.tolist()
 
 
 # --------------------------------------------------------------------------------------------- mlp
@@ -298,7 +324,8 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
     with pytest.raises(ValueError, match="nope"):
         examples.build_repository(tmp_path, ["simple", "nope"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
-    assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image"]
+    assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
+                                       "simple_identity"]
 
 
 def test_main_prints_one_line_per_model(tmp_path, capsys):
@@ -336,6 +363,22 @@ def test_committed_configs_agree_with_the_models(tmp_path, name, config_file, bu
         for spec, arg in zip(declared, actual):
             assert arg.shape[0] == "batch" and tuple(arg.shape[1:]) == spec.dims
             assert arg.type == {"INT32": "tensor(int32)", "FP32": "tensor(float)"}[spec.datatype.value]
+
+
+@pytest.mark.parametrize("name, dims", [("simple_string", (16,)), ("simple_identity", (-1,))])
+def test_committed_configs_of_tritons_string_models_agree(tmp_path, name, dims):
+    """Triton's names, BYTES I/O, max_batch_size 8 (server docs/examples/model_repository/<name>/)."""
+    path = tmp_path / "model.onnx"
+    examples.write_model(examples.EXAMPLES[name](), path)
+    sess = session(onnx.load(str(path)))
+    msg = cfg.read_config_proto(EXAMPLE_REPOSITORY / name)
+    config = cfg.validate(msg, name)
+    assert (config.name, config.platform, config.max_batch_size) == (name, "onnxruntime_onnx", 8)
+    for declared, actual in ((config.inputs, sess.get_inputs()), (config.outputs, sess.get_outputs())):
+        assert [s.name for s in declared] == [a.name for a in actual]
+        for spec, arg in zip(declared, actual):
+            assert spec.datatype.value == "BYTES" and arg.type == "tensor(string)" and spec.dims == dims
+            assert arg.shape[0] == "batch" and len(arg.shape) == 1 + len(dims)
 
 
 def test_strings_has_no_config_file():

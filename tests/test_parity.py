@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2 as grpc_service_pb2
 from tritonclient.grpc import service_pb2_grpc as grpc_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import EXAMPLES, start_server
 from engine import examples
 
 RESHAPED = """name: "reshaped"
@@ -52,6 +52,11 @@ def parity_server(tmp_path_factory: pytest.TempPathFactory):
     # The ONNX model answers [batch, 1, 10, 1, 1]; the config says [batch, 10] on both sides.
     examples.write_model(examples.identity_model("FP32", (-1, 1, 10, 1, 1)), root / "reshaped" / "1" / "model.onnx")
     (root / "reshaped" / "config.pbtxt").write_text(RESHAPED)
+    # Triton's string example pair, with the configs committed in our example repository.
+    for name in ("simple_string", "simple_identity"):
+        (root / name).mkdir()
+        (root / name / "config.pbtxt").write_bytes((EXAMPLES / name / "config.pbtxt").read_bytes())
+    examples.build_repository(root, ["simple_string", "simple_identity"])
     log = tmp_path_factory.mktemp("parity_server") / "server.log"
     srv = start_server(root, log, "--no-strict-readiness", "--model-control-mode", "none")
     yield srv
@@ -335,3 +340,26 @@ def test_stream_responses_carry_triton_final_response(parity_server):
         [answer] = list(stub.ModelStreamInfer(iter([bad]), timeout=10))
     assert "no_such_model" in answer.error_message and answer.infer_response.id == "f3"
     assert answer.infer_response.parameters["triton_final_response"].bool_param is True
+
+
+# Triton's example models ----------------------------------------------------------------------------------
+
+def test_tritons_string_example_models_answer_as_its_string_clients_check(client):
+    # What client src/python/examples/simple_{http,grpc}_string_infer_client.py send and check against the
+    # models of server docs/examples/model_repository/simple_string and simple_identity (ours: in
+    # model_repository/).
+    m = client.module
+    a, b = np.arange(16, dtype=np.int32).reshape(1, 16), np.ones((1, 16), dtype=np.int32)
+    inputs = []
+    for name, values in (("INPUT0", a), ("INPUT1", b)):
+        tensor = m.InferInput(name, [1, 16], "BYTES")
+        tensor.set_data_from_numpy(np.array([[str(v).encode() for v in values[0]]], dtype=np.object_))
+        inputs.append(tensor)
+    result = client.infer("simple_string", inputs)
+    assert [int(v) for v in result.as_numpy("OUTPUT0")[0]] == list(a[0] + b[0])
+    assert [int(v) for v in result.as_numpy("OUTPUT1")[0]] == list(a[0] - b[0])
+    for data in (np.array([[b"he\x00llo"] * 16], dtype=np.object_), np.array([[b"\x00\x01\x02\x03"] * 16])):
+        tensor = m.InferInput("INPUT0", list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data)
+        got = client.infer("simple_identity", [tensor]).as_numpy("OUTPUT0")
+        assert got.tolist() == data.astype(np.object_).tolist()
