@@ -58,7 +58,7 @@ class Server:
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus())
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
         self._http: http_frontend.HttpApp | None = None
-        self._http_server: asyncio.AbstractServer | None = None
+        self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._grpc: H2GrpcServer | None = None
         self._poller: asyncio.Task[None] | None = None

@@ -12,6 +12,10 @@ post-processed in two ways:
   (``from . import model_config_pb2 as ...``) so that the modules work as
   the package ``engine.proto`` instead of as top-level modules.
 
+* Type stubs (``*_pb2.pyi``, protoc's ``--pyi_out``) are written beside the
+  modules, with the same relative imports, so mypy checks the code that
+  uses the messages.
+
 * Descriptors are registered in a private descriptor pool,
   ``engine.proto._pool.POOL``, instead of protobuf's default pool.
   tritonclient's generated modules define the same proto package
@@ -121,6 +125,7 @@ def output_names() -> list[str]:
     """File names generate() writes into the output directory."""
     names = ["__init__.py", "_pool.py"]
     names += [_module_name(p, "_pb2.py") for p in PROTOS]
+    names += [_module_name(p, "_pb2.pyi") for p in PROTOS]
     names += [_module_name(p, "_pb2_grpc.py") for p in SERVICE_PROTOS]
     return sorted(names)
 
@@ -218,6 +223,7 @@ def _run_protoc(raw_dir: Path) -> None:
         f"--proto_path={PROTO_DIR}",
         f"--python_out={raw_dir}",
         f"--grpc_python_out={raw_dir}",
+        f"--pyi_out={raw_dir}",
         *(str(PROTO_DIR / p) for p in PROTOS),
     ]
     rc = protoc.main(args)
@@ -235,6 +241,9 @@ def generate(out_dir: Path, allow_any_tools_version: bool = False) -> list[Path]
         for proto in PROTOS:
             name = _module_name(proto, "_pb2.py")
             files[name] = _process_pb2((raw / name).read_text(encoding="utf-8"), proto)
+        for proto in PROTOS:
+            name = _module_name(proto, "_pb2.pyi")
+            files[name] = _relative_imports((raw / name).read_text(encoding="utf-8"), name)
         for proto in SERVICE_PROTOS:
             name = _module_name(proto, "_pb2_grpc.py")
             files[name] = _process_pb2_grpc((raw / name).read_text(encoding="utf-8"), proto)

@@ -363,7 +363,7 @@ def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Ans
     return 200, payload, b"application/octet-stream", b"Inference-Header-Content-Length: %d\r\n" % header_length
 
 
-async def serve(app: HttpApp, host: str, port: int) -> asyncio.AbstractServer:
+async def serve(app: HttpApp, host: str, port: int) -> asyncio.Server:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True)
     app.start_sweeper()
