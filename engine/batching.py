@@ -28,7 +28,7 @@ import numpy as np
 from .adaptive_window import AdaptiveWindow
 from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
-from .scheduler import Instance, InstancePool
+from .instances import Instance, InstancePool
 from .stats import ModelStats
 from .timers import THRESHOLD_S, PreciseTimer
 from .types import InferenceRequest, InferenceResponse, Tensor

@@ -15,7 +15,7 @@ from . import warmup
 from .batching import Batcher
 from .config import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
-from .scheduler import InstancePool, RateLimiter, place
+from .instances import InstancePool, RateLimiter, place
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, DataType, InferenceRequest, InferenceResponse
 

@@ -27,7 +27,7 @@ import numpy as np
 from .config import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .proto import model_config_pb2
-from .scheduler import InstancePool
+from .instances import InstancePool
 from .types import DataType
 
 log = logging.getLogger("hubserve.warmup")

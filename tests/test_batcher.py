@@ -1,4 +1,4 @@
-"""Tests of engine/batching.py's `Batcher` with engine/scheduler.py's `InstancePool`, through real `Model`s
+"""Tests of engine/batching.py's `Batcher` with engine/instances.py's `InstancePool`, through real `Model`s
 running the identity backend (OUTPUTn = INPUTn) on real instance threads.
 
 Each test is a plain function around `asyncio.run`. Nothing here sleeps in place of synchronization: tests
@@ -23,7 +23,7 @@ from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
 from engine.devices import CPU
-from engine.scheduler import INLINE_STRIKES, Instance, Placement, RateLimiter
+from engine.instances import INLINE_STRIKES, Instance, Placement, RateLimiter
 from engine.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 T = TypeVar("T")

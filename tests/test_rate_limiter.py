@@ -1,4 +1,4 @@
-"""Tests of engine/scheduler.py's pure parts: `place()` (device placement, no GPU needed: the discovered GPUs
+"""Tests of engine/instances.py's pure parts: `place()` (device placement, no GPU needed: the discovered GPUs
 are passed in) and `RateLimiter` arithmetic. The pool's async side is exercised in tests/test_batcher.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from engine.config import ModelConfig, RateLimiterResource
 from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
-from engine.scheduler import RateLimiter, place
+from engine.instances import RateLimiter, place
 
 IO = """
 backend: "identity"
