@@ -15,7 +15,9 @@ from . import warmup
 from .batching import Batcher
 from .config import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
-from .instances import InstancePool, RateLimiter, place
+from .instances import InstancePool
+from .placement import place
+from .rate_limiter import RateLimiter
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, DataType, InferenceRequest, InferenceResponse
 

@@ -44,7 +44,7 @@ from .model import Model, ModelState
 from .names import name_problem
 from .overrides import remove_override, write_override
 from .proto import model_config_pb2 as pb
-from .instances import RateLimiter
+from .rate_limiter import RateLimiter
 
 log = logging.getLogger("hubserve.repository")
 

@@ -23,7 +23,7 @@ from .frontend.h2.server import H2GrpcServer
 from .frontend.h2.streams import Limits
 from .metrics import process_registry, render
 from .repository import ModelRepository
-from .instances import RateLimiter
+from .rate_limiter import RateLimiter
 from .watcher import RepositoryWatcher
 
 log = logging.getLogger("hubserve")

@@ -14,7 +14,7 @@ from engine.config import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
-from engine.instances import RateLimiter
+from engine.rate_limiter import RateLimiter
 from engine.warmup import build_samples
 
 IO = ('input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }\n'

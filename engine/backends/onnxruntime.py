@@ -115,7 +115,7 @@ class OnnxRuntimeBackend:
             shown = shown_path(model_path, config.name)
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
-        # On the CPU provider, execution time is CPU time, so a short run may execute inline (scheduler.py).
+        # On the CPU provider, execution time is CPU time, so a short run may execute inline (inline_policy.py).
         self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}
