@@ -29,7 +29,6 @@ from .inline_policy import INLINE_WALL_LIMIT_NS, InlinePolicy
 from .placement import Placement
 from .rate_limiter import RateLimiter
 
-
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)  # Linux only
 
 

@@ -26,8 +26,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
-from .proto import model_config_pb2
 from .instances import InstancePool
+from .proto import model_config_pb2
 from .types import DataType
 
 log = logging.getLogger("hubserve.warmup")
