@@ -8,7 +8,8 @@ separate functions so each can be tested alone:
 2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
 3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`.
 
-The completed proto is kept (as bytes) only to answer the protocol's model-config requests.
+The completed proto is kept (as bytes) only to answer the protocol's model-config requests (in Triton's JSON
+form: engine/config_json.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any, Mapping
 
 import yaml
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import FieldDescriptor
 
+from .config_json import message_to_json
 from .errors import invalid
 from .proto import model_config_pb2 as pb
 from .types import DataType
@@ -446,43 +447,3 @@ def version_policy_of(msg: pb.ModelConfig) -> VersionPolicy:
     if choice == "specific":
         return VersionPolicy(kind="specific", specific=tuple(int(v) for v in vp.specific.versions))
     return VersionPolicy(kind="latest", latest_n=vp.latest.num_versions or 1)
-
-
-# --------------------------------------------------------------------------------------------- JSON
-
-_INT_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-              FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
-
-
-def message_to_json(msg: Any) -> dict[str, Any]:
-    """Like protobuf's MessageToDict with field names and defaults, but 64-bit integers stay numbers
-    (Triton's clients and perf_analyzer read `max_batch_size`, dims and versions as numbers)."""
-    out = json_format.MessageToDict(
-        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _ints_to_numbers(msg, out)
-    return out
-
-
-def _ints_to_numbers(msg: Any, out: dict[str, Any]) -> None:
-    for fd in msg.DESCRIPTOR.fields:
-        if fd.name not in out:
-            continue
-        value = getattr(msg, fd.name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            value_fd = fd.message_type.fields_by_name["value"]
-            if value_fd.message_type is not None:
-                for key, sub in value.items():
-                    _ints_to_numbers(sub, out[fd.name][str(key)])
-            elif value_fd.type in _INT_TYPES:
-                out[fd.name] = {k: int(v) for k, v in out[fd.name].items()}
-            continue
-        if fd.message_type is not None:
-            if fd.is_repeated:
-                for sub_msg, sub_out in zip(value, out[fd.name]):
-                    _ints_to_numbers(sub_msg, sub_out)
-            else:
-                _ints_to_numbers(value, out[fd.name])
-        elif fd.type in _INT_TYPES:
-            out[fd.name] = [int(v) for v in out[fd.name]] if fd.is_repeated \
-                else int(out[fd.name])

@@ -41,10 +41,10 @@ from engine.config import (
     autocomplete,
     backend_of,
     default_filename,
-    message_to_json,
     read_config_proto,
     validate,
 )
+from engine.config_json import message_to_json
 from engine.proto import grpc_service_pb2
 from engine.proto import model_config_pb2 as pb
 
