@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .adaptive_window import AdaptiveWindow
-from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
+from .config_types import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
 from .instances import Instance, InstancePool
 from .stats import ModelStats

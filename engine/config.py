@@ -6,7 +6,8 @@ separate functions so each can be tested alone:
 
 1. `read_config_proto(model_dir)`  — file → `model_config_pb2.ModelConfig` (syntax errors name file and line);
 2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
-3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`.
+3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`
+                                      (engine/config_types.py).
 
 The completed proto is kept (as bytes) only to answer the protocol's model-config requests (in Triton's JSON
 form: engine/config_json.py).
@@ -14,15 +15,25 @@ form: engine/config_json.py).
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from google.protobuf import json_format, text_format
 
-from .config_json import message_to_json
+from .config_types import (
+    PLATFORMS,
+    DynamicBatchingConfig,
+    InstanceGroupConfig,
+    InstanceKind,
+    ModelConfig,
+    ModelIO,
+    QueuePolicy,
+    RateLimiterResource,
+    TensorSpec,
+    TimeoutAction,
+    VersionPolicy,
+)
 from .errors import invalid
 from .proto import model_config_pb2 as pb
 from .types import DataType
@@ -30,149 +41,11 @@ from .types import DataType
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
 
-# Platform/backend spellings we accept, mapped to our backend names.
-_PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
-_BACKEND_PLATFORMS = {backend: platform for platform, backend in _PLATFORMS.items()}
 BACKENDS = ("onnxruntime", "tensorrt", "identity")
 _DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
 _YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)
-
-
-class InstanceKind(enum.Enum):
-    AUTO = "KIND_AUTO"
-    GPU = "KIND_GPU"
-    CPU = "KIND_CPU"
-    MODEL = "KIND_MODEL"
-
-
-class TimeoutAction(enum.Enum):
-    REJECT = "REJECT"
-    DELAY = "DELAY"
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """An input or output as configured. `dims` excludes the batch dimension when the model batches."""
-
-    name: str
-    datatype: DataType
-    dims: tuple[int, ...]
-    optional: bool = False
-    reshape: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    max_queue_size: int = 0  # 0 = unbounded
-    default_timeout_us: int = 0  # 0 = no timeout
-    allow_timeout_override: bool = False
-    timeout_action: TimeoutAction = TimeoutAction.REJECT
-
-
-@dataclass(frozen=True, slots=True)
-class DynamicBatchingConfig:
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
-    preserve_ordering: bool = False
-    priority_levels: int = 0  # 0 = a single level
-    default_priority_level: int = 0
-    default_queue_policy: QueuePolicy = QueuePolicy()
-    priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
-
-    def queue_policy(self, level: int) -> QueuePolicy:
-        return self.priority_queue_policies.get(level, self.default_queue_policy)
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimiterResource:
-    name: str
-    count: int
-    global_: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceGroupConfig:
-    name: str
-    kind: InstanceKind
-    count: int
-    gpus: tuple[int, ...] = ()
-    resources: tuple[RateLimiterResource, ...] = ()
-    priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPolicy:
-    """Which version folders to serve: the `latest` N, `all`, or a `specific` list."""
-
-    kind: str = "latest"  # "latest" | "all" | "specific"
-    latest_n: int = 1
-    specific: tuple[int, ...] = ()
-
-    def select(self, available: list[int]) -> list[int]:
-        available = sorted(available)
-        if self.kind == "all":
-            return available
-        if self.kind == "specific":
-            return [v for v in available if v in self.specific]
-        return available[-self.latest_n:] if self.latest_n > 0 else []
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    name: str
-    backend: str
-    platform: str
-    max_batch_size: int
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    instance_groups: tuple[InstanceGroupConfig, ...]
-    dynamic_batching: DynamicBatchingConfig | None
-    version_policy: VersionPolicy
-    default_model_filename: str
-    parameters: Mapping[str, str]
-    proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
-
-    @property
-    def batching(self) -> bool:
-        return self.max_batch_size > 0
-
-    @property
-    def platform_name(self) -> str:
-        """The platform model metadata reports: Triton's name for the backend (`onnxruntime_onnx`, as Triton
-        reports for `backend: "onnxruntime"` and for a model without a config), else the backend's."""
-        return self.platform or _BACKEND_PLATFORMS.get(self.backend, self.backend)
-
-    def input(self, name: str) -> TensorSpec | None:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def output(self, name: str) -> TensorSpec | None:
-        for spec in self.outputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def proto(self) -> pb.ModelConfig:
-        msg = pb.ModelConfig()
-        msg.ParseFromString(self.proto_bytes)
-        return msg
-
-    def as_json(self) -> dict[str, Any]:
-        """Triton's JSON form: proto field names, every primitive field printed, 64-bit ints as numbers."""
-        return message_to_json(self.proto())
-
-
-@dataclass(frozen=True, slots=True)
-class ModelIO:
-    """What a backend read from a model file, for auto-complete. Dims include any batch dimension (-1 =
-    dynamic)."""
-
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
 
 
 def default_filename(backend: str) -> str:
@@ -244,10 +117,10 @@ def backend_of(msg: pb.ModelConfig, where: str) -> str:
     """The backend a config asks for; Triton's `platform` spelling is accepted too."""
     backend = msg.backend
     if msg.platform:
-        mapped = _PLATFORMS.get(msg.platform)
+        mapped = PLATFORMS.get(msg.platform)
         if mapped is None:
             raise invalid(
-                f"{where}: platform '{msg.platform}' is not supported; use one of {', '.join(_PLATFORMS)}"
+                f"{where}: platform '{msg.platform}' is not supported; use one of {', '.join(PLATFORMS)}"
             )
         if backend and backend != mapped:
             raise invalid(f"{where}: platform '{msg.platform}' contradicts backend '{backend}'")

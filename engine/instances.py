@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import backends
-from .config import ModelConfig
+from .config_types import ModelConfig
 from .inline_policy import INLINE_WALL_LIMIT_NS, InlinePolicy
 from .placement import Placement
 from .rate_limiter import RateLimiter

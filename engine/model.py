@@ -13,7 +13,7 @@ import numpy as np
 
 from . import warmup
 from .batching import Batcher
-from .config import ModelConfig, TensorSpec
+from .config_types import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
 from .placement import place

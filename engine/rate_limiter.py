@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .config import RateLimiterResource
+from .config_types import RateLimiterResource
 
 
 class RateLimiter:

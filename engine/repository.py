@@ -29,7 +29,6 @@ from typing import Any
 from . import backends
 from .config import (
     CONFIG_FILES,
-    ModelConfig,
     autocomplete,
     backend_of,
     default_filename,
@@ -38,6 +37,7 @@ from .config import (
     validate,
     version_policy_of,
 )
+from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .memory import release_freed_memory

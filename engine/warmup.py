@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import ModelConfig
+from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
 from .proto import model_config_pb2

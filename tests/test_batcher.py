@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from engine import config as cfg
-from engine.config import ModelConfig
+from engine.config_types import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb

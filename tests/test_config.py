@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine import config as cfg
-from engine.config import InstanceKind, ModelIO, TensorSpec, TimeoutAction, VersionPolicy
+from engine.config_types import InstanceKind, ModelConfig, ModelIO, TensorSpec, TimeoutAction, VersionPolicy
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType
@@ -37,7 +37,7 @@ def complete(text: str, io: ModelIO | None = None, name: str = "m") -> pb.ModelC
     return msg
 
 
-def build(text: str, io: ModelIO | None = None, name: str = "m") -> cfg.ModelConfig:
+def build(text: str, io: ModelIO | None = None, name: str = "m") -> ModelConfig:
     return cfg.validate(complete(text, io, name), f"model '{name}'")
 
 

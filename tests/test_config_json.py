@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from engine import config as cfg
+from engine.config_types import ModelConfig
 from engine.proto import model_config_pb2 as pb
 
 IO = """
@@ -16,7 +17,7 @@ output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [2] }]
 """
 
 
-def build(text: str, name: str = "m") -> cfg.ModelConfig:
+def build(text: str, name: str = "m") -> ModelConfig:
     msg = pb.ModelConfig()
     cfg.parse_pbtxt(text, msg)
     cfg.autocomplete(msg, None, name)

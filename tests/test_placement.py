@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import config as cfg
-from engine.config import ModelConfig, RateLimiterResource
+from engine.config_types import ModelConfig, RateLimiterResource
 from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode
 from engine.placement import place

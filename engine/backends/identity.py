@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config_types import ModelConfig
 from ..errors import EngineError, ErrorCode
 
 
