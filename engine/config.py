@@ -24,6 +24,7 @@ from google.protobuf import json_format, text_format
 from .config_types import (
     PLATFORMS,
     DynamicBatchingConfig,
+    ExecutionAccelerator,
     InstanceGroupConfig,
     InstanceKind,
     ModelConfig,
@@ -33,6 +34,9 @@ from .config_types import (
     TensorSpec,
     TimeoutAction,
     VersionPolicy,
+    WarmupConfig,
+    WarmupData,
+    WarmupInputConfig,
 )
 from .errors import invalid
 from .proto import model_config_pb2 as pb
@@ -241,6 +245,11 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         version_policy=policy,
         default_model_filename=filename,
         parameters=params,
+        warmup=tuple(_warmup(w, i, where) for i, w in enumerate(msg.model_warmup)),
+        gpu_execution_accelerators=tuple(
+            ExecutionAccelerator(a.name, dict(a.parameters))
+            for a in msg.optimization.execution_accelerators.gpu_execution_accelerator
+        ),
         proto_bytes=msg.SerializeToString(deterministic=True),
     )
 
@@ -259,6 +268,26 @@ def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
             raise invalid(f"{where}: {kind} '{t.name}' has dim {d}; dims must be positive or -1 (any size)")
     reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
     return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape)
+
+
+def _warmup(w: Any, index: int, where: str) -> WarmupConfig:
+    """A `model_warmup` entry, typed, with Triton's defaults. Only the types are checked here; what must match
+    the model is checked when the sample is built (engine/warmup.py)."""
+    name = w.name or f"warmup_{index}"
+    inputs = []
+    for input_name, spec in sorted(w.inputs.items()):
+        datatype = None
+        if spec.data_type != pb.TYPE_INVALID:
+            try:
+                datatype = DataType.from_config(pb.DataType.Name(spec.data_type))
+            except ValueError:  # a number no TYPE_* has (text format accepts any)
+                raise invalid(f"{where}: warm-up '{name}' input '{input_name}' has an unknown data_type "
+                              f"{spec.data_type}") from None
+        kind = spec.WhichOneof("input_data_type")
+        inputs.append(WarmupInputConfig(input_name, datatype, tuple(int(d) for d in spec.dims),
+                                        WarmupData(kind) if kind else WarmupData.ZERO,
+                                        spec.input_data_file))
+    return WarmupConfig(name, w.batch_size or 1, max(1, w.count), tuple(inputs))
 
 
 def _queue_policy(q: pb.ModelQueuePolicy) -> QueuePolicy:

@@ -99,6 +99,45 @@ class VersionPolicy:
         return available[-self.latest_n:] if self.latest_n > 0 else []
 
 
+class WarmupData(enum.Enum):
+    """Where a warm-up input's values come from (`input_data_type` in the proto)."""
+
+    ZERO = "zero_data"
+    RANDOM = "random_data"
+    FILE = "input_data_file"
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupInputConfig:
+    """One input of a `model_warmup` sample, as written. Checked against the model's inputs only when the
+    sample is built (engine/warmup.py), so a mistake here fails the version, as in Triton, not the model."""
+
+    name: str
+    datatype: DataType | None  # None: no data_type given
+    dims: tuple[int, ...]  # without the batch dimension
+    data: WarmupData = WarmupData.ZERO  # Triton's default is zeros too
+    data_file: str = ""  # for WarmupData.FILE: a file in the model's warmup/ folder
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupConfig:
+    """One `model_warmup` sample with Triton's defaults applied: a name (`warmup_<i>` when unnamed), a
+    batch size and a count of at least 1. `inputs` are sorted by name, the order random data is drawn in."""
+
+    name: str
+    batch_size: int
+    count: int
+    inputs: tuple[WarmupInputConfig, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionAccelerator:
+    """An entry of `optimization.execution_accelerators` (e.g. `tensorrt` for ONNX Runtime on a GPU)."""
+
+    name: str
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
@@ -112,6 +151,8 @@ class ModelConfig:
     version_policy: VersionPolicy
     default_model_filename: str
     parameters: Mapping[str, str]
+    warmup: tuple[WarmupConfig, ...] = ()  # run on every instance before a version is READY
+    gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
 
     @property

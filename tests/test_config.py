@@ -1,5 +1,6 @@
-"""Tests of engine/config.py: each step alone (parse → auto-complete → validate), the version policy, and the
-example repository's real configs. Pure functions; no server. Triton's JSON form: tests/test_config_json.py."""
+"""Tests of engine/config.py: each step alone (parse → auto-complete → validate), the version policy, the
+typed warm-up and accelerator settings, and the example repository's real configs. Pure functions; no
+server. Triton's JSON form: tests/test_config_json.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from pathlib import Path
 import pytest
 
 from engine import config as cfg
-from engine.config_types import InstanceKind, ModelConfig, ModelIO, TensorSpec, TimeoutAction, VersionPolicy
+from engine.config_types import (
+    ExecutionAccelerator,
+    InstanceKind,
+    ModelConfig,
+    ModelIO,
+    TensorSpec,
+    TimeoutAction,
+    VersionPolicy,
+    WarmupConfig,
+    WarmupData,
+    WarmupInputConfig,
+)
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType
@@ -457,6 +469,47 @@ def test_version_policy_from_config() -> None:
     specific = build(IO + "version_policy { specific { versions: [4, 2] } }").version_policy
     assert specific == VersionPolicy(kind="specific", specific=(4, 2))
     assert specific.select([1, 2, 3, 4]) == [2, 4]
+
+
+# ------------------------------------------------------------------------------- warm-up and accelerators
+
+def test_warmup_samples_are_typed_with_tritons_defaults() -> None:
+    config = build(IO + """
+        model_warmup { batch_size: 2 count: 3 inputs { key: "INPUT0" value: {
+            data_type: TYPE_FP32 dims: [2] random_data: true } } }
+        model_warmup { name: "from_file" inputs [
+            { key: "B" value: { data_type: TYPE_STRING dims: [1] input_data_file: "b.bin" } },
+            { key: "A" value: { dims: [1] } } ] }
+    """)
+    first, second = config.warmup
+    assert first == WarmupConfig("warmup_0", 2, 3, (
+        WarmupInputConfig("INPUT0", DataType.FP32, (2,), WarmupData.RANDOM),))
+    assert (second.name, second.batch_size, second.count) == ("from_file", 1, 1)  # 0 means 1
+    assert second.inputs == (  # sorted by name; no data kind means zeros; no data_type is left to warm-up
+        WarmupInputConfig("A", None, (1,), WarmupData.ZERO),
+        WarmupInputConfig("B", DataType.BYTES, (1,), WarmupData.FILE, "b.bin"),
+    )
+
+
+def test_no_warmup_and_no_accelerators_by_default() -> None:
+    config = build(IO)
+    assert config.warmup == () and config.gpu_execution_accelerators == ()
+
+
+def test_a_warmup_input_with_a_data_type_number_no_type_has_is_refused() -> None:
+    warmup = 'model_warmup { name: "w" inputs { key: "INPUT0" value: { data_type: 99 dims: [2] } } }'
+    invalid_config(IO + warmup, "warm-up 'w'", "'INPUT0'", "unknown data_type 99")
+
+
+def test_gpu_execution_accelerators_are_typed_in_order() -> None:
+    config = build(IO + """
+        optimization { execution_accelerators {
+            gpu_execution_accelerator [
+              { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } },
+              { name: "cuda_graphs" } ] } }
+    """)
+    assert config.gpu_execution_accelerators == (
+        ExecutionAccelerator("tensorrt", {"precision_mode": "FP16"}), ExecutionAccelerator("cuda_graphs"))
 
 
 # --------------------------------------------------------------------------------------------------- examples

@@ -44,8 +44,7 @@ def providers_for(config: ModelConfig, device: Device) -> list[Any]:
         return ["CPUExecutionProvider"]
     cuda = ("CUDAExecutionProvider", {"device_id": device.index})
     providers: list[Any] = [cuda, "CPUExecutionProvider"]
-    accelerators = config.proto().optimization.execution_accelerators.gpu_execution_accelerator
-    if any(a.name == "tensorrt" for a in accelerators):
+    if any(a.name == "tensorrt" for a in config.gpu_execution_accelerators):
         providers.insert(0, ("TensorrtExecutionProvider", {"device_id": device.index}))
     return providers
 
