@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 
-from engine import config as cfg
-from engine.config_types import ModelConfig
-from engine.proto import model_config_pb2 as pb
+from conftest import config_from_pbtxt
 
 IO = """
 backend: "identity"
@@ -17,15 +15,8 @@ output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [2] }]
 """
 
 
-def build(text: str, name: str = "m") -> ModelConfig:
-    msg = pb.ModelConfig()
-    cfg.parse_pbtxt(text, msg)
-    cfg.autocomplete(msg, None, name)
-    return cfg.validate(msg, f"model '{name}'")
-
-
 def test_as_json_prints_int64_fields_as_numbers_and_enums_as_names() -> None:
-    config = build(IO + """
+    config = config_from_pbtxt(IO + """
         version_policy { specific { versions: [1, 3] } }
         dynamic_batching {
           max_queue_delay_microseconds: 100 priority_levels: 2 default_priority_level: 1
@@ -55,7 +46,7 @@ def test_as_json_prints_int64_fields_as_numbers_and_enums_as_names() -> None:
 
 
 def test_as_json_prints_primitive_defaults() -> None:
-    doc = build(IO).as_json()
+    doc = config_from_pbtxt(IO).as_json()
     assert doc["name"] == "m"
     assert doc["platform"] == ""
     assert doc["backend"] == "identity"
@@ -68,6 +59,6 @@ def test_as_json_prints_primitive_defaults() -> None:
 
 
 def test_as_json_of_a_platform_config_names_both() -> None:
-    doc = build(IO.replace('backend: "identity"', 'platform: "onnxruntime_onnx"')).as_json()
+    doc = config_from_pbtxt(IO.replace('backend: "identity"', 'platform: "onnxruntime_onnx"')).as_json()
     assert doc["platform"] == "onnxruntime_onnx"
     assert doc["backend"] == "onnxruntime"

@@ -3,11 +3,11 @@ execution providers a GPU instance would ask ONNX Runtime for."""
 
 from __future__ import annotations
 
-from engine import config as cfg
+from conftest import config_from_pbtxt
+
 from engine.backends.onnxruntime import providers_for
 from engine.config_types import ModelConfig
 from engine.devices import CPU, Device
-from engine.proto import model_config_pb2 as pb
 
 IO = """
 backend: "onnxruntime"
@@ -19,10 +19,7 @@ TENSORRT = 'optimization { execution_accelerators { gpu_execution_accelerator [{
 
 
 def model_config(extra: str = "") -> ModelConfig:
-    msg = pb.ModelConfig()
-    cfg.parse_pbtxt(IO + extra, msg)
-    cfg.autocomplete(msg, None, "m")
-    return cfg.validate(msg, "model 'm'")
+    return config_from_pbtxt(IO + extra)
 
 
 def test_a_cpu_instance_uses_the_cpu_provider_whatever_the_accelerators() -> None:

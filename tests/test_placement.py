@@ -4,13 +4,12 @@ discovered GPUs are passed in)."""
 from __future__ import annotations
 
 import pytest
+from conftest import config_from_pbtxt
 
-from engine import config as cfg
 from engine.config_types import ModelConfig, RateLimiterResource
 from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode
 from engine.placement import place
-from engine.proto import model_config_pb2 as pb
 
 IO = """
 backend: "identity"
@@ -21,10 +20,7 @@ output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [2] }]
 
 
 def model_config(extra: str, name: str = "placed") -> ModelConfig:
-    msg = pb.ModelConfig()
-    cfg.parse_pbtxt(IO + extra, msg)
-    cfg.autocomplete(msg, None, name)
-    return cfg.validate(msg, f"{name}/config.pbtxt")
+    return config_from_pbtxt(IO + extra, name)
 
 
 def test_cpu_group_places_count_instances_on_the_cpu() -> None:
