@@ -26,9 +26,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from .adaptive_window import AdaptiveWindow
-from .config import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
+from .config_types import DynamicBatchingConfig, ModelConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
-from .scheduler import Instance, InstancePool
+from .instances import Instance, InstancePool
 from .stats import ModelStats
 from .timers import THRESHOLD_S, PreciseTimer
 from .types import InferenceRequest, InferenceResponse, Tensor

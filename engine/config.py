@@ -6,22 +6,38 @@ separate functions so each can be tested alone:
 
 1. `read_config_proto(model_dir)`  — file → `model_config_pb2.ModelConfig` (syntax errors name file and line);
 2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
-3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`.
+3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`
+                                      (engine/config_types.py).
 
-The completed proto is kept (as bytes) only to answer the protocol's model-config requests.
+The completed proto is kept (as bytes) only to answer the protocol's model-config requests (in Triton's JSON
+form: engine/config_json.py).
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import FieldDescriptor
 
+from .config_types import (
+    PLATFORMS,
+    DynamicBatchingConfig,
+    ExecutionAccelerator,
+    InstanceGroupConfig,
+    InstanceKind,
+    ModelConfig,
+    ModelIO,
+    QueuePolicy,
+    RateLimiterResource,
+    TensorSpec,
+    TimeoutAction,
+    VersionPolicy,
+    WarmupConfig,
+    WarmupData,
+    WarmupInputConfig,
+)
 from .errors import invalid
 from .proto import model_config_pb2 as pb
 from .types import DataType
@@ -29,149 +45,11 @@ from .types import DataType
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
 
-# Platform/backend spellings we accept, mapped to our backend names.
-_PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
-_BACKEND_PLATFORMS = {backend: platform for platform, backend in _PLATFORMS.items()}
 BACKENDS = ("onnxruntime", "tensorrt", "identity")
 _DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
 _YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)
-
-
-class InstanceKind(enum.Enum):
-    AUTO = "KIND_AUTO"
-    GPU = "KIND_GPU"
-    CPU = "KIND_CPU"
-    MODEL = "KIND_MODEL"
-
-
-class TimeoutAction(enum.Enum):
-    REJECT = "REJECT"
-    DELAY = "DELAY"
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSpec:
-    """An input or output as configured. `dims` excludes the batch dimension when the model batches."""
-
-    name: str
-    datatype: DataType
-    dims: tuple[int, ...]
-    optional: bool = False
-    reshape: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    max_queue_size: int = 0  # 0 = unbounded
-    default_timeout_us: int = 0  # 0 = no timeout
-    allow_timeout_override: bool = False
-    timeout_action: TimeoutAction = TimeoutAction.REJECT
-
-
-@dataclass(frozen=True, slots=True)
-class DynamicBatchingConfig:
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_us: int = 0
-    preserve_ordering: bool = False
-    priority_levels: int = 0  # 0 = a single level
-    default_priority_level: int = 0
-    default_queue_policy: QueuePolicy = QueuePolicy()
-    priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
-
-    def queue_policy(self, level: int) -> QueuePolicy:
-        return self.priority_queue_policies.get(level, self.default_queue_policy)
-
-
-@dataclass(frozen=True, slots=True)
-class RateLimiterResource:
-    name: str
-    count: int
-    global_: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceGroupConfig:
-    name: str
-    kind: InstanceKind
-    count: int
-    gpus: tuple[int, ...] = ()
-    resources: tuple[RateLimiterResource, ...] = ()
-    priority: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class VersionPolicy:
-    """Which version folders to serve: the `latest` N, `all`, or a `specific` list."""
-
-    kind: str = "latest"  # "latest" | "all" | "specific"
-    latest_n: int = 1
-    specific: tuple[int, ...] = ()
-
-    def select(self, available: list[int]) -> list[int]:
-        available = sorted(available)
-        if self.kind == "all":
-            return available
-        if self.kind == "specific":
-            return [v for v in available if v in self.specific]
-        return available[-self.latest_n:] if self.latest_n > 0 else []
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    name: str
-    backend: str
-    platform: str
-    max_batch_size: int
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    instance_groups: tuple[InstanceGroupConfig, ...]
-    dynamic_batching: DynamicBatchingConfig | None
-    version_policy: VersionPolicy
-    default_model_filename: str
-    parameters: Mapping[str, str]
-    proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
-
-    @property
-    def batching(self) -> bool:
-        return self.max_batch_size > 0
-
-    @property
-    def platform_name(self) -> str:
-        """The platform model metadata reports: Triton's name for the backend (`onnxruntime_onnx`, as Triton
-        reports for `backend: "onnxruntime"` and for a model without a config), else the backend's."""
-        return self.platform or _BACKEND_PLATFORMS.get(self.backend, self.backend)
-
-    def input(self, name: str) -> TensorSpec | None:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def output(self, name: str) -> TensorSpec | None:
-        for spec in self.outputs:
-            if spec.name == name:
-                return spec
-        return None
-
-    def proto(self) -> pb.ModelConfig:
-        msg = pb.ModelConfig()
-        msg.ParseFromString(self.proto_bytes)
-        return msg
-
-    def as_json(self) -> dict[str, Any]:
-        """Triton's JSON form: proto field names, every primitive field printed, 64-bit ints as numbers."""
-        return message_to_json(self.proto())
-
-
-@dataclass(frozen=True, slots=True)
-class ModelIO:
-    """What a backend read from a model file, for auto-complete. Dims include any batch dimension (-1 =
-    dynamic)."""
-
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
 
 
 def default_filename(backend: str) -> str:
@@ -243,10 +121,10 @@ def backend_of(msg: pb.ModelConfig, where: str) -> str:
     """The backend a config asks for; Triton's `platform` spelling is accepted too."""
     backend = msg.backend
     if msg.platform:
-        mapped = _PLATFORMS.get(msg.platform)
+        mapped = PLATFORMS.get(msg.platform)
         if mapped is None:
             raise invalid(
-                f"{where}: platform '{msg.platform}' is not supported; use one of {', '.join(_PLATFORMS)}"
+                f"{where}: platform '{msg.platform}' is not supported; use one of {', '.join(PLATFORMS)}"
             )
         if backend and backend != mapped:
             raise invalid(f"{where}: platform '{msg.platform}' contradicts backend '{backend}'")
@@ -367,6 +245,11 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         version_policy=policy,
         default_model_filename=filename,
         parameters=params,
+        warmup=tuple(_warmup(w, i, where) for i, w in enumerate(msg.model_warmup)),
+        gpu_execution_accelerators=tuple(
+            ExecutionAccelerator(a.name, dict(a.parameters))
+            for a in msg.optimization.execution_accelerators.gpu_execution_accelerator
+        ),
         proto_bytes=msg.SerializeToString(deterministic=True),
     )
 
@@ -385,6 +268,26 @@ def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
             raise invalid(f"{where}: {kind} '{t.name}' has dim {d}; dims must be positive or -1 (any size)")
     reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
     return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape)
+
+
+def _warmup(w: Any, index: int, where: str) -> WarmupConfig:
+    """A `model_warmup` entry, typed, with Triton's defaults. Only the types are checked here; what must match
+    the model is checked when the sample is built (engine/warmup.py)."""
+    name = w.name or f"warmup_{index}"
+    inputs = []
+    for input_name, spec in sorted(w.inputs.items()):
+        datatype = None
+        if spec.data_type != pb.TYPE_INVALID:
+            try:
+                datatype = DataType.from_config(pb.DataType.Name(spec.data_type))
+            except ValueError:  # a number no TYPE_* has (text format accepts any)
+                raise invalid(f"{where}: warm-up '{name}' input '{input_name}' has an unknown data_type "
+                              f"{spec.data_type}") from None
+        kind = spec.WhichOneof("input_data_type")
+        inputs.append(WarmupInputConfig(input_name, datatype, tuple(int(d) for d in spec.dims),
+                                        WarmupData(kind) if kind else WarmupData.ZERO,
+                                        spec.input_data_file))
+    return WarmupConfig(name, w.batch_size or 1, max(1, w.count), tuple(inputs))
 
 
 def _queue_policy(q: pb.ModelQueuePolicy) -> QueuePolicy:
@@ -446,43 +349,3 @@ def version_policy_of(msg: pb.ModelConfig) -> VersionPolicy:
     if choice == "specific":
         return VersionPolicy(kind="specific", specific=tuple(int(v) for v in vp.specific.versions))
     return VersionPolicy(kind="latest", latest_n=vp.latest.num_versions or 1)
-
-
-# --------------------------------------------------------------------------------------------- JSON
-
-_INT_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
-              FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
-
-
-def message_to_json(msg: Any) -> dict[str, Any]:
-    """Like protobuf's MessageToDict with field names and defaults, but 64-bit integers stay numbers
-    (Triton's clients and perf_analyzer read `max_batch_size`, dims and versions as numbers)."""
-    out = json_format.MessageToDict(
-        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    _ints_to_numbers(msg, out)
-    return out
-
-
-def _ints_to_numbers(msg: Any, out: dict[str, Any]) -> None:
-    for fd in msg.DESCRIPTOR.fields:
-        if fd.name not in out:
-            continue
-        value = getattr(msg, fd.name)
-        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
-            value_fd = fd.message_type.fields_by_name["value"]
-            if value_fd.message_type is not None:
-                for key, sub in value.items():
-                    _ints_to_numbers(sub, out[fd.name][str(key)])
-            elif value_fd.type in _INT_TYPES:
-                out[fd.name] = {k: int(v) for k, v in out[fd.name].items()}
-            continue
-        if fd.message_type is not None:
-            if fd.is_repeated:
-                for sub_msg, sub_out in zip(value, out[fd.name]):
-                    _ints_to_numbers(sub_msg, sub_out)
-            else:
-                _ints_to_numbers(value, out[fd.name])
-        elif fd.type in _INT_TYPES:
-            out[fd.name] = [int(v) for v in out[fd.name]] if fd.is_repeated \
-                else int(out[fd.name])

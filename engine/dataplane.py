@@ -19,7 +19,8 @@ from . import __version__
 from .errors import EngineError, ErrorCode, not_found
 from .model import Model
 from .names import check_model_name
-from .repository import IndexEntry, ModelRepository
+from .repository import ModelRepository
+from .routing import IndexEntry
 from .stats import Duration, ModelStats
 from .types import InferenceRequest, InferenceResponse
 

@@ -13,9 +13,11 @@ import numpy as np
 
 from . import warmup
 from .batching import Batcher
-from .config import ModelConfig, TensorSpec
+from .config_types import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
-from .scheduler import InstancePool, RateLimiter, place
+from .instances import InstancePool
+from .placement import place
+from .rate_limiter import RateLimiter
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, DataType, InferenceRequest, InferenceResponse
 

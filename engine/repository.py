@@ -1,4 +1,5 @@
-"""The model repository: what is on disk, what is loaded, and routing a request to a ready version.
+"""The model repository's lifecycle: load, reload and unload. Routing and the index: engine/routing.py;
+folder fingerprints: engine/fingerprint.py.
 
 Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`.
 Loading runs off the event loop (model files are read and sessions built on worker threads). A reload builds
@@ -22,14 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import backends
 from .config import (
     CONFIG_FILES,
-    ModelConfig,
     autocomplete,
     backend_of,
     default_filename,
@@ -38,72 +37,18 @@ from .config import (
     validate,
     version_policy_of,
 )
-from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
+from .config_types import ModelConfig
+from .errors import EngineError, ErrorCode, invalid, not_found
+from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .memory import release_freed_memory
 from .model import Model, ModelState
 from .names import name_problem
 from .overrides import remove_override, write_override
 from .proto import model_config_pb2 as pb
-from .scheduler import RateLimiter
+from .rate_limiter import RateLimiter
+from .routing import ModelEntry, RoutingTable, inside
 
 log = logging.getLogger("hubserve.repository")
-
-
-@dataclass(slots=True)
-class IndexEntry:
-    name: str
-    version: str
-    state: ModelState
-    reason: str = ""
-
-
-Fingerprint = tuple[tuple[str, int, int], ...]
-
-
-@dataclass(eq=False)
-class ModelEntry:
-    """Everything known about one model. `versions` holds the versions that serve traffic; `fingerprint` is the
-    repository folder as it was when the model was last loaded (None: no such folder), which the watcher
-    compares with the disk; `version_keys` say what each serving version was built from, so a reload rebuilds
-    only the versions whose files or config changed."""
-
-    name: str
-    versions: dict[int, Model] = field(default_factory=dict)
-    failed: dict[int, str] = field(default_factory=dict)  # version -> reason
-    error: str = ""  # a model-level failure (bad config, no versions)
-    state: ModelState = ModelState.LOADING
-    fingerprint: Fingerprint | None = None
-    version_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def ready_versions(self) -> list[int]:
-        return sorted(v for v, m in self.versions.items() if m.state is ModelState.READY)
-
-
-def fingerprint(model_dir: Path) -> Fingerprint | None:
-    """What changes when a user edits, adds or removes files: (relative path, size, mtime) of each file.
-    None when the folder does not exist. Runs on a worker thread."""
-    if not model_dir.is_dir():
-        return None
-    items = []
-    for path in sorted(model_dir.rglob("*")):
-        try:
-            st = path.stat()
-        except OSError:
-            continue
-        if path.is_file():
-            items.append((path.relative_to(model_dir).as_posix(), st.st_size, st.st_mtime_ns))
-    return tuple(items)
-
-
-def parse_version(version: str) -> int:
-    """A requested version string as a number, refused in Triton's words (server src/common.cc)."""
-    if version.isascii() and version.isdigit():
-        return int(version)
-    if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
-        raise invalid(f"invalid model version specified '{version}' , version should be an integral value > 0")
-    raise invalid(f"failed to get model version from specified version string '{version}', "
-                  "version should be an integral value > 0")
 
 
 class _VersionFailure(EngineError):
@@ -114,175 +59,16 @@ class _VersionFailure(EngineError):
         self.version = version
 
 
-def inside(path: Path, base: Path) -> bool:
-    """Whether `path` lies in `base`, both with symbolic links resolved (`path` need not exist)."""
-    try:
-        return path.resolve().is_relative_to(base.resolve())
-    except (OSError, RuntimeError, ValueError):  # a symbolic-link loop, a NUL byte: not a usable path
-        return False
+class ModelRepository(RoutingTable):
+    """Loads, reloads and unloads models; routing and the index are the `RoutingTable` it is."""
 
-
-def split_fingerprint(fp: Fingerprint | None) -> dict[str, Fingerprint]:
-    """The fingerprint of each version folder (keyed by its name) and of everything else (key "")."""
-    parts: dict[str, list[tuple[str, int, int]]] = {}
-    for item in fp or ():
-        head, sep, _ = item[0].partition("/")
-        key = head if sep and head.isdigit() else ""
-        parts.setdefault(key, []).append(item)
-    return {k: tuple(v) for k, v in parts.items()}
-
-
-class ModelRepository:
     def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = ()) -> None:
-        self.root = root
+        super().__init__(root)
         self._limiter = limiter
         self._gpus = gpus
-        self._models: dict[str, ModelEntry] = {}
         # Folders as they were when the repository API unloaded their model: the watcher leaves those models
         # unloaded until the folder changes (the same rule as for an API load).
         self._unloaded: dict[str, Fingerprint | None] = {}
-        # Versions that served and were unloaded since (by an unload, or a reload that dropped them), listed
-        # in the index as Triton lists them until they serve again.
-        self._retired: dict[str, set[int]] = {}
-        self._warned: set[str] = set()  # folders skipped with a warning already
-
-    # ------------------------------------------------------------------ routing
-
-    def get(self, name: str, version: str = "") -> Model:
-        """The model version a request goes to: the named one, or the highest ready one. The messages start
-        with Triton's words (core model_repository_manager.cc / model_lifecycle.cc, server common.cc), which
-        clients match on; ours follow them."""
-        entry = self._models.get(name)
-        if entry is None:
-            raise not_found(f"Request for unknown model: '{name}' is not found")
-        if version:
-            number = parse_version(version)
-            model = entry.versions.get(number)
-            if model is None:
-                if number in entry.failed:
-                    raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
-                                      f"state: {entry.failed[number]}")
-                raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
-            if model.state is not ModelState.READY:
-                raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state "
-                                  f"({model.state.value.lower()})")
-            return model
-        ready = entry.ready_versions()
-        if not ready:
-            reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items()))
-            raise unavailable(f"Request for unknown model: '{name}' has no available versions"
-                              + (f": {reason}" if reason else f" (it is {entry.state.value.lower()})"))
-        return entry.versions[ready[-1]]
-
-    def load_failure(self, name: str) -> EngineError | None:
-        """Why the last load of `name` failed, in Triton's words and codes (core model_repository_manager.cc):
-        a model that could not be read is INTERNAL "failed to load 'X', failed to poll from model repository";
-        versions that failed are INVALID_ARG "load failed for model 'X': version N is at UNAVAILABLE state:
-        ...;". None when it loaded. A failed reload is a failure even though what served keeps serving."""
-        entry = self._models.get(name)
-        if entry is None:
-            return EngineError(ErrorCode.INTERNAL,
-                               f"failed to load '{name}', failed to poll from model repository")
-        if entry.error:
-            return EngineError(ErrorCode.INTERNAL,
-                               f"failed to load '{name}', failed to poll from model repository: {entry.error}")
-        if entry.failed:
-            states = "".join(f"version {v} is at UNAVAILABLE state: {r};" for v, r in sorted(entry.failed.items()))
-            return invalid(f"load failed for model '{name}': {states}")
-        if not entry.ready_versions():
-            return EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', no version is available")
-        return None
-
-    def is_ready(self, name: str, version: str = "") -> bool:
-        try:
-            self.get(name, version)
-        except EngineError:
-            return False
-        return True
-
-    def versions(self, name: str) -> list[int]:
-        entry = self._models.get(name)
-        return entry.ready_versions() if entry else []
-
-    def all_ready(self) -> bool:
-        return all(e.ready_versions() for e in self._models.values())
-
-    def loaded_models(self) -> list[Model]:
-        return [m for e in self._models.values() for m in e.versions.values()]
-
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Every model on disk or loaded, one row per version, as Triton lists them: serving versions with
-        their state, versions whose last (re)load failed as UNAVAILABLE with the reason (beside the one
-        still serving, if any), versions unloaded since as UNAVAILABLE "unloaded"."""
-        out: list[IndexEntry] = []
-        on_disk, refused = self._scan()
-        names = sorted(set(self._models) | set(on_disk) | set(refused))
-        for name in names:
-            entry = self._models.get(name)
-            retired = self._retired.get(name, set())
-            if entry is None:
-                rows = [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in sorted(retired)]
-                out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, refused.get(name, "not loaded"))]
-                continue
-            rows = [IndexEntry(name, str(v), m.state) for v, m in entry.versions.items()]
-            rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in entry.failed.items()]
-            rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in retired
-                     if v not in entry.versions and v not in entry.failed]
-            rows.sort(key=lambda r: int(r.version))
-            if entry.error:  # a failure no version can be blamed for (e.g. the config), beside what serves
-                rows.append(IndexEntry(name, "", ModelState.UNAVAILABLE if entry.versions else entry.state,
-                                       entry.error))
-            out += rows or [IndexEntry(name, "", entry.state)]
-        if ready_only:
-            out = [r for r in out if r.state is ModelState.READY]
-        return out
-
-    def _on_disk(self) -> list[str]:
-        return self._scan()[0]
-
-    def _scan(self) -> tuple[list[str], dict[str, str]]:
-        """The model folders on disk that can be served, and those refused with the reason (a folder that
-        resolves outside the repository). Folders whose names are no model names are left out of both.
-        Each skipped folder is logged once."""
-        try:
-            folders = [p.name for p in self.root.iterdir() if not p.name.startswith(".") and p.is_dir()]
-        except OSError as e:
-            log.error("cannot list the model repository: %s", e.strerror or e)
-            return [], {}
-        servable: list[str] = []
-        refused: dict[str, str] = {}
-        for name in folders:
-            problem = self.folder_problem(name)
-            if problem is None:
-                servable.append(name)
-                continue
-            if name_problem(name) is None:
-                refused[name] = problem
-            if name not in self._warned:
-                self._warned.add(name)
-                log.warning("skipping folder %r of the model repository: %s", name, problem)
-        return sorted(servable), refused
-
-    def folder_problem(self, name: str) -> str | None:
-        """Why `<root>/<name>` cannot be a model folder (a name that is not one folder name; a folder that
-        resolves outside the repository), or None. Says nothing of whether the folder exists."""
-        problem = name_problem(name)
-        if problem is not None:
-            return f"invalid model name: {problem}"
-        if not inside(self.root / name, self.root):
-            return (f"the folder of model '{name}' resolves outside the model repository (a symbolic link to "
-                    "elsewhere?); models are served only from folders inside the repository")
-        return None
-
-    def folder_fingerprint(self, name: str) -> Fingerprint | None:
-        """The fingerprint of model `name`'s folder; None when there is none or it cannot be a model folder
-        (so the watcher treats it as absent, and never scans a tree outside the repository). Runs on a
-        worker thread."""
-        if self.folder_problem(name) is not None:
-            return None
-        return fingerprint(self.root / name)
-
-    # ------------------------------------------------------------------ loading
 
     async def load_all(self) -> None:
         await asyncio.gather(*(self.load(name) for name in self._on_disk()))
@@ -560,4 +346,4 @@ async def _write_override(name: str, files: dict[str, bytes]) -> Path:
         raise
 
 
-__all__ = ["ModelRepository", "IndexEntry", "ErrorCode", "inside"]
+__all__ = ["ModelRepository"]

@@ -20,8 +20,8 @@ from .frontend import http as http_frontend
 from .frontend.h2.server import H2GrpcServer
 from .frontend.h2.streams import Limits
 from .metrics import process_registry, render
+from .rate_limiter import RateLimiter
 from .repository import ModelRepository
-from .scheduler import RateLimiter
 from .watcher import RepositoryWatcher
 
 log = logging.getLogger("hubserve")

@@ -20,18 +20,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from .config import ModelConfig
+from .config_types import ModelConfig, WarmupData, WarmupInputConfig
 from .errors import EngineError, ErrorCode, invalid
-from .proto import model_config_pb2
-from .scheduler import InstancePool
+from .instances import InstancePool
 from .types import DataType
 
 log = logging.getLogger("hubserve.warmup")
-pb: Any = model_config_pb2  # generated code carries no types
 
 WARMUP_FOLDER = "warmup"
 
@@ -49,52 +46,49 @@ def build_samples(config: ModelConfig, model_dir: Path, seed: int = 0) -> list[W
     """The config's warm-up samples with their data. Raises INVALID_ARG naming the sample and the input."""
     samples = []
     rng = np.random.default_rng(seed)
-    for i, entry in enumerate(config.proto().model_warmup):
-        name = entry.name or f"warmup_{i}"
-        where = f"model '{config.name}' warm-up '{name}'"
-        batch = entry.batch_size or 1
+    for entry in config.warmup:
+        where = f"model '{config.name}' warm-up '{entry.name}'"
+        batch = entry.batch_size
         if config.max_batch_size == 0 and batch != 1:
             raise invalid(f"{where}: batch_size must be 1 for a model that does not batch, got {batch}")
         if config.max_batch_size and batch > config.max_batch_size:
             raise invalid(f"{where}: batch_size {batch} exceeds max_batch_size {config.max_batch_size}")
         inputs: dict[str, np.ndarray] = {}
-        for input_name, spec in sorted(entry.inputs.items()):
-            inputs[input_name] = _input_data(config, model_dir, where, input_name, spec, batch, rng)
+        for spec in entry.inputs:
+            inputs[spec.name] = _input_data(config, model_dir, where, spec, batch, rng)
         required = [s.name for s in config.inputs if not s.optional and s.name not in inputs]
         if required:
             raise invalid(f"{where}: no data for input '{required[0]}'")
         ordered = {s.name: inputs[s.name] for s in config.inputs if s.name in inputs}
-        samples.append(WarmupSample(name, ordered, max(1, entry.count)))
+        samples.append(WarmupSample(entry.name, ordered, entry.count))
     return samples
 
 
-def _input_data(config: ModelConfig, model_dir: Path, where: str, name: str, spec: Any, batch: int,
+def _input_data(config: ModelConfig, model_dir: Path, where: str, spec: WarmupInputConfig, batch: int,
                 rng: np.random.Generator) -> np.ndarray:
+    name = spec.name
     declared = config.input(name)
     if declared is None:
         raise invalid(f"{where}: '{name}' is not an input of the model; its inputs are "
                       f"{', '.join(repr(s.name) for s in config.inputs)}")
-    if spec.data_type == pb.TYPE_INVALID:
+    datatype = spec.datatype
+    if datatype is None:
         raise invalid(f"{where}: input '{name}' has no data_type")
-    datatype = DataType.from_config(pb.DataType.Name(spec.data_type))
     if datatype is not declared.datatype:
         raise invalid(f"{where}: input '{name}' is {datatype.value} here but {declared.datatype.value} in the "
                       "model config")
-    dims = tuple(int(d) for d in spec.dims)
+    dims = spec.dims
     if any(d < 0 for d in dims):
         raise invalid(f"{where}: input '{name}' dims {list(dims)} must be fixed (no -1)")
     shape = ((batch,) if config.max_batch_size else ()) + dims
-    kind = spec.WhichOneof("input_data_type")
-    if kind == "input_data_file":
-        path = _data_file(model_dir, where, name, spec.input_data_file)
-        return _from_file(path, f"{WARMUP_FOLDER}/{spec.input_data_file}", where, name, datatype, shape)
-    if kind == "random_data":
+    if spec.data is WarmupData.FILE:
+        path = _data_file(model_dir, where, name, spec.data_file)
+        return _from_file(path, f"{WARMUP_FOLDER}/{spec.data_file}", where, name, datatype, shape)
+    if spec.data is WarmupData.RANDOM:
         return _random(datatype, shape, rng)
-    if kind == "zero_data" or kind is None:  # Triton's default is zeros too
-        if datatype is DataType.BYTES:
-            return np.full(shape, b"", dtype=object)
-        return np.zeros(shape, dtype=datatype.numpy_dtype)
-    raise invalid(f"{where}: input '{name}' has unsupported data kind '{kind}'")
+    if datatype is DataType.BYTES:
+        return np.full(shape, b"", dtype=object)
+    return np.zeros(shape, dtype=datatype.numpy_dtype)
 
 
 def _random(datatype: DataType, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -156,7 +150,7 @@ def _from_file(path: Path, shown: str, where: str, name: str, datatype: DataType
 
 async def run(config: ModelConfig, pool: InstancePool, model_dir: Path, version: int) -> None:
     """Run every sample `count` times on each instance. Raises UNAVAILABLE naming the sample that failed."""
-    if not config.proto_bytes or not config.proto().model_warmup:
+    if not config.warmup:
         return
     samples = await asyncio.to_thread(build_samples, config, model_dir)
     output_names = [o.name for o in config.outputs]

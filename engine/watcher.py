@@ -24,7 +24,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .repository import Fingerprint, ModelRepository
+from .fingerprint import Fingerprint
+from .repository import ModelRepository
 
 log = logging.getLogger("hubserve.watcher")
 

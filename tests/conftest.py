@@ -3,7 +3,8 @@ session from the example configs plus test-only models.
 
 The harness itself (start_server, RunningServer, build_test_repository, free_port) lives in
 perf/hubserve_harness/, which benchmarks use too; it is re-exported here, so `from conftest import
-start_server` keeps working in test files.
+start_server` keeps working in test files. `config_from_pbtxt` builds a frozen config in-process, for the
+tests of modules that read one.
 """
 
 from __future__ import annotations
@@ -12,9 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from engine import config as cfg
+from engine.config_types import ModelConfig
+from engine.proto import model_config_pb2 as pb
 from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
 
-__all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "free_port", "start_server"]
+__all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "config_from_pbtxt", "free_port",
+           "start_server"]
+
+
+def config_from_pbtxt(text: str, name: str = "m") -> ModelConfig:
+    """`text` (a config.pbtxt) through the loading steps a model without a model file takes: parse,
+    auto-complete, validate."""
+    msg = pb.ModelConfig()
+    cfg.parse_pbtxt(text, msg)
+    cfg.autocomplete(msg, None, name)
+    return cfg.validate(msg, f"model '{name}'")
 
 
 @pytest.fixture(scope="session")

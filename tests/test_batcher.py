@@ -1,4 +1,4 @@
-"""Tests of engine/batching.py's `Batcher` with engine/scheduler.py's `InstancePool`, through real `Model`s
+"""Tests of engine/batching.py's `Batcher` with engine/instances.py's `InstancePool`, through real `Model`s
 running the identity backend (OUTPUTn = INPUTn) on real instance threads.
 
 Each test is a plain function around `asyncio.run`. Nothing here sleeps in place of synchronization: tests
@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from engine import config as cfg
-from engine.config import ModelConfig
+from engine.config_types import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
-from engine.devices import CPU
-from engine.scheduler import INLINE_STRIKES, Instance, Placement, RateLimiter
+from engine.rate_limiter import RateLimiter
 from engine.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 T = TypeVar("T")
@@ -528,45 +527,10 @@ def test_a_backend_that_blocks_inline_goes_back_to_its_thread() -> None:
             loop_thread = threading.get_ident()
             assert threads[0] != loop_thread and threads[1] == loop_thread
             assert loop_thread not in threads[2:]
-            assert model.pool._instances[0].inline_strikes == 1
+            assert model.pool._instances[0].inline.strikes == 1
         finally:
             await model.stop()
     run(main)
-
-
-def test_the_third_strike_ends_inlining_for_good() -> None:
-    """A backend that blocks is tried inline again once its thread runs bring the average down (they use
-    no CPU); each try is another strike, and the third ends inlining: a GIL wait can strike a fast backend
-    now and then, a blocking one strikes every time."""
-    instance = Instance(Placement("i0", CPU), executor=None)  # type: ignore[arg-type]
-    for strike in range(1, INLINE_STRIKES + 1):
-        while instance.inline_elements < 1:
-            instance.measured(1, 0)  # a sleeping backend's thread run: no CPU
-        assert instance.inline_elements == 1
-        instance.blocked_inline(1)
-        assert instance.inline_elements == (0 if strike < INLINE_STRIKES else -1)
-    assert instance.inline_elements == -1
-
-
-def test_one_slow_run_does_not_move_a_batch_size_off_the_loop_but_a_slow_backend_does() -> None:
-    """The inline decision follows a running average of CPU time per batch size: one outlier (a page fault,
-    a cold cache) counts at most INLINE_SAMPLE_CAP_NS and leaves the size inline; runs that stay slow move it
-    to the thread within a few samples, and larger batches with it."""
-    instance = Instance(Placement("i0", CPU), executor=None)  # type: ignore[arg-type]
-    for elements in (1, 2, 3):
-        instance.measured(elements, 20_000)
-    assert instance.inline_elements == 3
-    instance.measured(2, 50_000_000)
-    assert instance.inline_elements == 3
-    slow = 0
-    while instance.inline_elements == 3:
-        instance.measured(2, 500_000)
-        slow += 1
-    assert 1 < slow < 10
-    assert instance.inline_elements == 1  # 2 and 3 on the thread; 1 still measured fast
-    for _ in range(20):
-        instance.measured(2, 20_000)  # fast again: back inline
-    assert instance.inline_elements == 2
 
 
 def test_a_backend_not_cpu_bound_never_runs_inline() -> None:

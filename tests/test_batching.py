@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.batching import BatchPolicy, Pending
-from engine.config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
+from engine.config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from engine.errors import EngineError, ErrorCode
 from engine.types import InferenceRequest
 

@@ -1,5 +1,6 @@
-"""Tests of engine/config.py: each step alone (parse → auto-complete → validate), the version policy,
-Triton's JSON form of a config, and the example repository's real configs. Pure functions; no server."""
+"""Tests of engine/config.py: each step alone (parse → auto-complete → validate), the version policy, the
+typed warm-up and accelerator settings, and the example repository's real configs. Pure functions; no
+server. Triton's JSON form: tests/test_config_json.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ from pathlib import Path
 import pytest
 
 from engine import config as cfg
-from engine.config import InstanceKind, ModelIO, TensorSpec, TimeoutAction, VersionPolicy
+from engine.config_types import (
+    ExecutionAccelerator,
+    InstanceKind,
+    ModelConfig,
+    ModelIO,
+    TensorSpec,
+    TimeoutAction,
+    VersionPolicy,
+    WarmupConfig,
+    WarmupData,
+    WarmupInputConfig,
+)
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType
@@ -37,7 +49,7 @@ def complete(text: str, io: ModelIO | None = None, name: str = "m") -> pb.ModelC
     return msg
 
 
-def build(text: str, io: ModelIO | None = None, name: str = "m") -> cfg.ModelConfig:
+def build(text: str, io: ModelIO | None = None, name: str = "m") -> ModelConfig:
     return cfg.validate(complete(text, io, name), f"model '{name}'")
 
 
@@ -459,55 +471,45 @@ def test_version_policy_from_config() -> None:
     assert specific.select([1, 2, 3, 4]) == [2, 4]
 
 
-# ------------------------------------------------------------------------------------------------------- JSON
+# ------------------------------------------------------------------------------- warm-up and accelerators
 
-def test_as_json_prints_int64_fields_as_numbers_and_enums_as_names() -> None:
+def test_warmup_samples_are_typed_with_tritons_defaults() -> None:
     config = build(IO + """
-        version_policy { specific { versions: [1, 3] } }
-        dynamic_batching {
-          max_queue_delay_microseconds: 100 priority_levels: 2 default_priority_level: 1
-          default_queue_policy { default_timeout_microseconds: 5000 }
-          priority_queue_policy { key: 2 value: { default_timeout_microseconds: 7 } }
-        }
+        model_warmup { batch_size: 2 count: 3 inputs { key: "INPUT0" value: {
+            data_type: TYPE_FP32 dims: [2] random_data: true } } }
+        model_warmup { name: "from_file" inputs [
+            { key: "B" value: { data_type: TYPE_STRING dims: [1] input_data_file: "b.bin" } },
+            { key: "A" value: { dims: [1] } } ] }
     """)
-    doc = config.as_json()
-    assert doc["input"][0]["dims"] == [2]
-    assert doc["output"][0]["dims"] == [2]
-    assert doc["version_policy"]["specific"]["versions"] == [1, 3]
-    db = doc["dynamic_batching"]
-    assert db["max_queue_delay_microseconds"] == 100
-    assert db["priority_levels"] == 2
-    assert db["default_queue_policy"]["default_timeout_microseconds"] == 5000
-    assert db["priority_queue_policy"]["2"]["default_timeout_microseconds"] == 7
-    # numbers, not the strings protobuf's JSON mapping uses for 64-bit integers
-    assert isinstance(doc["input"][0]["dims"][0], int)
-    assert isinstance(db["max_queue_delay_microseconds"], int)
-    assert isinstance(doc["version_policy"]["specific"]["versions"][0], int)
-    assert doc["input"][0]["data_type"] == "TYPE_FP32"
-    assert doc["instance_group"][0]["kind"] == "KIND_CPU"
-    assert db["default_queue_policy"]["timeout_action"] == "REJECT"
-    text = json.dumps(doc)
-    assert '"dims": [2]' in text
-    assert '"max_queue_delay_microseconds": 100' in text
+    first, second = config.warmup
+    assert first == WarmupConfig("warmup_0", 2, 3, (
+        WarmupInputConfig("INPUT0", DataType.FP32, (2,), WarmupData.RANDOM),))
+    assert (second.name, second.batch_size, second.count) == ("from_file", 1, 1)  # 0 means 1
+    assert second.inputs == (  # sorted by name; no data kind means zeros; no data_type is left to warm-up
+        WarmupInputConfig("A", None, (1,), WarmupData.ZERO),
+        WarmupInputConfig("B", DataType.BYTES, (1,), WarmupData.FILE, "b.bin"),
+    )
 
 
-def test_as_json_prints_primitive_defaults() -> None:
-    doc = build(IO).as_json()
-    assert doc["name"] == "m"
-    assert doc["platform"] == ""
-    assert doc["backend"] == "identity"
-    assert doc["max_batch_size"] == 4
-    assert doc["input"][0]["is_shape_tensor"] is False
-    assert doc["input"][0]["optional"] is False
-    assert doc["instance_group"][0]["count"] == 1
-    assert doc["version_policy"]["latest"]["num_versions"] == 1
-    assert doc["default_model_filename"] == "model.txt"
+def test_no_warmup_and_no_accelerators_by_default() -> None:
+    config = build(IO)
+    assert config.warmup == () and config.gpu_execution_accelerators == ()
 
 
-def test_as_json_of_a_platform_config_names_both() -> None:
-    doc = build(IO.replace('backend: "identity"', 'platform: "onnxruntime_onnx"')).as_json()
-    assert doc["platform"] == "onnxruntime_onnx"
-    assert doc["backend"] == "onnxruntime"
+def test_a_warmup_input_with_a_data_type_number_no_type_has_is_refused() -> None:
+    warmup = 'model_warmup { name: "w" inputs { key: "INPUT0" value: { data_type: 99 dims: [2] } } }'
+    invalid_config(IO + warmup, "warm-up 'w'", "'INPUT0'", "unknown data_type 99")
+
+
+def test_gpu_execution_accelerators_are_typed_in_order() -> None:
+    config = build(IO + """
+        optimization { execution_accelerators {
+            gpu_execution_accelerator [
+              { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } },
+              { name: "cuda_graphs" } ] } }
+    """)
+    assert config.gpu_execution_accelerators == (
+        ExecutionAccelerator("tensorrt", {"precision_mode": "FP16"}), ExecutionAccelerator("cuda_graphs"))
 
 
 # --------------------------------------------------------------------------------------------------- examples

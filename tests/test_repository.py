@@ -15,8 +15,8 @@ import pytest
 from engine.errors import EngineError, ErrorCode
 from engine.model import ModelState
 from engine.overrides import PREFIX
+from engine.rate_limiter import RateLimiter
 from engine.repository import ModelRepository
-from engine.scheduler import RateLimiter
 
 CONFIG = ('backend: "identity"\nmax_batch_size: 4\nversion_policy: { all { } }\n'
           'input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] }\n'

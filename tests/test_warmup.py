@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from engine import config as cfg
-from engine.config import ModelConfig
+from engine.config_types import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
-from engine.scheduler import RateLimiter
+from engine.rate_limiter import RateLimiter
 from engine.warmup import build_samples
 
 IO = ('input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }\n'

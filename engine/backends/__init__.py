@@ -1,6 +1,6 @@
 """The backend seam: one small protocol, one module per runtime.
 
-`create(config, model_dir, device)` is called on the instance's own thread (see `engine/scheduler.py`); the
+`create(config, model_dir, device)` is called on the instance's own thread (see `engine/instances.py`); the
 backend it returns is run and closed on that same thread only.
 """
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import ModelConfig, ModelIO
+from ..config_types import ModelConfig, ModelIO
 from ..devices import Device
 from ..errors import EngineError, ErrorCode
 
@@ -27,7 +27,7 @@ class Backend(Protocol):
         ...
 
     # Optional: `cpu_bound = True` says execution time is CPU time (no device waits, no sleeps), which lets
-    # the scheduler run very short batches on the loop instead of paying a thread hand-off.
+    # the instance pool run very short batches on the loop instead of paying a thread hand-off.
 
 
 def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:

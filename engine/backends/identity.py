@@ -1,12 +1,12 @@
-"""A backend with no runtime: OUTPUTn = INPUTn (by position). It exists so the batcher and scheduler can be
-tested with real timing and failures without an ML runtime in the way.
+"""A backend with no runtime: OUTPUTn = INPUTn (by position). It exists so the batcher and instance pool can
+be tested with real timing and failures without an ML runtime in the way.
 
 Parameters (config `parameters`): `execute_delay_ms` sleeps per execution (a stand-in for compute; from the
 `execute_delay_from_run`-th execution on, default the first),
 `execute_delay_ms_per_item` sleeps that much more per batch element (so a bigger batch finishes later),
 `fail_on_value` makes an execution fail when any element of the first input equals that number, and
-`cpu_bound: "true"` claims (falsely, when it sleeps) that execution time is CPU time, so the scheduler may run
-it inline on the event loop. `threads` records the thread of each execution, for the tests of that rule.
+`cpu_bound: "true"` claims (falsely, when it sleeps) that execution time is CPU time, so the instance pool may
+run it inline on the event loop. `threads` records the thread of each execution, for the tests of that rule.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config_types import ModelConfig
 from ..errors import EngineError, ErrorCode
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..config import ModelConfig, ModelIO, TensorSpec
+from ..config_types import ModelConfig, ModelIO, TensorSpec
 from ..devices import Device
 from ..errors import EngineError, ErrorCode, invalid
 from ..types import DataType
@@ -44,8 +44,7 @@ def providers_for(config: ModelConfig, device: Device) -> list[Any]:
         return ["CPUExecutionProvider"]
     cuda = ("CUDAExecutionProvider", {"device_id": device.index})
     providers: list[Any] = [cuda, "CPUExecutionProvider"]
-    accelerators = config.proto().optimization.execution_accelerators.gpu_execution_accelerator
-    if any(a.name == "tensorrt" for a in accelerators):
+    if any(a.name == "tensorrt" for a in config.gpu_execution_accelerators):
         providers.insert(0, ("TensorrtExecutionProvider", {"device_id": device.index}))
     return providers
 
@@ -115,7 +114,7 @@ class OnnxRuntimeBackend:
             shown = shown_path(model_path, config.name)
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
-        # On the CPU provider, execution time is CPU time, so a short run may execute inline (scheduler.py).
+        # On the CPU provider, execution time is CPU time, so a short run may execute inline (inline_policy.py).
         self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}

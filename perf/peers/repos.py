@@ -36,15 +36,9 @@ from typing import Any
 from google.protobuf import text_format
 
 from engine import backends
-from engine.config import (
-    ModelConfig,
-    autocomplete,
-    backend_of,
-    default_filename,
-    message_to_json,
-    read_config_proto,
-    validate,
-)
+from engine.config import autocomplete, backend_of, default_filename, read_config_proto, validate
+from engine.config_json import message_to_json
+from engine.config_types import ModelConfig
 from engine.proto import grpc_service_pb2
 from engine.proto import model_config_pb2 as pb
 

@@ -1,0 +1,116 @@
+"""Tests of engine/rate_limiter.py's `RateLimiter`: its arithmetic and whom it tells of a release. Plain
+synchronous tests; the pools that listen to it are exercised in tests/test_batcher.py."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from engine.config_types import RateLimiterResource
+from engine.rate_limiter import RateLimiter
+
+R1 = (RateLimiterResource("R", 1),)
+R2 = (RateLimiterResource("R", 2),)
+
+
+def test_unlimited_limiter_always_admits() -> None:
+    limiter = RateLimiter()
+    assert all(limiter.try_acquire(()) for _ in range(100))
+
+
+def test_max_concurrent_executions() -> None:
+    limiter = RateLimiter(max_concurrent_executions=2)
+    assert limiter.try_acquire(())
+    assert limiter.try_acquire(())
+    assert not limiter.try_acquire(())
+    limiter.release(())
+    assert limiter.try_acquire(())
+    assert not limiter.try_acquire(())
+
+
+def test_explicit_resource_counts_are_respected() -> None:
+    limiter = RateLimiter(resources={"R": 3})
+    limiter.register(R2)  # an explicit count is never resized
+    assert limiter.try_acquire(R2)
+    assert not limiter.try_acquire(R2)  # 1 left
+    assert limiter.try_acquire(R1)
+    assert not limiter.try_acquire(R1)
+    limiter.release(R2)
+    assert limiter.try_acquire(R2)
+    assert not limiter.try_acquire(R1)
+
+
+def test_a_refused_acquire_takes_nothing() -> None:
+    limiter = RateLimiter(resources={"R": 1, "S": 1})
+    both = (RateLimiterResource("R", 1), RateLimiterResource("S", 1))
+    assert limiter.try_acquire((RateLimiterResource("S", 1),))
+    assert not limiter.try_acquire(both)  # S is taken; R must not have been taken either
+    assert limiter.try_acquire(R1)
+
+
+def test_unknown_resources_are_sized_to_the_largest_single_need() -> None:
+    limiter = RateLimiter()
+    assert not limiter.try_acquire(R1)  # never registered: none of it exists
+    limiter.register(R1)
+    limiter.register(R2)
+    limiter.register(R1)
+    assert limiter.try_acquire(R2)
+    assert not limiter.try_acquire(R1)
+    limiter.release(R2)
+    assert limiter.try_acquire(R1)
+    assert limiter.try_acquire(R1)
+    assert not limiter.try_acquire(R1)
+
+
+def test_registering_while_a_resource_is_held_does_not_create_more_of_it() -> None:
+    limiter = RateLimiter()
+    limiter.register(R2)
+    assert limiter.try_acquire(R2)  # all of R is in use
+    limiter.register(R1)  # another model loads meanwhile
+    assert not limiter.try_acquire(R1)
+    limiter.release(R2)
+    assert limiter.try_acquire(R2)
+    assert not limiter.try_acquire(R1)  # still exactly 2 units in all
+
+
+def test_release_calls_every_listener_until_removed() -> None:
+    limiter = RateLimiter()
+    calls: list[str] = []
+
+    def first() -> None:
+        calls.append("first")
+
+    def second() -> None:
+        calls.append("second")
+
+    limiter.add_listener(first)
+    limiter.add_listener(second)
+    assert limiter.try_acquire(())
+    limiter.release(())
+    assert sorted(calls) == ["first", "second"]
+    limiter.remove_listener(first)
+    limiter.remove_listener(first)  # removing twice is harmless
+    calls.clear()
+    assert limiter.try_acquire(())
+    limiter.release(())
+    assert calls == ["second"]
+
+
+def test_release_offers_capacity_to_each_listener_first_in_turn() -> None:
+    limiter = RateLimiter(max_concurrent_executions=1)
+    first_called: list[str] = []
+    calls: list[str] = []
+
+    def listener(tag: str) -> Callable[[], None]:
+        def called() -> None:
+            calls.append(tag)
+        return called
+
+    for tag in ("a", "b", "c"):
+        limiter.add_listener(listener(tag))
+    for _ in range(6):
+        assert limiter.try_acquire(())
+        calls.clear()
+        limiter.release(())
+        assert sorted(calls) == ["a", "b", "c"]  # everyone hears of every release
+        first_called.append(calls[0])
+    assert first_called == ["a", "b", "c", "a", "b", "c"]  # so no busy model keeps the slot to itself
