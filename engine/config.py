@@ -173,13 +173,13 @@ def _complete_tensors(configured: Any, found: tuple[TensorSpec, ...], skip: int)
             entry.dims.extend(spec.dims[skip:])
         return
     for entry in configured:
-        spec = by_name.get(entry.name)
-        if spec is None:
+        known = by_name.get(entry.name)
+        if known is None:
             continue  # validation against the model happens in the backend, with a better message
         if entry.data_type == pb.TYPE_INVALID:
-            entry.data_type = pb.DataType.Value(spec.datatype.config_name)
+            entry.data_type = pb.DataType.Value(known.datatype.config_name)
         if len(entry.dims) == 0 and not entry.HasField("reshape"):
-            entry.dims.extend(spec.dims[skip:])
+            entry.dims.extend(known.dims[skip:])
 
 
 # --------------------------------------------------------------------------------------------- 3. validate
