@@ -19,8 +19,9 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx

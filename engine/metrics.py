@@ -8,7 +8,7 @@ Counters are written in the text format by hand because prometheus_client rename
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 

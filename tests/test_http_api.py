@@ -9,8 +9,6 @@ import gzip
 import http.client
 import json
 import math
-import re
-import urllib.request
 import zlib
 
 import numpy as np

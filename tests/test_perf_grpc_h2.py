@@ -9,8 +9,8 @@ import asyncio
 import hpack
 import numpy as np
 import pytest
-from conftest import RunningServer
 
+from conftest import RunningServer
 from engine.frontend.h2.frames import DATA, END_STREAM, frame
 from hubserve_perf.client import MODEL_INFER, grpc_request_bytes
 from hubserve_perf.grpc_h2 import GrpcH2Client, request_header_block

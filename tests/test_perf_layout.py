@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-
 from hubserve_harness import ROOT, checkout_env
 
 # What the load tester may take from the server package: the wire, never a stage. The frame numbers and

@@ -22,8 +22,15 @@ import numpy as np
 
 from ..errors import invalid
 from ..proto import grpc_service_pb2 as pb
-from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
-                     in_shared_memory)
+from ..types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    in_shared_memory,
+)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 # Which typed `contents` field carries each datatype.

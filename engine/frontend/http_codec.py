@@ -13,8 +13,15 @@ import numpy as np
 import orjson
 
 from ..errors import invalid
-from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
-                     in_shared_memory)
+from ..types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    in_shared_memory,
+)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

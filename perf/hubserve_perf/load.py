@@ -114,7 +114,7 @@ class LoadGenerator:
         start_ns = time.monotonic_ns()
         try:
             send_ns, recv_ns = await self._client.infer(self._wire())
-        except Exception as e:  # noqa: BLE001  # PerfError, or a bug: either way the measurement is void
+        except Exception as e:  # PerfError, or a bug: either way the measurement is void
             self._running = False
             if self._error is None:
                 self._error = e if isinstance(e, PerfError) else PerfError(f"a request failed: {e!r}")

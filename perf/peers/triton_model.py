@@ -20,9 +20,9 @@ from pathlib import Path
 # venv's site-packages, written next to this file by the repository generator, goes first on sys.path.
 sys.path.insert(0, (Path(__file__).resolve().parent / "site-packages.txt").read_text().strip())
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
