@@ -130,7 +130,7 @@ class Model:
             if len(shape) != len(dims):
                 raise invalid(f"input '{spec.name}' expects shape {list(dims)}, got {list(shape)}")
             body = shape
-        for want, got in zip(dims, body):
+        for want, got in zip(dims, body, strict=True):
             if want != -1 and want != got:
                 expected = ([-1] if cfg.max_batch_size > 0 else []) + list(dims)
                 raise invalid(f"input '{spec.name}' expects shape {expected}, got {list(shape)}")

@@ -18,6 +18,7 @@ model names, or that resolve outside the repository, count as absent (the reposi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -129,10 +130,8 @@ class RepositoryWatcher:
             loaded = self.repository.loaded_fingerprints()
             settles = self.tracker.next_check(loaded, time.monotonic(), time.time_ns(), skip=self._busy)
             wake_at = next_scan if settles is None else min(next_scan, settles)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, wake_at - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
 
     async def _observe(self, names: set[str]) -> None:
         repository = self.repository

@@ -55,8 +55,8 @@ class Server:
                 str(self.http), "--grpc-port", str(free_port()), "--metrics-port", "0",
                 "--model-control-mode", "explicit"]
         cmd = [sys.executable, "-m", "engine", *args] if trim else [sys.executable, "-c", BASELINE, *args]
-        self.log = open(log_path, "wb")
-        self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor
+            self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -76,7 +76,6 @@ class Server:
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(30)
-        self.log.close()
 
 
 def cycle(server: Server, batch_sizes: list[int]) -> tuple[float, float]:

@@ -68,7 +68,7 @@ def test_csv_row_has_perf_analyzers_columns_and_arithmetic() -> None:
                          compute_infer_ns=10 * 200_000, compute_output_ns=10 * 20_000)
     settings = MeasureSettings()
     step = summarize(LoadPlan(concurrency=2), [window(10, 1000, server)] * 3, True, settings)
-    row = dict(zip(csv_header(False, settings), csv_row(step, settings)))
+    row = dict(zip(csv_header(False, settings), csv_row(step, settings), strict=True))
     assert row["Concurrency"] == "2"
     assert row["Inferences/Second"] == "10"
     # latency 1000 us = send 2 + recv 3 + wait 995; wait = queue 100 + compute 230 + network 665

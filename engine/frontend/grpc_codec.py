@@ -278,7 +278,7 @@ class InferWireCodec:
 
 def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceRequest:
     inputs = []
-    for (name, datatype, shape, params, dtype, size), data in zip(plan.inputs, raw):
+    for (name, datatype, shape, params, dtype, size), data in zip(plan.inputs, raw, strict=True):
         if size and len(data) == size:  # fixed-size datatype, the expected byte count: a view, no checks left
             array = np.frombuffer(data, dtype=dtype).reshape(shape)
         else:  # BYTES, empty tensors, or the wrong size: the full path builds the array or the error

@@ -58,7 +58,7 @@ class _Plan:
     __slots__ = ("inputs", "outputs", "params", "id", "binary_size", "encoded")
 
     def __init__(self, request: InferenceRequest, sizes: list[int]) -> None:
-        self.inputs = [(t.name, t.datatype, t.shape, size) for t, size in zip(request.inputs, sizes)]
+        self.inputs = [(t.name, t.datatype, t.shape, size) for t, size in zip(request.inputs, sizes, strict=True)]
         self.outputs = request.outputs
         self.params = request.parameters
         self.id = request.id

@@ -73,7 +73,7 @@ def _dims(model: ModelInfo, spec: TensorSpec, shapes: dict[str, tuple[int, ...]]
     declared = spec.shape[1:] if model.batching else spec.shape
     given = from_file if from_file is not None else shapes.get(spec.name)
     if given is not None:
-        if len(given) != len(declared) or any(d != -1 and d != g for d, g in zip(declared, given)):
+        if len(given) != len(declared) or any(d != -1 and d != g for d, g in zip(declared, given, strict=True)):
             raise PerfError(f"shape {list(given)} of input '{spec.name}' does not fit the model's "
                             f"{list(declared)}", ExitCode.USAGE)
         return given

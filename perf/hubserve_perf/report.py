@@ -65,7 +65,7 @@ def print_table(steps: list[StepResult], settings: MeasureSettings, out: TextIO 
                      "yes" if s.stable else "NO"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)), file=out)
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)), file=out)
 
 
 def step_json(step: StepResult) -> dict[str, Any]:

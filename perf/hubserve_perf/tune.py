@@ -182,7 +182,7 @@ def print_curve(points: list[TunePoint], best: TunePoint | None, budget_ms: floa
     rows = [list(CURVE_COLUMNS), *_curve_rows(points, budget_ms)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(CURVE_COLUMNS))]
     for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     if points:
         how = "counted from hubserve_batch_dispatch_total" if points[0].flush_source == "dispatch metric" else \
             "estimated: batches below max_batch_size and no preferred size"

@@ -67,7 +67,7 @@ class OnnxModel(Model):
         results: list[np.ndarray] = self.session.run(self.output_names, feed)
         outputs = [
             InferOutput(name, list(array.shape), self.output_types[name], data=array)
-            for name, array in zip(self.output_names, results)
+            for name, array in zip(self.output_names, results, strict=True)
         ]
         # gRPC answers with raw_output_contents whenever the data is an array; over REST each requested output's
         # `binary_data` decides. (Passing use_binary_outputs=True as well trips a KServe 0.21 bug in to_grpc:

@@ -49,7 +49,7 @@ class OnnxRuntimeModel(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         feed = {tensor.name: NumpyCodec.decode_input(tensor) for tensor in payload.inputs}
         results: list[np.ndarray] = self._session.run(self._output_names, feed)
-        outputs = [NumpyCodec.encode_output(name, array) for name, array in zip(self._output_names, results)]
+        outputs = [NumpyCodec.encode_output(name, array) for name, array in zip(self._output_names, results, strict=True)]
         for output in outputs:
             # Triton's HTTP client (perf_analyzer) reads an output that carries `parameters` as binary and
             # fails without `binary_data_size`; MLServer's JSON outputs are plain data.

@@ -11,6 +11,7 @@ MLServer's inference worker) plus what they collected from exited children, read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,10 +183,8 @@ class RunningServer:
             time.sleep(0.1)
         for pid, started in children.items():
             if started is not None and _start_time(pid) == started:  # the same process, not a reused PID
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
 def start(kind: ServerKind, models: list[str], log_dir: Path, ready_timeout_s: float = 180.0) -> RunningServer:
