@@ -6,13 +6,14 @@ folder serve within about a second without rescanning every folder, but events c
 network file systems, some container mounts) or unavailable. A full scan every `poll_secs` is the safety net,
 and the whole mechanism where events are not available or are turned off (`--no-repository-events`).
 
-Why "settled" and not "a fixed short delay": a copy in progress is not a model, and a copy over a network or
-from a slow disk pauses for seconds between files. A folder is reconciled only when its fingerprint (path, size
-and mtime of every file) has not changed for `quiet_secs` and no file in it was written within `quiet_secs`.
-`SettleTracker` holds that rule as a pure object (tested without a loop or a disk); `RepositoryWatcher` feeds
-it from events and scans, and runs each reconcile as its own task, so a slow load never stops the watcher from
-reacting to other folders. A failed load is retried when its folder changes again. Folders whose names are no
-model names, or that resolve outside the repository, count as absent (the repository logs each once).
+Why "settled" and not "a fixed short delay": a copy in progress is not a model, and a copy over a network
+or from a slow disk pauses for seconds between files. A folder is reconciled only when its fingerprint (path,
+size and mtime of every file) has not changed for `quiet_secs` and no file in it was written within
+`quiet_secs`. `SettleTracker` holds that rule as a pure object (tested without a loop or a disk);
+`RepositoryWatcher` feeds it from events and scans, and runs each reconcile as its own task, so a slow load
+never stops the watcher from reacting to other folders. A failed load is retried when its folder changes
+again. Folders whose names are no model names, or that resolve outside the repository, count as absent (the
+repository logs each once).
 """
 
 from __future__ import annotations
@@ -209,8 +210,8 @@ class RepositoryWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("file-system events for %s failed (%s); scanning every %.1f s, retrying events in "
-                            "%.0f s", self.root, e, self.poll_secs, EVENT_RETRY_SECS)
+                log.warning("file-system events for %s failed (%s); scanning every %.1f s, retrying events "
+                            "in %.0f s", self.root, e, self.poll_secs, EVENT_RETRY_SECS)
             self._rescan_all = True
             await asyncio.sleep(EVENT_RETRY_SECS)
 

@@ -56,7 +56,8 @@ def param_value(p: Any) -> Any:
 
 
 def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
-    """The full decode: the wire path's first sight of a request, and its fallback for what it does not cut."""
+    """The full decode: the wire path's first sight of a request, and its fallback for what it does not
+    cut."""
     raw = msg.raw_input_contents
     if raw:  # checked first, as Triton does (server src/grpc/infer_handler.cc), so its words come first
         for t in msg.inputs:
@@ -95,7 +96,8 @@ def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.nda
     values = getattr(t.contents, field)
     count = element_count(shape)
     if len(values) != count:
-        raise invalid(f"input '{t.name}': shape {list(shape)} needs {count} elements, contents has {len(values)}")
+        raise invalid(f"input '{t.name}': shape {list(shape)} needs {count} elements, "
+                      f"contents has {len(values)}")
     if datatype is DataType.BYTES:
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)
@@ -245,7 +247,8 @@ class InferWireCodec:
         """The serialized ModelInferResponse as (parts, total length), the tensor bytes not copied."""
         outputs = response.outputs
         chunks = [array_to_bytes(t.data, t.datatype) for t in outputs]
-        key = (response.model_name, response.model_version, tuple([(t.name, t.datatype, t.shape) for t in outputs]))
+        key = (response.model_name, response.model_version,
+               tuple([(t.name, t.datatype, t.shape) for t in outputs]))
         head = self.heads.get(key)
         if head is None:
             head = _response_head(response).SerializeToString()
@@ -284,4 +287,5 @@ def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceReq
         else:  # BYTES, empty tensors, or the wrong size: the full path builds the array or the error
             array = array_from_bytes(name, datatype, shape, data)
         inputs.append(Tensor(name, datatype, shape, array, params))
-    return InferenceRequest(plan.model_name, plan.model_version, inputs, request_id, plan.outputs, plan.params)
+    return InferenceRequest(plan.model_name, plan.model_version, inputs, request_id, plan.outputs,
+                            plan.params)

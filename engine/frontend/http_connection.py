@@ -40,8 +40,9 @@ log = logging.getLogger("hubserve.http")
 Answer = tuple[int, bytes, bytes, bytes]
 
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large", 415: b"Unsupported Media Type",
-           429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
+           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
+           415: b"Unsupported Media Type", 429: b"Too Many Requests",
+           431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
            500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
            504: b"Gateway Timeout"}
 
