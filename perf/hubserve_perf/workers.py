@@ -163,7 +163,8 @@ async def _serve(conn: Connection, spec: WorkerSpec) -> None:
             elif command == "drain":
                 drained = await generator.drain()
                 r = drained.records
-                conn.send(("ok", ((r.start_ns, r.end_ns, r.send_ns, r.recv_ns), drained.delayed, drained.cpu_ns)))
+                timing = (r.start_ns, r.end_ns, r.send_ns, r.recv_ns)
+                conn.send(("ok", (timing, drained.delayed, drained.cpu_ns)))
             elif command == "stop":
                 await generator.stop()
                 conn.send(("ok", None))

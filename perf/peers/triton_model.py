@@ -43,7 +43,8 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         """One call per batch Triton formed; returns one response per request, in order."""
         per_request = [
-            [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.input_names] for r in requests
+            [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.input_names]
+            for r in requests
         ]
         if len(per_request) == 1:
             feed = dict(zip(self.input_names, per_request[0], strict=True))
@@ -57,7 +58,8 @@ class TritonPythonModel:
         start = 0
         for arrays in per_request:
             end = start + arrays[0].shape[0]
-            tensors = [pb_utils.Tensor(name, out[start:end]) for name, out in zip(self.output_names, results, strict=True)]
+            tensors = [pb_utils.Tensor(name, out[start:end])
+                       for name, out in zip(self.output_names, results, strict=True)]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start = end
         return responses
