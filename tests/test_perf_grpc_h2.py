@@ -47,7 +47,8 @@ def test_frame_layout() -> None:
 
 def simple_request() -> bytes:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()), InputTensor("INPUT1", "INT32", (1, 16), a.tobytes()))
+    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()),
+              InputTensor("INPUT1", "INT32", (1, 16), a.tobytes()))
     return grpc_request_bytes("simple", "", inputs, ())
 
 
