@@ -32,7 +32,8 @@ def _byte_count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hubserve", description="Serve models over KServe v2 HTTP and gRPC.")
+    parser = argparse.ArgumentParser(prog="hubserve",
+                                     description="Serve models over KServe v2 HTTP and gRPC.")
     parser.add_argument("--version", action="version", version=f"hubserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve a model repository",
@@ -67,14 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-max-input-size", type=_byte_count, default=0, metavar="BYTES",
                        help="largest HTTP request body, in bytes, as Triton's flag (0 = --max-message-mb)")
     serve.add_argument("--client-timeout-secs", type=float, default=30.0,
-                       help="the longest a client may stall: a request head must arrive within it, a request "
-                            "body or HTTP/2 preface may pause no longer, and a client that leaves our answers "
-                            "unread that long is disconnected")
+                       help="the longest a client may stall: a request head must arrive within it, a "
+                            "request body or HTTP/2 preface may pause no longer, and a client that leaves "
+                            "our answers unread that long is disconnected")
     serve.add_argument("--idle-timeout-secs", type=float, default=300.0,
                        help="a connection with no request in flight is closed after this long")
     serve.add_argument("--max-concurrent-executions", type=int, default=0,
                        help="server-wide cap on batches executing at once across all models (0 = no cap)")
-    serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource, metavar="NAME:COUNT",
+    serve.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
+                       metavar="NAME:COUNT",
                        help="server-wide count of a rate-limiter resource named in instance groups")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
@@ -93,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError as e:
             if e.name != "hubserve_perf":
                 raise
-            print("hubserve perf: the load tester (package hubserve_perf, perf/hubserve_perf/ in the checkout) is "
-                  "not installed; run `pip install -e .` in the checkout", file=sys.stderr)
+            print("hubserve perf: the load tester (package hubserve_perf, perf/hubserve_perf/ in the "
+                  "checkout) is not installed; run `pip install -e .` in the checkout", file=sys.stderr)
             return 2
         return perf_main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -126,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
         )
-        # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms switch
-        # interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had finished.
+        # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
+        # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had
+        # finished.
         sys.setswitchinterval(float(os.environ.get("HUBSERVE_SWITCH_INTERVAL_S", "0.0002")))
         run = asyncio.run
         try:

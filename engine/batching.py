@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

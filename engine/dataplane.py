@@ -28,7 +28,8 @@ from .types import InferenceRequest, InferenceResponse
 # built: classification, sequence, model_repository(unload_dependents), system_shared_memory,
 # cuda_shared_memory, parameters (custom request parameters reach no model: no backend reads them), trace,
 # logging. schedule_policy: the request parameters `priority` and `timeout` of the dynamic batcher.
-EXTENSIONS = ("binary_tensor_data", "model_repository", "schedule_policy", "model_configuration", "statistics")
+EXTENSIONS = ("binary_tensor_data", "model_repository", "schedule_policy", "model_configuration",
+              "statistics")
 
 
 @dataclass(slots=True)
@@ -56,7 +57,8 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.info.name, "version": self.info.version, "extensions": list(self.info.extensions)}
+        return {"name": self.info.name, "version": self.info.version,
+                "extensions": list(self.info.extensions)}
 
     def model(self, name: str, version: str = "") -> Model:
         try:

@@ -35,4 +35,5 @@ def discover_gpus() -> tuple[int, ...]:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return ()
-    return tuple(i for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU ")))
+    gpus = [line for line in out.splitlines() if line.startswith("GPU ")]
+    return tuple(range(len(gpus)))

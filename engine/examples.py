@@ -16,11 +16,13 @@ Every model uses opset 17 with IR version 8, the IR version that introduced opse
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -137,7 +139,7 @@ def mlp_weights(in_features: int, hidden: Sequence[int], out_features: int,
     rng = np.random.default_rng(seed)
     sizes = [in_features, *hidden, out_features]
     layers = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in itertools.pairwise(sizes):
         scale = np.float32(1.0 / math.sqrt(fan_in))
         weight = rng.standard_normal((fan_in, fan_out), dtype=np.float32) * scale
         bias = rng.standard_normal(fan_out, dtype=np.float32) * np.float32(0.1)

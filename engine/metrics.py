@@ -8,7 +8,7 @@ Counters are written in the text format by hand because prometheus_client rename
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
@@ -22,7 +22,8 @@ FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
     ("nv_inference_request_failure", "counter", "Number of failed inference requests",
      lambda s, m: s.fail.count),
     ("hubserve_inference_request_cancelled_total", "counter",
-     "Inference requests cancelled by their client (disconnect, stream reset, gRPC deadline) before the answer",
+     "Inference requests cancelled by their client (disconnect, stream reset, gRPC deadline) before the "
+     "answer",
      lambda s, m: s.cancelled.count),
     ("nv_inference_count", "counter", "Number of inferences performed (batch elements)",
      lambda s, m: s.inference_count),
@@ -56,8 +57,9 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
         for m in models:
             labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
-    lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, preferred "
-                 "(a preferred size reached), window (max_queue_delay expired), immediate (no window)")
+    lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, "
+                 "preferred (a preferred size reached), window (max_queue_delay expired), immediate "
+                 "(no window)")
     lines.append("# TYPE hubserve_batch_dispatch_total counter")
     for m in models:
         for reason, count in sorted(m.stats.dispatch_reasons.items()):

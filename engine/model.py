@@ -87,13 +87,15 @@ class Model:
             if tensor.name in given:
                 raise invalid(f"input '{tensor.name}' appears more than once")
             if tensor.datatype is not spec.datatype:
-                raise invalid(f"input '{tensor.name}' expects {spec.datatype.value}, got {tensor.datatype.value}")
+                raise invalid(f"input '{tensor.name}' expects {spec.datatype.value}, "
+                              f"got {tensor.datatype.value}")
             self._check_shape(spec, tensor.shape)
             if cfg.max_batch_size > 0:
                 if batch is None:
                     batch = tensor.shape[0]
                 elif tensor.shape[0] != batch:
-                    raise invalid(f"input '{tensor.name}' has batch size {tensor.shape[0]}, other inputs {batch}")
+                    raise invalid(f"input '{tensor.name}' has batch size {tensor.shape[0]}, "
+                                  f"other inputs {batch}")
             data = tensor.data
             if spec.reshape is not None:
                 lead = (tensor.shape[0],) if cfg.max_batch_size > 0 else ()
@@ -132,7 +134,7 @@ class Model:
             if len(shape) != len(dims):
                 raise invalid(f"input '{spec.name}' expects shape {list(dims)}, got {list(shape)}")
             body = shape
-        for want, got in zip(dims, body):
+        for want, got in zip(dims, body, strict=True):
             if want != -1 and want != got:
                 expected = ([-1] if cfg.max_batch_size > 0 else []) + list(dims)
                 raise invalid(f"input '{spec.name}' expects shape {expected}, got {list(shape)}")
@@ -167,8 +169,8 @@ def refuse_unsupported(what: str, parameters: dict) -> None:
     if count:
         raise EngineError(ErrorCode.UNSUPPORTED,
                           f"{what} asks for classification (class_count {count!r}): hubserve does not "
-                          "implement the classification extension; request the output without class_count for "
-                          "its raw values")
+                          "implement the classification extension; request the output without class_count "
+                          "for its raw values")
 
 
 __all__ = ["Model", "ModelState", "DataType", "refuse_unsupported"]

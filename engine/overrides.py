@@ -36,8 +36,8 @@ def check_files(name: str, files: Mapping[str, bytes]) -> list[tuple[PurePosixPa
         path = PurePosixPath(key)
         parts = path.parts
         if path.is_absolute() or len(parts) < 2 or any(p in ("", ".", "..") for p in parts) or "\\" in key:
-            raise invalid(f"model '{name}': file parameter 'file:{key}' must be 'file:<version>/<name>' inside "
-                          "the model folder")
+            raise invalid(f"model '{name}': file parameter 'file:{key}' must be 'file:<version>/<name>' "
+                          "inside the model folder")
         if not parts[0].isdigit():
             raise invalid(f"model '{name}': file parameter 'file:{key}' must start with a version number")
         if any(len(p.encode("utf-8", "replace")) > NAME_MAX_BYTES for p in parts):

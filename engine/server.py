@@ -41,7 +41,7 @@ class ServerOptions:
     load_models: tuple[str, ...] = ()
     strict_readiness: bool = True
     max_message_bytes: int = 64 << 20  # largest gRPC message (and, unless http_max_input_bytes, HTTP body)
-    http_max_input_bytes: int = 0  # largest HTTP request body; 0 = max_message_bytes (Triton's default: 64 MiB)
+    http_max_input_bytes: int = 0  # largest HTTP request body; 0 = max_message_bytes (Triton: 64 MiB)
     max_header_bytes: int = 16 << 10  # HTTP/1.1 request head / HTTP/2 header list; larger → 431 / refused
     max_header_count: int = 100  # HTTP/1.1 header fields in one request; more → 431
     client_timeout_secs: float = 30.0  # the longest a client may stall mid-request or leave answers unread
@@ -81,7 +81,8 @@ class Server:
         limits = Limits(max_header_list_bytes=opts.max_header_bytes,
                         max_buffered_request_bytes=2 * opts.max_message_bytes,
                         max_queued_response_bytes=2 * opts.max_message_bytes,
-                        client_timeout_secs=opts.client_timeout_secs, idle_timeout_secs=opts.idle_timeout_secs)
+                        client_timeout_secs=opts.client_timeout_secs,
+                        idle_timeout_secs=opts.idle_timeout_secs)
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, limits)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
@@ -93,8 +94,8 @@ class Server:
             self.metrics_port = _bound_port(self._metrics_runner, self.metrics_port)
 
         if opts.model_control_mode == "poll":
-            watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs, opts.repository_quiet_secs,
-                                        opts.repository_events)
+            watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs,
+                                        opts.repository_quiet_secs, opts.repository_events)
             self._poller = asyncio.get_running_loop().create_task(watcher.run())
         log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s",
                  opts.host, self.http_port, opts.host, self.grpc_port,

@@ -15,7 +15,7 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 THRESHOLD_S = 0.002
 

@@ -49,7 +49,8 @@ class DataType(enum.Enum):
         dt = _FROM_V2.get(name)
         if dt is not None:
             return dt
-        raise invalid(f"unknown datatype '{name}'; expected one of {', '.join(d.value for d in cls)}") from None
+        expected = ", ".join(d.value for d in cls)
+        raise invalid(f"unknown datatype '{name}'; expected one of {expected}") from None
 
     @classmethod
     def from_config(cls, name: str) -> DataType:

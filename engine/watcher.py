@@ -6,18 +6,20 @@ folder serve within about a second without rescanning every folder, but events c
 network file systems, some container mounts) or unavailable. A full scan every `poll_secs` is the safety net,
 and the whole mechanism where events are not available or are turned off (`--no-repository-events`).
 
-Why "settled" and not "a fixed short delay": a copy in progress is not a model, and a copy over a network or
-from a slow disk pauses for seconds between files. A folder is reconciled only when its fingerprint (path, size
-and mtime of every file) has not changed for `quiet_secs` and no file in it was written within `quiet_secs`.
-`SettleTracker` holds that rule as a pure object (tested without a loop or a disk); `RepositoryWatcher` feeds
-it from events and scans, and runs each reconcile as its own task, so a slow load never stops the watcher from
-reacting to other folders. A failed load is retried when its folder changes again. Folders whose names are no
-model names, or that resolve outside the repository, count as absent (the repository logs each once).
+Why "settled" and not "a fixed short delay": a copy in progress is not a model, and a copy over a network
+or from a slow disk pauses for seconds between files. A folder is reconciled only when its fingerprint (path,
+size and mtime of every file) has not changed for `quiet_secs` and no file in it was written within
+`quiet_secs`. `SettleTracker` holds that rule as a pure object (tested without a loop or a disk);
+`RepositoryWatcher` feeds it from events and scans, and runs each reconcile as its own task, so a slow load
+never stops the watcher from reacting to other folders. A failed load is retried when its folder changes
+again. Folders whose names are no model names, or that resolve outside the repository, count as absent (the
+repository logs each once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Mapping
@@ -130,10 +132,8 @@ class RepositoryWatcher:
             loaded = self.repository.loaded_fingerprints()
             settles = self.tracker.next_check(loaded, time.monotonic(), time.time_ns(), skip=self._busy)
             wake_at = next_scan if settles is None else min(next_scan, settles)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, wake_at - time.monotonic()))
-            except asyncio.TimeoutError:
-                pass
 
     async def _observe(self, names: set[str]) -> None:
         repository = self.repository
@@ -211,8 +211,8 @@ class RepositoryWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                log.warning("file-system events for %s failed (%s); scanning every %.1f s, retrying events in "
-                            "%.0f s", self.root, e, self.poll_secs, EVENT_RETRY_SECS)
+                log.warning("file-system events for %s failed (%s); scanning every %.1f s, retrying events "
+                            "in %.0f s", self.root, e, self.poll_secs, EVENT_RETRY_SECS)
             self._rescan_all = True
             await asyncio.sleep(EVENT_RETRY_SECS)
 

@@ -1,9 +1,9 @@
 """Does `hubserve perf` measure what NVIDIA's perf_analyzer measures? Both, at the same settings, against one
 hubserve, interleaved, side by side in one run.
 
-    .venv/bin/python perf/agreement.py [--models simple,mlp_large] [--concurrency 4,16] [--request-rates 200]
-                                       [--protocols grpc,http] [--reps 5] [--interval-ms 2000] [--stability 50]
-                                       [--shared-cores]
+    .venv/bin/python perf/agreement.py [--models simple,mlp_large] [--concurrency 4,16]
+                                       [--request-rates 200] [--protocols grpc,http] [--reps 5]
+                                       [--interval-ms 2000] [--stability 50] [--shared-cores]
 
 It starts a hubserve on free loopback ports serving the example models asked for (the same start-up the
 tests use), then for each repetition, model, protocol and load — a concurrency (closed loop), or a request
@@ -79,7 +79,8 @@ class Run:
     throughput: float
     p50_us: float
     server_us: float  # the server's own time per request (queue + compute), from the statistics extension
-    avg_us: float  # the tool's average latency: avg_us - server_us is what the request spent outside the server
+    # the tool's average latency: avg_us - server_us is what the request spent outside the server
+    avg_us: float
     client_cpu_s: float
     server_cpu_s: float
     wall_s: float
@@ -106,7 +107,8 @@ def command(tool: str, model: str, url: str, protocol: str, load: str, flags: li
         # In request-rate mode perf_analyzer's sync client defaults to 4 threads, i.e. at most 4 requests in
         # flight: at 20 ms a request it cannot offer more than 200/s and quietly sends less than asked.
         # Ours has no such cap; 16 threads lets perf_analyzer offer the rate too.
-        # --verbose-csv adds the columns ours always writes (Avg latency among them); it changes no measurement.
+        # --verbose-csv adds the columns ours always writes (Avg latency among them); it changes no
+        # measurement.
         extra = ["--max-threads", "16"] if kind == "r" else []
         return [str(PERF_ANALYZER), *common, "--verbose-csv", *extra]
     return [sys.executable, "-m", "engine", "perf", *common]
@@ -132,11 +134,13 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
     cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
     try:
         pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
-        proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, preexec_fn=pin, check=False)
+        proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
+                              preexec_fn=pin, check=False)
         rc = proc.returncode
         if rc != 0:
-            print(f"{' '.join(cmd)} exited {rc}:\n" + "\n".join(proc.stdout.decode(errors="replace").splitlines()[-8:]))
+            tail = proc.stdout.decode(errors="replace").splitlines()[-8:]
+            print(f"{' '.join(cmd)} exited {rc}:\n" + "\n".join(tail))
     except subprocess.TimeoutExpired:
         rc = 124
     wall = time.monotonic() - wall0
@@ -145,13 +149,14 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
         rows = list(csv.DictReader(report.read_text().split("\n\n")[0].splitlines()))
         if rows:
             row = rows[0]
-            throughput, p50, avg = float(row["Inferences/Second"]), float(row["p50 latency"]), float(row["Avg latency"])
-            server = sum(float(row[c]) for c in ("Server Queue", "Server Compute Input", "Server Compute Infer",
-                                                  "Server Compute Output"))
+            throughput, p50, avg = (float(row["Inferences/Second"]), float(row["p50 latency"]),
+                                    float(row["Avg latency"]))
+            server = sum(float(row[c]) for c in ("Server Queue", "Server Compute Input",
+                                                  "Server Compute Infer", "Server Compute Output"))
     client_cpu, server_cpu = children_cpu_s() - cpu0, server_cpu_s(server_pid) - srv0
     batch = (server_stats(http_url, model) - stats0).avg_batch_size
-    return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, client_cpu, server_cpu, wall,
-               batch)
+    return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, client_cpu, server_cpu,
+               wall, batch)
 
 
 def median(runs: list[Run], field: str) -> float:
@@ -176,9 +181,11 @@ def fmt_ratio(ratio: tuple[float, float, float]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="simple,mlp_large",
-                        help="example models: simple (tiny: the clients' own costs show), mlp_large (compute-bound)")
+                        help="example models: simple (tiny: the clients' own costs show), "
+                             "mlp_large (compute-bound)")
     parser.add_argument("--concurrency", default="4,16")
     parser.add_argument("--request-rates", default="", help="open-loop rates to compare as well, e.g. 200")
     parser.add_argument("--protocols", default="grpc,http")
@@ -187,9 +194,9 @@ def main() -> int:
     parser.add_argument("--stability", type=float, default=50.0)
     parser.add_argument("--max-trials", type=int, default=10)
     parser.add_argument("--shared-cores", action="store_true",
-                        help="let the server and the tools share every core (default: the server on the first "
-                             "half, the tools on the other, so that a tool's own CPU is not taken from the "
-                             "server)")
+                        help="let the server and the tools share every core (default: the server on the "
+                             "first half, the tools on the other, so that a tool's own CPU is not taken "
+                             "from the server)")
     args = parser.parse_args()
     levels = [f"c={c}" for c in args.concurrency.split(",") if c] + \
         [f"r={r}" for r in args.request_rates.split(",") if r]
@@ -231,7 +238,8 @@ def main() -> int:
                             print(f"rep {rep + 1} {model:10} {protocol:4} {load:6} {tool:14} rc={run.rc:<3} "
                                   f"{run.throughput:9.1f} infer/s  p50 {run.p50_us:7.0f} us  "
                                   f"batch {run.batch:4.2f}  "
-                                  f"client CPU {run.client_cpu_s:5.2f} s  server CPU {run.server_cpu_s:5.2f} s  "
+                                  f"client CPU {run.client_cpu_s:5.2f} s  "
+                                  f"server CPU {run.server_cpu_s:5.2f} s  "
                                   f"wall {run.wall_s:5.1f} s", flush=True)
     finally:
         server.stop()
@@ -240,8 +248,9 @@ def main() -> int:
     tool_cores = len(client_cores) if client_cores else len(cores)
     print()
     print("| model | protocol | load | perf_analyzer infer/s | hubserve perf infer/s | throughput ratio | "
-          "perf_analyzer p50 us | hubserve perf p50 us | p50 ratio | client CPU ms per 1k infer (pa / ours) "
-          "| tool's cores busy (pa / ours) | in the server / outside it, us (pa ; ours) | server batch (pa / ours) |")
+          "perf_analyzer p50 us | hubserve perf p50 us | p50 ratio | "
+          "client CPU ms per 1k infer (pa / ours) | tool's cores busy (pa / ours) | "
+          "in the server / outside it, us (pa ; ours) | server batch (pa / ours) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst: dict[str, float] = {}
     excluded: list[str] = []
@@ -250,8 +259,9 @@ def main() -> int:
         for protocol in protocols:
             for load in levels:
                 key = (model, protocol, load, 0)
-                pa = [r for r in runs if r.tool == "perf_analyzer" and (r.model, r.protocol, r.load, r.rc) == key]
-                hs = [r for r in runs if r.tool == "hubserve perf" and (r.model, r.protocol, r.load, r.rc) == key]
+                same = [r for r in runs if (r.model, r.protocol, r.load, r.rc) == key]
+                pa = [r for r in same if r.tool == "perf_analyzer"]
+                hs = [r for r in same if r.tool == "hubserve perf"]
                 ours = {r.rep: r for r in hs}
                 pairs = [(a, ours[a.rep]) for a in pa
                          if a.rep in ours and a.throughput > 0 and ours[a.rep].throughput > 0]
@@ -266,25 +276,28 @@ def main() -> int:
                     deviation, note = compare_states(groups)
                     bistable.append(f"{model} {protocol} {load}: {note}")
                     if deviation is None:
-                        excluded.append(f"{model} {protocol} {load} (bistable, the tools never shared a state)")
+                        excluded.append(f"{model} {protocol} {load} "
+                                        "(bistable, the tools never shared a state)")
                     else:
                         worst[model] = max(worst[model], deviation)
                 else:
                     worst[model] = max(worst[model], abs(t_ratio[0] - 1), abs(p_ratio[0] - 1))
                 print(f"| {model} | {protocol} | {load} | {median(pa, 'throughput'):,.0f} | "
-                      f"{median(hs, 'throughput'):,.0f} | {fmt_ratio(t_ratio)} | {median(pa, 'p50_us'):,.0f} | "
+                      f"{median(hs, 'throughput'):,.0f} | {fmt_ratio(t_ratio)} | "
+                      f"{median(pa, 'p50_us'):,.0f} | "
                       f"{median(hs, 'p50_us'):,.0f} | {fmt_ratio(p_ratio)} | "
                       f"{1000 * cpu_per_k(pa):.0f} / {1000 * cpu_per_k(hs):.0f} | "
                       f"{busy(pa, tool_cores):.0f} % / {busy(hs, tool_cores):.0f} % | "
                       f"{split(pa)} ; {split(hs)} | {median(pa, 'batch'):.2f} / {median(hs, 'batch'):.2f} |")
-    print(f"\nratios are hubserve perf / perf_analyzer of back-to-back pairs: median [min-max] of {args.reps}; "
-          f"'cores busy' is the tool's CPU time over its run's wall time and its {tool_cores} core(s)")
+    print(f"\nratios are hubserve perf / perf_analyzer of back-to-back pairs: median [min-max] of "
+          f"{args.reps}; 'cores busy' is the tool's CPU time over its run's wall time and its "
+          f"{tool_cores} core(s)")
     if bistable:
         print(f"bistable server (run batch sizes in two groups > {BISTABLE_GAP}x apart; compared within each "
               "state, ratio of medians hubserve perf / perf_analyzer):\n  " + "\n  ".join(bistable))
     if excluded:
-        print(f"not in the verdict, a tool kept its cores >= {CLIENT_BOUND_BUSY:.0f} % busy, so its own speed set "
-              f"the pace: {', '.join(excluded)}")
+        print(f"not in the verdict, a tool kept its cores >= {CLIENT_BOUND_BUSY:.0f} % busy, so its own "
+              f"speed set the pace: {', '.join(excluded)}")
     for model in models:
         verdict = "agree" if worst[model] <= TOLERANCE else "DISAGREE"
         print(f"{model}: largest median deviation {100 * worst[model]:.1f} %: {verdict} within "

@@ -36,7 +36,8 @@ class Hub:
         return self.call("GET", f"/v2/models/{model}/config")
 
     def load(self, model: str, config: dict) -> None:
-        self.call("POST", f"/v2/repository/models/{model}/load", {"parameters": {"config": json.dumps(config)}})
+        body = {"parameters": {"config": json.dumps(config)}}
+        self.call("POST", f"/v2/repository/models/{model}/load", body)
 
     def stats(self, model: str) -> dict:
         return self.call("GET", f"/v2/models/{model}/stats")["model_stats"][0]
@@ -76,14 +77,16 @@ def run(hub: Hub, server, model: str, protocol: str, concurrency: int, interval_
                             "--measurement-interval", str(interval_ms), timeout_s=300)
     after = hub.stats(model)
     if not res.ok or not res.csv_rows:
-        raise RuntimeError(f"perf_analyzer failed ({model} {protocol} c={concurrency}):\n{res.output[-3000:]}")
+        raise RuntimeError(f"perf_analyzer failed ({model} {protocol} c={concurrency}):\n"
+                           f"{res.output[-3000:]}")
     row = res.csv_rows[0]
     execs = after["execution_count"] - before["execution_count"]
     infers = after["inference_count"] - before["inference_count"]
     reasons_after = dispatch_reasons(server.metrics_url, model)
     by_window = reasons_after.get("window", 0) - reasons_before.get("window", 0)
-    return {"tput": res.throughput, "p50": float(row["p50 latency"]) / 1e3, "p95": float(row["p95 latency"]) / 1e3,
-            "p99": float(row["p99 latency"]) / 1e3, "batch": infers / execs if execs else 0.0,
+    return {"tput": res.throughput, "p50": float(row["p50 latency"]) / 1e3,
+            "p95": float(row["p95 latency"]) / 1e3, "p99": float(row["p99 latency"]) / 1e3,
+            "batch": infers / execs if execs else 0.0,
             "flushed": by_window / execs if execs else 0.0}
 
 
@@ -92,7 +95,8 @@ def fmt(r: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter windows, fewer points")
     parser.add_argument("--p95-budget-ms", type=float, default=100.0)
     parser.add_argument("--slo-target-ms", type=float, default=60.0)
@@ -119,11 +123,13 @@ def main() -> None:
             for on in (True, False):
                 hub.load("mlp_large", variant(base["mlp_large"], on))
                 results[on] = run(hub, server, "mlp_large", protocol, 16, interval)
-            ceil = ceiling(repo / "mlp_large/1/model.onnx", "mlp_large", max(1, round(results[True]["batch"])))
+            ceil = ceiling(repo / "mlp_large/1/model.onnx", "mlp_large",
+                           max(1, round(results[True]["batch"])))
             for on in (True, False):
                 r = results[on]
                 ceil_on = ceil if on else ceiling(repo / "mlp_large/1/model.onnx", "mlp_large", 1)
-                out(f"{protocol:<5} {'on' if on else 'off':<4} {fmt(r)} {ceil_on:>8.0f} {r['tput'] / ceil_on:>7.2f}")
+                out(f"{protocol:<5} {'on' if on else 'off':<4} {fmt(r)} {ceil_on:>8.0f} "
+                    f"{r['tput'] / ceil_on:>7.2f}")
             out(f"{protocol:<5} on/off throughput {results[True]['tput'] / results[False]['tput']:.2f}x, "
                 f"p95 {results[True]['p95']:.1f} vs {results[False]['p95']:.1f} ms")
         hub.load("mlp_large", base["mlp_large"])
@@ -140,7 +146,8 @@ def main() -> None:
                     hub.load(model, variant(base[model], False))
                     off = run(hub, server, model, protocol, c, interval)
                     out(f"{model:<7} {protocol:<5} {c:>4} {on['tput']:>10.0f} {off['tput']:>11.0f} "
-                        f"{on['tput'] / off['tput']:>6.2f} {on['p95']:>7.1f} {off['p95']:>7.1f} {on['batch']:>6.1f}")
+                        f"{on['tput'] / off['tput']:>6.2f} {on['p95']:>7.1f} {off['p95']:>7.1f} "
+                        f"{on['batch']:>6.1f}")
             hub.load(model, base[model])
 
         out()
@@ -155,8 +162,8 @@ def main() -> None:
         fits = [(w, r) for w, r in sweep if r["p95"] <= args.p95_budget_ms]
         if fits:
             w, r = max(fits, key=lambda x: x[1]["tput"])
-            out(f"a p95 budget of {args.p95_budget_ms:g} ms chooses a window of {w} us ({r['tput']:.0f} infer/s, "
-                f"p95 {r['p95']:.1f} ms)")
+            out(f"a p95 budget of {args.p95_budget_ms:g} ms chooses a window of {w} us "
+                f"({r['tput']:.0f} infer/s, p95 {r['p95']:.1f} ms)")
         else:
             out(f"no window meets a p95 budget of {args.p95_budget_ms:g} ms")
 

@@ -55,8 +55,8 @@ class Server:
                 str(self.http), "--grpc-port", str(free_port()), "--metrics-port", "0",
                 "--model-control-mode", "explicit"]
         cmd = [sys.executable, "-m", "engine", *args] if trim else [sys.executable, "-c", BASELINE, *args]
-        self.log = open(log_path, "wb")
-        self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor
+            self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -76,7 +76,6 @@ class Server:
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(30)
-        self.log.close()
 
 
 def cycle(server: Server, batch_sizes: list[int]) -> tuple[float, float]:
@@ -92,7 +91,8 @@ def cycle(server: Server, batch_sizes: list[int]) -> tuple[float, float]:
     return loaded, rss_mib(server.process.pid)
 
 
-def measure(repository: Path, workdir: Path, cycles: int, trim: bool) -> tuple[float, list[tuple[float, float]]]:
+def measure(repository: Path, workdir: Path, cycles: int,
+            trim: bool) -> tuple[float, list[tuple[float, float]]]:
     server = Server(repository, workdir / f"server-{'trim' if trim else 'baseline'}.log", trim)
     try:
         start = rss_mib(server.process.pid)
@@ -108,11 +108,13 @@ def verdict(samples: list[float], tolerance_mib: float) -> tuple[float, float, f
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=50)
     parser.add_argument("--tolerance-mib", type=float, default=5.0,
                         help="allowed growth; one leaked mlp per cycle would add well over 2 MiB a cycle")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the run with malloc_trim switched off")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the run with malloc_trim switched off")
     args = parser.parse_args()
     if args.cycles < 20:
         parser.error("--cycles must be at least 20 (the verdict compares cycles 5-15 with the last 10)")
@@ -121,25 +123,29 @@ def main() -> int:
         workdir = Path(tmp)
         repository = workdir / "repository"
         (repository / "mlp").mkdir(parents=True)
-        (repository / "mlp" / "config.yaml").write_text((ROOT / "model_repository/mlp/config.yaml").read_text())
+        config = (ROOT / "model_repository/mlp/config.yaml").read_text()
+        (repository / "mlp" / "config.yaml").write_text(config)
         examples.build_repository(repository, ["mlp"])
         runs = {"shipped": measure(repository, workdir, args.cycles, trim=True)}
         if not args.no_baseline:
             runs["no malloc_trim"] = measure(repository, workdir, args.cycles, trim=False)
 
     names = list(runs)
-    print(f"hubserve resident memory (VmRSS, MiB) in each load → infer → unload cycle of 'mlp': while loaded, "
-          f"and after the unload; {os.cpu_count()} CPUs, MALLOC_ARENA_MAX={os.environ.get('MALLOC_ARENA_MAX', 'unset')}")
+    arena_max = os.environ.get("MALLOC_ARENA_MAX", "unset")
+    print(f"hubserve resident memory (VmRSS, MiB) in each load → infer → unload cycle of 'mlp': while "
+          f"loaded, and after the unload; {os.cpu_count()} CPUs, MALLOC_ARENA_MAX={arena_max}")
     print("       " + "  ".join(f"{n:>23}" for n in names))
     print("cycle  " + "  ".join(f"{'loaded':>11} {'unloaded':>11}" for _ in names))
     print("start  " + "  ".join(f"{'':>11} {runs[n][0]:11.1f}" for n in names))
     for i in range(args.cycles):
-        print(f"{i + 1:5d}  " + "  ".join(f"{runs[n][1][i][0]:11.1f} {runs[n][1][i][1]:11.1f}" for n in names))
+        print(f"{i + 1:5d}  " + "  ".join(f"{runs[n][1][i][0]:11.1f} {runs[n][1][i][1]:11.1f}"
+                                         for n in names))
     ok = True
     for name in names:
         reference, last, growth, flat = verdict([after for _, after in runs[name][1]], args.tolerance_mib)
-        print(f"{name}: after unload, cycles 5-15 median {reference:.1f} MiB, last 10 median {last:.1f} MiB, "
-              f"growth {growth:+.1f} MiB → {'FLAT' if flat else 'GROWS'} (tolerance {args.tolerance_mib:g} MiB)")
+        print(f"{name}: after unload, cycles 5-15 median {reference:.1f} MiB, last 10 median {last:.1f} "
+              f"MiB, growth {growth:+.1f} MiB → {'FLAT' if flat else 'GROWS'} "
+              f"(tolerance {args.tolerance_mib:g} MiB)")
         ok = ok and (flat or name != "shipped")
     return 0 if ok else 1
 

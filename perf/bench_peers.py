@@ -9,10 +9,10 @@ real perf_analyzer on the same models and input data, interleaved in one run.
 Every server is started once on free 127.0.0.1 ports (a peer that is not installed or fails to start is left
 out, with the reason in the report). Then for each model, protocol and concurrency, perf_analyzer runs against
 each server in turn (server A then B at the same point, so drift on this shared machine hits all of them),
-with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its process tree, /proc) and its own
-inference counter are read: CPU per inference = CPU delta / inference delta. Afterwards each model's ONNX file
-runs in this process at the batch sizes hubserve formed (the ceiling, `bench_serving.ceiling`). The markdown
-report, with the exact commands, goes to perf/results/peers-<date>.md and is printed.
+with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its process tree, /proc) and its
+own inference counter are read: CPU per inference = CPU delta / inference delta. Afterwards each model's ONNX
+file runs in this process at the batch sizes hubserve formed (the ceiling, `bench_serving.ceiling`). The
+markdown report, with the exact commands, goes to perf/results/peers-<date>.md and is printed.
 
 HTTP uses the binary tensor extension except for MLServer, which does not implement it (JSON tensors there).
 """
@@ -172,7 +172,8 @@ def _ratio(a: float, b: float) -> str:
 
 
 def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
-    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer and protocol."""
+    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer and
+    protocol."""
     ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for point, row in by_point.items():
         hub = row.get("hubserve")
@@ -185,7 +186,8 @@ def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
     if not ratios:
         return []
     out = ["", "Summary, geometric mean over the points both completed:", "",
-           "| peer | proto | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |", "|---|---|---|---|---|"]
+           "| peer | proto | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |",
+           "|---|---|---|---|---|"]
     for (name, protocol), pairs in ratios.items():
         tput, cpu = (math.exp(sum(math.log(p[i]) for p in pairs) / len(pairs)) for i in (0, 1))
         out.append(f"| {name} | {protocol} | {len(pairs)} | {tput:.2f} | {cpu:.2f} |")
@@ -193,30 +195,33 @@ def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
 
 
 def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
-           running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str], events: list[str],
+           running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
+           events: list[str],
            args: argparse.Namespace, started: str, wall_s: float,
            load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
     by_point: dict[Point, dict[str, Measurement]] = {}
     for m in measurements:
         by_point.setdefault(m.point, {})[m.server] = m
     out = [f"## Peers run {started}", "",
-           (f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared with other "
-            f"engineers' test runs: load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end. "
-            f"The servers and perf_analyzer share these cores. Numbers compare within this run only."), "",
+           (f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared with "
+            f"other engineers' test runs: load average {load[0][0]:.2f} at the start, "
+            f"{load[1][0]:.2f} at the end. The servers and perf_analyzer share these cores. "
+            "Numbers compare within this run only."), "",
            (f"Settings: models {args.models}; protocols {args.protocols}; concurrency {args.concurrency}; "
             f"`-b 1`; `--input-data zero`; {args.interval_ms} ms windows, stability {args.stability} %, "
             f"at most {args.max_trials} windows, {args.retries} rerun(s) of a point without stable windows; "
             f"wall time {wall_s / 60:.1f} min."), "",
            f"| server | version | PID | idle CPU (% of a core, {args.idle_s:g} s before the first run) |",
            "|---|---|---|---|"]
-    out += [f"| {s.kind.name} | {s.version} | {s.pid} | {_fmt(idle[s.pid] * 100, 1) if s.pid in idle else '—'} |"
+    out += [f"| {s.kind.name} | {s.version} | {s.pid} | "
+            f"{_fmt(idle[s.pid] * 100, 1) if s.pid in idle else '—'} |"
             for s in running]
     out += [f"| {name} | not run: {why.splitlines()[0]} | | |" for name, why in skipped.items()]
     out += [f"\nEvent: {e}" for e in events]
-    out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference below 1 "
-                 "favour hubserve."), "",
-            ("| model | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms | server CPU µs/infer | avg batch "
-             "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"), "|" + "---|" * 12]
+    out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
+                 "below 1 favour hubserve."), "",
+            ("| model | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms | server CPU µs/infer "
+             "| avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"), "|" + "---|" * 12]
     for point, row in by_point.items():
         hub = row.get("hubserve")
         for name, m in row.items():
@@ -231,13 +236,15 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
             if name == "hubserve" or hub is None or hub.error:
                 cells += ["", ""]
             else:
-                cells += [_ratio(hub.infer_per_s, m.infer_per_s), _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
+                cells += [_ratio(hub.infer_per_s, m.infer_per_s),
+                          _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
             out.append("| " + " | ".join(cells) + " |")
     out += summary(by_point)
-    out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, hubserve's "
-                 f"session options, at the batch size hubserve formed (`bench_serving.ceiling`, best of three "
-                 f"{args.ceiling_s:g} s windows, after the servers stopped):"), "",
-            "| model | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s | hubserve ÷ ceiling |",
+    out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
+                 "hubserve's session options, at the batch size hubserve formed (`bench_serving.ceiling`, "
+                 f"best of three {args.ceiling_s:g} s windows, after the servers stopped):"), "",
+            "| model | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s "
+            "| hubserve ÷ ceiling |",
             "|---|---|---|---|---|---|---|"]
     for point, row in by_point.items():
         hub = row.get("hubserve")
@@ -265,7 +272,8 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="simple,mlp,image")
     parser.add_argument("--protocols", default="grpc,http")
     parser.add_argument("--concurrency", default="1,4,16,32")
@@ -273,12 +281,14 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
-    parser.add_argument("--retries", type=int, default=1, help="reruns of a point that found no stable windows")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="reruns of a point that found no stable windows")
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds to measure idle server CPU")
     parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per ceiling measurement")
     parser.add_argument("--out", type=Path, help="default: perf/results/peers-<date>.md")
     args = parser.parse_args()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # unwind through `finally`, which stops every server we started
+    # unwind through `finally`, which stops every server we started
+    for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
     if not perf_analyzer_available():
         sys.exit(f"{PERF_ANALYZER} is missing: run `bash tools/install_perf_analyzer.sh`")
@@ -316,21 +326,24 @@ def main() -> int:
                   for c in args.concurrency.split(",")]
         for i, point in enumerate(points, 1):
             for j, server in enumerate(running):
-                for _ in range(2):  # a server stopped from outside (only a signal stops one) is restarted once
+                # a server stopped from outside (only a signal stops one) is restarted once
+                for _ in range(2):
                     if server.process.poll() is not None:
                         running[j] = server = restart(server, models, log_dir, events)
                     m = measure(server, point, args)
                     if not m.error or not exited_within(server, 5.0):
                         break
                 measurements.append(m)
+                result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
+                                     f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
                 print(f"[{i}/{len(points)}] {point.model} {point.protocol} c={point.concurrency} "
-                      f"{server.kind.name}: " + (m.error or f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
-                                                 f"CPU {m.cpu_us_per_infer:,.0f} µs/infer"), flush=True)
+                      f"{server.kind.name}: {result}", flush=True)
     finally:
         for server in running:
             server.stop()
     wall_s, load_end = time.monotonic() - t0, os.getloadavg()
-    report = render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped, events, args,
+    report = render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped, events,
+                    args,
                     f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
     out_path.write_text(report)
     print("\n" + report + f"\nwritten to {out_path} (server logs in "

@@ -40,7 +40,8 @@ def ceiling(model_path: Path, name: str, batch: int, seconds: float = 2.0) -> fl
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    feed = {k: rng.integers(0, 100, (batch, *shape)).astype(dt) for k, (shape, dt) in MODEL_INPUTS[name].items()}
+    feed = {k: rng.integers(0, 100, (batch, *shape)).astype(dt)
+            for k, (shape, dt) in MODEL_INPUTS[name].items()}
     session.run(None, feed)
     best = 0.0
     for _ in range(3):  # best of three: the machine is shared, and the ceiling should not be understated
@@ -58,7 +59,8 @@ def stats(http_port: int, model: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="simple,mlp")
     parser.add_argument("--protocols", default="grpc,http")
     parser.add_argument("--concurrency", default="1,32")
@@ -86,12 +88,13 @@ def main() -> None:
                     execs = after["execution_count"] - before["execution_count"]
                     infers = after["inference_count"] - before["inference_count"]
                     avg_batch = infers / execs if execs else 1.0
-                    rows.append((model, protocol, int(c), res.throughput, float(row["p50 latency"]) / 1000,
-                                 float(row["p95 latency"]) / 1000, float(row["p99 latency"]) / 1000, avg_batch))
+                    rows.append((model, protocol, int(c), res.throughput,
+                                 float(row["p50 latency"]) / 1000, float(row["p95 latency"]) / 1000,
+                                 float(row["p99 latency"]) / 1000, avg_batch))
     finally:
         server.stop()
-    print(f"\n{'model':<10} {'proto':<5} {'conc':>4} {'infer/s':>9} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-          f"{'batch':>6} {'ceiling/s':>10} {'ratio':>6}")
+    print(f"\n{'model':<10} {'proto':<5} {'conc':>4} {'infer/s':>9} {'p50 ms':>7} {'p95 ms':>7} "
+          f"{'p99 ms':>7} {'batch':>6} {'ceiling/s':>10} {'ratio':>6}")
     for model, protocol, c, tput, p50, p95, p99, batch in rows:
         ceil = ceiling(args.repository / model / "1" / "model.onnx", model, max(1, round(batch)))
         print(f"{model:<10} {protocol:<5} {c:>4} {tput:>9.0f} {p50:>7.2f} {p95:>7.2f} {p99:>7.2f} "

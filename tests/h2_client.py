@@ -12,7 +12,8 @@ import struct
 
 import hpack
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+(DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE,
+ CONTINUATION) = range(10)
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 PROTOCOL_ERROR, FRAME_SIZE_ERROR, CANCEL = 0x1, 0x6, 0x8
@@ -59,7 +60,8 @@ class RawClient:
                 return None
             self.rest += chunk
         length = int.from_bytes(self.rest[:3], "big")
-        kind, flags, stream_id = self.rest[3], self.rest[4], int.from_bytes(self.rest[5:9], "big") & 0x7FFFFFFF
+        kind, flags = self.rest[3], self.rest[4]
+        stream_id = int.from_bytes(self.rest[5:9], "big") & 0x7FFFFFFF
         payload, self.rest = self.rest[9:9 + length], self.rest[9 + length:]
         if kind == SETTINGS and not flags & ACK:
             for i in range(0, len(payload), 6):
@@ -93,7 +95,8 @@ class RawClient:
         self.stream_windows.setdefault(stream_id, self.server_settings.get(INITIAL_WINDOW_SIZE, 65535))
         return frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), stream_id, block)
 
-    def send_data(self, stream_id: int, data: bytes, frame_bytes: int = 16384, end_stream: bool = True) -> None:
+    def send_data(self, stream_id: int, data: bytes, frame_bytes: int = 16384,
+                  end_stream: bool = True) -> None:
         """DATA within the windows the server granted, waiting for its WINDOW_UPDATEs (RFC 9113 §6.9)."""
         while data:
             while min(self.window, self.stream_windows[stream_id]) <= 0:

@@ -67,6 +67,7 @@ def test_a_batcher_with_a_p95_target_opens_a_window_and_batches():
     import asyncio
 
     import numpy as np
+
     from test_batcher import data, model_config, output, request, started
 
     config = model_config("dynamic_batching { }", max_batch_size=16, execute_delay_ms="2",
@@ -94,9 +95,9 @@ def test_a_batcher_with_a_p95_target_opens_a_window_and_batches():
 
 def test_the_target_is_validated():
     import pytest
-    from test_batcher import model_config
 
     from engine.errors import EngineError
+    from test_batcher import model_config
 
     with pytest.raises(EngineError, match="positive number"):
         model_config("dynamic_batching { }", p95_latency_target_ms="soon")

@@ -139,7 +139,7 @@ def good_grpc_request() -> pb.ModelInferRequest:
 def grpc_outputs(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     assert len(response.raw_output_contents) == len(response.outputs)
     out = {}
-    for tensor, raw in zip(response.outputs, response.raw_output_contents):
+    for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         dtype = {"INT32": np.int32, "FP32": np.float32}[tensor.datatype]
         out[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.shape))
     return out

@@ -819,7 +819,8 @@ def test_grpc_encode_then_decode_round_trip() -> None:
 # ------------------------------------------------------------------------- grpc_codec: the wire fast path
 
 def same_request(a: InferenceRequest, b: InferenceRequest) -> None:
-    assert (a.model_name, a.model_version, a.id, a.parameters) == (b.model_name, b.model_version, b.id, b.parameters)
+    assert (a.model_name, a.model_version, a.id, a.parameters) == \
+        (b.model_name, b.model_version, b.id, b.parameters)
     assert a.outputs == b.outputs
     assert [(t.name, t.datatype, t.shape, t.parameters) for t in a.inputs] == \
         [(t.name, t.datatype, t.shape, t.parameters) for t in b.inputs]
@@ -903,7 +904,8 @@ def test_grpc_wire_encode_parses_as_the_message_protobuf_builds() -> None:
     strided = Tensor("S", DataType.INT32, (2, 2), np.arange(8, dtype=np.int32).reshape(2, 4)[:, ::2])
     big = Tensor("BIG", DataType.UINT8, (300,), np.arange(300, dtype=np.int64).astype(np.uint8))
     for resp in (response(INT, STR, FP, strided, big, id="r9"), response(INT, STR, FP, strided, big),
-                 response(Tensor("E", DataType.FP32, (0, 4), np.zeros((0, 4), dtype=np.float32)), id="é" * 80)):
+                 response(Tensor("E", DataType.FP32, (0, 4), np.zeros((0, 4), dtype=np.float32)),
+                          id="é" * 80)):
         for _ in range(2):  # built, then from the cached head
             parts, size = codec.encode(resp)
             body = b"".join(parts)

@@ -50,7 +50,8 @@ def test_a_bomb_is_refused_without_inflating_it():
 
 
 @pytest.mark.parametrize("data", [b"not compressed", gzip.compress(DATA)[:-12],
-                                  gzip.compress(DATA) + b"junk"], ids=["garbage", "truncated", "trailing bytes"])
+                                  gzip.compress(DATA) + b"junk"],
+                         ids=["garbage", "truncated", "trailing bytes"])
 def test_corrupt_data_is_invalid(data):
     with pytest.raises(EngineError) as e:
         compression.decode("gzip", data, 1 << 20)

@@ -360,7 +360,7 @@ def test_committed_configs_agree_with_the_models(tmp_path, name, config_file, bu
     assert config.dynamic_batching is not None
     for declared, actual in ((config.inputs, sess.get_inputs()), (config.outputs, sess.get_outputs())):
         assert [s.name for s in declared] == [a.name for a in actual]
-        for spec, arg in zip(declared, actual):
+        for spec, arg in zip(declared, actual, strict=True):
             assert arg.shape[0] == "batch" and tuple(arg.shape[1:]) == spec.dims
             assert arg.type == {"INT32": "tensor(int32)", "FP32": "tensor(float)"}[spec.datatype.value]
 
@@ -376,7 +376,7 @@ def test_committed_configs_of_tritons_string_models_agree(tmp_path, name, dims):
     assert (config.name, config.platform, config.max_batch_size) == (name, "onnxruntime_onnx", 8)
     for declared, actual in ((config.inputs, sess.get_inputs()), (config.outputs, sess.get_outputs())):
         assert [s.name for s in declared] == [a.name for a in actual]
-        for spec, arg in zip(declared, actual):
+        for spec, arg in zip(declared, actual, strict=True):
             assert spec.datatype.value == "BYTES" and arg.type == "tensor(string)" and spec.dims == dims
             assert arg.shape[0] == "batch" and len(arg.shape) == 1 + len(dims)
 

@@ -343,7 +343,7 @@ def test_aio_client_concurrent_infers(server):
             data = [simple_data(1 + i % 4, seed=500 + i) for i in range(16)]
             results = await asyncio.gather(*(
                 c.infer("simple", simple_inputs(a, b), request_id=str(i)) for i, (a, b) in enumerate(data)))
-            for i, ((a, b), result) in enumerate(zip(data, results)):
+            for i, ((a, b), result) in enumerate(zip(data, results, strict=True)):
                 assert result.get_response().id == str(i)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)

@@ -9,8 +9,6 @@ import gzip
 import http.client
 import json
 import math
-import re
-import urllib.request
 import zlib
 
 import numpy as np
@@ -336,7 +334,7 @@ def test_strings_utf8_and_empty(client, server, binary):
     session = ort.InferenceSession(str(server.repository / "strings" / "1" / "model.onnx"),
                                    providers=["CPUExecutionProvider"])
     reference = dict(zip([o.name for o in session.get_outputs()],
-                         session.run(None, {"TEXT": np.array(words, dtype=object)})))
+                         session.run(None, {"TEXT": np.array(words, dtype=object)}), strict=True))
     assert upper == [str(s) for s in reference["UPPER"].reshape(-1)]
     assert upper[0] == "HELLO" and upper[1] == "" and upper[4] == "MIXED 123"
 
@@ -381,7 +379,7 @@ def test_async_client_concurrent_infers(server):
             results = await asyncio.gather(*(
                 c.infer("simple", simple_inputs(a, b, module=aiohttpclient), request_id=str(i))
                 for i, (a, b) in enumerate(data)))
-            for i, ((a, b), result) in enumerate(zip(data, results)):
+            for i, ((a, b), result) in enumerate(zip(data, results, strict=True)):
                 assert result.get_response()["id"] == str(i)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
@@ -396,7 +394,7 @@ def test_sync_client_async_infer(server):
         data = [simple_data(2, seed=200 + i) for i in range(8)]
         pending = [c.async_infer("simple", simple_inputs(a, b), request_id=f"a{i}")
                    for i, (a, b) in enumerate(data)]
-        for i, ((a, b), p) in enumerate(zip(data, pending)):
+        for i, ((a, b), p) in enumerate(zip(data, pending, strict=True)):
             result = p.get_result(timeout=30)
             assert result.get_response()["id"] == f"a{i}"
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)

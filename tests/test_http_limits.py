@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+
 from conftest import RunningServer, start_server
 
 BODY_LIMIT = 8_000_000

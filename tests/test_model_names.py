@@ -288,7 +288,8 @@ def test_a_version_folder_linked_to_outside_is_not_served(layout, server, http_c
     with pytest.raises(InferenceServerException) as e:
         http_client.load_model("halfway")
     message = e.value.message()
-    assert e.value.status() == "400"  # Triton's code for a version that failed (core model_repository_manager.cc)
+    # Triton's code for a version that failed (core model_repository_manager.cc)
+    assert e.value.status() == "400"
     assert "'halfway/1/model.onnx' resolves outside the model repository" in message
     assert_no_paths(message, layout["base"], layout["repo"], layout["evil"])
     assert not http_client.is_model_ready("halfway")

@@ -50,7 +50,8 @@ def parity_server(tmp_path_factory: pytest.TempPathFactory):
         if config is not None:
             (root / name / "config.pbtxt").write_text(config)
     # The ONNX model answers [batch, 1, 10, 1, 1]; the config says [batch, 10] on both sides.
-    examples.write_model(examples.identity_model("FP32", (-1, 1, 10, 1, 1)), root / "reshaped" / "1" / "model.onnx")
+    examples.write_model(examples.identity_model("FP32", (-1, 1, 10, 1, 1)),
+                         root / "reshaped" / "1" / "model.onnx")
     (root / "reshaped" / "config.pbtxt").write_text(RESHAPED)
     # Triton's string example pair, with the configs committed in our example repository.
     for name in ("simple_string", "simple_identity"):
@@ -172,7 +173,7 @@ def test_decoupled_model_is_unavailable_with_its_reason(client):
     assert client.is_model_ready("decoupled") is False
 
 
-# 8 ------------------------------------------------------------------------------------------- request features
+# 8 ------------------------------------------------------------------------------------ request features
 
 def test_classification_request_is_refused_not_ignored(client):
     out = client.module.InferRequestedOutput("OUTPUT0", class_count=3)

@@ -9,8 +9,8 @@ import asyncio
 import hpack
 import numpy as np
 import pytest
-from conftest import RunningServer
 
+from conftest import RunningServer
 from engine.frontend.h2.frames import DATA, END_STREAM, frame
 from hubserve_perf.client import MODEL_INFER, grpc_request_bytes
 from hubserve_perf.grpc_h2 import GrpcH2Client, request_header_block
@@ -47,7 +47,8 @@ def test_frame_layout() -> None:
 
 def simple_request() -> bytes:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()), InputTensor("INPUT1", "INT32", (1, 16), a.tobytes()))
+    inputs = (InputTensor("INPUT0", "INT32", (1, 16), a.tobytes()),
+              InputTensor("INPUT1", "INT32", (1, 16), a.tobytes()))
     return grpc_request_bytes("simple", "", inputs, ())
 
 

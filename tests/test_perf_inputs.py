@@ -14,9 +14,11 @@ import pytest
 from hubserve_perf.inputs import build_requests, parse_shape
 from hubserve_perf.types import ModelInfo, PerfError, TensorSpec
 
-SIMPLE = ModelInfo("simple", "", (TensorSpec("INPUT0", "INT32", (-1, 16)), TensorSpec("INPUT1", "INT32", (-1, 16))),
+SIMPLE = ModelInfo("simple", "", (TensorSpec("INPUT0", "INT32", (-1, 16)),
+                                  TensorSpec("INPUT1", "INT32", (-1, 16))),
                    (TensorSpec("OUTPUT0", "INT32", (-1, 16)),), 8, {})
-DYNAMIC = ModelInfo("dyn", "", (TensorSpec("X", "FP32", (-1, -1, 3)), TensorSpec("S", "BYTES", (-1, 2))), (), 4, {})
+DYNAMIC = ModelInfo("dyn", "", (TensorSpec("X", "FP32", (-1, -1, 3)), TensorSpec("S", "BYTES", (-1, 2))),
+                    (), 4, {})
 FIXED = ModelInfo("fixed", "", (TensorSpec("X", "FP16", (2, 2)),), (), 0, {})
 
 

@@ -1,13 +1,12 @@
-"""The load tester (perf/hubserve_perf/) is a client beside the server, not a part of it: importing it loads no
-stage of the server's request path, and the server never imports it. Each check runs a fresh interpreter in
-the repository root with this checkout's packages first, and reads what it imported from `sys.modules`.
+"""The load tester (perf/hubserve_perf/) is a client beside the server, not a part of it: importing it loads
+no stage of the server's request path, and the server never imports it. Each check runs a fresh interpreter
+in the repository root with this checkout's packages first, and reads what it imported from `sys.modules`.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-
 
 from hubserve_harness import ROOT, checkout_env
 

@@ -52,7 +52,8 @@ def test_stability_on_a_percentile() -> None:
 def test_summary_merges_the_last_three_windows() -> None:
     server = ServerStats(success_count=100, queue_ns=100 * 50_000, compute_infer_ns=100 * 200_000,
                          inference_count=100, execution_count=25, executions_by_batch_size=((4, 25),))
-    windows = [window(999, 9000), window(100, 1000, server), window(100, 1000, server), window(100, 1000, server)]
+    windows = [window(999, 9000), window(100, 1000, server), window(100, 1000, server),
+               window(100, 1000, server)]
     settings = MeasureSettings(batch_size=2)
     step = summarize(LoadPlan(concurrency=4), windows, True, settings)
     assert step.request_count == 300
@@ -68,7 +69,7 @@ def test_csv_row_has_perf_analyzers_columns_and_arithmetic() -> None:
                          compute_infer_ns=10 * 200_000, compute_output_ns=10 * 20_000)
     settings = MeasureSettings()
     step = summarize(LoadPlan(concurrency=2), [window(10, 1000, server)] * 3, True, settings)
-    row = dict(zip(csv_header(False, settings), csv_row(step, settings)))
+    row = dict(zip(csv_header(False, settings), csv_row(step, settings), strict=True))
     assert row["Concurrency"] == "2"
     assert row["Inferences/Second"] == "10"
     # latency 1000 us = send 2 + recv 3 + wait 995; wait = queue 100 + compute 230 + network 665
@@ -103,8 +104,8 @@ def test_plans_split_between_workers() -> None:
     assert [p.phase for p in rates] == pytest.approx([0, 1 / 3, 2 / 3])
 
 
-@pytest.mark.parametrize("workers,cpu_s_per_window,warned", [(1, 0.95, True), (1, 0.5, False), (2, 1.5, False),
-                                                             (2, 1.9, True)])
+@pytest.mark.parametrize("workers,cpu_s_per_window,warned",
+                         [(1, 0.95, True), (1, 0.5, False), (2, 1.5, False), (2, 1.9, True)])
 def test_a_saturated_load_process_warns_that_it_set_the_pace(
         capsys: pytest.CaptureFixture[str], workers: int, cpu_s_per_window: float, warned: bool) -> None:
     from hubserve_perf.session import Session

@@ -26,7 +26,8 @@ QUICK = ("-p", "500", "-s", "100", "-r", "8")  # 0.5 s windows, any 3 windows co
 
 def hubserve_perf(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "engine", "perf", *args], cwd=ROOT, env=checkout_env(),
-                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
+                          capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+                          check=False)
 
 
 def url(server: RunningServer, protocol: str) -> str:
@@ -41,8 +42,9 @@ def read_csv(path: Path) -> tuple[str, list[dict[str, str]]]:
 @pytest.mark.parametrize("protocol,grpc_client", [("http", "h2"), ("grpc", "h2"), ("grpc", "grpcio")])
 def test_perf_measures_simple(server: RunningServer, tmp_path: Path, protocol: str, grpc_client: str) -> None:
     out_csv, out_json = tmp_path / "out.csv", tmp_path / "out.json"
-    result = hubserve_perf("-m", "simple", "-u", url(server, protocol), "-i", protocol, "--grpc-client", grpc_client,
-                           "--concurrency-range", "1:2", *QUICK, "-f", str(out_csv), "--json", str(out_json))
+    result = hubserve_perf("-m", "simple", "-u", url(server, protocol), "-i", protocol,
+                           "--grpc-client", grpc_client, "--concurrency-range", "1:2", *QUICK,
+                           "-f", str(out_csv), "--json", str(out_json))
     assert result.returncode == 0, result.stderr
     assert "window 1/8" in result.stderr  # progress, one line per window
     header, rows = read_csv(out_csv)
@@ -56,7 +58,8 @@ def test_perf_measures_simple(server: RunningServer, tmp_path: Path, protocol: s
 
 
 @pytest.mark.parametrize("distribution", ["constant", "poisson"])
-def test_request_rate_mode_offers_the_asked_rate(server: RunningServer, tmp_path: Path, distribution: str) -> None:
+def test_request_rate_mode_offers_the_asked_rate(server: RunningServer, tmp_path: Path,
+                                                 distribution: str) -> None:
     out_csv = tmp_path / "out.csv"
     result = hubserve_perf("-m", "simple", "-u", server.http_url, "--request-rate-range", "200",
                            "--request-distribution", distribution, "-p", "1000", "-s", "100", "-r", "6",
@@ -71,7 +74,8 @@ def test_request_rate_mode_offers_the_asked_rate(server: RunningServer, tmp_path
 
 def test_several_worker_processes_merge_their_records(server: RunningServer, tmp_path: Path) -> None:
     out_json = tmp_path / "out.json"
-    result = hubserve_perf("-m", "simple", "-u", server.http_url, "--concurrency-range", "4", "--workers", "2",
+    result = hubserve_perf("-m", "simple", "-u", server.http_url, "--concurrency-range", "4",
+                           "--workers", "2",
                            *QUICK, "--json", str(out_json))
     assert result.returncode == 0, result.stderr
     doc = json.loads(out_json.read_text())
@@ -93,7 +97,8 @@ def test_input_data_file_and_errors(server: RunningServer, tmp_path: Path) -> No
 
 def test_csv_header_is_perf_analyzers(server: RunningServer, tmp_path: Path) -> None:
     if not perf_analyzer_available():
-        pytest.fail(f"perf_analyzer is not installed at {PERF_ANALYZER}: run `make perf-analyzer`", pytrace=False)
+        pytest.fail(f"perf_analyzer is not installed at {PERF_ANALYZER}: run `make perf-analyzer`",
+                    pytrace=False)
     theirs = tmp_path / "theirs.csv"
     result = run_perf_analyzer("simple", server.http_url, "http", "-s", "100", "--verbose-csv",
                                "-f", str(theirs), timeout_s=60)
@@ -109,7 +114,8 @@ def explicit_server(repository: Path, tmp_path: Path):
     """A server of its own in explicit mode, so reloading `simple` disturbs no other test."""
     repo = tmp_path / "repository"
     shutil.copytree(repository / "simple", repo / "simple")
-    srv = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit", "--load-model", "simple")
+    srv = start_server(repo, tmp_path / "server.log", "--model-control-mode", "explicit",
+                       "--load-model", "simple")
     yield srv
     srv.stop()
 
@@ -122,9 +128,9 @@ def model_config(server: RunningServer) -> dict:
 def test_tune_window_recommends_a_window(explicit_server: RunningServer, tmp_path: Path) -> None:
     original = model_config(explicit_server)["dynamic_batching"]["max_queue_delay_microseconds"]
     out_json = tmp_path / "tune.json"
-    result = hubserve_perf("tune-window", "-m", "simple", "-u", explicit_server.http_url, "--windows-us", "0,2000",
-                           "--p95-budget-ms", "1000", "--concurrency", "4", *QUICK, "--json", str(out_json),
-                           timeout_s=120)
+    result = hubserve_perf("tune-window", "-m", "simple", "-u", explicit_server.http_url,
+                           "--windows-us", "0,2000", "--p95-budget-ms", "1000", "--concurrency", "4",
+                           *QUICK, "--json", str(out_json), timeout_s=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "recommended max_queue_delay_microseconds" in result.stdout
     doc = json.loads(out_json.read_text())

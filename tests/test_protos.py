@@ -32,10 +32,9 @@ from tritonclient.grpc import model_config_pb2 as triton_mc  # noqa: E402
 from tritonclient.grpc import service_pb2 as triton_svc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from engine.proto import _pool  # noqa: E402
+from engine.proto import _pool, health_pb2, health_pb2_grpc  # noqa: E402
 from engine.proto import grpc_service_pb2 as svc  # noqa: E402
 from engine.proto import grpc_service_pb2_grpc as svc_grpc  # noqa: E402
-from engine.proto import health_pb2, health_pb2_grpc  # noqa: E402
 from engine.proto import model_config_pb2 as mc  # noqa: E402
 
 GENERATED_DIR = ROOT / "engine" / "proto"

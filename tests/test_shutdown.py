@@ -47,8 +47,8 @@ def build_slow_repository(root: Path) -> Path:
 def pending_requests(server: RunningServer) -> int:
     with urllib.request.urlopen(server.metrics_url, timeout=5) as r:
         text = r.read().decode()
-    match = re.search(r'^nv_inference_pending_request_count\{model="%s",version="1"\} (\d+)$' % SLOW_MODEL,
-                      text, re.MULTILINE)
+    pattern = rf'^nv_inference_pending_request_count\{{model="{SLOW_MODEL}",version="1"\}} (\d+)$'
+    match = re.search(pattern, text, re.MULTILINE)
     assert match, f"no pending-request gauge for {SLOW_MODEL} in /metrics:\n{text}"
     return int(match.group(1))
 
@@ -109,7 +109,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits_zero(tmp_path: Path) -> 
         failures = [f"request {i}: {e!r}" for i, e in enumerate(errors) if e is not None]
         assert not failures, "in-flight requests failed during shutdown:\n" + "\n".join(failures) + \
             f"\nserver log:\n{server.log()}"
-        for i, (want, got) in enumerate(zip(sent, results)):
+        for i, (want, got) in enumerate(zip(sent, results, strict=True)):
             assert got is not None and got.dtype == np.float32, f"request {i}: {got!r}"
             np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
         assert returncode == 0, f"server exited with {returncode}:\n{server.log()}"

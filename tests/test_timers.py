@@ -1,4 +1,5 @@
-"""PreciseTimer: order, cancellation, and shutdown (no wall-clock thresholds: only what happened, in order)."""
+"""PreciseTimer: order, cancellation, and shutdown (no wall-clock thresholds: only what happened, in
+order)."""
 
 import asyncio
 

@@ -22,8 +22,15 @@ import numpy as np
 
 from ..errors import invalid
 from ..proto import grpc_service_pb2 as pb
-from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
-                     in_shared_memory)
+from ..types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    in_shared_memory,
+)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 # Which typed `contents` field carries each datatype.
@@ -49,7 +56,8 @@ def param_value(p: Any) -> Any:
 
 
 def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
-    """The full decode: the wire path's first sight of a request, and its fallback for what it does not cut."""
+    """The full decode: the wire path's first sight of a request, and its fallback for what it does not
+    cut."""
     raw = msg.raw_input_contents
     if raw:  # checked first, as Triton does (server src/grpc/infer_handler.cc), so its words come first
         for t in msg.inputs:
@@ -88,7 +96,8 @@ def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.nda
     values = getattr(t.contents, field)
     count = element_count(shape)
     if len(values) != count:
-        raise invalid(f"input '{t.name}': shape {list(shape)} needs {count} elements, contents has {len(values)}")
+        raise invalid(f"input '{t.name}': shape {list(shape)} needs {count} elements, "
+                      f"contents has {len(values)}")
     if datatype is DataType.BYTES:
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)
@@ -238,7 +247,8 @@ class InferWireCodec:
         """The serialized ModelInferResponse as (parts, total length), the tensor bytes not copied."""
         outputs = response.outputs
         chunks = [array_to_bytes(t.data, t.datatype) for t in outputs]
-        key = (response.model_name, response.model_version, tuple([(t.name, t.datatype, t.shape) for t in outputs]))
+        key = (response.model_name, response.model_version,
+               tuple([(t.name, t.datatype, t.shape) for t in outputs]))
         head = self.heads.get(key)
         if head is None:
             head = _response_head(response).SerializeToString()
@@ -271,10 +281,11 @@ class InferWireCodec:
 
 def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceRequest:
     inputs = []
-    for (name, datatype, shape, params, dtype, size), data in zip(plan.inputs, raw):
+    for (name, datatype, shape, params, dtype, size), data in zip(plan.inputs, raw, strict=True):
         if size and len(data) == size:  # fixed-size datatype, the expected byte count: a view, no checks left
             array = np.frombuffer(data, dtype=dtype).reshape(shape)
         else:  # BYTES, empty tensors, or the wrong size: the full path builds the array or the error
             array = array_from_bytes(name, datatype, shape, data)
         inputs.append(Tensor(name, datatype, shape, array, params))
-    return InferenceRequest(plan.model_name, plan.model_version, inputs, request_id, plan.outputs, plan.params)
+    return InferenceRequest(plan.model_name, plan.model_version, inputs, request_id, plan.outputs,
+                            plan.params)

@@ -73,8 +73,8 @@ HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 
 class GrpcHandlers:
-    """One per server, shared by every connection. Methods named after a unary RPC take its request message and
-    return its response message, or an awaitable of it for RPCs that wait (load, unload); they raise
+    """One per server, shared by every connection. Methods named after a unary RPC take its request message
+    and return its response message, or an awaitable of it for RPCs that wait (load, unload); they raise
     `EngineError`. Inference returns a future, so the frontend answers from its callback without a task:
     `submit_infer_wire` queues, `wire.encode` serializes the result."""
 
@@ -137,10 +137,10 @@ class GrpcHandlers:
 
     def stream_infer_wire(self, message: Any) -> asyncio.Future[tuple[list[Any], int]]:
         """One serialized request of ModelStreamInfer; the future resolves with the serialized
-        ModelStreamInferResponse as (parts, size). Never fails with an EngineError: as Triton does, an error is
-        an answer on the stream (`error_message`, with the request's id), which stays open. Raises DecodeError
-        for bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
-        returned future drops the request."""
+        ModelStreamInferResponse as (parts, size). Never fails with an EngineError: as Triton does, an error
+        is an answer on the stream (`error_message`, with the request's id), which stays open. Raises
+        DecodeError for bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it).
+        Cancelling the returned future drops the request."""
         def error(e: EngineError) -> tuple[list[Any], int]:  # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e).SerializeToString()
             return [body], len(body)
@@ -179,7 +179,8 @@ T = TypeVar("T")
 
 
 def _stream_answer(submit: Callable[[], asyncio.Future[InferenceResponse]],
-                   answer: Callable[[InferenceResponse], T], error: Callable[[EngineError], T]) -> asyncio.Future[T]:
+                   answer: Callable[[InferenceResponse], T],
+                   error: Callable[[EngineError], T]) -> asyncio.Future[T]:
     """A ModelStreamInfer request's answer: `answer(response)`, or `error(e)` for an EngineError raised at
     submit or by the request later; other exceptions fail the future. Cancelling it drops the request."""
     out: asyncio.Future[T] = asyncio.get_running_loop().create_future()

@@ -216,7 +216,8 @@ class HttpApp:
             if rest[1:] == ["index"]:
                 return self._index(req)
             if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
-                doc = _json_body(req, self.limits.max_body_bytes)  # parsed here, so its errors are answered here
+                # parsed here, so its errors are answered here
+                doc = _json_body(req, self.limits.max_body_bytes)
                 return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]))
         raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
 
@@ -360,7 +361,8 @@ def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Ans
     payload, header_length = encode_response(response, request)
     if header_length is None:
         return 200, payload, _JSON, b""
-    return 200, payload, b"application/octet-stream", b"Inference-Header-Content-Length: %d\r\n" % header_length
+    length_header = b"Inference-Header-Content-Length: %d\r\n" % header_length
+    return 200, payload, b"application/octet-stream", length_header
 
 
 async def serve(app: HttpApp, host: str, port: int) -> asyncio.Server:

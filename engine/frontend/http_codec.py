@@ -13,8 +13,15 @@ import numpy as np
 import orjson
 
 from ..errors import invalid
-from ..types import (DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count,
-                     in_shared_memory)
+from ..types import (
+    DataType,
+    InferenceRequest,
+    InferenceResponse,
+    RequestedOutput,
+    Tensor,
+    element_count,
+    in_shared_memory,
+)
 from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -51,7 +58,8 @@ class _Plan:
     __slots__ = ("inputs", "outputs", "params", "id", "binary_size", "encoded")
 
     def __init__(self, request: InferenceRequest, sizes: list[int]) -> None:
-        self.inputs = [(t.name, t.datatype, t.shape, size) for t, size in zip(request.inputs, sizes)]
+        self.inputs = [(t.name, t.datatype, t.shape, size)
+                       for t, size in zip(request.inputs, sizes, strict=True)]
         self.outputs = request.outputs
         self.params = request.parameters
         self.id = request.id
@@ -271,13 +279,14 @@ def encode_response(response: InferenceResponse, request: InferenceRequest) -> t
         header = orjson.dumps(doc)
     except (TypeError, OverflowError):
         header = json.dumps(doc, separators=(",", ":")).encode()
-    if json_nonfinite:  # orjson writes NaN and Inf as null; JSON readers of the v2 protocol expect NaN/Infinity
+    if json_nonfinite:  # orjson writes NaN and Inf as null; v2 JSON readers expect NaN/Infinity
         header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
         return header, None
     if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64:
         # every output binary: the header depends only on the shapes, so the next one is a lookup
-        plan.encoded[(response.model_name, response.model_version, tuple(t.shape for t in response.outputs))] = (
+        shapes = tuple(t.shape for t in response.outputs)
+        plan.encoded[(response.model_name, response.model_version, shapes)] = (
             header, sum(len(c) for c in chunks))
     return b"".join([header, *chunks]), len(header)
 

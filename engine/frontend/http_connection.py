@@ -20,6 +20,7 @@ cut loose when the connection ends, so buffers are freed by reference counting, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import time
@@ -39,8 +40,9 @@ log = logging.getLogger("hubserve.http")
 Answer = tuple[int, bytes, bytes, bytes]
 
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
-           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large", 415: b"Unsupported Media Type",
-           429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
+           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
+           415: b"Unsupported Media Type", 429: b"Too Many Requests",
+           431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
            500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
            504: b"Gateway Timeout"}
 
@@ -121,10 +123,8 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
         sock = transport.get_extra_info("socket")
-        try:
+        with contextlib.suppress(AttributeError, OSError):  # not a TCP socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (AttributeError, OSError):  # not a TCP socket
-            pass
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"

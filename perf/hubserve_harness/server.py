@@ -76,11 +76,12 @@ def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: f
     """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
     adds to (or overrides) the server's environment, e.g. TMPDIR."""
     http, grpc_port, metrics = free_port(), free_port(), free_port()
-    cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository), "--host", "127.0.0.1",
-           "--http-port", str(http), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics), *extra]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
+           "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc_port),
+           "--metrics-port", str(metrics), *extra]
+    with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     server = RunningServer(proc, http, grpc_port, metrics, repository, log_path)
     path = "/v2/health/ready" if wait_ready else "/v2/health/live"
     deadline = time.monotonic() + ready_timeout

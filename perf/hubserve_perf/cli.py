@@ -18,7 +18,8 @@ DESCRIPTION = """\
 Measure a KServe v2 / Triton server as NVIDIA's perf_analyzer does: closed-loop concurrency or open-loop
 request-rate load over HTTP (binary tensors) or gRPC, measurement windows (1.2 x --measurement-interval, as
 perf_analyzer's) until 3 in a row agree within --stability-percentage, client latency percentiles, server
-queue and compute time from the statistics extension. Progress goes to stderr, one line per window; the table to stdout. Exit codes as perf_analyzer's:
+queue and compute time from the statistics extension. Progress goes to stderr, one line per window; the
+table to stdout. Exit codes as perf_analyzer's:
 0 success, 1 bad flags or input data, 2 no stable measurement, 99 the server refused a request."""
 
 
@@ -54,7 +55,8 @@ def parse_range(text: str) -> Range:
 
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model-name", dest="model", help="model to measure (required)")
-    p.add_argument("-x", "--model-version", dest="version", default="", help="version (default: the server's)")
+    p.add_argument("-x", "--model-version", dest="version", default="",
+                   help="version (default: the server's)")
     p.add_argument("-u", "--url", default=None,
                    help="server HOST:PORT (default localhost:8000 for http, localhost:8001 for grpc)")
     p.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http", help="protocol")
@@ -62,8 +64,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
                    help="gRPC load client: our lean HTTP/2 client, or grpcio's grpc.aio (several times the "
                         "client CPU per call)")
     p.add_argument("--grpc-calls-per-connection", type=int, default=6, metavar="N",
-                   help="gRPC (h2 client): open another connection whenever N calls are in flight on each, as "
-                        "perf_analyzer's client shares a channel among 6 (default 6; 0: one connection)")
+                   help="gRPC (h2 client): open another connection whenever N calls are in flight on each, "
+                        "as perf_analyzer's client shares a channel among 6 (default 6; 0: one connection)")
     p.add_argument("-b", "--batch-size", type=int, default=1, help="batch size of each request")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
                    help="shape of an input with variable dims, without the batch dim, e.g. INPUT0:3,224,224")
@@ -72,7 +74,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--measurement-interval", dest="interval_ms", type=int, default=5000, metavar="MS",
                    help="length of one measurement window in milliseconds")
     p.add_argument("-s", "--stability-percentage", type=float, default=10.0, metavar="P",
-                   help="stable when the last 3 windows' max/min throughput and latency are at most 1 + P/100")
+                   help="stable when the last 3 windows' max/min throughput and latency are at most "
+                        "1 + P/100")
     p.add_argument("-r", "--max-trials", type=int, default=10, metavar="N",
                    help="at most this many windows per step before giving up as unstable")
     p.add_argument("--percentile", type=int, default=0, metavar="P",
@@ -116,7 +119,8 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
     tune.add_argument("--concurrency", type=int, default=0, metavar="N",
                       help="closed-loop load during each measurement (default: 2 x max_batch_size)")
     _add_load_flags(tune, sweep=False)
-    tune.add_argument("-f", "--curve-file", dest="csv", type=Path, metavar="OUT.csv", help="write the curve as CSV")
+    tune.add_argument("-f", "--curve-file", dest="csv", type=Path, metavar="OUT.csv",
+                      help="write the curve as CSV")
     tune.add_argument("--metrics-url", metavar="HOST:PORT",
                       help="hubserve's Prometheus port: count end-of-window flushes exactly from "
                            "hubserve_batch_dispatch_total (default: estimate them from batch sizes)")
@@ -124,7 +128,8 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "hubserve perf") -> int:
-    """Run `hubserve perf ARGV` (or its tune-window); returns the exit code. `argv` excludes the word `perf`."""
+    """Run `hubserve perf ARGV` (or its tune-window); returns the exit code. `argv` excludes the word
+    `perf`."""
     from .workers import run_loop
 
     args = build_parser(prog).parse_args(argv)

@@ -152,8 +152,8 @@ class HttpConnection(asyncio.Protocol):
         try:
             doc = orjson.loads(header)
         except orjson.JSONDecodeError:
-            raise PerfError(f"the server answered {status} with a header that is not JSON: {header[:200]!r}") \
-                from None
+            raise PerfError(f"the server answered {status} with a header that is not JSON: "
+                            f"{header[:200]!r}") from None
         if status != 200:
             raise PerfError(f"the server refused an inference request ({status}): {doc.get('error', doc)}")
         return sent - start, _now() - self._first_byte_ns
@@ -208,7 +208,8 @@ _GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_messag
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def grpc_request_bytes(model: str, version: str, inputs: RequestInputs, outputs: tuple[TensorSpec, ...]) -> bytes:
+def grpc_request_bytes(model: str, version: str, inputs: RequestInputs,
+                       outputs: tuple[TensorSpec, ...]) -> bytes:
     from engine.proto import grpc_service_pb2
 
     pb: Any = grpc_service_pb2  # generated classes: mypy cannot see them

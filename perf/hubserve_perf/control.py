@@ -176,7 +176,8 @@ class GrpcControl:
         return model_info_from(_to_dict(meta), _to_dict(config.config), version)
 
     async def stats(self, name: str, version: str) -> ServerStats:
-        answer = await self._call("ModelStatistics", self._pb.ModelStatisticsRequest(name=name, version=version))
+        request = self._pb.ModelStatisticsRequest(name=name, version=version)
+        answer = await self._call("ModelStatistics", request)
         return stats_from(_to_dict(answer))
 
     async def load(self, name: str, config: dict[str, Any] | None) -> None:

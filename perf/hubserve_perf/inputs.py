@@ -40,7 +40,8 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     except ValueError:
         shape = (-1,)
     if not sep or not name or any(d < 0 for d in shape):
-        raise PerfError(f"--shape expects NAME:d1,d2,... with non-negative dims, got '{text}'", ExitCode.USAGE)
+        raise PerfError(f"--shape expects NAME:d1,d2,... with non-negative dims, got '{text}'",
+                        ExitCode.USAGE)
     return name, shape
 
 
@@ -50,7 +51,8 @@ def build_requests(model: ModelInfo, batch_size: int, input_data: str,
     if batch_size < 1:
         raise PerfError(f"-b must be at least 1, got {batch_size}", ExitCode.USAGE)
     if not model.batching and batch_size > 1:
-        raise PerfError(f"model '{model.name}' does not batch (max_batch_size 0): -b must be 1", ExitCode.USAGE)
+        raise PerfError(f"model '{model.name}' does not batch (max_batch_size 0): -b must be 1",
+                        ExitCode.USAGE)
     if model.batching and batch_size > model.max_batch_size:
         raise PerfError(f"-b {batch_size} exceeds model '{model.name}' max_batch_size {model.max_batch_size}",
                         ExitCode.USAGE)
@@ -73,7 +75,9 @@ def _dims(model: ModelInfo, spec: TensorSpec, shapes: dict[str, tuple[int, ...]]
     declared = spec.shape[1:] if model.batching else spec.shape
     given = from_file if from_file is not None else shapes.get(spec.name)
     if given is not None:
-        if len(given) != len(declared) or any(d != -1 and d != g for d, g in zip(declared, given)):
+        fits = len(given) == len(declared) and all(
+            d == -1 or d == g for d, g in zip(declared, given, strict=True))
+        if not fits:
             raise PerfError(f"shape {list(given)} of input '{spec.name}' does not fit the model's "
                             f"{list(declared)}", ExitCode.USAGE)
         return given
@@ -119,7 +123,8 @@ def _read_data_file(path: Path, model: ModelInfo) -> list[dict[str, Any]]:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise PerfError(f"--input-data: no such file '{path}' (or use 'zero' or 'random')", ExitCode.USAGE) from None
+        raise PerfError(f"--input-data: no such file '{path}' (or use 'zero' or 'random')",
+                        ExitCode.USAGE) from None
     except ValueError as e:
         raise PerfError(f"--input-data '{path}' is not JSON: {e}", ExitCode.USAGE) from None
     entries = doc.get("data") if isinstance(doc, dict) else None
@@ -157,8 +162,9 @@ def _from_entry(model: ModelInfo, spec: TensorSpec, entry: dict[str, Any],
     if isinstance(raw, bytes):
         one = raw
         if datatype is not DataType.BYTES and len(one) != count * datatype.itemsize:
-            raise PerfError(f"--input-data: input '{spec.name}' b64 holds {len(one)} bytes, shape {list(dims)} "
-                            f"of {spec.datatype} needs {count * datatype.itemsize}", ExitCode.USAGE)
+            raise PerfError(f"--input-data: input '{spec.name}' b64 holds {len(one)} bytes, "
+                            f"shape {list(dims)} of {spec.datatype} needs {count * datatype.itemsize}",
+                            ExitCode.USAGE)
     else:
         flat = np.asarray(raw, dtype=object).reshape(-1)
         if len(flat) != count:

@@ -2,14 +2,15 @@
 
 Two shapes of load, as perf_analyzer's:
   concurrency   closed loop: N coroutines, each sends its next request as soon as its last one answered
-  request rate  open loop: requests leave on a schedule (constant spacing or Poisson arrivals) whatever the
-                server does. The scheduler wakes at most once a millisecond (the event loop's timer resolution)
-                and sends every request whose slot has come, so at high rates requests leave in small bursts
-                of up to 1 ms of slots; one that leaves more than LATE_NS after its slot counts as delayed
-                (the client could not keep up: add --workers)
+  request rate  open loop: requests leave on a schedule (constant spacing or Poisson arrivals) whatever
+                the server does. The scheduler wakes at most once a millisecond (the event loop's timer
+                resolution) and sends every request whose slot has come, so at high rates requests leave
+                in small bursts of up to 1 ms of slots; one that leaves more than LATE_NS after its slot
+                counts as delayed (the client could not keep up: add --workers)
 
 `LoadGenerator` is a `LoadSource`; so is `workers.ProcessLoad`, which runs one LoadGenerator per process.
-measure.py calls start() once per sweep step, drain() once per measurement window and stop() at the step's end.
+measure.py calls start() once per sweep step, drain() once per measurement window and stop() at the step's
+end.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from .types import Distribution, Drained, LoadPlan, PerfError, Records
 
 LATE_NS = 2_000_000  # an open-loop request leaving this late behind its slot is "delayed"
 MIN_SLEEP_S = 0.001  # uvloop's timers have millisecond resolution: a shorter sleep returns at once (a spin)
-MAX_OPEN_LOOP_IN_FLIGHT = 4096  # past this an open-loop request waits for one to finish (and counts as delayed)
+# past this an open-loop request waits for one to finish (and counts as delayed)
+MAX_OPEN_LOOP_IN_FLIGHT = 4096
 STOP_TIMEOUT_S = 30.0  # how long stop() waits for requests in flight
 
 
@@ -114,7 +116,7 @@ class LoadGenerator:
         start_ns = time.monotonic_ns()
         try:
             send_ns, recv_ns = await self._client.infer(self._wire())
-        except Exception as e:  # noqa: BLE001  # PerfError, or a bug: either way the measurement is void
+        except Exception as e:  # PerfError, or a bug: either way the measurement is void
             self._running = False
             if self._error is None:
                 self._error = e if isinstance(e, PerfError) else PerfError(f"a request failed: {e!r}")

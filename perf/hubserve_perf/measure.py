@@ -182,8 +182,8 @@ async def measure_step(source: LoadSource, control: ControlClient, model: str, v
             drained = await source.drain()
             records = Records.concat([carried, drained.records])
             inside = (records.end_ns > window_start) & (records.end_ns <= window_end)
-            window = Window(window_end - window_start, records.select(inside), after - before, drained.delayed,
-                            drained.cpu_ns)
+            window = Window(window_end - window_start, records.select(inside), after - before,
+                            drained.delayed, drained.cpu_ns)
             carried = records.select(records.end_ns > window_end)
             windows.append(window)
             stable = is_stable(windows, settings)

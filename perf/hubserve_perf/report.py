@@ -40,7 +40,8 @@ def csv_row(step: StepResult, settings: MeasureSettings) -> list[str]:
     send, recv, avg = _us(step.avg_send_ns), _us(step.avg_recv_ns), _us(step.avg_latency_ns)
     return [level, f"{step.throughput:g}", str(send), str(_us(step.network_ns)),
             str(_us(step.server_avg_ns(s.queue_ns))), str(_us(step.server_avg_ns(s.compute_input_ns))),
-            str(_us(step.server_avg_ns(s.compute_infer_ns))), str(_us(step.server_avg_ns(s.compute_output_ns))),
+            str(_us(step.server_avg_ns(s.compute_infer_ns))),
+            str(_us(step.server_avg_ns(s.compute_output_ns))),
             str(recv), *(str(_us(step.percentiles_ns[p])) for p in settings.percentiles),
             str(avg), str(send + recv), str(max(avg - send - recv, 0))]
 
@@ -65,7 +66,7 @@ def print_table(steps: list[StepResult], settings: MeasureSettings, out: TextIO 
                      "yes" if s.stable else "NO"])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)), file=out)
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)), file=out)
 
 
 def step_json(step: StepResult) -> dict[str, Any]:
@@ -86,7 +87,8 @@ def step_json(step: StepResult) -> dict[str, Any]:
         "network_server_send_recv_us": step.network_ns / 1e3,
         "delayed_requests": step.delayed,
         "client_cpu_cores": step.client_cpu_ns / step.duration_ns if step.duration_ns else 0.0,
-        "client_cpu_us_per_request": step.client_cpu_ns / 1e3 / step.request_count if step.request_count else 0.0,
+        "client_cpu_us_per_request": (step.client_cpu_ns / 1e3 / step.request_count
+                                      if step.request_count else 0.0),
         "server": {
             "request_count": s.success_count,
             "inference_count": s.inference_count,

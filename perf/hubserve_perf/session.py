@@ -40,10 +40,10 @@ class Session:
 
     def warn_if_delayed(self, step: StepResult) -> None:
         if step.plan.open_loop and step.delayed > 0.01 * max(step.request_count, 1):
-            self.progress(f"warning: {step.delayed} of {step.request_count} requests at {describe(step.plan)} "
-                          "left more than 2 ms behind schedule, so the rate offered was lower than asked: the "
-                          "client could not keep up (try --workers), or the server fell so far behind that "
-                          "4,096 requests were in flight")
+            self.progress(f"warning: {step.delayed} of {step.request_count} requests at "
+                          f"{describe(step.plan)} left more than 2 ms behind schedule, so the rate offered "
+                          "was lower than asked: the client could not keep up (try --workers), or the server "
+                          "fell so far behind that 4,096 requests were in flight")
 
     def warn_if_client_bound(self, step: StepResult) -> None:
         """A load process busy nearly all the time sets the pace itself: what it measured is partly its own
@@ -53,8 +53,9 @@ class Session:
         per_process = step.client_cpu_ns / step.duration_ns / max(self.workers, 1)
         if per_process >= CLIENT_BOUND_SHARE:
             hint = "more --workers" if self.workers < (os.cpu_count() or 1) else "a client machine of its own"
-            self.progress(f"warning: at {describe(step.plan)} each load process was busy {100 * per_process:.0f} % "
-                          f"of the time, so the client may have set the pace rather than the server: try {hint}")
+            self.progress(f"warning: at {describe(step.plan)} each load process was busy "
+                          f"{100 * per_process:.0f} % of the time, so the client may have set the pace "
+                          f"rather than the server: try {hint}")
 
     def describe(self) -> dict[str, Any]:
         a = self.args
@@ -80,8 +81,10 @@ async def open_session(args: argparse.Namespace, largest: LoadPlan) -> AsyncIter
         model = await ctl.model_info(args.model, args.version)
         extensions = await ctl.server_extensions()
         requests = build_requests(model, args.batch_size, args.input_data, shapes)
-        wires = client.encode_requests(protocol, host, port, args.model, args.version, requests, model.outputs)
-        settings = MeasureSettings(interval_ms=args.interval_ms, stability_percentage=args.stability_percentage,
+        wires = client.encode_requests(protocol, host, port, args.model, args.version, requests,
+                                       model.outputs)
+        settings = MeasureSettings(interval_ms=args.interval_ms,
+                                   stability_percentage=args.stability_percentage,
                                    max_trials=args.max_trials, percentile=args.percentile,
                                    batch_size=args.batch_size, server_stats="statistics" in extensions)
         workers = args.workers or default_workers(largest.concurrency, largest.request_rate, host)
@@ -90,7 +93,9 @@ async def open_session(args: argparse.Namespace, largest: LoadPlan) -> AsyncIter
         spec = WorkerSpec(protocol, host, port, wires, args.grpc_client, args.grpc_calls_per_connection)
         load: LoadSource
         if workers == 1:
-            load = LoadGenerator(client.connect(protocol, host, port, args.grpc_client, args.grpc_calls_per_connection), wires)
+            connection = client.connect(protocol, host, port, args.grpc_client,
+                                        args.grpc_calls_per_connection)
+            load = LoadGenerator(connection, wires)
         else:
             load = await ProcessLoad.open(spec, workers)
         session = Session(args, protocol, host, port, ctl, model, settings, load, workers)

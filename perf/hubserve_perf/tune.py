@@ -26,8 +26,9 @@ from .measure import StepResult, measure_step
 from .types import Distribution, ExitCode, LoadPlan, ModelInfo, PerfError
 
 READY_TIMEOUT_S = 120.0
-_DISPATCH_LINE = re.compile(r'^hubserve_batch_dispatch_total\{model="([^"]*)",version="[^"]*",reason="([^"]*)"\} (\d+)',
-                            re.MULTILINE)
+_DISPATCH_LINE = re.compile(
+    r'^hubserve_batch_dispatch_total\{model="([^"]*)",version="[^"]*",reason="([^"]*)"\} (\d+)',
+    re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +58,8 @@ def parse_windows(text: str) -> list[int]:
     except ValueError:
         windows = []
     if not windows or any(w < 0 for w in windows):
-        raise PerfError(f"--windows-us expects comma-separated non-negative integers, got '{text}'", ExitCode.USAGE)
+        raise PerfError(f"--windows-us expects comma-separated non-negative integers, got '{text}'",
+                        ExitCode.USAGE)
     return windows
 
 
@@ -77,7 +79,8 @@ def flushed(model: ModelInfo, step: StepResult) -> tuple[int, int]:
 
 
 async def dispatch_counts(metrics_url: str, model: str) -> dict[str, int]:
-    """hubserve's batches of `model` so far, by why they left the queue (full, preferred, window, immediate)."""
+    """hubserve's batches of `model` so far, by why they left the queue (full, preferred, window,
+    immediate)."""
     import aiohttp
 
     url = metrics_url if "://" in metrics_url else f"http://{metrics_url}/metrics"
@@ -119,7 +122,8 @@ async def run_tune(args: argparse.Namespace) -> int:
     async with open_session(args, provisional) as session:
         model = session.model
         if not model.batching:
-            raise PerfError(f"model '{model.name}' does not batch (max_batch_size 0): there is no window to tune",
+            raise PerfError(f"model '{model.name}' does not batch (max_batch_size 0): there is no window "
+                            "to tune",
                             ExitCode.USAGE)
         plan = tune_plan(args, model)
         original = model.config
@@ -154,7 +158,8 @@ async def run_tune(args: argparse.Namespace) -> int:
         report.write_json(args.json, {
             **session.describe(), "p95_budget_ms": args.p95_budget_ms,
             "recommended_window_us": best.window_us if best else None,
-            "curve": [{"window_us": p.window_us, "avg_batch_size": p.avg_batch, "flushed_batches": p.flushed_batches,
+            "curve": [{"window_us": p.window_us, "avg_batch_size": p.avg_batch,
+                       "flushed_batches": p.flushed_batches,
                        "executions": p.executions, "flush_counted_from": p.flush_source,
                        **report.step_json(p.step)} for p in points]})
     if args.plot:
@@ -182,10 +187,12 @@ def print_curve(points: list[TunePoint], best: TunePoint | None, budget_ms: floa
     rows = [list(CURVE_COLUMNS), *_curve_rows(points, budget_ms)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(CURVE_COLUMNS))]
     for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     if points:
-        how = "counted from hubserve_batch_dispatch_total" if points[0].flush_source == "dispatch metric" else \
-            "estimated: batches below max_batch_size and no preferred size"
+        if points[0].flush_source == "dispatch metric":
+            how = "counted from hubserve_batch_dispatch_total"
+        else:
+            how = "estimated: batches below max_batch_size and no preferred size"
         print(f"flushed_pct: share of batches that left because the window ran out ({how})")
     if best is None:
         print(f"no window meets the p95 budget of {budget_ms:g} ms")
@@ -200,7 +207,8 @@ def write_curve_csv(path: Any, points: list[TunePoint]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plot_curve(path: Any, points: list[TunePoint], best: TunePoint | None, budget_ms: float, model: str) -> None:
+def plot_curve(path: Any, points: list[TunePoint], best: TunePoint | None, budget_ms: float,
+               model: str) -> None:
     from .report import _pyplot
 
     plt = _pyplot()

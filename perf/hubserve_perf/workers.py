@@ -12,6 +12,7 @@ The parent talks to each worker over a pipe: ("start", LoadPlan) | ("drain", Non
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import os
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ class ProcessLoad:
         return load
 
     async def _all(self, commands: list[tuple[str, Any]]) -> list[Any]:
-        for conn, command in zip(self._conns, commands):
+        for conn, command in zip(self._conns, commands, strict=True):
             conn.send(command)
         return list(await asyncio.gather(*(_reply(c, REPLY_TIMEOUT_S) for c in self._conns)))
 
@@ -98,10 +99,8 @@ class ProcessLoad:
 
     async def close(self) -> None:
         for conn in self._conns:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(("close", None))
-            except OSError:
-                pass
         loop = asyncio.get_running_loop()
         for proc in self._processes:
             await loop.run_in_executor(None, proc.join, 10)
@@ -164,7 +163,8 @@ async def _serve(conn: Connection, spec: WorkerSpec) -> None:
             elif command == "drain":
                 drained = await generator.drain()
                 r = drained.records
-                conn.send(("ok", ((r.start_ns, r.end_ns, r.send_ns, r.recv_ns), drained.delayed, drained.cpu_ns)))
+                timing = (r.start_ns, r.end_ns, r.send_ns, r.recv_ns)
+                conn.send(("ok", (timing, drained.delayed, drained.cpu_ns)))
             elif command == "stop":
                 await generator.stop()
                 conn.send(("ok", None))

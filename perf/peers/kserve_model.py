@@ -3,8 +3,9 @@
 One `kserve.Model` per model folder of `.peers/kserve_repo` (written by `repos.py`), all served by one
 `kserve.ModelServer` speaking the v2 protocol over HTTP (FastAPI/uvicorn, binary tensor extension) and gRPC:
 
-    .peers/kserve/bin/python perf/peers/kserve_model.py --repository .peers/kserve_repo --models simple,mlp,image \\
-        --http_port 8080 --grpc_port 8081 --enable_latency_logging false --configure_logging false
+    .peers/kserve/bin/python perf/peers/kserve_model.py --repository .peers/kserve_repo \\
+        --models simple,mlp,image --http_port 8080 --grpc_port 8081 --enable_latency_logging false \\
+        --configure_logging false
 
 Written the way KServe's custom-model docs do it: a synchronous `predict` that KServe calls on its event loop,
 one request at a time (KServe's python server has no server-side batcher). Session options are hubserve's CPU
@@ -52,7 +53,8 @@ class OnnxModel(Model):
         self.load()
 
     def load(self) -> bool:
-        self.session = ort.InferenceSession(str(self.onnx_path), session_options(), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(self.onnx_path), session_options(),
+                                            providers=["CPUExecutionProvider"])
         self.ready = True
         return self.ready
 
@@ -67,11 +69,11 @@ class OnnxModel(Model):
         results: list[np.ndarray] = self.session.run(self.output_names, feed)
         outputs = [
             InferOutput(name, list(array.shape), self.output_types[name], data=array)
-            for name, array in zip(self.output_names, results)
+            for name, array in zip(self.output_names, results, strict=True)
         ]
-        # gRPC answers with raw_output_contents whenever the data is an array; over REST each requested output's
-        # `binary_data` decides. (Passing use_binary_outputs=True as well trips a KServe 0.21 bug in to_grpc:
-        # `if ... infer_output.data` on an array raises "truth value of an array is ambiguous".)
+        # gRPC answers with raw_output_contents whenever the data is an array; over REST each requested
+        # output's `binary_data` decides. (Passing use_binary_outputs=True as well trips a KServe 0.21 bug in
+        # to_grpc: `if ... infer_output.data` on an array raises "truth value of an array is ambiguous".)
         return InferResponse(payload.id, self.name, outputs, requested_outputs=payload.request_outputs)
 
 
@@ -87,7 +89,8 @@ def add_benchmark_endpoints(configs: ModelConfigs) -> None:
     """Before ModelServer starts: Triton's config endpoint on both protocols, and loopback-only listeners."""
     model_server.app.add_route(REST_PATH, configs.rest_endpoint, methods=["GET"])
     model_server.RESTServer = LoopbackRESTServer
-    add_servicer = configs.wrap_add_servicer(grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server)
+    add_servicer = configs.wrap_add_servicer(
+        grpc_predict_v2_pb2_grpc.add_GRPCInferenceServiceServicer_to_server)
 
     def add_servicer_on_loopback(servicer: Any, server: Any) -> None:
         add_servicer(servicer, server)

@@ -1,12 +1,12 @@
 """Seldon MLServer custom runtime running ONNX Runtime, and its launcher, for the side-by-side benchmark.
 
-The repository `.peers/mlserver_repo` (written by `repos.py`) is an ordinary MLServer repository: `settings.json`
-(debug off, one inference worker process) and one folder per model with `model-settings.json` naming
-`mlserver_runtime.OnnxRuntimeModel`, adaptive batching on (`max_batch_size`, `max_batch_time` from hubserve's
-config). Start it with the launcher below, which does what `mlserver start <repo>` does plus two things for
-the benchmark, neither on the inference path: the listeners' host and ports come from the command line
-(127.0.0.1 only), and Triton's model-configuration endpoint, which perf_analyzer needs before it starts, is
-added to the REST app and the gRPC server (see `triton_config_shim.py`):
+The repository `.peers/mlserver_repo` (written by `repos.py`) is an ordinary MLServer repository:
+`settings.json` (debug off, one inference worker process) and one folder per model with `model-settings.json`
+naming `mlserver_runtime.OnnxRuntimeModel`, adaptive batching on (`max_batch_size`, `max_batch_time` from
+hubserve's config). Start it with the launcher below, which does what `mlserver start <repo>` does plus two
+things for the benchmark, neither on the inference path: the listeners' host and ports come from the command
+line (127.0.0.1 only), and Triton's model-configuration endpoint, which perf_analyzer needs before it starts,
+is added to the REST app and the gRPC server (see `triton_config_shim.py`):
 
     .peers/mlserver/bin/python perf/peers/mlserver_runtime.py --repository .peers/mlserver_repo \\
         --http-port 8080 --grpc-port 8081 --metrics-port 8082
@@ -49,7 +49,8 @@ class OnnxRuntimeModel(MLModel):
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         feed = {tensor.name: NumpyCodec.decode_input(tensor) for tensor in payload.inputs}
         results: list[np.ndarray] = self._session.run(self._output_names, feed)
-        outputs = [NumpyCodec.encode_output(name, array) for name, array in zip(self._output_names, results)]
+        outputs = [NumpyCodec.encode_output(name, array)
+                   for name, array in zip(self._output_names, results, strict=True)]
         for output in outputs:
             # Triton's HTTP client (perf_analyzer) reads an output that carries `parameters` as binary and
             # fails without `binary_data_size`; MLServer's JSON outputs are plain data.
@@ -83,7 +84,8 @@ async def _serve(args: argparse.Namespace) -> None:
 
     settings, models = await load_settings(str(args.repository))
     settings.host = "127.0.0.1"
-    settings.http_port, settings.grpc_port, settings.metrics_port = args.http_port, args.grpc_port, args.metrics_port
+    settings.http_port, settings.grpc_port = args.http_port, args.grpc_port
+    settings.metrics_port = args.metrics_port
     # MLServer's defaults put these under the working directory; keep them inside the (ignored) repository.
     settings.metrics_dir = str(args.repository.resolve() / ".metrics")
     settings.environments_dir = str(args.repository.resolve() / ".envs")
@@ -92,7 +94,8 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repository", type=Path, required=True)
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--grpc-port", type=int, required=True)

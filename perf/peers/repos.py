@@ -11,12 +11,12 @@ Called by the setup scripts and again by `bench_peers.py` before every run, so t
 `model_repository/`. Writes only under `.peers/` (gitignored). Every peer repository holds a copy of the same
 `model.onnx` hubserve serves.
 
-- Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count) and
-  `<model>/1/{model.py,model.onnx,site-packages.txt}`.
+- Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count)
+  and `<model>/1/{model.py,model.onnx,site-packages.txt}`.
 - KServe: `<model>/{model.onnx,spec.json}`; `spec.json` is read by `kserve_model.py`.
 - MLServer: `settings.json`, `<model>/{model.onnx,model-settings.json,spec.json}`; adaptive batching gets
-  `max_batch_size` and `max_batch_time` = hubserve's `max_queue_delay_microseconds` (MLServer only batches when
-  that time is > 0, so a zero delay becomes `MLSERVER_MIN_BATCH_TIME_S`).
+  `max_batch_size` and `max_batch_time` = hubserve's `max_queue_delay_microseconds` (MLServer only batches
+  when that time is > 0, so a zero delay becomes `MLSERVER_MIN_BATCH_TIME_S`).
 
 `spec.json` also carries the model config that perf_analyzer reads before it starts (KServe and MLServer have
 no model-config endpoint; `triton_config_shim.py` serves this one), described as the peer really runs it.
@@ -71,7 +71,8 @@ class ServedModel:
 
 
 def served_model(repository: Path, name: str) -> ServedModel:
-    """Parse → auto-complete → validate, the steps hubserve's repository takes for one model (latest version)."""
+    """Parse → auto-complete → validate, the steps hubserve's repository takes for one model (latest
+    version)."""
     model_dir = repository / name
     where = f"model '{name}'"
     msg = read_config_proto(model_dir)
@@ -79,7 +80,8 @@ def served_model(repository: Path, name: str) -> ServedModel:
     msg.backend = msg.backend or backend
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     if not versions:
-        raise SystemExit(f"{model_dir}: no version folder; run `.venv/bin/python -m engine.examples {repository}`")
+        raise SystemExit(f"{model_dir}: no version folder; "
+                         f"run `.venv/bin/python -m engine.examples {repository}`")
     path = model_dir / str(versions[-1]) / (msg.default_model_filename or default_filename(backend))
     if not path.is_file():
         raise SystemExit(f"{path} is missing; run `.venv/bin/python -m engine.examples {repository}`")
@@ -109,7 +111,8 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
 
 
 def _remove_stale(dst: Path, models: list[ServedModel], marker: str) -> None:
-    """Drop model folders this script wrote earlier for models no longer asked for (a server loads them all)."""
+    """Drop model folders this script wrote earlier for models no longer asked for (a server loads them
+    all)."""
     keep = {m.name for m in models}
     for folder in dst.glob("*/"):
         if folder.name not in keep and (folder / marker).exists():
@@ -156,7 +159,8 @@ def write_kserve_repo(models: list[ServedModel], dst: Path) -> None:
     for model in models:
         _copy_if_changed(model.onnx_path, dst / model.name / "model.onnx")
         # KServe's python model server has no server-side batcher: each request runs alone.
-        (dst / model.name / "spec.json").write_text(json.dumps(_spec(model, "kserve", batching=False), indent=1))
+        spec = _spec(model, "kserve", batching=False)
+        (dst / model.name / "spec.json").write_text(json.dumps(spec, indent=1))
 
 
 def write_mlserver_repo(models: list[ServedModel], dst: Path) -> None:
@@ -184,7 +188,8 @@ def write_mlserver_repo(models: list[ServedModel], dst: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("peer", choices=("triton", "kserve", "mlserver"))
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")

@@ -1,9 +1,9 @@
 """The four servers of the side-by-side benchmark: how each is started, watched, counted and stopped.
 
 Used by `perf/bench_peers.py` (hubserve's venv). Every server listens on 127.0.0.1 only, on free ports picked
-here; it is started in its own process (its own session, so a signal meant for the benchmark does not reach it)
-and stopped by its own PID, then any of its descendants that outlive it by their PIDs. Nothing here looks up
-processes by name: other engineers run servers on this machine.
+here; it is started in its own process (its own session, so a signal meant for the benchmark does not reach
+it) and stopped by its own PID, then any of its descendants that outlive it by their PIDs. Nothing here looks
+up processes by name: other engineers run servers on this machine.
 
 Server CPU is utime+stime of the server process and all its descendants (Triton's Python-backend stubs,
 MLServer's inference worker) plus what they collected from exited children, read from /proc/<pid>/stat.
@@ -11,6 +11,7 @@ MLServer's inference worker) plus what they collected from exited children, read
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -74,7 +75,8 @@ def count_executions(ports: Ports, model: str) -> int:
 
 
 def _prometheus_sum(url: str, metric: str, label: str, model: str) -> int:
-    pattern = re.compile(rf'^{metric}\{{[^}}]*\b{label}="{re.escape(model)}"[^}}]*\}} ([0-9.e+]+)$', re.MULTILINE)
+    pattern = re.compile(rf'^{metric}\{{[^}}]*\b{label}="{re.escape(model)}"[^}}]*\}} ([0-9.e+]+)$',
+                         re.MULTILINE)
     return int(sum(float(v) for v in pattern.findall(_get(url).decode())))
 
 
@@ -182,14 +184,14 @@ class RunningServer:
             time.sleep(0.1)
         for pid, started in children.items():
             if started is not None and _start_time(pid) == started:  # the same process, not a reused PID
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
 
-def start(kind: ServerKind, models: list[str], log_dir: Path, ready_timeout_s: float = 180.0) -> RunningServer:
-    """Start a server and return once it and every model in `models` answer ready; raise RuntimeError if not."""
+def start(kind: ServerKind, models: list[str], log_dir: Path,
+          ready_timeout_s: float = 180.0) -> RunningServer:
+    """Start a server and return once it and every model in `models` answer ready; raise RuntimeError if
+    not."""
     ports = Ports(free_port(), free_port(), free_port())
     command = kind.command(ports, models)
     log_path = log_dir / f"{kind.name}.log"
@@ -235,7 +237,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name: [0] state, [1] ppid, [11] utime, ... (man 5 proc)."""
+    """Fields of /proc/<pid>/stat after the command name: [0] state, [1] ppid, [11] utime, ...
+    (man 5 proc)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

@@ -41,7 +41,8 @@ class ModelConfigs:
         name = request.path_params["model_name"]
         body = self._json.get(name)
         if body is None:
-            return Response(json.dumps({"error": f"unknown model '{name}'"}), 404, media_type="application/json")
+            return Response(json.dumps({"error": f"unknown model '{name}'"}), 404,
+                            media_type="application/json")
         return Response(body, media_type="application/json")
 
     def grpc_handler(self) -> grpc.GenericRpcHandler:
@@ -49,7 +50,8 @@ class ModelConfigs:
         return _ModelConfigHandler(self._grpc)
 
     def wrap_add_servicer(self, add_servicer: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-        """Wrap a generated `add_GRPCInferenceServiceServicer_to_server` to add our handler to the same server."""
+        """Wrap a generated `add_GRPCInferenceServiceServicer_to_server` to add our handler to the same
+        server."""
 
         def add(servicer: Any, server: Any) -> None:
             add_servicer(servicer, server)

@@ -20,9 +20,9 @@ from pathlib import Path
 # venv's site-packages, written next to this file by the repository generator, goes first on sys.path.
 sys.path.insert(0, (Path(__file__).resolve().parent / "site-packages.txt").read_text().strip())
 
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import triton_python_backend_utils as pb_utils  # noqa: E402
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
@@ -43,10 +43,11 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         """One call per batch Triton formed; returns one response per request, in order."""
         per_request = [
-            [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.input_names] for r in requests
+            [pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in self.input_names]
+            for r in requests
         ]
         if len(per_request) == 1:
-            feed = dict(zip(self.input_names, per_request[0]))
+            feed = dict(zip(self.input_names, per_request[0], strict=True))
         else:
             feed = {
                 name: np.concatenate([arrays[i] for arrays in per_request])
@@ -57,7 +58,8 @@ class TritonPythonModel:
         start = 0
         for arrays in per_request:
             end = start + arrays[0].shape[0]
-            tensors = [pb_utils.Tensor(name, out[start:end]) for name, out in zip(self.output_names, results)]
+            tensors = [pb_utils.Tensor(name, out[start:end])
+                       for name, out in zip(self.output_names, results, strict=True)]
             responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
             start = end
         return responses
