@@ -9,7 +9,7 @@ thread. Pure bookkeeping: it never waits, and tells its listeners (the pools) wh
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from .config_types import RateLimiterResource
 
