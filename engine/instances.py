@@ -87,7 +87,7 @@ class InstancePool:
             created = await asyncio.gather(
                 *(loop.run_in_executor(i.executor, make, i) for i in self._instances), return_exceptions=True
             )
-            for instance, result in zip(self._instances, created):
+            for instance, result in zip(self._instances, created, strict=True):
                 if isinstance(result, BaseException):
                     raise result
                 instance.backend = result

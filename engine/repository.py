@@ -175,7 +175,7 @@ class ModelRepository(RoutingTable):
         results = await asyncio.gather(
             *(self._load_version(config, model_dir, v, base) for v in to_load), return_exceptions=True
         )
-        for version, result in zip(to_load, results):
+        for version, result in zip(to_load, results, strict=True):
             if isinstance(result, Model):
                 new[version] = result
                 log.info("model %s version %d READY", name, version)

@@ -134,7 +134,7 @@ def test_requests_of_batch_size_above_one_merge_and_split_back_exactly() -> None
             assert model.stats.execution_count == 1
             assert model.stats.inference_count == 6
             assert list(model.stats.batches) == [6]
-            for (a, b), response in zip(inputs, responses):
+            for (a, b), response in zip(inputs, responses, strict=True):
                 if response.id == "1":
                     assert [t.name for t in response.outputs] == ["OUTPUT1"]
                 else:

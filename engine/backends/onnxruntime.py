@@ -64,7 +64,8 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
             try:
                 setattr(opts, attr, int(params[key]))
             except ValueError:
-                raise invalid(f"model '{config.name}': parameter {key} must be an integer, got {params[key]!r}")
+                message = f"model '{config.name}': parameter {key} must be an integer, got {params[key]!r}"
+                raise invalid(message) from None
     opts.log_severity_level = 3
     return opts
 
@@ -150,7 +151,7 @@ class OnnxRuntimeBackend:
             for name in self._bytes_inputs & feed.keys():
                 feed[name] = _bytes_to_str(name, feed[name])
         results = self._session.run(output_names, feed)
-        out = dict(zip(output_names, results))
+        out = dict(zip(output_names, results, strict=True))
         for name in self._bytes_outputs & out.keys():
             out[name] = _str_to_bytes(out[name])
         return out
@@ -169,7 +170,7 @@ class OnnxRuntimeBackend:
                 feed[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
         results = self._session.run_with_ort_values(output_names, feed)
         out = {}
-        for name, value in zip(output_names, results):
+        for name, value in zip(output_names, results, strict=True):
             if name in self._bf16_outputs:
                 out[name] = _bf16_bits(value)
             else:
@@ -198,8 +199,10 @@ def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:
         if isinstance(item, bytes):
             try:
                 flat_out[i] = item.decode("utf-8")
-            except UnicodeDecodeError:
-                raise invalid(f"input '{name}' element {i} is not valid UTF-8, which ONNX string tensors need")
+            except UnicodeDecodeError as e:
+                raise invalid(
+                    f"input '{name}' element {i} is not valid UTF-8, which ONNX string tensors need"
+                ) from e
         else:
             flat_out[i] = str(item)
     return out
