@@ -188,7 +188,7 @@ def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
     shape = tuple(value.shape())
     count = int(np.prod(shape)) if shape else 1
     buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
-    return np.frombuffer(buffer, dtype=np.uint16, count=count).reshape(shape).copy()
+    return np.frombuffer(memoryview(buffer), dtype=np.uint16, count=count).reshape(shape).copy()
 
 
 def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:
