@@ -98,7 +98,9 @@ def describe_onnx(model_path: Path, model_name: str = "") -> ModelIO:
         session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own exception types for corrupt files
         raise invalid(f"cannot read ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
-    io = ModelIO(tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs()))
+    inputs = tuple(_spec(a) for a in session.get_inputs())
+    outputs = tuple(_spec(a) for a in session.get_outputs())
+    io = ModelIO(inputs, outputs)
     del session
     return io
 
@@ -115,7 +117,8 @@ class OnnxRuntimeBackend:
             shown = shown_path(model_path, config.name)
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
-        # On the CPU provider, execution time is CPU time, so a short run may execute inline (inline_policy.py).
+        # On the CPU provider, execution time is CPU time, so a short run may execute inline
+        # (inline_policy.py).
         self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}
@@ -138,8 +141,8 @@ class OnnxRuntimeBackend:
                     )
                 if model_spec.datatype is not spec.datatype:
                     raise invalid(
-                        f"model '{config.name}': config {kind} '{spec.name}' is {spec.datatype.value} but the "
-                        f"model has {model_spec.datatype.value}"
+                        f"model '{config.name}': config {kind} '{spec.name}' is {spec.datatype.value} "
+                        f"but the model has {model_spec.datatype.value}"
                     )
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
@@ -156,7 +159,9 @@ class OnnxRuntimeBackend:
             out[name] = _str_to_bytes(out[name])
         return out
 
-    def _execute_ort_values(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+    def _execute_ort_values(
+        self, inputs: dict[str, np.ndarray], output_names: list[str]
+    ) -> dict[str, np.ndarray]:
         """BF16 has no numpy dtype: its raw bits travel as uint16 and enter ORT as typed OrtValues."""
         feed = {}
         for name, arr in inputs.items():
