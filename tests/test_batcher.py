@@ -520,7 +520,8 @@ def test_a_backend_that_blocks_inline_goes_back_to_its_thread() -> None:
     loop waits is a strike: the backend goes back to its thread at once, and stays there while its average
     says so. (A run merely preempted for as long is no strike; that cannot be staged deterministically.)"""
     async def main() -> None:
-        model = await started(model_config("", cpu_bound="true", execute_delay_ms=3, execute_delay_from_run=2))
+        config = model_config("", cpu_bound="true", execute_delay_ms=3, execute_delay_from_run=2)
+        model = await started(config)
         try:
             for i in range(5):
                 await bounded(model.submit(request(model, data(i))))
