@@ -6,8 +6,8 @@ separate functions so each can be tested alone:
 
 1. `read_config_proto(model_dir)`  — file → `model_config_pb2.ModelConfig` (syntax errors name file and line);
 2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
-3. `validate(proto)`               — check every field a user can get wrong, then build the frozen `ModelConfig`
-                                      (engine/config_types.py).
+3. `validate(proto)`               — check every field a user can get wrong, then build the frozen
+                                      `ModelConfig` (engine/config_types.py).
 
 The completed proto is kept (as bytes) only to answer the protocol's model-config requests (in Triton's JSON
 form: engine/config_json.py).
@@ -140,7 +140,8 @@ def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> No
         if msg.max_batch_size == 0 and not msg.input and not msg.output:
             every = list(io.inputs) + list(io.outputs)
             # Batch only when every tensor has a dim besides the leading -1: a tensor that is nothing but the
-            # batch dim (e.g. a 1-D string list) would be left with no dims, so such a model is served unbatched.
+            # batch dim (e.g. a 1-D string list) would be left with no dims, so such a model is served
+            # unbatched.
             if every and all(len(spec.dims) > 1 and spec.dims[0] == -1 for spec in every):
                 msg.max_batch_size = DEFAULT_MAX_BATCH_SIZE
                 if msg.WhichOneof("scheduling_choice") is None:
@@ -189,7 +190,8 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
     name = msg.name
     backend = backend_of(msg, where)
     if not backend:
-        raise invalid(f"{where}: no backend: set `backend: \"onnxruntime\"` or `platform: \"onnxruntime_onnx\"`")
+        raise invalid(f"{where}: no backend: set `backend: \"onnxruntime\"` "
+                      "or `platform: \"onnxruntime_onnx\"`")
     if backend not in BACKENDS:
         raise invalid(f"{where}: backend '{backend}' is not supported; use one of {', '.join(BACKENDS)}")
     if msg.max_batch_size < 0:
@@ -214,17 +216,19 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
                       "supported yet; remove it to serve one response per request")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
 
-    target = msg.parameters["p95_latency_target_ms"].string_value if "p95_latency_target_ms" in msg.parameters \
-        else None
+    has_target = "p95_latency_target_ms" in msg.parameters  # indexing a proto map would add the key
+    target = msg.parameters["p95_latency_target_ms"].string_value if has_target else None
     if target is not None:
         try:
             ok = float(target) > 0
         except ValueError:
             ok = False
         if not ok:
-            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, got {target!r}")
+            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, "
+                          f"got {target!r}")
         if batching is None:
-            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; add dynamic_batching")
+            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; "
+                          "add dynamic_batching")
     groups = tuple(_instance_group(g, where) for g in msg.instance_group)
     policy = version_policy_of(msg)
     filename = msg.default_model_filename or default_filename(backend)
@@ -306,7 +310,8 @@ def _dynamic_batching(msg: pb.ModelConfig, where: str) -> DynamicBatchingConfig:
     for size in db.preferred_batch_size:
         if size <= 0 or size > msg.max_batch_size:
             raise invalid(
-                f"{where}: preferred_batch_size {size} must be between 1 and max_batch_size ({msg.max_batch_size})"
+                f"{where}: preferred_batch_size {size} must be between 1 and "
+                f"max_batch_size ({msg.max_batch_size})"
             )
     if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
         raise invalid(
@@ -315,7 +320,8 @@ def _dynamic_batching(msg: pb.ModelConfig, where: str) -> DynamicBatchingConfig:
         )
     for level in db.priority_queue_policy:
         if not 1 <= level <= db.priority_levels:
-            raise invalid(f"{where}: priority_queue_policy names level {level}, outside 1..{db.priority_levels}")
+            raise invalid(f"{where}: priority_queue_policy names level {level}, "
+                          f"outside 1..{db.priority_levels}")
     return DynamicBatchingConfig(
         preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
         max_queue_delay_us=db.max_queue_delay_microseconds,
@@ -332,7 +338,8 @@ def _instance_group(g: Any, where: str) -> InstanceGroupConfig:
         raise invalid(f"{where}: instance_group '{g.name}' count must be >= 1, got {g.count}")
     kind = InstanceKind(pb.ModelInstanceGroup.Kind.Name(g.kind))
     if kind is InstanceKind.MODEL:
-        raise invalid(f"{where}: instance_group '{g.name}' kind KIND_MODEL is not supported; use KIND_CPU or KIND_GPU")
+        raise invalid(f"{where}: instance_group '{g.name}' kind KIND_MODEL is not supported; "
+                      "use KIND_CPU or KIND_GPU")
     if kind is InstanceKind.CPU and g.gpus:
         raise invalid(f"{where}: instance_group '{g.name}' is KIND_CPU but lists gpus")
     resources = tuple(

@@ -41,7 +41,7 @@ def _ints_to_numbers(msg: Any, out: dict[str, Any]) -> None:
             continue
         if fd.message_type is not None:
             if fd.is_repeated:
-                for sub_msg, sub_out in zip(value, out[fd.name]):
+                for sub_msg, sub_out in zip(value, out[fd.name], strict=True):
                     _ints_to_numbers(sub_msg, sub_out)
             else:
                 _ints_to_numbers(value, out[fd.name])

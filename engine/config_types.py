@@ -8,8 +8,9 @@ completed proto is kept (as bytes) only to answer the protocol's model-config re
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .config_json import message_to_json
 from .proto import model_config_pb2 as pb

@@ -16,10 +16,11 @@ import asyncio
 import resource
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,8 @@ class InstancePool:
         self._model_path = model_path
         self._limiter = limiter
         self._instances = [
-            Instance(p, ThreadPoolExecutor(1, thread_name_prefix=f"{config.name}.{p.name}")) for p in placements
+            Instance(p, ThreadPoolExecutor(1, thread_name_prefix=f"{config.name}.{p.name}"))
+            for p in placements
         ]
         self._free: deque[Instance] = deque(self._instances)
         self.on_release: Callable[[], None] = lambda: None
@@ -86,7 +88,7 @@ class InstancePool:
             created = await asyncio.gather(
                 *(loop.run_in_executor(i.executor, make, i) for i in self._instances), return_exceptions=True
             )
-            for instance, result in zip(self._instances, created):
+            for instance, result in zip(self._instances, created, strict=True):
                 if isinstance(result, BaseException):
                     raise result
                 instance.backend = result
@@ -113,7 +115,8 @@ class InstancePool:
         instance.busy = False
         self._free.append(instance)
         if self._limiter.limiting:
-            self._limiter.release(instance.placement.resources)  # offers the slot to every pool, ours included
+            # Offers the slot to every pool, ours included.
+            self._limiter.release(instance.placement.resources)
         else:
             self._limiter.release_quietly()
             self.on_release()
@@ -154,7 +157,8 @@ class InstancePool:
         only while the version is LOADING, before any request can reach the pool, so it takes no slots."""
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(
-            *(loop.run_in_executor(i.executor, i.backend.execute, inputs, output_names) for i in self._instances),
+            *(loop.run_in_executor(i.executor, i.backend.execute, inputs, output_names)
+              for i in self._instances),
             return_exceptions=True,
         )
         for result in results:

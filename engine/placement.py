@@ -39,8 +39,8 @@ def place(config: ModelConfig, gpus: tuple[int, ...]) -> list[Placement]:
                                   "but none is visible; use kind KIND_CPU")
             missing = [g for g in wanted if g not in gpus]
             if missing:
-                raise unavailable(f"model '{config.name}': instance group '{group.name}' names GPU {missing[0]}, "
-                                  f"but the visible GPUs are {list(gpus) or 'none'}")
+                raise unavailable(f"model '{config.name}': instance group '{group.name}' names "
+                                  f"GPU {missing[0]}, but the visible GPUs are {list(gpus) or 'none'}")
             devices = [Device("gpu", g) for g in wanted for _ in range(group.count)]
         for i, device in enumerate(devices):
             out.append(Placement(f"{group.name}_{i}", device, group.resources, group.priority))

@@ -4,11 +4,11 @@ folder fingerprints: engine/fingerprint.py.
 Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`.
 Loading runs off the event loop (model files are read and sessions built on worker threads). A reload builds
 the new or changed versions beside the serving ones (versions whose files and config did not change are kept)
-and switches routing in one step once they are READY, warm-up included; the old versions then drain, unload and
-give their memory back (engine/memory.py). A model that fails to load is UNAVAILABLE with the reason and never
-takes others down; a failed reload keeps what was serving. Called by the repository API (dataplane.py) and, in
-poll mode, by the watcher (watcher.py), which decides when a folder has settled; `ModelEntry.lock` serializes
-the loads and unloads of one model.
+and switches routing in one step once they are READY, warm-up included; the old versions then drain, unload
+and give their memory back (engine/memory.py). A model that fails to load is UNAVAILABLE with the reason and
+never takes others down; a failed reload keeps what was serving. Called by the repository API (dataplane.py)
+and, in poll mode, by the watcher (watcher.py), which decides when a folder has settled; `ModelEntry.lock`
+serializes the loads and unloads of one model.
 
 Only folders inside the repository are served. A model name is one folder name (engine/names.py; the data
 plane rejects other names from clients), and, independently of that check, a model folder, its config, version
@@ -82,8 +82,9 @@ class ModelRepository(RoutingTable):
         return set(self._on_disk()) | set(self._models)
 
     async def reconcile(self, name: str) -> None:
-        """Make a model match its folder: (re)load it when the folder exists, unload it when it is gone. Called
-        by the watcher once the folder has settled. Never raises: a failure is recorded on that model."""
+        """Make a model match its folder: (re)load it when the folder exists, unload it when it is gone.
+        Called by the watcher once the folder has settled. Never raises: a failure is recorded on that
+        model."""
         try:
             if self.folder_problem(name) is None and (self.root / name).is_dir():
                 await self.load(name)
@@ -112,13 +113,14 @@ class ModelRepository(RoutingTable):
             # to poll from model repository" (core model_repository_manager.cc), which its examples match on.
             failed = f"failed to load '{name}', failed to poll from model repository: "
             if config_json is None:
-                raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs the "
-                                                      "'config' parameter as well")
+                raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs "
+                                                      "the 'config' parameter as well")
             try:
                 override = await _write_override(name, files)
             except EngineError as e:
                 raise EngineError(ErrorCode.INTERNAL, failed + e.message) from None
-            except OSError as e:  # e.g. a name longer than the file system allows; no server path in the answer
+            except OSError as e:
+                # e.g. a name longer than the file system allows; no server path in the answer
                 raise EngineError(ErrorCode.INTERNAL, f"{failed}could not write the model files: {e.strerror}"
                                   ) from None
             try:
@@ -175,7 +177,7 @@ class ModelRepository(RoutingTable):
         results = await asyncio.gather(
             *(self._load_version(config, model_dir, v, base) for v in to_load), return_exceptions=True
         )
-        for version, result in zip(to_load, results):
+        for version, result in zip(to_load, results, strict=True):
             if isinstance(result, Model):
                 new[version] = result
                 log.info("model %s version %d READY", name, version)

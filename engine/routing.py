@@ -41,8 +41,8 @@ class IndexEntry:
 
 @dataclass(eq=False)
 class ModelEntry:
-    """Everything known about one model. `versions` holds the versions that serve traffic; `fingerprint` is the
-    repository folder as it was when the model was last loaded (None: no such folder), which the watcher
+    """Everything known about one model. `versions` holds the versions that serve traffic; `fingerprint` is
+    the repository folder as it was when the model was last loaded (None: no such folder), which the watcher
     compares with the disk; `version_keys` say what each serving version was built from, so a reload rebuilds
     only the versions whose files or config changed."""
 
@@ -64,7 +64,8 @@ def parse_version(version: str) -> int:
     if version.isascii() and version.isdigit():
         return int(version)
     if version.startswith("-") and version[1:].isascii() and version[1:].isdigit():
-        raise invalid(f"invalid model version specified '{version}' , version should be an integral value > 0")
+        raise invalid(f"invalid model version specified '{version}' , "
+                      "version should be an integral value > 0")
     raise invalid(f"failed to get model version from specified version string '{version}', "
                   "version should be an integral value > 0")
 
@@ -104,8 +105,8 @@ class RoutingTable:
                                       f"state: {entry.failed[number]}")
                 raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
             if model.state is not ModelState.READY:
-                raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready state "
-                                  f"({model.state.value.lower()})")
+                raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
+                                  f"state ({model.state.value.lower()})")
             return model
         ready = entry.ready_versions()
         if not ready:
@@ -125,9 +126,11 @@ class RoutingTable:
                                f"failed to load '{name}', failed to poll from model repository")
         if entry.error:
             return EngineError(ErrorCode.INTERNAL,
-                               f"failed to load '{name}', failed to poll from model repository: {entry.error}")
+                               f"failed to load '{name}', failed to poll from model repository: "
+                               f"{entry.error}")
         if entry.failed:
-            states = "".join(f"version {v} is at UNAVAILABLE state: {r};" for v, r in sorted(entry.failed.items()))
+            states = "".join(f"version {v} is at UNAVAILABLE state: {r};"
+                             for v, r in sorted(entry.failed.items()))
             return invalid(f"load failed for model '{name}': {states}")
         if not entry.ready_versions():
             return EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', no version is available")

@@ -2,10 +2,10 @@
 READY, so the first real request does not pay for lazy allocations, kernel selection or graph compilation.
 
 Called by `Model.start()` once the instances exist; a failure there leaves the version UNAVAILABLE with the
-reason, and the repository keeps the previous version serving. Each sample is built once (`build_samples`, on a
-worker thread: it may read files) and run `count` times on each instance through `InstancePool.warm_up`, which
-goes straight to the backends: as in Triton, warm-up is not queued behind requests and is not counted in the
-statistics extension or the metrics (those describe traffic). The log says what ran and how long it took.
+reason, and the repository keeps the previous version serving. Each sample is built once (`build_samples`, on
+a worker thread: it may read files) and run `count` times on each instance through `InstancePool.warm_up`,
+which goes straight to the backends: as in Triton, warm-up is not queued behind requests and is not counted in
+the statistics extension or the metrics (those describe traffic). The log says what ran and how long it took.
 
 Triton's rules are kept: `batch_size` (0 means 1) is the leading dimension of every input of a batching model
 and must be 1 for a model that does not batch; `dims` exclude the batch dimension and must be fixed;
@@ -75,8 +75,8 @@ def _input_data(config: ModelConfig, model_dir: Path, where: str, spec: WarmupIn
     if datatype is None:
         raise invalid(f"{where}: input '{name}' has no data_type")
     if datatype is not declared.datatype:
-        raise invalid(f"{where}: input '{name}' is {datatype.value} here but {declared.datatype.value} in the "
-                      "model config")
+        raise invalid(f"{where}: input '{name}' is {datatype.value} here but {declared.datatype.value} "
+                      "in the model config")
     dims = spec.dims
     if any(d < 0 for d in dims):
         raise invalid(f"{where}: input '{name}' dims {list(dims)} must be fixed (no -1)")

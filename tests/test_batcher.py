@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -133,7 +134,7 @@ def test_requests_of_batch_size_above_one_merge_and_split_back_exactly() -> None
             assert model.stats.execution_count == 1
             assert model.stats.inference_count == 6
             assert list(model.stats.batches) == [6]
-            for (a, b), response in zip(inputs, responses):
+            for (a, b), response in zip(inputs, responses, strict=True):
                 if response.id == "1":
                     assert [t.name for t in response.outputs] == ["OUTPUT1"]
                 else:
@@ -519,7 +520,8 @@ def test_a_backend_that_blocks_inline_goes_back_to_its_thread() -> None:
     loop waits is a strike: the backend goes back to its thread at once, and stays there while its average
     says so. (A run merely preempted for as long is no strike; that cannot be staged deterministically.)"""
     async def main() -> None:
-        model = await started(model_config("", cpu_bound="true", execute_delay_ms=3, execute_delay_from_run=2))
+        config = model_config("", cpu_bound="true", execute_delay_ms=3, execute_delay_from_run=2)
+        model = await started(config)
         try:
             for i in range(5):
                 await bounded(model.submit(request(model, data(i))))

@@ -83,7 +83,8 @@ def rows(client: httpclient.InferenceServerClient, name: str) -> list[tuple[str,
 def failure(client: httpclient.InferenceServerClient, name: str) -> str:
     """The reason `name` failed to load; "" while it has not (a folder not yet looked at is listed as
     UNAVAILABLE "not loaded", then LOADING)."""
-    found = [r for r in rows(client, name) if r[1] == "UNAVAILABLE" and r[2] not in ("not loaded", "unloaded")]
+    found = [r for r in rows(client, name)
+             if r[1] == "UNAVAILABLE" and r[2] not in ("not loaded", "unloaded")]
     return found[0][2] if len(found) == 1 else ""
 
 
@@ -124,14 +125,16 @@ def test_a_new_version_is_served_per_policy_and_the_old_one_retired(lifecycle, h
     drop(root, "versioned", {"2/model.onnx": SIMPLE}, staging)  # default policy: latest 1
     wait_until(lambda: http.is_model_ready("versioned", "2"), "'versioned' version 2 READY")
     wait_until(lambda: not http.is_model_ready("versioned", "1"), "'versioned' version 1 retired")
-    assert rows(http, "versioned") == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]  # as Triton lists
+    # As Triton lists them:
+    assert rows(http, "versioned") == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]
     assert infer_simple(http, httpclient, "versioned") == "2"
     with pytest.raises(InferenceServerException) as e:
         infer_simple(http, httpclient, "versioned", version="1")
     assert e.value.status() == "404"
 
     # A changed config reloads: now every version is served.
-    (root / "versioned" / "config.pbtxt").write_text(simple_config("versioned", "version_policy: { all { } }"))
+    every_version = simple_config("versioned", "version_policy: { all { } }")
+    (root / "versioned" / "config.pbtxt").write_text(every_version)
     wait_until(lambda: http.is_model_ready("versioned", "1"), "'versioned' version 1 back with policy all")
     assert [r[:2] for r in rows(http, "versioned")] == [("1", "READY"), ("2", "READY")]
     assert infer_simple(http, httpclient, "versioned", version="1") == "1"
@@ -180,8 +183,8 @@ def test_a_corrupt_file_is_unavailable_with_its_reason_then_fixed(lifecycle, htt
 
 
 def test_a_corrupt_version_beside_a_serving_one_is_listed_with_its_reason(lifecycle, http):
-    """The config names no inputs, so auto-complete reads the newest version's file: its failure belongs to that
-    version, listed UNAVAILABLE with the reason over both protocols while the older one serves."""
+    """The config names no inputs, so auto-complete reads the newest version's file: its failure belongs to
+    that version, listed UNAVAILABLE with the reason over both protocols while the older one serves."""
     root = lifecycle.repository
     drop(root, "beside", {"config.pbtxt": simple_config("beside", "version_policy: { all { } }"),
                           "1/model.onnx": SIMPLE}, lifecycle.staging)
@@ -262,7 +265,8 @@ def test_reload_under_continuous_load_fails_no_request(lifecycle, http):
     assert errors == [], errors[:5]
     assert seen == {"1", "2"} and len(done) >= 300
     wait_until(lambda: "model busy version 1 unloaded" in lifecycle.log()
-               and "model busy version 2 unloaded" in lifecycle.log(), "the replaced versions drained and unloaded")
+               and "model busy version 2 unloaded" in lifecycle.log(),
+               "the replaced versions drained and unloaded")
 
 
 def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable(lifecycle, http):
@@ -277,9 +281,9 @@ def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable
     only_zeros = zeros.split(" inputs { key: \"INPUT1\"")[0] + " }"
     drop(root, "warm_fails", {"config.pbtxt": identity_config("warm_fails", fail_on.format(0) + only_zeros),
                               "1/model.txt": ""}, staging)
+    sevens = np.full(16, 7, dtype=np.int32).tobytes()
     drop(root, "warm_file", {"config.pbtxt": identity_config("warm_file", fail_on.format(7) + from_file),
-                             "warmup/sevens.bin": np.full(16, 7, dtype=np.int32).tobytes(), "1/model.txt": ""},
-         staging)
+                             "warmup/sevens.bin": sevens, "1/model.txt": ""}, staging)
     wait_until(lambda: http.is_model_ready("warm"), "'warm' READY")
     assert "model warm version 1 warm-up 'zeros': 2 run(s) on 1 instance(s)" in lifecycle.log()
     # As in Triton, warm-up is not traffic: the statistics start from zero.
@@ -294,7 +298,8 @@ def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable
     assert not http.is_model_ready("warm_fails")
     for name in ("warm", "warm_fails", "warm_file"):
         shutil.rmtree(root / name)
-    wait_until(lambda: not any(rows(http, n) for n in ("warm", "warm_fails", "warm_file")), "warm-up models gone")
+    wait_until(lambda: not any(rows(http, n) for n in ("warm", "warm_fails", "warm_file")),
+               "warm-up models gone")
 
 
 @pytest.mark.parametrize("flags", [("--repository-poll-secs", "300"),
@@ -306,7 +311,8 @@ def test_each_mechanism_alone_picks_up_changes(tmp_path: Path, flags: tuple[str,
     srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "poll", *flags)
     try:
         with httpclient.InferenceServerClient(srv.http_url) as client:
-            drop(root, "m", {"config.pbtxt": simple_config("m"), "1/model.onnx": SIMPLE}, tmp_path / "staging")
+            drop(root, "m", {"config.pbtxt": simple_config("m"), "1/model.onnx": SIMPLE},
+                 tmp_path / "staging")
             wait_until(lambda: client.is_model_ready("m"), "'m' READY")
             assert infer_simple(client, httpclient, "m") == "1"
             shutil.rmtree(root / "m")
@@ -336,4 +342,5 @@ def test_api_loads_and_unloads_hold_until_the_folder_changes(lifecycle, http):
     wait_until(lambda: http.is_model_ready("override"), "'override' back once its folder changed")
     for name in ("override", "marker"):
         shutil.rmtree(root / name)
-    wait_until(lambda: not rows(http, "override") and not rows(http, "marker"), "'override' and 'marker' gone")
+    wait_until(lambda: not rows(http, "override") and not rows(http, "marker"),
+               "'override' and 'marker' gone")

@@ -4,7 +4,6 @@ execution providers a GPU instance would ask ONNX Runtime for."""
 from __future__ import annotations
 
 from conftest import config_from_pbtxt
-
 from engine.backends.onnxruntime import providers_for
 from engine.config_types import ModelConfig
 from engine.devices import CPU, Device

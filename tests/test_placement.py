@@ -4,8 +4,8 @@ discovered GPUs are passed in)."""
 from __future__ import annotations
 
 import pytest
-from conftest import config_from_pbtxt
 
+from conftest import config_from_pbtxt
 from engine.config_types import ModelConfig, RateLimiterResource
 from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode

@@ -3,7 +3,7 @@ synchronous tests; the pools that listen to it are exercised in tests/test_batch
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from engine.config_types import RateLimiterResource
 from engine.rate_limiter import RateLimiter

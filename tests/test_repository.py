@@ -22,8 +22,8 @@ CONFIG = ('backend: "identity"\nmax_batch_size: 4\nversion_policy: { all { } }\n
           'input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] }\n'
           'output { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] }\n')
 FAILING_WARMUP = ('parameters { key: "fail_on_value" value: { string_value: "0" } }\n'
-                  'model_warmup { name: "zeros" inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 2 ] '
-                  'zero_data: true } } }\n')
+                  'model_warmup { name: "zeros" inputs { key: "INPUT0" value: '
+                  '{ data_type: TYPE_INT32 dims: [ 2 ] zero_data: true } } }\n')
 
 
 def make_model(root: Path, name: str, versions: tuple[int, ...], config: str = CONFIG) -> Path:
@@ -87,8 +87,9 @@ def test_a_removed_version_is_retired(tmp_path: Path):
         (folder / "2").rmdir()
         await repo.load("m")
         assert sorted(serving(repo, "m")) == [1] and old.state is ModelState.UNLOADING
+        # Listed as Triton lists it:
         assert [(e.version, e.state, e.reason) for e in repo.index()] == \
-            [("1", ModelState.READY, ""), ("2", ModelState.UNAVAILABLE, "unloaded")]  # listed as Triton lists it
+            [("1", ModelState.READY, ""), ("2", ModelState.UNAVAILABLE, "unloaded")]
 
     run(test, tmp_path)
 

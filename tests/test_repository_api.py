@@ -267,7 +267,8 @@ def test_load_model_files_needs_a_config_and_paths_inside_the_folder(http, grpc_
     words = "failed to load 'from_files', failed to poll from model repository: "
     with pytest.raises(InferenceServerException) as e:
         http.load_model("from_files", files={"file:1/model.onnx": b"x"})
-    assert e.value.status() == "500" and e.value.message().startswith(words) and "'config'" in e.value.message()
+    message = e.value.message()
+    assert e.value.status() == "500" and message.startswith(words) and "'config'" in message
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("from_files", config=json.dumps(SIMPLE_OVERRIDE), files={"file:../x": b"x"})
     assert e.value.status() == "StatusCode.INTERNAL" and e.value.message().startswith(words)
@@ -289,7 +290,8 @@ def test_load_model_files_needs_a_config_and_paths_inside_the_folder(http, grpc_
 def test_load_of_a_loaded_model_picks_up_a_new_version_folder(http, explicit_server):
     folder = explicit_server.repository / "grows"
     (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.onnx").write_bytes((explicit_server.repository / "simple/1/model.onnx").read_bytes())
+    simple_onnx = (explicit_server.repository / "simple/1/model.onnx").read_bytes()
+    (folder / "1" / "model.onnx").write_bytes(simple_onnx)
     (folder / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
     http.load_model("grows")
     assert infer_named(http, httpclient, "grows") == "1"
@@ -297,8 +299,9 @@ def test_load_of_a_loaded_model_picks_up_a_new_version_folder(http, explicit_ser
     (folder / "2" / "model.onnx").write_bytes((folder / "1" / "model.onnx").read_bytes())
     http.load_model("grows")
     assert infer_named(http, httpclient, "grows") == "2"
-    assert [(r["version"], r["state"], r["reason"]) for r in http.get_model_repository_index()
-            if r["name"] == "grows"] == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]  # as Triton lists
+    grows = [(r["version"], r["state"], r["reason"]) for r in http.get_model_repository_index()
+             if r["name"] == "grows"]
+    assert grows == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]  # as Triton lists them
     http.unload_model("grows")
 
 
@@ -307,14 +310,18 @@ def index_rows(client, name: str) -> list[tuple[str, str, str]]:
     index = client.get_model_repository_index()
     rows = index if isinstance(index, list) else [
         {"name": m.name, "version": m.version, "state": m.state, "reason": m.reason} for m in index.models]
-    return [(r.get("version", ""), r.get("state", ""), r.get("reason", "")) for r in rows if r["name"] == name]
+    return [(r.get("version", ""), r.get("state", ""), r.get("reason", ""))
+            for r in rows if r["name"] == name]
 
 
-def test_a_failed_version_is_triton_worded_and_listed_beside_the_serving_one(http, grpc_client, explicit_server):
+def test_a_failed_version_is_triton_worded_and_listed_beside_the_serving_one(
+        http, grpc_client, explicit_server):
     folder = explicit_server.repository / "half_broken"
     (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.onnx").write_bytes((explicit_server.repository / "simple/1/model.onnx").read_bytes())
-    (folder / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\nversion_policy: { all { } }\n')
+    simple_onnx = (explicit_server.repository / "simple/1/model.onnx").read_bytes()
+    (folder / "1" / "model.onnx").write_bytes(simple_onnx)
+    (folder / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n'
+                                         'version_policy: { all { } }\n')
     http.load_model("half_broken")
     (folder / "2").mkdir()
     (folder / "2" / "model.onnx").write_bytes(b"not an onnx file")

@@ -1,4 +1,5 @@
-"""Warm-up samples from `model_warmup` (engine/warmup.py), and a version's start with warm-up (identity backend)."""
+"""Warm-up samples from `model_warmup` (engine/warmup.py), and a version's start with warm-up
+(identity backend)."""
 
 from __future__ import annotations
 
@@ -41,13 +42,15 @@ ZEROS = 'inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 4 ] zero_
 def test_zero_and_random_data_with_batch_and_count():
     text = sample(ZEROS, batch_size=3, count=2, name="zeros") + sample(
         'inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 4 ] random_data: true } } '
-        'inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] random_data: true } }', name="random")
+        'inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] random_data: true } }',
+        name="random")
     zeros, random = build_samples(config(text), Path("unused"))
     assert (zeros.name, zeros.count, list(zeros.inputs)) == ("zeros", 2, ["INPUT0"])
     assert zeros.inputs["INPUT0"].shape == (3, 4) and not zeros.inputs["INPUT0"].any()
     assert random.count == 1  # count 0 means once
     assert random.inputs["INPUT0"].shape == (1, 4) and random.inputs["INPUT0"].dtype == np.int32
-    assert random.inputs["TEXT"].shape == (1, 2) and all(isinstance(x, bytes) for x in random.inputs["TEXT"].flat)
+    texts = random.inputs["TEXT"]
+    assert texts.shape == (1, 2) and all(isinstance(x, bytes) for x in texts.flat)
 
 
 def test_input_data_file_is_read_from_the_warmup_folder(tmp_path: Path):
@@ -55,8 +58,10 @@ def test_input_data_file_is_read_from_the_warmup_folder(tmp_path: Path):
     np.arange(8, dtype=np.int32).tofile(tmp_path / "warmup" / "ints")
     strings = b"".join(len(s).to_bytes(4, "little") + s for s in (b"ab", b"", b"xyz", b"q"))
     (tmp_path / "warmup" / "text").write_bytes(strings)
-    text = sample('inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 4 ] input_data_file: "ints" } } '
-                  'inputs { key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] input_data_file: "text" } }',
+    text = sample('inputs { key: "INPUT0" value: '
+                  '{ data_type: TYPE_INT32 dims: [ 4 ] input_data_file: "ints" } } '
+                  'inputs { key: "TEXT" value: '
+                  '{ data_type: TYPE_STRING dims: [ 2 ] input_data_file: "text" } }',
                   batch_size=2)
     (only,) = build_samples(config(text), tmp_path)
     np.testing.assert_array_equal(only.inputs["INPUT0"], np.arange(8, dtype=np.int32).reshape(2, 4))

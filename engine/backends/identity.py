@@ -22,7 +22,7 @@ from ..errors import EngineError, ErrorCode
 
 class IdentityBackend:
     def __init__(self, config: ModelConfig) -> None:
-        self._pairs = {o.name: i.name for i, o in zip(config.inputs, config.outputs)}
+        self._pairs = {o.name: i.name for i, o in zip(config.inputs, config.outputs, strict=False)}
         self._delay_s = float(config.parameters.get("execute_delay_ms", "0")) / 1000.0
         self._delay_from_run = int(config.parameters.get("execute_delay_from_run", "1"))
         self._delay_per_item_s = float(config.parameters.get("execute_delay_ms_per_item", "0")) / 1000.0

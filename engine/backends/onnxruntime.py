@@ -64,7 +64,8 @@ def session_options(config: ModelConfig) -> ort.SessionOptions:
             try:
                 setattr(opts, attr, int(params[key]))
             except ValueError:
-                raise invalid(f"model '{config.name}': parameter {key} must be an integer, got {params[key]!r}")
+                message = f"model '{config.name}': parameter {key} must be an integer, got {params[key]!r}"
+                raise invalid(message) from None
     opts.log_severity_level = 3
     return opts
 
@@ -97,7 +98,9 @@ def describe_onnx(model_path: Path, model_name: str = "") -> ModelIO:
         session = ort.InferenceSession(str(model_path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own exception types for corrupt files
         raise invalid(f"cannot read ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
-    io = ModelIO(tuple(_spec(a) for a in session.get_inputs()), tuple(_spec(a) for a in session.get_outputs()))
+    inputs = tuple(_spec(a) for a in session.get_inputs())
+    outputs = tuple(_spec(a) for a in session.get_outputs())
+    io = ModelIO(inputs, outputs)
     del session
     return io
 
@@ -114,7 +117,8 @@ class OnnxRuntimeBackend:
             shown = shown_path(model_path, config.name)
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
-        # On the CPU provider, execution time is CPU time, so a short run may execute inline (inline_policy.py).
+        # On the CPU provider, execution time is CPU time, so a short run may execute inline
+        # (inline_policy.py).
         self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}
@@ -137,8 +141,8 @@ class OnnxRuntimeBackend:
                     )
                 if model_spec.datatype is not spec.datatype:
                     raise invalid(
-                        f"model '{config.name}': config {kind} '{spec.name}' is {spec.datatype.value} but the "
-                        f"model has {model_spec.datatype.value}"
+                        f"model '{config.name}': config {kind} '{spec.name}' is {spec.datatype.value} "
+                        f"but the model has {model_spec.datatype.value}"
                     )
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
@@ -150,12 +154,14 @@ class OnnxRuntimeBackend:
             for name in self._bytes_inputs & feed.keys():
                 feed[name] = _bytes_to_str(name, feed[name])
         results = self._session.run(output_names, feed)
-        out = dict(zip(output_names, results))
+        out = dict(zip(output_names, results, strict=True))
         for name in self._bytes_outputs & out.keys():
             out[name] = _str_to_bytes(out[name])
         return out
 
-    def _execute_ort_values(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
+    def _execute_ort_values(
+        self, inputs: dict[str, np.ndarray], output_names: list[str]
+    ) -> dict[str, np.ndarray]:
         """BF16 has no numpy dtype: its raw bits travel as uint16 and enter ORT as typed OrtValues."""
         feed = {}
         for name, arr in inputs.items():
@@ -169,7 +175,7 @@ class OnnxRuntimeBackend:
                 feed[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr))
         results = self._session.run_with_ort_values(output_names, feed)
         out = {}
-        for name, value in zip(output_names, results):
+        for name, value in zip(output_names, results, strict=True):
             if name in self._bf16_outputs:
                 out[name] = _bf16_bits(value)
             else:
@@ -187,7 +193,7 @@ def _bf16_bits(value: ort.OrtValue) -> np.ndarray:
     shape = tuple(value.shape())
     count = int(np.prod(shape)) if shape else 1
     buffer = (ctypes.c_uint16 * count).from_address(value.data_ptr())
-    return np.frombuffer(buffer, dtype=np.uint16, count=count).reshape(shape).copy()
+    return np.frombuffer(memoryview(buffer), dtype=np.uint16, count=count).reshape(shape).copy()
 
 
 def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:
@@ -198,8 +204,10 @@ def _bytes_to_str(name: str, arr: np.ndarray) -> np.ndarray:
         if isinstance(item, bytes):
             try:
                 flat_out[i] = item.decode("utf-8")
-            except UnicodeDecodeError:
-                raise invalid(f"input '{name}' element {i} is not valid UTF-8, which ONNX string tensors need")
+            except UnicodeDecodeError as e:
+                raise invalid(
+                    f"input '{name}' element {i} is not valid UTF-8, which ONNX string tensors need"
+                ) from e
         else:
             flat_out[i] = str(item)
     return out

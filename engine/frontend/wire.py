@@ -85,7 +85,7 @@ def array_to_bytes(arr: np.ndarray, datatype: DataType) -> bytes | memoryview:
         arr = np.ascontiguousarray(arr)
     if arr.size == 0:
         return b""  # memoryview.cast refuses shapes with a zero dim, e.g. an empty batch (0, N)
-    return memoryview(arr).cast("B")
+    return arr.data.cast("B")  # arr.data is memoryview(arr); numpy types ndarray as a buffer only on 3.12+
 
 
 def bytes_to_wire(arr: np.ndarray) -> bytes:
