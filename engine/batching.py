@@ -32,7 +32,7 @@ from .errors import EngineError, ErrorCode, invalid
 from .instances import Instance, InstancePool
 from .stats import ModelStats
 from .timers import THRESHOLD_S, PreciseTimer
-from .types import InferenceRequest, InferenceResponse, Tensor
+from .types import Completion, InferenceRequest, InferenceResponse, Tensor
 
 
 @dataclass(slots=True, eq=False)
@@ -244,12 +244,18 @@ class Batcher:
             self.policy.delay_ns = 0  # until something is measured, batch whatever is queued
         pool.on_release = self._dispatch
 
-    def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray],
-                received_ns: int = 0) -> asyncio.Future[InferenceResponse]:
-        """Queue a validated request; the future resolves with its response. Cancelling the future takes the
-        request out of the queue, so it is never executed. Raises at once when the queue is full."""
+    def enqueue(self, request: InferenceRequest, inputs: dict[str, np.ndarray], received_ns: int = 0,
+                on_done: Completion | None = None) -> asyncio.Future[InferenceResponse]:
+        """Queue a validated request; the future resolves with its response. Raises at once when the queue is
+        full. Cancelling the future (the client left, its deadline passed) takes the request out of the queue,
+        so it is never executed.
+
+        The future gets one done-callback, whatever happens to it: it accounts the request (success, failure
+        or cancelled, timed from `received_ns`, when the frontend received it) and then calls `on_done` with
+        the future, the frontend's answer. So a request costs one callback round of the loop, and a client
+        that reads its answer and then asks for statistics finds its request counted."""
         pending = self._pending(request, inputs)
-        pending.received_ns = received_ns or pending.enqueue_ns
+        received = pending.received_ns = received_ns or pending.enqueue_ns
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         pending.future = future
         if self.adaptive is not None:
@@ -257,17 +263,28 @@ class Batcher:
         self.policy.enqueue(pending)
         self._inflight += 1
         self._idle.clear()
-        future.add_done_callback(lambda f: self._cancelled(pending) if f.cancelled() else None)
+        stats = self._stats
+
+        def completed(f: asyncio.Future[InferenceResponse]) -> None:
+            elapsed = time.perf_counter_ns() - received
+            if f.cancelled():
+                if self.policy.remove(pending):
+                    self._done(1)
+                stats.cancelled.add(elapsed)
+            elif f.exception() is not None:
+                stats.fail.add(elapsed)
+            else:
+                stats.success.add(elapsed)
+            if on_done is not None:
+                on_done(f)
+
+        future.add_done_callback(completed)
         self._dispatch()
         return future
 
     async def submit(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> InferenceResponse:
         """`enqueue` and wait; cancelling the caller cancels the request."""
         return await self.enqueue(request, inputs)
-
-    def _cancelled(self, pending: Pending) -> None:
-        if self.policy.remove(pending):
-            self._done(1)
 
     def _pending(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> Pending:
         policy = self.policy
@@ -311,7 +328,7 @@ class Batcher:
             reasons[decision.reason] = reasons.get(decision.reason, 0) + 1
             seq = self._next_seq
             self._next_seq += 1
-            asyncio.get_running_loop().create_task(self._execute(instance, decision.batch, seq))
+            self._start(instance, decision.batch, seq)
         deadline = policy.next_deadline_ns()
         if deadline is not None:
             wait_ns = min(wait_ns, deadline - now) if wait_ns is not None else deadline - now
@@ -347,32 +364,65 @@ class Batcher:
         self._timer_at = 0.0
         self._dispatch()
 
-    async def _execute(self, instance: Instance, batch: list[Pending], seq: int) -> None:
-        start = time.perf_counter_ns()
-        results: list[tuple[Pending, InferenceResponse | EngineError]]
+    def _start(self, instance: Instance, batch: list[Pending], seq: int) -> None:
+        """Run a formed batch. A batch the instance runs in place (engine/inline_policy.py) goes in a plain
+        callback on the next loop round: no task, whose creation and steps would cost more than such a
+        batch's inference. Not at once, inside `_dispatch`: the instance stays busy until then, so requests
+        arriving in the same round queue behind it and form the next batch, as they do behind a thread run."""
+        elements = sum(p.batch_size for p in batch)
+        loop = asyncio.get_running_loop()
+        if self._pool.runs_inline(instance, elements):
+            loop.call_soon(self._execute_inline, instance, batch, seq, elements)
+        else:
+            loop.create_task(self._execute(instance, batch, seq, elements))
+
+    def _execute_inline(self, instance: Instance, batch: list[Pending], seq: int, elements: int) -> None:
         try:
-            for p in batch:
-                self._stats.queue.add(start - p.enqueue_ns)
-            inputs = _concat(batch)
+            start, inputs = self._inputs(batch)
             input_ns = time.perf_counter_ns() - start
-            elements = sum(p.batch_size for p in batch)
-            outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names, elements)
-            out_start = time.perf_counter_ns()
-            results = self._split(batch, outputs)
-            output_ns = time.perf_counter_ns() - out_start
-            total = sum(p.batch_size for p in batch)
-            self._stats.record_execution(total, len(batch), input_ns, infer_ns, output_ns)
-            if self.adaptive is not None:
-                self.adaptive.on_execution(total, input_ns + infer_ns + output_ns)
-                self.policy.delay_ns = self.adaptive.window_ns
-        except EngineError as e:
-            results = [(p, e) for p in batch]
+            outputs, infer_ns = self._pool.execute_inline(instance, inputs, self._output_names, elements)
+            results = self._results(batch, outputs, elements, input_ns, infer_ns)
         except Exception as e:  # a backend bug or runtime failure fails this batch only
-            err = EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' failed to execute: {e}")
-            results = [(p, err) for p in batch]
+            results = self._failed(batch, e)
         finally:
             self._pool.release(instance)
         self._deliver(seq, results)
+
+    async def _execute(self, instance: Instance, batch: list[Pending], seq: int, elements: int) -> None:
+        try:
+            start, inputs = self._inputs(batch)
+            input_ns = time.perf_counter_ns() - start
+            outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names, elements)
+            results = self._results(batch, outputs, elements, input_ns, infer_ns)
+        except Exception as e:  # a backend bug or runtime failure fails this batch only
+            results = self._failed(batch, e)
+        finally:
+            self._pool.release(instance)
+        self._deliver(seq, results)
+
+    def _inputs(self, batch: list[Pending]) -> tuple[int, dict[str, np.ndarray]]:
+        """When the batch left the queue (accounted as each request's queue time), and its inputs."""
+        start = time.perf_counter_ns()
+        for p in batch:
+            self._stats.queue.add(start - p.enqueue_ns)
+        return start, _concat(batch)
+
+    def _results(self, batch: list[Pending], outputs: dict[str, np.ndarray], elements: int, input_ns: int,
+                 infer_ns: int) -> list[tuple[Pending, InferenceResponse | EngineError]]:
+        out_start = time.perf_counter_ns()
+        results = self._split(batch, outputs)
+        output_ns = time.perf_counter_ns() - out_start
+        self._stats.record_execution(elements, len(batch), input_ns, infer_ns, output_ns)
+        if self.adaptive is not None:
+            self.adaptive.on_execution(elements, input_ns + infer_ns + output_ns)
+            self.policy.delay_ns = self.adaptive.window_ns
+        return results
+
+    def _failed(self, batch: list[Pending], error: Exception
+                ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
+        if not isinstance(error, EngineError):
+            error = EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' failed to execute: {error}")
+        return [(p, error) for p in batch]
 
     def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray]
                ) -> list[tuple[Pending, InferenceResponse | EngineError]]:

@@ -22,7 +22,7 @@ from .names import check_model_name
 from .repository import ModelRepository
 from .routing import IndexEntry
 from .stats import Duration, ModelStats
-from .types import InferenceRequest, InferenceResponse
+from .types import Completion, InferenceRequest, InferenceResponse
 
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
 # built: classification, sequence, model_repository(unload_dependents), system_shared_memory,
@@ -91,34 +91,24 @@ class DataPlane:
 
     # ------------------------------------------------------------------ inference
 
-    def submit(self, request: InferenceRequest, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
+    def submit(self, request: InferenceRequest, start_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
         """Route and queue one request; the future resolves with its response. Raises at once for an unknown
-        model, a bad request or a full queue. `start_ns` is when the frontend received the request; success
-        and failure are accounted when the future resolves."""
+        model, a bad request or a full queue (accounted as a failure of the model found). `start_ns` is when
+        the frontend received the request. When the future is done, its one done-callback accounts the
+        request (success, failure, or cancelled: the frontend cancels it when the client is gone or its
+        deadline passed) and then calls `on_done` with it, the frontend's answer (Batcher.enqueue)."""
         start = start_ns or time.perf_counter_ns()
         try:
             model = self.repository.get(request.model_name, request.model_version)
         except EngineError:
             check_model_name(request.model_name)
             raise
-        stats = model.stats
         try:
-            future = model.submit(request, start)
+            return model.submit(request, start, on_done)
         except EngineError:
-            stats.fail.add(time.perf_counter_ns() - start)
+            model.stats.fail.add(time.perf_counter_ns() - start)
             raise
-
-        def account(f: asyncio.Future[InferenceResponse]) -> None:
-            elapsed = time.perf_counter_ns() - start
-            if f.cancelled():
-                stats.cancelled.add(elapsed)
-            elif f.exception() is not None:
-                stats.fail.add(elapsed)
-            else:
-                stats.success.add(elapsed)
-
-        future.add_done_callback(account)
-        return future
 
     async def infer(self, request: InferenceRequest, start_ns: int = 0) -> InferenceResponse:
         return await self.submit(request, start_ns)

@@ -38,6 +38,14 @@ def _voluntary_switches() -> int | None:
     return None if _RUSAGE_THREAD is None else resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
 
 
+def _run(backend: Any, inputs: dict[str, np.ndarray], output_names: list[str]
+         ) -> tuple[dict[str, np.ndarray], int, int]:
+    """One backend run: its outputs, wall time and this thread's CPU time, in ns."""
+    start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
+    outputs = backend.execute(inputs, output_names)
+    return outputs, time.perf_counter_ns() - start, time.thread_time_ns() - cpu_start
+
+
 @dataclass(eq=False)
 class Instance:
     """One instance: its thread, its backend (made on that thread by `InstancePool.start`) and its policy
@@ -125,31 +133,32 @@ class InstancePool:
         if self._free:
             self.on_release()
 
+    def runs_inline(self, instance: Instance, elements: int) -> bool:
+        """Whether a batch of `elements` on `instance` costs less run in place, on the loop, than the hand-off
+        to the instance's thread would (engine/inline_policy.py): then the batcher calls `execute_inline`,
+        else `execute`."""
+        return instance.inline.runs_inline(elements)
+
+    def execute_inline(self, instance: Instance, inputs: dict[str, np.ndarray], output_names: list[str],
+                       elements: int = 1) -> tuple[dict[str, np.ndarray], int]:
+        """Run one batch of `elements` on `instance`, in place on the loop; returns the outputs and the
+        backend's own time in ns. Tells the instance's policy what the run cost."""
+        waits = _voluntary_switches()
+        outputs, took, cpu = _run(instance.backend, inputs, output_names)
+        # Whether the run gave up the CPU matters only for a run that held the loop too long: a short one
+        # is not asked (one system call fewer per inline batch).
+        gave_up = None if waits is None or took <= INLINE_WALL_LIMIT_NS \
+            else (_voluntary_switches() or 0) > waits
+        instance.inline.ran_inline(elements, took, cpu, gave_up)
+        return outputs, took
+
     async def execute(self, instance: Instance, inputs: dict[str, np.ndarray],
                       output_names: list[str], elements: int = 1) -> tuple[dict[str, np.ndarray], int]:
-        """Run one batch of `elements` on `instance`; returns the outputs and the backend's own time in ns.
-
-        Normally on the instance's thread; on the loop when the instance's `InlinePolicy` says a batch this
-        size costs less than the hand-off to the thread would (engine/inline_policy.py)."""
-        backend = instance.backend
-
-        def run() -> tuple[dict[str, np.ndarray], int, int]:
-            start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
-            outputs = backend.execute(inputs, output_names)
-            return outputs, time.perf_counter_ns() - start, time.thread_time_ns() - cpu_start
-
-        policy = instance.inline
-        if policy.runs_inline(elements):
-            waits = _voluntary_switches()
-            outputs, took, cpu = run()
-            # Whether the run gave up the CPU matters only for a run that held the loop too long: a short one
-            # is not asked (one system call fewer per inline batch).
-            gave_up = None if waits is None or took <= INLINE_WALL_LIMIT_NS \
-                else (_voluntary_switches() or 0) > waits
-            policy.ran_inline(elements, took, cpu, gave_up)
-        else:
-            outputs, took, cpu = await asyncio.get_running_loop().run_in_executor(instance.executor, run)
-            policy.ran_on_thread(elements, cpu)
+        """Run one batch of `elements` on `instance`'s thread; returns the outputs and the backend's own time
+        in ns. Tells the instance's policy what the run cost."""
+        outputs, took, cpu = await asyncio.get_running_loop().run_in_executor(
+            instance.executor, _run, instance.backend, inputs, output_names)
+        instance.inline.ran_on_thread(elements, cpu)
         return outputs, took
 
     async def warm_up(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> None:

@@ -19,7 +19,7 @@ from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
 from .stats import ModelStats
-from .types import SHARED_MEMORY_PARAMETERS, DataType, InferenceRequest, InferenceResponse
+from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
 
 class ModelState(enum.Enum):
@@ -46,6 +46,9 @@ class Model:
         self._inputs = {spec.name: spec for spec in config.inputs}
         self._outputs = {spec.name for spec in config.outputs}
         self._required = [spec.name for spec in config.inputs if not spec.optional]
+        # What request plans hold this version's verdict under (RequestPlan.validated): an object of its own,
+        # not the model, so a plan cached by a frontend never keeps a retired version alive.
+        self.plan_key = object()
 
     async def start(self) -> None:
         """Create the instances, then warm them up (engine/warmup.py); READY only if both succeed. On a
@@ -65,19 +68,44 @@ class Model:
         self.batcher.close()
         await self.pool.close()
 
-    def submit(self, request: InferenceRequest, received_ns: int = 0) -> asyncio.Future[InferenceResponse]:
-        """Validate and queue; raises at once for a bad request or a full queue."""
-        return self.batcher.enqueue(request, self.prepare(request), received_ns)
+    def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
+        """Validate and queue; raises at once for a bad request or a full queue. The request is accounted in
+        `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue)."""
+        return self.batcher.enqueue(request, self.prepare(request), received_ns, on_done)
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         return await self.submit(request)
 
     def prepare(self, request: InferenceRequest) -> dict[str, np.ndarray]:
-        """Validate a request and return its inputs by name, in config order, reshaped for the backend."""
+        """Validate a request and return its inputs by name, in config order, reshaped for the backend.
+
+        A request decoded from a cached plan (`request.plan`, engine/types.py RequestPlan) that this version
+        validated before is not validated again: the plan fixes everything checked here (names, datatypes,
+        shapes and so the batch size, requested outputs, parameters), so what is left is to pick its arrays
+        in config order. The codec has already checked what varies, each tensor's byte size."""
+        plan = request.plan
+        if plan is not None:
+            verdict = plan.validated
+            if verdict is not None and verdict[0] is self.plan_key:
+                tensors = request.inputs
+                return {name: tensors[i].data if shape is None else tensors[i].data.reshape(shape)
+                        for name, i, shape in verdict[1]}
+        picks = self._validate(request)
+        if plan is not None:
+            plan.validated = (self.plan_key, picks)
+        tensors = request.inputs
+        return {name: tensors[i].data if shape is None else tensors[i].data.reshape(shape)
+                for name, i, shape in picks}
+
+    def _validate(self, request: InferenceRequest) -> tuple[tuple[str, int, tuple[int, ...] | None], ...]:
+        """The full check of a request against the config; raises INVALID_ARG (UNSUPPORTED for extensions we
+        lack). Returns, in config order, each given input's name, its position in `request.inputs` and the
+        shape the backend wants it in (None: as it came)."""
         cfg = self.config
-        given: dict[str, np.ndarray] = {}
+        given: dict[str, tuple[int, tuple[int, ...] | None]] = {}
         batch = None
-        for tensor in request.inputs:
+        for position, tensor in enumerate(request.inputs):
             if tensor.parameters:
                 refuse_unsupported(f"input '{tensor.name}'", tensor.parameters)
             spec = self._inputs.get(tensor.name)
@@ -96,11 +124,11 @@ class Model:
                 elif tensor.shape[0] != batch:
                     raise invalid(f"input '{tensor.name}' has batch size {tensor.shape[0]}, "
                                   f"other inputs {batch}")
-            data = tensor.data
+            reshape = None
             if spec.reshape is not None:
                 lead = (tensor.shape[0],) if cfg.max_batch_size > 0 else ()
-                data = data.reshape(lead + spec.reshape)
-            given[tensor.name] = data
+                reshape = lead + spec.reshape
+            given[tensor.name] = (position, reshape)
         missing = [n for n in self._required if n not in given]
         if missing:
             raise invalid(f"model '{self.name}' expects input '{missing[0]}', which the request lacks")
@@ -115,9 +143,7 @@ class Model:
                 if out.name in seen:
                     raise invalid(f"output '{out.name}' is requested more than once")
                 seen.add(out.name)
-        if len(given) == len(self._inputs):
-            return {name: given[name] for name in self._inputs}
-        return {name: given[name] for name in self._inputs if name in given}
+        return tuple((name, *given[name]) for name in self._inputs if name in given)
 
     def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         cfg = self.config

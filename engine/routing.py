@@ -54,9 +54,26 @@ class ModelEntry:
     fingerprint: Fingerprint | None = None
     version_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The version a request without one goes to, and the `versions` it was picked from: asked on every
+    # request, so worked out once per change. A load replaces `versions` (never mutates it) and every version
+    # enters it READY, so the cache holds while `versions` is the same object and the pick is still READY.
+    _routed: tuple[dict[int, Model], Model] | None = field(default=None, repr=False)
 
     def ready_versions(self) -> list[int]:
         return sorted(v for v, m in self.versions.items() if m.state is ModelState.READY)
+
+    def routed(self) -> Model | None:
+        """The highest READY version, or None when no version is READY."""
+        cached = self._routed
+        if cached is not None and cached[0] is self.versions and cached[1].state is ModelState.READY:
+            return cached[1]
+        ready = self.ready_versions()
+        if not ready:
+            self._routed = None
+            return None
+        model = self.versions[ready[-1]]
+        self._routed = (self.versions, model)
+        return model
 
 
 def parse_version(version: str) -> int:
@@ -108,12 +125,12 @@ class RoutingTable:
                 raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
                                   f"state ({model.state.value.lower()})")
             return model
-        ready = entry.ready_versions()
-        if not ready:
+        model = entry.routed()
+        if model is None:
             reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items()))
             raise unavailable(f"Request for unknown model: '{name}' has no available versions"
                               + (f": {reason}" if reason else f" (it is {entry.state.value.lower()})"))
-        return entry.versions[ready[-1]]
+        return model
 
     def load_failure(self, name: str) -> EngineError | None:
         """Why the last load of `name` failed, in Triton's words and codes (core model_repository_manager.cc):

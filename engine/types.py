@@ -6,7 +6,9 @@ Tensor data is always a numpy array. BYTES tensors are object arrays of `bytes`;
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +125,21 @@ class RequestedOutput:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+class RequestPlan:
+    """A frontend's cached decoding of a request's header (the HTTP codec's HeaderCache, the gRPC wire
+    codec's plans), shared by every request that repeats it: names, datatypes, shapes, outputs, parameters.
+
+    It also carries the model's verdict on it: `validated` is (a model version's `plan_key`, what that
+    version's `Model.prepare()` worked out for this header), set by `prepare()` after a full validation, so
+    a repeated request is not validated again by the same version; another version (a reload) validates
+    it afresh. Only the model writes it; the frontend's own fields are never mutated."""
+
+    __slots__ = ("validated",)
+
+    def __init__(self) -> None:
+        self.validated: tuple[object, Any] | None = None
+
+
 @dataclass(slots=True)
 class InferenceRequest:
     """One decoded request. Created by a frontend codec, validated by the model, owned by the batcher
@@ -134,7 +151,7 @@ class InferenceRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
-    plan: Any = None  # the frontend's cached decoding of this request's header, if any
+    plan: RequestPlan | None = None  # the frontend's cached decoding of this request's header, if any
 
     @property
     def batch_size(self) -> int:
@@ -149,6 +166,11 @@ class InferenceResponse:
     outputs: list[Tensor]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# A frontend's answer to a request: called once, with the request's future, when that is done (resolved,
+# failed or cancelled), right after the request was accounted (Batcher.enqueue).
+Completion = Callable[["asyncio.Future[InferenceResponse]"], None]
 
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:

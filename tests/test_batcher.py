@@ -545,3 +545,64 @@ def test_a_backend_not_cpu_bound_never_runs_inline() -> None:
         finally:
             await model.stop()
     run(main)
+
+
+def test_an_inline_batch_creates_no_task() -> None:
+    """A batch the instance runs in place goes in a plain loop callback: a task would cost more than such a
+    batch. Counted by the loop's task factory, which sees every task created on it."""
+    async def main() -> None:
+        model = await started(model_config("", cpu_bound="true"))
+        loop = asyncio.get_running_loop()
+        created: list[object] = []
+
+        def counting_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            created.append(coro)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        try:
+            await bounded(model.submit(request(model, data(0))))  # measured first, on the thread
+            loop.set_task_factory(counting_factory)
+            futures = [model.submit(request(model, data(i))) for i in range(1, 5)]
+            responses = [await f for f in futures]  # awaiting a future directly creates no task
+            loop.set_task_factory(None)
+            assert [int(output(r)[0, 0]) for r in responses] == [1, 2, 3, 4]
+            assert backend_threads(model)[1:] == [threading.get_ident()] * 4  # they did run inline
+            assert created == []
+            await until(lambda: model.stats.success.count == 5, "every request is accounted")
+        finally:
+            loop.set_task_factory(None)
+            await model.stop()
+    run(main)
+
+
+def test_one_done_callback_accounts_then_answers() -> None:
+    """The frontend's answer (`on_done`) is the future's one done-callback's last step: by then the request is
+    accounted, as a success, a failure, or (the future cancelled while queued) cancelled and out of the
+    queue, never executed."""
+    async def main() -> None:
+        model = await started(model_config("", execute_delay_ms=200, fail_on_value=13))
+        seen: list[tuple[str, int, int, int]] = []
+
+        def answered(f: asyncio.Future[InferenceResponse]) -> None:
+            outcome = "cancelled" if f.cancelled() else "failed" if f.exception() is not None else "ok"
+            s = model.stats
+            seen.append((outcome, s.success.count, s.fail.count, s.cancelled.count))
+
+        try:
+            ok = model.submit(request(model, data(1)), on_done=answered)
+            await until(lambda: executing(model) == 1, "the first request executes")
+            failing = model.submit(request(model, data(13)), on_done=answered)
+            queued = model.submit(request(model, data(2)), on_done=answered)
+            queued.cancel()
+            await until(lambda: len(seen) == 1, "the cancelled request is answered")
+            assert seen == [("cancelled", 0, 0, 1)]
+            assert len(model.batcher.policy) == 1  # only `failing` waits
+            await bounded(ok)
+            with pytest.raises(EngineError):
+                await bounded(failing)
+            await until(lambda: len(seen) == 3, "every request is answered")
+            assert seen[1:] == [("ok", 1, 0, 1), ("failed", 1, 1, 1)]
+            assert len(backend_threads(model)) == 2 and model.batcher.pending_count == 0  # `queued` never ran
+        finally:
+            await model.stop()
+    run(main)

@@ -27,6 +27,7 @@ from ..types import (
     InferenceRequest,
     InferenceResponse,
     RequestedOutput,
+    RequestPlan,
     Tensor,
     element_count,
     in_shared_memory,
@@ -192,12 +193,14 @@ def split_infer_request(message: Any) -> tuple[bytes, Any, list[Any]] | None:
     return b"".join(key), request_id, raw
 
 
-class _WirePlan:
-    """A decoded request minus its id and tensor bytes. Shared by requests: never mutated."""
+class _WirePlan(RequestPlan):
+    """A decoded request minus its id and tensor bytes. Shared by requests: never mutated but for the
+    model's verdict (RequestPlan)."""
 
     __slots__ = ("inputs", "model_name", "model_version", "outputs", "params")
 
     def __init__(self, request: InferenceRequest) -> None:
+        super().__init__()
         self.model_name = request.model_name
         self.model_version = request.model_version
         # Per input: what array_from_bytes would check and build, worked out once.
@@ -288,4 +291,4 @@ def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceReq
             array = array_from_bytes(name, datatype, shape, data)
         inputs.append(Tensor(name, datatype, shape, array, params))
     return InferenceRequest(plan.model_name, plan.model_version, inputs, request_id, plan.outputs,
-                            plan.params)
+                            plan.params, plan)

@@ -12,14 +12,14 @@ import asyncio
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from google.protobuf import json_format
 
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
-from ..types import InferenceResponse
+from ..types import Completion, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
 
 # The generated modules carry no type information: their messages are typed Any here.
@@ -70,6 +70,11 @@ UNIMPLEMENTED_RPCS = {
     "TraceSetting": "trace", "LogSettings": "logging",
 }
 HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
+
+# How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
+# None when it was cancelled, or a bug's exception.
+StreamAnswer = tuple[list[Any], int] | BaseException | None
+StreamAnswered = Callable[["asyncio.Future[InferenceResponse]", StreamAnswer], None]
 
 
 class GrpcHandlers:
@@ -128,24 +133,43 @@ class GrpcHandlers:
         await self.dp.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
 
-    def submit_infer_wire(self, message: Any, start_ns: int = 0) -> asyncio.Future[InferenceResponse]:
+    def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None
+                          ) -> asyncio.Future[InferenceResponse]:
         """ModelInfer, first half: decode the serialized request and queue it. Raises at once for a bad
         request (EngineError), or DecodeError for bytes that are not a ModelInferRequest; the future resolves
-        with the response (answer with `wire.encode(response)`) or an EngineError. Cancelling it drops the
-        request."""
-        return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns())
+        with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
+        with it once it is done, right after the request is accounted. Cancelling it drops the request."""
+        return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns(), on_done)
 
-    def stream_infer_wire(self, message: Any) -> asyncio.Future[tuple[list[Any], int]]:
-        """One serialized request of ModelStreamInfer; the future resolves with the serialized
-        ModelStreamInferResponse as (parts, size). Never fails with an EngineError: as Triton does, an error
-        is an answer on the stream (`error_message`, with the request's id), which stays open. Raises
+    def stream_infer_wire(self, message: Any, answered: StreamAnswered) -> asyncio.Future[InferenceResponse]:
+        """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
+        returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
+        when the request was cancelled, or the exception of a bug. Never an EngineError: as Triton does, an
+        error is an answer on the stream (`error_message`, with the request's id), which stays open. Raises
         DecodeError for bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it).
         Cancelling the returned future drops the request."""
         def error(e: EngineError) -> tuple[list[Any], int]:  # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e).SerializeToString()
             return [body], len(body)
 
-        return _stream_answer(lambda: self.submit_infer_wire(message), self.wire.encode_stream, error)
+        def done(f: asyncio.Future[InferenceResponse]) -> None:
+            answer: StreamAnswer = None
+            if not f.cancelled():
+                exc = f.exception()
+                try:
+                    answer = self.wire.encode_stream(f.result()) if exc is None else \
+                        error(exc) if isinstance(exc, EngineError) else exc
+                except Exception as e:  # a bug in encoding: the stream ends INTERNAL
+                    answer = e
+            answered(f, answer)
+
+        try:
+            return self.submit_infer_wire(message, 0, done)
+        except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
+            future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+            future.set_exception(e)
+            future.add_done_callback(done)
+            return future
 
     # ------------------------------------------------------------------ grpc.health.v1.Health
 
@@ -173,40 +197,6 @@ class GrpcHandlers:
                 last = status
                 yield health.HealthCheckResponse(status=status)
             await asyncio.sleep(HEALTH_POLL_S)
-
-
-T = TypeVar("T")
-
-
-def _stream_answer(submit: Callable[[], asyncio.Future[InferenceResponse]],
-                   answer: Callable[[InferenceResponse], T],
-                   error: Callable[[EngineError], T]) -> asyncio.Future[T]:
-    """A ModelStreamInfer request's answer: `answer(response)`, or `error(e)` for an EngineError raised at
-    submit or by the request later; other exceptions fail the future. Cancelling it drops the request."""
-    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-    try:
-        inner = submit()
-    except EngineError as e:
-        out.set_result(error(e))
-        return out
-
-    def done(f: asyncio.Future[InferenceResponse]) -> None:
-        if out.done():
-            return
-        if f.cancelled():
-            out.cancel()
-            return
-        exc = f.exception()
-        if exc is None:
-            out.set_result(answer(f.result()))
-        elif isinstance(exc, EngineError):
-            out.set_result(error(exc))
-        else:
-            out.set_exception(exc)
-
-    inner.add_done_callback(done)
-    out.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
-    return out
 
 
 def _stream_error(request: Any, error: EngineError) -> Any:

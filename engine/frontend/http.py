@@ -32,8 +32,8 @@ from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extens
 from ..memory import release_freed_memory
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
-from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response
-from .http_connection import Answer, HttpLimits, HttpProtocol, HttpRequest, Pending
+from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response_parts
+from .http_connection import Answer, HttpLimits, HttpProtocol, HttpRequest, OnDone, Pending
 
 log = logging.getLogger("hubserve.http")
 
@@ -140,10 +140,11 @@ class HttpApp:
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
 
-    def handle(self, req: HttpRequest) -> Answer | Pending:
-        """Called by a connection for each request, in order; never raises."""
+    def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
+        """Called by a connection for each request, in order; never raises. An answer still being computed
+        (a `Pending`) calls `on_done` with its future once that is done."""
         try:
-            return self.route(req)
+            return self.route(req, on_done)
         except compression.TooLarge as e:  # a compressed body inflating past the limit, as one over it
             return _error(413, e.message)
         except compression.UnsupportedEncoding as e:
@@ -189,7 +190,7 @@ class HttpApp:
 
     # ------------------------------------------------------------------ routes
 
-    def route(self, req: HttpRequest) -> Answer | Pending:
+    def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
         path = req.url.split(b"?", 1)[0]
         text = path.decode("utf-8", "replace")
         parts = text.strip("/").split("/")
@@ -211,22 +212,23 @@ class HttpApp:
                 return _json({"model_stats": self.dp.statistics()})
         if rest and rest[0] == "models" and len(rest) >= 2:
             name, version, action = _model_path(rest[1:], path)
-            return self._model_route(req, method, name, version, action)
+            return self._model_route(req, method, name, version, action, on_done)
         if method == b"POST" and rest and rest[0] == "repository":
             if rest[1:] == ["index"]:
                 return self._index(req)
             if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
                 # parsed here, so its errors are answered here
                 doc = _json_body(req, self.limits.max_body_bytes)
-                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]))
+                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]),
+                                   on_done)
         raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
 
-    def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str
-                     ) -> Answer | Pending:
+    def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str,
+                     on_done: OnDone) -> Answer | Pending:
         if action == "infer":
             if method != b"POST":
                 return _error(405, "infer needs POST")
-            return self._infer(req, name, version)
+            return self._infer(req, name, version, on_done)
         if method not in (b"GET", b"HEAD"):
             return _error(405, f"{action or 'metadata'} needs GET")
         if action == "":
@@ -239,21 +241,22 @@ class HttpApp:
             return _json({"model_stats": self.dp.statistics(name, version)})
         raise not_found(f"no endpoint {action!r} for model '{name}'")
 
-    def _infer(self, req: HttpRequest, name: str, version: str) -> Pending:
-        """Decode and submit. A compressed body is decompressed first (Inference-Header-Content-Length counts
-        the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
+    def _infer(self, req: HttpRequest, name: str, version: str, on_done: OnDone) -> Pending:
+        """Decode and submit, with `on_done` as the answer: the data plane's one done-callback accounts the
+        request, then calls it. A compressed body is decompressed first (Inference-Header-Content-Length
+        counts the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
         response gets one, built in a task of its own."""
         body = _body(req, self.limits.max_body_bytes)
         header_length = req.headers.get(_HEADER_LENGTH_LOWER)
         request = decode_request(name, version, body,
                                  header_length.decode("latin-1") if header_length is not None else None,
                                  self.header_cache)
-        future = self.dp.submit(request, req.start_ns)
         accept = req.headers.get(b"accept-encoding")
         encoding = compression.accepted(accept.decode("latin-1")) if accept else None
         if encoding is None:
-            return _Infer(future, request)
-        return self._spawn(_compressed_answer(future, request, encoding))
+            return _Infer(self.dp.submit(request, req.start_ns, on_done), request)
+        future = self.dp.submit(request, req.start_ns)
+        return self._spawn(_compressed_answer(future, request, encoding), on_done)
 
     def _index(self, req: HttpRequest) -> Answer:
         doc = _json_body(req, self.limits.max_body_bytes)
@@ -275,10 +278,11 @@ class HttpApp:
         await self.dp.unload(name)
         return 200, b"", _JSON, b""
 
-    def _spawn(self, coro: Any) -> _Deferred:
+    def _spawn(self, coro: Any, on_done: OnDone) -> _Deferred:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(on_done)
         return _Deferred(task)
 
 
@@ -349,20 +353,28 @@ async def _compressed_answer(future: asyncio.Future[InferenceResponse], request:
                              encoding: str) -> Answer:
     """An inference answer compressed with `encoding`, for a client that accepts it (Accept-Encoding).
     Cancelling this task (the client left) cancels the request; large bodies compress on a worker thread."""
-    status, payload, content_type, extra = _infer_answer(await future, request)
-    if len(payload) < 1 << 20:
-        body = compression.encode(encoding, [payload])
+    parts, size, header_length = encode_response_parts(await future, request)
+    if size < 1 << 20:
+        body = compression.encode(encoding, parts)
     else:
-        body = await asyncio.to_thread(compression.encode, encoding, [payload])
-    return status, body, content_type, extra + b"Content-Encoding: %s\r\n" % encoding.encode()
+        body = await asyncio.to_thread(compression.encode, encoding, parts)
+    content_type, extra = _infer_head(header_length)
+    return 200, body, content_type, extra + b"Content-Encoding: %s\r\n" % encoding.encode()
 
 
 def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Answer:
-    payload, header_length = encode_response(response, request)
+    """An inference's answer, its body as the codec's parts: the tensor bytes are not copied on the way."""
+    parts, _, header_length = encode_response_parts(response, request)
+    content_type, extra = _infer_head(header_length)
+    return 200, parts[0] if len(parts) == 1 else parts, content_type, extra
+
+
+def _infer_head(header_length: int | None) -> tuple[bytes, bytes]:
+    """Content-Type and the extra header lines of an inference answer: binary data follows the JSON when
+    the codec says how long that is."""
     if header_length is None:
-        return 200, payload, _JSON, b""
-    length_header = b"Inference-Header-Content-Length: %d\r\n" % header_length
-    return 200, payload, b"application/octet-stream", length_header
+        return _JSON, b""
+    return b"application/octet-stream", b"Inference-Header-Content-Length: %d\r\n" % header_length
 
 
 async def serve(app: HttpApp, host: str, port: int) -> asyncio.Server:

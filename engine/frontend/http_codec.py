@@ -18,6 +18,7 @@ from ..types import (
     InferenceRequest,
     InferenceResponse,
     RequestedOutput,
+    RequestPlan,
     Tensor,
     element_count,
     in_shared_memory,
@@ -52,12 +53,14 @@ class HeaderCache:
         self.plans[header] = plan
 
 
-class _Plan:
-    """How to cut a body with a known header into tensors. Shared by requests: never mutated."""
+class _Plan(RequestPlan):
+    """How to cut a body with a known header into tensors. Shared by requests: never mutated but for the
+    model's verdict (RequestPlan) and the response headers it learns (`encoded`)."""
 
     __slots__ = ("inputs", "outputs", "params", "id", "binary_size", "encoded")
 
     def __init__(self, request: InferenceRequest, sizes: list[int]) -> None:
+        super().__init__()
         self.inputs = [(t.name, t.datatype, t.shape, size)
                        for t, size in zip(request.inputs, sizes, strict=True)]
         self.outputs = request.outputs
@@ -241,8 +244,17 @@ def _decode_output(item: Any) -> RequestedOutput:
 
 
 def encode_response(response: InferenceResponse, request: InferenceRequest) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header's length when binary data follows (else None)."""
-    plan = request.plan
+    """The response body in one piece, and the JSON header's length when binary data follows (else None)."""
+    parts, _, header_length = encode_response_parts(response, request)
+    return parts[0] if len(parts) == 1 else b"".join(parts), header_length
+
+
+def encode_response_parts(response: InferenceResponse, request: InferenceRequest
+                          ) -> tuple[list[Any], int, int | None]:
+    """The response body as parts (the JSON header, then each binary output's bytes: views of the output
+    arrays, not copies), its size in bytes, and the JSON header's length when binary data follows (else
+    None). The connection writes the parts as they are (http_connection.py `_write`)."""
+    plan = request.plan if isinstance(request.plan, _Plan) else None
     if plan is not None:
         key = (response.model_name, response.model_version, tuple(t.shape for t in response.outputs))
         cached = plan.encoded.get(key)
@@ -250,7 +262,7 @@ def encode_response(response: InferenceResponse, request: InferenceRequest) -> t
             header, n = cached
             chunks = [array_to_bytes(t.data, t.datatype) for t in response.outputs]
             if sum(len(c) for c in chunks) == n:
-                return b"".join([header, *chunks]), len(header)
+                return [header, *chunks], len(header) + n, len(header)
     default_binary = bool(request.parameters.get("binary_data_output", False))
     wanted = {o.name: o.binary_data for o in request.outputs} if request.outputs else {}
     outputs = []
@@ -282,13 +294,13 @@ def encode_response(response: InferenceResponse, request: InferenceRequest) -> t
     if json_nonfinite:  # orjson writes NaN and Inf as null; v2 JSON readers expect NaN/Infinity
         header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
-        return header, None
+        return [header], len(header), None
     if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64:
         # every output binary: the header depends only on the shapes, so the next one is a lookup
         shapes = tuple(t.shape for t in response.outputs)
         plan.encoded[(response.model_name, response.model_version, shapes)] = (
             header, sum(len(c) for c in chunks))
-    return b"".join([header, *chunks]), len(header)
+    return [header, *chunks], len(header) + sum(len(c) for c in chunks), len(header)
 
 
 def _json_data(tensor: Tensor) -> list:

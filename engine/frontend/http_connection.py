@@ -25,6 +25,7 @@ import logging
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubserve.http")
 
-# A route's answer: (status, body, content type, extra header lines).
-Answer = tuple[int, bytes, bytes, bytes]
+# A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
+# bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
+Answer = tuple[int, "bytes | list[Any]", bytes, bytes]
 
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
@@ -77,8 +79,15 @@ class HttpRequest:
         self.start_ns = time.perf_counter_ns()
 
 
+# How a connection learns that its in-flight answer is ready: called once with the `Pending`'s future.
+OnDone = Callable[[asyncio.Future[Any]], None]
+
+
 class Pending(Protocol):
-    """An answer still being computed: `answer()` is called once `future` is done (cancelled included)."""
+    """An answer still being computed. The owner's `handle()` has arranged for the connection's `on_done`
+    to be called with `future` once it is done (cancelled included), and the connection then calls
+    `answer()`: an inference passes it to the data plane, whose one done-callback accounts the request and
+    then answers, so no second callback is attached here."""
 
     future: asyncio.Future[Any]
 
@@ -267,13 +276,12 @@ class HttpProtocol(asyncio.Protocol):
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
-            answer = self._owner.handle(req)
+            answer = self._owner.handle(req, self._on_done)
             if isinstance(answer, tuple):
                 self._respond(req, answer)
                 continue
             self._inflight = answer
             self._inflight_req = req
-            answer.future.add_done_callback(self._on_done)
             break
         if self._done or self._queue:
             return
@@ -284,10 +292,13 @@ class HttpProtocol(asyncio.Protocol):
             self._send_error(*self._final)
 
     def _on_done(self, fut: asyncio.Future[Any]) -> None:
+        """The in-flight request's future is done (called once, after the data plane's accounting)."""
         pending, req = self._inflight, self._inflight_req
-        self._inflight = self._inflight_req = None
-        if pending is None or req is None or self._done:
+        if pending is None or pending.future is not fut:
             return  # the connection went away (it cancelled the request): nobody to answer
+        self._inflight = self._inflight_req = None
+        if req is None or self._done:
+            return
         self._respond(req, pending.answer())
         self._next()
 
@@ -304,14 +315,15 @@ class HttpProtocol(asyncio.Protocol):
         if transport is None:
             return
         status, body, content_type, extra = answer
+        parts = body if isinstance(body, list) else [body]
+        size = sum(len(p) for p in parts)
         head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
-            status, REASONS.get(status, b"Unknown"), content_type, len(body), extra,
+            status, REASONS.get(status, b"Unknown"), content_type, size, extra,
             b"" if keep else b"Connection: close\r\n")
-        if len(body) < _SMALL_WRITE:
-            transport.write(head + body)
-        else:
-            transport.write(head)
-            transport.write(body)
+        if size < _SMALL_WRITE:  # one buffer, one send: cheaper than a gathered write for small answers
+            transport.write(b"".join([head, *parts]))
+        else:  # no copy of a large body: one gathered write of the head and the parts as they are
+            transport.writelines([head, *parts])
         self._last_tx = _monotonic()
         if not keep:
             self._close_gracefully()
@@ -419,4 +431,5 @@ def _too_large(what: str, limit: int) -> str:
             "Use --http-max-input-size to increase the limit.")
 
 
-__all__ = ["LARGE_BODY_BYTES", "REASONS", "Answer", "HttpLimits", "HttpProtocol", "HttpRequest", "Pending"]
+__all__ = ["LARGE_BODY_BYTES", "REASONS", "Answer", "HttpLimits", "HttpProtocol", "HttpRequest", "OnDone",
+           "Pending"]

@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 
 from ...errors import EngineError
 from .. import compression
-from ..grpc_handlers import STATUS, GrpcHandlers
+from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
 from .frames import H2Error
@@ -263,8 +263,7 @@ class Call:
         try:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
-                self.work = rpc.handler(message, self.start_ns)
-                self.work.add_done_callback(self._infer_done)  # type: ignore[union-attr]
+                self.work = rpc.handler(message, self.start_ns, self._infer_done)  # its one done-callback
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
@@ -282,12 +281,11 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            future = self.rpc.handler(message)
+            future = self.rpc.handler(message, self._stream_answered)  # its one done-callback
         except Exception as e:  # noqa: BLE001  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
         self.pending.add(future)
-        future.add_done_callback(self._stream_answered)
 
     # ------------------------------------------------------------------ answers out
 
@@ -316,14 +314,14 @@ class Call:
         else:
             self._reply(task.result().SerializeToString())
 
-    def _stream_answered(self, future: asyncio.Future[Any]) -> None:
+    def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
         self.pending.discard(future)
-        if self.done or future.cancelled():
+        if self.done or answer is None:
             return
-        if (exc := future.exception()) is not None:
-            self._fail(exc)
+        if isinstance(answer, BaseException):
+            self._fail(answer)
             return
-        self._send_message_parts(*future.result())
+        self._send_message_parts(*answer)
         if self.remote_done and not self.pending:
             self.finish(S.OK, "")
 
