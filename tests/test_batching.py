@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.batching import BatchPolicy, Pending
+from engine.batch_policy import BatchPolicy, Pending
 from engine.config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from engine.errors import EngineError, ErrorCode
 from engine.types import InferenceRequest

@@ -1,0 +1,202 @@
+"""The dynamic-batching policy, pure: which queued requests form the next batch now, or how long to wait.
+
+`BatchPolicy` is synchronous and owns the queues: it answers "which requests form the next batch, now" or
+"wait N ns", given the clock. It has no event loop, so its tests are plain functions (tests/test_batching.py);
+`Batcher` (batching.py) drives it on the loop.
+
+Semantics follow Triton's `dynamic_batching`: the window (`max_queue_delay_microseconds`) runs from the oldest
+queued request; a batch reaching `max_batch_size` or a preferred size goes at once; requests whose non-batch
+dims differ never share a batch; priority levels are served lowest number first; queue policies bound each
+level's queue and time requests out (REJECT fails them, DELAY moves them behind every undelayed request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
+from .errors import EngineError, ErrorCode, invalid
+from .types import InferenceRequest, InferenceResponse
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A queued request. `inputs` are in the model's input order, validated."""
+
+    request: InferenceRequest
+    inputs: dict[str, np.ndarray]
+    batch_size: int
+    shape_key: tuple[Any, ...]
+    enqueue_ns: int
+    level: int = 0
+    deadline_ns: int = 0  # 0 = never times out
+    timeout_action: TimeoutAction = TimeoutAction.REJECT
+    future: asyncio.Future[InferenceResponse] | None = field(default=None, repr=False)
+    received_ns: int = 0  # when the frontend received it: the SLO window counts latency from here
+
+
+@dataclass(slots=True)
+class Decision:
+    batch: list[Pending]  # empty = send nothing now
+    wait_ns: int | None  # when to ask again (None = only when something changes)
+    reason: str = ""  # why the batch goes now: full | preferred | window | immediate
+
+
+class BatchPolicy:
+    """The queues and the rule that forms batches. Not thread-safe; used from one thread only."""
+
+    def __init__(self, max_batch_size: int, config: DynamicBatchingConfig | None) -> None:
+        self.max_batch_size = max(max_batch_size, 1)
+        self.config = config or DynamicBatchingConfig()
+        self.batching = config is not None
+        self.delay_ns = self.config.max_queue_delay_us * 1000
+        self.preferred = frozenset(self.config.preferred_batch_sizes)
+        levels = self.config.priority_levels or 1
+        self._queues: dict[int, deque[Pending]] = {lvl: deque() for lvl in range(1, levels + 1)}
+        self._delayed: deque[Pending] = deque()
+        self._single = levels == 1
+        self._only_queue = self._queues[1]
+        self._size = 0
+        self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
+
+    def __len__(self) -> int:
+        return self._size
+
+    # ------------------------------------------------------------------ admission
+
+    def level_of(self, priority: int) -> int:
+        """The queue level for a request's `priority` parameter (0 = the model's default)."""
+        levels = self.config.priority_levels
+        if levels == 0:
+            return 1
+        if priority == 0:
+            return self.config.default_priority_level or 1
+        if not 1 <= priority <= levels:
+            raise invalid(f"priority {priority} is outside this model's levels 1..{levels}")
+        return priority
+
+    def queue_policy(self, level: int) -> QueuePolicy:
+        return self.config.queue_policy(level)
+
+    def enqueue(self, pending: Pending) -> None:
+        policy = self.queue_policy(pending.level)
+        queue = self._queues[pending.level]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            raise EngineError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                f"model '{pending.request.model_name}' queue is full ({policy.max_queue_size} requests "
+                f"at priority {pending.level}); retry later",
+            )
+        queue.append(pending)
+        self._size += 1
+        if pending.deadline_ns:
+            self._with_deadline += 1
+
+    def remove(self, pending: Pending) -> bool:
+        """Take a request out (its client went away). False when it was already dispatched."""
+        for queue in (self._queues[pending.level], self._delayed):
+            try:
+                queue.remove(pending)
+            except ValueError:
+                continue
+            self._size -= 1
+            if pending.deadline_ns:
+                self._with_deadline -= 1
+            return True
+        return False
+
+    # ------------------------------------------------------------------ timeouts
+
+    def expire(self, now_ns: int) -> list[Pending]:
+        """Apply queue timeouts: returns the requests to reject; DELAY requests move to the back."""
+        rejected: list[Pending] = []
+        if not self._with_deadline:
+            return rejected
+        for queue in self._queues.values():
+            if not queue:
+                continue
+            keep: deque[Pending] = deque()
+            for p in queue:
+                if p.deadline_ns and now_ns >= p.deadline_ns:
+                    self._with_deadline -= 1
+                    if p.timeout_action is TimeoutAction.DELAY:
+                        p.deadline_ns = 0
+                        self._delayed.append(p)
+                    else:
+                        rejected.append(p)
+                        self._size -= 1
+                else:
+                    keep.append(p)
+            if len(keep) != len(queue):
+                queue.clear()
+                queue.extend(keep)
+        return rejected
+
+    def next_deadline_ns(self) -> int | None:
+        if not self._with_deadline:
+            return None
+        deadlines = [p.deadline_ns for q in self._queues.values() for p in q if p.deadline_ns]
+        return min(deadlines) if deadlines else None
+
+    # ------------------------------------------------------------------ batch formation
+
+    def _walk(self) -> Iterator[Pending]:
+        if self._single and not self._delayed:
+            return iter(self._only_queue)
+        return self._walk_levels()
+
+    def _walk_levels(self) -> Iterator[Pending]:
+        for level in sorted(self._queues):
+            yield from self._queues[level]
+        yield from self._delayed
+
+    def peek(self, now_ns: int) -> Decision:
+        """The batch to send now, without removing it; or how long to wait before asking again."""
+        if not self._size:
+            return Decision([], None)
+        batch: list[Pending] = []
+        total = 0
+        preferred_prefix = 0
+        full = False
+        first_key = None
+        for p in self._walk():
+            if first_key is None:
+                first_key = p.shape_key
+            elif p.shape_key != first_key or total + p.batch_size > self.max_batch_size:
+                full = True  # the next request cannot join: this batch is as big as it gets
+                break
+            batch.append(p)
+            total += p.batch_size
+            if total in self.preferred:
+                preferred_prefix = len(batch)
+            if total >= self.max_batch_size or not self.batching:
+                full = True
+                break
+        if full:
+            return Decision(batch, None, "full")
+        if self.delay_ns == 0:
+            return Decision(batch, None, "immediate")
+        if preferred_prefix:
+            return Decision(batch[:preferred_prefix], None, "preferred")
+        oldest = min(p.enqueue_ns for p in batch)
+        if now_ns >= oldest + self.delay_ns:
+            return Decision(batch, None, "window")
+        return Decision([], oldest + self.delay_ns - now_ns)
+
+    def take(self, batch: list[Pending]) -> None:
+        """Remove a batch returned by `peek` (always a prefix of the walk order)."""
+        for p in batch:
+            queue = self._queues[p.level]
+            if queue and queue[0] is p:
+                queue.popleft()
+            else:
+                self._delayed.remove(p)
+            if p.deadline_ns:
+                self._with_deadline -= 1
+        self._size -= len(batch)
