@@ -197,7 +197,7 @@ def test_sending_out_of_turn_is_our_bug(state, event):
 def test_receive_window_is_restored_once_half_is_used():
     windows = FlowWindows(1, 0, 100)
     assert windows.received(50) == 0  # half left: nothing yet
-    assert windows.received(1) == 51 and windows.recv == 100
+    assert windows.received(1) == 51 and windows.recv_window == 100
     assert windows.received(80, end_stream=True) == 0  # the stream takes no more DATA: no update
     with pytest.raises(H2StreamError) as e:
         windows.received(21)
@@ -213,7 +213,7 @@ def test_window_errors_are_stream_errors_on_a_stream_and_connection_errors_on_st
     assert conn_error.value.code == H2Error.FLOW_CONTROL_ERROR
     windows = FlowWindows(5, 10, 0)
     windows.shift(-30)  # a smaller SETTINGS_INITIAL_WINDOW_SIZE may make it negative (§6.9.2)
-    assert windows.send == -20
+    assert windows.send_window == -20
     windows.shift(0x7FFFFFFF)  # exactly 2^31-1 - 20: allowed
     with pytest.raises(H2ConnectionError):  # past 2^31-1 by a SETTINGS change: a connection error (§6.9.2)
         windows.shift(21)
@@ -321,7 +321,7 @@ def test_a_smaller_initial_window_mid_stream_holds_data_until_the_window_is_posi
     peer.core.send(stream, RESPONSE_HEAD, [b"z" * 60], None)
     peer.out()
     peer.core.receive(settings(initial_window=20))  # 40 left of 100 → 40 - 80 = -40
-    assert stream.windows.send == -40
+    assert stream.send_window == -40
     peer.out()
     peer.core.send(stream, None, [b"w" * 10], TRAILERS)
     assert [k for k, _, _, _ in peer.frames()] == []

@@ -14,6 +14,7 @@ machine ~100 µs; the HTTP/2 a gRPC server needs is small enough to do directly,
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 import time
@@ -63,6 +64,8 @@ class H2Connection(asyncio.Protocol):
         self._on_close = on_close
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
+        # CoreEvents.stream_opened: the app's, with this connection bound (a C-level call per request).
+        self.stream_opened = functools.partial(app.open_stream, self)
         self._core = core = H2Core(Role.SERVER, limits, self, self._loop.time())
         self.send = core.send  # type: ignore[assignment]
         self.reset_stream = core.reset_stream
@@ -105,9 +108,6 @@ class H2Connection(asyncio.Protocol):
             self._transport.writelines(parts)  # one writev on uvloop; no copy of large messages
 
     # ------------------------------------------------------------------ CoreEvents
-
-    def stream_opened(self, stream: H2Stream, head: RequestHead) -> StreamHandler:
-        return self._app.open_stream(self, stream, head)
 
     def settings_received(self) -> None:
         pass

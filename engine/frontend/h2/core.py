@@ -28,9 +28,9 @@ from .guard import ConnectionClock, FloodGuard
 from .headers import FieldBlock, HeaderDecoder, ResponseDecoder
 from .lifecycle import SHUTDOWN_PING, Lifecycle
 from .outbound import Outbound
+from .states import AFTER, TRANSITIONS, transition
 from .states import StreamEvent as E
 from .states import StreamState as S
-from .states import transition
 from .streams import CoreEvents, H2Stream, Limits, Role, StreamHandler
 
 log = logging.getLogger("hubserve.h2")
@@ -39,13 +39,26 @@ _EMPTY = memoryview(b"")
 _WORD = struct.Struct(">L")
 _TWO_WORDS = struct.Struct(">LL")
 
+# The request path looks the state table up by event, `_AFTER_X(state) or transition(state, X, id)`: the
+# table decides; `transition` is reached only to raise for a move the table lacks.
+_AFTER_RECV_DATA = AFTER[E.RECV_DATA].get
+_AFTER_RECV_END = AFTER[E.RECV_END_STREAM].get
+_AFTER_RECV_HEADERS = AFTER[E.RECV_HEADERS].get
+_AFTER_SEND_DATA = AFTER[E.SEND_DATA].get
+_AFTER_SEND_HEADERS = AFTER[E.SEND_HEADERS].get
+_AFTER_SEND_END = AFTER[E.SEND_END_STREAM].get
+_CLOSED, _HALF_CLOSED_LOCAL = S.CLOSED, S.HALF_CLOSED_LOCAL
+_OPENED = TRANSITIONS[(S.IDLE, E.RECV_HEADERS)]
+_OPENED_ENDED = TRANSITIONS[(_OPENED, E.RECV_END_STREAM)]
+
 
 class H2Core(Lifecycle):
     def __init__(self, role: Role, limits: Limits, events: CoreEvents, now: float = 0.0) -> None:
         self._role = role
         self._limits = limits
         self._events = events
-        server = role is Role.SERVER
+        self._stream_opened = events.stream_opened
+        self._server = server = role is Role.SERVER
         self._decoder: HeaderDecoder | ResponseDecoder = (HeaderDecoder if server else ResponseDecoder)(
             limits.max_header_list_bytes)
         self._out = Outbound(self._end_sent, events.output_ready, limits.connection_window_bytes)
@@ -130,9 +143,12 @@ class H2Core(Lifecycle):
         allow (the common case); otherwise DATA waits, in order, for WINDOW_UPDATE, and the end behind it.
         Returns whether the end went out now. On a closed stream (reset, say) nothing is sent."""
         state = stream.state
-        if state is S.CLOSED or self._closed:
+        if state is _CLOSED or self._closed:
             return False
-        stream.state = transition(state, E.SEND_DATA if head is None else E.SEND_HEADERS, stream.id)
+        if head is None:
+            stream.state = _AFTER_SEND_DATA(state) or transition(state, E.SEND_DATA, stream.id)
+        else:
+            stream.state = _AFTER_SEND_HEADERS(state) or transition(state, E.SEND_HEADERS, stream.id)
         return self._out.send(stream, head, data, trailers, end_stream)
 
     def reset_stream(self, stream: H2Stream, code: H2Error, reason: str) -> None:
@@ -239,19 +255,31 @@ class H2Core(Lifecycle):
         end = flags & f.END_STREAM
         if not length and not end:
             self._guard.empty_frame()
-        if increment := self._conn.received(length):  # we consume DATA as it arrives
+        # Flow control: the common case (no WINDOW_UPDATE due, no error) inline; FlowWindows.received the rest.
+        conn = self._conn
+        left = conn.recv_window - length
+        if left >= conn.recv_size >> 1:
+            conn.recv_window = left
+        elif increment := conn.received(length):  # we consume DATA as it arrives
             self._out.write(f.window_update(0, increment))
         stream = self._streams.get(stream_id)
         if stream is None:
             if self._is_idle(stream_id):
                 raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"DATA on idle stream {stream_id}")  # §5.1
             return  # a stream we reset or finished: frames in flight are expected (§5.4.2, §6.4)
-        stream.state = state = transition(stream.state, E.RECV_END_STREAM if end else E.RECV_DATA, stream_id)
-        if increment := stream.windows.received(length, bool(end)):
+        if end:
+            state = _AFTER_RECV_END(stream.state) or transition(stream.state, E.RECV_END_STREAM, stream_id)
+        else:
+            state = _AFTER_RECV_DATA(stream.state) or transition(stream.state, E.RECV_DATA, stream_id)
+        stream.state = state
+        left = stream.recv_window - length
+        if left >= 0 and (end or left >= stream.recv_size >> 1):
+            stream.recv_window = left
+        elif increment := stream.received(length, bool(end)):
             self._out.write(f.window_update(stream_id, increment))
-        data = f.strip_padding(payload, flags, stream_id)
+        data = f.strip_padding(payload, flags, stream_id) if flags & f.PADDED else payload
         handler = stream.handler
-        if state is S.CLOSED:  # the last frame of a stream we had half-closed
+        if state is _CLOSED:  # the last frame of a stream we had half-closed
             self._forget(stream)
             handler.data_received(data, True)
             self._close_if_idle()
@@ -289,28 +317,26 @@ class H2Core(Lifecycle):
         end = bool(flags & f.END_STREAM)
         stream = self._streams.get(stream_id)
         if stream is not None:  # a response's headers, or trailers, which must end the stream (§8.1)
-            stream.state = transition(stream.state, E.RECV_HEADERS, stream_id)
+            state = _AFTER_RECV_HEADERS(stream.state) or transition(stream.state, E.RECV_HEADERS, stream_id)
             if stream.head_seen and not end:
                 raise H2StreamError(stream_id, H2Error.PROTOCOL_ERROR, "trailers without END_STREAM")
             stream.head_seen = True
             handler = stream.handler
             if end:
-                stream.state = transition(stream.state, E.RECV_END_STREAM, stream_id)
-                if stream.state is S.CLOSED:
+                stream.state = state = _AFTER_RECV_END(state) or transition(state, E.RECV_END_STREAM, stream_id)
+                if state is _CLOSED:
                     self._forget(stream)
                     handler.headers_received(head, True)
                     self._close_if_idle()
                     return
+            stream.state = state
             handler.headers_received(head, end)
             return
-        if self._role is Role.CLIENT:  # a server opens no streams
+        if not self._server:  # a server opens no streams
             if self._is_idle(stream_id):
                 raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"HEADERS on idle stream {stream_id}")
             return  # a stream we gave up on: its late answer is dropped (the block was decoded above)
-        self._open_peer_stream(stream_id, head, end)
-
-    def _open_peer_stream(self, stream_id: int, head: object, end: bool) -> None:
-        """Server role: a client's HEADERS on a stream not open now."""
+        # Server role: a client's HEADERS on a stream not open now.
         if stream_id <= self._last_peer_id:
             # A stream we finished or reset: frames in flight are ignored (§5.4.2, §6.4); the block was decoded.
             # (Without a record of every closed id, an id reused out of order is ignored the same way.)
@@ -324,21 +350,19 @@ class H2Core(Lifecycle):
             self._answer_unread()
             self._out.write(f.rst_stream(stream_id, H2Error.REFUSED_STREAM))
             return
-        malformed = head.malformed  # type: ignore[attr-defined]  # a RequestHead: the server's decoder
+        malformed = head.malformed  # type: ignore[union-attr]  # a RequestHead: the server's decoder
         if malformed:  # §8.1.1
             log.debug("malformed request on stream %d: %s", stream_id, malformed)
             self._answer_unread()
             self._out.write(f.rst_stream(stream_id, H2Error.PROTOCOL_ERROR))
             return
         stream = H2Stream(stream_id, self._out.initial_window, self._limits.stream_window_bytes)
-        stream.state = transition(S.IDLE, E.RECV_HEADERS, stream_id)
-        if end:
-            stream.state = transition(stream.state, E.RECV_END_STREAM, stream_id)
+        stream.state = _OPENED_ENDED if end else _OPENED  # idle → open (→ half-closed remote), §5.1
         stream.head_seen = True
         self._streams[stream_id] = stream
         self._opened = True
-        handler = self._events.stream_opened(stream, head)
-        if stream.state is not S.CLOSED:  # (a call answered at once is forgotten already: no reference back)
+        handler = self._stream_opened(stream, head)
+        if stream.state is not _CLOSED:  # (a call answered at once is forgotten already: no reference back)
             stream.handler = handler
             if end:
                 handler.data_received(_EMPTY, True)
@@ -420,7 +444,7 @@ class H2Core(Lifecycle):
             self._conn.granted(increment)
             self._out.flush()
         elif (stream := self._streams.get(stream_id)) is not None:
-            stream.windows.granted(increment)
+            stream.granted(increment)
             if stream_id in self._out.blocked:
                 self._out.drain(stream)
         elif self._is_idle(stream_id):
@@ -431,12 +455,12 @@ class H2Core(Lifecycle):
     def _end_sent(self, stream: H2Stream, queued: bool) -> None:
         """Our END_STREAM went out (outbound.py). A server whose client is still sending tells it to stop
         without error (§8.1)."""
-        state = transition(stream.state, E.SEND_END_STREAM, stream.id)
-        if state is S.HALF_CLOSED_LOCAL and self._role is Role.SERVER:
+        state = _AFTER_SEND_END(stream.state) or transition(stream.state, E.SEND_END_STREAM, stream.id)
+        if state is _HALF_CLOSED_LOCAL and self._server:
             self._out.write(f.rst_stream(stream.id, H2Error.NO_ERROR))
             state = transition(state, E.SEND_RST, stream.id)
         stream.state = state
-        if state is S.CLOSED:
+        if state is _CLOSED:
             self._forget(stream)
         if queued:
             self._events.stream_sent(stream)
@@ -445,7 +469,7 @@ class H2Core(Lifecycle):
     def _forget(self, stream: H2Stream) -> StreamHandler:
         """The stream is closed: the core lets go of it and of its handler (returned, to reset it if need
         be), so a handler's buffers are freed once the app lets go too."""
-        stream.state = S.CLOSED
+        stream.state = _CLOSED
         self._out.forget(stream)
         self._streams.pop(stream.id, None)
         handler, stream.handler = stream.handler, None

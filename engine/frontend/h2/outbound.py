@@ -25,7 +25,7 @@ class Outbound:
                  recv_window: int) -> None:
         self._on_finished = on_finished
         self._on_output = on_output
-        # The connection's windows: `send` the peer's for us; `recv` ours for it, used by the receiving side.
+        # The connection's windows: the peer's for us, and ours for it (used by the receiving side).
         self.windows = FlowWindows(0, f.DEFAULT_WINDOW, recv_window)
         self.initial_window = f.DEFAULT_WINDOW  # SETTINGS_INITIAL_WINDOW_SIZE of the peer
         self.max_frame = f.DEFAULT_MAX_FRAME_SIZE  # SETTINGS_MAX_FRAME_SIZE of the peer
@@ -38,23 +38,20 @@ class Outbound:
 
     def send(self, stream: H2Stream, head: bytes | None, data: list[bytes], trailers: bytes | None,
              end_stream: bool = False) -> bool:
-        """See H2Core.send. The caller has checked the stream's state."""
-        if self.closed:
-            return False
+        """See H2Core.send, which checks that neither the stream nor the connection is closed."""
         size = 0
         for part in data:
             size += len(part)
         sid = stream.id
         max_frame = self.max_frame
-        windows = stream.windows
         conn = self.windows
         ending = trailers is not None or end_stream
-        if not stream.pending and not self.paused and size <= windows.send and size <= conn.send:
+        if not stream.pending and not self.paused and size <= stream.send_window and size <= conn.send_window:
             out: list[bytes | memoryview] = [] if head is None else [f.headers(sid, head, False, max_frame)]
             last_flags = f.END_STREAM if trailers is None and end_stream else 0
             if size:
-                windows.send -= size
-                conn.send -= size
+                stream.send_window -= size
+                conn.send_window -= size
                 if size <= max_frame:
                     out.append(f.frame_header(size, f.DATA, last_flags, sid))
                     out += data
@@ -96,11 +93,10 @@ class Outbound:
         out: list[bytes | memoryview] = []
         pending = stream.pending
         sid = stream.id
-        windows = stream.windows
         conn = self.windows
         ending = stream.end_with_data
         while pending and not self.paused:
-            allowed = min(windows.send, conn.send, self.max_frame)
+            allowed = min(stream.send_window, conn.send_window, self.max_frame)
             if allowed <= 0:
                 break
             chunk = pending[0]
@@ -112,8 +108,8 @@ class Outbound:
             flags = f.END_STREAM if ending and not pending else 0
             out.append(f.frame_header(len(chunk), f.DATA, flags, sid))
             out.append(chunk)
-            windows.send -= len(chunk)
-            conn.send -= len(chunk)
+            stream.send_window -= len(chunk)
+            conn.send_window -= len(chunk)
             self.queued_bytes -= len(chunk)
         done = not pending and not self.paused
         if done:
@@ -138,7 +134,7 @@ class Outbound:
         if not self.blocked:  # the common case: gRPC clients return window after every answer
             return
         for stream in list(self.blocked.values()):
-            if self.windows.send <= 0 or self.paused or self.closed:
+            if self.windows.send_window <= 0 or self.paused or self.closed:
                 return
             self.drain(stream)
 
@@ -147,7 +143,7 @@ class Outbound:
         delta = value - self.initial_window
         self.initial_window = value
         for stream in streams:
-            stream.windows.shift(delta)
+            stream.shift(delta)
 
     def forget(self, stream: H2Stream) -> None:
         for chunk in stream.pending:

@@ -76,6 +76,12 @@ TRANSITIONS: dict[tuple[StreamState, StreamEvent], StreamState] = {
 
 _RECEIVED = frozenset((E.RECV_HEADERS, E.RECV_DATA, E.RECV_END_STREAM, E.RECV_RST))
 
+# The same table by event, for the request path: `AFTER[event].get(state)` is one dict lookup and builds no
+# tuple. None where TRANSITIONS has no move: then `transition` raises the error.
+AFTER: dict[StreamEvent, dict[StreamState, StreamState]] = {event: {} for event in StreamEvent}
+for (_state, _event), _next in TRANSITIONS.items():
+    AFTER[_event][_state] = _next
+
 
 def transition(state: StreamState, event: StreamEvent, stream_id: int) -> StreamState:
     """The state after `event`; raises the error the RFC names when the table has no such move."""

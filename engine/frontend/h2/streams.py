@@ -115,15 +115,17 @@ class CoreEvents(Protocol):
         peer to read it). `code`: the connection error we sent in GOAWAY, if that is why (else None)."""
 
 
-class H2Stream:
-    """One stream. Owned by its connection's core until closed; the handler's side holds it to send."""
+class H2Stream(FlowWindows):
+    """One stream: its state, its flow-control windows (inherited), what waits to be sent, its handler. Owned
+    by its connection's core until closed; the handler's side holds it to send."""
 
-    __slots__ = ("end_with_data", "handler", "head_seen", "id", "pending", "state", "trailers", "windows")
+    __slots__ = ("end_with_data", "handler", "head_seen", "pending", "state", "trailers")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id
+        self.send_window = send_window
+        self.recv_window = self.recv_size = recv_window
         self.state = StreamState.IDLE
-        self.windows = FlowWindows(stream_id, send_window, recv_window)
         self.head_seen = False  # the peer's first field block arrived: any later one is trailers (§8.1)
         self.handler: Any = None
         self.pending: deque[memoryview] = deque()  # DATA waiting for window
