@@ -10,6 +10,7 @@ loop's round, so one round's frames leave in one syscall.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 
 from . import frames as f
@@ -74,6 +75,8 @@ class Outbound:
                 self._on_finished(stream, False)
             return ending
         first: list[bytes | memoryview] = [] if head is None else [f.headers(sid, head, False, max_frame)]
+        if stream.pending is None:
+            stream.pending = deque()
         if size:
             stream.pending.append(memoryview(b"".join(data)))
             self.queued_bytes += size
@@ -92,6 +95,7 @@ class Outbound:
         allow now (§6.9.1), then its END_STREAM (trailers, or a flag on the last DATA) once no DATA is left."""
         out: list[bytes | memoryview] = []
         pending = stream.pending
+        assert pending is not None  # made when the stream was blocked
         sid = stream.id
         conn = self.windows
         ending = stream.end_with_data
@@ -146,9 +150,10 @@ class Outbound:
             stream.shift(delta)
 
     def forget(self, stream: H2Stream) -> None:
-        for chunk in stream.pending:
-            self.queued_bytes -= len(chunk)
-        stream.pending.clear()
+        if stream.pending:
+            for chunk in stream.pending:
+                self.queued_bytes -= len(chunk)
+            stream.pending = None
         stream.trailers = None
         stream.end_with_data = False
         self.blocked.pop(stream.id, None)

@@ -128,7 +128,7 @@ class H2Stream(FlowWindows):
         self.state = StreamState.IDLE
         self.head_seen = False  # the peer's first field block arrived: any later one is trailers (§8.1)
         self.handler: Any = None
-        self.pending: deque[memoryview] = deque()  # DATA waiting for window
+        self.pending: deque[memoryview] | None = None  # DATA waiting for window (made when some first waits)
         self.trailers: bytes | None = None  # trailers waiting behind `pending`
         self.end_with_data = False  # END_STREAM goes on the last of `pending` (no trailers)
 
