@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
 
 import hpack
 
@@ -53,6 +54,9 @@ _OPENED_ENDED = TRANSITIONS[(_OPENED, E.RECV_END_STREAM)]
 
 
 class H2Core(Lifecycle):
+    data_to_send: Callable[[], list[bytes | memoryview]]
+    """The bytes to write, in order (for `transport.writelines`); empties the outbox."""
+
     def __init__(self, role: Role, limits: Limits, events: CoreEvents, now: float = 0.0) -> None:
         self._role = role
         self._limits = limits
@@ -62,6 +66,7 @@ class H2Core(Lifecycle):
         self._decoder: HeaderDecoder | ResponseDecoder = (HeaderDecoder if server else ResponseDecoder)(
             limits.max_header_list_bytes)
         self._out = Outbound(self._end_sent, events.output_ready, limits.connection_window_bytes)
+        self.data_to_send = self._out.take  # bound here: the adapter calls it once per loop round
         self._conn = self._out.windows  # the connection's windows, both directions
         self._buffer = bytearray()
         self._need = len(f.PREFACE) if server else 9  # bytes the buffer must hold before parsing is worth trying
@@ -95,10 +100,6 @@ class H2Core(Lifecycle):
         magic = f.PREFACE if self._role is Role.CLIENT else b""
         self._out.write(magic + f.settings(self._limits.settings(self._role))
                         + (f.window_update(0, window) if window > 0 else b""))
-
-    def data_to_send(self) -> list[bytes | memoryview]:
-        """The bytes to write, in order (for `transport.writelines`); empties the outbox."""
-        return self._out.take()
 
     def writing_paused(self) -> None:
         self._out.paused = True
@@ -464,7 +465,8 @@ class H2Core(Lifecycle):
             self._forget(stream)
         if queued:
             self._events.stream_sent(stream)
-        self._close_if_idle()
+        if not self._streams:  # (a busy connection skips the call)
+            self._close_if_idle()
 
     def _forget(self, stream: H2Stream) -> StreamHandler:
         """The stream is closed: the core lets go of it and of its handler (returned, to reset it if need
