@@ -15,7 +15,7 @@ from hubserve_harness import ROOT, checkout_env
 # policies, with their packages' __init__), the generated protobuf messages, and the datatype table
 # (engine.types, with engine.errors, which it raises).
 H2_CORE = {f"engine.frontend.h2.{m}" for m in ("frames", "headers", "states", "windows", "streams", "guard",
-                                               "outbound", "lifecycle", "core")}
+                                               "outbound", "control", "lifecycle", "core")}
 SHARED = {"engine", "engine.errors", "engine.types", "engine.proto", "engine.frontend", "engine.frontend.h2",
           *H2_CORE}
 

@@ -8,7 +8,8 @@ by the server and the load tester's client (perf/hubserve_perf/grpc_h2.py):
     headers.py    HPACK via `hpack`: request heads (validated, cached) and response heads; our fixed blocks
     guard.py      flood, memory and timeout policies, time passed in
     streams.py    Role, Limits, H2Stream, and the interfaces up: StreamHandler, CoreEvents
-    core.py       H2Core: the receive loop and frame handlers for either role, stream opening, `send`
+    core.py       H2Core: the receive loop, HEADERS/CONTINUATION/DATA for either role, stream opening, `send`
+    control.py    its control frames: SETTINGS, PING, RST_STREAM, GOAWAY, WINDOW_UPDATE; stream errors
     outbound.py   its sending half: windows out, DATA queued for them, the outbox
     lifecycle.py  its ending half: two-step GOAWAY, connection errors, timeouts
 Above the core, the server only:

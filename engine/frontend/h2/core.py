@@ -7,7 +7,9 @@ One core for both roles, so framing, stream states (states.py), flow-control win
 connection-level rules (SETTINGS, PING, RST_STREAM, GOAWAY, limits) exist once. What differs by role is small:
 the server reads the client preface and validates request heads (headers.py), opens a stream when a client's
 HEADERS arrive and refuses it past its limits; the client sends the preface and opens streams itself
-(`open_stream`). Sending, with DATA queued for window, is outbound.py; ending the connection, lifecycle.py.
+(`open_stream`). The frames that carry no request (SETTINGS, PING, RST_STREAM, GOAWAY, WINDOW_UPDATE,
+PRIORITY, PUSH_PROMISE) are control.py; sending, with DATA queued for window, outbound.py; ending the
+connection, lifecycle.py.
 
 Why calls up rather than a list of event objects: the server's hot path is a HEADERS and a DATA frame per
 request, and an event object per frame (built, returned, dispatched by type) costs more than the rest of the
@@ -24,10 +26,11 @@ from collections.abc import Callable
 import hpack
 
 from . import frames as f
-from .frames import H2ConnectionError, H2Error, H2StreamError, error_code
+from .control import Control
+from .frames import H2ConnectionError, H2Error, H2StreamError
 from .guard import ConnectionClock, FloodGuard
 from .headers import FieldBlock, HeaderDecoder, ResponseDecoder
-from .lifecycle import SHUTDOWN_PING, Lifecycle
+from .lifecycle import Lifecycle
 from .outbound import Outbound
 from .states import AFTER, TRANSITIONS, transition
 from .states import StreamEvent as E
@@ -38,7 +41,6 @@ log = logging.getLogger("hubserve.h2")
 
 _EMPTY = memoryview(b"")
 _WORD = struct.Struct(">L")
-_TWO_WORDS = struct.Struct(">LL")
 
 # The request path looks the state table up by event, `_AFTER_X(state) or transition(state, X, id)`: the
 # table decides; `transition` is reached only to raise for a move the table lacks.
@@ -53,7 +55,7 @@ _OPENED = TRANSITIONS[(S.IDLE, E.RECV_HEADERS)]
 _OPENED_ENDED = TRANSITIONS[(_OPENED, E.RECV_END_STREAM)]
 
 
-class H2Core(Lifecycle):
+class H2Core(Control, Lifecycle):
     data_to_send: Callable[[], list[bytes | memoryview]]
     """The bytes to write, in order (for `transport.writelines`); empties the outbox."""
 
@@ -63,6 +65,7 @@ class H2Core(Lifecycle):
         self._events = events
         self._stream_opened = events.stream_opened
         self._server = server = role is Role.SERVER
+        self._peer = "client" if server else "server"  # for error messages
         self._decoder: HeaderDecoder | ResponseDecoder = (HeaderDecoder if server else ResponseDecoder)(
             limits.max_header_list_bytes)
         self._out = Outbound(self._end_sent, events.output_ready, limits.connection_window_bytes)
@@ -220,10 +223,6 @@ class H2Core(Lifecycle):
             self._buffer += view[offset:]
             self._need = need
 
-    @property
-    def _peer(self) -> str:
-        return "client" if self._role is Role.SERVER else "server"
-
     def _preface(self, data: bytes) -> bytes:
         """Consume the client connection preface (§3.4); returns the bytes after it, b"" while incomplete."""
         self._buffer += data
@@ -368,89 +367,6 @@ class H2Core(Lifecycle):
             if end:
                 handler.data_received(_EMPTY, True)
 
-    def _on_priority(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "PRIORITY on stream 0")  # §6.3
-        if len(payload) != 5:
-            raise H2StreamError(stream_id, H2Error.FRAME_SIZE_ERROR, "PRIORITY payload is not 5 bytes")
-        self._guard.empty_frame()  # deprecated (§5.3.2): it does nothing here
-
-    def _on_rst_stream(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, "RST_STREAM payload is not 4 bytes")  # §6.4
-        if stream_id == 0 or self._is_idle(stream_id):
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"RST_STREAM on idle stream {stream_id}")
-        stream = self._streams.get(stream_id)
-        if stream is not None:
-            self._guard.stream_reset()
-            stream.state = transition(stream.state, E.RECV_RST, stream_id)
-            self._forget(stream).reset(error_code(_WORD.unpack_from(payload)[0]))
-            self._close_if_idle()
-
-    def _on_settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id != 0:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "SETTINGS on a stream")  # §6.5
-        if flags & f.ACK:
-            if payload:
-                raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            self._decoder.table_size_acknowledged()  # we send SETTINGS once: this acknowledges them
-            return
-        self._guard.settings_frame()
-        self._answer_unread()
-        for key, value in f.parse_settings(payload):  # in order (§6.5.3)
-            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
-                self._out.initial_window_changed(value, self._streams.values())
-            elif key == f.SETTINGS_MAX_FRAME_SIZE:
-                self._out.max_frame = value
-            elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
-                self.peer_max_streams = value
-            # HEADER_TABLE_SIZE: our blocks never index.
-        self._out.write(f.SETTINGS_ACK)
-        self._out.flush()
-        self._events.settings_received()
-
-    def _on_push_promise(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        # A client cannot push (§8.4); a server may not once the client said SETTINGS_ENABLE_PUSH 0 (§6.6).
-        raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"PUSH_PROMISE from the {self._peer}: push is off")
-
-    def _on_ping(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 8:
-            raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")  # §6.7
-        if stream_id != 0:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "PING on a stream")
-        if not flags & f.ACK:
-            self._guard.ping()
-            self._answer_unread()
-            self._out.write(f.ping(bytes(payload), ack=True))
-        elif payload == SHUTDOWN_PING and self._shutting_down and self._goaway_last is None:
-            self._final_goaway()
-
-    def _on_goaway(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id != 0 or len(payload) < 8:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "malformed GOAWAY")  # §6.8
-        last, code = _TWO_WORDS.unpack_from(payload)
-        last &= f.STREAM_ID_MASK
-        self._peer_gone = True  # it opens no more streams; those open finish
-        # Streams we opened above its last id were not processed: safe to retry elsewhere (§6.8, §8.7).
-        for stream in [s for s in self._streams.values() if s.id & 1 != self._peer_parity and s.id > last]:
-            self._forget(stream).reset(H2Error.REFUSED_STREAM)
-        self._events.goaway_received(last, error_code(code), bytes(payload[8:]))
-        self._close_if_idle()
-
-    def _on_window_update(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, "WINDOW_UPDATE payload is not 4 bytes")  # §6.9
-        increment = _WORD.unpack_from(payload)[0] & f.STREAM_ID_MASK
-        if stream_id == 0:
-            self._conn.granted(increment)
-            self._out.flush()
-        elif (stream := self._streams.get(stream_id)) is not None:
-            stream.granted(increment)
-            if stream_id in self._out.blocked:
-                self._out.drain(stream)
-        elif self._is_idle(stream_id):
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")  # §5.1
-
     # ------------------------------------------------------------------ stream ends
 
     def _end_sent(self, stream: H2Stream, queued: bool) -> None:
@@ -476,19 +392,3 @@ class H2Core(Lifecycle):
         self._streams.pop(stream.id, None)
         handler, stream.handler = stream.handler, None
         return handler  # type: ignore[no-any-return]
-
-    def _answer_unread(self) -> None:
-        """Before queueing an answer to a peer's control frame: it counts while the peer doesn't read."""
-        if self._out.paused:
-            self._guard.ack_unread()
-
-    def _stream_error(self, error: H2StreamError) -> None:
-        """§5.4.2: RST_STREAM with the error; the handler's work on the stream stops."""
-        log.debug("stream %d reset: %s", error.stream_id, error.message)
-        self._out.write(f.rst_stream(error.stream_id, error.code))
-        stream = self._streams.get(error.stream_id)
-        if stream is not None:
-            if stream.state is not S.CLOSED:
-                stream.state = transition(stream.state, E.SEND_RST, stream.id)
-            self._forget(stream).reset(error.code)
-            self._close_if_idle()
