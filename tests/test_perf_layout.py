@@ -10,11 +10,14 @@ import sys
 
 from hubserve_harness import ROOT, checkout_env
 
-# What the load tester may take from the server package: the wire, never a stage. The frame numbers and
-# serializers and the HPACK encoders (with their packages' __init__), the generated protobuf messages, and
-# the datatype table (engine.types, with engine.errors, which it raises).
+# What the load tester may take from the server package: the wire, never a stage. The sans-I/O HTTP/2 core
+# (frames, HPACK, stream states, windows, the core with its sending and ending halves, its limits and
+# policies, with their packages' __init__), the generated protobuf messages, and the datatype table
+# (engine.types, with engine.errors, which it raises).
+H2_CORE = {f"engine.frontend.h2.{m}" for m in ("frames", "headers", "states", "windows", "streams", "guard",
+                                               "outbound", "control", "lifecycle", "core")}
 SHARED = {"engine", "engine.errors", "engine.types", "engine.proto", "engine.frontend", "engine.frontend.h2",
-          "engine.frontend.h2.frames", "engine.frontend.h2.headers"}
+          *H2_CORE}
 
 
 def imported_after(code: str) -> set[str]:
@@ -42,10 +45,13 @@ def test_the_load_tester_loads_no_server_stage() -> None:
     assert server_modules(modules) == []
 
 
-def test_the_http2_client_loads_only_the_frame_and_hpack_helpers() -> None:
+def test_the_http2_client_loads_only_the_http2_core() -> None:
     modules = imported_after("import hubserve_perf.grpc_h2")
-    assert "engine.frontend.h2.frames" in modules and "engine.frontend.h2.headers" in modules
+    assert H2_CORE <= modules
     assert server_modules(modules) == []
+    # The core is the wire only: no asyncio adapter (connection.py), gRPC (grpc.py, rpcs.py) or listener.
+    assert not {"engine.frontend.h2.connection", "engine.frontend.h2.grpc", "engine.frontend.h2.rpcs",
+                "engine.frontend.h2.server"} & modules
 
 
 def test_the_server_never_imports_the_load_tester() -> None:

@@ -16,7 +16,8 @@ The request path of one run, one module per stage:
 
 A package of its own, beside the server rather than inside it: it is a client and talks to any server of the
 protocol (hubserve or Triton). From the server package it takes only what describes the wire, never a stage
-of the request path: the HTTP/2 frame and HPACK helpers (engine/frontend/h2/frames.py, headers.py), the
+of the request path: the sans-I/O HTTP/2 core the server runs on (engine/frontend/h2/core.py, in the client
+role, with its frames, HPACK, stream states and windows; none of it imports gRPC or the data plane), the
 generated protobuf messages (engine/proto/) and the datatype table (engine.types.DataType).
 tests/test_perf_layout.py checks that importing it loads no other server module, and that the server never
 imports it.

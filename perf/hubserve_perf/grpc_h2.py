@@ -30,13 +30,15 @@ import time
 import urllib.parse
 from typing import Any
 
-# The server's frame numbers and serializers, and its HPACK encoders: all the load tester shares with it.
+# The HTTP/2 core the server runs on (framing, stream states, flow control), in the client role, with its
+# frame numbers and HPACK encoders: all the load tester shares with the server. None of it imports gRPC or
+# the data plane (tests/test_perf_layout.py).
 from engine.frontend.h2 import frames as f
+from engine.frontend.h2.core import H2Core
 from engine.frontend.h2.headers import hpack_integer, hpack_string
+from engine.frontend.h2.streams import H2Stream, Limits, Role
 
 from .types import PerfError
-
-RECEIVE_REPLENISH = 1 << 20  # give the server back its connection window every MiB received
 
 _now = time.monotonic_ns
 
@@ -76,44 +78,97 @@ class NotSent(PerfError):
     """The call never reached the server (connection retired first, or refused by GOAWAY): safe to retry."""
 
 
-class _Stream:
-    __slots__ = ("data", "first_byte_ns", "future", "headers", "id", "send_window")
+class _Call:
+    """The StreamHandler of one unary call: collects the answer and settles `future` once, with (message,
+    monotonic ns of its first answer frame) or a PerfError."""
 
-    def __init__(self, stream_id: int, future: asyncio.Future[tuple[bytes, int]], send_window: int) -> None:
-        self.id = stream_id
+    __slots__ = ("conn", "data", "first_byte_ns", "future", "headers", "sent")
+
+    def __init__(self, conn: H2Connection, future: asyncio.Future[tuple[bytes, int]]) -> None:
+        self.conn = conn
         self.future = future
-        self.send_window = send_window
         self.headers: dict[bytes, bytes] | None = None
-        self.data: list[bytes] = []
+        self.data: list[memoryview] = []
         self.first_byte_ns = 0
+        self.sent: asyncio.Future[None] | None = None  # set while the request waits for flow-control window
+
+    def headers_received(self, head: dict[bytes, bytes], end_stream: bool) -> None:
+        if self.headers is None:
+            self.headers = head
+            self.first_byte_ns = _now()
+            status = head.get(b":status", b"")
+            if status != b"200":
+                self._settle(PerfError(f"the server answered the gRPC call with HTTP {status.decode()}"))
+        if end_stream:  # trailers, or a trailers-only answer
+            self._complete(head)
+            self.conn.stream_done()
+
+    def data_received(self, data: memoryview, end_stream: bool) -> None:
+        self.data.append(data)
+        if end_stream:
+            self._settle(PerfError("the gRPC answer ended without trailers (no grpc-status)"))
+            self.conn.stream_done()
+
+    def reset(self, code: f.H2Error | int) -> None:
+        if code == f.H2Error.REFUSED_STREAM:  # §8.7: not processed (RST_STREAM, or above a GOAWAY's last id)
+            self._settle(NotSent("the server did not take the request (REFUSED_STREAM or GOAWAY)"))
+        elif self.conn.lost is not None:
+            self._settle(self.conn.lost)
+        else:
+            self._settle(PerfError(f"the server reset the gRPC stream (HTTP/2 error {h2_error_name(code)})"))
+        self.conn.stream_done()
+
+    def _complete(self, trailers: dict[bytes, bytes]) -> None:
+        code = int(trailers.get(b"grpc-status", b"2"))
+        if code != 0:
+            name = grpc_status_name(code)
+            message = urllib.parse.unquote(trailers.get(b"grpc-message", b"").decode(errors="replace"))
+            self._settle(PerfError(f"the server refused an inference request ({name}): {message}"))
+            return
+        body = b"".join(self.data)
+        if len(body) < 5 or body[0] != 0:
+            self._settle(PerfError("the gRPC answer is compressed or carries no message"))
+            return
+        length = int.from_bytes(body[1:5], "big")
+        self._settle((body[5:5 + length], self.first_byte_ns))
+
+    def _settle(self, outcome: tuple[bytes, int] | PerfError) -> None:
+        if self.sent is not None and not self.sent.done():
+            self.sent.set_result(None)
+        if self.future.done():
+            return
+        if isinstance(outcome, PerfError):
+            self.future.set_exception(outcome)
+        else:
+            self.future.set_result(outcome)
+
+
+CLIENT_LIMITS = Limits(
+    stream_window_bytes=f.MAX_WINDOW, connection_window_bytes=f.MAX_WINDOW,  # the server never waits on us
+    max_frame_bytes=f.DEFAULT_MAX_FRAME_SIZE,  # we advertise none, so the default holds (§6.5.2)
+    max_resets_per_window=1 << 30,  # a server refusing streams under overload is not a flood
+    client_timeout_secs=0, idle_timeout_secs=0)  # nothing ticks a client's core
 
 
 class H2Connection(asyncio.Protocol):
-    """One HTTP/2 connection carrying many concurrent unary calls. Owned by GrpcH2Client."""
+    """One HTTP/2 connection carrying many concurrent unary calls: the asyncio adapter over the same sans-I/O
+    core as the server's (engine/frontend/h2/core.py), in the client role. Owned by GrpcH2Client.
+
+    Unlike the server's adapter, it writes at once rather than at the end of the loop's round: each call's
+    request leaves as it is made, as perf_analyzer's do, so what the server sees per read is not changed by
+    how our calls happen to be scheduled."""
 
     def __init__(self, header_block: bytes) -> None:
-        import hpack
-
-        self._decoder = hpack.Decoder()
-        self._decoder.header_table_size = 0  # as we advertise: blocks carry no state from one to the next
-        self._decoded: dict[bytes, dict[bytes, bytes]] = {}
         self._header_block = header_block
         self._transport: Any = None
-        self._buffer = bytearray()
-        self._streams: dict[int, _Stream] = {}
-        self._next_stream_id = 1
-        self._send_window = f.DEFAULT_WINDOW  # the connection's, as the server grants it
-        self._initial_stream_window = f.DEFAULT_WINDOW
-        self._max_frame_size = f.DEFAULT_MAX_FRAME_SIZE
-        self._max_streams = f.MAX_WINDOW
-        self._received_unacked = 0
-        self._continuation: tuple[int, int, bytearray] | None = None  # stream id, flags, block so far
-        self._window_changed = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._core = H2Core(Role.CLIENT, CLIENT_LIMITS, self)
         # Calls waiting for a stream under MAX_CONCURRENT_STREAMS, oldest first; each freed stream wakes one
         # (waking all of them on every answer costs O(n²) once thousands queue behind a stalled server).
         self._stream_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self.settled: asyncio.Future[None] = asyncio.get_running_loop().create_future()  # first SETTINGS in
+        self.settled: asyncio.Future[None] = self._loop.create_future()  # first SETTINGS in
         self.retired = False  # GOAWAY received, connection lost, or stream ids used up: open a new one
+        self.lost: PerfError | None = None  # why the connection ended, for the calls it ends
 
     # asyncio.Protocol -------------------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -121,161 +176,65 @@ class H2Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.write(f.PREFACE
-                        + f.settings(((f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_ENABLE_PUSH, 0),
-                                    (f.SETTINGS_INITIAL_WINDOW_SIZE, f.MAX_WINDOW)))
-                        + f.window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW))
+        self._core.initiate()
+        self._flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.retired = True
-        self._fail_all(PerfError(f"the server closed the gRPC connection{': ' + str(exc) if exc else ''}"))
+        if self.lost is None:
+            self.lost = PerfError(f"the server closed the gRPC connection{': ' + str(exc) if exc else ''}")
+        self._core.connection_lost()
+        self._wake_stream_waiters(len(self._stream_waiters))  # they find the connection retired
         if not self.settled.done():
             self.settled.set_exception(PerfError("the server closed the gRPC connection during the handshake"))
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        offset, size = 0, len(buffer)
         try:
-            while size - offset >= f.FRAME_HEADER_SIZE:
-                length_high, length_low, kind, flags, stream_id = f.FRAME_HEADER.unpack_from(buffer, offset)
-                end = offset + f.FRAME_HEADER_SIZE + (length_high << 8 | length_low)
-                if end > size:
-                    break
-                payload = bytes(buffer[offset + f.FRAME_HEADER_SIZE:end])
-                offset = end
-                stream_id &= f.STREAM_ID_MASK
-                self._on_frame(kind, flags, stream_id, payload)
-        except PerfError as e:
-            self._abort(e)
-        except Exception as e:  # noqa: BLE001  # malformed frame or HPACK block: the connection is unusable
+            self._core.receive(data)
+        except Exception as e:  # noqa: BLE001  # a bug on our side: the connection is unusable
             self._abort(PerfError(f"unreadable HTTP/2 data from the server: {e!r}"))
-        del buffer[:offset]
+        self._flush()
 
-    # frames ------------------------------------------------------------------------------------------------
-    def _on_frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and kind != f.CONTINUATION:
-            raise PerfError("HTTP/2 protocol error: a header block was interrupted")
-        if kind == f.DATA:
-            self._on_data(flags, stream_id, payload)
-        elif kind == f.HEADERS:
-            if flags & f.PADDED:
-                payload = bytes(f.strip_padding(memoryview(payload), flags, stream_id))
-            if flags & f.PRIORITY_FLAG:
-                payload = payload[5:]
-            self._header_fragment(stream_id, flags, bytearray(payload))
-        elif kind == f.CONTINUATION:
-            if self._continuation is None or self._continuation[0] != stream_id:
-                raise PerfError("HTTP/2 protocol error: unexpected CONTINUATION")
-            sid, first_flags, block = self._continuation
-            block += payload
-            self._continuation = None
-            self._header_fragment(sid, first_flags | (flags & f.END_HEADERS), block)
-        elif kind == f.SETTINGS:
-            if not flags & f.ACK:
-                self._on_settings(payload)
-        elif kind == f.WINDOW_UPDATE:
-            increment = int.from_bytes(payload[:4], "big") & f.STREAM_ID_MASK  # the reserved bit is ignored (§6.9)
-            if stream_id == 0:
-                self._send_window += increment
-            elif stream_id in self._streams:
-                self._streams[stream_id].send_window += increment
-            self._wake(self._window_changed)
-        elif kind == f.PING:
-            if not flags & f.ACK:
-                self._transport.write(f.ping(payload, ack=True))
-        elif kind == f.RST_STREAM:
-            code = h2_error_name(int.from_bytes(payload[:4], "big"))
-            self._finish(stream_id, PerfError(f"the server reset the gRPC stream (HTTP/2 error {code})"))
-        elif kind == f.GOAWAY:
-            last = int.from_bytes(payload[:4], "big") & f.STREAM_ID_MASK
-            self.retired = True
-            for sid in [s for s in self._streams if s > last]:
-                self._finish(sid, NotSent("the server is going away (GOAWAY) and did not take the request"))
-            self._wake_stream_waiters(len(self._stream_waiters))
-        elif kind == f.PUSH_PROMISE:
-            raise PerfError("HTTP/2 protocol error: the server pushed although push is disabled")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 §5.5 asks
+    def _flush(self) -> None:
+        parts = self._core.data_to_send()
+        if parts and self._transport is not None and not self._transport.is_closing():
+            self._transport.writelines(parts)
 
-    def _on_settings(self, payload: bytes) -> None:
-        for key, value in f.parse_settings(memoryview(payload)):
-            if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
-                delta = value - self._initial_stream_window
-                self._initial_stream_window = value
-                for stream in self._streams.values():
-                    stream.send_window += delta
-            elif key == f.SETTINGS_MAX_FRAME_SIZE:
-                self._max_frame_size = value
-            elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
-                self._max_streams = value
-        self._transport.write(f.SETTINGS_ACK)
-        self._wake(self._window_changed)
-        self._wake_stream_waiters(self._max_streams - len(self._streams))
+    # CoreEvents --------------------------------------------------------------------------------------------
+    def stream_opened(self, stream: H2Stream, head: Any) -> Any:
+        raise AssertionError("the client core opens no peer streams")
+
+    def settings_received(self) -> None:
+        self._wake_stream_waiters(self._core.peer_max_streams - self._core.open_streams)
         if not self.settled.done():
             self.settled.set_result(None)
 
-    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._received_unacked += len(payload)
-        if self._received_unacked >= RECEIVE_REPLENISH:
-            self._transport.write(f.window_update(0, self._received_unacked))
-            self._received_unacked = 0
-        stream = self._streams.get(stream_id)
-        if stream is None:
-            return  # a stream we already gave up on
-        if flags & f.PADDED:
-            payload = bytes(f.strip_padding(memoryview(payload), flags, stream_id))
-        stream.data.append(payload)
-        if flags & f.END_STREAM:
-            self._finish(stream_id, PerfError("the gRPC answer ended without trailers (no grpc-status)"))
+    def goaway_received(self, last_stream_id: int, code: f.H2Error | int, debug: bytes) -> None:
+        self.retired = True
+        self._wake_stream_waiters(len(self._stream_waiters))
 
-    def _header_fragment(self, stream_id: int, flags: int, block: bytearray) -> None:
-        if not flags & f.END_HEADERS:
-            self._continuation = (stream_id, flags, block)
-            return
-        key = bytes(block)
-        headers = self._decoded.get(key)
-        if headers is None:
-            headers = dict(self._decoder.decode(key, raw=True))
-            if len(self._decoded) >= 256:  # distinct blocks (error messages, dates...) must not pile up
-                self._decoded.clear()
-            self._decoded[key] = headers
-        stream = self._streams.get(stream_id)
-        if stream is None:
-            return
-        if stream.headers is None:
-            stream.headers = headers
-            stream.first_byte_ns = _now()
-            status = headers.get(b":status", b"")
-            if status != b"200":
-                self._finish(stream_id, PerfError(f"the server answered the gRPC call with HTTP {status.decode()}"))
-                return
-        if flags & f.END_STREAM:  # trailers, or a trailers-only answer
-            self._complete(stream, headers)
+    def stream_sent(self, stream: H2Stream) -> None:
+        call = stream.handler
+        if call is not None and call.sent is not None and not call.sent.done():
+            call.sent.set_result(None)
+
+    def output_ready(self) -> None:
+        pass  # written at once: after each call's send and after each read
+
+    def close_transport(self, abort: bool, code: f.H2Error | None, message: str) -> None:
+        self.retired = True
+        if code is not None and self.lost is None:
+            self.lost = PerfError(f"HTTP/2 protocol error from the server ({code.name}): {message}")
+        self._flush()
+        if self._transport is not None:
+            if abort:
+                self._transport.abort()
+            else:
+                self._transport.close()
 
     # calls -------------------------------------------------------------------------------------------------
-    def _complete(self, stream: _Stream, trailers: dict[bytes, bytes]) -> None:
-        code = int(trailers.get(b"grpc-status", b"2"))
-        if code != 0:
-            name = grpc_status_name(code)
-            message = urllib.parse.unquote(trailers.get(b"grpc-message", b"").decode(errors="replace"))
-            self._finish(stream.id, PerfError(f"the server refused an inference request ({name}): {message}"))
-            return
-        body = b"".join(stream.data)
-        if len(body) < 5 or body[0] != 0:
-            self._finish(stream.id, PerfError("the gRPC answer is compressed or carries no message"))
-            return
-        length = int.from_bytes(body[1:5], "big")
-        self._finish(stream.id, (body[5:5 + length], stream.first_byte_ns))
-
-    def _finish(self, stream_id: int, outcome: tuple[bytes, int] | PerfError) -> None:
-        stream = self._streams.pop(stream_id, None)
-        if stream is None:
-            return
-        if not stream.future.done():
-            if isinstance(outcome, PerfError):
-                stream.future.set_exception(outcome)
-            else:
-                stream.future.set_result(outcome)
+    def stream_done(self) -> None:
+        """A call's stream ended: one waiting call may take its place."""
         self._wake_stream_waiters(1)
 
     def _wake_stream_waiters(self, count: int) -> None:
@@ -285,65 +244,37 @@ class H2Connection(asyncio.Protocol):
                 waiter.set_result(None)
                 count -= 1
 
-    def _fail_all(self, error: PerfError) -> None:
-        for sid in list(self._streams):
-            self._finish(sid, error)
-        self._wake_stream_waiters(len(self._stream_waiters))  # they find the connection retired
-
     def _abort(self, error: PerfError) -> None:
         self.retired = True
-        self._fail_all(error)
-        if self._transport is not None:
-            self._transport.close()
-
-    @staticmethod
-    def _wake(event: asyncio.Event) -> None:
-        event.set()
-        event.clear()  # waiters already woken stay woken; later waiters wait for the next change
+        if self.lost is None:
+            self.lost = error
+        self._core.abort()  # GOAWAY, every call fails with `lost`, and the transport closes
 
     async def call(self, message: bytes) -> tuple[bytes, int, int]:
         """One unary call: (answer message, nanoseconds spent sending, monotonic ns of its first answer frame)."""
-        while len(self._streams) >= self._max_streams and not self.retired:
-            waiter = asyncio.get_running_loop().create_future()
+        core = self._core
+        while core.open_streams >= core.peer_max_streams and not self.retired:
+            waiter = self._loop.create_future()
             self._stream_waiters.append(waiter)
             await waiter
-        if self.retired:
+        if self.retired or core.closed:
             raise NotSent("the gRPC connection was retired before the call")
         start = _now()
-        stream_id = self._next_stream_id
-        self._next_stream_id += 2
-        if self._next_stream_id > f.STREAM_ID_MASK:
+        future: asyncio.Future[tuple[bytes, int]] = self._loop.create_future()
+        call = _Call(self, future)
+        stream = core.open_stream(call)
+        if core.next_stream_id > f.STREAM_ID_MASK:
             self.retired = True
             self._wake_stream_waiters(len(self._stream_waiters))
-        future: asyncio.Future[tuple[bytes, int]] = asyncio.get_running_loop().create_future()
-        stream = self._streams[stream_id] = _Stream(stream_id, future, self._initial_stream_window)
-        body = b"\x00" + len(message).to_bytes(4, "big") + message
-        headers = f.frame(f.HEADERS, f.END_HEADERS, stream_id, self._header_block)
-        if len(body) <= min(self._send_window, stream.send_window, self._max_frame_size):
-            self._send_window -= len(body)
-            stream.send_window -= len(body)
-            self._transport.write(headers + f.frame(f.DATA, f.END_STREAM, stream_id, body))
-        else:
-            self._transport.write(headers)
-            await self._send_body(stream, body)
+        prefix = b"\x00" + len(message).to_bytes(4, "big")  # uncompressed, then the length (PROTOCOL-HTTP2.md)
+        done = core.send(stream, self._header_block, [prefix, message], None, end_stream=True)
+        self._flush()
+        if not done and not future.done():  # the request waits for the server's windows
+            call.sent = self._loop.create_future()
+            await call.sent
         sent = _now()
         answer, first_byte_ns = await future
         return answer, sent - start, first_byte_ns
-
-    async def _send_body(self, stream: _Stream, body: bytes) -> None:
-        view, offset = memoryview(body), 0
-        while offset < len(body):
-            if stream.future.done():
-                return  # failed or reset meanwhile
-            allowed = min(self._send_window, stream.send_window, self._max_frame_size, len(body) - offset)
-            if allowed <= 0:
-                await self._window_changed.wait()
-                continue
-            last = offset + allowed == len(body)
-            self._transport.write(f.frame(f.DATA, f.END_STREAM if last else 0, stream.id, bytes(view[offset:offset + allowed])))
-            self._send_window -= allowed
-            stream.send_window -= allowed
-            offset += allowed
 
     def close(self) -> None:
         self.retired = True

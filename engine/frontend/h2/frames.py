@@ -1,5 +1,5 @@
-"""HTTP/2 frames (RFC 9113 §4, §6): type, flag, error and setting numbers, and the serializers the connection
-writes with. Parsing lives in connection.py's receive loop, which reads each 9-byte frame header with one
+"""HTTP/2 frames (RFC 9113 §4, §6): type, flag, error and setting numbers, and the serializers the core
+writes with. Parsing lives in core.py's receive loop, which reads each 9-byte frame header with one
 `FRAME_HEADER.unpack_from` call; the helpers here check the per-type payload rules the loop delegates.
 
 Serializers return `bytes` ready for `transport.write`; callers concatenate several frames into one write.
@@ -58,6 +58,14 @@ class H2Error(enum.IntEnum):
     ENHANCE_YOUR_CALM = 0xB
     INADEQUATE_SECURITY = 0xC
     HTTP_1_1_REQUIRED = 0xD
+
+
+def error_code(value: int) -> H2Error | int:
+    """An error code as received: named if we know it, else the number (unknown codes are legal, §7)."""
+    try:
+        return H2Error(value)
+    except ValueError:
+        return value
 
 
 class H2ConnectionError(Exception):

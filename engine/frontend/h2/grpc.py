@@ -36,6 +36,7 @@ from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
 
+_EMPTY = memoryview(b"")
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
 ACCEPT_ENCODING = literal(b"grpc-accept-encoding", compression.ACCEPT.encode())
 # Response heads of calls whose responses are compressed (grpc/doc/compression.md), by encoding.
@@ -139,7 +140,12 @@ class Call:
         elif data:
             self._account()
 
-    def reset(self) -> None:
+    def headers_received(self, head: RequestHead, end_stream: bool) -> None:
+        """Trailers of the request (the core lets only those through, with END_STREAM): their fields are
+        not used."""
+        self.data_received(_EMPTY, end_stream)
+
+    def reset(self, code: int = H2Error.CANCEL) -> None:
         if not self.done:
             self.done = True
             self._stop_work()

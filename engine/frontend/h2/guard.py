@@ -116,7 +116,7 @@ class ConnectionClock:
     the connection only keeps counters, and `check` compares them with what it saw last time). A timeout of
     0 or less is off."""
 
-    __slots__ = ("_busy_at", "_buffered", "_client", "_drains", "_idle", "_read_at", "_reads", "_started",
+    __slots__ = ("_buffered", "_busy_at", "_client", "_drains", "_idle", "_read_at", "_reads", "_started",
                  "_waiting_since")
 
     def __init__(self, client_timeout_secs: float, idle_timeout_secs: float, now: float) -> None:

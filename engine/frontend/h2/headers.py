@@ -1,5 +1,6 @@
-"""Header blocks: HPACK decoding of what clients send (with the `hpack` library), request-head validation, and
-the few HPACK encodings our fixed response blocks are built from once, at import.
+"""Header blocks: HPACK decoding of what the peer sends (with the `hpack` library) — request heads with their
+validation for the server, response heads for the client — and the few HPACK encodings our fixed blocks are
+built from once, at import.
 
 Why a cache: we advertise SETTINGS_HEADER_TABLE_SIZE 0. Once the client has acknowledged it (and shrunk its
 encoder table to 0, RFC 7541 §4.2), no block can refer to or change the dynamic table, so equal bytes decode
@@ -90,6 +91,29 @@ class HeaderDecoder:
                 self._cache.clear()
             self._cache[block] = head
         return head
+
+
+class ResponseDecoder:
+    """The client's (the load tester's): response header blocks as dicts. We advertise a header table of 0 and
+    treat it as in force from the start, as a server that never indexes (ours) allows: so, as above, each
+    distinct block is decoded once and then looked up."""
+
+    def __init__(self, max_block_bytes: int) -> None:
+        self._decoder = hpack.Decoder(max_header_list_size=4 * max_block_bytes + 4096)
+        self._decoder.header_table_size = 0
+        self._cache: dict[bytes, dict[bytes, bytes]] = {}
+
+    def table_size_acknowledged(self) -> None:
+        self._decoder.max_allowed_table_size = 0
+
+    def decode(self, block: bytes) -> dict[bytes, bytes]:
+        fields = self._cache.get(block)
+        if fields is None:
+            fields = dict(self._decoder.decode(block, raw=True))  # type: ignore[arg-type]
+            if len(self._cache) >= _CACHE_ENTRIES:  # distinct blocks (error messages) must not pile up
+                self._cache.clear()
+            self._cache[block] = fields
+        return fields
 
 
 class FieldBlock:

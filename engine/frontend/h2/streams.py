@@ -1,17 +1,25 @@
-"""The nouns shared by the HTTP/2 connection and the application on top of it: the limits a connection
-advertises, a stream, and the two small interfaces between connection and application (RFC 9113 §5)."""
+"""The nouns shared by the HTTP/2 core and what runs on top of it: the role, the limits a connection
+advertises, a stream, and the two small interfaces the core calls upward (RFC 9113 §5): `StreamHandler`, one
+per stream, and `CoreEvents`, one per connection (the I/O adapter: connection.py for the server,
+perf/hubserve_perf/grpc_h2.py for the load tester)."""
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from . import frames as f
+from .states import StreamState
+from .windows import FlowWindows
 
-if TYPE_CHECKING:
-    from .connection import H2Connection
-    from .headers import RequestHead
+
+class Role(enum.Enum):
+    """Which end of the connection the core is: the server answers streams the client opens (odd ids)."""
+
+    SERVER = "server"
+    CLIENT = "client"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +60,12 @@ class Limits:
     client_timeout_secs: float = 30.0  # preface, partial frames and messages, unread answers (0 = off)
     idle_timeout_secs: float = 300.0  # a connection without a stream this long gets GOAWAY NO_ERROR (0 = off)
 
-    def settings(self) -> list[tuple[int, int]]:
-        """Our SETTINGS. A header table of 0 makes every block the client sends stateless (see headers.py)."""
+    def settings(self, role: Role = Role.SERVER) -> list[tuple[int, int]]:
+        """Our SETTINGS. A header table of 0 makes every block the peer sends stateless (see headers.py). A
+        client turns push off and leaves the rest at their defaults, as the load tester always has."""
+        if role is Role.CLIENT:
+            return [(f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_ENABLE_PUSH, 0),
+                    (f.SETTINGS_INITIAL_WINDOW_SIZE, self.stream_window_bytes)]
         return [(f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_concurrent_streams),
                 (f.SETTINGS_INITIAL_WINDOW_SIZE, self.stream_window_bytes),
                 (f.SETTINGS_MAX_FRAME_SIZE, self.max_frame_bytes),
@@ -61,33 +73,65 @@ class Limits:
 
 
 class StreamHandler(Protocol):
-    """The application's side of one stream; created by StreamApp.open_stream, called by the connection."""
+    """What runs one stream above the core: a server's call (created by CoreEvents.stream_opened) or a client's
+    (handed to H2Core.open_stream). Called by the core as the peer's frames arrive."""
+
+    def headers_received(self, head: Any, end_stream: bool) -> None:
+        """A field block on a stream already open: a response's headers, or trailers (then `end_stream`).
+        `head` is what the core's header decoder makes of it (headers.py)."""
 
     def data_received(self, data: memoryview, end_stream: bool) -> None:
-        """DATA of the stream, padding removed; `end_stream` once, when the client has sent everything. The
+        """DATA of the stream, padding removed; `end_stream` once, when the peer has sent everything. The
         memoryview is valid as long as the handler keeps it."""
 
-    def reset(self) -> None:
-        """The stream is gone before the app finished it (RST_STREAM, connection lost or failed): stop its
-        work; anything sent on it now is dropped."""
+    def reset(self, code: f.H2Error | int) -> None:
+        """The stream is gone before it finished (RST_STREAM either way, refused by GOAWAY, connection lost
+        or failed): stop its work; anything sent on it now is dropped."""
 
 
-class StreamApp(Protocol):
-    def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> StreamHandler:
-        """A client opened a stream with a well-formed request head. May answer at once through conn.send."""
+class CoreEvents(Protocol):
+    """What the core tells its connection's adapter. None of these may call back into the core's receive
+    path; sending (H2Core.send) is fine."""
+
+    def stream_opened(self, stream: H2Stream, head: Any) -> StreamHandler:
+        """The peer opened a stream with a well-formed request head (server role). May answer at once."""
+
+    def settings_received(self) -> None:
+        """The peer's SETTINGS were applied and acknowledged (its limits may have changed)."""
+
+    def goaway_received(self, last_stream_id: int, code: f.H2Error | int, debug: bytes) -> None:
+        """The peer opens no more streams; ours above `last_stream_id` were reset REFUSED_STREAM already."""
+
+    def stream_sent(self, stream: H2Stream) -> None:
+        """Our END_STREAM on `stream` went out after waiting for flow-control window (not called when
+        `send` wrote it at once)."""
+
+    def output_ready(self) -> None:
+        """Bytes wait in H2Core.data_to_send(), the first since it was last emptied: the adapter writes
+        them at the end of this round of the event loop, so one round's frames leave in one syscall."""
+
+    def close_transport(self, abort: bool, code: f.H2Error | None, message: str) -> None:
+        """Close the transport after writing what data_to_send() holds (`abort`: without waiting for the
+        peer to read it). `code`: the connection error we sent in GOAWAY, if that is why (else None)."""
 
 
-class H2Stream:
-    """One client-initiated stream. Owned by its connection until `closed`; the app holds it to send."""
+class H2Stream(FlowWindows):
+    """One stream: its state, its flow-control windows (inherited), what waits to be sent, its handler. Owned
+    by its connection's core until closed; the handler's side holds it to send."""
 
-    __slots__ = ("closed", "handler", "id", "pending", "recv_window", "remote_closed", "send_window", "trailers")
+    __slots__ = ("end_with_data", "handler", "head_seen", "pending", "state", "trailers")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id
-        self.send_window = send_window  # what the client lets us send (§6.9)
-        self.recv_window = recv_window  # what we still let the client send
-        self.remote_closed = False  # END_STREAM received: half-closed (remote) (§5.1)
-        self.closed = False  # our END_STREAM sent or reset: the connection has forgotten it
+        self.send_window = send_window
+        self.recv_window = self.recv_size = recv_window
+        self.state = StreamState.IDLE
+        self.head_seen = False  # the peer's first field block arrived: any later one is trailers (§8.1)
         self.handler: Any = None
-        self.pending: deque[memoryview] = deque()  # DATA waiting for window
+        self.pending: deque[memoryview] | None = None  # DATA waiting for window (made when some first waits)
         self.trailers: bytes | None = None  # trailers waiting behind `pending`
+        self.end_with_data = False  # END_STREAM goes on the last of `pending` (no trailers)
+
+    @property
+    def closed(self) -> bool:
+        return self.state is StreamState.CLOSED
