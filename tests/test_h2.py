@@ -24,6 +24,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
 from conftest import start_server
 from h2_client import (
     ACK,
@@ -51,8 +54,6 @@ from h2_client import (
     status_of,
     unwrap,
 )
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_BYTES = 8 << 20
 

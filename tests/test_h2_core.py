@@ -12,6 +12,14 @@ from typing import Any
 
 import hpack
 import pytest
+
+from engine.frontend.h2.core import H2Core
+from engine.frontend.h2.frames import H2ConnectionError, H2Error, H2StreamError
+from engine.frontend.h2.headers import indexed, literal
+from engine.frontend.h2.lifecycle import SHUTDOWN_PING
+from engine.frontend.h2.states import TRANSITIONS, StreamEvent, StreamState, transition
+from engine.frontend.h2.streams import H2Stream, Limits, Role
+from engine.frontend.h2.windows import FlowWindows
 from h2_client import (
     ACK,
     CONTINUATION,
@@ -30,14 +38,6 @@ from h2_client import (
     WINDOW_UPDATE,
     frame,
 )
-
-from engine.frontend.h2.core import H2Core
-from engine.frontend.h2.frames import H2ConnectionError, H2Error, H2StreamError
-from engine.frontend.h2.headers import indexed, literal
-from engine.frontend.h2.lifecycle import SHUTDOWN_PING
-from engine.frontend.h2.states import TRANSITIONS, StreamEvent, StreamState, transition
-from engine.frontend.h2.streams import H2Stream, Limits, Role
-from engine.frontend.h2.windows import FlowWindows
 
 INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, ENABLE_PUSH = 0x4, 0x3, 0x2
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")  # :status 200, content-type

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+
 from conftest import start_server
 from h2_client import (
     CANCEL,

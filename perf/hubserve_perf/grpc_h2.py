@@ -191,7 +191,7 @@ class H2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._core.receive(data)
-        except Exception as e:  # noqa: BLE001  # a bug on our side: the connection is unusable
+        except Exception as e:  # a bug on our side: the connection is unusable
             self._abort(PerfError(f"unreadable HTTP/2 data from the server: {e!r}"))
         self._flush()
 

@@ -282,13 +282,13 @@ class Call:
                     self._reply(result.SerializeToString())
             else:
                 self.work = asyncio.ensure_future(self._stream_responses(rpc.handler(request)))
-        except Exception as e:  # noqa: BLE001  # EngineError, DecodeError or a bug: each becomes a status
+        except Exception as e:  # EngineError, DecodeError or a bug: each becomes a status
             self._fail(e)
 
     def _stream_request(self, message: memoryview) -> None:
         try:
             future = self.rpc.handler(message, self._stream_answered)  # its one done-callback
-        except Exception as e:  # noqa: BLE001  # an unparsable message ends the stream, as grpc does
+        except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
         self.pending.add(future)
@@ -306,7 +306,7 @@ class Call:
         else:
             try:
                 parts, size = self.app.handlers.wire.encode(future.result())
-            except Exception as e:  # noqa: BLE001  # a bug in encoding: answer INTERNAL, keep serving
+            except Exception as e:  # a bug in encoding: answer INTERNAL, keep serving
                 self._fail(e)
                 return
             self._reply_parts(parts, size)
@@ -340,7 +340,7 @@ class Call:
             self.finish(S.OK, "")
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001  # EngineError or a bug: each becomes a status
+        except Exception as e:  # EngineError or a bug: each becomes a status
             self._fail(e)
 
     def _reply(self, body: bytes) -> None:
