@@ -24,6 +24,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
 from conftest import start_server
 from h2_client import (
     ACK,
@@ -51,8 +54,6 @@ from h2_client import (
     status_of,
     unwrap,
 )
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_BYTES = 8 << 20
 
@@ -125,7 +126,8 @@ def expect_goaway(c: RawClient, code: int) -> None:
 
 
 def test_bad_preface_is_answered_with_goaway_and_close(h2_server):
-    expect_goaway(RawClient(h2_server.grpc_port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"), PROTOCOL_ERROR)
+    expect_goaway(RawClient(h2_server.grpc_port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+                  PROTOCOL_ERROR)
 
 
 @pytest.mark.parametrize("frames, code", [
@@ -173,7 +175,8 @@ def test_large_response_to_a_client_that_opens_its_windows_slowly(h2_server):
         if kind == HEADERS:
             trailers = dict(c.decoder.decode(payload)) if flags & END_STREAM else None
             continue
-        assert len(payload) <= min(stream_avail, conn_avail, 16384), "the server overran a window or frame size"
+        assert len(payload) <= min(stream_avail, conn_avail, 16384), (
+            "the server overran a window or frame size")
         stream_avail -= len(payload)
         conn_avail -= len(payload)
         body += payload
@@ -198,7 +201,8 @@ def test_request_split_into_continuation_and_many_data_frames(client):
     message = grpc_message(simple_request())
     for i in range(0, len(message), 7):  # the 5-byte prefix itself is split
         chunk = message[i:i + 7]
-        frames.append(frame(DATA, PADDED, 1, b"\x02" + chunk + b"\0\0") if i % 2 else frame(DATA, 0, 1, chunk))
+        frames.append(frame(DATA, PADDED, 1, b"\x02" + chunk + b"\0\0") if i % 2
+                      else frame(DATA, 0, 1, chunk))
         frames.append(frame(0xFA, 0, 1, b"unknown types are ignored"))  # §5.5
     frames.append(frame(DATA, END_STREAM, 1))
     for f in frames:  # one frame per send: the server sees them arrive piecemeal
@@ -330,12 +334,14 @@ def test_rst_stream_mid_request_and_in_flight_is_harmless(client, h2_server):
     before = cancelled(h2_server, "slow_echo")
     failed_before = stats(h2_server, "slow_echo")["fail"]["count"]
     message = grpc_message(simple_request())
-    client.send(client.headers(1), frame(DATA, 0, 1, message[:20]), frame(RST_STREAM, 0, 1, struct.pack(">I", CANCEL)))
+    client.send(client.headers(1), frame(DATA, 0, 1, message[:20]),
+                frame(RST_STREAM, 0, 1, struct.pack(">I", CANCEL)))
     client.call(3, echo_request(np.ones(4, np.float32), model="slow_echo"))
     client.send(frame(RST_STREAM, 0, 3, struct.pack(">I", CANCEL)))
     client.call(5, simple_request())
     assert status_of(client, 5)[0] == "0"
-    deadline = time.monotonic() + 10  # the request is accounted as cancelled, not failed, once the batcher drops it
+    # the request is accounted as cancelled, not failed, once the batcher drops it
+    deadline = time.monotonic() + 10
     while cancelled(h2_server, "slow_echo") != before + 1:
         assert time.monotonic() < deadline, "the in-flight request was not cancelled"
         time.sleep(0.02)
@@ -363,7 +369,8 @@ def test_error_messages_are_percent_encoded(client, h2_server):
     client.call(1, request, path="/inference.GRPCInferenceService/ModelMetadata")
     assert status_of(client, 1) == ("5", "Request for unknown model: 'caf%C3%A9 100%25' is not found")
     with grpc.insecure_channel(h2_server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
-        pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=name), timeout=10)
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(pb.ModelMetadataRequest(name=name),
+                                                                timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
     assert e.value.details() == f"Request for unknown model: '{name}' is not found"
 

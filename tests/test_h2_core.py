@@ -12,6 +12,14 @@ from typing import Any
 
 import hpack
 import pytest
+
+from engine.frontend.h2.core import H2Core
+from engine.frontend.h2.frames import H2ConnectionError, H2Error, H2StreamError
+from engine.frontend.h2.headers import indexed, literal
+from engine.frontend.h2.lifecycle import SHUTDOWN_PING
+from engine.frontend.h2.states import TRANSITIONS, StreamEvent, StreamState, transition
+from engine.frontend.h2.streams import H2Stream, Limits, Role
+from engine.frontend.h2.windows import FlowWindows
 from h2_client import (
     ACK,
     CONTINUATION,
@@ -30,14 +38,6 @@ from h2_client import (
     WINDOW_UPDATE,
     frame,
 )
-
-from engine.frontend.h2.core import H2Core
-from engine.frontend.h2.frames import H2ConnectionError, H2Error, H2StreamError
-from engine.frontend.h2.headers import indexed, literal
-from engine.frontend.h2.lifecycle import SHUTDOWN_PING
-from engine.frontend.h2.states import TRANSITIONS, StreamEvent, StreamState, transition
-from engine.frontend.h2.streams import H2Stream, Limits, Role
-from engine.frontend.h2.windows import FlowWindows
 
 INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, ENABLE_PUSH = 0x4, 0x3, 0x2
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")  # :status 200, content-type
@@ -171,8 +171,10 @@ def test_the_table_follows_rfc_9113_section_5_1():
     assert not [key for key in TRANSITIONS if key[0] is S.CLOSED]
 
 
-@pytest.mark.parametrize("state, event", [(S.HALF_CLOSED_REMOTE, E.RECV_DATA), (S.HALF_CLOSED_REMOTE, E.RECV_HEADERS),
-                                          (S.HALF_CLOSED_REMOTE, E.RECV_END_STREAM), (S.CLOSED, E.RECV_DATA)])
+@pytest.mark.parametrize("state, event", [(S.HALF_CLOSED_REMOTE, E.RECV_DATA),
+                                          (S.HALF_CLOSED_REMOTE, E.RECV_HEADERS),
+                                          (S.HALF_CLOSED_REMOTE, E.RECV_END_STREAM),
+                                          (S.CLOSED, E.RECV_DATA)])
 def test_receiving_on_a_stream_the_peer_closed_is_stream_closed(state, event):
     with pytest.raises(H2StreamError) as e:
         transition(state, event, 7)
@@ -241,7 +243,8 @@ def test_a_request_and_its_answer():
     peer = server()
     peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()) + frame(DATA, END_STREAM, 1, b"ping"))
     handler, stream = peer.handlers[1], peer.streams[1]
-    assert handler.head.fields[b":path"] == b"/pkg.Service/Method" and handler.data == b"ping" and handler.ended
+    assert (handler.head.fields[b":path"] == b"/pkg.Service/Method" and handler.data == b"ping"
+            and handler.ended)
     assert stream.state is S.HALF_CLOSED_REMOTE
     assert peer.core.send(stream, RESPONSE_HEAD, [b"po", b"ng"], TRAILERS)
     frames = peer.frames()
@@ -265,7 +268,8 @@ def test_padding_and_priority_are_stripped_and_continuation_joins_the_block():
     peer = server()
     block = request_block()
     priority_padded = bytes((3,)) + struct.pack(">IB", 0, 15) + block[:5] + b"\0" * 3
-    peer.core.receive(frame(HEADERS, PADDED | 0x20, 1, priority_padded) + frame(CONTINUATION, 0, 1, block[5:9])
+    peer.core.receive(frame(HEADERS, PADDED | 0x20, 1, priority_padded)
+                      + frame(CONTINUATION, 0, 1, block[5:9])
                       + frame(CONTINUATION, END_HEADERS, 1, block[9:])
                       + frame(DATA, PADDED, 1, b"\x02ab\0\0") + frame(DATA, END_STREAM, 1, b"c"))
     assert peer.handlers[1].head.fields[b":path"] == b"/pkg.Service/Method"
@@ -297,7 +301,8 @@ def test_answers_wait_for_the_stream_window_and_go_on_window_update():
     peer.core.receive(frame(WINDOW_UPDATE, 0, 1, word(10)))
     assert [(k, len(p)) for k, _, _, p in peer.frames()] == [(DATA, 10)]
     peer.core.receive(frame(WINDOW_UPDATE, 0, 1, word(100)))
-    assert [(k, f, len(p)) for k, f, _, p in peer.frames()] == [(DATA, 0, 5), (HEADERS, END_HEADERS | END_STREAM, len(TRAILERS))]
+    assert [(k, f, len(p)) for k, f, _, p in peer.frames()] == [
+        (DATA, 0, 5), (HEADERS, END_HEADERS | END_STREAM, len(TRAILERS))]
     assert stream.state is S.CLOSED and ("sent", 1) in peer.events
 
 
@@ -328,7 +333,8 @@ def test_a_smaller_initial_window_mid_stream_holds_data_until_the_window_is_posi
     peer.core.receive(frame(WINDOW_UPDATE, 0, 1, word(45)))
     assert [(k, len(p)) for k, _, _, p in peer.frames()] == [(DATA, 5)]
     peer.core.receive(settings(initial_window=100))  # +80
-    assert [(k, len(p)) for k, _, _, p in peer.frames()][1:] == [(DATA, 5), (HEADERS, len(TRAILERS))]  # after the ACK
+    # after the ACK
+    assert [(k, len(p)) for k, _, _, p in peer.frames()][1:] == [(DATA, 5), (HEADERS, len(TRAILERS))]
 
 
 def test_frames_respect_the_peers_max_frame_size():
@@ -349,7 +355,8 @@ def test_we_return_window_as_data_is_consumed():
     assert [(k, s, int.from_bytes(p, "big")) for k, _, s, p in peer.frames()] == [(WINDOW_UPDATE, 1, 600)]
     peer.core.receive(frame(DATA, 0, 1, b"d" * 500) + frame(DATA, 0, 1, b"d" * 500))
     assert [(k, s, int.from_bytes(p, "big")) for k, _, s, p in peer.frames()] == [(WINDOW_UPDATE, 1, 1000)]
-    peer.core.receive(frame(HEADERS, END_HEADERS, 3, request_block()) + frame(DATA, END_STREAM, 3, b"d" * 900))
+    peer.core.receive(frame(HEADERS, END_HEADERS, 3, request_block())
+                      + frame(DATA, END_STREAM, 3, b"d" * 900))
     assert peer.out() == b""
     peer = server(Limits(connection_window_bytes=70000))
     peer.core.receive(frame(HEADERS, END_HEADERS, 5, request_block()) + frame(DATA, 0, 5, b"d" * 34000))
@@ -386,7 +393,8 @@ CONNECTION_ERRORS = {
     "CONTINUATION without HEADERS": (frame(CONTINUATION, END_HEADERS, 1, BLOCK), H2Error.PROTOCOL_ERROR),
     "header block interrupted": (frame(HEADERS, 0, 1, BLOCK[:3]) + frame(PING, 0, 0, b"12345678"),
                                  H2Error.PROTOCOL_ERROR),
-    "CONTINUATION on another stream": (frame(HEADERS, 0, 1, BLOCK[:3]) + frame(CONTINUATION, END_HEADERS, 3, b""),
+    "CONTINUATION on another stream": (frame(HEADERS, 0, 1, BLOCK[:3])
+                                       + frame(CONTINUATION, END_HEADERS, 3, b""),
                                        H2Error.PROTOCOL_ERROR),
     "CONTINUATION flood": (frame(HEADERS, 0, 1, BLOCK[:1]) + frame(CONTINUATION, 0, 1, b"") * 20,
                            H2Error.ENHANCE_YOUR_CALM),
@@ -395,7 +403,8 @@ CONNECTION_ERRORS = {
     "RST_STREAM of 3 bytes": (OPEN + frame(RST_STREAM, 0, 1, b"\0\0\0"), H2Error.FRAME_SIZE_ERROR),
     "WINDOW_UPDATE on an idle stream": (frame(WINDOW_UPDATE, 0, 11, word(1)), H2Error.PROTOCOL_ERROR),
     "connection WINDOW_UPDATE of 0": (frame(WINDOW_UPDATE, 0, 0, word(0)), H2Error.PROTOCOL_ERROR),
-    "connection window past 2^31-1": (frame(WINDOW_UPDATE, 0, 0, word(0x7FFFFFFF)), H2Error.FLOW_CONTROL_ERROR),
+    "connection window past 2^31-1": (frame(WINDOW_UPDATE, 0, 0, word(0x7FFFFFFF)),
+                                      H2Error.FLOW_CONTROL_ERROR),
     "SETTINGS on a stream": (frame(SETTINGS, 0, 1), H2Error.PROTOCOL_ERROR),
     "SETTINGS of 5 bytes": (frame(SETTINGS, 0, 0, b"\0" * 5), H2Error.FRAME_SIZE_ERROR),
     "SETTINGS ACK with a payload": (frame(SETTINGS, ACK, 0, b"\0" * 6), H2Error.FRAME_SIZE_ERROR),
@@ -409,7 +418,8 @@ CONNECTION_ERRORS = {
     "PUSH_PROMISE": (frame(PUSH_PROMISE, END_HEADERS, 1, word(2) + BLOCK), H2Error.PROTOCOL_ERROR),
     "PRIORITY on stream 0": (frame(PRIORITY, 0, 0, b"\0" * 5), H2Error.PROTOCOL_ERROR),
     "malformed GOAWAY": (frame(GOAWAY, 0, 0, b"\0" * 4), H2Error.PROTOCOL_ERROR),
-    "frame over our max frame size": (frame(DATA, 0, 1, b"\0" * ((1 << 20) + 1))[:20], H2Error.FRAME_SIZE_ERROR),
+    "frame over our max frame size": (frame(DATA, 0, 1, b"\0" * ((1 << 20) + 1))[:20],
+                                      H2Error.FRAME_SIZE_ERROR),
     "padding longer than the frame": (OPEN + frame(DATA, PADDED, 1, b"\x05ab"), H2Error.PROTOCOL_ERROR),
     "PING flood": (frame(PING, 0, 0, b"12345678") * 1001, H2Error.ENHANCE_YOUR_CALM),
     "SETTINGS flood": (frame(SETTINGS, 0, 0) * 201, H2Error.ENHANCE_YOUR_CALM),
@@ -431,10 +441,12 @@ def test_connection_errors_are_goaway_with_the_rfcs_code(sent, code):
 
 STREAM_ERRORS = {
     "DATA after END_STREAM": (ENDED + frame(DATA, 0, 1, b"x"), H2Error.STREAM_CLOSED),
-    "HEADERS after END_STREAM": (ENDED + frame(HEADERS, END_HEADERS | END_STREAM, 1, BLOCK), H2Error.STREAM_CLOSED),
+    "HEADERS after END_STREAM": (ENDED + frame(HEADERS, END_HEADERS | END_STREAM, 1, BLOCK),
+                                 H2Error.STREAM_CLOSED),
     "trailers without END_STREAM": (OPEN + frame(HEADERS, END_HEADERS, 1, BLOCK), H2Error.PROTOCOL_ERROR),
     "stream WINDOW_UPDATE of 0": (OPEN + frame(WINDOW_UPDATE, 0, 1, word(0)), H2Error.PROTOCOL_ERROR),
-    "stream window past 2^31-1": (OPEN + frame(WINDOW_UPDATE, 0, 1, word(0x7FFFFFFF)), H2Error.FLOW_CONTROL_ERROR),
+    "stream window past 2^31-1": (OPEN + frame(WINDOW_UPDATE, 0, 1, word(0x7FFFFFFF)),
+                                  H2Error.FLOW_CONTROL_ERROR),
     "PRIORITY of 4 bytes": (OPEN + frame(PRIORITY, 0, 1, b"\0" * 4), H2Error.FRAME_SIZE_ERROR),
 }
 
@@ -521,7 +533,8 @@ def test_graceful_shutdown_is_two_goaways_around_a_ping():
     peer.core.receive(OPEN)
     peer.core.shutdown()
     (kind, _, _, first), (ping, _, _, payload) = peer.frames()
-    assert ping == PING and kind == GOAWAY and struct.unpack(">II", first) == (0x7FFFFFFF, 0) and payload == SHUTDOWN_PING
+    assert (ping == PING and kind == GOAWAY and struct.unpack(">II", first) == (0x7FFFFFFF, 0)
+            and payload == SHUTDOWN_PING)
     peer.core.receive(frame(HEADERS, END_HEADERS, 3, BLOCK) + frame(PING, ACK, 0, SHUTDOWN_PING))
     assert [(k, p[:8]) for k, _, _, p in peer.frames()] == [(GOAWAY, struct.pack(">II", 3, 0))]
     peer.core.receive(frame(HEADERS, END_HEADERS | END_STREAM, 5, BLOCK))  # after the final GOAWAY: ignored

@@ -73,7 +73,8 @@ def test_byte_budget_refuses_what_would_exceed_it_and_takes_nothing_then():
 
 
 def clock_check(clock: ConnectionClock, now: float, **state) -> Expiry | None:
-    base = dict(handshaken=True, busy=False, reads=1, partial_frame=False, waiting=False, drains=0, buffered=0)
+    base = dict(handshaken=True, busy=False, reads=1, partial_frame=False, waiting=False, drains=0,
+                buffered=0)
     return clock.check(now, **{**base, **state})
 
 

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+
 from conftest import start_server
 from h2_client import (
     CANCEL,
@@ -156,7 +157,8 @@ def test_long_continuation_chain_is_refused(server):
 
 
 @pytest.mark.parametrize("flood, log_text", [(frame(PING, 0, 0, b"12345678"), "PINGs in"),
-                                             (frame(SETTINGS, 0, 0), "SETTINGS in")], ids=["PING", "SETTINGS"])
+                                             (frame(SETTINGS, 0, 0), "SETTINGS in")],
+                         ids=["PING", "SETTINGS"])
 def test_control_flood_from_a_client_that_never_reads_is_closed(server, flood, log_text):
     before = rss_bytes(server)
     c = RawClient(server.grpc_port)  # it never reads: every answer stays with the server

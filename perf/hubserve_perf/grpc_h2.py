@@ -186,12 +186,13 @@ class H2Connection(asyncio.Protocol):
         self._core.connection_lost()
         self._wake_stream_waiters(len(self._stream_waiters))  # they find the connection retired
         if not self.settled.done():
-            self.settled.set_exception(PerfError("the server closed the gRPC connection during the handshake"))
+            self.settled.set_exception(
+                PerfError("the server closed the gRPC connection during the handshake"))
 
     def data_received(self, data: bytes) -> None:
         try:
             self._core.receive(data)
-        except Exception as e:  # noqa: BLE001  # a bug on our side: the connection is unusable
+        except Exception as e:  # a bug on our side: the connection is unusable
             self._abort(PerfError(f"unreadable HTTP/2 data from the server: {e!r}"))
         self._flush()
 
@@ -251,7 +252,8 @@ class H2Connection(asyncio.Protocol):
         self._core.abort()  # GOAWAY, every call fails with `lost`, and the transport closes
 
     async def call(self, message: bytes) -> tuple[bytes, int, int]:
-        """One unary call: (answer message, nanoseconds spent sending, monotonic ns of its first answer frame)."""
+        """One unary call: (answer message, nanoseconds spent sending, monotonic ns of its first answer
+        frame)."""
         core = self._core
         while core.open_streams >= core.peer_max_streams and not self.retired:
             waiter = self._loop.create_future()
@@ -266,7 +268,8 @@ class H2Connection(asyncio.Protocol):
         if core.next_stream_id > f.STREAM_ID_MASK:
             self.retired = True
             self._wake_stream_waiters(len(self._stream_waiters))
-        prefix = b"\x00" + len(message).to_bytes(4, "big")  # uncompressed, then the length (PROTOCOL-HTTP2.md)
+        # uncompressed, then the length (PROTOCOL-HTTP2.md)
+        prefix = b"\x00" + len(message).to_bytes(4, "big")
         done = core.send(stream, self._header_block, [prefix, message], None, end_stream=True)
         self._flush()
         if not done and not future.done():  # the request waits for the server's windows

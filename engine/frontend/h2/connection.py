@@ -1,5 +1,5 @@
-"""One server-side HTTP/2 connection: the `asyncio.Protocol` adapter over the sans-I/O core (core.py). It knows
-nothing of gRPC: a `StreamApp` opens a handler per request stream and answers through `send()`.
+"""One server-side HTTP/2 connection: the `asyncio.Protocol` adapter over the sans-I/O core (core.py). It
+knows nothing of gRPC: a `StreamApp` opens a handler per request stream and answers through `send()`.
 
 What the adapter adds to the core is I/O only: bytes read go to `H2Core.receive`; what the core has to send
 is written at the end of the event loop's round (`output_ready` → one `call_soon` → one `writelines`), so the

@@ -133,7 +133,8 @@ class Control:
             if stream_id in self._out.blocked:
                 self._out.drain(stream)
         elif self._is_idle(stream_id):
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")  # §5.1
+            # §5.1
+            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"WINDOW_UPDATE on idle stream {stream_id}")
 
     # ------------------------------------------------------------------ errors and answers
 

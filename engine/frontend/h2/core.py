@@ -72,7 +72,8 @@ class H2Core(Control, Lifecycle):
         self.data_to_send = self._out.take  # bound here: the adapter calls it once per loop round
         self._conn = self._out.windows  # the connection's windows, both directions
         self._buffer = bytearray()
-        self._need = len(f.PREFACE) if server else 9  # bytes the buffer must hold before parsing is worth trying
+        # bytes the buffer must hold before parsing is worth trying
+        self._need = len(f.PREFACE) if server else 9
         self._preface_done = not server  # the server reads the client's magic first (§3.4)
         self._expect_settings = True  # either preface ends with a SETTINGS frame (§3.4)
         self._streams: dict[int, H2Stream] = {}
@@ -143,9 +144,9 @@ class H2Core(Control, Lifecycle):
     def send(self, stream: H2Stream, head: bytes | None, data: list[bytes], trailers: bytes | None,
              end_stream: bool = False) -> bool:
         """Send on `stream`: the field block `head` (headers) if given, then `data` as DATA, then the stream's
-        end: `trailers` if given, else END_STREAM on the last DATA if `end_stream`. One buffer when the windows
-        allow (the common case); otherwise DATA waits, in order, for WINDOW_UPDATE, and the end behind it.
-        Returns whether the end went out now. On a closed stream (reset, say) nothing is sent."""
+        end: `trailers` if given, else END_STREAM on the last DATA if `end_stream`. One buffer when the
+        windows allow (the common case); otherwise DATA waits, in order, for WINDOW_UPDATE, and the end
+        behind it. Returns whether the end went out now. On a closed stream (reset, say) nothing is sent."""
         state = stream.state
         if state is _CLOSED or self._closed:
             return False
@@ -192,7 +193,8 @@ class H2Core(Control, Lifecycle):
                 length = hi << 8 | lo
                 if length > max_frame:  # checked before waiting for the payload (§4.2)
                     raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR,
-                                            f"frame of {length} bytes exceeds SETTINGS_MAX_FRAME_SIZE {max_frame}")
+                                            f"frame of {length} bytes exceeds SETTINGS_MAX_FRAME_SIZE "
+                                            f"{max_frame}")
                 end = offset + 9 + length
                 if end > size:
                     need = end - offset
@@ -200,11 +202,12 @@ class H2Core(Control, Lifecycle):
                 payload = view[offset + 9:end]
                 offset = end
                 if self._block.stream_id and kind != f.CONTINUATION:  # §6.10
-                    raise H2ConnectionError(H2Error.PROTOCOL_ERROR, "header block interrupted by another frame")
+                    raise H2ConnectionError(H2Error.PROTOCOL_ERROR,
+                                            "header block interrupted by another frame")
                 if self._expect_settings:
                     if kind != f.SETTINGS or flags & f.ACK:  # §3.4
-                        raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"the {self._peer} preface must end in "
-                                                                        "SETTINGS")
+                        raise H2ConnectionError(H2Error.PROTOCOL_ERROR,
+                                                f"the {self._peer} preface must end in SETTINGS")
                     self._expect_settings = False
                 if kind < 10:
                     try:
@@ -255,7 +258,8 @@ class H2Core(Control, Lifecycle):
         end = flags & f.END_STREAM
         if not length and not end:
             self._guard.empty_frame()
-        # Flow control: the common case (no WINDOW_UPDATE due, no error) inline; FlowWindows.received the rest.
+        # Flow control: the common case (no WINDOW_UPDATE due, no error) inline;
+        # FlowWindows.received the rest.
         conn = self._conn
         left = conn.recv_window - length
         if left >= conn.recv_size >> 1:
@@ -323,7 +327,8 @@ class H2Core(Control, Lifecycle):
             stream.head_seen = True
             handler = stream.handler
             if end:
-                stream.state = state = _AFTER_RECV_END(state) or transition(state, E.RECV_END_STREAM, stream_id)
+                stream.state = state = (_AFTER_RECV_END(state)
+                                        or transition(state, E.RECV_END_STREAM, stream_id))
                 if state is _CLOSED:
                     self._forget(stream)
                     handler.headers_received(head, True)
@@ -338,8 +343,9 @@ class H2Core(Control, Lifecycle):
             return  # a stream we gave up on: its late answer is dropped (the block was decoded above)
         # Server role: a client's HEADERS on a stream not open now.
         if stream_id <= self._last_peer_id:
-            # A stream we finished or reset: frames in flight are ignored (§5.4.2, §6.4); the block was decoded.
-            # (Without a record of every closed id, an id reused out of order is ignored the same way.)
+            # A stream we finished or reset: frames in flight are ignored (§5.4.2, §6.4); the block was
+            # decoded. (Without a record of every closed id, an id reused out of order is ignored the same
+            # way.)
             return
         self._last_peer_id = stream_id
         if self._goaway_last is not None and stream_id > self._goaway_last:

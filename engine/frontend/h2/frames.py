@@ -13,13 +13,15 @@ from collections.abc import Iterable
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # the client connection preface (§3.4)
 
-# §4.1: Length (24) | Type (8) | Flags (8) | R (1) + Stream Identifier (31). The length is read as 16 + 8 bits.
+# §4.1: Length (24) | Type (8) | Flags (8) | R (1) + Stream Identifier (31).
+# The length is read as 16 + 8 bits.
 FRAME_HEADER = struct.Struct(">HBBBL")
 FRAME_HEADER_SIZE = 9
 STREAM_ID_MASK = 0x7FFFFFFF  # the reserved bit is ignored on receipt (§4.1)
 
 # Frame types (§6).
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+(DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE,
+ CONTINUATION) = range(10)
 
 # Flags (§6.1, §6.2, §6.5, §6.7).
 END_STREAM = 0x1
@@ -78,7 +80,8 @@ class H2ConnectionError(Exception):
 
 
 class H2StreamError(Exception):
-    """A stream error (§5.4.2): the stream is reset with RST_STREAM carrying `code`; the connection lives on."""
+    """A stream error (§5.4.2): the stream is reset with RST_STREAM carrying `code`; the connection lives
+    on."""
 
     def __init__(self, stream_id: int, code: H2Error, message: str) -> None:
         super().__init__(message)
@@ -113,7 +116,8 @@ def rst_stream(stream_id: int, code: H2Error) -> bytes:
 
 
 def goaway(last_stream_id: int, code: H2Error, debug: str = "") -> bytes:
-    return frame(GOAWAY, 0, 0, struct.pack(">LL", last_stream_id, code) + debug.encode("utf-8", "replace")[:1024])
+    return frame(GOAWAY, 0, 0,
+                 struct.pack(">LL", last_stream_id, code) + debug.encode("utf-8", "replace")[:1024])
 
 
 def ping(payload: bytes, ack: bool = False) -> bytes:
@@ -139,10 +143,12 @@ def strip_padding(payload: memoryview, flags: int, stream_id: int) -> memoryview
     if not flags & PADDED:
         return payload
     if not payload:
-        raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR, f"padded frame on stream {stream_id} has no pad length")
+        raise H2ConnectionError(H2Error.FRAME_SIZE_ERROR,
+                                f"padded frame on stream {stream_id} has no pad length")
     pad = payload[0]
     if pad >= len(payload):  # "padding that exceeds the size remaining" is a PROTOCOL_ERROR (§6.1)
-        raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"padding of {pad} bytes exceeds the frame on stream {stream_id}")
+        raise H2ConnectionError(H2Error.PROTOCOL_ERROR,
+                                f"padding of {pad} bytes exceeds the frame on stream {stream_id}")
     return payload[1:len(payload) - pad]
 
 
@@ -153,9 +159,12 @@ def parse_settings(payload: memoryview) -> list[tuple[int, int]]:
     pairs = [struct.unpack_from(">HL", payload, i) for i in range(0, len(payload), 6)]
     for key, value in pairs:
         if key == SETTINGS_ENABLE_PUSH and value > 1:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH must be 0 or 1, got {value}")
+            raise H2ConnectionError(H2Error.PROTOCOL_ERROR,
+                                    f"SETTINGS_ENABLE_PUSH must be 0 or 1, got {value}")
         if key == SETTINGS_INITIAL_WINDOW_SIZE and value > MAX_WINDOW:
-            raise H2ConnectionError(H2Error.FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value} exceeds 2^31-1")
+            raise H2ConnectionError(H2Error.FLOW_CONTROL_ERROR,
+                                    f"SETTINGS_INITIAL_WINDOW_SIZE {value} exceeds 2^31-1")
         if key == SETTINGS_MAX_FRAME_SIZE and not DEFAULT_MAX_FRAME_SIZE <= value <= LARGEST_MAX_FRAME_SIZE:
-            raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} is outside 2^14..2^24-1")
+            raise H2ConnectionError(H2Error.PROTOCOL_ERROR,
+                                    f"SETTINGS_MAX_FRAME_SIZE {value} is outside 2^14..2^24-1")
     return pairs

@@ -85,9 +85,9 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent", "need", "pending",
-                 "remote_done", "request", "reserved", "response_encoding", "rpc", "start_ns", "stream", "timer",
-                 "work")
+    __slots__ = ("app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent", "need",
+                 "pending", "remote_done", "request", "reserved", "response_encoding", "rpc", "start_ns",
+                 "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -112,12 +112,13 @@ class Call:
         rpc = app.rpcs.get(fields.get(b":path", b""))
         self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
         if head.list_size > app.max_header_list_bytes:
-            self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit of "
-                                              f"{app.max_header_list_bytes}")
+            self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit "
+                                              f"of {app.max_header_list_bytes}")
         elif fields[b":method"] != b"POST":
             self.finish(S.UNIMPLEMENTED, "gRPC needs POST", http_status=405)
         elif not fields.get(b"content-type", b"").startswith(b"application/grpc"):
-            self.finish(S.UNKNOWN, "content-type must be application/grpc", http_status=415)  # PROTOCOL-HTTP2.md
+            # PROTOCOL-HTTP2.md
+            self.finish(S.UNKNOWN, "content-type must be application/grpc", http_status=415)
         elif rpc is None:
             self.finish(S.UNIMPLEMENTED, f"unknown method {fields[b':path'].decode('utf-8', 'replace')}")
         elif (timeout := fields.get(b"grpc-timeout")) is not None:
@@ -204,8 +205,9 @@ class Call:
         if held != self.reserved:
             budget = self.conn.request_bytes
             if held > self.reserved and not budget.take(held - self.reserved):
-                self.finish(S.RESOURCE_EXHAUSTED, f"request messages buffered on this connection would exceed "
-                                                  f"{budget.limit} bytes: send fewer large messages at once")
+                self.finish(S.RESOURCE_EXHAUSTED,
+                            f"request messages buffered on this connection would exceed {budget.limit} "
+                            "bytes: send fewer large messages at once")
                 return
             if held < self.reserved:
                 budget.give(self.reserved - held)
@@ -282,13 +284,13 @@ class Call:
                     self._reply(result.SerializeToString())
             else:
                 self.work = asyncio.ensure_future(self._stream_responses(rpc.handler(request)))
-        except Exception as e:  # noqa: BLE001  # EngineError, DecodeError or a bug: each becomes a status
+        except Exception as e:  # EngineError, DecodeError or a bug: each becomes a status
             self._fail(e)
 
     def _stream_request(self, message: memoryview) -> None:
         try:
             future = self.rpc.handler(message, self._stream_answered)  # its one done-callback
-        except Exception as e:  # noqa: BLE001  # an unparsable message ends the stream, as grpc does
+        except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
         self.pending.add(future)
@@ -306,7 +308,7 @@ class Call:
         else:
             try:
                 parts, size = self.app.handlers.wire.encode(future.result())
-            except Exception as e:  # noqa: BLE001  # a bug in encoding: answer INTERNAL, keep serving
+            except Exception as e:  # a bug in encoding: answer INTERNAL, keep serving
                 self._fail(e)
                 return
             self._reply_parts(parts, size)
@@ -340,7 +342,7 @@ class Call:
             self.finish(S.OK, "")
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001  # EngineError or a bug: each becomes a status
+        except Exception as e:  # EngineError or a bug: each becomes a status
             self._fail(e)
 
     def _reply(self, body: bytes) -> None:

@@ -19,8 +19,9 @@ from .streams import Limits
 class FloodGuard:
     """Per connection: frames that cost us work but carry no request, counted per `flood_window_secs`
     (CVE-2023-44487 rapid reset; the 2019 ping, settings, empty-frame and reset floods, CVE-2019-9512..9518;
-    the 2024 CONTINUATION flood). Past a limit the count raises H2ConnectionError(ENHANCE_YOUR_CALM), which the
-    connection answers with GOAWAY and a close. Called by H2Connection's frame handlers; `tick` by its sweep."""
+    the 2024 CONTINUATION flood). Past a limit the count raises H2ConnectionError(ENHANCE_YOUR_CALM), which
+    the connection answers with GOAWAY and a close. Called by H2Connection's frame handlers; `tick` by its
+    sweep."""
 
     __slots__ = ("_limits", "_window_start", "empty", "pings", "resets", "settings", "unread_acks")
 
@@ -31,7 +32,8 @@ class FloodGuard:
         self.unread_acks = 0  # control frames we queued while the peer was not reading
 
     def tick(self, now: float) -> None:
-        """A new window once the current one is over (the unread count is not timed: see `reader_caught_up`)."""
+        """A new window once the current one is over (the unread count is not timed: see
+        `reader_caught_up`)."""
         if now - self._window_start >= self._limits.flood_window_secs:
             self._window_start = now
             self.resets = self.pings = self.settings = self.empty = 0
@@ -46,7 +48,8 @@ class FloodGuard:
     def ping(self) -> None:
         self.pings += 1
         if self.pings > self._limits.max_pings_per_window:
-            raise _calm(f"more than {self._limits.max_pings_per_window} PINGs in {self._limits.flood_window_secs:g} s")
+            raise _calm(f"more than {self._limits.max_pings_per_window} PINGs in "
+                        f"{self._limits.flood_window_secs:g} s")
 
     def settings_frame(self) -> None:
         self.settings += 1
@@ -68,8 +71,8 @@ class FloodGuard:
         buffer (as nginx, h2o and Go limit since 2023-24)."""
         self.unread_acks += 1
         if self.unread_acks > self._limits.max_unread_acks:
-            raise _calm(f"more than {self._limits.max_unread_acks} control frames to answer while our answers "
-                        "are not read")
+            raise _calm(f"more than {self._limits.max_unread_acks} control frames to answer while our "
+                        "answers are not read")
 
     def reader_caught_up(self) -> None:
         """The transport drained below its low-water mark (resume_writing): the peer reads again."""

@@ -152,7 +152,8 @@ class FieldBlock:
         if self._size > self._max_bytes:
             raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, "header block too large")
         if self._frames > self._max_frames:
-            raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, f"header block in more than {self._max_frames} frames")
+            raise H2ConnectionError(H2Error.ENHANCE_YOUR_CALM,
+                                    f"header block in more than {self._max_frames} frames")
         if not end:
             return None
         block = b"".join(self._fragments)

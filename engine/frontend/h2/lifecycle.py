@@ -1,6 +1,6 @@
-"""How an HTTP/2 connection ends (RFC 9113 §6.8, §5.4.1): graceful shutdown with the two-step GOAWAY, connection
-errors, the peer's going away, and the timeouts `tick` checks (guard.ConnectionClock). Pure, like the rest of
-the core: closing the transport is asked of the adapter (`CoreEvents.close_transport`).
+"""How an HTTP/2 connection ends (RFC 9113 §6.8, §5.4.1): graceful shutdown with the two-step GOAWAY,
+connection errors, the peer's going away, and the timeouts `tick` checks (guard.ConnectionClock). Pure, like
+the rest of the core: closing the transport is asked of the adapter (`CoreEvents.close_transport`).
 
 Why apart from core.py: the receive loop and the stream states are one concept, ending a connection (and
 letting go of everything it holds) another. `Lifecycle` is a base of H2Core and works on its state, named
@@ -72,7 +72,8 @@ class Lifecycle:
     def tick(self, now: float, buffered: int = 0) -> None:
         """About once a second (the server's sweeper): a new flood window, and the timeouts. `buffered`: bytes
         in the adapter's transport write buffer."""
-        if self._closed:  # a close still flushing to a peer that doesn't read: dropped after the client timeout
+        # A close still flushing to a peer that doesn't read: dropped after the client timeout.
+        if self._closed:
             if self._closed_at is None:
                 self._closed_at = now
             elif now - self._closed_at >= self._limits.client_timeout_secs > 0:
@@ -91,7 +92,8 @@ class Lifecycle:
         elif expiry is Expiry.IDLE:  # §6.8: clients reconnect when they next need to
             self._final_goaway()
         elif expiry is not None:
-            self._fail(H2Error.ENHANCE_YOUR_CALM if expiry is Expiry.UNREAD else H2Error.NO_ERROR, expiry.value)
+            self._fail(H2Error.ENHANCE_YOUR_CALM if expiry is Expiry.UNREAD else H2Error.NO_ERROR,
+                       expiry.value)
 
     def _fail(self, code: H2Error, message: str) -> None:
         """A connection error (§5.4.1): GOAWAY with the code, then close; every open stream stops. A peer

@@ -92,7 +92,8 @@ class Outbound:
 
     def drain(self, stream: H2Stream, queued: bool = True) -> None:
         """Write as much of `stream`'s waiting DATA as both windows, the peer's frame size and the transport
-        allow now (§6.9.1), then its END_STREAM (trailers, or a flag on the last DATA) once no DATA is left."""
+        allow now (§6.9.1), then its END_STREAM (trailers, or a flag on the last DATA) once no DATA is
+        left."""
         out: list[bytes | memoryview] = []
         pending = stream.pending
         assert pending is not None  # made when the stream was blocked
@@ -134,7 +135,8 @@ class Outbound:
             self._on_finished(stream, queued)
 
     def flush(self) -> None:
-        """After the windows grew or the transport drained: let waiting streams go, in the order they queued."""
+        """After the windows grew or the transport drained: let waiting streams go, in the order they
+        queued."""
         if not self.blocked:  # the common case: gRPC clients return window after every answer
             return
         for stream in list(self.blocked.values()):

@@ -1,5 +1,5 @@
-"""The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed response
-header blocks; status trailers; `grpc-timeout`. Used by grpc.py's Call.
+"""The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed
+response header blocks; status trailers; `grpc-timeout`. Used by grpc.py's Call.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from .headers import indexed, literal
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
 OK_TRAILERS = literal(b"grpc-status", b"0")
 PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
-TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0,
+                 ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 
 
 class Kind(enum.Enum):
     UNARY = "unary"  # one request, one response; the handler may return an awaitable
     INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
-    STREAM_INFER = "stream infer"  # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
+    # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
+    STREAM_INFER = "stream infer"
     SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
 
 
@@ -36,7 +38,8 @@ class Rpc:
 
 
 def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
-    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at start."""
+    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at
+    start."""
     table = {}
     for module in (grpc_service_pb2, health_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():  # type: ignore[attr-defined]
@@ -68,7 +71,8 @@ def status_block(status: int, message: str, trailers_only: bool, http_status: in
         block += literal(b"grpc-message", percent_encode(message))
     if not trailers_only:
         return block
-    head = RESPONSE_HEAD if http_status == 200 else literal(8, b"%d" % http_status) + literal(31, b"application/grpc")
+    head = (RESPONSE_HEAD if http_status == 200
+            else literal(8, b"%d" % http_status) + literal(31, b"application/grpc"))
     return head + block
 
 

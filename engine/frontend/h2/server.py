@@ -41,7 +41,8 @@ class H2GrpcServer:
         resolves to, as grpc does; returns the bound port."""
         host, _, port_text = address.rpartition(":")
         port = int(port_text)
-        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
         both_families = len({info[0] for info in infos}) > 1
         error: OSError | None = None
         for family, kind, proto, _, addr in dict.fromkeys(infos):

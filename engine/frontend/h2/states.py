@@ -92,4 +92,5 @@ def transition(state: StreamState, event: StreamEvent, stream_id: int) -> Stream
         raise RuntimeError(f"stream {stream_id}: cannot {event.value} in state {state.value}")
     if state is S.IDLE:
         raise H2ConnectionError(H2Error.PROTOCOL_ERROR, f"{event.value} on idle stream {stream_id}")
-    raise H2StreamError(stream_id, H2Error.STREAM_CLOSED, f"{event.value} on {state.value} stream {stream_id}")
+    raise H2StreamError(stream_id, H2Error.STREAM_CLOSED,
+                        f"{event.value} on {state.value} stream {stream_id}")

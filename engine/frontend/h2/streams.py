@@ -29,10 +29,12 @@ class Limits:
     max_concurrent_streams: int = 1024  # more open streams → RST_STREAM REFUSED_STREAM (§5.1.2)
     max_header_list_bytes: int = 16 << 10  # the app rejects larger request heads
     max_frame_bytes: int = 1 << 20  # a larger frame is a FRAME_SIZE_ERROR (§4.2)
-    stream_window_bytes: int = 1 << 20  # SETTINGS_INITIAL_WINDOW_SIZE: what each stream may send unacknowledged
+    # SETTINGS_INITIAL_WINDOW_SIZE: what each stream may send unacknowledged
+    stream_window_bytes: int = 1 << 20
     connection_window_bytes: int = 16 << 20  # the connection receive window, raised by WINDOW_UPDATE at start
-    # A request head is at most max_header_list_bytes; clients split it at our frame size (1 MiB) or at 16 KiB,
-    # so a real block takes 1 or 2 frames. More than this many is a CONTINUATION flood (ENHANCE_YOUR_CALM).
+    # A request head is at most max_header_list_bytes; clients split it at our frame size (1 MiB) or at
+    # 16 KiB, so a real block takes 1 or 2 frames. More than this many is a CONTINUATION flood
+    # (ENHANCE_YOUR_CALM).
     max_header_block_frames: int = 16
     # Flood limits, per connection per window (guard.FloodGuard); past one: GOAWAY ENHANCE_YOUR_CALM.
     flood_window_secs: float = 10.0
@@ -52,7 +54,8 @@ class Limits:
     # the peer does not read: a reader awaits each PING's ACK, so a handful is the most it ever has pending.
     max_unread_acks: int = 100
     # Request bytes buffered across a connection's streams (partial messages, complete ones awaiting
-    # END_STREAM); a stream that would exceed it ends RESOURCE_EXHAUSTED. Server.start sets 2 × the message limit.
+    # END_STREAM); a stream that would exceed it ends RESOURCE_EXHAUSTED. Server.start sets 2 × the message
+    # limit.
     max_buffered_request_bytes: int = 128 << 20
     # Response bytes waiting for the peer's windows or a paused transport; past it new streams are refused
     # (REFUSED_STREAM) until the queue drains. Server.start sets 2 × the message limit.
@@ -66,15 +69,16 @@ class Limits:
         if role is Role.CLIENT:
             return [(f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_ENABLE_PUSH, 0),
                     (f.SETTINGS_INITIAL_WINDOW_SIZE, self.stream_window_bytes)]
-        return [(f.SETTINGS_HEADER_TABLE_SIZE, 0), (f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_concurrent_streams),
+        return [(f.SETTINGS_HEADER_TABLE_SIZE, 0),
+                (f.SETTINGS_MAX_CONCURRENT_STREAMS, self.max_concurrent_streams),
                 (f.SETTINGS_INITIAL_WINDOW_SIZE, self.stream_window_bytes),
                 (f.SETTINGS_MAX_FRAME_SIZE, self.max_frame_bytes),
                 (f.SETTINGS_MAX_HEADER_LIST_SIZE, self.max_header_list_bytes)]
 
 
 class StreamHandler(Protocol):
-    """What runs one stream above the core: a server's call (created by CoreEvents.stream_opened) or a client's
-    (handed to H2Core.open_stream). Called by the core as the peer's frames arrive."""
+    """What runs one stream above the core: a server's call (created by CoreEvents.stream_opened) or a
+    client's (handed to H2Core.open_stream). Called by the core as the peer's frames arrive."""
 
     def headers_received(self, head: Any, end_stream: bool) -> None:
         """A field block on a stream already open: a response's headers, or trailers (then `end_stream`).

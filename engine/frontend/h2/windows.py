@@ -10,7 +10,8 @@ it: one object per stream, not two, on the request path), for either role.
 
 Receiving: we consume DATA as it arrives, so once half of what we granted is used up, `received` returns the
 increment that restores the window, for the caller to send as WINDOW_UPDATE (one frame per half window, not
-one per DATA frame). Sending: `send_window` is what the peer lets us send; the sender subtracts what it writes.
+one per DATA frame). Sending: `send_window` is what the peer lets us send; the sender subtracts what it
+writes.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ class FlowWindows:
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id  # 0: the connection's
-        self.send_window = send_window  # what the peer lets us send (§6.9): its initial window + WINDOW_UPDATEs
+        # what the peer lets us send (§6.9): its initial window + WINDOW_UPDATEs
+        self.send_window = send_window
         self.recv_window = recv_window  # what we still let the peer send
-        self.recv_size = recv_window  # what we grant in full (our SETTINGS_INITIAL_WINDOW_SIZE, or the connection's)
+        # what we grant in full (our SETTINGS_INITIAL_WINDOW_SIZE, or the connection's)
+        self.recv_size = recv_window
 
     def received(self, size: int, end_stream: bool = False) -> int:
-        """DATA of `size` bytes arrived (padding included, §6.9.1). Returns the WINDOW_UPDATE increment to send
-        now, 0 for none (none after END_STREAM: the stream takes no more DATA)."""
+        """DATA of `size` bytes arrived (padding included, §6.9.1). Returns the WINDOW_UPDATE increment to
+        send now, 0 for none (none after END_STREAM: the stream takes no more DATA)."""
         self.recv_window -= size
         if self.recv_window < 0:
             raise self._error(H2Error.FLOW_CONTROL_ERROR, "DATA beyond the window we granted")
