@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make serve   install, build the example models, serve model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
-#   make test    install (with test tools: tritonclient, the real perf_analyzer), build models, run every test
-# and one check: make lint (ruff and mypy at the versions pinned in pyproject.toml's test extra)
+#   make test    install (with test tools: tritonclient, the real perf_analyzer), build models, run every test,
+#                then make lint (ruff and mypy at the versions pinned in pyproject.toml's test extra)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,8 +29,8 @@ perf-analyzer: install
 
 test: models perf-analyzer
 	$(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory lint
 
-# Not yet part of `make test`: files being rewritten still fail it.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy engine
