@@ -280,11 +280,6 @@ def test_compressed_call_is_answered_compressed_when_the_client_accepts_it(clien
         assert np.frombuffer(response.raw_output_contents[0], np.int32).tolist() == list(range(0, 32, 2))
 
 
-def vm_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
 def zeros_gzip(size: int) -> bytes:
     """`size` zero bytes gzip-compressed, built 1 MiB at a time."""
     deflater = zlib.compressobj(9, zlib.DEFLATED, 31)
@@ -293,13 +288,13 @@ def zeros_gzip(size: int) -> bytes:
 
 def test_decompression_bomb_is_resource_exhausted_without_inflating(client, h2_server):
     bomb = zeros_gzip(512 << 20)  # 512 MiB in ~0.5 MB, 64 times the message limit
-    before = vm_rss_bytes(h2_server.process.pid)
+    before = h2_server.rss_bytes()
     for stream_id in (1, 3, 5):
         client.send(client.headers(stream_id, extra=(("grpc-encoding", "gzip"),)))
         client.send_data(stream_id, grpc_message(bomb, compressed=1))
         status, message = status_of(client, stream_id)
         assert status == "8" and "larger than max" in message
-    assert vm_rss_bytes(h2_server.process.pid) - before < 4 * MAX_MESSAGE_BYTES
+    assert h2_server.rss_bytes() - before < 4 * MAX_MESSAGE_BYTES
     client.call(7, simple_request())  # the server serves on, on the same connection
     assert status_of(client, 7)[0] == "0"
 

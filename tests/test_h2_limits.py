@@ -68,14 +68,6 @@ def still_serves(server):
     assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
 
 
-def rss_bytes(server) -> int:
-    with open(f"/proc/{server.process.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def wait_for(condition, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -160,12 +152,12 @@ def test_long_continuation_chain_is_refused(server):
                                              (frame(SETTINGS, 0, 0), "SETTINGS in")],
                          ids=["PING", "SETTINGS"])
 def test_control_flood_from_a_client_that_never_reads_is_closed(server, flood, log_text):
-    before = rss_bytes(server)
+    before = server.rss_bytes()
     c = RawClient(server.grpc_port)  # it never reads: every answer stays with the server
     assert send_until_closed(c, flood * 2000, 200) < 200  # 400,000 frames at most
     assert closed(c)
     assert log_text in server.log()
-    assert rss_bytes(server) < before + (50 << 20)
+    assert server.rss_bytes() < before + (50 << 20)
 
 
 def test_acks_queued_for_a_peer_that_does_not_read_are_limited(server):
@@ -201,14 +193,14 @@ def abandon_large_messages(port: int, streams: int, declared: int, sent: int) ->
 
 
 def test_abandoned_large_messages_give_their_memory_back(server):
-    before = rss_bytes(server)
+    before = server.rss_bytes()
     clients = [abandon_large_messages(server.grpc_port, 2, 7 << 20, 6 << 20) for _ in range(6)]
-    held = rss_bytes(server) - before
+    held = server.rss_bytes() - before
     assert held > 40 << 20, f"the server held only {held >> 20} MiB: the test is not testing"
     for c in clients:
         c.close()
-    wait_for(lambda: rss_bytes(server) < before + (20 << 20), 15,
-             f"RSS stayed at {rss_bytes(server) >> 20} MiB after the clients left (was {before >> 20})")
+    wait_for(lambda: server.rss_bytes() < before + (20 << 20), 15,
+             f"RSS stayed at {server.rss_bytes() >> 20} MiB after the clients left (was {before >> 20})")
 
 
 def test_requests_buffered_on_one_connection_are_capped(server):
@@ -227,7 +219,7 @@ def test_requests_buffered_on_one_connection_are_capped(server):
 
 
 def test_zero_window_client_sending_requests_is_bounded_and_closed(server):
-    before = rss_bytes(server)
+    before = server.rss_bytes()
     c = RawClient(server.grpc_port, settings={INITIAL_WINDOW_SIZE: 0})
     c.handshake()
     request = echo_request(np.ones(8192, np.float32))  # 32 KiB answers that can never leave
@@ -247,7 +239,7 @@ def test_zero_window_client_sending_requests_is_bounded_and_closed(server):
         pass  # closed by the server while we were still sending
     assert goaway_code(c) in (ENHANCE_YOUR_CALM, None)
     assert closed(c)
-    assert rss_bytes(server) < before + (100 << 20)
+    assert server.rss_bytes() < before + (100 << 20)
     assert refused or "answers left unread" in server.log()
 
 

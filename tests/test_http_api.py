@@ -429,11 +429,6 @@ def post_infer(server, body: bytes, headers: dict[str, str]) -> tuple[int, dict[
         conn.close()
 
 
-def vm_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-
-
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compressed_body_and_response_on_the_wire(server, encoding):
     body = gzip.compress(SIMPLE_JSON) if encoding == "gzip" else zlib.compress(SIMPLE_JSON)
@@ -458,9 +453,9 @@ def test_bad_compressed_bodies(server, body, encoding, code):
 def test_decompression_bomb_is_413_without_inflating(server):
     deflater = zlib.compressobj(9, zlib.DEFLATED, 31)
     bomb = b"".join(deflater.compress(bytes(1 << 20)) for _ in range(512)) + deflater.flush()  # 512 MiB
-    before = vm_rss_bytes(server.process.pid)
+    before = server.rss_bytes()
     for _ in range(3):
         status, _, payload = post_infer(server, bomb, {"Content-Encoding": "gzip"})
         assert status == 413 and "larger than max" in json.loads(payload)["error"]
-    assert vm_rss_bytes(server.process.pid) - before < 256 << 20  # the limit is 64 MiB, the bomb 512
+    assert server.rss_bytes() - before < 256 << 20  # the limit is 64 MiB, the bomb 512
     assert post_infer(server, SIMPLE_JSON, {})[0] == 200  # and the server serves on

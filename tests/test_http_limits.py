@@ -126,13 +126,6 @@ def assert_good_inference(server: RunningServer) -> None:
         np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
 
 
-def vm_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/<pid>/status")
-
-
 def wait_for(condition, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -332,7 +325,7 @@ def test_large_bodies_leave_no_memory_behind(repository, tmp_path):
                           "--model-control-mode", "none", "--http-max-input-size", "300000000")
     try:
         assert_good_inference(server)
-        baseline = vm_rss_bytes(server.process.pid)
+        baseline = server.rss_bytes()
         garbage = b"x" * size
         conn = RawConnection(server.http_port, timeout_s=60.0)
         try:
@@ -357,9 +350,9 @@ def test_large_bodies_leave_no_memory_behind(repository, tmp_path):
         for t in threads:
             t.join(60)
         bound = baseline + 100_000_000
-        wait_for(lambda: vm_rss_bytes(server.process.pid) <= bound, 30.0,
+        wait_for(lambda: server.rss_bytes() <= bound, 30.0,
                  f"server RSS back within 100 MB of its {baseline >> 20} MiB baseline "
-                 f"(now {vm_rss_bytes(server.process.pid) >> 20} MiB)")
+                 f"(now {server.rss_bytes() >> 20} MiB)")
         assert_good_inference(server)
     finally:
         server.stop()

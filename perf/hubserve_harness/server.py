@@ -51,6 +51,14 @@ class RunningServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def rss_bytes(self) -> int:
+        """The server process's resident size (VmRSS), for tests whose point is memory given back."""
+        with open(f"/proc/{self.process.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError(f"no VmRSS in /proc/{self.process.pid}/status")
+
     def metric(self, name: str, model: str, version: str = "1") -> float:
         """One model's value of a Prometheus family, read from /metrics."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
