@@ -62,7 +62,8 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
 }
 
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
-# belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501 (http.py _UNSERVED).
+# belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
+# (http_routes.py _UNSERVED).
 UNIMPLEMENTED_RPCS = {
     "SystemSharedMemoryStatus": "system_shared_memory", "SystemSharedMemoryRegister": "system_shared_memory",
     "SystemSharedMemoryUnregister": "system_shared_memory", "CudaSharedMemoryStatus": "cuda_shared_memory",

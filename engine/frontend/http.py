@@ -1,4 +1,5 @@
-"""KServe v2 over HTTP/1.1: the routes, and the app that owns the connections (frontend/http_connection.py).
+"""KServe v2 over HTTP/1.1: `HttpApp`, which owns the connections (http_connection.py), their one timeout
+sweeper, the release of freed request memory, and the drain on shutdown. The endpoints are http_routes.py's.
 
 Why not a web framework: on the small models that dominate serving traffic, a framework's per-request
 machinery (request objects, middleware, routing tables, header multidicts) costs more CPU than the inference.
@@ -9,129 +10,37 @@ connection attaches a callback to the batcher's future.
 Semantics: keep-alive by default (HTTP/1.1), `Connection: close` honoured, `Expect: 100-continue` answered,
 pipelined requests answered in order (one at a time per connection); the limits and timeouts of
 `HttpLimits` are the connection's (413, 431, 408). A client that disconnects cancels its in-flight request,
-which takes it out of the batcher's queue. Errors leave as `{"error": "..."}` with the status from `STATUS`,
-the one table from `ErrorCode` to HTTP.
+which takes it out of the batcher's queue.
 
-`HttpApp` also runs the one sweeper of all its connections' timeouts (no timer per request), hands freed
-request buffers back to the OS after large bodies (rate-limited), and drains on shutdown.
+Timeouts come from one sweeper per app (no timer per request); freed request buffers go back to the OS after
+large bodies (rate-limited).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import logging
 import time
-from typing import Any
-from urllib.parse import unquote
-
-import orjson
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..memory import release_freed_memory
-from ..types import InferenceRequest, InferenceResponse
-from . import compression
-from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response_parts
-from .http_connection import Answer, HttpLimits, HttpProtocol, HttpRequest, OnDone, Pending
+from .http_connection import HttpProtocol
+from .http_routes import HttpRoutes
+from .http_types import HttpLimits
 
-log = logging.getLogger("hubserve.http")
-
-STATUS = {
-    ErrorCode.INVALID_ARG: 400,
-    ErrorCode.NOT_FOUND: 404,
-    ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.RESOURCE_EXHAUSTED: 429,
-    ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 409,
-    ErrorCode.CANCELLED: 499,
-    ErrorCode.DEADLINE_EXCEEDED: 504,
-    ErrorCode.INTERNAL: 500,
-}
-_HEADER_LENGTH_LOWER = HEADER_LENGTH.lower().encode()
-_JSON = b"application/json"
 TRIM_INTERVAL_SECS = 1.0  # at most one malloc_trim a second, and only after a large body was dropped
 DRAIN_QUIET_SECS = 1.0  # draining: an idle keep-alive connection is closed once this quiet
 
 
-class _Deferred:
-    """A route answered by a task (repository load and unload). `answer()` runs once the future is done."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[Any]) -> None:
-        self.future = future
-
-    def answer(self) -> Answer:
-        fut = self.future
-        if fut.cancelled():
-            return _error(503, "the request was cancelled: the server is stopping or the model unloading")
-        exc = fut.exception()
-        if exc is None:
-            try:
-                return self._convert(fut.result())
-            except Exception as e:  # a bug in encoding: answer 500, keep serving
-                log.exception("HTTP response encoding failed")
-                return _error(500, f"internal error: {e}")
-        if isinstance(exc, EngineError):
-            return _error(STATUS[exc.code], exc.message)
-        log.error("HTTP handler failed: %r", exc)
-        return _error(500, f"internal error: {exc}")
-
-    def _convert(self, result: Any) -> Answer:
-        return result  # type: ignore[no-any-return]
-
-
-class _Infer(_Deferred):
-    """An inference in flight: answering from the data plane's future itself, rather than through a second
-    future, saves an allocation and a round of the event loop per request."""
-
-    __slots__ = ("request",)
-
-    def __init__(self, future: asyncio.Future[InferenceResponse], request: InferenceRequest) -> None:
-        super().__init__(future)
-        self.request = request
-
-    def _convert(self, result: Any) -> Answer:
-        return _infer_answer(result, self.request)
-
-
-def _error(status: int, message: str) -> Answer:
-    return status, orjson.dumps({"error": message}), _JSON, b""
-
-
-def _json(data: Any, status: int = 200) -> Answer:
-    return status, orjson.dumps(data), _JSON, b""
-
-
-def _status(ok: bool) -> Answer:
-    return (200 if ok else 503), b"", b"text/plain", b""
-
-
-def _json_body(req: HttpRequest, limit: int) -> dict[str, Any]:
-    body = _body(req, limit)
-    if not body.strip():
-        return {}  # tritonclient sends some requests with no body
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise invalid(f"malformed JSON in request body: {e}") from None
-    if not isinstance(doc, dict):
-        raise invalid("request body must be a JSON object")
-    return doc
-
-
 class HttpApp:
-    """Routes parsed requests to the data plane. One per server; owns the set of open connections, their
-    sweeper and the release of freed request memory."""
+    """One per server: the routes (`handle`, called by each connection per request), the set of open
+    connections, their sweeper and the release of freed request memory."""
 
     def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
-        self.dp = dataplane
+        self.routes = HttpRoutes(dataplane, limits)
+        self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits
         self.connections: set[HttpProtocol] = set()
         self.closing = False
-        self.header_cache = HeaderCache()
-        self._tasks: set[asyncio.Future[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._trim_wanted = False
         self._trim_running = False
@@ -140,26 +49,9 @@ class HttpApp:
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
 
-    def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        """Called by a connection for each request, in order; never raises. An answer still being computed
-        (a `Pending`) calls `on_done` with its future once that is done."""
-        try:
-            return self.route(req, on_done)
-        except compression.TooLarge as e:  # a compressed body inflating past the limit, as one over it
-            return _error(413, e.message)
-        except compression.UnsupportedEncoding as e:
-            return _error(415, e.message)
-        except EngineError as e:
-            return _error(STATUS[e.code], e.message)
-        except Exception as e:  # a bug: answer 500, keep serving
-            log.exception("HTTP handler failed")
-            return _error(500, f"internal error: {e}")
-
     def large_body_dropped(self) -> None:
         """Called by a connection when a large request body is let go; the sweeper trims the heap soon."""
         self._trim_wanted = True
-
-    # ------------------------------------------------------------------ sweeper
 
     def start_sweeper(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
@@ -188,194 +80,6 @@ class HttpApp:
                 finally:
                     self._trim_running = False
 
-    # ------------------------------------------------------------------ routes
-
-    def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        path = req.url.split(b"?", 1)[0]
-        text = path.decode("utf-8", "replace")
-        parts = text.strip("/").split("/")
-        if "%" in text:
-            parts = [unquote(p) for p in parts]
-        method = req.method
-        if not parts or parts[0] != "v2":
-            raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
-        rest = parts[1:]
-        extension = _unserved(rest)
-        if extension is not None:
-            raise unserved_extension(extension, f"{method.decode()} {path.decode('utf-8', 'replace')}")
-        if method in (b"GET", b"HEAD"):
-            if not rest or rest == [""]:
-                return _json(self.dp.server_metadata())
-            if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
-                return _status(self.dp.live() if rest[1] == "live" else self.dp.ready())
-            if rest == ["models", "stats"]:
-                return _json({"model_stats": self.dp.statistics()})
-        if rest and rest[0] == "models" and len(rest) >= 2:
-            name, version, action = _model_path(rest[1:], path)
-            return self._model_route(req, method, name, version, action, on_done)
-        if method == b"POST" and rest and rest[0] == "repository":
-            if rest[1:] == ["index"]:
-                return self._index(req)
-            if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
-                # parsed here, so its errors are answered here
-                doc = _json_body(req, self.limits.max_body_bytes)
-                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]),
-                                   on_done)
-        raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
-
-    def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str,
-                     on_done: OnDone) -> Answer | Pending:
-        if action == "infer":
-            if method != b"POST":
-                return _error(405, "infer needs POST")
-            return self._infer(req, name, version, on_done)
-        if method not in (b"GET", b"HEAD"):
-            return _error(405, f"{action or 'metadata'} needs GET")
-        if action == "":
-            return _json(self.dp.model_metadata(name, version))
-        if action == "ready":
-            return _status(self.dp.require_model_ready(name, version))
-        if action == "config":
-            return _json(self.dp.model_config(name, version))
-        if action == "stats":
-            return _json({"model_stats": self.dp.statistics(name, version)})
-        raise not_found(f"no endpoint {action!r} for model '{name}'")
-
-    def _infer(self, req: HttpRequest, name: str, version: str, on_done: OnDone) -> Pending:
-        """Decode and submit, with `on_done` as the answer: the data plane's one done-callback accounts the
-        request, then calls it. A compressed body is decompressed first (Inference-Header-Content-Length
-        counts the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
-        response gets one, built in a task of its own."""
-        body = _body(req, self.limits.max_body_bytes)
-        header_length = req.headers.get(_HEADER_LENGTH_LOWER)
-        request = decode_request(name, version, body,
-                                 header_length.decode("latin-1") if header_length is not None else None,
-                                 self.header_cache)
-        accept = req.headers.get(b"accept-encoding")
-        encoding = compression.accepted(accept.decode("latin-1")) if accept else None
-        if encoding is None:
-            return _Infer(self.dp.submit(request, req.start_ns, on_done), request)
-        future = self.dp.submit(request, req.start_ns)
-        return self._spawn(_compressed_answer(future, request, encoding), on_done)
-
-    def _index(self, req: HttpRequest) -> Answer:
-        doc = _json_body(req, self.limits.max_body_bytes)
-        ready = doc.get("ready", False)
-        if not isinstance(ready, bool):
-            raise invalid("'ready' must be true or false")
-        return _json([{"name": e.name, "version": e.version, "state": e.state.value, "reason": e.reason}
-                      for e in self.dp.repository_index(ready)])
-
-    async def _load(self, doc: dict[str, Any], name: str) -> Answer:
-        params = doc.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise invalid("'parameters' must be a JSON object")
-        files = {k[5:]: _base64(k, v) for k, v in params.items() if k.startswith("file:")}
-        await self.dp.load(name, params.get("config"), files)  # the data plane parses the config override
-        return 200, b"", _JSON, b""
-
-    async def _unload(self, name: str) -> Answer:
-        await self.dp.unload(name)
-        return 200, b"", _JSON, b""
-
-    def _spawn(self, coro: Any, on_done: OnDone) -> _Deferred:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        task.add_done_callback(on_done)
-        return _Deferred(task)
-
-
-def _base64(key: str, value: Any) -> bytes:
-    """A `file:` load parameter: the file's bytes, base64-encoded in the JSON (Triton's protocol)."""
-    try:
-        return base64.b64decode(value, validate=True)
-    except (TypeError, ValueError):
-        raise invalid(f"parameter '{key}' must be the file's content as a base64 string") from None
-
-
-def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:
-    """models/{name}[/versions/{v}][/{action}] → (name, version, action)."""
-    name, rest = parts[0], parts[1:]
-    version = ""
-    if len(rest) >= 2 and rest[0] == "versions":
-        version, rest = rest[1], rest[2:]
-    if len(rest) > 1:
-        raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
-    return name, version, rest[0] if rest else ""
-
-
-def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
-    """The request body, decompressed when it has a Content-Encoding (gzip, deflate), within `limit` bytes:
-    compression.TooLarge beyond it, compression.UnsupportedEncoding for other encodings."""
-    body = req.body
-    encoding = req.headers.get(b"content-encoding")
-    if encoding is None or compression.is_identity(encoding.decode("latin-1").strip().lower()):
-        return body
-    return compression.decode(encoding.decode("latin-1"), body, limit)
-
-
-# Triton's HTTP endpoints of extensions hubserve does not serve (server src/http_server.cc; docs/protocol/
-# extension_*.md), by first path segment after /v2: each answers 501 naming its extension (as the gRPC
-# RPCs answer UNIMPLEMENTED), not 404 as if it were no endpoint at all.
-_UNSERVED = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory",
-             "trace": "trace", "logging": "logging"}
-_SHM_ACTIONS = ("status", "register", "unregister")
-
-
-def _unserved(rest: list[str]) -> str | None:
-    """The extension of an endpoint we don't serve at /v2/<rest>, or None."""
-    if not rest:
-        return None
-    extension = _UNSERVED.get(rest[0])
-    if extension is not None:
-        tail = rest[1:]
-        if extension == "logging":
-            return extension if not tail else None
-        if extension == "trace":
-            return extension if tail == ["setting"] else None
-        if len(tail) == 1 and tail[0] in _SHM_ACTIONS or len(tail) == 3 and tail[0] == "region" \
-                and tail[2] in _SHM_ACTIONS:
-            return extension
-        return None
-    if rest[0] == "models" and len(rest) >= 3:
-        tail = rest[2:]
-        if len(tail) >= 2 and tail[0] == "versions":
-            tail = tail[2:]
-        if tail in (["generate"], ["generate_stream"]):
-            return "generate"
-        if tail == ["trace", "setting"]:
-            return "trace"
-    return None
-
-
-async def _compressed_answer(future: asyncio.Future[InferenceResponse], request: InferenceRequest,
-                             encoding: str) -> Answer:
-    """An inference answer compressed with `encoding`, for a client that accepts it (Accept-Encoding).
-    Cancelling this task (the client left) cancels the request; large bodies compress on a worker thread."""
-    parts, size, header_length = encode_response_parts(await future, request)
-    if size < 1 << 20:
-        body = compression.encode(encoding, parts)
-    else:
-        body = await asyncio.to_thread(compression.encode, encoding, parts)
-    content_type, extra = _infer_head(header_length)
-    return 200, body, content_type, extra + b"Content-Encoding: %s\r\n" % encoding.encode()
-
-
-def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Answer:
-    """An inference's answer, its body as the codec's parts: the tensor bytes are not copied on the way."""
-    parts, _, header_length = encode_response_parts(response, request)
-    content_type, extra = _infer_head(header_length)
-    return 200, parts[0] if len(parts) == 1 else parts, content_type, extra
-
-
-def _infer_head(header_length: int | None) -> tuple[bytes, bytes]:
-    """Content-Type and the extra header lines of an inference answer: binary data follows the JSON when
-    the codec says how long that is."""
-    if header_length is None:
-        return _JSON, b""
-    return b"application/octet-stream", b"Inference-Header-Content-Length: %d\r\n" % header_length
-
 
 async def serve(app: HttpApp, host: str, port: int) -> asyncio.Server:
     loop = asyncio.get_running_loop()
@@ -402,4 +106,4 @@ async def shutdown(app: HttpApp, server: asyncio.AbstractServer, timeout_s: floa
     await app.stop_sweeper()
 
 
-__all__ = ["STATUS", "HttpApp", "HttpLimits", "serve", "shutdown"]
+__all__ = ["HttpApp", "HttpLimits", "serve", "shutdown"]

@@ -1,7 +1,8 @@
 """One HTTP/1.1 connection: parsing (httptools / llhttp), limits, timeouts, flow control and writing answers.
 
-`HttpProtocol` knows no routes: each parsed `HttpRequest` goes to its owner's `handle()`, which answers at
-once (an `Answer`) or later (a `Pending`). Answers leave in request order, one request in flight at a time.
+`HttpProtocol` knows no routes: each parsed `HttpRequest` goes to its owner's `handle()` (the routes', in
+http_routes.py), which answers at once (an `Answer`) or later (a `Pending`); those types are http_types.py's.
+Answers leave in request order, one request in flight at a time.
 What one client cannot do through it (the limits are `HttpLimits`):
 - send a body over `max_body_bytes`: a declared Content-Length over it is refused before the body is read, a
   chunked body as soon as it passes it (413);
@@ -25,21 +26,17 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import httptools
 import orjson
+
+from .http_types import Answer, HttpRequest, Pending
 
 if TYPE_CHECKING:
     from .http import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
 
 log = logging.getLogger("hubserve.http")
-
-# A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
-# bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
-Answer = tuple[int, "bytes | list[Any]", bytes, bytes]
 
 REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
            408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
@@ -52,46 +49,6 @@ LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand 
 LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
 _monotonic = time.monotonic  # looked up once: it runs twice per request
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    """What one connection may cost the server (ServerOptions carries them; see engine/server.py)."""
-
-    max_body_bytes: int = 64 << 20
-    max_header_bytes: int = 16 << 10
-    max_header_count: int = 100
-    client_timeout_secs: float = 30.0
-    idle_timeout_secs: float = 300.0
-
-
-class HttpRequest:
-    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray."""
-
-    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "url")
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.url = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.body: bytes | bytearray = b""
-        self.keep_alive = True
-        self.start_ns = time.perf_counter_ns()
-
-
-# How a connection learns that its in-flight answer is ready: called once with the `Pending`'s future.
-OnDone = Callable[[asyncio.Future[Any]], None]
-
-
-class Pending(Protocol):
-    """An answer still being computed. The owner's `handle()` has arranged for the connection's `on_done`
-    to be called with `future` once it is done (cancelled included), and the connection then calls
-    `answer()`: an inference passes it to the data plane, whose one done-callback accounts the request and
-    then answers, so no second callback is attached here."""
-
-    future: asyncio.Future[Any]
-
-    def answer(self) -> Answer: ...
 
 
 class _Reject(Exception):
@@ -431,5 +388,4 @@ def _too_large(what: str, limit: int) -> str:
             "Use --http-max-input-size to increase the limit.")
 
 
-__all__ = ["LARGE_BODY_BYTES", "REASONS", "Answer", "HttpLimits", "HttpProtocol", "HttpRequest", "OnDone",
-           "Pending"]
+__all__ = ["LARGE_BODY_BYTES", "REASONS", "HttpProtocol"]

@@ -1,6 +1,8 @@
-"""gRPC over our HTTP/2 connection (grpc/doc/PROTOCOL-HTTP2.md): request heads, 5-byte length-prefixed
-messages, `grpc-timeout`, and responses as `:status 200` + `content-type: application/grpc` headers, messages,
-and `grpc-status` / `grpc-message` trailers (or one trailers-only HEADERS frame for an early error).
+"""gRPC calls over our HTTP/2 connection (grpc/doc/PROTOCOL-HTTP2.md): `GrpcApp` opens a `Call` per stream;
+a call reads its request head and messages, honours `grpc-timeout`, and answers with `:status 200` +
+`content-type: application/grpc` headers, messages, and `grpc-status` / `grpc-message` trailers (or one
+trailers-only HEADERS frame for an early error). The messages themselves (the 5-byte length prefix,
+compression, the encoding of a call's responses) are grpc_messages.py's.
 
 Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answered by the transport-neutral
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
@@ -24,33 +26,20 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ...errors import EngineError
-from .. import compression
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
 from .frames import H2Error
+from .grpc_messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
 from .guard import MemoryReturn
-from .headers import RequestHead, literal
-from .rpcs import OK_TRAILERS, PREFIX, RESPONSE_HEAD, Kind, Rpc, parse_timeout, rpc_table, status_block
+from .headers import RequestHead
+from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
 from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
 
 _EMPTY = memoryview(b"")
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
-ACCEPT_ENCODING = literal(b"grpc-accept-encoding", compression.ACCEPT.encode())
-# Response heads of calls whose responses are compressed (grpc/doc/compression.md), by encoding.
-COMPRESSED_HEADS = {e: RESPONSE_HEAD + literal(b"grpc-encoding", e.encode()) + ACCEPT_ENCODING
-                    for e in compression.ENCODINGS}
-
-
-def response_encoding(encoding: str, accept: bytes) -> str | None:
-    """How to compress a call's responses: like its requests, when the client compresses them with an encoding
-    it accepts back (tritonclient's `compression_algorithm`), else not at all. grpc servers compress nothing
-    unasked, and the hot path of clients that don't compress (perf_analyzer) stays as it is."""
-    if encoding not in compression.ENCODINGS:
-        return None
-    return encoding if compression.accepted_encoding(accept.decode("latin-1"), encoding) else None
 
 
 class GrpcApp:
@@ -179,8 +168,11 @@ class Call:
             message = data[offset + 5:offset + 5 + length]
             offset += 5 + length
             if flag:
-                message = self._decompress(flag, message)  # type: ignore[assignment]
-                if message is None:
+                try:
+                    message = decompress(  # type: ignore[assignment]
+                        flag, self.encoding, message, self.app.max_message_bytes)
+                except MessageError as e:
+                    self.finish(e.status, e.message, extra=e.extra)
                     return
             if self.rpc.kind is Kind.STREAM_INFER:
                 self._stream_request(message)
@@ -234,24 +226,6 @@ class Call:
         self.conn.request_bytes.give(self.reserved)
         self.reserved = 0
         self.app.partial.discard(self)
-
-    def _decompress(self, flag: int, message: memoryview) -> bytes | None:
-        """A message with the Compressed-Flag set, decompressed with the call's grpc-encoding within the
-        message limit; None when the call ended instead (PROTOCOL-HTTP2.md, grpc/doc/compression.md)."""
-        if flag != 1:
-            self.finish(S.INTERNAL, f"invalid Compressed-Flag {flag} on a request message")
-        elif compression.is_identity(self.encoding):
-            self.finish(S.INTERNAL, "a request message is marked compressed but has no grpc-encoding")
-        else:
-            try:
-                return compression.decode(self.encoding, message, self.app.max_message_bytes)
-            except compression.UnsupportedEncoding as e:
-                self.finish(S.UNIMPLEMENTED, e.message, extra=ACCEPT_ENCODING)
-            except compression.TooLarge as e:
-                self.finish(S.RESOURCE_EXHAUSTED, e.message)
-            except EngineError as e:
-                self.finish(S.INTERNAL, e.message)
-        return None
 
     def _requests_complete(self) -> None:
         """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
@@ -357,7 +331,8 @@ class Call:
             return
         self.done = True
         self._stop_timer()
-        self.conn.send(self.stream, self._response_head(), self._message(parts, size), OK_TRAILERS)
+        encoding = self.response_encoding
+        self.conn.send(self.stream, response_head(encoding), frame(parts, size, encoding), OK_TRAILERS)
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -368,19 +343,9 @@ class Call:
             self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
-        head = None if self.headers_sent else self._response_head()
+        head = None if self.headers_sent else response_head(self.response_encoding)
         self.headers_sent = True
-        self.conn.send(self.stream, head, self._message(parts, size), None)
-
-    def _response_head(self) -> bytes:
-        return RESPONSE_HEAD if self.response_encoding is None else COMPRESSED_HEADS[self.response_encoding]
-
-    def _message(self, parts: list[Any], size: int) -> list[Any]:
-        """A response message of `size` bytes in `parts`, length-prefixed, compressed if the call's are."""
-        if self.response_encoding is None:
-            return [PREFIX.pack(0, size), *parts]
-        body = compression.encode(self.response_encoding, parts)
-        return [PREFIX.pack(1, len(body)), body]
+        self.conn.send(self.stream, head, frame(parts, size, self.response_encoding), None)
 
     def finish(self, status: int, message: str, http_status: int = 200, extra: bytes = b"") -> None:
         """End the call with `status`: trailers, or a trailers-only response if no headers went out yet;

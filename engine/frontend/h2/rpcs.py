@@ -5,7 +5,6 @@ response header blocks; status trailers; `grpc-timeout`. Used by grpc.py's Call.
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,6 @@ from .headers import indexed, literal
 # RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
 OK_TRAILERS = literal(b"grpc-status", b"0")
-PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length (PROTOCOL-HTTP2.md "Length-Prefixed-Message")
 TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0,
                  ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
 

@@ -1,0 +1,59 @@
+"""What the HTTP/1.1 connection (http_connection.py) and the routes (http_routes.py) hand each other: the
+parsed `HttpRequest`, an `Answer` now or a `Pending` one later with its `OnDone`, and `HttpLimits`, what one
+connection may cost. Neither side imports the other: both import these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
+# bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
+Answer = tuple[int, "bytes | list[Any]", bytes, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """What one connection may cost the server (ServerOptions carries them; see engine/server.py)."""
+
+    max_body_bytes: int = 64 << 20
+    max_header_bytes: int = 16 << 10
+    max_header_count: int = 100
+    client_timeout_secs: float = 30.0
+    idle_timeout_secs: float = 300.0
+
+
+class HttpRequest:
+    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "url")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: bytes | bytearray = b""
+        self.keep_alive = True
+        self.start_ns = time.perf_counter_ns()
+
+
+# How a connection learns that its in-flight answer is ready: called once with the `Pending`'s future.
+OnDone = Callable[[asyncio.Future[Any]], None]
+
+
+class Pending(Protocol):
+    """An answer still being computed. The routes' `handle()` has arranged for the connection's `on_done`
+    to be called with `future` once it is done (cancelled included), and the connection then calls
+    `answer()`: an inference passes it to the data plane, whose one done-callback accounts the request and
+    then answers, so no second callback is attached here."""
+
+    future: asyncio.Future[Any]
+
+    def answer(self) -> Answer: ...
+
+
+__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending"]
