@@ -14,7 +14,8 @@ mapping (which would turn a read into SIGBUS).
 
 Lifetimes: `Region.close()` is idempotent and never crashes. It closes the fd at once; the mapping is unmapped
 at once when no view or array into it is alive, and otherwise when the last of them is released (each view
-keeps the mapping alive, so a view stays valid and readable after close, never dangling). Calls on a
+keeps the mapping alive, so a view stays valid and readable after close, never dangling; before Python 3.13
+the mapping also keeps a private dup of the fd until then). Calls on a
 closed region raise EngineError UNAVAILABLE. Every offset and size is checked; a bad one raises EngineError
 INVALID_ARG with a message a client can act on (for the extension these numbers come from requests).
 
@@ -30,6 +31,7 @@ import mmap
 import operator
 import os
 import stat
+import sys
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,9 @@ from .errors import EngineError, ErrorCode, invalid
 SHM_ROOT = "/dev/shm"  # where glibc's shm_open puts POSIX shared-memory objects
 NAME_MAX = 255
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+# Before 3.13 mmap keeps a dup of the fd for itself (until the mapping is unmapped); from 3.13 it need not.
+_MMAP_OPTIONS: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+_RW = mmap.PROT_READ | mmap.PROT_WRITE
 
 
 def _index(value: Any, what: str) -> int:
@@ -55,6 +60,8 @@ def _check_size(size: Any) -> int:
     size = _index(size, "size")
     if size <= 0:
         raise invalid(f"shared memory: size must be positive, got {size}")
+    if size > sys.maxsize:
+        raise invalid(f"shared memory: size {size} is larger than this machine can map")
     return size
 
 
@@ -105,7 +112,7 @@ class Region:
         try:
             os.ftruncate(fd, size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, _RW, **_MMAP_OPTIONS)
         except OSError as exc:
             os.close(fd)
             raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
@@ -132,7 +139,7 @@ class Region:
                 raise invalid(f"cannot attach shared-memory region '{label}': it has {st.st_size} bytes, "
                               f"{size} were asked for")
             try:
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, _RW, **_MMAP_OPTIONS)
             except OSError as exc:
                 raise invalid(f"cannot map shared-memory region '{label}': {exc.strerror}") from None
         except BaseException:
@@ -167,8 +174,7 @@ class Region:
                               f"the object's {st.st_size} bytes")
             start = offset - offset % mmap.ALLOCATIONGRANULARITY
             try:
-                mm = mmap.mmap(fd, offset - start + size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                               offset=start)
+                mm = mmap.mmap(fd, offset - start + size, mmap.MAP_SHARED, _RW, offset=start, **_MMAP_OPTIONS)
             except OSError as exc:
                 raise invalid(f"unable to map shared-memory region '{key}': {exc.strerror}") from None
         finally:
@@ -203,9 +209,12 @@ class Region:
     def array(self, offset: int, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         """A writable numpy array of `dtype` and `shape` over the region at `offset` (no copy; it keeps the
         mapping alive like a view)."""
-        dtype = np.dtype(dtype)
-        if dtype.hasobject:
-            raise invalid(f"shared memory: cannot place {dtype} (Python objects) in shared memory")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise invalid(f"shared memory: {dtype!r} is not a numpy dtype") from None
+        if dtype.hasobject or dtype.itemsize == 0:
+            raise invalid(f"shared memory: cannot place {dtype} (Python objects or no size) in shared memory")
         dims = tuple(_index(d, "shape dimension") for d in shape)
         count = 1
         for d in dims:
