@@ -26,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
+HUBSERVE_REPO = PEERS_DIR / "hubserve_repo"
+"""What hubserve serves here: `repos.write_hubserve_repo` writes it from model_repository/ before a run."""
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -93,7 +95,8 @@ def _venv_missing(venv: str, setup: str, *files: Path) -> Callable[[], str | Non
 HUBSERVE = ServerKind(
     name="hubserve",
     command=lambda p, models: [
-        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", "model_repository",
+        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve",
+        "--model-repository", str(HUBSERVE_REPO.relative_to(ROOT)),
         "--model-control-mode", "none", "--host", "127.0.0.1",
         "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics),
     ],
