@@ -5,7 +5,7 @@ real perf_analyzer on the same models and input data, interleaved in one run.
     bash tools/install_perf_analyzer.sh
     .venv/bin/python perf/bench_peers.py [--models simple,mlp,image] [--protocols grpc,http]
         [--concurrency 1,4,16,32] [--servers hubserve,triton,kserve,mlserver] [--interval-ms 5000]
-        [--configs examples,tuned]
+        [--configs examples,tuned] [--hubserve-args="--workers 2"]
 
 Each model runs in each config variant (`peers/variants.py`): `examples`, its config in model_repository/,
 and `tuned`, the same with `max_batch_size: 64` and a 1000 µs dynamic-batching window (what gives Triton its
@@ -253,7 +253,8 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
            (f"Settings: models {args.models}; configs {args.configs}; protocols {args.protocols}; "
             f"concurrency {args.concurrency}; `-b 1`; `--input-data zero`; {args.interval_ms} ms windows, "
             f"stability {args.stability} %, at most {args.max_trials} windows, {args.retries} rerun(s) of a "
-            f"point without stable windows; wall time {wall_s / 60:.1f} min."), "",
+            f"point without stable windows; hubserve's extra arguments: `{args.hubserve_args or 'none'}`; "
+            f"wall time {wall_s / 60:.1f} min."), "",
            f"Run as: `{shlex.join(['.venv/bin/python', 'perf/bench_peers.py', *sys.argv[1:]])}`", "",
            *config_table([m for m in args.models.split(",") if m], chosen, served,
                          {s.kind.name for s in running}), "",
@@ -328,6 +329,8 @@ def main() -> int:
     parser.add_argument("--servers", default="hubserve,triton,kserve,mlserver")
     parser.add_argument("--configs", default="examples,tuned",
                         help=f"config variants, each model in each: {', '.join(variants.VARIANTS)}")
+    parser.add_argument("--hubserve-args", default="",
+                        help='extra arguments for `engine serve`, e.g. --hubserve-args="--workers 2"')
     parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
@@ -356,6 +359,8 @@ def main() -> int:
     wanted = []
     for name in args.servers.split(","):
         kind = servers.KINDS[name]
+        if name == "hubserve" and args.hubserve_args:
+            kind = kind.with_args(shlex.split(args.hubserve_args))
         why = kind.missing()
         if why:
             skipped[name] = why

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 
 from conftest import EXAMPLES, start_server
 from engine import examples
-from peers import repos, variants
+from peers import repos, servers, variants
 
 MODELS = ["simple", "mlp", "image"]  # pbtxt with a window, YAML, and `dynamic_batching { }` (no window)
 BOTH = [variants.EXAMPLES, variants.TUNED]
@@ -83,6 +83,13 @@ def test_rewriting_with_fewer_variants_drops_the_other_folders(source: Path, tmp
     repos.write_hubserve_repo(source, ["simple"], BOTH, tmp_path)
     assert repos.write_hubserve_repo(source, ["simple"], [variants.TUNED], tmp_path) == ["simple_tuned"]
     assert [p.name for p in tmp_path.iterdir()] == ["simple_tuned"]
+
+
+def test_extra_server_arguments_go_after_the_benchmarks_own() -> None:
+    kind = servers.HUBSERVE.with_args(["--workers", "2"])
+    command = kind.command(servers.Ports(1, 2, 3), ["simple"])
+    assert command[:-2] == servers.HUBSERVE.command(servers.Ports(1, 2, 3), ["simple"])
+    assert command[-2:] == ["--workers", "2"]
 
 
 def test_hubserve_serves_the_written_repository_with_each_variants_config(written, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +57,12 @@ class ServerKind:
     reports_batches: bool = False
     """Whether `count_executions` works (the statistics extension)."""
     env: dict[str, str] = field(default_factory=dict)
+
+    def with_args(self, extra: list[str]) -> ServerKind:
+        """This kind with `extra` appended to its command line (e.g. hubserve's `--workers 2`); a later copy
+        of a flag overrides an earlier one."""
+        command = self.command
+        return replace(self, command=lambda ports, models: [*command(ports, models), *extra])
 
 
 def _get(url: str, timeout_s: float = 5.0) -> bytes:
