@@ -21,11 +21,13 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
+HUBSERVE_REPO = PEERS_DIR / "hubserve_repo"
+"""What hubserve serves here: `repos.write_hubserve_repo` writes it from model_repository/ before a run."""
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -55,6 +57,12 @@ class ServerKind:
     reports_batches: bool = False
     """Whether `count_executions` works (the statistics extension)."""
     env: dict[str, str] = field(default_factory=dict)
+
+    def with_args(self, extra: list[str]) -> ServerKind:
+        """This kind with `extra` appended to its command line (e.g. hubserve's `--workers 2`); a later copy
+        of a flag overrides an earlier one."""
+        command = self.command
+        return replace(self, command=lambda ports, models: [*command(ports, models), *extra])
 
 
 def _get(url: str, timeout_s: float = 5.0) -> bytes:
@@ -93,7 +101,8 @@ def _venv_missing(venv: str, setup: str, *files: Path) -> Callable[[], str | Non
 HUBSERVE = ServerKind(
     name="hubserve",
     command=lambda p, models: [
-        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", "model_repository",
+        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve",
+        "--model-repository", str(HUBSERVE_REPO.relative_to(ROOT)),
         "--model-control-mode", "none", "--host", "127.0.0.1",
         "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics),
     ],
