@@ -309,7 +309,9 @@ class InProcessInstance:
         types = self._types
         for request, arrays in zip(requests, inputs, strict=True):
             request_id, correlation, flags, params, requested = request_meta(self._config, request)
-            tensors = [pb_utils.Tensor(n, a, types[n].value) for n, a in arrays.items()]
+            # A model may write into its inputs (in Triton they are its shared memory): copy read-only ones.
+            tensors = [pb_utils.Tensor(n, a if a.flags.writeable else a.copy(), types[n].value)
+                       for n, a in arrays.items()]
             batch.append(pb_utils.make_request(tensors, requested, request_id, correlation, flags, params))
         return await asyncio.get_running_loop().run_in_executor(executor, self._run, batch)
 

@@ -6,7 +6,7 @@ instance as its requests (`execute_requests`, backend.py), and each answer is ch
 and against what that request asked for, so one bad answer fails its own request only:
 - a count of responses other than the count of requests fails the batch (Triton's rule), saying both;
 - a response's TritonError becomes that request's error, with its code;
-- a requested output missing, or of another datatype or shape than the config declares, fails that request,
+- an output the request named missing (with none named, those the model returned), or of another datatype or shape than the config declares, fails that request,
   naming the output and both values; outputs nobody asked for are dropped, as Triton drops them.
 
 It also keeps the model's readiness true (`on_health`): while an instance is down (crashed or hung, being
@@ -102,8 +102,9 @@ class RequestBatcher(Batcher):
             _, code, message = answer
             return EngineError(_CODES.get(code, ErrorCode.INTERNAL), message)
         given = {name: (datatype, array) for name, datatype, array in answer[1]}
+        # Named outputs must all come back; with none named, what the model returned of its outputs does.
         names = [o.name for o in request.outputs] if request.outputs is not None else \
-            [o.name for o in self.config.outputs]
+            [o.name for o in self.config.outputs if o.name in given]
         tensors = []
         for name in names:
             found = given.get(name)

@@ -145,10 +145,14 @@ class Tensor:
         return True
 
     def to_dlpack(self) -> Any:
-        return self._array.__dlpack__()
+        return self._exportable().__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        return self._array.__dlpack__(**kwargs)
+        return self._exportable().__dlpack__(**kwargs)
+
+    def _exportable(self) -> np.ndarray:
+        """DLPack cannot say "read-only": such an array is exported as a copy."""
+        return self._array if self._array.flags.writeable else self._array.copy()
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)

@@ -43,7 +43,7 @@ def describe_exception(error: BaseException, model_dir: Path, shown: str, frames
     folder = str(model_dir)
     for frame in traceback.extract_tb(error.__traceback__):
         if frame.filename.startswith(folder):
-            where = shown + frame.filename[len(folder):]
+            where = shown.rstrip("/") + frame.filename[len(folder):]
             lines.append(f"  {where}({frame.lineno}): {frame.name}")
     if lines:
         text += "\n\nAt:\n" + "\n".join(lines[-frames:])
