@@ -75,13 +75,14 @@ class TritonPythonModel:
             outputs = [pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_)),
                        pb_utils.Tensor("DOUBLE", (x * 2).astype(np.float32))]
             if text is not None:
-                outputs.append(pb_utils.Tensor("UPPER", np.array([t.upper() for t in
-                                                                  text.as_numpy().reshape(-1)], dtype=object)))
+                upper = [t.upper() for t in text.as_numpy().reshape(-1)]
+                outputs.append(pb_utils.Tensor("UPPER", np.array(upper, dtype=object)))
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 '''
 PROBE_CONFIG = io([("IN", "TYPE_FP32", "-1")],
-                  [("INFO", "TYPE_STRING", "1"), ("DOUBLE", "TYPE_FP32", "-1"), ("UPPER", "TYPE_STRING", "-1")],
+                  [("INFO", "TYPE_STRING", "1"), ("DOUBLE", "TYPE_FP32", "-1"),
+                   ("UPPER", "TYPE_STRING", "-1")],
                   'input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] optional: true } ]\n')
 
 # MODE (INT32 [1]) per request: 0 ok, 1 TritonError INVALID_ARG, 2 TritonError (default code), 3 missing

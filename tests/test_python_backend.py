@@ -111,7 +111,8 @@ def test_a_request_reports_what_triton_reports(server, http, grpc, model: str, p
 
 def test_unrequested_outputs_are_dropped_and_no_names_means_all(http) -> None:
     x = np.ones(2, dtype=np.float32)
-    only = http.infer("probe", probe_inputs(httpclient, x), outputs=[httpclient.InferRequestedOutput("DOUBLE")])
+    only = http.infer("probe", probe_inputs(httpclient, x),
+                      outputs=[httpclient.InferRequestedOutput("DOUBLE")])
     assert only.as_numpy("INFO") is None and only.as_numpy("DOUBLE") is not None
     every = http.infer("probe", probe_inputs(httpclient, x))
     assert json.loads(every.as_numpy("INFO")[0])["requested"] == ["INFO", "DOUBLE", "UPPER"]
@@ -145,7 +146,8 @@ def behave(client, module, mode: int, rows: int = 1):
     (3, "500", "model 'behave' returned no output 'OUT', which the request asked for (it returned none)"),
     (4, "500", "returned output 'OUT' as INT32; its config declares FP32"),
     (5, "500", "returned output 'OUT' with shape [1, 3]; its config declares [1,2]"),
-    (6, "500", "Failed to process the request(s) for model 'behave_0_0', message: ValueError: execute gave up"),
+    (6, "500", "Failed to process the request(s) for model 'behave_0_0', message: "
+               "ValueError: execute gave up"),
     (7, "500", "returned 0 responses for 1 requests"),
     (8, "500", "execute returned NoneType for request 0"),
 ])
@@ -189,7 +191,8 @@ def test_load_failures_are_unavailable_with_the_error_in_the_index(http, server)
     assert init["state"] == "UNAVAILABLE"
     assert "RuntimeError: no weights in" in init["reason"] and "fails_init/1/model.py(" in init["reason"]
     assert str(server.repository) not in init["reason"]
-    assert "ModuleNotFoundError: No module named 'a_module_nobody_installed'" in index["fails_import"]["reason"]
+    missing = "ModuleNotFoundError: No module named 'a_module_nobody_installed'"
+    assert missing in index["fails_import"]["reason"]
     with pytest.raises(InferenceServerException, match="no available versions"):
         http.infer("fails_init", probe_inputs(httpclient, np.ones(1, np.float32)))
     assert "RuntimeError: no weights in" in server.log()

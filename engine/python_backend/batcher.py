@@ -6,8 +6,9 @@ instance as its requests (`execute_requests`, backend.py), and each answer is ch
 and against what that request asked for, so one bad answer fails its own request only:
 - a count of responses other than the count of requests fails the batch (Triton's rule), saying both;
 - a response's TritonError becomes that request's error, with its code;
-- an output the request named missing (with none named, those the model returned), or of another datatype or shape than the config declares, fails that request,
-  naming the output and both values; outputs nobody asked for are dropped, as Triton drops them.
+- an output the request named missing (with none named, those the model returned count), or of another
+  datatype or shape than the config declares, fails that request, naming the output and both values;
+  outputs nobody asked for are dropped, as Triton drops them.
 
 It also keeps the model's readiness true (`on_health`): while an instance is down (crashed or hung, being
 restarted), the version is not ready and the index says why; and it wires each instance to the loop and to
