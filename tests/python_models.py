@@ -194,3 +194,51 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 3)]) for r in requests]
 '''
+
+# IN (FP32 [1]) per request: >= 0 sleeps that long, -1 exits the process, -2 stops it (SIGSTOP: hung);
+# OUT is the instance's pid. Each start is recorded in starts.txt beside the config; a restart (every start
+# after the first) takes RESTART_DELAY_S, so a test sees the model not ready while it restarts.
+FRAGILE = '''
+import os
+import signal
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+RESTART_DELAY_S = 1.5
+
+class TritonPythonModel:
+    def initialize(self, args):
+        starts = os.path.join(args["model_repository"], "starts.txt")
+        earlier = os.path.exists(starts)
+        with open(starts, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        if earlier:
+            time.sleep(RESTART_DELAY_S)
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            value = float(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().reshape(-1)[0])
+            if value == -1:
+                os._exit(3)
+            if value == -2:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(max(value, 0))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([os.getpid()],
+                                                                                   np.float32))]))
+        return out
+'''
+FRAGILE_CONFIG = io([("IN", "TYPE_FP32", "1")], [("OUT", "TYPE_FP32", "1")])
+
+ENV_REPORT = '''
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sys.prefix.encode()],
+                                                                            dtype=object))]) for r in requests]
+'''
+ENV_CONFIG = io([("IN", "TYPE_FP32", "1")], [("OUT", "TYPE_STRING", "1")])
