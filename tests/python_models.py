@@ -238,7 +238,70 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([sys.prefix.encode()],
-                                                                            dtype=object))]) for r in requests]
+        prefix = np.array([sys.prefix.encode()], dtype=object)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", prefix)]) for r in requests]
 '''
 ENV_CONFIG = io([("IN", "TYPE_FP32", "1")], [("OUT", "TYPE_STRING", "1")])
+
+# BLS. Request parameters: `chain` ("a,b"): call the first model with the rest of the chain, or answer
+# INPUT0 + INPUT1 / INPUT0 - INPUT1 itself when the chain is empty; `bls_timeout_us`; `sleep_s` (sleep first).
+# A failed BLS call becomes this request's error, prefixed "BLS: ".
+CALLER = '''
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            time.sleep(float(params.get("sleep_s", 0)))
+            in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            in1 = pb_utils.get_input_tensor_by_name(request, "INPUT1")
+            chain = [m for m in params.get("chain", "").split(",") if m]
+            if not chain:
+                a, b = in0.as_numpy(), in1.as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b),
+                                                             pb_utils.Tensor("OUTPUT1", a - b)]))
+                continue
+            bls = pb_utils.InferenceRequest(
+                model_name=chain[0], inputs=[in0, in1], requested_output_names=["OUTPUT0", "OUTPUT1"],
+                timeout=int(params.get("bls_timeout_us", 0)), parameters={"chain": ",".join(chain[1:])})
+            response = bls.exec()
+            if response.has_error():
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("BLS: " + response.error().message())))
+            else:
+                responses.append(pb_utils.InferenceResponse(response.output_tensors()))
+        return responses
+'''
+# async execute: OUTPUT0 from the first model of `chain`, OUTPUT1 from `simple`, both requests in flight
+# at once.
+ASYNC_CALLER = '''
+import asyncio
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = json.loads(request.parameters())["chain"]
+            inputs = [pb_utils.get_input_tensor_by_name(request, n) for n in ("INPUT0", "INPUT1")]
+            calls = [pb_utils.InferenceRequest(model_name=m, inputs=inputs,
+                                               requested_output_names=["OUTPUT0", "OUTPUT1"]).async_exec()
+                     for m in (target, "simple")]
+            first, second = await asyncio.gather(*calls)
+            if first.has_error() or second.has_error():
+                error = (first if first.has_error() else second).error()
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.get_output_tensor_by_name(first, "OUTPUT0"),
+                pb_utils.get_output_tensor_by_name(second, "OUTPUT1")]))
+        return responses
+'''
+CALLER_CONFIG = io([("INPUT0", "TYPE_INT32", "1, 16"), ("INPUT1", "TYPE_INT32", "1, 16")],
+                   [("OUTPUT0", "TYPE_INT32", "1, 16"), ("OUTPUT1", "TYPE_INT32", "1, 16")])
