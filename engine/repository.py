@@ -285,10 +285,13 @@ class ModelRepository(RoutingTable):
         if msg.name and msg.name != name:
             raise invalid(f"{where}: config name '{msg.name}' does not match the folder name '{name}'")
         backend = backend_of(msg, where)
-        if not backend and not msg.backend:
-            backend = "onnxruntime"  # a config-less folder holding model.onnx
-            msg.backend = backend
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        if not backend and not msg.backend:
+            # A config-less folder: model.onnx, or a Python model's model.py (as Triton tells them apart).
+            latest = model_dir / str(versions[-1]) if versions else model_dir
+            script = (latest / "model.py").is_file() and not (latest / "model.onnx").exists()
+            backend = "python" if script else "onnxruntime"
+            msg.backend = backend
         if not versions:
             raise invalid(f"{where}: no version folders (e.g. '{name}/1/model.onnx')")
         selected = version_policy_of(msg).select(versions)

@@ -44,7 +44,7 @@ B = np.full((1, 16), 3, np.int32)
 def infer(server, model: str, protocol: str = "http", **parameters):
     module = httpclient if protocol == "http" else grpcclient
     with module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url) as c:
-        inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs = [module.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
         inputs[0].set_data_from_numpy(A)
         inputs[1].set_data_from_numpy(B)
         return c.infer(model, inputs, parameters=parameters)

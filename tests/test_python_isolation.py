@@ -20,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
-from python_models import ENV_CONFIG, ENV_REPORT, FRAGILE, FRAGILE_CONFIG, write_model
+from python_models import ASYNC, ENV_CONFIG, ENV_REPORT, FRAGILE, FRAGILE_CONFIG, ONE_IN_ONE_OUT, write_model
 
 MODELS = {
     "fragile": "",
@@ -35,7 +35,11 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("isolation_repository")
     for name, extra in MODELS.items():
         write_model(repo, name, FRAGILE, FRAGILE_CONFIG + extra)
-    args = ["--model-control-mode", "explicit"] + [a for n in MODELS for a in ("--load-model", n)]
+    write_model(repo, "echo", ASYNC, ONE_IN_ONE_OUT)
+    write_model(repo, "echo_small_shm", ASYNC, ONE_IN_ONE_OUT +
+                'parameters { key: "shm_region_mb" value: { string_value: "1" } }\n')
+    args = ["--model-control-mode", "explicit"] + [a for n in [*MODELS, "echo", "echo_small_shm"]
+                                                   for a in ("--load-model", n)]
     srv = start_server(repo, tmp_path_factory.mktemp("isolation_server") / "server.log", *args,
                        ready_timeout=120)
     yield srv
@@ -129,6 +133,32 @@ def test_requests_queued_during_a_restart_are_served_after_it(server) -> None:
     with ThreadPoolExecutor(3) as pool:
         pids = list(pool.map(lambda _: call(server, "other", 0.0), range(3)))
     assert len(set(pids)) == 1
+
+
+@pytest.mark.parametrize("model", ["echo", "echo_small_shm"])
+def test_large_tensors_cross_and_their_memory_is_reused(server, model: str) -> None:
+    """2 MiB each way, 60 times: through the shared-memory arenas (`echo`), or inline where the 1 MiB
+    region is too small (`echo_small_shm`); answers are right and the server's memory stays flat."""
+    x = np.random.default_rng(1).random(1 << 19, dtype=np.float32)
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+        i = httpclient.InferInput("IN", [x.size], "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        for _ in range(10):
+            c.infer(model, [i])
+        anon = memory(server, "RssAnon")
+        for _ in range(50):
+            np.testing.assert_array_equal(c.infer(model, [i]).as_numpy("OUT"), x + 1)
+    assert memory(server, "RssAnon") - anon < 32 << 20  # nothing kept per request
+    assert memory(server, "RssShmem") <= 2 * (16 << 20) + (4 << 20)  # at most the instance's two regions
+
+
+def memory(server, field: str) -> int:
+    """One line of the server's /proc status (RssAnon: its own memory; RssShmem: shared memory it touched)."""
+    with open(f"/proc/{server.process.pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{server.process.pid}/status")
 
 
 def make_venv(path: Path) -> None:

@@ -17,7 +17,9 @@ hubserve's own parameters of a Python model (all optional):
 - `instance_unresponsive_secs`: an instance process that answers no ping for this long is treated as hung
   (default 10);
 - `initialize_timeout_secs`: how long `initialize` may take (default 300);
-- `shm_region_mb`: each direction's shared-memory region per instance (default 64; larger tensors go inline).
+- `shm_region_mb`: each direction's shared-memory region per instance (default 16; a message whose tensors
+  do not fit goes inline, through the socket). Pages are touched as the ring moves through the region, so an
+  instance may show up to twice this in the server's RSS (as shared memory, RssShmem).
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def options(parameters: Mapping[str, str], model_dir: Path, where: str) -> Pytho
     if env_path and in_process == "true":
         raise invalid(f"{where}: EXECUTION_ENV_PATH needs an instance process of its own; remove "
                       "'in_process' or the environment")
-    mb = _number(parameters, "shm_region_mb", 64, where)
+    mb = _number(parameters, "shm_region_mb", 16, where)
     return PythonOptions(
         interpreter=interpreter(env_path, model_dir, where) if env_path else sys.executable,
         in_process=in_process == "true",

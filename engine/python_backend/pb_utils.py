@@ -204,13 +204,14 @@ class InferenceRequest:
                  preferred_memory: Any = None, trace: Any = None, parameters: Any = None) -> None:
         if inputs is None or requested_output_names is None:
             raise TypeError("InferenceRequest needs inputs and requested_output_names")
-        if not isinstance(correlation_id, (int, str)) or isinstance(correlation_id, bool):
+        if not isinstance(correlation_id, (int, str, bytes)) or isinstance(correlation_id, bool):
             raise TritonModelException("Correlation ID must be integer or string")
-        self._id = str(request_id)
-        self._correlation_id = correlation_id
+        # Strings may come as bytes (a name read from a BYTES input), which Triton's binding accepts too.
+        self._id = _text(request_id)
+        self._correlation_id = _text(correlation_id) if isinstance(correlation_id, bytes) else correlation_id
         self._inputs = list(inputs)
-        self._outputs = [str(n) for n in requested_output_names]
-        self.model_name = str(model_name)
+        self._outputs = [_text(n) for n in requested_output_names]
+        self.model_name = _text(model_name)
         self.model_version = int(model_version)
         self._flags = int(flags)
         self._timeout = int(timeout)
@@ -279,6 +280,10 @@ class InferenceRequest:
                                        "async_exec() without decoupled=True")
         if not self.model_name:
             raise TritonModelException("a BLS request needs model_name")
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 class _NoTrace:

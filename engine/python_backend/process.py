@@ -56,7 +56,7 @@ class LaunchSpec:
     shown: str  # the model folder as messages name it, e.g. "py/"
     instance_name: str
     args: dict[str, str]  # initialize()'s args
-    region_bytes: int = 64 << 20
+    region_bytes: int = 16 << 20
     init_timeout_s: float = 300.0
     unresponsive_s: float = 10.0
     execute_timeout_s: float = 0.0  # 0: a batch may run as long as it likes
