@@ -21,7 +21,9 @@ from conftest import start_server
 from python_models import ASYNC_CALLER, CALLER, CALLER_CONFIG, add_simple, write_model
 
 TWO = "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
-MODELS = {"caller": "", "caller2": TWO, "adder": "", "ping": "", "pong": "", "async_caller": ""}
+IN_PROCESS = 'parameters { key: "in_process" value: { string_value: "true" } }\n'
+MODELS = {"caller": "", "caller2": TWO, "adder": "", "ping": "", "pong": "", "async_caller": "",
+          "inproc_caller": IN_PROCESS, "inproc_async": IN_PROCESS}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("bls_repository")
     add_simple(repo)
     for name, extra in MODELS.items():
-        write_model(repo, name, ASYNC_CALLER if name == "async_caller" else CALLER, CALLER_CONFIG + extra)
+        source = ASYNC_CALLER if name.endswith("async_caller") or name == "inproc_async" else CALLER
+        write_model(repo, name, source, CALLER_CONFIG + extra)
     args = ["--model-control-mode", "explicit", "--load-model", "simple"]
     args += [a for n in MODELS for a in ("--load-model", n)]
     srv = start_server(repo, tmp_path_factory.mktemp("bls_server") / "server.log", *args, ready_timeout=120)
@@ -131,3 +134,12 @@ def test_a_self_call_from_every_instance_at_once_never_hangs(server) -> None:
                 assert "refused" in e.message()
                 outcomes.append(False)
     assert any(outcomes)
+
+
+def test_bls_from_an_in_process_model(server) -> None:
+    result = infer(server, "inproc_caller", chain="adder,simple")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    result = infer(server, "inproc_async", "grpc", chain="caller")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    with pytest.raises(InferenceServerException, match="refused: instance 'inproc_caller_0_0' calls itself"):
+        infer(server, "inproc_caller", chain="inproc_caller")

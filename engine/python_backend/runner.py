@@ -56,13 +56,16 @@ def load_model_class(model_file: Path, model_dir: Path, shown: str) -> Any:
     folder = str(model_file.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(f"hubserve_model_{abs(hash(folder))}", model_file)
+    name = f"hubserve_model_{abs(hash(folder))}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:
         raise ModelError(f"{shown}{model_file.name} cannot be imported")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pickle, dataclasses and the like look a module up by name
     try:
         spec.loader.exec_module(module)
     except BaseException as e:
+        sys.modules.pop(name, None)
         raise ModelError(describe_exception(e, model_dir, shown)) from None
     cls = getattr(module, "TritonPythonModel", None)
     if cls is None:
