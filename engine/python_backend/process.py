@@ -100,7 +100,11 @@ class InstanceProcess:
         try:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), to_child.fd, from_child.fd),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.STDOUT, cwd=str(spec.model_dir), env=env)
+                                          stderr=subprocess.STDOUT, cwd=str(spec.model_dir), env=env,
+                                          # Not in the server's process group: a Ctrl-C or a signal to the
+                                          # group reaches the server, which finalizes its instances; an
+                                          # instance ends by itself when the server's end of the socket goes.
+                                          start_new_session=True)
         except OSError as e:
             for thing in (ours, to_child, from_child):
                 thing.close()
