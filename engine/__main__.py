@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide count of a rate-limiter resource named in instance groups")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
+    serve.add_argument("--allow-python-model-upload", action="store_true",
+                       help="let a repository load request send the files of a Python model (code the "
+                            "server runs); refused by default")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
+            allow_python_model_upload=args.allow_python_model_upload,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

@@ -45,8 +45,9 @@ from .types import DataType
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
 
-BACKENDS = ("onnxruntime", "tensorrt", "identity")
-_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
+BACKENDS = ("onnxruntime", "tensorrt", "identity", "python")
+_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt",
+                      "python": "model.py"}
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
 _YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)

@@ -90,7 +90,7 @@ class InstancePool:
         loop = asyncio.get_running_loop()
 
         def make(instance: Instance) -> Any:
-            return backends.create(self.config, self._model_path, instance.placement.device)
+            return backends.create(self.config, self._model_path, instance.placement.device, instance.name)
 
         try:
             created = await asyncio.gather(
@@ -105,6 +105,10 @@ class InstancePool:
         except BaseException:
             await self.close()
             raise
+
+    def backends(self) -> list[Any]:
+        """Every instance's backend, in placement order (None before `start`)."""
+        return [i.backend for i in self._instances]
 
     def has_free(self) -> bool:
         return bool(self._free)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,16 +34,24 @@ class Model:
     """One served version. Created LOADING; `start()` makes it READY; `stop()` drains then frees it."""
 
     def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
-                 limiter: RateLimiter) -> None:
+                 limiter: RateLimiter, router: Any = None) -> None:
         self.config = config
         self.name = config.name
         self.version = version
         self.version_str = str(version)
         self.model_path = model_path
         self.state = ModelState.LOADING
+        self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
         self.stats = ModelStats()
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
-        self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
+        self.batcher: Batcher
+        if config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
+            from .python_backend.batcher import RequestBatcher
+
+            self.batcher = RequestBatcher(config, self.version_str, self.pool, self.stats, router,
+                                          self._instances_health)
+        else:
+            self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
         self._inputs = {spec.name: spec for spec in config.inputs}
         self._outputs = {spec.name for spec in config.outputs}
         self._required = [spec.name for spec in config.inputs if not spec.optional]
@@ -54,12 +63,23 @@ class Model:
         """Create the instances, then warm them up (engine/warmup.py); READY only if both succeed. On a
         failure everything made so far is freed and the error says why."""
         await self.pool.start()
+        bind = getattr(self.batcher, "bind", None)  # a RequestBatcher wires its instances to the loop
+        if bind is not None:
+            bind()
         try:
             await warmup.run(self.config, self.pool, self.model_path.parent.parent, self.version)
         except BaseException:
             await self.pool.close()
             raise
         self.state = ModelState.READY
+
+    def _instances_health(self, reason: str) -> None:
+        """An instance went down (`reason`) or every instance serves again (""): readiness tells the truth.
+        Only between READY and UNAVAILABLE: loading and unloading are not changed by it."""
+        if self.state is ModelState.READY and reason:
+            self.state, self.reason = ModelState.UNAVAILABLE, reason
+        elif self.state is ModelState.UNAVAILABLE and self.reason:
+            self.state, self.reason = (ModelState.UNAVAILABLE, reason) if reason else (ModelState.READY, "")
 
     async def stop(self) -> None:
         """Finish what was accepted, then free the backends. Called once, after routing has moved away."""

@@ -62,10 +62,14 @@ class _VersionFailure(EngineError):
 class ModelRepository(RoutingTable):
     """Loads, reloads and unloads models; routing and the index are the `RoutingTable` it is."""
 
-    def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = ()) -> None:
+    def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = (),
+                 allow_python_uploads: bool = False) -> None:
         super().__init__(root)
         self._limiter = limiter
         self._gpus = gpus
+        # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
+        # model is code the server runs, so by default only the operator's repository folder may hold one.
+        self._allow_python_uploads = allow_python_uploads
         # Folders as they were when the repository API unloaded their model: the watcher leaves those models
         # unloaded until the folder changes (the same rule as for an API load).
         self._unloaded: dict[str, Fingerprint | None] = {}
@@ -115,6 +119,8 @@ class ModelRepository(RoutingTable):
             if config_json is None:
                 raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs "
                                                       "the 'config' parameter as well")
+            if not self._allow_python_uploads:
+                self._refuse_python_upload(name, config_json, files)
             try:
                 override = await _write_override(name, files)
             except EngineError as e:
@@ -135,6 +141,21 @@ class ModelRepository(RoutingTable):
             raise EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
                               f"repository: it has no folder '{name}'")
         await self._load(name, self.root / name, config_json, self.root)
+
+    def _refuse_python_upload(self, name: str, config_json: dict[str, Any], files: dict[str, bytes]) -> None:
+        """INVALID_ARG when model files sent with a load would create or replace a Python model: its code
+        would run in the server's name. The operator allows it with --allow-python-model-upload."""
+        backend = str(config_json.get("backend", "")) or str(config_json.get("platform", ""))
+        script = next((f for f in sorted(files) if f.endswith(".py")), None)
+        replaced = any(m.config.backend == "python" for m in self._models[name].versions.values()) \
+            if name in self._models else False
+        why = ("its config names backend 'python'" if backend == "python" else
+               f"it sends the Python file '{script}'" if script is not None else
+               f"it would replace the Python model '{name}'" if replaced else "")
+        if why:
+            raise invalid(f"load of model '{name}' refused: {why}, and Python models are code the server "
+                          "would run; model files sent with a load may not create or replace a Python model "
+                          "unless the server runs with --allow-python-model-upload")
 
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
@@ -264,10 +285,13 @@ class ModelRepository(RoutingTable):
         if msg.name and msg.name != name:
             raise invalid(f"{where}: config name '{msg.name}' does not match the folder name '{name}'")
         backend = backend_of(msg, where)
-        if not backend and not msg.backend:
-            backend = "onnxruntime"  # a config-less folder holding model.onnx
-            msg.backend = backend
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        if not backend and not msg.backend:
+            # A config-less folder: model.onnx, or a Python model's model.py (as Triton tells them apart).
+            latest = model_dir / str(versions[-1]) if versions else model_dir
+            script = (latest / "model.py").is_file() and not (latest / "model.onnx").exists()
+            backend = "python" if script else "onnxruntime"
+            msg.backend = backend
         if not versions:
             raise invalid(f"{where}: no version folders (e.g. '{name}/1/model.onnx')")
         selected = version_policy_of(msg).select(versions)
@@ -280,6 +304,13 @@ class ModelRepository(RoutingTable):
             try:
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
+                if backend == "python":  # the model's own auto_complete_config, in a process of its own
+                    from .python_backend import autocomplete as python_complete
+                    from .python_backend import environment
+
+                    params = {k: v.string_value for k, v in msg.parameters.items()}
+                    python = environment.options(params, model_dir, where).interpreter
+                    python_complete.complete(msg, latest_file, model_dir, name, python)
             except EngineError as e:
                 raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
@@ -293,7 +324,7 @@ class ModelRepository(RoutingTable):
         if config.backend != "identity" and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
-        model = Model(config, version, path, self._gpus, self._limiter)
+        model = Model(config, version, path, self._gpus, self._limiter, router=self)
         await model.start()
         return model
 

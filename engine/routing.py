@@ -122,12 +122,15 @@ class RoutingTable:
                                       f"state: {entry.failed[number]}")
                 raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
             if model.state is not ModelState.READY:
+                why = f": {model.reason}" if model.reason else f" ({model.state.value.lower()})"
                 raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
-                                  f"state ({model.state.value.lower()})")
+                                  f"state{why}")
             return model
         model = entry.routed()
         if model is None:
-            reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items()))
+            reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items())) \
+                or "; ".join(f"version {v}: {m.reason}" for v, m in sorted(entry.versions.items())
+                             if m.reason)
             raise unavailable(f"Request for unknown model: '{name}' has no available versions"
                               + (f": {reason}" if reason else f" (it is {entry.state.value.lower()})"))
         return model
@@ -184,7 +187,7 @@ class RoutingTable:
                 rows = [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in sorted(retired)]
                 out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, refused.get(name, "not loaded"))]
                 continue
-            rows = [IndexEntry(name, str(v), m.state) for v, m in entry.versions.items()]
+            rows = [IndexEntry(name, str(v), m.state, m.reason) for v, m in entry.versions.items()]
             rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in entry.failed.items()]
             rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in retired
                      if v not in entry.versions and v not in entry.failed]

@@ -49,13 +49,15 @@ class ServerOptions:
     max_concurrent_executions: int = 0  # 0 = limited only by instances
     rate_limit_resources: dict[str, int] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
+    allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
 
 
 class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
-        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus())
+        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
+                                          allow_python_uploads=options.allow_python_model_upload)
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
