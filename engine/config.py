@@ -15,6 +15,7 @@ form: engine/config_json.py).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ _DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "id
                       "python": "model.py"}
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
-_YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)
+_YAML_PARAMETER_KEYS = ("p95_latency_target_ms", "early_dispatch")
 
 
 def default_filename(backend: str) -> str:
@@ -216,20 +217,7 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
                       "supported yet; remove it to serve one response per request")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
-
-    has_target = "p95_latency_target_ms" in msg.parameters  # indexing a proto map would add the key
-    target = msg.parameters["p95_latency_target_ms"].string_value if has_target else None
-    if target is not None:
-        try:
-            ok = float(target) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, "
-                          f"got {target!r}")
-        if batching is None:
-            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; "
-                          "add dynamic_batching")
+    batching = _batching_parameters(msg, batching, where)
     groups = tuple(_instance_group(g, where) for g in msg.instance_group)
     policy = version_policy_of(msg)
     filename = msg.default_model_filename or default_filename(backend)
@@ -332,6 +320,38 @@ def _dynamic_batching(msg: pb.ModelConfig, where: str) -> DynamicBatchingConfig:
         default_queue_policy=_queue_policy(db.default_queue_policy),
         priority_queue_policies={k: _queue_policy(v) for k, v in db.priority_queue_policy.items()},
     )
+
+
+def _batching_parameters(msg: pb.ModelConfig, batching: DynamicBatchingConfig | None, where: str
+                         ) -> DynamicBatchingConfig | None:
+    """Our batching parameters (not Triton's fields): `p95_latency_target_ms` (the SLO window) and
+    `early_dispatch` (true | false); both need dynamic_batching."""
+    params = msg.parameters
+    # `in` first: indexing a proto map would add the key.
+    target = params["p95_latency_target_ms"].string_value if "p95_latency_target_ms" in params else None
+    if target is not None:
+        try:
+            ok = float(target) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, "
+                          f"got {target!r}")
+        if batching is None:
+            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; "
+                          "add dynamic_batching")
+    early = params["early_dispatch"].string_value if "early_dispatch" in params else None
+    if early is None:
+        return batching
+    value = _BOOLEANS.get(early.strip().lower())
+    if value is None:
+        raise invalid(f"{where}: early_dispatch must be true or false, got {early!r}")
+    if batching is None:
+        raise invalid(f"{where}: early_dispatch applies to the dynamic batching window; add dynamic_batching")
+    return dataclasses.replace(batching, early_dispatch=value)
+
+
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def _instance_group(g: Any, where: str) -> InstanceGroupConfig:

@@ -61,6 +61,9 @@ class DynamicBatchingConfig:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = QueuePolicy()
     priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
+    # Ours, not Triton's (model parameter `early_dispatch`): stop waiting out the window once no other
+    # request can join it (engine/join_forecast.py).
+    early_dispatch: bool = True
 
     def queue_policy(self, level: int) -> QueuePolicy:
         return self.priority_queue_policies.get(level, self.default_queue_policy)

@@ -59,7 +59,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
     lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, "
                  "preferred (a preferred size reached), window (max_queue_delay expired), immediate "
-                 "(no window)")
+                 "(no window), early (no other request could join before the window ended)")
     lines.append("# TYPE hubserve_batch_dispatch_total counter")
     for m in models:
         for reason, count in sorted(m.stats.dispatch_reasons.items()):

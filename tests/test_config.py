@@ -426,6 +426,28 @@ def test_priority_queue_policy_for_an_unknown_level() -> None:
                    "priority_queue_policy", "level 5", "1..2")
 
 
+def test_early_dispatch_is_on_by_default_and_a_parameter_turns_it_off() -> None:
+    on = build(IO + "dynamic_batching { }").dynamic_batching
+    assert on is not None and on.early_dispatch
+    for text, value in (("false", False), ("FALSE", False), ("0", False), ("true", True), ("1", True)):
+        db = build(IO + 'dynamic_batching { } parameters { key: "early_dispatch" value: { string_value: "'
+                   + text + '" } }').dynamic_batching
+        assert db is not None and db.early_dispatch is value, text
+
+
+def test_yaml_early_dispatch_becomes_a_parameter() -> None:
+    msg = pb.ModelConfig()
+    cfg.parse_yaml(YAML + "early_dispatch: false\n", msg)
+    db = cfg.validate(msg, WHERE).dynamic_batching
+    assert db is not None and not db.early_dispatch
+
+
+def test_early_dispatch_must_be_a_boolean_and_needs_dynamic_batching() -> None:
+    param = 'parameters { key: "early_dispatch" value: { string_value: "%s" } }'
+    invalid_config(IO + "dynamic_batching { } " + param % "soon", "early_dispatch", "true or false", "'soon'")
+    invalid_config(IO + param % "true", "early_dispatch", "add dynamic_batching")
+
+
 def test_cpu_group_with_gpus() -> None:
     invalid_config(IO + 'instance_group [{ name: "g" kind: KIND_CPU gpus: [0] }]',
                    "instance_group 'g'", "KIND_CPU", "gpus")
