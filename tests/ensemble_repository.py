@@ -11,6 +11,8 @@ import onnx
 from engine import examples
 
 LABELS = ("cat", "dog", "parrot", "fish")
+EXAMPLES = Path(__file__).resolve().parents[1] / "model_repository"
+IMAGE_PIPELINE = ["image_preprocess", "image_classifier", "image_pipeline"]
 
 
 def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
@@ -135,4 +137,11 @@ def build(root: Path) -> Path:
     write_ensemble(root, "classify", CLASSIFY, {"l.txt": "zero\none\ntwo\nthree\n"})
     for name, (config, _) in BAD.items():
         write_ensemble(root, name, config)
+    # The example repository's image pipeline, its committed files as they are.
+    for name in IMAGE_PIPELINE:
+        for item in (EXAMPLES / name).iterdir():
+            if item.is_file():
+                (root / name).mkdir(exist_ok=True)
+                (root / name / item.name).write_bytes(item.read_bytes())
+    examples.build_repository(root, IMAGE_PIPELINE)
     return root

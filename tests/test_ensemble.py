@@ -196,6 +196,25 @@ def test_classification_of_an_ensemble_output_uses_the_ensembles_labels(client) 
     assert classes == [["0.700000:1:one", "0.500000:3:three"], ["0.900000:0:zero", "0.400000:3:three"]]
 
 
+@pytest.mark.parametrize("colour", ["red", "orange", "blue"])
+def test_the_example_image_pipeline_names_the_colour(client, colour: str) -> None:
+    from engine.examples import COLOURS, IMAGE_SIDE
+
+    client.load_model("image_pipeline")
+    pixels = np.broadcast_to(np.array(COLOURS[colour], np.uint8).reshape(1, 3, 1, 1),
+                             (2, 3, IMAGE_SIDE, IMAGE_SIDE)).copy()
+    pixels[1] = 255 - pixels[1]  # the second image of the batch: the complementary colour
+    tensor = client.module.InferInput("IMAGE", list(pixels.shape), "UINT8")
+    tensor.set_data_from_numpy(pixels)
+    out = client.module.InferRequestedOutput("CLASSES", class_count=3)
+    classes = client.infer("image_pipeline", [tensor], outputs=[out]).as_numpy("CLASSES")
+    assert classes.shape == (2, 3)
+    best = classes[0][0].decode().split(":")
+    assert best[2] == colour and best[1] == str(list(COLOURS).index(colour)), classes
+    assert float(best[0]) > 0.5 and len(best[0].split(".")[1]) == 6
+    assert classes[1][0].decode().split(":")[2] != colour
+
+
 def test_unloading_an_ensemble_keeps_its_composing_models(http) -> None:
     http.load_model("diamond")
     http.unload_model("diamond")
