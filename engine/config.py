@@ -23,6 +23,7 @@ import yaml
 from google.protobuf import json_format, text_format
 
 from .config_types import (
+    ENSEMBLE_PLATFORM,
     PLATFORMS,
     DynamicBatchingConfig,
     ExecutionAccelerator,
@@ -122,6 +123,8 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
 def backend_of(msg: pb.ModelConfig, where: str) -> str:
     """The backend a config asks for; Triton's `platform` spelling is accepted too."""
     backend = msg.backend
+    if msg.platform == ENSEMBLE_PLATFORM:
+        return ENSEMBLE_PLATFORM  # no backend: engine/ensemble.py runs its steps
     if msg.platform:
         mapped = PLATFORMS.get(msg.platform)
         if mapped is None:
@@ -151,7 +154,9 @@ def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> No
         skip = 1 if msg.max_batch_size > 0 else 0
         _complete_tensors(msg.input, io.inputs, skip)
         _complete_tensors(msg.output, io.outputs, skip)
-    if not msg.instance_group:
+    if msg.platform == ENSEMBLE_PLATFORM:
+        pass  # an ensemble has no instances of its own (Triton refuses instance_group on one)
+    elif not msg.instance_group:
         msg.instance_group.add()
     for i, group in enumerate(msg.instance_group):
         if not group.name:
@@ -190,6 +195,10 @@ def _complete_tensors(configured: Any, found: tuple[TensorSpec, ...], skip: int)
 def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
     """Check the completed config and freeze it. Every message names the model and the field."""
     name = msg.name
+    if msg.platform == ENSEMBLE_PLATFORM or msg.HasField("ensemble_scheduling"):
+        from .ensemble_config import validate_ensemble  # it builds on this module's steps
+
+        return validate_ensemble(msg, where)
     backend = backend_of(msg, where)
     if not backend:
         raise invalid(f"{where}: no backend: set `backend: \"onnxruntime\"` "
@@ -211,7 +220,7 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
             raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
 
     scheduling = msg.WhichOneof("scheduling_choice")
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
+    if scheduling == "sequence_batching":
         raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
     if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
@@ -260,7 +269,8 @@ def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
         if d < -1 or d == 0:
             raise invalid(f"{where}: {kind} '{t.name}' has dim {d}; dims must be positive or -1 (any size)")
     reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
-    return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape)
+    return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape,
+                      label_filename=getattr(t, "label_filename", ""))
 
 
 def _warmup(w: Any, index: int, where: str) -> WarmupConfig:

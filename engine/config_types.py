@@ -19,6 +19,7 @@ from .types import DataType
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
 _BACKEND_PLATFORMS = {backend: platform for platform, backend in PLATFORMS.items()}
+ENSEMBLE_PLATFORM = "ensemble"  # Triton's: a pipeline of other models, run by engine/ensemble.py
 
 
 class InstanceKind(enum.Enum):
@@ -42,6 +43,7 @@ class TensorSpec:
     dims: tuple[int, ...]
     optional: bool = False
     reshape: tuple[int, ...] | None = None
+    label_filename: str = ""  # outputs only: a file of class labels in the model folder (classification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,30 @@ class ExecutionAccelerator:
 
 
 @dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One `ensemble_scheduling.step`: a composing model and how its tensors map to the ensemble's."""
+
+    model_name: str
+    model_version: int  # -1: the newest ready version
+    input_map: tuple[tuple[str, str], ...]  # (the model's input, the ensemble tensor), in config order
+    output_map: tuple[tuple[str, str], ...]  # (the model's output, the ensemble tensor)
+
+    @property
+    def version_str(self) -> str:
+        """The version a request names ("" = the router picks the newest ready one)."""
+        return "" if self.model_version < 0 else str(self.model_version)
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleScheduling:
+    """`ensemble_scheduling` of a `platform: "ensemble"` model (engine/ensemble_plan.py checks and plans
+    it)."""
+
+    steps: tuple[EnsembleStep, ...]
+    max_inflight_requests: int = 0  # 0 = unbounded; else ensemble requests past it wait for a free slot
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     backend: str
@@ -158,6 +184,7 @@ class ModelConfig:
     warmup: tuple[WarmupConfig, ...] = ()  # run on every instance before a version is READY
     gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
+    ensemble: EnsembleScheduling | None = None  # set for `platform: "ensemble"`, which has no backend
 
     @property
     def batching(self) -> bool:

@@ -40,7 +40,7 @@ FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
     ("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration",
      lambda s, m: s.compute_output.ns // 1000),
     ("nv_inference_pending_request_count", "gauge", "Requests queued or executing, not yet answered",
-     lambda s, m: m.batcher.pending_count),
+     lambda s, m: m.pending_count),
 ]
 
 

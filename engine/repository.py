@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import backends
+from . import backends, ensemble_loading
 from .config import (
     CONFIG_FILES,
     autocomplete,
@@ -37,7 +37,9 @@ from .config import (
     validate,
     version_policy_of,
 )
-from .config_types import ModelConfig
+from .config_types import ENSEMBLE_PLATFORM, ModelConfig
+from .ensemble import EnsembleModel
+from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .memory import release_freed_memory
@@ -161,6 +163,7 @@ class ModelRepository(RoutingTable):
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
         override folder)."""
         self._unloaded.pop(name, None)
+        await ensemble_loading.load_composing(self, name, model_dir, config_json)
         while True:
             entry = self._models.setdefault(name, ModelEntry(name))
             async with entry.lock:
@@ -180,13 +183,17 @@ class ModelRepository(RoutingTable):
             await asyncio.to_thread(fingerprint, model_dir)
         try:
             config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json, base)
+            plan = ensemble_loading.plan_ensemble(self, config) if config.ensemble is not None else None
+        except ensemble_loading.EnsembleFailure as e:
+            self._record_model_failure(entry, self._reason(e, model_dir, name), composing=True)
+            return []
         except _VersionFailure as e:
             self._record_model_failure(entry, self._reason(e, model_dir, name), e.version)
             return []
         except (EngineError, OSError) as e:  # OSError: a folder or file the server may not read
             self._record_model_failure(entry, self._reason(e, model_dir, name))
             return []
-        entry.error = ""
+        entry.error, entry.composing_error = "", False
         # 2. Build what changed beside what serves; keep a version built from the same files and config.
         parts = split_fingerprint(source)
         keys = {v: (str(model_dir), parts.get(""), parts.get(str(v)), config.proto_bytes) for v in selected}
@@ -196,7 +203,7 @@ class ModelRepository(RoutingTable):
         to_load = [v for v in selected if v not in new]
         failed: dict[int, str] = {}
         results = await asyncio.gather(
-            *(self._load_version(config, model_dir, v, base) for v in to_load), return_exceptions=True
+            *(self._load_version(config, model_dir, v, base, plan) for v in to_load), return_exceptions=True
         )
         for version, result in zip(to_load, results, strict=True):
             if isinstance(result, Model):
@@ -221,9 +228,12 @@ class ModelRepository(RoutingTable):
         entry.state = ModelState.READY if new else ModelState.UNAVAILABLE
         return [m for v, m in old.items() if new.get(v) is not m]
 
-    def _record_model_failure(self, entry: ModelEntry, reason: str, version: int | None = None) -> None:
-        """A failure before any version could be built (config, auto-complete): what served keeps serving.
-        The reason goes to that `version` when the failure was in its files, else to the model."""
+    def _record_model_failure(self, entry: ModelEntry, reason: str, version: int | None = None,
+                              composing: bool = False) -> None:
+        """A failure before any version could be built (config, auto-complete, an ensemble's composing
+        models): what served keeps serving. The reason goes to that `version` when the failure was in its
+        files, else to the model."""
+        entry.composing_error = composing
         if version is None:
             entry.error = reason
         else:
@@ -300,7 +310,7 @@ class ModelRepository(RoutingTable):
         filename = msg.default_model_filename or default_filename(backend)
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
-        if latest_file.exists():
+        if latest_file.exists() and backend != ENSEMBLE_PLATFORM:
             try:
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
@@ -316,15 +326,19 @@ class ModelRepository(RoutingTable):
         autocomplete(msg, io, name)
         return validate(msg, where), selected
 
-    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path) -> Model:
+    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path,
+                            plan: EnsemblePlan | None) -> Model:
         path = model_dir / str(version) / config.default_model_filename
         where = f"model '{config.name}' version {version}"
         shown = f"{config.name}/{version}/{config.default_model_filename}"
         self._outside(where, path, shown, base)
-        if config.backend != "identity" and not path.exists():
+        if config.backend not in ("identity", ENSEMBLE_PLATFORM) and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
-        model = Model(config, version, path, self._gpus, self._limiter, router=self)
+        if plan is not None:  # an ensemble: its version folder holds nothing, its steps run on other models
+            model: Model = EnsembleModel(config, version, model_dir / str(version), plan, self)
+        else:
+            model = Model(config, version, path, self._gpus, self._limiter, router=self)
         await model.start()
         return model
 
@@ -340,12 +354,20 @@ class ModelRepository(RoutingTable):
         await model.stop()
         log.info("model %s version %d unloaded", model.name, model.version)
 
-    async def unload(self, name: str, by_api: bool = True) -> None:
+    async def unload(self, name: str, by_api: bool = True, unload_dependents: bool = False) -> None:
         """Stop routing to every version of the model, then drain and free them. Unloaded `by_api`, it stays
-        unloaded in poll mode until its folder changes."""
+        unloaded in poll mode until its folder changes. With `unload_dependents` (the repository API's
+        parameter), an ensemble's composing models that no other loaded ensemble uses are unloaded too."""
         entry = self._models.get(name)
         if entry is None:
             raise not_found(f"unknown model '{name}'")
+        if unload_dependents:
+            composing = ensemble_loading.dependents(self, name)
+            await self.unload(name, by_api)
+            for other in composing:
+                if other in self._models:
+                    await self.unload(other, by_api)
+            return
         folder = await asyncio.to_thread(self.folder_fingerprint, name) if by_api else None
         async with entry.lock:
             if self._models.get(name) is not entry:

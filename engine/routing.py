@@ -49,7 +49,8 @@ class ModelEntry:
     name: str
     versions: dict[int, Model] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
-    error: str = ""  # a model-level failure (bad config, no versions)
+    error: str = ""  # a model-level failure (bad config, no versions, an ensemble's composing models)
+    composing_error: bool = False  # `error` is an ensemble's, against its composing models
     state: ModelState = ModelState.LOADING
     fingerprint: Fingerprint | None = None
     version_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
@@ -144,6 +145,8 @@ class RoutingTable:
         if entry is None:
             return EngineError(ErrorCode.INTERNAL,
                                f"failed to load '{name}', failed to poll from model repository")
+        if entry.error and entry.composing_error:  # Triton's form for an ensemble's dependency check
+            return invalid(f"load failed for model '{name}': {entry.error}")
         if entry.error:
             return EngineError(ErrorCode.INTERNAL,
                                f"failed to load '{name}', failed to poll from model repository: "

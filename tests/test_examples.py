@@ -325,7 +325,13 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
         examples.build_repository(tmp_path, ["simple", "nope"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
-                                       "simple_identity"]
+                                       "simple_identity", "image_preprocess", "image_classifier"]
+
+
+def test_an_example_ensemble_gets_its_empty_version_folder(tmp_path):
+    assert examples.build_repository(tmp_path, ["image_pipeline"]) == []
+    assert sorted(p.name for p in (tmp_path / "image_pipeline").iterdir()) == ["1"]
+    assert not any((tmp_path / "image_pipeline" / "1").iterdir())
 
 
 def test_main_prints_one_line_per_model(tmp_path, capsys):
