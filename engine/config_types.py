@@ -14,6 +14,7 @@ from typing import Any
 
 from .config_json import message_to_json
 from .proto import model_config_pb2 as pb
+from .sequence_config import SequenceBatchingConfig
 from .types import DataType
 
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
@@ -155,6 +156,7 @@ class ModelConfig:
     warmup: tuple[WarmupConfig, ...] = ()  # run on every instance before a version is READY
     gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
+    sequence_batching: SequenceBatchingConfig | None = None  # engine/sequence_config.py
 
     @property
     def batching(self) -> bool:

@@ -439,7 +439,7 @@ def test_kind_model_unsupported() -> None:
     invalid_config(IO + 'instance_group [{ name: "g" kind: KIND_MODEL }]', "instance_group 'g'", "KIND_MODEL")
 
 
-@pytest.mark.parametrize("scheduling", ["sequence_batching { }", "ensemble_scheduling { }"])
+@pytest.mark.parametrize("scheduling", ["ensemble_scheduling { }"])
 def test_unsupported_scheduling(scheduling: str) -> None:
     field = scheduling.split()[0]
     invalid_config(IO + scheduling, field, "not supported")
@@ -531,7 +531,7 @@ def test_example_config_parses_and_validates(path: Path) -> None:
     assert config.name == name
     assert config.backend in cfg.BACKENDS
     assert config.inputs and config.outputs
-    assert config.batching and config.dynamic_batching is not None
+    assert config.batching and (config.dynamic_batching or config.sequence_batching) is not None
     json.dumps(config.as_json())  # servable as the protocol's config endpoint
 
 
