@@ -42,6 +42,7 @@ from .config_types import (
 )
 from .errors import invalid
 from .proto import model_config_pb2 as pb
+from .sequence_config import sequence_batching
 from .types import DataType
 
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
@@ -152,8 +153,12 @@ def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> No
                 if msg.WhichOneof("scheduling_choice") is None:
                     msg.dynamic_batching.SetInParent()
         skip = 1 if msg.max_batch_size > 0 else 0
-        _complete_tensors(msg.input, io.inputs, skip)
-        _complete_tensors(msg.output, io.outputs, skip)
+        # Control and state tensors are the sequence batcher's to feed, never the client's.
+        sb = msg.sequence_batching
+        fed = {c.name for c in sb.control_input} | {s.input_name for s in sb.state} | \
+            {s.output_name for s in sb.state}
+        _complete_tensors(msg.input, tuple(t for t in io.inputs if t.name not in fed), skip)
+        _complete_tensors(msg.output, tuple(t for t in io.outputs if t.name not in fed), skip)
     if msg.platform == ENSEMBLE_PLATFORM:
         pass  # an ensemble has no instances of its own (Triton refuses instance_group on one)
     elif not msg.instance_group:
@@ -192,8 +197,9 @@ def _complete_tensors(configured: Any, found: tuple[TensorSpec, ...], skip: int)
 
 # --------------------------------------------------------------------------------------------- 3. validate
 
-def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
-    """Check the completed config and freeze it. Every message names the model and the field."""
+def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> ModelConfig:
+    """Check the completed config and freeze it. Every message names the model and the field. `model_dir`
+    is where files the config names are read from (a sequence state's initial_state data_file)."""
     name = msg.name
     if msg.platform == ENSEMBLE_PLATFORM or msg.HasField("ensemble_scheduling"):
         from .ensemble_config import validate_ensemble  # it builds on this module's steps
@@ -220,12 +226,11 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
             raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
 
     scheduling = msg.WhichOneof("scheduling_choice")
-    if scheduling == "sequence_batching":
-        raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
     if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
                       "supported yet; remove it to serve one response per request")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
+    sequence = sequence_batching(msg, where, model_dir) if scheduling == "sequence_batching" else None
     batching = _batching_parameters(msg, batching, where)
     groups = tuple(_instance_group(g, where) for g in msg.instance_group)
     policy = version_policy_of(msg)
@@ -244,6 +249,7 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         outputs=outputs,
         instance_groups=groups,
         dynamic_batching=batching,
+        sequence_batching=sequence,
         version_policy=policy,
         default_model_filename=filename,
         parameters=params,

@@ -14,6 +14,7 @@ from typing import Any
 
 from .config_json import message_to_json
 from .proto import model_config_pb2 as pb
+from .sequence_config import SequenceBatchingConfig
 from .types import DataType
 
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
@@ -185,6 +186,7 @@ class ModelConfig:
     gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
     ensemble: EnsembleScheduling | None = None  # set for `platform: "ensemble"`, which has no backend
+    sequence_batching: SequenceBatchingConfig | None = None  # engine/sequence_config.py
 
     @property
     def batching(self) -> bool:

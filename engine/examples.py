@@ -289,6 +289,40 @@ def _write_bytes(data: bytes, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def accumulator_model() -> onnx.ModelProto:
+    """A stateful accumulator for the sequence batcher's implicit state, INT32 [batch, 1]:
+    ACC_OUT = INPUT + ACC_IN * (1 - START), OUTPUT = ACC_OUT. The server feeds START (a control input) and
+    ACC_IN (the sequence's state: the last ACC_OUT); no If or Loop, so START resets by arithmetic."""
+    dims = (-1, 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", ["ONE", "START"], ["KEEP"], name="keep"),
+            helper.make_node("Mul", ["ACC_IN", "KEEP"], ["CARRIED"], name="carry"),
+            helper.make_node("Add", ["INPUT", "CARRIED"], ["ACC_OUT"], name="accumulate"),
+            helper.make_node("Identity", ["ACC_OUT"], ["OUTPUT"], name="output"),
+        ],
+        "sequence_accumulator",
+        [_tensor(n, TensorProto.INT32, dims) for n in ("INPUT", "START", "ACC_IN")],
+        [_tensor(n, TensorProto.INT32, dims) for n in ("OUTPUT", "ACC_OUT")],
+        [numpy_helper.from_array(np.ones((1, 1), dtype=np.int32), "ONE")],
+    )
+    return _model(graph)
+
+
+def simple_sequence_model() -> onnx.ModelProto:
+    """What Triton's sequence example clients (`simple_*_sequence_*_client.py`) expect of their
+    `simple_sequence`, INT32 [batch, 1]: OUTPUT = INPUT + START (the START control input, 1 on a sequence's
+    first request), so [0, 11, 7] answers [1, 11, 7]."""
+    dims = (-1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT", "START"], ["OUTPUT"], name="add_start")],
+        "simple_sequence",
+        [_tensor("INPUT", TensorProto.INT32, dims), _tensor("START", TensorProto.INT32, dims)],
+        [_tensor("OUTPUT", TensorProto.INT32, dims)],
+    )
+    return _model(graph)
+
+
 def write_model(model: onnx.ModelProto, path: Path | str) -> None:
     """Save `model` at `path`, creating parent folders. The same model always gives the same bytes."""
     _write_bytes(model_bytes(model), Path(path))
@@ -307,6 +341,10 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "simple_identity": lambda: identity_model("BYTES", (-1, -1)),
     "image_preprocess": image_preprocess_model,
     "image_classifier": image_classifier_model,
+    # Stateful models for the sequence batcher: an accumulator with implicit state, and the model Triton's
+    # sequence example clients expect under the name simple_sequence.
+    "sequence_accumulator": accumulator_model,
+    "simple_sequence": simple_sequence_model,
 }
 # Example ensembles: no model file, only the (empty) version folder build_repository creates.
 EXAMPLE_ENSEMBLES = ("image_pipeline",)

@@ -123,6 +123,16 @@ class InstancePool:
         instance.busy = True
         return instance
 
+    def try_acquire_at(self, index: int) -> Instance | None:
+        """Acquire the instance at `index` (placement order) if it is free and the limiter agrees: for the
+        sequence batcher's direct strategy, whose sequences are pinned to one instance."""
+        instance = self._instances[index]
+        if instance.busy or not self._limiter.try_acquire(instance.placement.resources):
+            return None
+        self._free.remove(instance)
+        instance.busy = True
+        return instance
+
     def release(self, instance: Instance) -> None:
         instance.busy = False
         self._free.append(instance)

@@ -21,6 +21,7 @@ from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
+from .sequence_batcher import SequenceBatcher
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
@@ -39,8 +40,10 @@ class Model:
                  limiter: RateLimiter, router: Any = None) -> None:
         self._init_version(config, version, model_path)
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
-        self.batcher: Batcher
-        if config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
+        self.batcher: Batcher | SequenceBatcher
+        if config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
+            self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats)
+        elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
             from .python_backend.batcher import RequestBatcher
 
             self.batcher = RequestBatcher(config, self.version_str, self.pool, self.stats, router,

@@ -324,7 +324,7 @@ class ModelRepository(RoutingTable):
             except EngineError as e:
                 raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
-        return validate(msg, where), selected
+        return validate(msg, where, model_dir), selected
 
     async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path,
                             plan: EnsemblePlan | None) -> Model:

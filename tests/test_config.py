@@ -461,10 +461,6 @@ def test_kind_model_unsupported() -> None:
     invalid_config(IO + 'instance_group [{ name: "g" kind: KIND_MODEL }]', "instance_group 'g'", "KIND_MODEL")
 
 
-def test_unsupported_scheduling() -> None:
-    invalid_config(IO + "sequence_batching { }", "sequence_batching", "not supported")
-
-
 def test_ensemble_scheduling_needs_the_ensemble_platform() -> None:
     # Triton's words (core model_config_utils.cc); ensembles themselves: tests/test_ensemble_plan.py
     invalid_config(IO + "ensemble_scheduling { }", "ensemble scheduling cannot be set",
@@ -557,7 +553,8 @@ def test_example_config_parses_and_validates(path: Path) -> None:
     assert config.name == name
     assert config.inputs and config.outputs and config.batching
     if config.ensemble is None:
-        assert config.backend in cfg.BACKENDS and config.dynamic_batching is not None
+        assert config.backend in cfg.BACKENDS
+        assert (config.dynamic_batching or config.sequence_batching) is not None
     else:  # an ensemble batches through its steps' batchers
         assert config.platform == "ensemble" and config.ensemble.steps
     json.dumps(config.as_json())  # servable as the protocol's config endpoint
