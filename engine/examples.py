@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .generate.tiny_decoder import tiny_decoder_model
+
 OPSET = 17
 IR_VERSION = 8  # opset 17 arrived with IR 8; onnxruntime 1.31 loads up to IR 13, not 14
 PRODUCER = "hubserve.engine.examples"  # no version number: a release must not change the model bytes
@@ -253,6 +255,8 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     # simple_identity with its Python backend; here it is the same BYTES identity as an ONNX model.
     "simple_string": simple_string_model,
     "simple_identity": lambda: identity_model("BYTES", (-1, -1)),
+    # A generative model for the generation engine (engine/generate/): 2 layers, ~0.7 MB.
+    "tiny_decoder": tiny_decoder_model,
 }
 VERSION = "1"
 

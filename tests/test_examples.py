@@ -17,7 +17,8 @@ from engine import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
-SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity"]  # not mlp_large
+SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity",
+                  "tiny_decoder"]  # not mlp_large
 
 # Datatypes onnxruntime's CPU provider runs Identity on with plain numpy inputs. BF16 has no numpy dtype: it
 # needs OrtValues (test_identity_bf16_through_ort_values).
@@ -325,7 +326,7 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
         examples.build_repository(tmp_path, ["simple", "nope"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
-                                       "simple_identity"]
+                                       "simple_identity", "tiny_decoder"]
 
 
 def test_main_prints_one_line_per_model(tmp_path, capsys):
