@@ -5,13 +5,13 @@ The model (Hugging Face Optimum's `decoder_with_past` form, like tiny_decoder.py
 tokens appended. The engine keeps keys and values in fixed-size blocks instead, so that sequences grow,
 share prefixes and leave without moving each other's memory. This runner maps one onto the other:
 
-- **Storage.** One array per layer and key/value, [num_blocks * block_size + 1, heads, head_dim]: token `t`
-  of a sequence is row `table[t // block_size] * block_size + t % block_size`. The extra last row stays zero:
-  it is what padding reads.
+- **Storage.** One array [2 * layers, heads, num_blocks * block_size + 1, head_dim] (keys and values of
+  every layer): token `t` of a sequence is slot `table[t // block_size] * block_size + t % block_size`. The
+  extra last slot stays zero: it is what padding reads.
 - **Gather (blocks → dense past).** For a group of B rows, the past is [B, heads, P, head_dim] with P the
   longest context in the group; each row's context is right-aligned (left padding) and its padding masked
-  out by `attention_mask` (0). One fancy-indexed read per layer and key/value, plus a transposing copy into
-  the contiguous layout ONNX Runtime reads.
+  out by `attention_mask` (0). One `np.take` of [2 * layers, B, heads, P] rows of head_dim values reads
+  every past tensor of the call at once, already in the contiguous layout ONNX Runtime reads.
 - **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
   causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
 - **Scatter (present → blocks).** Only the new tokens' rows of `present` are written back into their blocks;
@@ -20,9 +20,9 @@ share prefixes and leave without moving each other's memory. This runner maps on
   would make every decode compute 256 positions. So the decodes (one token each) run as one batch and each
   prefill chunk runs on its own.
 
-Per step this costs, besides the model, a copy of every scheduled sequence's whole context in (twice: gather
-and transpose) and of its new tokens out, and the model's own Concat copies the past once more into
-`present`; `RunnerStats` counts the time, and perf/bench_generate.py prints it. Called on the engine's thread.
+Per step this costs, besides the model, a copy of every scheduled sequence's whole context in (padding
+included) and of its new tokens out, and the model's own Concat copies the past once more into `present`;
+`RunnerStats` counts the time, and perf/bench_generate.py prints it. Called on the engine's thread.
 """
 
 from __future__ import annotations
@@ -89,7 +89,12 @@ class DecoderRunner:
         self.block_size = block_size
         self.zero_slot = num_blocks * block_size
         dtype = _KV_DTYPES[first.type]
-        self.caches = [np.zeros((self.zero_slot + 1, heads, head_dim), dtype) for _ in self.kv_names]
+        self.slots_per_head = self.zero_slot + 1
+        self.cache = np.zeros((len(self.kv_names), heads, self.slots_per_head, head_dim), dtype)
+        self._rows = self.cache.reshape(-1, head_dim)  # a view: one row per (tensor, head, slot)
+        # the first row of each (tensor, head) in _rows, shaped to broadcast against [B, P] or [N]
+        self._bases = (np.arange(len(self.kv_names) * heads) * self.slots_per_head).reshape(
+            len(self.kv_names), heads)
         if "use_cache_branch" in inputs:
             raise invalid(f"{where}: a merged decoder (input use_cache_branch) is not supported; export "
                           "the model with past (Optimum's decoder_with_past, or one taking an empty past)")
@@ -99,7 +104,7 @@ class DecoderRunner:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return sum(c[0].nbytes for c in self.caches)
+        return int(self.cache[:, :, 0].nbytes)
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> np.ndarray:
         """Compute every chunk's tokens into its blocks; the last position's logits of each chunk with
@@ -140,8 +145,10 @@ class DecoderRunner:
             feed["attention_mask"] = mask
         if self.has_positions:
             feed["position_ids"] = position_ids
-        for (name, _), cache in zip(self.kv_names, self.caches, strict=True):
-            feed[name] = np.ascontiguousarray(cache[index].transpose(0, 2, 1, 3))
+        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
+        pasts = np.take(self._rows, past_rows, axis=0)                     # [tensors, B, heads, P, head_dim]
+        for i, (name, _) in enumerate(self.kv_names):
+            feed[name] = pasts[i]
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
@@ -149,8 +156,8 @@ class DecoderRunner:
         rows = np.repeat(np.arange(batch), counts)
         cols = past + np.concatenate([np.arange(n) for n in counts])
         slots = np.concatenate([self._slots(c.block_table, c.start, len(c.token_ids)) for c in group])
-        for cache, present in zip(self.caches, presents, strict=True):
-            cache[slots] = present[rows, :, cols, :]
+        for i, present in enumerate(presents):
+            self._rows[self._bases[i][None, :] + slots[:, None]] = present[rows, :, cols, :]  # [N, heads, d]
         last = logits[np.arange(batch), np.asarray(counts) - 1]
         t3 = time.perf_counter_ns()
         s = self.stats
