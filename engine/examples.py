@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .generate.tiny_decoder import tiny_decoder_model
+
 OPSET = 17
 IR_VERSION = 8  # opset 17 arrived with IR 8; onnxruntime 1.31 loads up to IR 13, not 14
 PRODUCER = "hubserve.engine.examples"  # no version number: a release must not change the model bytes
@@ -345,6 +347,8 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     # sequence example clients expect under the name simple_sequence.
     "sequence_accumulator": accumulator_model,
     "simple_sequence": simple_sequence_model,
+    # A generative model for the generation engine (engine/generate/): 2 layers, ~0.7 MB.
+    "tiny_decoder": tiny_decoder_model,
 }
 # Example ensembles: no model file, only the (empty) version folder build_repository creates.
 EXAMPLE_ENSEMBLES = ("image_pipeline",)

@@ -18,7 +18,7 @@ from engine import examples
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
 SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity",
-                  "sequence_accumulator", "simple_sequence"]  # not mlp_large
+                  "sequence_accumulator", "simple_sequence", "tiny_decoder"]  # not mlp_large
 
 # Datatypes onnxruntime's CPU provider runs Identity on with plain numpy inputs. BF16 has no numpy dtype: it
 # needs OrtValues (test_identity_bf16_through_ort_values).
@@ -327,7 +327,8 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
                                        "simple_identity", "image_preprocess", "image_classifier",
-                                       "sequence_accumulator", "simple_sequence"]
+                                       "sequence_accumulator", "simple_sequence",
+                                       "tiny_decoder"]
 
 
 def test_an_example_ensemble_gets_its_empty_version_folder(tmp_path):

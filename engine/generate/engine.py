@@ -1,0 +1,134 @@
+"""The generation engine's step: schedule → execute → update, plain and synchronous.
+
+A caller (a test, a benchmark, later the API layer's one engine thread) adds requests and calls `step()`
+until `has_unfinished()` is false; each step returns what every advanced request got. Nothing here waits,
+sleeps or knows about sockets; the engine owns its requests from `add_request` until they finish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import EngineError, ErrorCode, invalid
+from .kv_manager import KVCacheManager
+from .request import FinishReason, Request, RequestOutput, SamplingParams
+from .runner import DecoderRunner
+from .sampler import sample
+from .scheduler import Scheduler, SchedulerConfig
+from .stopping import check_stop
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    block_size: int = 16           # tokens per KV block
+    num_blocks: int = 1024         # blocks in the pool (block_size * num_blocks token slots)
+    max_model_len: int = 512       # prompt + output tokens at most (the model's positions)
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if min(self.block_size, self.num_blocks, self.max_model_len) < 1:
+            raise ValueError("block_size, num_blocks and max_model_len must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    prefix_cache_hit_rate: float   # prompt tokens found cached / prompt tokens looked up
+    preemptions: int
+
+
+class GenerationEngine:
+    def __init__(self, runner: DecoderRunner, tokenizer: Tokenizer, cache: CacheConfig,
+                 scheduler: SchedulerConfig, seed: int = 0) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.cache_config = cache
+        self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
+        self.scheduler = Scheduler(scheduler, self.kv)
+        self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
+        self._requests: dict[str, Request] = {}
+
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> Request:
+        """Queue a request (WAITING). INVALID_ARG when it could never run: an empty prompt, token ids the
+        model does not have, or prompt + max_tokens beyond the context or the whole KV cache."""
+        if request_id in self._requests:
+            raise EngineError(ErrorCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not token_ids:
+            raise invalid("the prompt is empty; send at least one token")
+        vocab = self.tokenizer.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid(f"prompt token id {bad} is outside the vocabulary (0 … {vocab - 1})")
+        total, limit = len(token_ids) + params.max_tokens, self.cache_config.max_model_len
+        if total > limit:
+            raise invalid(f"the prompt's {len(token_ids)} tokens plus max_tokens {params.max_tokens} exceed "
+                          f"the model's context of {limit} tokens; shorten the prompt or lower max_tokens")
+        capacity = self.cache_config.num_blocks * self.cache_config.block_size
+        if total > capacity:
+            raise invalid(f"the prompt's {len(token_ids)} tokens plus max_tokens {params.max_tokens} exceed "
+                          f"the KV cache's {capacity} token slots; lower max_tokens")
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+        request = Request(request_id, token_ids, params, np.random.default_rng(seed))
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a request now (its client left) and free its blocks; unknown ids are ignored."""
+        request = self._requests.pop(request_id, None)
+        if request is not None:
+            self.scheduler.finish(request, FinishReason.ABORT)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        # 1. schedule: who computes which tokens this step (joins, chunks, preemptions)
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return []
+        # 2. execute: the model over the chunks, then the next token of each request that samples
+        logits = self.runner.execute(plan.chunks)
+        samplers = [c.request for c in plan.chunks if c.sample]
+        sampled = dict(zip((r.request_id for r in samplers), sample(logits, samplers), strict=True))
+        # 3. update: advance every request, stop the finished ones and free their blocks
+        outputs = []
+        for request, token in self.scheduler.update(plan, sampled):
+            reason = None
+            if token is not None:
+                reason = check_stop(request, self.tokenizer, self.cache_config.max_model_len)
+                if reason is not None:
+                    self.scheduler.finish(request, reason)
+                    del self._requests[request.request_id]
+            outputs.append(RequestOutput(
+                request.request_id, () if token is None else (token,), reason is not None, reason,
+                tuple(request.output_token_ids), request.output_text))
+        return outputs
+
+    def run_to_completion(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:
+        """Step until every request finished; the last output of each, by request id."""
+        done: dict[str, RequestOutput] = {}
+        for _ in range(max_steps):
+            if not self.has_unfinished():
+                return done
+            for output in self.step():
+                if output.finished:
+                    done[output.request_id] = output
+        raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+
+    def stats(self) -> EngineStats:
+        pool = self.kv.pool
+        queried = self.kv.prefix_queries
+        return EngineStats(
+            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            kv_blocks_used=pool.num_blocks - pool.num_free, kv_blocks_free=pool.num_free,
+            prefix_cache_hit_rate=self.kv.prefix_hits / queried if queried else 0.0,
+            preemptions=self.scheduler.num_preemptions)

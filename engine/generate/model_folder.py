@@ -1,0 +1,85 @@
+"""A generative model folder → a ready `GenerationEngine`.
+
+The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/model.onnx`); its config's
+`parameters` declare it to the engine and size the engine:
+
+    generation              "decoder_with_past"  (required: what marks the model as generative)
+    tokenizer               "bytes" (default) or "tokenizer.json" (needs the `tokenizers` package)
+    max_model_len           context length in tokens (default 512)
+    kv_block_size           tokens per KV block (default 16)
+    kv_num_blocks           blocks in the pool (default 1024)
+    max_num_seqs            running sequences at most (default 32)
+    max_num_batched_tokens  tokens computed per step at most (default 256)
+    enable_prefix_caching   "true" (default) or "false"
+
+The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
+session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
+config's intra_op_thread_count says otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..backends.onnxruntime import describe_onnx, session_options
+from ..config import autocomplete, read_config_proto, validate
+from ..config_types import ModelConfig
+from ..errors import invalid
+from .engine import CacheConfig, GenerationEngine
+from .runner import DecoderRunner
+from .scheduler import SchedulerConfig
+from .tokenizer import load_tokenizer
+
+GENERATION_FORMS = ("decoder_with_past",)
+
+
+def is_generative(config: ModelConfig) -> bool:
+    return "generation" in config.parameters
+
+
+def _int(params: Mapping[str, str], key: str, default: int, where: str) -> int:
+    text = params.get(key)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise invalid(f"{where}: parameter {key} must be a positive integer, got {text!r}")
+    return value
+
+
+def read_model_config(folder: Path, version: int = 1) -> tuple[ModelConfig, Path]:
+    """The validated config of a generative model folder, and its model file."""
+    name = folder.name
+    where = f"model '{name}'"
+    msg = read_config_proto(folder, name)
+    model_path = folder / str(version) / (msg.default_model_filename or "model.onnx")
+    autocomplete(msg, describe_onnx(model_path, name), name)
+    config = validate(msg, where)
+    form = config.parameters.get("generation")
+    if form not in GENERATION_FORMS:
+        raise invalid(f"{where}: parameter generation must be one of {', '.join(GENERATION_FORMS)}, "
+                      f"got {form!r}")
+    return config, model_path
+
+
+def load_engine(folder: Path, version: int = 1, seed: int = 0) -> GenerationEngine:
+    config, model_path = read_model_config(folder, version)
+    params, where = config.parameters, f"model '{config.name}'"
+    cache = CacheConfig(
+        block_size=_int(params, "kv_block_size", 16, where),
+        num_blocks=_int(params, "kv_num_blocks", 1024, where),
+        max_model_len=_int(params, "max_model_len", 512, where),
+        enable_prefix_caching=params.get("enable_prefix_caching", "true").lower() != "false",
+    )
+    scheduler = SchedulerConfig(
+        max_num_seqs=_int(params, "max_num_seqs", 32, where),
+        max_num_batched_tokens=_int(params, "max_num_batched_tokens", 256, where),
+    )
+    tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
+    options = session_options(config)
+    runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where)
+    return GenerationEngine(runner, tokenizer, cache, scheduler, seed)

@@ -1,0 +1,113 @@
+"""A generation request: what the client asked (`SamplingParams`, frozen) and where it stands (`Request`).
+
+A `Request` is a small state machine owned by the scheduler (scheduler.py):
+
+    WAITING ──admitted──► RUNNING ──stop / length──► FINISHED
+       ▲                     │
+       └─────PREEMPTED ◄─────┘  (its blocks ran out: they are freed, and the request waits to be recomputed)
+
+Its tokens are the prompt followed by what it generated; `num_computed_tokens` says how many of them have
+their keys and values in the KV cache. Preemption only resets that count to zero: the generated tokens are
+kept, so recomputing them (one prefill over prompt + output) loses nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import invalid
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"      # not yet admitted: no blocks
+    RUNNING = "running"      # holds blocks; scheduled every step until it finishes
+    PREEMPTED = "preempted"  # lost its blocks to another request; waits first in line to be recomputed
+    FINISHED = "finished"    # done; `finish_reason` says why, its blocks are freed
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"        # a stop token, the end-of-sequence token or a stop string (OpenAI's "stop")
+    LENGTH = "length"    # max_tokens, or the model's context is full (OpenAI's "length")
+    ABORT = "abort"      # the caller aborted it (a client gone)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick each next token, and when to stop. Checked once, when the request is made.
+
+    temperature 0 is greedy (argmax). Otherwise logits are divided by the temperature, then cut to the
+    `top_k` most likely tokens (0: all), then to the smallest set whose probability reaches `top_p`, and
+    one token is drawn with the request's own generator, seeded by `seed` (None: a fresh seed from the
+    engine's generator), so a seeded request gives the same tokens whatever else runs beside it.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()            # stop strings: the text ends before the first one
+    stop_token_ids: tuple[int, ...] = ()  # stop tokens: generated, then generation stops
+    ignore_eos: bool = False              # keep going past the model's end-of-sequence token
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise invalid(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise invalid(f"temperature must be between 0 and 100, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise invalid(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise invalid(f"top_k must be 0 (all tokens) or positive, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise invalid("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class Request:
+    """One sequence being generated. Created by the engine (engine.py); mutated only by the scheduler."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    rng: np.random.Generator                 # the request's own: sampling draws only from it
+    arrival: int = 0                         # admission order: the scheduler preempts the latest first
+    state: RequestState = RequestState.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0             # tokens whose keys and values are in the KV cache
+    num_cached_tokens: int = 0               # of the prompt, found in the prefix cache at admission
+    num_preemptions: int = 0
+    finish_reason: FinishReason | None = None
+    output_text: str = ""                    # the decoded output, cut before a stop string
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.state is RequestState.FINISHED
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    """What one step did for one request: the tokens it generated this step (none during a prefill chunk)
+    and, once it finished, why. Returned by `GenerationEngine.step()` for every request that advanced."""
+
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: FinishReason | None = None
+    output_token_ids: tuple[int, ...] = ()  # all of them, so far
+    output_text: str = ""                   # set when finished

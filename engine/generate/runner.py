@@ -1,0 +1,171 @@
+"""Runs a step's chunks through an ONNX decoder that takes and returns its KV cache as dense tensors.
+
+The model (Hugging Face Optimum's `decoder_with_past` form, like tiny_decoder.py) wants each call's past as
+`past_key_values.{i}.key/value` [batch, heads, past_len, head_dim] and gives back `present.*` with the new
+tokens appended. The engine keeps keys and values in fixed-size blocks instead, so that sequences grow,
+share prefixes and leave without moving each other's memory. This runner maps one onto the other:
+
+- **Storage.** One array [2 * layers, heads, num_blocks * block_size + 1, head_dim] (keys and values of
+  every layer): token `t` of a sequence is slot `table[t // block_size] * block_size + t % block_size`. The
+  extra last slot stays zero: it is what padding reads.
+- **Gather (blocks → dense past).** For a group of B rows, the past is [B, heads, P, head_dim] with P the
+  longest context in the group; each row's context is right-aligned (left padding) and its padding masked
+  out by `attention_mask` (0). One `np.take` of [2 * layers, B, heads, P] rows of head_dim values reads
+  every past tensor of the call at once, already in the contiguous layout ONNX Runtime reads.
+- **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
+  causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
+- **Scatter (present → blocks).** Only the new tokens' rows of `present` are written back into their blocks;
+  the rest of `present` (a copy of the past the model made with its Concat) is dropped.
+- **Groups.** Dense tensors pad every row to the longest: a 256-token prefill chunk batched with decodes
+  would make every decode compute 256 positions. So the decodes (one token each) run as one batch and each
+  prefill chunk runs on its own.
+
+Per step this costs, besides the model, a copy of every scheduled sequence's whole context in (padding
+included) and of its new tokens out, and the model's own Concat copies the past once more into `present`;
+`RunnerStats` counts the time, and perf/bench_generate.py prints it. Called on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import invalid
+from .scheduler import ScheduledChunk
+
+_KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+@dataclass(slots=True)
+class RunnerStats:
+    """Where a runner's time went, in nanoseconds, since it was made (or `reset`)."""
+
+    steps: int = 0
+    runs: int = 0             # session runs (a step runs one per group)
+    tokens: int = 0           # new tokens computed
+    past_slots: int = 0       # context slots gathered into dense past tensors, padding included
+    padded_slots: int = 0     # of those, padding
+    gather_ns: int = 0        # blocks → dense past, and the other inputs
+    run_ns: int = 0           # ONNX Runtime
+    scatter_ns: int = 0       # present → blocks, and picking the logits
+
+    def reset(self) -> None:
+        for name in self.__slots__:  # type: ignore[attr-defined]
+            setattr(self, name, 0)
+
+
+class DecoderRunner:
+    """One ONNX Runtime session plus the KV blocks' storage. `options`: the session options (one intra-op
+    thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
+
+    def __init__(self, model: Path | bytes, num_blocks: int, block_size: int, options: ort.SessionOptions,
+                 providers: Sequence[str] = ("CPUExecutionProvider",), where: str = "model") -> None:
+        source = str(model) if isinstance(model, Path) else model
+        self.session = ort.InferenceSession(source, options, providers=list(providers))
+        inputs = {a.name: a for a in self.session.get_inputs()}
+        outputs = {a.name for a in self.session.get_outputs()}
+        layers = 0
+        while f"past_key_values.{layers}.key" in inputs:
+            layers += 1
+        if not layers or "input_ids" not in inputs or "logits" not in outputs:
+            raise invalid(f"{where}: not a decoder with past: it needs inputs input_ids and "
+                          "past_key_values.{i}.key/value, and outputs logits and present.{i}.key/value")
+        first = inputs["past_key_values.0.key"]
+        heads, head_dim = first.shape[1], first.shape[3]
+        if not (isinstance(heads, int) and isinstance(head_dim, int)) or first.type not in _KV_DTYPES:
+            raise invalid(f"{where}: past_key_values.0.key must be float or float16 [batch, heads, past, "
+                          f"head_dim] with fixed heads and head_dim, got {first.type} {first.shape}")
+        self.kv_names = [(f"past_key_values.{i}.{p}", f"present.{i}.{p}")
+                         for i in range(layers) for p in ("key", "value")]
+        missing = [n for pair in self.kv_names for n in pair if n not in inputs and n not in outputs]
+        if missing:
+            raise invalid(f"{where}: missing KV tensor {missing[0]}")
+        self.layers, self.heads, self.head_dim = layers, heads, head_dim
+        self.block_size = block_size
+        self.zero_slot = num_blocks * block_size
+        dtype = _KV_DTYPES[first.type]
+        self.slots_per_head = self.zero_slot + 1
+        self.cache = np.zeros((len(self.kv_names), heads, self.slots_per_head, head_dim), dtype)
+        self._rows = self.cache.reshape(-1, head_dim)  # a view: one row per (tensor, head, slot)
+        # the first row of each (tensor, head) in _rows, shaped to broadcast against [B, P] or [N]
+        self._bases = (np.arange(len(self.kv_names) * heads) * self.slots_per_head).reshape(
+            len(self.kv_names), heads)
+        if "use_cache_branch" in inputs:
+            raise invalid(f"{where}: a merged decoder (input use_cache_branch) is not supported; export "
+                          "the model with past (Optimum's decoder_with_past, or one taking an empty past)")
+        self.has_mask, self.has_positions = "attention_mask" in inputs, "position_ids" in inputs
+        self.output_names = ["logits", *(present for _, present in self.kv_names)]
+        self.stats = RunnerStats()
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return int(self.cache[:, :, 0].nbytes)
+
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> np.ndarray:
+        """Compute every chunk's tokens into its blocks; the last position's logits of each chunk with
+        `sample`, one row each in chunk order ([n, vocab])."""
+        self.stats.steps += 1
+        decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        groups = ([decodes] if decodes else []) + [[i] for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        rows: dict[int, np.ndarray] = {}
+        for group in groups:
+            logits = self._run([chunks[i] for i in group])
+            rows.update(zip(group, logits, strict=True))
+        wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
+        return np.stack(wanted) if wanted else np.empty((0, 0), np.float32)
+
+    def _slots(self, table: Sequence[int], start: int, count: int) -> np.ndarray:
+        positions = np.arange(start, start + count)
+        return np.asarray(table, np.int64)[positions // self.block_size] * self.block_size \
+            + positions % self.block_size
+
+    def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        t0 = time.perf_counter_ns()
+        batch = len(group)
+        past = max(c.start for c in group)
+        width = max(len(c.token_ids) for c in group)
+        index = np.full((batch, past), self.zero_slot, np.int64)
+        input_ids = np.zeros((batch, width), np.int64)
+        position_ids = np.zeros((batch, width), np.int64)
+        mask = np.zeros((batch, past + width), np.int64)
+        for row, c in enumerate(group):
+            count = len(c.token_ids)
+            if c.start:
+                index[row, past - c.start:] = self._slots(c.block_table, 0, c.start)
+            input_ids[row, :count] = c.token_ids
+            position_ids[row, :count] = np.arange(c.start, c.start + count)
+            mask[row, past - c.start:past + count] = 1
+        feed: dict[str, np.ndarray] = {"input_ids": input_ids}
+        if self.has_mask:
+            feed["attention_mask"] = mask
+        if self.has_positions:
+            feed["position_ids"] = position_ids
+        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
+        pasts = np.take(self._rows, past_rows, axis=0)                     # [tensors, B, heads, P, head_dim]
+        for i, (name, _) in enumerate(self.kv_names):
+            feed[name] = pasts[i]
+        t1 = time.perf_counter_ns()
+        logits, *presents = self.session.run(self.output_names, feed)
+        t2 = time.perf_counter_ns()
+        counts = [len(c.token_ids) for c in group]
+        rows = np.repeat(np.arange(batch), counts)
+        cols = past + np.concatenate([np.arange(n) for n in counts])
+        slots = np.concatenate([self._slots(c.block_table, c.start, len(c.token_ids)) for c in group])
+        for i, present in enumerate(presents):
+            self._rows[self._bases[i][None, :] + slots[:, None]] = present[rows, :, cols, :]  # [N, heads, d]
+        last = logits[np.arange(batch), np.asarray(counts) - 1]
+        t3 = time.perf_counter_ns()
+        s = self.stats
+        s.runs += 1
+        s.tokens += len(rows)
+        s.past_slots += batch * past
+        s.padded_slots += batch * past - sum(c.start for c in group)
+        s.gather_ns += t1 - t0
+        s.run_ns += t2 - t1
+        s.scatter_ns += t3 - t2
+        return last

@@ -1,0 +1,158 @@
+"""Which requests compute which tokens this step: continuous batching within a token budget.
+
+`schedule()` is called once per engine step and returns the step's work; `update()` is called with what the
+model produced and advances every request. Pure bookkeeping over the KV cache manager: no model, no I/O, so
+its tests are plain functions (tests/test_generate_scheduler.py).
+
+Each step (vLLM v1's order):
+1. Running requests first, oldest first. Each computes what it lacks: one token when decoding, the rest of
+   its prompt (or a chunk of it, within what is left of the budget) when prefilling. When the pool has no
+   block for it, the newest running request is preempted (its blocks freed, its output kept, back to the
+   front of the waiting queue) until there is room — possibly the request itself.
+2. Then waiting requests, in order (preempted ones first), while the budget, `max_num_seqs` and the free
+   blocks allow: admission by free blocks, never by preempting. A prompt's cached prefix is shared, not
+   computed; a prompt longer than the remaining budget is admitted with a first chunk (chunked prefill),
+   so a long prompt never stalls the running streams for a whole step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from .kv_manager import KVCacheManager
+from .request import FinishReason, Request, RequestState
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32              # running requests at most
+    max_num_batched_tokens: int = 256   # tokens computed per step at most (the budget)
+    enable_chunked_prefill: bool = True  # False: a prompt is admitted only when all of it fits the budget
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """One request's work this step: compute `token_ids` at positions `start` … `start + len - 1`, with
+    the block table given. `sample`: these are its last known tokens, so the step samples its next token."""
+
+    request: Request
+    start: int
+    token_ids: tuple[int, ...]
+    block_table: tuple[int, ...]
+    sample: bool
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+
+class Scheduler:
+    """Owns the requests' states and, through the KV cache manager, their blocks."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._arrivals = 0
+
+    def add(self, request: Request) -> None:
+        request.arrival = self._arrivals
+        self._arrivals += 1
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # 1. running requests, oldest first; preempt the newest when blocks run out
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            count = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.kv.allocate(request.request_id, request.num_computed_tokens, count):
+                victim = self.running.pop()
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                out.chunks.append(self._chunk(request, count))
+                budget -= count
+                index += 1
+        # 2. waiting requests, in order, while budget, seats and free blocks allow
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            prefix, cached = self.kv.computed_prefix(request.request_id, request.all_token_ids)
+            count = request.num_tokens - cached
+            if count > budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                count = budget
+            if not self.kv.allocate(request.request_id, cached, count, prefix):
+                break
+            self.waiting.popleft()
+            self.kv.count_prefix(request.num_tokens, cached)
+            request.state = RequestState.RUNNING
+            request.num_computed_tokens = request.num_cached_tokens = cached
+            self.running.append(request)
+            out.chunks.append(self._chunk(request, count))
+            budget -= count
+        return out
+
+    def _chunk(self, request: Request, count: int) -> ScheduledChunk:
+        start = request.num_computed_tokens
+        tokens = request.all_token_ids[start:start + count]
+        return ScheduledChunk(request, start, tuple(tokens), tuple(self.kv.block_table(request.request_id)),
+                              sample=start + count == request.num_tokens)
+
+    def _preempt(self, request: Request) -> None:
+        """Free its blocks and send it back to the front of the line; its generated tokens stay, and are
+        recomputed with its prompt when it is admitted again."""
+        self.kv.free(request.request_id)
+        request.state = RequestState.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> Iterator[tuple[Request, int | None]]:
+        """Advance each scheduled request by its computed tokens and append its sampled token (`sampled`,
+        by request id, for the chunks with `sample`). Yields (request, new token or None)."""
+        for chunk in out.chunks:
+            request = chunk.request
+            if request.finished:  # aborted between schedule and update
+                continue
+            request.num_computed_tokens += len(chunk.token_ids)
+            self.kv.cache_computed(request.request_id, request.all_token_ids, request.num_computed_tokens)
+            token = sampled.get(request.request_id) if chunk.sample else None
+            if token is not None:
+                request.output_token_ids.append(token)
+            yield request, token
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request (stopped, at its length, or aborted) and free its blocks at once."""
+        if request.finished:
+            return
+        if request.state is RequestState.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request.request_id)
+        request.state = RequestState.FINISHED
+        request.finish_reason = reason

@@ -1,0 +1,33 @@
+"""When a request is done: after each token it generates, in this order (OpenAI's finish reasons).
+
+1. the model's end-of-sequence token (unless `ignore_eos`) or one of the request's stop tokens → "stop";
+2. a stop string in the decoded text → "stop", the text cut before it (the tokens stay as generated);
+3. `max_tokens` generated, or the model's context full → "length".
+
+Called by the engine for every request that got a token this step; pure apart from setting the request's
+`output_text` once it finishes.
+"""
+
+from __future__ import annotations
+
+from .request import FinishReason, Request
+from .tokenizer import Tokenizer
+
+
+def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> FinishReason | None:
+    params, last = request.params, request.output_token_ids[-1]
+    reason: FinishReason | None = None
+    if (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
+        reason = FinishReason.STOP
+    elif params.stop:
+        text = tokenizer.decode(request.output_token_ids)
+        cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
+        if cuts:
+            request.output_text = text[:min(cuts)]
+            return FinishReason.STOP
+    if reason is None and (len(request.output_token_ids) >= params.max_tokens
+                           or request.num_tokens >= max_model_len):
+        reason = FinishReason.LENGTH
+    if reason is not None:
+        request.output_text = tokenizer.decode(request.output_token_ids)
+    return reason

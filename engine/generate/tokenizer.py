@@ -1,0 +1,76 @@
+"""Text ↔ token ids: a byte-level tokenizer, or a model folder's `tokenizer.json` through `tokenizers`.
+
+The byte-level tokenizer needs nothing: token `b` is byte `b` (0–255) of the UTF-8 text, then BOS (256)
+and EOS (257); the example model (tiny_decoder.py) has exactly this vocabulary. `tokenizer.json` (Hugging
+Face's format, what a real export ships) needs the `tokenizers` package, which hubserve does not depend on:
+a folder that asks for it without the package installed fails with a message saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import EngineError, ErrorCode, invalid
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids, with BOS first where the tokenizer has one."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of generated ids; special tokens are left out."""
+        ...
+
+
+class ByteTokenizer:
+    vocab_size = 258
+    bos_token_id: int | None = 256
+    eos_token_id: int | None = 257
+
+    def encode(self, text: str) -> list[int]:
+        return [256, *text.encode("utf-8")]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        # a multi-byte character cut by the end of the output shows as U+FFFD until its last byte arrives
+        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+
+
+class JsonTokenizer:
+    """A `tokenizer.json` through the `tokenizers` package (imported only here, only when asked for)."""
+
+    def __init__(self, path: Path, bos_token: str | None, eos_token: str | None) -> None:
+        try:
+            from tokenizers import Tokenizer as HfTokenizer  # type: ignore[import-not-found]
+        except ImportError:
+            raise EngineError(ErrorCode.UNSUPPORTED, "tokenizer 'tokenizer.json' needs the `tokenizers` "
+                              "package (pip install tokenizers), or use tokenizer 'bytes'") from None
+        self._tok: Any = HfTokenizer.from_file(str(path))
+        self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
+        self.bos_token_id = self._tok.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id = self._tok.token_to_id(eos_token) if eos_token else None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text).ids)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+
+def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:
+    """The tokenizer a model folder's `tokenizer` parameter names: "bytes", or "tokenizer.json" (the file
+    beside the config; `bos_token` / `eos_token` parameters name its special tokens)."""
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "tokenizer.json":
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise invalid(f"{where}: tokenizer 'tokenizer.json' but the folder has no tokenizer.json")
+        return JsonTokenizer(path, params.get("bos_token"), params.get("eos_token"))
+    raise invalid(f"{where}: tokenizer must be 'bytes' or 'tokenizer.json', got {kind!r}")

@@ -1,0 +1,176 @@
+"""The generation engine in process: continuous vs static batching, against the model's own ceiling.
+
+Closed loop at each concurrency c: c clients, each sending its next request when its last one finished, over
+the same workload (prompts of 8–96 bytes, outputs of 16–128 tokens, greedy, EOS ignored) for both modes:
+
+- continuous: the engine as built; a request joins the running batch at the next step;
+- static: whole requests batched: a batch of c is admitted together and runs until its longest request ends,
+  then the next batch (same engine, same model, same KV cache; only admission differs);
+- ceiling: the ONNX model alone, stepped in a loop with dense past tensors already in place, at the decode
+  batch size and context length the continuous run formed on average (no gather, no scatter, no
+  scheduling, no sampling).
+
+TTFT is from a client sending a request to its first token. The runner's breakdown (blocks → dense past,
+ONNX Runtime, present → blocks) is per engine step of the continuous run. No sockets: the HTTP API is not
+part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
+
+    PYTHONPATH=. .venv/bin/python perf/bench_generate.py [--concurrency 1,4,16,32] [--requests-per-client 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from engine import examples
+from engine.generate.engine import CacheConfig, GenerationEngine
+from engine.generate.request import SamplingParams
+from engine.generate.runner import DecoderRunner
+from engine.generate.scheduler import SchedulerConfig
+from engine.generate.tiny_decoder import tiny_decoder_model
+from engine.generate.tokenizer import ByteTokenizer
+
+MODEL = examples.model_bytes(tiny_decoder_model())
+
+
+def options() -> ort.SessionOptions:
+    opts = ort.SessionOptions()  # as engine/backends/onnxruntime.py: one intra-op thread, no spinning
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+def workload(count: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = np.random.default_rng(seed)
+    jobs = []
+    for _ in range(count):
+        prompt = [256, *rng.integers(32, 127, size=int(rng.integers(8, 97))).tolist()]
+        jobs.append((prompt, int(rng.integers(16, 129))))
+    return jobs
+
+
+def make_engine() -> GenerationEngine:
+    """The example's settings (model_repository/tiny_decoder/config.pbtxt), warmed up: ONNX Runtime's first
+    runs at new shapes are slow, and would land in the first TTFTs."""
+    cache = CacheConfig(block_size=16, num_blocks=1024, max_model_len=512)
+    runner = DecoderRunner(MODEL, cache.num_blocks, cache.block_size, options())
+    engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(max_num_seqs=32,
+                                                                              max_num_batched_tokens=256))
+    for i, (prompt, max_tokens) in enumerate(workload(8, seed=12345)):
+        engine.add_request(f"warm{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    engine.run_to_completion()
+    runner.stats.reset()
+    return engine
+
+
+@dataclass
+class Run:
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    decode_batch: list[int] = field(default_factory=list)  # decode rows per step
+    context: list[int] = field(default_factory=list)       # the longest context of each step's decode group
+
+    def tps(self) -> float:
+        return self.tokens / self.seconds
+
+    def ttft_ms(self, q: float) -> float:
+        return float(np.percentile(self.ttft, q)) * 1e3
+
+
+def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: int, static: bool) -> Run:
+    """Closed loop: `clients` requests in flight; static admits the next batch only once all have ended."""
+    out = Run()
+    queue = list(enumerate(jobs))
+    sent: dict[str, float] = {}
+    client_free_at = [time.perf_counter()] * clients  # when each client sent (could send) its next request
+    started = time.perf_counter()
+
+    def submit(client: int) -> None:
+        index, (prompt, max_tokens) = queue.pop(0)
+        rid = f"{client}:{index}"
+        sent[rid] = client_free_at[client]
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+    for client in range(min(clients, len(queue))):
+        submit(client)
+    while engine.has_unfinished():
+        stepped = engine.step()
+        now = time.perf_counter()
+        decodes = [o for o in stepped if o.new_token_ids and len(o.output_token_ids) > 1]
+        if decodes:
+            out.decode_batch.append(len(decodes))
+        for o in stepped:
+            out.tokens += len(o.new_token_ids)
+            if o.new_token_ids and len(o.output_token_ids) == 1:
+                out.ttft.append(now - sent[o.request_id])
+            if o.finished:
+                client = int(o.request_id.split(":")[0])
+                client_free_at[client] = now
+                if queue and not static:
+                    submit(client)
+        if static and queue and not engine.has_unfinished():
+            for client in range(min(clients, len(queue))):
+                submit(client)
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def ceiling(batch: int, context: int, steps: int = 200) -> float:
+    """Tokens/s of the bare model decoding `batch` rows over `context` past tokens, inputs prebuilt."""
+    sess = ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
+    past = {f"past_key_values.{i}.{p}": np.zeros((batch, 4, context, 16), np.float32)
+            for i in range(2) for p in ("key", "value")}
+    feed = {"input_ids": np.zeros((batch, 1), np.int64),
+            "attention_mask": np.ones((batch, context + 1), np.int64),
+            "position_ids": np.full((batch, 1), context, np.int64), **past}
+    for _ in range(10):
+        sess.run(None, feed)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        sess.run(None, feed)
+    return batch * steps / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", default="1,4,16,32")
+    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print("| c | continuous tok/s | static tok/s | cont./static | TTFT p50/p95 ms cont. "
+          "| TTFT p50/p95 ms static | mean decode batch | mean context | ceiling tok/s | cont./ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    breakdown = []
+    for c in (int(x) for x in args.concurrency.split(",")):
+        jobs = workload(c * args.requests_per_client, args.seed + c)
+        engine = make_engine()
+        cont = run(engine, jobs, c, static=False)
+        stats = engine.runner.stats
+        breakdown.append((c, stats.steps, stats.gather_ns, stats.run_ns, stats.scatter_ns,
+                          stats.padded_slots / max(stats.past_slots, 1), engine.runner.kv_bytes_per_token))
+        stat = run(make_engine(), jobs, c, static=True)
+        batch = max(1, round(float(np.mean(cont.decode_batch))))
+        context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
+        top = ceiling(batch, context)
+        print(f"| {c} | {cont.tps():.0f} | {stat.tps():.0f} | {cont.tps() / stat.tps():.2f} | "
+              f"{cont.ttft_ms(50):.1f} / {cont.ttft_ms(95):.1f} | "
+              f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
+              f"{context} | {top:.0f} | {cont.tps() / top:.0%} |", flush=True)
+    print()
+    print("| c | steps | blocks → dense past µs/step | ONNX Runtime µs/step | present → blocks µs/step | "
+          "padding in past | KV bytes/token |")
+    print("|---|---|---|---|---|---|---|")
+    for c, steps, gather, run_ns, scatter, padding, per_token in breakdown:
+        print(f"| {c} | {steps} | {gather / steps / 1e3:.0f} | {run_ns / steps / 1e3:.0f} | "
+              f"{scatter / steps / 1e3:.0f} | {padding:.0%} | {per_token} |")
+
+
+if __name__ == "__main__":
+    main()

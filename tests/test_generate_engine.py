@@ -1,0 +1,242 @@
+"""The generation engine end to end over the tiny decoder (engine/generate/engine.py), in process: no
+sockets, no event loop. The oracle is a plain step-by-step loop over the same ONNX model, one sequence at a
+time with dense past tensors, written here without any engine code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from engine import examples
+from engine.errors import EngineError
+from engine.generate.engine import CacheConfig, GenerationEngine
+from engine.generate.model_folder import load_engine
+from engine.generate.request import FinishReason, SamplingParams
+from engine.generate.runner import DecoderRunner
+from engine.generate.scheduler import SchedulerConfig
+from engine.generate.tiny_decoder import tiny_decoder_model
+from engine.generate.tokenizer import ByteTokenizer
+
+MODEL = examples.model_bytes(tiny_decoder_model())
+TOKENIZER = ByteTokenizer()
+GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
+
+
+def options() -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3
+    return opts
+
+
+def make_engine(num_blocks: int = 256, block_size: int = 8, seqs: int = 16, budget: int = 64,
+                chunked: bool = True, prefix: bool = True, max_model_len: int = 512) -> GenerationEngine:
+    runner = DecoderRunner(MODEL, num_blocks, block_size, options())
+    return GenerationEngine(runner, TOKENIZER, CacheConfig(block_size, num_blocks, max_model_len, prefix),
+                            SchedulerConfig(seqs, budget, chunked))
+
+
+@pytest.fixture(scope="module")
+def reference_session() -> ort.InferenceSession:
+    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
+
+
+def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: int) -> list[int]:
+    """Prefill the whole prompt, then feed each argmax back with `present` as the next `past`."""
+    names = [o.name for o in sess.get_outputs()]
+    past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
+            for i in range(2) for p in ("key", "value")}
+    out: list[int] = []
+    feed_ids, position = prompt, 0
+    while len(out) < max_tokens:
+        n = len(feed_ids)
+        result = dict(zip(names, sess.run(None, {
+            "input_ids": np.array([feed_ids], np.int64),
+            "attention_mask": np.ones((1, position + n), np.int64),
+            "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
+        out.append(int(result["logits"][0, -1].argmax()))
+        past = {name: result[name.replace("past_key_values", "present")] for name in past}
+        position, feed_ids = position + n, [out[-1]]
+    return out
+
+
+def prompts(count: int, seed: int = 3) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[256, *rng.integers(32, 127, size=int(rng.integers(1, 60))).tolist()] for _ in range(count)]
+
+
+def generate(engine: GenerationEngine, batch: list[list[int]], params: SamplingParams = GREEDY,
+             ) -> list[tuple[int, ...]]:
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", prompt, params)
+    done = engine.run_to_completion()
+    return [done[f"r{i}"].output_token_ids for i in range(len(batch))]
+
+
+def assert_no_leaks(engine: GenerationEngine) -> None:
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
+    assert stats.kv_blocks_free == engine.cache_config.num_blocks
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+def test_greedy_equals_a_step_by_step_loop_for_many_concurrent_sequences(reference_session):
+    batch = prompts(20)
+    engine = make_engine()
+    got = generate(engine, batch)
+    for prompt, tokens in zip(batch, got, strict=True):
+        assert list(tokens) == reference_greedy(reference_session, prompt, GREEDY.max_tokens)
+    assert engine.runner.stats.runs > engine.runner.stats.steps  # prefills ran beside decodes
+    assert_no_leaks(engine)
+
+
+def test_sequences_arriving_while_others_run_get_the_same_tokens(reference_session):
+    batch = prompts(12, seed=5)
+    engine = make_engine(seqs=4)
+    done = {}
+    for i, prompt in enumerate(batch):  # one new request every step: joins mid-flight
+        engine.add_request(f"r{i}", prompt, GREEDY)
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    done.update(engine.run_to_completion())
+    for i, prompt in enumerate(batch):
+        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
+
+
+def test_preemption_under_kv_exhaustion_loses_nothing():
+    batch = prompts(10, seed=7)
+    roomy = generate(make_engine(num_blocks=256), batch)
+    tight = make_engine(num_blocks=24, block_size=4)  # 96 slots for 10 sequences of up to ~85 tokens
+    assert generate(tight, batch) == roomy
+    assert tight.stats().preemptions > 0
+    assert_no_leaks(tight)
+
+
+def test_prefix_sharing_gives_identical_outputs_with_fewer_blocks():
+    system = [256, *b"You are a helpful assistant. Answer briefly and politely."]  # 58 tokens
+    batch = [system + list(q) for q in (b"Hi", b"What is 2+2?", b"Name a color.", b"Bye")]
+    peaks = {}
+    outputs = {}
+    for prefix in (False, True):
+        engine = make_engine(block_size=8, prefix=prefix)
+        engine.add_request("first", batch[0], GREEDY)
+        engine.step()  # the shared prefix is computed and cached
+        for i, prompt in enumerate(batch[1:], 1):
+            engine.add_request(f"r{i}", prompt, GREEDY)
+        peak, done = 0, {}
+        while engine.has_unfinished():
+            done.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+            peak = max(peak, engine.stats().kv_blocks_used)
+        outputs[prefix] = done
+        peaks[prefix] = peak
+        if prefix:
+            assert engine.stats().prefix_cache_hit_rate > 0.5
+        assert_no_leaks(engine)
+    assert outputs[True] == outputs[False]
+    assert peaks[True] <= peaks[False] - 2 * (len(system) // 8)  # sharers skip 7 full blocks each
+
+
+def test_chunked_prefill_equals_unchunked():
+    batch = prompts(8, seed=11) + [[256, *range(40, 240)]]  # one 201-token prompt
+    unchunked = generate(make_engine(budget=512, chunked=False), batch)
+    engine = make_engine(budget=16)
+    assert generate(engine, batch) == unchunked
+    assert_no_leaks(engine)
+
+
+# ------------------------------------------------------------------------------------------ sampling
+
+def test_seeds_reproduce_whatever_runs_beside():
+    params = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    alone = generate(make_engine(), [[256, *b"Once upon a time"]], params)[0]
+    engine = make_engine()
+    crowd = [[256, *b"Once upon a time"], *prompts(6, seed=13)]
+    for i, prompt in enumerate(crowd):
+        engine.add_request(f"r{i}", prompt, params if i == 0 else SamplingParams(
+            max_tokens=30, temperature=1.2, ignore_eos=True))  # no seed: the engine's own generator
+    assert engine.run_to_completion()["r0"].output_token_ids == alone
+    reseeded = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=99, ignore_eos=True)
+    assert generate(make_engine(), [[256, *b"Once upon a time"]], reseeded) != [alone]
+
+
+def test_top_k_one_is_greedy():
+    batch = prompts(3, seed=17)
+    sampled = generate(make_engine(), batch, SamplingParams(max_tokens=12, temperature=1.5, top_k=1,
+                                                            ignore_eos=True))
+    assert sampled == generate(make_engine(), batch, SamplingParams(max_tokens=12, ignore_eos=True))
+
+
+# ------------------------------------------------------------------------------------------ stopping
+
+def test_stop_tokens_stop_strings_and_max_tokens(reference_session):
+    prompt = [256, *b"Hello"]
+    want = reference_greedy(reference_session, prompt, 30)
+    engine = make_engine()
+    engine.add_request("len", prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    stop_token = want[9]
+    engine.add_request("tok", prompt, SamplingParams(max_tokens=30, stop_token_ids=(stop_token,),
+                                                     ignore_eos=True))
+    text = TOKENIZER.decode(want)
+    stop_text = next(chr(t) for t in want[2:] if 32 <= t < 127)  # ASCII: never inside a multi-byte char
+    engine.add_request("str", prompt, SamplingParams(max_tokens=30, stop=(stop_text,), ignore_eos=True))
+    done = engine.run_to_completion()
+    assert done["len"].finish_reason is FinishReason.LENGTH and list(done["len"].output_token_ids) == want[:5]
+    first = want.index(stop_token)
+    assert done["tok"].finish_reason is FinishReason.STOP
+    assert list(done["tok"].output_token_ids) == want[:first + 1]
+    assert done["str"].finish_reason is FinishReason.STOP
+    assert done["str"].output_text == text[:text.index(stop_text)]
+    assert stop_text not in done["str"].output_text
+    assert_no_leaks(engine)
+
+
+def test_the_context_limit_ends_a_request_with_length():
+    engine = make_engine(max_model_len=40)
+    engine.add_request("r", [256] * 30, SamplingParams(max_tokens=10, ignore_eos=True))
+    done = engine.run_to_completion()["r"]
+    assert done.finish_reason is FinishReason.LENGTH and len(done.output_token_ids) == 10
+
+
+def test_abort_frees_the_blocks_at_once():
+    engine = make_engine()
+    engine.add_request("a", prompts(1)[0], SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    assert engine.stats().kv_blocks_used > 0
+    engine.abort_request("a")
+    assert_no_leaks(engine)
+    assert engine.step() == []
+
+
+# ------------------------------------------------------------------------------------------ refusals
+
+@pytest.mark.parametrize(("prompt", "params", "message"), [
+    ([], GREEDY, "prompt is empty"),
+    ([256, 999], GREEDY, "outside the vocabulary"),
+    ([256] * 500, SamplingParams(max_tokens=20), "exceed the model's context of 512"),
+])
+def test_requests_that_could_never_run_are_refused(prompt, params, message):
+    with pytest.raises(EngineError, match=message):
+        make_engine().add_request("r", prompt, params)
+
+
+def test_sampling_params_are_checked():
+    for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -1}, {"stop": ("",)}):
+        with pytest.raises(EngineError):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_the_example_folder_loads_into_an_engine(tmp_path: Path):
+    folder = tmp_path / "tiny_decoder"
+    folder.mkdir()
+    (folder / "config.pbtxt").write_bytes((examples.Path(__file__).parents[1] / "model_repository" /
+                                           "tiny_decoder" / "config.pbtxt").read_bytes())
+    examples.build_repository(tmp_path, ["tiny_decoder"])
+    engine = load_engine(folder)
+    assert engine.cache_config == CacheConfig(16, 1024, 512, True)
+    engine.add_request("r", "Hello", SamplingParams(max_tokens=8, ignore_eos=True))
+    done = engine.run_to_completion()["r"]
+    assert len(done.output_token_ids) == 8 and done.output_text == TOKENIZER.decode(done.output_token_ids)

@@ -1,0 +1,109 @@
+"""The scheduler (engine/generate/scheduler.py) as a plain object, with no model: the test plays the model
+by handing `update` a token for every request that samples."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.generate.kv_manager import KVCacheManager
+from engine.generate.request import FinishReason, Request, RequestState, SamplingParams
+from engine.generate.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+
+def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, budget: int = 64,
+         chunked: bool = True, prefix: bool = True) -> Scheduler:
+    return Scheduler(SchedulerConfig(seqs, budget, chunked), KVCacheManager(num_blocks, block_size, prefix))
+
+
+def request(rid: str, prompt_len: int, first: int = 0) -> Request:
+    return Request(rid, list(range(first, first + prompt_len)), SamplingParams(max_tokens=100),
+                   np.random.default_rng(0))
+
+
+def step(s: Scheduler, token: int = 7) -> SchedulerOutput:
+    out = s.schedule()
+    sampled = {c.request.request_id: token for c in out.chunks if c.sample}
+    list(s.update(out, sampled))
+    return out
+
+
+def work(out: SchedulerOutput) -> dict[str, int]:
+    return {c.request.request_id: len(c.token_ids) for c in out.chunks}
+
+
+def test_requests_join_and_leave_at_every_step():
+    s = make(seqs=2)
+    a, b, c = request("a", 3), request("b", 5), request("c", 2)
+    for r in (a, b, c):
+        s.add(r)
+    assert work(step(s)) == {"a": 3, "b": 5}  # two seats
+    assert c.state is RequestState.WAITING
+    assert work(step(s)) == {"a": 1, "b": 1}  # decoding
+    s.finish(a, FinishReason.STOP)
+    assert a.state is RequestState.FINISHED and a.finish_reason is FinishReason.STOP
+    assert work(step(s)) == {"b": 1, "c": 2}  # c takes a's seat at once
+    assert [r.request_id for r in s.running] == ["b", "c"]
+
+
+def test_chunked_prefill_keeps_decodes_going_within_the_budget():
+    s = make(budget=8)
+    short, long = request("short", 2), request("long", 20, first=100)
+    s.add(short)
+    step(s)
+    s.add(long)
+    plan = step(s)
+    assert work(plan) == {"short": 1, "long": 7}  # the decode first, then a chunk of what is left
+    assert [c.sample for c in plan.chunks] == [True, False]  # a partial prompt samples nothing
+    assert work(step(s)) == {"short": 1, "long": 7}
+    last = step(s)
+    assert work(last) == {"short": 1, "long": 6} and last.chunks[1].sample
+    assert long.num_computed_tokens == 20 and long.output_token_ids == [7]
+
+
+def test_without_chunking_a_prompt_waits_until_it_fits_the_budget():
+    s = make(budget=8, chunked=False)
+    s.add(request("short", 2))
+    s.add(request("long", 9))
+    assert work(step(s)) == {"short": 2}
+    assert work(step(s)) == {"short": 1}  # 1 + 9 > 8: long keeps waiting
+
+
+def test_preemption_frees_the_newest_and_recomputes_it_with_its_output():
+    s = make(num_blocks=4, block_size=4, prefix=False)
+    old, new = request("old", 7), request("new", 6, first=50)
+    s.add(old)
+    s.add(new)
+    assert work(step(s)) == {"old": 7, "new": 6}  # 2 + 2 blocks: the pool is full
+    assert work(step(s)) == {"old": 1, "new": 1}  # 8 and 7 tokens fit
+    generated = list(new.output_token_ids)
+    plan = step(s)  # old needs a 3rd block for its 9th token: new is preempted
+    assert plan.preempted == ["new"] and work(plan) == {"old": 1}
+    assert new.state is RequestState.PREEMPTED and new.num_computed_tokens == 0
+    assert new.output_token_ids == generated  # nothing lost
+    assert s.kv.block_table("new") == [] and s.waiting[0] is new
+    s.finish(old, FinishReason.LENGTH)
+    plan = step(s)
+    assert work(plan) == {"new": 8} and plan.chunks[0].sample  # prompt + output, recomputed at once
+    assert new.state is RequestState.RUNNING and new.num_preemptions == 1
+    s.finish(new, FinishReason.STOP)
+    assert s.kv.pool.num_free == 4 and not s.has_unfinished()
+
+
+def test_admission_waits_for_free_blocks_instead_of_preempting():
+    s = make(num_blocks=3, block_size=4, prefix=False)
+    s.add(request("a", 8))
+    s.add(request("b", 8, first=10))
+    assert work(step(s)) == {"a": 8}  # b would need 2 more blocks; only 1 is free
+    assert [r.request_id for r in s.waiting] == ["b"]
+
+
+def test_a_shared_prefix_is_not_computed_again():
+    s = make(block_size=4)
+    a = request("a", 10)
+    s.add(a)
+    step(s)
+    b = request("b", 10)  # the same prompt
+    s.add(b)
+    plan = step(s)
+    assert work(plan) == {"a": 1, "b": 2} and b.num_cached_tokens == 8
+    assert s.kv.block_table("b")[:2] == s.kv.block_table("a")[:2]
