@@ -31,6 +31,23 @@ def _byte_count(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int:
+    """--workers: a count, or "auto" (0 here; resolved by default_workers)."""
+    if text == "auto":
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes (1 or more) or 'auto', "
+                                         f"got '{text}'")
+    return int(text)
+
+
+def default_workers() -> int:
+    """--workers auto: the frontend processes for the cores this process may use (its affinity, so a
+    container's or taskset's limit counts). Measured on 2 cores (docs/architecture.md "Processes")."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores < 2 else cores
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hubserve",
                                      description="Serve models over KServe v2 HTTP and gRPC.")
@@ -80,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide count of a rate-limiter resource named in instance groups")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
+    serve.add_argument("--workers", type=_workers, default="1", metavar="N",
+                       help="1: one process serves everything; N >= 2: one engine process (models, batchers, "
+                            "statistics, metrics) and N frontend processes doing the HTTP and gRPC work; "
+                            "auto: chosen from the cores this process may use (docs/architecture.md)")
+    serve.add_argument("--worker-arena-mb", type=int, default=16,
+                       help="with --workers N >= 2: each frontend's shared-memory arenas (one for requests, "
+                            "one for answers), in MiB; larger tensors cross inline over the socket")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -127,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
+            workers=args.workers if args.workers else default_workers(),
+            worker_arena_bytes=args.worker_arena_mb << 20,
+            log_verbose=args.log_verbose,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

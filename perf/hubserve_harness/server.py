@@ -82,11 +82,15 @@ class RunningServer:
 def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,
                  wait_ready: bool = True, env: dict[str, str] | None = None) -> RunningServer:
     """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
-    adds to (or overrides) the server's environment, e.g. TMPDIR."""
+    adds to (or overrides) the server's environment, e.g. TMPDIR.
+
+    The process layout is `--workers` from `extra` if given, else HUBSERVE_TEST_WORKERS (default 1, one
+    process), so a suite can be run against the multi-process server unchanged."""
     http, grpc_port, metrics = free_port(), free_port(), free_port()
+    workers = () if "--workers" in extra else ("--workers", os.environ.get("HUBSERVE_TEST_WORKERS", "1"))
     cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
            "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc_port),
-           "--metrics-port", str(metrics), *extra]
+           "--metrics-port", str(metrics), *workers, *extra]
     with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
