@@ -52,12 +52,21 @@ class RunningServer:
         return self.log_path.read_text(errors="replace")
 
     def rss_bytes(self) -> int:
-        """The server process's resident size (VmRSS), for tests whose point is memory given back."""
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise AssertionError(f"no VmRSS in /proc/{self.process.pid}/status")
+        """The server's resident size (VmRSS), for tests whose point is memory given back: the process's,
+        plus its children's with `--workers N` (the frontend processes hold what their connections hold)."""
+        pid = self.process.pid
+        total = _rss(pid)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            children = []
+        for child in children:
+            try:
+                total += _rss(child)
+            except (FileNotFoundError, AssertionError):  # exited meanwhile
+                pass
+        return total
 
     def metric(self, name: str, model: str, version: str = "1") -> float:
         """One model's value of a Prometheus family, read from /metrics."""
@@ -77,6 +86,14 @@ class RunningServer:
                 self.process.kill()
                 self.process.wait(10)
         return int(self.process.returncode)
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
 
 
 def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,

@@ -90,17 +90,25 @@ def _venv_missing(venv: str, setup: str, *files: Path) -> Callable[[], str | Non
     return missing
 
 
-HUBSERVE = ServerKind(
-    name="hubserve",
-    command=lambda p, models: [
-        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", "model_repository",
-        "--model-control-mode", "none", "--host", "127.0.0.1",
-        "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics),
-    ],
-    missing=lambda: None if (ROOT / ".venv/bin/python").exists() else ".venv is missing: run `make install`",
-    count_inferences=_stats_inferences,
-    reports_batches=True,
-)
+def hubserve_kind(workers: int | None = None) -> ServerKind:
+    """hubserve as it ships (`hubserve`: no --workers, so its default) or with `--workers N`
+    (`hubserve-wN`), so one run can put process layouts side by side."""
+    flags = [] if workers is None else ["--workers", str(workers)]
+    return ServerKind(
+        name="hubserve" if workers is None else f"hubserve-w{workers}",
+        command=lambda p, models: [
+            str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", "model_repository",
+            "--model-control-mode", "none", "--host", "127.0.0.1",
+            "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), *flags,
+        ],
+        missing=lambda: None if (ROOT / ".venv/bin/python").exists() else
+        ".venv is missing: run `make install`",
+        count_inferences=_stats_inferences,
+        reports_batches=True,
+    )
+
+
+HUBSERVE = hubserve_kind()
 
 TRITON = ServerKind(
     name="triton",
@@ -141,7 +149,8 @@ MLSERVER = ServerKind(
         f"http://127.0.0.1:{p.metrics}/metrics", "model_infer_request_duration_count", "model", m),
 )
 
-KINDS = {k.name: k for k in (HUBSERVE, TRITON, KSERVE, MLSERVER)}
+KINDS = {k.name: k for k in (HUBSERVE, *(hubserve_kind(n) for n in (1, 2, 3, 4, 8)), TRITON, KSERVE,
+                             MLSERVER)}
 
 
 @dataclass
