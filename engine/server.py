@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,7 +69,6 @@ class Server:
         self._metrics_runner: web.AppRunner | None = None
         self._grpc: H2GrpcServer | None = None
         self._frontends: FrontendPool | None = None
-        self._listeners: list[socket.socket] = []
         self._control: ControlRunner | None = None
         self._poller: asyncio.Task[None] | None = None
         self.http_port = options.http_port
@@ -129,12 +127,12 @@ class Server:
         await self._grpc.start()
 
     async def _start_frontends(self) -> None:
-        """N frontend processes (engine/workers/): the listening sockets are bound here, once, and passed to
-        every frontend, so the ports stay fixed whichever frontend serves and a restarted one serves on."""
+        """N frontend processes (engine/workers/): the listening sockets are bound and accepted on here, and
+        each connection handed to the frontend with the fewest, so the ports stay fixed whichever frontend
+        serves and a restarted one serves on."""
         opts = self.options
         http_sockets = bind_listeners(opts.host, opts.http_port)
         grpc_sockets = bind_listeners(opts.host, opts.grpc_port)
-        self._listeners = [*http_sockets, *grpc_sockets]
         self.http_port = int(http_sockets[0].getsockname()[1])
         self.grpc_port = int(grpc_sockets[0].getsockname()[1])
         http = self._http_limits()
@@ -178,11 +176,7 @@ class Server:
         if self._http is not None and self._http_server is not None:
             waits.append(http_frontend.shutdown(self._http, self._http_server, grace))
         if self._frontends is not None:
-            # Our copies of the listening sockets close now, each frontend's when it starts draining: then
-            # new connections are refused, as a single process refuses them, rather than left in the backlog.
-            for sock in self._listeners:
-                sock.close()
-            waits.append(self._frontends.stop(grace))
+            waits.append(self._frontends.stop(grace))  # closes the listening sockets first
         await asyncio.gather(*waits, return_exceptions=True)
         if self._control is not None:
             await self._control.close()

@@ -1,12 +1,13 @@
 """A frontend process of the multi-process server: `python -m engine.workers.frontend SPEC`, started by the
-engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (the HTTP
-and gRPC listening sockets, its channel to the engine, its request and response arenas) and the limits.
+engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (its
+channel to the engine, the hand-off its connections arrive through, its request and response arenas) and the
+limits.
 
 It runs the single-process protocol code, HTTP/1.1 (`HttpApp`) and gRPC (`H2GrpcServer`), with the engine
 client (remote.py) standing in for the DataPlane and the forwarding routes and handlers (forwarding.py); it
 imports no backend, holds no model and reads no repository.
 
-SIGTERM: stop accepting, drain (the requests in flight are still answered through the engine), exit 0.
+SIGTERM: take no more connections, drain (requests in flight are still answered through the engine), exit 0.
 SIGINT is ignored: the engine (which a terminal's ^C also reaches) coordinates the drain. When the engine's
 end of the channel closes (it died), the frontend drops its connections and exits at once: no orphans.
 """
@@ -28,16 +29,12 @@ from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
 from ..shm import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
-from .listen import Acceptor
+from .listen import ConnectionReceiver
 from .remote import EngineClient
 
 log = logging.getLogger("hubserve.workers")
 
 EXIT_ENGINE_GONE = 3
-
-
-def _sockets(fds: list[int]) -> list[socket.socket]:
-    return [socket.socket(fileno=fd) for fd in fds]
 
 
 async def serve(spec: dict[str, Any]) -> int:
@@ -69,8 +66,8 @@ async def serve(spec: dict[str, Any]) -> int:
                         handlers=FrontendGrpcHandlers(client))
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
-    http_acceptor = Acceptor(_sockets(spec["http_fds"]), app.protocol)
-    grpc_acceptor = Acceptor(_sockets(spec["grpc_fds"]), grpc.connection)
+    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)
+    client.count_connections_with(lambda: len(app.connections) + grpc.open_connections)
 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,17 +75,15 @@ async def serve(spec: dict[str, Any]) -> int:
     await stop.wait()
     if engine_gone:
         log.error("frontend %d: the engine process is gone; exiting", index)
-        for acceptor in (http_acceptor, grpc_acceptor):
-            acceptor.close()
+        receiver.close()
         for conn in list(app.connections):
             conn.abort()
         await grpc.stop(0)
         return EXIT_ENGINE_GONE
-    log.info("frontend %d draining: %d HTTP and %d gRPC connections accepted in all", index,
-             http_acceptor.accepted, grpc_acceptor.accepted)
+    log.info("frontend %d draining (%d connections served in all)", index, receiver.received)
     grace = float(spec["exit_timeout_secs"])
-    grpc_acceptor.close()
-    await asyncio.gather(grpc.stop(grace), http_frontend.shutdown(app, http_acceptor, grace),
+    receiver.close()
+    await asyncio.gather(grpc.stop(grace), http_frontend.shutdown(app, receiver, grace),
                          return_exceptions=True)
     client.close()
     return 0

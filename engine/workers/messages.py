@@ -1,14 +1,16 @@
 """What the engine and a frontend say to each other: plain tuples, pickled as a frame's metadata
 (engine/workers/framing.py). One frame per loop round and direction carries everything of that round.
 
-Frontend → engine: `(requests, cancels, freed, controls, plans_reset)`
+Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections)`
 - a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
   request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
   plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
   every request that has no plan (`plan_no` 0); after that the engine has it in its plan table, and the
   model's validation verdict on it with it. `placement` is where the input bytes are (tensors.py).
 - cancels: rids whose client left; freed: offsets of response-arena blocks the frontend is done with;
-  plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table.
+  plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table;
+  connections: how many client connections the frontend has open (-1: not counted in this frame), what the
+  engine hands new connections by (listen.py).
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
   HTTP `(method, url, headers, body)`, gRPC `(method name, serialized request)`, HEALTH `service` (what
   gRPC's Health/Watch polls).

@@ -35,6 +35,7 @@ log = logging.getLogger("hubserve.workers")
 INLINE_BELOW_BYTES = 4096  # inputs smaller than this travel in the frame: a block costs more than a copy
 MAX_PLANS = 4096  # plan numbers kept; past it the table restarts and the engine is told (session.MAX_PLANS)
 FREE_FLUSH_SECS = 0.05  # blocks freed while no request is going out are sent after at most this long
+REPORT_SECS = 1.0  # an idle frontend tells the engine about connections closed at most this late
 
 
 def _engine_gone() -> EngineError:
@@ -66,7 +67,23 @@ class EngineClient(asyncio.Protocol):
         self._inline = Inline()
         self._flush_scheduled = False
         self._free_timer: asyncio.TimerHandle | None = None
+        self._count_connections: Callable[[], int] = lambda: -1
+        self._reported = -1
+        self._report_timer: asyncio.TimerHandle | None = None
         self.lost = False
+
+    def count_connections_with(self, count: Callable[[], int]) -> None:
+        """How to count this frontend's open client connections, reported in every frame (and once a
+        second while idle) so the engine can hand the next one to the least busy frontend."""
+        self._count_connections = count
+        self._report_timer = self._loop.call_later(REPORT_SECS, self._report)
+
+    def _report(self) -> None:
+        self._report_timer = None if self.lost else self._loop.call_later(REPORT_SECS, self._report)
+        if self._flush_scheduled or self._transport is None or self.lost:
+            return  # the frame of this round carries the count
+        if self._count_connections() != self._reported:
+            self._send([], [], [], False)
 
     # ------------------------------------------------------------------ the DataPlane's shape
 
@@ -139,20 +156,28 @@ class EngineClient(asyncio.Protocol):
             if freed and self._free_timer is None:
                 self._free_timer = self._loop.call_later(FREE_FLUSH_SECS, self._flush_freed)
             return
+        requests, cancels, controls = self._requests, self._cancels, self._control_out
+        reset = self._plans_reset
+        self._requests, self._cancels, self._control_out, self._plans_reset = [], [], [], False
+        self._send(requests, cancels, controls, reset)
+
+    def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool) -> None:
+        """One frame: these, the blocks freed so far and the connection count; the inline bytes are those of
+        `requests` (submit() adds them and schedules the round's flush, so without one there are none)."""
+        freed = self._responses.freed
         blocks = list(freed)
         freed.clear()
-        meta = (self._requests, self._cancels, blocks, self._control_out, self._plans_reset)
-        self._requests, self._cancels, self._control_out, self._plans_reset = [], [], [], False
-        transport.writelines(encode_frame(meta, self._inline.take()))
+        self._reported = connections = self._count_connections()
+        meta = (requests, cancels, blocks, controls, reset, connections)
+        self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
 
     def _flush_freed(self) -> None:
         """Blocks freed while nothing else went out, sent on their own, so the engine's arena cannot fill."""
         self._free_timer = None
-        freed = self._responses.freed
-        if freed and self._transport is not None and not self.lost:
-            blocks = list(freed)
-            freed.clear()
-            self._transport.writelines(encode_frame(([], [], blocks, [], False)))
+        if self._flush_scheduled or self._transport is None or self.lost:
+            return  # the frame of this round carries them
+        if self._responses.freed:
+            self._send([], [], [], False)
 
     # ------------------------------------------------------------------ frames in
 
@@ -211,8 +236,9 @@ class EngineClient(asyncio.Protocol):
             return
         self.lost = True
         self._transport = None
-        if self._free_timer is not None:
-            self._free_timer.cancel()
+        for timer in (self._free_timer, self._report_timer):
+            if timer is not None:
+                timer.cancel()
         for future, _ in list(self._pending.values()):
             if not future.done():
                 future.set_exception(_engine_gone())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +45,13 @@ class FrontendSession(asyncio.Protocol):
     frontend and is told through `on_lost` when the channel closes."""
 
     def __init__(self, index: int, dataplane: DataPlane, control: ControlRunner, requests: Region,
-                 responses: Region, on_lost: Callable[[FrontendSession], None]) -> None:
+                 responses: Region, handoff: socket.socket,
+                 on_lost: Callable[[FrontendSession], None]) -> None:
         self.index = index
+        # New connections go to the frontend through it (listen.py).
+        self.handoff: socket.socket | None = handoff
+        self._reported_connections = 0  # what the frontend last said it has open
+        self._handed_since = 0  # connections handed to it since
         self._dp = dataplane
         self._control = control
         self._requests: Region | None = requests  # the frontend writes it; we read the blocks it names
@@ -66,6 +72,15 @@ class FrontendSession(asyncio.Protocol):
     def in_flight(self) -> int:
         return len(self._pending)
 
+    @property
+    def open_connections(self) -> int:
+        """About how many client connections this frontend has open: its last report, plus those handed
+        since (the dispatcher gives the next one to the frontend with the fewest)."""
+        return self._reported_connections + self._handed_since
+
+    def handed(self) -> None:
+        self._handed_since += 1
+
     # ------------------------------------------------------------------ transport events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -76,6 +91,9 @@ class FrontendSession(asyncio.Protocol):
             return
         self.closed = True
         self._transport = None
+        if self.handoff is not None:
+            self.handoff.close()  # connections handed over but not yet taken are closed with it
+            self.handoff = None
         for future in list(self._pending.values()):
             future.cancel()  # out of the queue, or its result dropped: nobody is left to answer
         self._pending.clear()
@@ -111,7 +129,9 @@ class FrontendSession(asyncio.Protocol):
     # ------------------------------------------------------------------ requests in
 
     def _frame(self, meta: Any, inline: memoryview) -> None:
-        requests, cancels, freed, controls, plans_reset = meta
+        requests, cancels, freed, controls, plans_reset, connections = meta
+        if connections >= 0:
+            self._reported_connections, self._handed_since = connections, 0
         arena = self._arena
         if arena is not None:
             for offset in freed:

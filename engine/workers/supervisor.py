@@ -2,9 +2,10 @@
 
 Each frontend is a fresh interpreter (`python -m engine.workers.frontend`), never a fork: the engine has ONNX
 Runtime sessions and their threads, which a fork would copy in a broken state. What a frontend needs it
-inherits through `pass_fds`: the listening sockets (bound once by the engine, so every frontend, a restarted
-one too, serves the same ports), one end of a socketpair (its channel), and two memfd regions made for it
-(its request arena, which it writes, and its response arena, which the engine writes).
+inherits through `pass_fds`: one end of a socketpair (its channel), one end of a SOCK_SEQPACKET pair (the
+connections the engine accepts and hands it: listen.py), and two memfd regions made for it (its request
+arena, which it writes, and its response arena, which the engine writes). The listening sockets stay with
+the engine, so the ports are the same whichever frontend serves, a restarted one too.
 
 A frontend that dies (crash, SIGKILL, OOM) closes its channel: its session cancels what it had in flight and
 drops its regions, and a new frontend is started in its slot with fresh ones, after a back-off if it died
@@ -29,6 +30,7 @@ from typing import Any
 from ..dataplane import DataPlane
 from ..shm import Region
 from .control import ControlRunner
+from .listen import Dispatcher
 from .session import FrontendSession
 
 log = logging.getLogger("hubserve.workers")
@@ -64,14 +66,19 @@ class FrontendPool:
         self._slots = [_Slot(i) for i in range(count)]
         self._stopping = False
         self._restarts: set[asyncio.Task[None]] = set()
+        self._dispatcher: Dispatcher | None = None
 
     @property
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._slots if s.process is not None and s.process.poll() is None]
 
+    def sessions(self) -> list[FrontendSession]:
+        return [s.session for s in self._slots if s.session is not None and not s.session.closed]
+
     async def start(self) -> None:
         for slot in self._slots:
             await self._spawn(slot)
+        self._dispatcher = Dispatcher(self._http, self._grpc, self.sessions)
 
     async def _spawn(self, slot: _Slot) -> None:
         loop = asyncio.get_running_loop()
@@ -79,23 +86,24 @@ class FrontendPool:
         requests = Region.create(self._arena_bytes, f"{label}-requests")
         responses = Region.create(self._arena_bytes, f"{label}-responses")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        http_fds = [s.fileno() for s in self._http]
-        grpc_fds = [s.fileno() for s in self._grpc]
-        spec = {**self._spec, "index": slot.index, "http_fds": http_fds, "grpc_fds": grpc_fds,
-                "channel": theirs.fileno(), "requests": [requests.fd, requests.size],
+        handoff, their_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        spec = {**self._spec, "index": slot.index, "channel": theirs.fileno(),
+                "handoff": their_handoff.fileno(), "requests": [requests.fd, requests.size],
                 "responses": [responses.fd, responses.size]}
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         try:
             process = subprocess.Popen([sys.executable, "-m", "engine.workers.frontend", json.dumps(spec)],
-                                       pass_fds=[*http_fds, *grpc_fds, theirs.fileno(), requests.fd,
+                                       pass_fds=[theirs.fileno(), their_handoff.fileno(), requests.fd,
                                                  responses.fd], env=env)
         finally:
             theirs.close()
+            their_handoff.close()
+        handoff.setblocking(False)
         slot.process = process
         slot.started_at = time.monotonic()
         slot.exited = asyncio.Event()
-        session = FrontendSession(slot.index, self._dp, self._control, requests, responses,
+        session = FrontendSession(slot.index, self._dp, self._control, requests, responses, handoff,
                                   lambda s: self._lost(slot, s))
         slot.session = session
         ours.setblocking(False)
@@ -136,6 +144,8 @@ class FrontendPool:
         """Drain: SIGTERM every frontend (it stops accepting and finishes what it has, through us), wait for
         them to exit within `grace` (and a few seconds for the processes themselves), kill what is left."""
         self._stopping = True
+        if self._dispatcher is not None:
+            self._dispatcher.close()  # new connections are refused from now on
         for task in list(self._restarts):
             task.cancel()  # a restart waiting out its back-off, or reaping: nothing to restart any more
         await asyncio.gather(*self._restarts, return_exceptions=True)

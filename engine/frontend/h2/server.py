@@ -75,6 +75,10 @@ class H2GrpcServer:
         self._sockets.extend(sockets)
         return int(sockets[0].getsockname()[1])
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
     def connection(self) -> H2Connection:
         """A new connection's protocol, for a caller that accepts connections itself (a frontend process
         of a multi-process server, on listening sockets its engine bound)."""
