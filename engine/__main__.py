@@ -41,11 +41,18 @@ def _workers(text: str) -> int:
     return int(text)
 
 
+AUTO_WORKERS_MIN_CORES = 4  # below this, one process: measured on 2 cores, frontends cost more than they free
+AUTO_WORKERS = 2  # from there: two frontends already do as much work per inference as the one engine
+
+
 def default_workers() -> int:
-    """--workers auto: the frontend processes for the cores this process may use (its affinity, so a
-    container's or taskset's limit counts). Measured on 2 cores (docs/architecture.md "Processes")."""
+    """--workers auto: from the cores this process may use (its affinity, so a container's or taskset's limit
+    counts). On 2 cores, shared with the load, --workers 2 and 3 served 35-55 % fewer inferences than one
+    process; the engine process alone costs about what its frontends cost together per inference, so more
+    than two frontends cannot add throughput while the engine is one thread (docs/architecture.md
+    "Processes")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return 1 if cores < 2 else cores
+    return 1 if cores < AUTO_WORKERS_MIN_CORES else AUTO_WORKERS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,10 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide count of a rate-limiter resource named in instance groups")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
-    serve.add_argument("--workers", type=_workers, default="1", metavar="N",
+    serve.add_argument("--workers", type=_workers, default="auto", metavar="N",
                        help="1: one process serves everything; N >= 2: one engine process (models, batchers, "
                             "statistics, metrics) and N frontend processes doing the HTTP and gRPC work; "
-                            "auto: chosen from the cores this process may use (docs/architecture.md)")
+                            f"auto: 1 below {AUTO_WORKERS_MIN_CORES} usable cores, else {AUTO_WORKERS} "
+                            "(docs/architecture.md \"Processes\")")
     serve.add_argument("--worker-arena-mb", type=int, default=16,
                        help="with --workers N >= 2: each frontend's shared-memory arenas (one for requests, "
                             "one for answers), in MiB; larger tensors cross inline over the socket")
