@@ -32,7 +32,7 @@ from .tensors import Inline, ResponseArena, place, read_outputs, wire_chunks
 
 log = logging.getLogger("hubserve.workers")
 
-INLINE_BELOW_BYTES = 4096  # inputs smaller than this travel in the frame: a block costs more than a copy
+INLINE_BELOW_BYTES = 32768  # inputs smaller than this travel in the frame (session.INLINE_BELOW_BYTES: why)
 MAX_PLANS = 4096  # plan numbers kept; past it the table restarts and the engine is told (session.MAX_PLANS)
 FREE_FLUSH_SECS = 0.05  # blocks freed while no request is going out are sent after at most this long
 REPORT_SECS = 1.0  # an idle frontend tells the engine about connections closed at most this late
