@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-arena-mb", type=int, default=16,
                        help="with --workers N >= 2: each frontend's shared-memory arenas (one for requests, "
                             "one for answers), in MiB; larger tensors cross inline over the socket")
+    serve.add_argument("--allow-python-model-upload", action="store_true",
+                       help="let a repository load request send the files of a Python model (code the "
+                            "server runs); refused by default")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers if args.workers else default_workers(),
             worker_arena_bytes=args.worker_arena_mb << 20,
             log_verbose=args.log_verbose,
+            allow_python_model_upload=args.allow_python_model_upload,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

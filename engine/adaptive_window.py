@@ -15,6 +15,13 @@ worst case is W + 2*t(n(W)). The window chosen is the largest W in [0, target] w
 found by bisection (the left side grows with W). Larger windows form larger batches, which is where the
 throughput comes from, so "largest that fits" maximises throughput under the latency bound.
 
+The window is an upper bound, not a wait: with early dispatch (join_forecast.py, on by default) a batch
+leaves as soon as no other request can join it, e.g. once every client of a closed loop is in. So the budget
+buys batch size and never idle time. Without it the instance idled out the rest of the window after each
+batch had all it could get: mlp_large at c=16, 60 ms target, ran at 58-63 % of the best fixed window's
+throughput in batches of 16; with it, the same batches of 16 run at 1.01-1.11 of it (perf/README.md,
+"Issue 13: batcher"): a batch of 16 costs less than two of 8, so growing it was right, waiting was not.
+
 Feedback: the model ignores queueing under overload and the network, so the measured p95 of the latency the
 batcher sees (enqueue → response) corrects it. Every `_EVERY` completions, k shrinks by 20 % when the measured
 p95 exceeds the target and grows by 5 % (up to 1) when it is below 70 % of it.

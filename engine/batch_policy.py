@@ -8,6 +8,10 @@ Semantics follow Triton's `dynamic_batching`: the window (`max_queue_delay_micro
 queued request; a batch reaching `max_batch_size` or a preferred size goes at once; requests whose non-batch
 dims differ never share a batch; priority levels are served lowest number first; queue policies bound each
 level's queue and time requests out (REJECT fails them, DELAY moves them behind every undelayed request).
+
+One addition of ours, `early_dispatch` (on unless the model's parameters say otherwise): a batch stops waiting
+for its window once `JoinForecast` (join_forecast.py) says no other request can join before the window ends.
+For that the policy counts the requests it has handed out and not yet seen finish (`take` → `finished`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from .config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
+from .join_forecast import JoinForecast
 from .types import InferenceRequest, InferenceResponse
 
 
@@ -45,7 +50,7 @@ class Pending:
 class Decision:
     batch: list[Pending]  # empty = send nothing now
     wait_ns: int | None  # when to ask again (None = only when something changes)
-    reason: str = ""  # why the batch goes now: full | preferred | window | immediate
+    reason: str = ""  # why the batch goes now: full | preferred | window | immediate | early
 
 
 class BatchPolicy:
@@ -64,6 +69,8 @@ class BatchPolicy:
         self._only_queue = self._queues[1]
         self._size = 0
         self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
+        self._executing = 0  # taken by `take` and not yet `finished`
+        self.forecast = JoinForecast() if self.batching and self.config.early_dispatch else None
 
     def __len__(self) -> int:
         return self._size
@@ -97,6 +104,13 @@ class BatchPolicy:
         self._size += 1
         if pending.deadline_ns:
             self._with_deadline += 1
+        if self.forecast is not None:
+            self.forecast.on_arrival(pending.enqueue_ns, self.in_flight, self.delay_ns)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests queued or executing: those whose clients are waiting on a batch not yet finished."""
+        return self._size + self._executing
 
     def remove(self, pending: Pending) -> bool:
         """Take a request out (its client went away). False when it was already dispatched."""
@@ -184,10 +198,12 @@ class BatchPolicy:
             return Decision(batch, None, "immediate")
         if preferred_prefix:
             return Decision(batch[:preferred_prefix], None, "preferred")
-        oldest = min(p.enqueue_ns for p in batch)
-        if now_ns >= oldest + self.delay_ns:
+        remaining = min(p.enqueue_ns for p in batch) + self.delay_ns - now_ns
+        if remaining <= 0:
             return Decision(batch, None, "window")
-        return Decision([], oldest + self.delay_ns - now_ns)
+        if self.forecast is not None and self.forecast.none_can_join(self.delay_ns, self.in_flight):
+            return Decision(batch, None, "early")
+        return Decision([], remaining)
 
     def take(self, batch: list[Pending]) -> None:
         """Remove a batch returned by `peek` (always a prefix of the walk order)."""
@@ -200,3 +216,9 @@ class BatchPolicy:
             if p.deadline_ns:
                 self._with_deadline -= 1
         self._size -= len(batch)
+        self._executing += len(batch)
+
+    def finished(self, count: int) -> None:
+        """`count` requests taken earlier have their results (answered or failed): their clients may come
+        back. Called by the batcher when a batch's execution ends, before its instance is released."""
+        self._executing -= count

@@ -200,7 +200,7 @@ class Batcher:
         except Exception as e:  # a backend bug or runtime failure fails this batch only
             results = self._failed(batch, e)
         finally:
-            self._pool.release(instance)
+            self._release(instance, batch)
         self._deliver(seq, results)
 
     async def _execute(self, instance: Instance, batch: list[Pending], seq: int, elements: int) -> None:
@@ -212,8 +212,15 @@ class Batcher:
         except Exception as e:  # a backend bug or runtime failure fails this batch only
             results = self._failed(batch, e)
         finally:
-            self._pool.release(instance)
+            self._release(instance, batch)
         self._deliver(seq, results)
+
+    def _release(self, instance: Instance, batch: list[Pending]) -> None:
+        """The batch has its results: its clients count as answered for early dispatch (their answers go out
+        in this loop round), then the instance frees up, which dispatches the next batch. Releasing before
+        delivering lets the next batch reach its thread before this one's answers are encoded."""
+        self.policy.finished(len(batch))
+        self._pool.release(instance)
 
     def _inputs(self, batch: list[Pending]) -> tuple[int, dict[str, np.ndarray]]:
         """When the batch left the queue (accounted as each request's queue time), and its inputs."""

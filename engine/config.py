@@ -15,6 +15,7 @@ form: engine/config_json.py).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import yaml
 from google.protobuf import json_format, text_format
 
 from .config_types import (
+    ENSEMBLE_PLATFORM,
     PLATFORMS,
     DynamicBatchingConfig,
     ExecutionAccelerator,
@@ -40,16 +42,18 @@ from .config_types import (
 )
 from .errors import invalid
 from .proto import model_config_pb2 as pb
+from .sequence_config import sequence_batching
 from .types import DataType
 
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
 
-BACKENDS = ("onnxruntime", "tensorrt", "identity")
-_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt"}
+BACKENDS = ("onnxruntime", "tensorrt", "identity", "python")
+_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt",
+                      "python": "model.py"}
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
-_YAML_PARAMETER_KEYS = ("p95_latency_target_ms",)
+_YAML_PARAMETER_KEYS = ("p95_latency_target_ms", "early_dispatch")
 
 
 def default_filename(backend: str) -> str:
@@ -120,6 +124,8 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
 def backend_of(msg: pb.ModelConfig, where: str) -> str:
     """The backend a config asks for; Triton's `platform` spelling is accepted too."""
     backend = msg.backend
+    if msg.platform == ENSEMBLE_PLATFORM:
+        return ENSEMBLE_PLATFORM  # no backend: engine/ensemble.py runs its steps
     if msg.platform:
         mapped = PLATFORMS.get(msg.platform)
         if mapped is None:
@@ -147,9 +153,15 @@ def autocomplete(msg: pb.ModelConfig, io: ModelIO | None, model_name: str) -> No
                 if msg.WhichOneof("scheduling_choice") is None:
                     msg.dynamic_batching.SetInParent()
         skip = 1 if msg.max_batch_size > 0 else 0
-        _complete_tensors(msg.input, io.inputs, skip)
-        _complete_tensors(msg.output, io.outputs, skip)
-    if not msg.instance_group:
+        # Control and state tensors are the sequence batcher's to feed, never the client's.
+        sb = msg.sequence_batching
+        fed = {c.name for c in sb.control_input} | {s.input_name for s in sb.state} | \
+            {s.output_name for s in sb.state}
+        _complete_tensors(msg.input, tuple(t for t in io.inputs if t.name not in fed), skip)
+        _complete_tensors(msg.output, tuple(t for t in io.outputs if t.name not in fed), skip)
+    if msg.platform == ENSEMBLE_PLATFORM:
+        pass  # an ensemble has no instances of its own (Triton refuses instance_group on one)
+    elif not msg.instance_group:
         msg.instance_group.add()
     for i, group in enumerate(msg.instance_group):
         if not group.name:
@@ -185,9 +197,14 @@ def _complete_tensors(configured: Any, found: tuple[TensorSpec, ...], skip: int)
 
 # --------------------------------------------------------------------------------------------- 3. validate
 
-def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
-    """Check the completed config and freeze it. Every message names the model and the field."""
+def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> ModelConfig:
+    """Check the completed config and freeze it. Every message names the model and the field. `model_dir`
+    is where files the config names are read from (a sequence state's initial_state data_file)."""
     name = msg.name
+    if msg.platform == ENSEMBLE_PLATFORM or msg.HasField("ensemble_scheduling"):
+        from .ensemble_config import validate_ensemble  # it builds on this module's steps
+
+        return validate_ensemble(msg, where)
     backend = backend_of(msg, where)
     if not backend:
         raise invalid(f"{where}: no backend: set `backend: \"onnxruntime\"` "
@@ -209,26 +226,12 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
             raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
 
     scheduling = msg.WhichOneof("scheduling_choice")
-    if scheduling in ("sequence_batching", "ensemble_scheduling"):
-        raise invalid(f"{where}: {scheduling} is not supported yet; remove it or use dynamic_batching")
     if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
                       "supported yet; remove it to serve one response per request")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
-
-    has_target = "p95_latency_target_ms" in msg.parameters  # indexing a proto map would add the key
-    target = msg.parameters["p95_latency_target_ms"].string_value if has_target else None
-    if target is not None:
-        try:
-            ok = float(target) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, "
-                          f"got {target!r}")
-        if batching is None:
-            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; "
-                          "add dynamic_batching")
+    sequence = sequence_batching(msg, where, model_dir) if scheduling == "sequence_batching" else None
+    batching = _batching_parameters(msg, batching, where)
     groups = tuple(_instance_group(g, where) for g in msg.instance_group)
     policy = version_policy_of(msg)
     filename = msg.default_model_filename or default_filename(backend)
@@ -246,6 +249,7 @@ def validate(msg: pb.ModelConfig, where: str) -> ModelConfig:
         outputs=outputs,
         instance_groups=groups,
         dynamic_batching=batching,
+        sequence_batching=sequence,
         version_policy=policy,
         default_model_filename=filename,
         parameters=params,
@@ -271,7 +275,8 @@ def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
         if d < -1 or d == 0:
             raise invalid(f"{where}: {kind} '{t.name}' has dim {d}; dims must be positive or -1 (any size)")
     reshape = tuple(int(d) for d in t.reshape.shape) if t.HasField("reshape") else None
-    return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape)
+    return TensorSpec(t.name, datatype, dims, optional=bool(getattr(t, "optional", False)), reshape=reshape,
+                      label_filename=getattr(t, "label_filename", ""))
 
 
 def _warmup(w: Any, index: int, where: str) -> WarmupConfig:
@@ -331,6 +336,38 @@ def _dynamic_batching(msg: pb.ModelConfig, where: str) -> DynamicBatchingConfig:
         default_queue_policy=_queue_policy(db.default_queue_policy),
         priority_queue_policies={k: _queue_policy(v) for k, v in db.priority_queue_policy.items()},
     )
+
+
+def _batching_parameters(msg: pb.ModelConfig, batching: DynamicBatchingConfig | None, where: str
+                         ) -> DynamicBatchingConfig | None:
+    """Our batching parameters (not Triton's fields): `p95_latency_target_ms` (the SLO window) and
+    `early_dispatch` (true | false); both need dynamic_batching."""
+    params = msg.parameters
+    # `in` first: indexing a proto map would add the key.
+    target = params["p95_latency_target_ms"].string_value if "p95_latency_target_ms" in params else None
+    if target is not None:
+        try:
+            ok = float(target) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise invalid(f"{where}: p95_latency_target_ms must be a positive number of milliseconds, "
+                          f"got {target!r}")
+        if batching is None:
+            raise invalid(f"{where}: p95_latency_target_ms adapts the dynamic batching window; "
+                          "add dynamic_batching")
+    early = params["early_dispatch"].string_value if "early_dispatch" in params else None
+    if early is None:
+        return batching
+    value = _BOOLEANS.get(early.strip().lower())
+    if value is None:
+        raise invalid(f"{where}: early_dispatch must be true or false, got {early!r}")
+    if batching is None:
+        raise invalid(f"{where}: early_dispatch applies to the dynamic batching window; add dynamic_batching")
+    return dataclasses.replace(batching, early_dispatch=value)
+
+
+_BOOLEANS = {"true": True, "1": True, "false": False, "0": False}
 
 
 def _instance_group(g: Any, where: str) -> InstanceGroupConfig:

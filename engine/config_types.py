@@ -14,11 +14,13 @@ from typing import Any
 
 from .config_json import message_to_json
 from .proto import model_config_pb2 as pb
+from .sequence_config import SequenceBatchingConfig
 from .types import DataType
 
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
 _BACKEND_PLATFORMS = {backend: platform for platform, backend in PLATFORMS.items()}
+ENSEMBLE_PLATFORM = "ensemble"  # Triton's: a pipeline of other models, run by engine/ensemble.py
 
 
 class InstanceKind(enum.Enum):
@@ -42,6 +44,7 @@ class TensorSpec:
     dims: tuple[int, ...]
     optional: bool = False
     reshape: tuple[int, ...] | None = None
+    label_filename: str = ""  # outputs only: a file of class labels in the model folder (classification)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,9 @@ class DynamicBatchingConfig:
     default_priority_level: int = 0
     default_queue_policy: QueuePolicy = QueuePolicy()
     priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
+    # Ours, not Triton's (model parameter `early_dispatch`): stop waiting out the window once no other
+    # request can join it (engine/join_forecast.py).
+    early_dispatch: bool = True
 
     def queue_policy(self, level: int) -> QueuePolicy:
         return self.priority_queue_policies.get(level, self.default_queue_policy)
@@ -140,6 +146,30 @@ class ExecutionAccelerator:
 
 
 @dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One `ensemble_scheduling.step`: a composing model and how its tensors map to the ensemble's."""
+
+    model_name: str
+    model_version: int  # -1: the newest ready version
+    input_map: tuple[tuple[str, str], ...]  # (the model's input, the ensemble tensor), in config order
+    output_map: tuple[tuple[str, str], ...]  # (the model's output, the ensemble tensor)
+
+    @property
+    def version_str(self) -> str:
+        """The version a request names ("" = the router picks the newest ready one)."""
+        return "" if self.model_version < 0 else str(self.model_version)
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleScheduling:
+    """`ensemble_scheduling` of a `platform: "ensemble"` model (engine/ensemble_plan.py checks and plans
+    it)."""
+
+    steps: tuple[EnsembleStep, ...]
+    max_inflight_requests: int = 0  # 0 = unbounded; else ensemble requests past it wait for a free slot
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     backend: str
@@ -155,6 +185,8 @@ class ModelConfig:
     warmup: tuple[WarmupConfig, ...] = ()  # run on every instance before a version is READY
     gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
+    ensemble: EnsembleScheduling | None = None  # set for `platform: "ensemble"`, which has no backend
+    sequence_batching: SequenceBatchingConfig | None = None  # engine/sequence_config.py
 
     @property
     def batching(self) -> bool:

@@ -25,11 +25,11 @@ from .stats import Duration, ModelStats
 from .types import Completion, InferenceRequest, InferenceResponse
 
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
-# built: classification, sequence, model_repository(unload_dependents), system_shared_memory,
+# built: model_repository(unload_dependents), system_shared_memory,
 # cuda_shared_memory, parameters (custom request parameters reach no model: no backend reads them), trace,
 # logging. schedule_policy: the request parameters `priority` and `timeout` of the dynamic batcher.
-EXTENSIONS = ("binary_tensor_data", "model_repository", "schedule_policy", "model_configuration",
-              "statistics")
+EXTENSIONS = ("classification", "binary_tensor_data", "model_repository", "schedule_policy",
+              "model_configuration", "statistics", "sequence")
 
 
 @dataclass(slots=True)
@@ -141,11 +141,13 @@ class DataPlane:
         if failure is not None:
             raise failure
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """A repository unload; `unload_dependents` (the request's parameter of that name) also unloads an
+        ensemble's composing models that no other loaded ensemble uses."""
         check_model_name(name)
         if name not in {e.name for e in self.repository.index()}:
             raise not_found(f"unknown model '{name}'")
-        await self.repository.unload(name)
+        await self.repository.unload(name, unload_dependents=unload_dependents)
 
 
 def config_override(name: str, config: Any) -> dict[str, Any]:

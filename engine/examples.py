@@ -220,6 +220,58 @@ def image_model() -> onnx.ModelProto:
     return _model(graph)
 
 
+# The image pipeline (model_repository/image_pipeline, an ensemble): raw UINT8 pixels -> image_preprocess
+# (scale and normalize) -> image_classifier (the nearest of ten colours to the image's mean colour) -> the
+# classification extension with the ensemble's labels.txt, in this order.
+IMAGE_SIDE = 64
+COLOURS = {"black": (0, 0, 0), "white": (255, 255, 255), "red": (255, 0, 0), "green": (0, 255, 0),
+           "blue": (0, 0, 255), "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255),
+           "gray": (128, 128, 128), "orange": (255, 165, 0)}
+_MEAN = np.array([0.485, 0.456, 0.406], np.float32)  # the usual ImageNet normalization
+_STD = np.array([0.229, 0.224, 0.225], np.float32)
+
+
+def image_preprocess_model() -> onnx.ModelProto:
+    """UINT8 IMAGE [batch, 3, 64, 64] -> FP32 PIXELS, each channel (x / 255 - mean) / std."""
+    dims = (-1, 3, IMAGE_SIDE, IMAGE_SIDE)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["IMAGE"], ["as_float"], name="cast", to=TensorProto.FLOAT),
+            helper.make_node("Div", ["as_float", "full_scale"], ["unit"], name="scale"),
+            helper.make_node("Sub", ["unit", "mean"], ["centred"], name="centre"),
+            helper.make_node("Div", ["centred", "std"], ["PIXELS"], name="normalize"),
+        ],
+        "image_preprocess",
+        [_tensor("IMAGE", TensorProto.UINT8, dims)],
+        [_tensor("PIXELS", TensorProto.FLOAT, dims)],
+        initializer=[numpy_helper.from_array(np.array(255.0, np.float32), "full_scale"),
+                     numpy_helper.from_array(_MEAN.reshape(3, 1, 1), "mean"),
+                     numpy_helper.from_array(_STD.reshape(3, 1, 1), "std")],
+    )
+    return _model(graph)
+
+
+def image_classifier_model() -> onnx.ModelProto:
+    """FP32 PIXELS [batch, 3, 64, 64] -> PROBABILITIES [batch, 10]: a softmax over minus the squared distance
+    of the mean colour to each of COLOURS (normalized as the pixels are), so a red image is "red"."""
+    prototypes = ((np.array(list(COLOURS.values()), np.float32) / 255 - _MEAN) / _STD)  # [10, 3]
+    weight = (8 * prototypes.T).astype(np.float32)  # -|m - p|^2 = 2 m.p - |p|^2 - |m|^2, sharpened 4x
+    bias = (-4 * (prototypes ** 2).sum(axis=1)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("GlobalAveragePool", ["PIXELS"], ["pooled"], name="pool"),
+            helper.make_node("Flatten", ["pooled"], ["mean_colour"], name="flatten", axis=1),
+            helper.make_node("Gemm", ["mean_colour", "weight", "bias"], ["logits"], name="score"),
+            helper.make_node("Softmax", ["logits"], ["PROBABILITIES"], name="softmax", axis=1),
+        ],
+        "image_classifier",
+        [_tensor("PIXELS", TensorProto.FLOAT, (-1, 3, IMAGE_SIDE, IMAGE_SIDE))],
+        [_tensor("PROBABILITIES", TensorProto.FLOAT, (-1, len(COLOURS)))],
+        initializer=[numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")],
+    )
+    return _model(graph)
+
+
 # --------------------------------------------------------------------------------------------- writing
 
 def model_bytes(model: onnx.ModelProto) -> bytes:
@@ -235,6 +287,40 @@ def _write_bytes(data: bytes, path: Path) -> None:
         os.replace(tmp, path)  # a server polling the repository never sees a half-written file
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def accumulator_model() -> onnx.ModelProto:
+    """A stateful accumulator for the sequence batcher's implicit state, INT32 [batch, 1]:
+    ACC_OUT = INPUT + ACC_IN * (1 - START), OUTPUT = ACC_OUT. The server feeds START (a control input) and
+    ACC_IN (the sequence's state: the last ACC_OUT); no If or Loop, so START resets by arithmetic."""
+    dims = (-1, 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Sub", ["ONE", "START"], ["KEEP"], name="keep"),
+            helper.make_node("Mul", ["ACC_IN", "KEEP"], ["CARRIED"], name="carry"),
+            helper.make_node("Add", ["INPUT", "CARRIED"], ["ACC_OUT"], name="accumulate"),
+            helper.make_node("Identity", ["ACC_OUT"], ["OUTPUT"], name="output"),
+        ],
+        "sequence_accumulator",
+        [_tensor(n, TensorProto.INT32, dims) for n in ("INPUT", "START", "ACC_IN")],
+        [_tensor(n, TensorProto.INT32, dims) for n in ("OUTPUT", "ACC_OUT")],
+        [numpy_helper.from_array(np.ones((1, 1), dtype=np.int32), "ONE")],
+    )
+    return _model(graph)
+
+
+def simple_sequence_model() -> onnx.ModelProto:
+    """What Triton's sequence example clients (`simple_*_sequence_*_client.py`) expect of their
+    `simple_sequence`, INT32 [batch, 1]: OUTPUT = INPUT + START (the START control input, 1 on a sequence's
+    first request), so [0, 11, 7] answers [1, 11, 7]."""
+    dims = (-1, 1)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT", "START"], ["OUTPUT"], name="add_start")],
+        "simple_sequence",
+        [_tensor("INPUT", TensorProto.INT32, dims), _tensor("START", TensorProto.INT32, dims)],
+        [_tensor("OUTPUT", TensorProto.INT32, dims)],
+    )
+    return _model(graph)
 
 
 def write_model(model: onnx.ModelProto, path: Path | str) -> None:
@@ -253,7 +339,15 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     # simple_identity with its Python backend; here it is the same BYTES identity as an ONNX model.
     "simple_string": simple_string_model,
     "simple_identity": lambda: identity_model("BYTES", (-1, -1)),
+    "image_preprocess": image_preprocess_model,
+    "image_classifier": image_classifier_model,
+    # Stateful models for the sequence batcher: an accumulator with implicit state, and the model Triton's
+    # sequence example clients expect under the name simple_sequence.
+    "sequence_accumulator": accumulator_model,
+    "simple_sequence": simple_sequence_model,
 }
+# Example ensembles: no model file, only the (empty) version folder build_repository creates.
+EXAMPLE_ENSEMBLES = ("image_pipeline",)
 VERSION = "1"
 
 
@@ -270,12 +364,16 @@ def build_repository(root: Path | str, models: Iterable[str] | None = None) -> l
     bytes is left alone, so rebuilding is cheap and does not touch mtimes a polling server would notice.
     """
     root = Path(root)
-    names = list(EXAMPLES) if models is None else list(dict.fromkeys(models))
-    unknown = [n for n in names if n not in EXAMPLES]
+    names = list(EXAMPLES) + list(EXAMPLE_ENSEMBLES) if models is None else list(dict.fromkeys(models))
+    unknown = [n for n in names if n not in EXAMPLES and n not in EXAMPLE_ENSEMBLES]
     if unknown:
-        raise ValueError(f"unknown example model(s) {', '.join(unknown)}; choose from {', '.join(EXAMPLES)}")
+        raise ValueError(f"unknown example model(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join([*EXAMPLES, *EXAMPLE_ENSEMBLES])}")
     built = []
     for name in names:
+        if name in EXAMPLE_ENSEMBLES:
+            (root / name / VERSION).mkdir(parents=True, exist_ok=True)  # Triton wants the empty folder
+            continue
         path = root / name / VERSION / "model.onnx"
         data = model_bytes(EXAMPLES[name]())
         try:

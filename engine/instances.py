@@ -90,7 +90,7 @@ class InstancePool:
         loop = asyncio.get_running_loop()
 
         def make(instance: Instance) -> Any:
-            return backends.create(self.config, self._model_path, instance.placement.device)
+            return backends.create(self.config, self._model_path, instance.placement.device, instance.name)
 
         try:
             created = await asyncio.gather(
@@ -106,6 +106,10 @@ class InstancePool:
             await self.close()
             raise
 
+    def backends(self) -> list[Any]:
+        """Every instance's backend, in placement order (None before `start`)."""
+        return [i.backend for i in self._instances]
+
     def has_free(self) -> bool:
         return bool(self._free)
 
@@ -116,6 +120,16 @@ class InstancePool:
         if not self._limiter.try_acquire(instance.placement.resources):
             return None
         self._free.popleft()
+        instance.busy = True
+        return instance
+
+    def try_acquire_at(self, index: int) -> Instance | None:
+        """Acquire the instance at `index` (placement order) if it is free and the limiter agrees: for the
+        sequence batcher's direct strategy, whose sequences are pinned to one instance."""
+        instance = self._instances[index]
+        if instance.busy or not self._limiter.try_acquire(instance.placement.resources):
+            return None
+        self._free.remove(instance)
         instance.busy = True
         return instance
 

@@ -40,7 +40,7 @@ FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
     ("nv_inference_compute_output_duration_us", "counter", "Cumulative compute output duration",
      lambda s, m: s.compute_output.ns // 1000),
     ("nv_inference_pending_request_count", "gauge", "Requests queued or executing, not yet answered",
-     lambda s, m: m.batcher.pending_count),
+     lambda s, m: m.pending_count),
 ]
 
 
@@ -59,16 +59,42 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
     lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, "
                  "preferred (a preferred size reached), window (max_queue_delay expired), immediate "
-                 "(no window)")
+                 "(no window), early (no other request could join before the window ended)")
     lines.append("# TYPE hubserve_batch_dispatch_total counter")
     for m in models:
         for reason, count in sorted(m.stats.dispatch_reasons.items()):
             lines.append(f'hubserve_batch_dispatch_total{{model="{_escape(m.name)}",version="{m.version_str}",'
                          f'reason="{reason}"}} {count}')
+    lines.extend(_sequence_lines(models))
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
     return text.encode()
+
+
+# Sequence models only (engine/sequence_batcher.py): key of `sequence_counts()` -> (name, type, help).
+_SEQUENCE_FAMILIES = [
+    ("started", "hubserve_sequence_started_total", "counter", "Sequences started (requests with START)"),
+    ("ended", "hubserve_sequence_ended_total", "counter", "Sequences ended by a request with END"),
+    ("idle_released", "hubserve_sequence_idle_released_total", "counter",
+     "Sequences released after max_sequence_idle_microseconds without a request"),
+    ("active", "hubserve_sequence_active", "gauge", "Sequences holding a slot"),
+    ("backlog", "hubserve_sequence_backlog", "gauge", "Sequences waiting in the backlog for a slot"),
+]
+
+
+def _sequence_lines(models: list[Model]) -> list[str]:
+    counted = [(m, counts()) for m in models
+               if (counts := getattr(m.batcher, "sequence_counts", None)) is not None]
+    if not counted:
+        return []
+    lines = []
+    for key, name, kind, help_text in _SEQUENCE_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for m, values in counted:
+            lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {values[key]}')
+    return lines
 
 
 def process_registry() -> CollectorRegistry:

@@ -1,6 +1,8 @@
 """A loaded model version: its config, instance pool, batcher and statistics.
 
 `prepare()` checks a request against the config before it is queued, so one bad request never spoils a batch.
+An ensemble is a `Model` too (engine/ensemble.py `EnsembleModel`): the same checks and metadata, with steps
+run on other models in place of instances.
 """
 
 from __future__ import annotations
@@ -8,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import enum
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from . import warmup
+from . import classification, warmup
 from .batching import Batcher
 from .config_types import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
+from .sequence_batcher import SequenceBatcher
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
@@ -33,19 +37,34 @@ class Model:
     """One served version. Created LOADING; `start()` makes it READY; `stop()` drains then frees it."""
 
     def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
-                 limiter: RateLimiter) -> None:
+                 limiter: RateLimiter, router: Any = None) -> None:
+        self._init_version(config, version, model_path)
+        self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
+        self.batcher: Batcher | SequenceBatcher
+        if config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
+            self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats)
+        elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
+            from .python_backend.batcher import RequestBatcher
+
+            self.batcher = RequestBatcher(config, self.version_str, self.pool, self.stats, router,
+                                          self._instances_health)
+        else:
+            self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
+
+    def _init_version(self, config: ModelConfig, version: int, model_path: Path) -> None:
+        """What every served version has, whatever runs it (instances here; steps in an EnsembleModel)."""
         self.config = config
         self.name = config.name
         self.version = version
         self.version_str = str(version)
         self.model_path = model_path
         self.state = ModelState.LOADING
+        self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
         self.stats = ModelStats()
-        self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
-        self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
         self._inputs = {spec.name: spec for spec in config.inputs}
-        self._outputs = {spec.name for spec in config.outputs}
+        self._outputs = {spec.name: spec for spec in config.outputs}
         self._required = [spec.name for spec in config.inputs if not spec.optional]
+        self.labels: classification.Labels = {}  # read by start(), for the classification extension
         # What request plans hold this version's verdict under (RequestPlan.validated): an object of its own,
         # not the model, so a plan cached by a frontend never keeps a retired version alive.
         self.plan_key = object()
@@ -53,13 +72,25 @@ class Model:
     async def start(self) -> None:
         """Create the instances, then warm them up (engine/warmup.py); READY only if both succeed. On a
         failure everything made so far is freed and the error says why."""
+        self.labels = await asyncio.to_thread(classification.read_labels, self.config, self.model_dir)
         await self.pool.start()
+        bind = getattr(self.batcher, "bind", None)  # a RequestBatcher wires its instances to the loop
+        if bind is not None:
+            bind()
         try:
             await warmup.run(self.config, self.pool, self.model_path.parent.parent, self.version)
         except BaseException:
             await self.pool.close()
             raise
         self.state = ModelState.READY
+
+    def _instances_health(self, reason: str) -> None:
+        """An instance went down (`reason`) or every instance serves again (""): readiness tells the truth.
+        Only between READY and UNAVAILABLE: loading and unloading are not changed by it."""
+        if self.state is ModelState.READY and reason:
+            self.state, self.reason = ModelState.UNAVAILABLE, reason
+        elif self.state is ModelState.UNAVAILABLE and self.reason:
+            self.state, self.reason = (ModelState.UNAVAILABLE, reason) if reason else (ModelState.READY, "")
 
     async def stop(self) -> None:
         """Finish what was accepted, then free the backends. Called once, after routing has moved away."""
@@ -71,8 +102,23 @@ class Model:
     def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
                ) -> asyncio.Future[InferenceResponse]:
         """Validate and queue; raises at once for a bad request or a full queue. The request is accounted in
-        `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue)."""
-        return self.batcher.enqueue(request, self.prepare(request), received_ns, on_done)
+        `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue). Outputs
+        asked for with a class count are classified (engine/classification.py) before `on_done` sees them."""
+        inputs = self.prepare(request)
+        wanted = classification.counts(request.outputs)
+        if wanted is not None:
+            on_done = classification.classifying(on_done, wanted, self.config.max_batch_size > 0, self.labels)
+        return self.batcher.enqueue(request, inputs, received_ns, on_done)
+
+    @property
+    def model_dir(self) -> Path:
+        """The model's folder (`<root>/<model>`, or the override folder of a load that sent files)."""
+        return self.model_path.parent.parent
+
+    @property
+    def pending_count(self) -> int:
+        """Requests accepted and not yet answered (the pending-request gauge)."""
+        return self.batcher.pending_count
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         return await self.submit(request)
@@ -135,11 +181,14 @@ class Model:
         if request.outputs is not None:
             seen = set()
             for out in request.outputs:
-                if out.parameters:
-                    refuse_unsupported(f"output '{out.name}'", out.parameters)
-                if out.name not in self._outputs:
+                spec = self._outputs.get(out.name)
+                if spec is None:
                     raise invalid(f"unknown requested output '{out.name}' for model '{self.name}'; it has "
                                   f"{', '.join(repr(o.name) for o in cfg.outputs)}")
+                if out.parameters:
+                    refuse_unsupported(f"output '{out.name}'", out.parameters)
+                    if classification.PARAMETER in out.parameters:
+                        classification.check(spec, out.parameters[classification.PARAMETER])
                 if out.name in seen:
                     raise invalid(f"output '{out.name}' is requested more than once")
                 seen.add(out.name)
@@ -191,12 +240,6 @@ def refuse_unsupported(what: str, parameters: dict) -> None:
                           f"{what} has parameter '{shm[0]}': hubserve does not implement the "
                           "system_shared_memory and cuda_shared_memory extensions; send the tensor's data in "
                           "the request instead")
-    count = parameters.get("classification")  # what the clients send for class_count
-    if count:
-        raise EngineError(ErrorCode.UNSUPPORTED,
-                          f"{what} asks for classification (class_count {count!r}): hubserve does not "
-                          "implement the classification extension; request the output without class_count "
-                          "for its raw values")
 
 
 __all__ = ["Model", "ModelState", "DataType", "refuse_unsupported"]

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import backends
+from . import backends, ensemble_loading
 from .config import (
     CONFIG_FILES,
     autocomplete,
@@ -37,7 +37,9 @@ from .config import (
     validate,
     version_policy_of,
 )
-from .config_types import ModelConfig
+from .config_types import ENSEMBLE_PLATFORM, ModelConfig
+from .ensemble import EnsembleModel
+from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .memory import release_freed_memory
@@ -62,10 +64,14 @@ class _VersionFailure(EngineError):
 class ModelRepository(RoutingTable):
     """Loads, reloads and unloads models; routing and the index are the `RoutingTable` it is."""
 
-    def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = ()) -> None:
+    def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = (),
+                 allow_python_uploads: bool = False) -> None:
         super().__init__(root)
         self._limiter = limiter
         self._gpus = gpus
+        # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
+        # model is code the server runs, so by default only the operator's repository folder may hold one.
+        self._allow_python_uploads = allow_python_uploads
         # Folders as they were when the repository API unloaded their model: the watcher leaves those models
         # unloaded until the folder changes (the same rule as for an API load).
         self._unloaded: dict[str, Fingerprint | None] = {}
@@ -115,6 +121,8 @@ class ModelRepository(RoutingTable):
             if config_json is None:
                 raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs "
                                                       "the 'config' parameter as well")
+            if not self._allow_python_uploads:
+                self._refuse_python_upload(name, config_json, files)
             try:
                 override = await _write_override(name, files)
             except EngineError as e:
@@ -136,10 +144,26 @@ class ModelRepository(RoutingTable):
                               f"repository: it has no folder '{name}'")
         await self._load(name, self.root / name, config_json, self.root)
 
+    def _refuse_python_upload(self, name: str, config_json: dict[str, Any], files: dict[str, bytes]) -> None:
+        """INVALID_ARG when model files sent with a load would create or replace a Python model: its code
+        would run in the server's name. The operator allows it with --allow-python-model-upload."""
+        backend = str(config_json.get("backend", "")) or str(config_json.get("platform", ""))
+        script = next((f for f in sorted(files) if f.endswith(".py")), None)
+        replaced = any(m.config.backend == "python" for m in self._models[name].versions.values()) \
+            if name in self._models else False
+        why = ("its config names backend 'python'" if backend == "python" else
+               f"it sends the Python file '{script}'" if script is not None else
+               f"it would replace the Python model '{name}'" if replaced else "")
+        if why:
+            raise invalid(f"load of model '{name}' refused: {why}, and Python models are code the server "
+                          "would run; model files sent with a load may not create or replace a Python model "
+                          "unless the server runs with --allow-python-model-upload")
+
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
         override folder)."""
         self._unloaded.pop(name, None)
+        await ensemble_loading.load_composing(self, name, model_dir, config_json)
         while True:
             entry = self._models.setdefault(name, ModelEntry(name))
             async with entry.lock:
@@ -159,13 +183,17 @@ class ModelRepository(RoutingTable):
             await asyncio.to_thread(fingerprint, model_dir)
         try:
             config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json, base)
+            plan = ensemble_loading.plan_ensemble(self, config) if config.ensemble is not None else None
+        except ensemble_loading.EnsembleFailure as e:
+            self._record_model_failure(entry, self._reason(e, model_dir, name), composing=True)
+            return []
         except _VersionFailure as e:
             self._record_model_failure(entry, self._reason(e, model_dir, name), e.version)
             return []
         except (EngineError, OSError) as e:  # OSError: a folder or file the server may not read
             self._record_model_failure(entry, self._reason(e, model_dir, name))
             return []
-        entry.error = ""
+        entry.error, entry.composing_error = "", False
         # 2. Build what changed beside what serves; keep a version built from the same files and config.
         parts = split_fingerprint(source)
         keys = {v: (str(model_dir), parts.get(""), parts.get(str(v)), config.proto_bytes) for v in selected}
@@ -175,7 +203,7 @@ class ModelRepository(RoutingTable):
         to_load = [v for v in selected if v not in new]
         failed: dict[int, str] = {}
         results = await asyncio.gather(
-            *(self._load_version(config, model_dir, v, base) for v in to_load), return_exceptions=True
+            *(self._load_version(config, model_dir, v, base, plan) for v in to_load), return_exceptions=True
         )
         for version, result in zip(to_load, results, strict=True):
             if isinstance(result, Model):
@@ -200,9 +228,12 @@ class ModelRepository(RoutingTable):
         entry.state = ModelState.READY if new else ModelState.UNAVAILABLE
         return [m for v, m in old.items() if new.get(v) is not m]
 
-    def _record_model_failure(self, entry: ModelEntry, reason: str, version: int | None = None) -> None:
-        """A failure before any version could be built (config, auto-complete): what served keeps serving.
-        The reason goes to that `version` when the failure was in its files, else to the model."""
+    def _record_model_failure(self, entry: ModelEntry, reason: str, version: int | None = None,
+                              composing: bool = False) -> None:
+        """A failure before any version could be built (config, auto-complete, an ensemble's composing
+        models): what served keeps serving. The reason goes to that `version` when the failure was in its
+        files, else to the model."""
+        entry.composing_error = composing
         if version is None:
             entry.error = reason
         else:
@@ -264,10 +295,13 @@ class ModelRepository(RoutingTable):
         if msg.name and msg.name != name:
             raise invalid(f"{where}: config name '{msg.name}' does not match the folder name '{name}'")
         backend = backend_of(msg, where)
-        if not backend and not msg.backend:
-            backend = "onnxruntime"  # a config-less folder holding model.onnx
-            msg.backend = backend
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        if not backend and not msg.backend:
+            # A config-less folder: model.onnx, or a Python model's model.py (as Triton tells them apart).
+            latest = model_dir / str(versions[-1]) if versions else model_dir
+            script = (latest / "model.py").is_file() and not (latest / "model.onnx").exists()
+            backend = "python" if script else "onnxruntime"
+            msg.backend = backend
         if not versions:
             raise invalid(f"{where}: no version folders (e.g. '{name}/1/model.onnx')")
         selected = version_policy_of(msg).select(versions)
@@ -276,24 +310,35 @@ class ModelRepository(RoutingTable):
         filename = msg.default_model_filename or default_filename(backend)
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
-        if latest_file.exists():
+        if latest_file.exists() and backend != ENSEMBLE_PLATFORM:
             try:
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
+                if backend == "python":  # the model's own auto_complete_config, in a process of its own
+                    from .python_backend import autocomplete as python_complete
+                    from .python_backend import environment
+
+                    params = {k: v.string_value for k, v in msg.parameters.items()}
+                    python = environment.options(params, model_dir, where).interpreter
+                    python_complete.complete(msg, latest_file, model_dir, name, python)
             except EngineError as e:
                 raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
-        return validate(msg, where), selected
+        return validate(msg, where, model_dir), selected
 
-    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path) -> Model:
+    async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path,
+                            plan: EnsemblePlan | None) -> Model:
         path = model_dir / str(version) / config.default_model_filename
         where = f"model '{config.name}' version {version}"
         shown = f"{config.name}/{version}/{config.default_model_filename}"
         self._outside(where, path, shown, base)
-        if config.backend != "identity" and not path.exists():
+        if config.backend not in ("identity", ENSEMBLE_PLATFORM) and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
-        model = Model(config, version, path, self._gpus, self._limiter)
+        if plan is not None:  # an ensemble: its version folder holds nothing, its steps run on other models
+            model: Model = EnsembleModel(config, version, model_dir / str(version), plan, self)
+        else:
+            model = Model(config, version, path, self._gpus, self._limiter, router=self)
         await model.start()
         return model
 
@@ -309,12 +354,20 @@ class ModelRepository(RoutingTable):
         await model.stop()
         log.info("model %s version %d unloaded", model.name, model.version)
 
-    async def unload(self, name: str, by_api: bool = True) -> None:
+    async def unload(self, name: str, by_api: bool = True, unload_dependents: bool = False) -> None:
         """Stop routing to every version of the model, then drain and free them. Unloaded `by_api`, it stays
-        unloaded in poll mode until its folder changes."""
+        unloaded in poll mode until its folder changes. With `unload_dependents` (the repository API's
+        parameter), an ensemble's composing models that no other loaded ensemble uses are unloaded too."""
         entry = self._models.get(name)
         if entry is None:
             raise not_found(f"unknown model '{name}'")
+        if unload_dependents:
+            composing = ensemble_loading.dependents(self, name)
+            await self.unload(name, by_api)
+            for other in composing:
+                if other in self._models:
+                    await self.unload(other, by_api)
+            return
         folder = await asyncio.to_thread(self.folder_fingerprint, name) if by_api else None
         async with entry.lock:
             if self._models.get(name) is not entry:

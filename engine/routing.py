@@ -49,7 +49,8 @@ class ModelEntry:
     name: str
     versions: dict[int, Model] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)  # version -> reason
-    error: str = ""  # a model-level failure (bad config, no versions)
+    error: str = ""  # a model-level failure (bad config, no versions, an ensemble's composing models)
+    composing_error: bool = False  # `error` is an ensemble's, against its composing models
     state: ModelState = ModelState.LOADING
     fingerprint: Fingerprint | None = None
     version_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
@@ -122,12 +123,15 @@ class RoutingTable:
                                       f"state: {entry.failed[number]}")
                 raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
             if model.state is not ModelState.READY:
+                why = f": {model.reason}" if model.reason else f" ({model.state.value.lower()})"
                 raise unavailable(f"Request for unknown model: '{name}' version {number} is not at ready "
-                                  f"state ({model.state.value.lower()})")
+                                  f"state{why}")
             return model
         model = entry.routed()
         if model is None:
-            reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items()))
+            reason = entry.error or "; ".join(f"version {v}: {r}" for v, r in sorted(entry.failed.items())) \
+                or "; ".join(f"version {v}: {m.reason}" for v, m in sorted(entry.versions.items())
+                             if m.reason)
             raise unavailable(f"Request for unknown model: '{name}' has no available versions"
                               + (f": {reason}" if reason else f" (it is {entry.state.value.lower()})"))
         return model
@@ -141,6 +145,8 @@ class RoutingTable:
         if entry is None:
             return EngineError(ErrorCode.INTERNAL,
                                f"failed to load '{name}', failed to poll from model repository")
+        if entry.error and entry.composing_error:  # Triton's form for an ensemble's dependency check
+            return invalid(f"load failed for model '{name}': {entry.error}")
         if entry.error:
             return EngineError(ErrorCode.INTERNAL,
                                f"failed to load '{name}', failed to poll from model repository: "
@@ -184,7 +190,7 @@ class RoutingTable:
                 rows = [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in sorted(retired)]
                 out += rows or [IndexEntry(name, "", ModelState.UNAVAILABLE, refused.get(name, "not loaded"))]
                 continue
-            rows = [IndexEntry(name, str(v), m.state) for v, m in entry.versions.items()]
+            rows = [IndexEntry(name, str(v), m.state, m.reason) for v, m in entry.versions.items()]
             rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, r) for v, r in entry.failed.items()]
             rows += [IndexEntry(name, str(v), ModelState.UNAVAILABLE, "unloaded") for v in retired
                      if v not in entry.versions and v not in entry.failed]

@@ -56,13 +56,15 @@ class ServerOptions:
     workers: int = 1
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
     log_verbose: int = 0
+    allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
 
 
 class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
-        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus())
+        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
+                                          allow_python_uploads=options.allow_python_model_upload)
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None

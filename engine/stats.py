@@ -43,7 +43,7 @@ class ModelStats:
     execution_count: int = 0  # backend executions (batches)
     last_inference_ms: int = 0
     batches: dict[int, BatchStats] = field(default_factory=dict)
-    # Why each batch left the queue (full, preferred, window, immediate): shows what the window is doing.
+    # Why each batch left the queue (full, preferred, window, immediate, early): what the window is doing.
     dispatch_reasons: dict[str, int] = field(default_factory=dict)
 
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,

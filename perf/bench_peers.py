@@ -5,14 +5,20 @@ real perf_analyzer on the same models and input data, interleaved in one run.
     bash tools/install_perf_analyzer.sh
     .venv/bin/python perf/bench_peers.py [--models simple,mlp,image] [--protocols grpc,http]
         [--concurrency 1,4,16,32] [--servers hubserve,triton,kserve,mlserver] [--interval-ms 5000]
+        [--configs examples,tuned] [--hubserve-args="--workers 2"]
 
-Every server is started once on free 127.0.0.1 ports (a peer that is not installed or fails to start is left
-out, with the reason in the report). Then for each model, protocol and concurrency, perf_analyzer runs against
-each server in turn (server A then B at the same point, so drift on this shared machine hits all of them),
-with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its process tree, /proc) and its
-own inference counter are read: CPU per inference = CPU delta / inference delta. Afterwards each model's ONNX
-file runs in this process at the batch sizes hubserve formed (the ceiling, `bench_serving.ceiling`). The
-markdown report, with the exact commands, goes to perf/results/peers-<date>.md and is printed.
+Each model runs in each config variant (`peers/variants.py`): `examples`, its config in model_repository/,
+and `tuned`, the same with `max_batch_size: 64` and a 1000 µs dynamic-batching window (what gives Triton its
+best here). The variants are models of their own (`simple`, `simple_tuned`) in the repository hubserve serves,
+`.peers/hubserve_repo/`, written from model_repository/ before the run; every peer's repository is generated
+from it. Every server is started once on free 127.0.0.1 ports (a peer that is not installed or fails to start
+is left out, with the reason in the report). Then for each model, protocol, concurrency and variant,
+perf_analyzer runs against each server in turn (server A then B at the same point, so drift on this shared
+machine hits all of them), with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its
+process tree, /proc) and its own inference counter are read: CPU per inference = CPU delta / inference delta.
+Afterwards each model's ONNX file runs in this process at the batch sizes hubserve formed (the ceiling,
+`bench_serving.ceiling`). The markdown report, with the exact commands, goes to perf/results/peers-<date>.md
+and is printed.
 
 HTTP uses the binary tensor extension except for MLServer, which does not implement it (JSON tensors there).
 """
@@ -23,6 +29,7 @@ import argparse
 import math
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,7 +42,7 @@ import bench_serving  # perf/, this script's folder, as are peers/ below
 from engine import examples
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
-from peers import repos, servers
+from peers import repos, servers, variants
 
 # The hubserve layout the ratios are against: the first hubserve* in --servers (set by main).
 REFERENCE = "hubserve"
@@ -44,8 +51,14 @@ REFERENCE = "hubserve"
 @dataclass(frozen=True, slots=True)
 class Point:
     model: str
+    """The example's name; the server knows the model by `served_name`."""
+    variant: str
     protocol: str
     concurrency: int
+
+    @property
+    def served_name(self) -> str:
+        return variants.VARIANTS[self.variant].served_name(self.model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +86,7 @@ def perf_args(server: str, point: Point, args: argparse.Namespace) -> list[str]:
 
 def measure(server: servers.RunningServer, point: Point, args: argparse.Namespace) -> Measurement:
     """One perf_analyzer run against one server, with the server's CPU and inference count around it."""
-    name, model = server.kind.name, point.model
+    name, model = server.kind.name, point.served_name
     if server.process.poll() is not None:
         return Measurement(point, name, error=f"server exited with {server.process.returncode}")
     timeout_s = args.max_trials * args.interval_ms / 1000 * 3 + 90
@@ -135,11 +148,15 @@ def restart(server: servers.RunningServer, models: list[str], log_dir: Path,
     return server
 
 
-def prepare_repositories(names: list[str], models: list[str]) -> None:
-    """Rebuild the ONNX files and regenerate each installed peer's repository from hubserve's configs."""
+def prepare_repositories(names: list[str], models: list[str],
+                         chosen: list[variants.Variant]) -> list[repos.ServedModel]:
+    """Rebuild the ONNX files, write hubserve's repository (each model in each variant) from
+    model_repository/ and regenerate each installed peer's repository from it. Returns the models hubserve
+    serves, as it completes their configs."""
     repository = ROOT / "model_repository"
     examples.build_repository(repository, models)
-    served = [repos.served_model(repository, m) for m in models]
+    served_names = repos.write_hubserve_repo(repository, models, chosen, servers.HUBSERVE_REPO)
+    served = [repos.served_model(servers.HUBSERVE_REPO, n) for n in served_names]
     if "triton" in names:
         site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
         repos.write_triton_repo(served, servers.PEERS_DIR / "triton_repo", site)
@@ -147,6 +164,7 @@ def prepare_repositories(names: list[str], models: list[str]) -> None:
         repos.write_kserve_repo(served, servers.PEERS_DIR / "kserve_repo")
     if "mlserver" in names:
         repos.write_mlserver_repo(served, servers.PEERS_DIR / "mlserver_repo")
+    return served
 
 
 def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str, int], float]:
@@ -175,31 +193,56 @@ def _ratio(a: float, b: float) -> str:
 
 
 def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
-    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer and
-    protocol."""
-    ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer,
+    protocol and config variant."""
+    ratios: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for point, row in by_point.items():
         hub = row.get(REFERENCE)
         if hub is None or hub.error:
             continue
         for name, m in row.items():
             if name != REFERENCE and not m.error and m.infer_per_s and m.cpu_us_per_infer > 0:
-                ratios.setdefault((name, point.protocol), []).append(
+                ratios.setdefault((name, point.protocol, point.variant), []).append(
                     (hub.infer_per_s / m.infer_per_s, hub.cpu_us_per_infer / m.cpu_us_per_infer))
     if not ratios:
         return []
     out = ["", "Summary, geometric mean over the points both completed:", "",
-           "| peer | proto | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |",
-           "|---|---|---|---|---|"]
-    for (name, protocol), pairs in ratios.items():
+           "| peer | proto | config | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |",
+           "|---|---|---|---|---|---|"]
+    for (name, protocol, variant), pairs in sorted(ratios.items()):
         tput, cpu = (math.exp(sum(math.log(p[i]) for p in pairs) / len(pairs)) for i in (0, 1))
-        out.append(f"| {name} | {protocol} | {len(pairs)} | {tput:.2f} | {cpu:.2f} |")
+        out.append(f"| {name} | {protocol} | {variant} | {len(pairs)} | {tput:.2f} | {cpu:.2f} |")
+    return out
+
+
+def config_table(models: list[str], chosen: list[variants.Variant], served: list[repos.ServedModel],
+                 peers: set[str]) -> list[str]:
+    """What each server is given, per model and variant: hubserve's completed config, which Triton gets as
+    it is, and what MLServer's adaptive batching and KServe (no batcher) make of it."""
+    out = [f"Configs: {'; '.join(f'`{v.name}` = {v.describe()}' for v in chosen)}. Triton gets hubserve's "
+           "max_batch_size, dynamic batching (window, preferred sizes) and instance count.", "",
+           "| model | config | served as | max_batch_size | dynamic batching (hubserve, Triton) "
+           + "".join(f"| {peer} " for peer in ("mlserver", "kserve") if peer in peers) + "|",
+           "|---|---|---|---|---|" + "---|" * len(peers & {"mlserver", "kserve"})]
+    by_name = {m.name: m for m in served}
+    for model in models:
+        for variant in chosen:
+            m = by_name[variant.served_name(model)]
+            window = f"{m.max_queue_delay_us} µs window" if m.config.dynamic_batching else "off"
+            cells = [model, variant.name, m.name, str(m.config.max_batch_size), window]
+            if "mlserver" in peers:
+                batching = repos.mlserver_batching(m)
+                cells.append(f"adaptive, max_batch_size {batching[0]}, max_batch_time {batching[1] * 1e6:g} "
+                             "µs" if batching else "off")
+            if "kserve" in peers:
+                cells.append("none (no server-side batcher)")
+            out.append("| " + " | ".join(cells) + " |")
     return out
 
 
 def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
            running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
-           events: list[str],
+           events: list[str], served: list[repos.ServedModel], chosen: list[variants.Variant],
            args: argparse.Namespace, started: str, wall_s: float,
            load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
     by_point: dict[Point, dict[str, Measurement]] = {}
@@ -210,10 +253,14 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
             f"other engineers' test runs: load average {load[0][0]:.2f} at the start, "
             f"{load[1][0]:.2f} at the end. The servers and perf_analyzer share these cores. "
             "Numbers compare within this run only."), "",
-           (f"Settings: models {args.models}; protocols {args.protocols}; concurrency {args.concurrency}; "
-            f"`-b 1`; `--input-data zero`; {args.interval_ms} ms windows, stability {args.stability} %, "
-            f"at most {args.max_trials} windows, {args.retries} rerun(s) of a point without stable windows; "
+           (f"Settings: models {args.models}; configs {args.configs}; protocols {args.protocols}; "
+            f"concurrency {args.concurrency}; `-b 1`; `--input-data zero`; {args.interval_ms} ms windows, "
+            f"stability {args.stability} %, at most {args.max_trials} windows, {args.retries} rerun(s) of a "
+            f"point without stable windows; hubserve's extra arguments: `{args.hubserve_args or 'none'}`; "
             f"wall time {wall_s / 60:.1f} min."), "",
+           f"Run as: `{shlex.join(['.venv/bin/python', 'perf/bench_peers.py', *sys.argv[1:]])}`", "",
+           *config_table([m for m in args.models.split(",") if m], chosen, served,
+                         {s.kind.name for s in running}), "",
            f"| server | version | PID | idle CPU (% of a core, {args.idle_s:g} s before the first run) |",
            "|---|---|---|---|"]
     out += [f"| {s.kind.name} | {s.version} | {s.pid} | "
@@ -223,17 +270,18 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += [f"\nEvent: {e}" for e in events]
     out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
                  "below 1 favour hubserve."), "",
-            ("| model | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms | server CPU µs/infer "
-             "| avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"), "|" + "---|" * 12]
+            ("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
+             "| server CPU µs/infer | avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
+            "|" + "---|" * 13]
     for point, row in by_point.items():
         hub = row.get(REFERENCE)
         for name, m in row.items():
-            cells = [point.model, point.protocol, str(point.concurrency), name]
+            cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
             if m.error:
                 out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 7) + " |")
                 continue
             fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
-            cells[3] += f" ({fmt})" if fmt else ""
+            cells[4] += f" ({fmt})" if fmt else ""
             cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
                       _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1)]
             if name == REFERENCE or hub is None or hub.error:
@@ -246,15 +294,16 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
                  "hubserve's session options, at the batch size hubserve formed (`bench_serving.ceiling`, "
                  f"best of three {args.ceiling_s:g} s windows, after the servers stopped):"), "",
-            "| model | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s "
+            "| model | config | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s "
             "| hubserve ÷ ceiling |",
-            "|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|"]
     for point, row in by_point.items():
         hub = row.get(REFERENCE)
         if hub is None or hub.error:
             continue
         c = ceiling.get((point.model, max(1, round(hub.avg_batch or 1))))
-        out.append(f"| {point.model} | {point.protocol} | {point.concurrency} | {_fmt(hub.avg_batch, 1)} | "
+        out.append(f"| {point.model} | {point.variant} | {point.protocol} | {point.concurrency} | "
+                   f"{_fmt(hub.avg_batch, 1)} | "
                    f"{_fmt(c)} | {_fmt(hub.infer_per_s)} | {_ratio(hub.infer_per_s, c or 0)} |")
     out += ["", "Commands (ports were picked free for this run):", "", "```"]
     out += [" ".join(s.command) for s in running]
@@ -284,6 +333,10 @@ def main() -> int:
                         help="any of hubserve (its default layout), hubserve-w1/-w2/-w3/-w4/-w8 "
                              "(--workers N), triton, kserve, mlserver; ratios are against the first "
                              "hubserve listed")
+    parser.add_argument("--configs", default="examples,tuned",
+                        help=f"config variants, each model in each: {', '.join(variants.VARIANTS)}")
+    parser.add_argument("--hubserve-args", default="",
+                        help='extra arguments for `engine serve`, e.g. --hubserve-args="--workers 2"')
     parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
@@ -301,6 +354,10 @@ def main() -> int:
     if not perf_analyzer_available():
         sys.exit(f"{PERF_ANALYZER} is missing: run `bash tools/install_perf_analyzer.sh`")
     models = [m for m in args.models.split(",") if m]
+    unknown = [v for v in args.configs.split(",") if v not in variants.VARIANTS]
+    if unknown or not args.configs:
+        parser.error(f"--configs: choose from {', '.join(variants.VARIANTS)} (got {args.configs!r})")
+    chosen = [variants.VARIANTS[v] for v in dict.fromkeys(args.configs.split(","))]
     started = datetime.now()
     out_path = args.out or ROOT / "perf" / "results" / f"peers-{started:%Y%m%d-%H%M%S}.md"
     log_dir = out_path.with_suffix(".logs")
@@ -310,12 +367,15 @@ def main() -> int:
     wanted = []
     for name in args.servers.split(","):
         kind = servers.KINDS[name]
+        if name.startswith("hubserve") and args.hubserve_args:
+            kind = kind.with_args(shlex.split(args.hubserve_args))
         why = kind.missing()
         if why:
             skipped[name] = why
         else:
             wanted.append(kind)
-    prepare_repositories([k.name for k in wanted], models)
+    served = prepare_repositories([k.name for k in wanted], models, chosen)
+    served_names = [m.name for m in served]
     load_start, t0 = os.getloadavg(), time.monotonic()
     running: list[servers.RunningServer] = []
     measurements: list[Measurement] = []
@@ -325,33 +385,33 @@ def main() -> int:
         for kind in wanted:
             print(f"starting {kind.name} ...", flush=True)
             try:
-                running.append(servers.start(kind, models, log_dir))
+                running.append(servers.start(kind, served_names, log_dir))
             except RuntimeError as e:
                 skipped[kind.name] = str(e)
                 print(f"  {kind.name} left out: {e}", flush=True)
         idle = idle_cpu(running, args.idle_s)
-        points = [Point(m, p, int(c)) for m in models for p in args.protocols.split(",")
-                  for c in args.concurrency.split(",")]
+        points = [Point(m, v.name, p, int(c)) for m in models for p in args.protocols.split(",")
+                  for c in args.concurrency.split(",") for v in chosen]
         for i, point in enumerate(points, 1):
             for j, server in enumerate(running):
                 # a server stopped from outside (only a signal stops one) is restarted once
                 for _ in range(2):
                     if server.process.poll() is not None:
-                        running[j] = server = restart(server, models, log_dir, events)
+                        running[j] = server = restart(server, served_names, log_dir, events)
                     m = measure(server, point, args)
                     if not m.error or not exited_within(server, 5.0):
                         break
                 measurements.append(m)
                 result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
                                      f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
-                print(f"[{i}/{len(points)}] {point.model} {point.protocol} c={point.concurrency} "
+                print(f"[{i}/{len(points)}] {point.served_name} {point.protocol} c={point.concurrency} "
                       f"{server.kind.name}: {result}", flush=True)
     finally:
         for server in running:
             server.stop()
     wall_s, load_end = time.monotonic() - t0, os.getloadavg()
     report = render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped, events,
-                    args,
+                    served, chosen, args,
                     f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
     out_path.write_text(report)
     print("\n" + report + f"\nwritten to {out_path} (server logs in "

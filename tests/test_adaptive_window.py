@@ -93,6 +93,29 @@ def test_a_batcher_with_a_p95_target_opens_a_window_and_batches():
     asyncio.run(main())
 
 
+def test_with_a_p95_target_a_full_round_leaves_without_waiting_out_the_window():
+    """Issue 13, point 6: the window bounds the wait; once all 16 closed-loop clients are in, the batch goes
+    (early dispatch) instead of idling the instance for the rest of the window."""
+    import asyncio
+
+    from test_batcher import closed_loop_until_early, model_config, started
+
+    # max_batch_size 32: 16 requests never fill a batch, so only the window or early dispatch sends one.
+    config = model_config("dynamic_batching { }", max_batch_size=32, execute_delay_ms="2",
+                          execute_delay_ms_per_item="0.2", p95_latency_target_ms="40")
+
+    async def main() -> None:
+        model = await started(config)
+        try:
+            await asyncio.wait_for(closed_loop_until_early(model, 16, 10), 30)
+        finally:
+            await model.stop()
+        assert model.batcher.adaptive is not None and model.batcher.adaptive.window_ns > 0
+        assert model.stats.batches[16].compute_infer.count >= 10  # the early batches held everyone
+
+    asyncio.run(main())
+
+
 def test_the_target_is_validated():
     import pytest
 

@@ -606,3 +606,73 @@ def test_one_done_callback_accounts_then_answers() -> None:
         finally:
             await model.stop()
     run(main)
+
+
+# --------------------------------------------------------------------------------------------- early dispatch
+
+async def closed_loop_until_early(model: Model, clients: int, early_batches: int) -> None:
+    """`clients` closed-loop clients (each sends its next request when answered) until the model has sent
+    `early_batches` batches early, within BOUND_S."""
+    stop = asyncio.Event()
+
+    async def client(c: int) -> None:
+        i = 0
+        while not stop.is_set():
+            value = c * 100_000 + i
+            np.testing.assert_array_equal(output(await model.infer(request(model, data(value)))), data(value))
+            i += 1
+
+    tasks = [asyncio.ensure_future(client(c)) for c in range(clients)]
+    try:
+        await until(lambda: model.stats.dispatch_reasons.get("early", 0) >= early_batches,
+                    f"{early_batches} batches sent early")
+    finally:
+        stop.set()
+        await bounded(asyncio.gather(*tasks))
+
+
+def test_a_lone_closed_loop_client_stops_waiting_for_the_window() -> None:
+    """After a few epochs (engine/join_forecast.py) the batcher knows one client is all there is; its
+    requests then leave the queue at once instead of after the 20 ms window."""
+    async def main() -> None:
+        model = await started(model_config("dynamic_batching { max_queue_delay_microseconds: 20000 }"))
+        try:
+            await closed_loop_until_early(model, 1, 5)
+            queued = model.stats.queue.count, model.stats.queue.ns
+            await closed_loop_until_early(model, 1, model.stats.dispatch_reasons["early"] + 10)
+            waited_ns = (model.stats.queue.ns - queued[1]) / (model.stats.queue.count - queued[0])
+            assert waited_ns < 10_000_000  # well under the window, even on a loaded machine
+        finally:
+            await model.stop()
+
+    run(main)
+
+
+def test_closed_loop_clients_go_as_one_batch_once_all_are_in() -> None:
+    async def main() -> None:
+        config = model_config("dynamic_batching { max_queue_delay_microseconds: 200000 }", execute_delay_ms=2)
+        model = await started(config)
+        try:
+            await closed_loop_until_early(model, 4, 10)
+            # Every batch held all four clients, the early ones included: they went when nobody else could
+            # join, long before the 200 ms window ended.
+            assert set(model.stats.batches) == {4}
+            assert model.stats.dispatch_reasons["early"] >= 10
+        finally:
+            await model.stop()
+
+    run(main)
+
+
+def test_early_dispatch_false_waits_out_the_window_as_triton_does() -> None:
+    async def main() -> None:
+        model = await started(model_config("dynamic_batching { max_queue_delay_microseconds: 2000 }",
+                                           early_dispatch="false"))
+        try:
+            for i in range(300):  # about three epochs of a lone client behind a 2 ms window
+                await bounded(model.infer(request(model, data(i))))
+            assert model.stats.dispatch_reasons == {"window": 300}
+        finally:
+            await model.stop()
+
+    run(main)

@@ -12,6 +12,7 @@ import pytest
 from engine.batch_policy import BatchPolicy, Pending
 from engine.config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from engine.errors import EngineError, ErrorCode
+from engine.join_forecast import EPOCH_NS
 from engine.types import InferenceRequest
 
 MODEL = "policy_model"
@@ -31,6 +32,8 @@ def tags(batch: list[Pending]) -> list[str]:
 
 
 def policy(max_batch_size: int = 8, **batching: object) -> BatchPolicy:
+    """Triton's semantics unless a test asks for early dispatch (tested on its own below)."""
+    batching.setdefault("early_dispatch", False)
     return BatchPolicy(max_batch_size, DynamicBatchingConfig(**batching))  # type: ignore[arg-type]
 
 
@@ -292,3 +295,74 @@ def test_each_decision_says_why_the_batch_leaves() -> None:
     immediate = policy(max_queue_delay_us=0)
     immediate.enqueue(pending(0))
     assert immediate.peek(0).reason == "immediate"
+
+
+# --------------------------------------------------------------------------------------------- early dispatch
+
+def learned(clients: int, window_us: int = WINDOW_US) -> tuple[BatchPolicy, int]:
+    """A policy with early dispatch after three epochs of a closed loop of `clients` (all arrive, run as one
+    batch, finish); returns it and the time after the last round."""
+    pol = policy(max_batch_size=64, max_queue_delay_us=window_us, early_dispatch=True)
+    now = 1
+    while now < 3 * EPOCH_NS:
+        for i in range(clients):
+            pol.enqueue(pending(now + i))
+        batch = pol.peek(now + window_us * 1000).batch
+        assert len(batch) == clients
+        pol.take(batch)
+        pol.finished(len(batch))
+        now += 2 * window_us * 1000
+    return pol, now
+
+
+def test_a_lone_client_is_dispatched_at_once_once_the_population_is_known() -> None:
+    pol, now = learned(1)
+    pol.enqueue(pending(now, tag="a"))
+    decision = pol.peek(now + 1)  # long before the window ends
+    assert tags(decision.batch) == ["a"] and decision.reason == "early"
+
+
+def test_a_batch_waits_until_every_client_is_in() -> None:
+    pol, now = learned(3)
+    pol.enqueue(pending(now, tag="a"))
+    pol.enqueue(pending(now + 10, tag="b"))
+    waiting = pol.peek(now + 20)
+    assert waiting.batch == [] and waiting.wait_ns == WINDOW_NS - 20  # one client still to come
+    pol.enqueue(pending(now + 30, tag="c"))
+    decision = pol.peek(now + 40)
+    assert tags(decision.batch) == ["a", "b", "c"] and decision.reason == "early"
+
+
+def test_executing_requests_count_until_they_finish() -> None:
+    pol, now = learned(4)
+    for i, tag in enumerate(("a", "b")):
+        pol.enqueue(pending(now + i, tag=tag))
+    running = pol.peek(now + WINDOW_NS)  # their window ran out: they go, and stay in flight
+    pol.take(running.batch)
+    pol.enqueue(pending(now + WINDOW_NS + 1, tag="c"))
+    pol.enqueue(pending(now + WINDOW_NS + 2, tag="d"))
+    assert pol.in_flight == 4
+    assert tags(pol.peek(now + WINDOW_NS + 3).batch) == ["c", "d"]  # a and b cannot come back yet
+    pol.finished(2)  # a and b answered: their clients may join, so c and d wait again
+    assert pol.in_flight == 2
+    assert pol.peek(now + WINDOW_NS + 4).batch == []
+
+
+def test_a_cold_policy_waits_out_the_window() -> None:
+    pol = policy(max_batch_size=64, max_queue_delay_us=WINDOW_US, early_dispatch=True)
+    pol.enqueue(pending(0, tag="a"))
+    assert pol.peek(1).batch == []
+    assert tags(pol.peek(WINDOW_NS).batch) == ["a"]
+
+
+def test_without_early_dispatch_a_known_population_changes_nothing() -> None:
+    pol = policy(max_batch_size=64, max_queue_delay_us=WINDOW_US, early_dispatch=False)
+    now = 1
+    while now < 3 * EPOCH_NS:
+        pol.enqueue(pending(now))
+        pol.take(pol.peek(now + WINDOW_NS).batch)
+        pol.finished(1)
+        now += 2 * WINDOW_NS
+    pol.enqueue(pending(now, tag="a"))
+    assert pol.peek(now + 1).batch == []
+    assert pol.forecast is None

@@ -426,6 +426,28 @@ def test_priority_queue_policy_for_an_unknown_level() -> None:
                    "priority_queue_policy", "level 5", "1..2")
 
 
+def test_early_dispatch_is_on_by_default_and_a_parameter_turns_it_off() -> None:
+    on = build(IO + "dynamic_batching { }").dynamic_batching
+    assert on is not None and on.early_dispatch
+    for text, value in (("false", False), ("FALSE", False), ("0", False), ("true", True), ("1", True)):
+        db = build(IO + 'dynamic_batching { } parameters { key: "early_dispatch" value: { string_value: "'
+                   + text + '" } }').dynamic_batching
+        assert db is not None and db.early_dispatch is value, text
+
+
+def test_yaml_early_dispatch_becomes_a_parameter() -> None:
+    msg = pb.ModelConfig()
+    cfg.parse_yaml(YAML + "early_dispatch: false\n", msg)
+    db = cfg.validate(msg, WHERE).dynamic_batching
+    assert db is not None and not db.early_dispatch
+
+
+def test_early_dispatch_must_be_a_boolean_and_needs_dynamic_batching() -> None:
+    param = 'parameters { key: "early_dispatch" value: { string_value: "%s" } }'
+    invalid_config(IO + "dynamic_batching { } " + param % "soon", "early_dispatch", "true or false", "'soon'")
+    invalid_config(IO + param % "true", "early_dispatch", "add dynamic_batching")
+
+
 def test_cpu_group_with_gpus() -> None:
     invalid_config(IO + 'instance_group [{ name: "g" kind: KIND_CPU gpus: [0] }]',
                    "instance_group 'g'", "KIND_CPU", "gpus")
@@ -439,10 +461,10 @@ def test_kind_model_unsupported() -> None:
     invalid_config(IO + 'instance_group [{ name: "g" kind: KIND_MODEL }]', "instance_group 'g'", "KIND_MODEL")
 
 
-@pytest.mark.parametrize("scheduling", ["sequence_batching { }", "ensemble_scheduling { }"])
-def test_unsupported_scheduling(scheduling: str) -> None:
-    field = scheduling.split()[0]
-    invalid_config(IO + scheduling, field, "not supported")
+def test_ensemble_scheduling_needs_the_ensemble_platform() -> None:
+    # Triton's words (core model_config_utils.cc); ensembles themselves: tests/test_ensemble_plan.py
+    invalid_config(IO + "ensemble_scheduling { }", "ensemble scheduling cannot be set",
+                   "platform is not ensemble")
 
 
 # --------------------------------------------------------------------------------------------- version policy
@@ -529,9 +551,12 @@ def test_example_config_parses_and_validates(path: Path) -> None:
     cfg.autocomplete(msg, None, name)
     config = cfg.validate(msg, f"model '{name}'")
     assert config.name == name
-    assert config.backend in cfg.BACKENDS
-    assert config.inputs and config.outputs
-    assert config.batching and config.dynamic_batching is not None
+    assert config.inputs and config.outputs and config.batching
+    if config.ensemble is None:
+        assert config.backend in cfg.BACKENDS
+        assert (config.dynamic_batching or config.sequence_batching) is not None
+    else:  # an ensemble batches through its steps' batchers
+        assert config.platform == "ensemble" and config.ensemble.steps
     json.dumps(config.as_json())  # servable as the protocol's config endpoint
 
 

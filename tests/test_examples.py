@@ -17,7 +17,8 @@ from engine import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
-SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity"]  # not mlp_large
+SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity",
+                  "sequence_accumulator", "simple_sequence"]  # not mlp_large
 
 # Datatypes onnxruntime's CPU provider runs Identity on with plain numpy inputs. BF16 has no numpy dtype: it
 # needs OrtValues (test_identity_bf16_through_ort_values).
@@ -325,7 +326,14 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
         examples.build_repository(tmp_path, ["simple", "nope"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
-                                       "simple_identity"]
+                                       "simple_identity", "image_preprocess", "image_classifier",
+                                       "sequence_accumulator", "simple_sequence"]
+
+
+def test_an_example_ensemble_gets_its_empty_version_folder(tmp_path):
+    assert examples.build_repository(tmp_path, ["image_pipeline"]) == []
+    assert sorted(p.name for p in (tmp_path / "image_pipeline").iterdir()) == ["1"]
+    assert not any((tmp_path / "image_pipeline" / "1").iterdir())
 
 
 def test_main_prints_one_line_per_model(tmp_path, capsys):
@@ -384,3 +392,18 @@ def test_committed_configs_of_tritons_string_models_agree(tmp_path, name, dims):
 def test_strings_has_no_config_file():
     assert not list((EXAMPLE_REPOSITORY / "strings").glob("config.*"))
     assert (EXAMPLE_REPOSITORY / "README.md").is_file()
+
+
+def test_sequence_accumulator_sums_and_start_resets():
+    sess = session(examples.EXAMPLES["sequence_accumulator"]())
+    col = lambda *v: np.array(v, dtype=np.int32).reshape(-1, 1)  # noqa: E731
+    feed = {"INPUT": col(3, 4), "START": col(0, 1), "ACC_IN": col(10, 10)}
+    out, acc = sess.run(["OUTPUT", "ACC_OUT"], feed)
+    assert out.ravel().tolist() == [13, 4] and acc.ravel().tolist() == [13, 4]
+
+
+def test_simple_sequence_adds_start():
+    sess = session(examples.EXAMPLES["simple_sequence"]())
+    col = lambda *v: np.array(v, dtype=np.int32).reshape(-1, 1)  # noqa: E731
+    (out,) = sess.run(["OUTPUT"], {"INPUT": col(0, 11, 100), "START": col(1, 0, 1)})
+    assert out.ravel().tolist() == [1, 11, 101]

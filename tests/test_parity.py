@@ -175,11 +175,15 @@ def test_decoupled_model_is_unavailable_with_its_reason(client):
 
 # 8 ------------------------------------------------------------------------------------ request features
 
-def test_classification_request_is_refused_not_ignored(client):
+def test_classification_request_is_answered_as_triton_does(client):
+    # Once refused (UNSUPPORTED); now the extension itself (engine/classification.py): `simple`'s INT32
+    # OUTPUT0 (INPUT0 + INPUT1 = 2 * arange(16)) as "score:index" entries, integers without decimals, highest
+    # first.
     out = client.module.InferRequestedOutput("OUTPUT0", class_count=3)
-    e = error_of(lambda: client.infer("simple", simple_inputs(client.module), outputs=[out]))
-    assert "classification" in e.message() and "class_count" in e.message(), e.message()
-    assert e.status() == status(client, "501", "StatusCode.UNIMPLEMENTED")
+    result = client.infer("simple", simple_inputs(client.module), outputs=[out])
+    classes = result.as_numpy("OUTPUT0")
+    assert classes.shape == (1, 3)
+    assert [c.decode() if isinstance(c, bytes) else c for c in classes[0]] == ["30:15", "28:14", "26:13"]
 
 
 def test_shared_memory_tensors_are_refused_not_ignored(client):
@@ -202,8 +206,9 @@ def test_shared_memory_tensors_are_refused_not_ignored(client):
 def test_extensions_are_exactly_what_is_served(client):
     # Names from Triton core src/server.cc; each listed one is exercised by the API suites.
     meta = as_json(client, "get_server_metadata")
-    assert sorted(meta["extensions"]) == sorted(["binary_tensor_data", "model_repository", "schedule_policy",
-                                                 "model_configuration", "statistics"])
+    assert sorted(meta["extensions"]) == sorted(["classification", "binary_tensor_data", "model_repository",
+                                                 "schedule_policy", "model_configuration", "statistics",
+                                                 "sequence"])
 
 
 # ================================================================ issue 11, the frontends' half

@@ -61,8 +61,10 @@ def test_perf_measures_simple(server: RunningServer, tmp_path: Path, protocol: s
 def test_request_rate_mode_offers_the_asked_rate(server: RunningServer, tmp_path: Path,
                                                  distribution: str) -> None:
     out_csv = tmp_path / "out.csv"
+    # The point is the offered rate, not latency: a loaded machine's latency spikes (avg 0.7 vs 4.9 ms between
+    # windows was seen) must not fail the stability rule, so it is loose (windows within 11x).
     result = hubserve_perf("-m", "simple", "-u", server.http_url, "--request-rate-range", "200",
-                           "--request-distribution", distribution, "-p", "1000", "-s", "100", "-r", "6",
+                           "--request-distribution", distribution, "-p", "1000", "-s", "1000", "-r", "6",
                            "-f", str(out_csv))
     assert result.returncode == 0, result.stderr
     header, rows = read_csv(out_csv)

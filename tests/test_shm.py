@@ -17,6 +17,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,14 +137,12 @@ def test_view_out_of_bounds_is_invalid_arg(offset: int, nbytes: int, words: tupl
 
 
 @pytest.mark.parametrize("bad", [1.0, "1", None, True, b"1"])
-def test_offsets_must_be_integers(bad: object) -> None:
+def test_offsets_must_be_integers(bad: Any) -> None:
     with Region.create(100, "t-types") as region:
-        with expect(ErrorCode.INVALID_ARG, "must be an integer"):
-            region.view(bad, 1)  # type: ignore[arg-type]
-        with expect(ErrorCode.INVALID_ARG, "must be an integer"):
-            region.view(0, bad)  # type: ignore[arg-type]
-        with expect(ErrorCode.INVALID_ARG, "must be an integer"):
-            region.write(bad, b"x")  # type: ignore[arg-type]
+        uses = (lambda: region.view(bad, 1), lambda: region.view(0, bad), lambda: region.write(bad, b"x"))
+        for use in uses:
+            with expect(ErrorCode.INVALID_ARG, "must be an integer"):
+                use()
 
 
 def test_array_checks_shape_and_dtype() -> None:
@@ -302,8 +301,8 @@ def test_attach_refuses_a_short_or_wrong_fd() -> None:
     os.close(write_end)
     with expect(ErrorCode.INVALID_ARG, "not a memory object"):
         Region.attach(read_end, 1)
-    with expect(ErrorCode.INVALID_ARG, "fd"):
-        Region.attach(read_end, 1)  # closed by the refusal above
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # closed by the refusal too
 
 
 def test_a_killed_child_leaks_nothing() -> None:

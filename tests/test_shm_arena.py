@@ -85,8 +85,8 @@ def test_arena_lifo_and_fifo_reuse_space_at_once() -> None:
         for _ in range(1000):  # LIFO: the newest end moves back
             a, b = arena.alloc(1000), arena.alloc(1000)
             assert (a, b) == (0, 1024)
-            arena.free(b)
-            arena.free(a)
+            arena.free(1024)
+            arena.free(0)
         held = arena.alloc(1000)
         for _ in range(1000):  # FIFO behind one held block: wraps around the region
             offset = arena.alloc(1000)
@@ -113,11 +113,11 @@ def test_arena_blocks_never_overlap_under_random_frees() -> None:
                     arena.free(offset)
                 else:
                     nbytes = rng.randrange(1, 3000)
-                    offset = arena.alloc(nbytes)
-                    if offset is not None:
-                        assert offset + nbytes <= arena.capacity
-                        live[offset] = (nbytes, step % 251)
-                        region.write(offset, bytes([step % 251]) * nbytes)
+                    got = arena.alloc(nbytes)
+                    if got is not None:
+                        assert got + nbytes <= arena.capacity
+                        live[got] = (nbytes, step % 251)
+                        region.write(got, bytes([step % 251]) * nbytes)
                 assert arena.live_blocks == len(live) and 0 <= arena.span_bytes <= arena.capacity
             for offset in live:
                 arena.free(offset)

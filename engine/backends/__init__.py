@@ -28,9 +28,15 @@ class Backend(Protocol):
 
     # Optional: `cpu_bound = True` says execution time is CPU time (no device waits, no sleeps), which lets
     # the instance pool run very short batches on the loop instead of paying a thread hand-off.
+    #
+    # Optional, per request: `async execute_requests(requests, inputs, executor) -> list[answer]` answers
+    # each request of a batch on its own, errors included (Python models, engine/python_backend/: a model's
+    # `execute` gets the requests, not a concatenated batch, and may fail one request alone). A backend
+    # with it gets its batches from python_backend.batcher.RequestBatcher, which checks every answer
+    # against the config; `execute` then serves warm-up only.
 
 
-def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:
+def create(config: ModelConfig, model_path: Path, device: Device, instance_name: str = "") -> Backend:
     if config.backend == "onnxruntime":
         from .onnxruntime import OnnxRuntimeBackend
 
@@ -43,6 +49,11 @@ def create(config: ModelConfig, model_path: Path, device: Device) -> Backend:
         from .identity import IdentityBackend
 
         return IdentityBackend(config)
+    if config.backend == "python":
+        # Python models answer per request: see engine/python_backend/backend.py for the wider seam.
+        from ..python_backend import backend as python
+
+        return python.create(config, model_path, device, instance_name or f"{config.name}_0_0")  # type: ignore
     raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")
 
 

@@ -7,6 +7,7 @@ repository root as its working directory, so it serves this checkout's code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -62,10 +63,8 @@ class RunningServer:
         except FileNotFoundError:
             children = []
         for child in children:
-            try:
+            with contextlib.suppress(FileNotFoundError, AssertionError):  # exited meanwhile
                 total += _rss(child)
-            except (FileNotFoundError, AssertionError):  # exited meanwhile
-                pass
         return total
 
     def metric(self, name: str, model: str, version: str = "1") -> float:

@@ -8,8 +8,10 @@ settings hubserve actually uses, after auto-complete):
     .venv/bin/python perf/peers/repos.py mlserver
 
 Called by the setup scripts and again by `bench_peers.py` before every run, so the peers never drift from
-`model_repository/`. Writes only under `.peers/` (gitignored). Every peer repository holds a copy of the same
-`model.onnx` hubserve serves.
+`model_repository/`. `bench_peers.py` first writes `.peers/hubserve_repo/` (`write_hubserve_repo`: each model
+once per config variant, `variants.py`), which hubserve serves, and generates the peers' repositories from
+that. Writes only under `.peers/` (gitignored). Every peer repository holds a copy of the same `model.onnx`
+hubserve serves.
 
 - Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count)
   and `<model>/1/{model.py,model.onnx,site-packages.txt}`.
@@ -31,16 +33,26 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf import text_format
 
 from engine import backends
-from engine.config import autocomplete, backend_of, default_filename, read_config_proto, validate
+from engine.config import (
+    CONFIG_FILES,
+    autocomplete,
+    backend_of,
+    default_filename,
+    read_config_proto,
+    validate,
+)
 from engine.config_json import message_to_json
 from engine.config_types import ModelConfig
 from engine.proto import grpc_service_pb2
 from engine.proto import model_config_pb2 as pb
+
+if TYPE_CHECKING:  # this file also runs as a script, with perf/peers/ (not perf/) on sys.path
+    from peers.variants import Variant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,13 +122,41 @@ def _copy_if_changed(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _remove_stale(dst: Path, models: list[ServedModel], marker: str) -> None:
-    """Drop model folders this script wrote earlier for models no longer asked for (a server loads them
-    all)."""
-    keep = {m.name for m in models}
+def _remove_stale(dst: Path, keep: set[str], marker: str) -> None:
+    """Drop model folders this script wrote earlier (they hold `marker`, a glob) for models no longer asked
+    for (a server loads them all)."""
     for folder in dst.glob("*/"):
-        if folder.name not in keep and (folder / marker).exists():
+        if folder.name not in keep and any(folder.glob(marker)):
             shutil.rmtree(folder)
+
+
+def write_hubserve_repo(source: Path, models: list[str], chosen: list[Variant], dst: Path) -> list[str]:
+    """Write `dst`, the repository hubserve serves in the benchmark and the peers' repositories are generated
+    from: each model of `source` once per variant in `chosen`, as `<served name>/` with the variant's config
+    (the example's file copied as it is, or the example's config with the variant's fields set, as
+    config.pbtxt) and a copy of the example's latest model file. `source` is only read. Returns the served
+    names, variant by variant within each model."""
+    names = []
+    for model in models:
+        example_dir = source / model
+        model_file = served_model(source, model).onnx_path  # the example itself must load
+        example_file = next((f for f in CONFIG_FILES if (example_dir / f).is_file()), None)
+        for variant in chosen:
+            folder = dst / variant.served_name(model)
+            folder.mkdir(parents=True, exist_ok=True)
+            config_file = example_file if variant.is_example else "config.pbtxt"
+            for other in CONFIG_FILES:  # hubserve reads the first it finds
+                if other != config_file:
+                    (folder / other).unlink(missing_ok=True)
+            if variant.is_example and example_file is not None:
+                _copy_if_changed(example_dir / example_file, folder / example_file)
+            elif not variant.is_example:
+                config = variant.apply(read_config_proto(example_dir), model)
+                (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+            _copy_if_changed(model_file, folder / model_file.parent.name / model_file.name)
+            names.append(folder.name)
+    _remove_stale(dst, set(names), "*/model.onnx")
+    return names
 
 
 def _tensor_metadata(model: ServedModel) -> tuple[list[dict], list[dict]]:
@@ -143,7 +183,7 @@ def _spec(model: ServedModel, backend: str, batching: bool) -> dict:
 
 
 def write_triton_repo(models: list[ServedModel], dst: Path, site_packages: Path) -> None:
-    _remove_stale(dst, models, "1/site-packages.txt")
+    _remove_stale(dst, {m.name for m in models}, "1/site-packages.txt")
     for model in models:
         version_dir = dst / model.name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
@@ -154,8 +194,16 @@ def write_triton_repo(models: list[ServedModel], dst: Path, site_packages: Path)
         (version_dir / "site-packages.txt").write_text(f"{site_packages.resolve()}\n")
 
 
+def mlserver_batching(model: ServedModel) -> tuple[int, float] | None:
+    """MLServer's adaptive batching for the model, (max_batch_size, max_batch_time in s), or None for none:
+    hubserve's settings, but MLServer only batches when the time is > 0."""
+    if model.config.max_batch_size > 1 and model.config.dynamic_batching is not None:
+        return model.config.max_batch_size, max(model.max_queue_delay_us / 1e6, MLSERVER_MIN_BATCH_TIME_S)
+    return None
+
+
 def write_kserve_repo(models: list[ServedModel], dst: Path) -> None:
-    _remove_stale(dst, models, "spec.json")
+    _remove_stale(dst, {m.name for m in models}, "spec.json")
     for model in models:
         _copy_if_changed(model.onnx_path, dst / model.name / "model.onnx")
         # KServe's python model server has no server-side batcher: each request runs alone.
@@ -165,7 +213,7 @@ def write_kserve_repo(models: list[ServedModel], dst: Path) -> None:
 
 def write_mlserver_repo(models: list[ServedModel], dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
-    _remove_stale(dst, models, "spec.json")
+    _remove_stale(dst, {m.name for m in models}, "spec.json")
     # debug=false: no per-request access log (MLServer's default is debug=true). One inference worker process
     # (MLServer's default parallel_workers), matching hubserve's single instance.
     (dst / "settings.json").write_text(json.dumps({"debug": False, "parallel_workers": 1}, indent=1))
@@ -180,9 +228,9 @@ def write_mlserver_repo(models: list[ServedModel], dst: Path) -> None:
             "inputs": [{"name": t["name"], "datatype": t["datatype"], "shape": t["shape"]} for t in inputs],
             "outputs": [{"name": t["name"], "datatype": t["datatype"], "shape": t["shape"]} for t in outputs],
         }
-        if model.config.max_batch_size > 1 and model.config.dynamic_batching is not None:
-            settings["max_batch_size"] = model.config.max_batch_size
-            settings["max_batch_time"] = max(model.max_queue_delay_us / 1e6, MLSERVER_MIN_BATCH_TIME_S)
+        batching = mlserver_batching(model)
+        if batching is not None:
+            settings["max_batch_size"], settings["max_batch_time"] = batching
         (folder / "model-settings.json").write_text(json.dumps(settings, indent=1))
         (folder / "spec.json").write_text(json.dumps(_spec(model, "mlserver", batching=True), indent=1))
 

@@ -21,11 +21,13 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
+HUBSERVE_REPO = PEERS_DIR / "hubserve_repo"
+"""What hubserve serves here: `repos.write_hubserve_repo` writes it from model_repository/ before a run."""
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -55,6 +57,12 @@ class ServerKind:
     reports_batches: bool = False
     """Whether `count_executions` works (the statistics extension)."""
     env: dict[str, str] = field(default_factory=dict)
+
+    def with_args(self, extra: list[str]) -> ServerKind:
+        """This kind with `extra` appended to its command line (e.g. hubserve's `--workers 2`); a later copy
+        of a flag overrides an earlier one."""
+        command = self.command
+        return replace(self, command=lambda ports, models: [*command(ports, models), *extra])
 
 
 def _get(url: str, timeout_s: float = 5.0) -> bytes:
@@ -90,25 +98,18 @@ def _venv_missing(venv: str, setup: str, *files: Path) -> Callable[[], str | Non
     return missing
 
 
-def hubserve_kind(workers: int | None = None) -> ServerKind:
-    """hubserve as it ships (`hubserve`: no --workers, so its default) or with `--workers N`
-    (`hubserve-wN`), so one run can put process layouts side by side."""
-    flags = [] if workers is None else ["--workers", str(workers)]
-    return ServerKind(
-        name="hubserve" if workers is None else f"hubserve-w{workers}",
-        command=lambda p, models: [
-            str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", "model_repository",
-            "--model-control-mode", "none", "--host", "127.0.0.1",
-            "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics), *flags,
-        ],
-        missing=lambda: None if (ROOT / ".venv/bin/python").exists() else
-        ".venv is missing: run `make install`",
-        count_inferences=_stats_inferences,
-        reports_batches=True,
-    )
-
-
-HUBSERVE = hubserve_kind()
+HUBSERVE = ServerKind(
+    name="hubserve",
+    command=lambda p, models: [
+        str(ROOT / ".venv/bin/python"), "-m", "engine", "serve",
+        "--model-repository", str(HUBSERVE_REPO.relative_to(ROOT)),
+        "--model-control-mode", "none", "--host", "127.0.0.1",
+        "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics),
+    ],
+    missing=lambda: None if (ROOT / ".venv/bin/python").exists() else ".venv is missing: run `make install`",
+    count_inferences=_stats_inferences,
+    reports_batches=True,
+)
 
 TRITON = ServerKind(
     name="triton",
@@ -149,8 +150,10 @@ MLSERVER = ServerKind(
         f"http://127.0.0.1:{p.metrics}/metrics", "model_infer_request_duration_count", "model", m),
 )
 
-KINDS = {k.name: k for k in (HUBSERVE, *(hubserve_kind(n) for n in (1, 2, 3, 4, 8)), TRITON, KSERVE,
-                             MLSERVER)}
+# hubserve with `--workers N` beside it, so one run can put process layouts side by side.
+HUBSERVE_WORKERS = tuple(replace(HUBSERVE.with_args(["--workers", str(n)]), name=f"hubserve-w{n}")
+                         for n in (1, 2, 3, 4, 8))
+KINDS = {k.name: k for k in (HUBSERVE, *HUBSERVE_WORKERS, TRITON, KSERVE, MLSERVER)}
 
 
 @dataclass

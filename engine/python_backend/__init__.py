@@ -1,0 +1,13 @@
+"""Triton's Python backend: models written as `<version>/model.py` with `class TritonPythonModel`.
+
+Request path (modules in order): batcher.py (`RequestBatcher`: one answer per request, checked against the
+config) → backend.py (`IsolatedInstance` per instance process, `InProcessInstance` on the instance thread) →
+process.py (the engine's side of an instance process: spawn, handshake, watchdog, exit) → channel.py (frames
+on the socket, tensors in shared memory through engine/shm.py) → stub.py (the instance process) → runner.py
+(loads model.py, calls initialize / execute / finalize, converts responses) → pb_utils.py (the API the model
+imports as `triton_python_backend_utils`). bls.py carries a model's requests to other models back into the
+engine and refuses the calls that could never be answered (a deadlock); autocomplete.py runs a model's
+static `auto_complete_config`; environment.py picks the interpreter (EXECUTION_ENV_PATH).
+
+Kept light: the instance process imports this package, so nothing here may import protobuf or the server.
+"""

@@ -1,0 +1,304 @@
+"""The engine's side of one Python-model instance process: start it, talk to it, watch it, see it end.
+
+`InstanceProcess.start()` (blocking; called on the instance's thread) makes the two shared-memory regions and
+a socket pair, starts `python -m engine.python_backend.stub` with them as inherited fds, sends `init` and
+waits for `ready` (or `init_failed`: the model's import or `initialize` error, with its last lines).
+
+Then three threads of its own, none of them the event loop:
+- the reader takes frames off the socket: results resolve the futures `call()` returned, BLS requests go to
+  `on_bls`, every frame counts as a sign of life;
+- the watchdog pings about every second and kills a process that has said nothing for `unresponsive_s`
+  (frozen, or stuck holding the GIL) or whose oldest batch has run longer than `execute_timeout_s` (when
+  set): a hung instance is detected, not waited on forever;
+- the output pump forwards what the process prints to the server's log (at the level the model's Logger
+  used), keeping the last lines for error messages.
+
+When the process ends for any reason but `stop()`, every batch in flight fails with an error that says what
+happened, and `on_exit(reason)` is called (from the reader thread) so the owner can restart it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError, ErrorCode, unavailable
+from ..shm import Region
+from .channel import Channel, ChannelClosed, Received
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout (or install) holding the `engine` package
+IMPORTABLE = Path(__file__).resolve().parent / "importable"
+PING_INTERVAL_S = 1.0
+_LEVEL_MARK = "\x1f"  # the stub's log lines start with \x1f<level>\x1f, so the pump keeps their level
+
+log = logging.getLogger("hubserve.python")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one instance process."""
+
+    python: str  # the interpreter (the server's own, or EXECUTION_ENV_PATH's)
+    model_file: Path
+    model_dir: Path  # the model's folder: tracebacks show it as `shown`
+    shown: str  # the model folder as messages name it, e.g. "py/"
+    instance_name: str
+    args: dict[str, str]  # initialize()'s args
+    region_bytes: int = 16 << 20
+    init_timeout_s: float = 300.0
+    unresponsive_s: float = 10.0
+    execute_timeout_s: float = 0.0  # 0: a batch may run as long as it likes
+    log_level: int = logging.INFO
+    env: dict[str, str] = field(default_factory=dict)
+
+
+Result = tuple[Any, list[Received]]
+
+
+class InstanceProcess:
+    def __init__(self, spec: LaunchSpec, on_bls: Callable[[Any, list[Received]], None],
+                 on_exit: Callable[[str], None]) -> None:
+        self.spec = spec
+        self._on_bls = on_bls
+        self._on_exit = on_exit
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._channel: Channel | None = None
+        self._pending: dict[int, tuple[Future[Result], float]] = {}
+        self._lock = threading.Lock()
+        self._next_batch = 0
+        self._last_heard = time.monotonic()
+        self._stopping = False
+        self._kill_reason = ""
+        self._bye = threading.Event()
+        self._tail: collections.deque[str] = collections.deque(maxlen=12)
+        self.pid = 0
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Start the process and wait for its `ready`; raises EngineError with the model's error."""
+        spec = self.spec
+        to_child = Region.create(spec.region_bytes, f"{spec.instance_name}-in")
+        from_child = Region.create(spec.region_bytes, f"{spec.instance_name}-out")
+        ours, theirs = socket.socketpair()
+        path = os.pathsep.join(p for p in (str(ROOT), str(IMPORTABLE), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, **spec.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        cmd = [spec.python, "-m", "engine.python_backend.stub", str(theirs.fileno()), str(from_child.fd),
+               str(from_child.size), str(to_child.fd), str(to_child.size)]
+        try:
+            self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), to_child.fd, from_child.fd),
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, cwd=str(spec.model_dir), env=env,
+                                          # Not in the server's process group: a Ctrl-C or a signal to the
+                                          # group reaches the server, which finalizes its instances; an
+                                          # instance ends by itself when the server's end of the socket goes.
+                                          start_new_session=True)
+        except OSError as e:
+            for thing in (ours, to_child, from_child):
+                thing.close()
+            raise unavailable(f"instance '{spec.instance_name}': cannot start {spec.python}: "
+                              f"{e.strerror}") from None
+        finally:
+            theirs.close()
+        self.pid = self._proc.pid
+        threading.Thread(target=self._pump, name=f"{spec.instance_name}.out", daemon=True).start()
+        channel = self._channel = Channel(ours, to_child, from_child)
+        ours.settimeout(spec.init_timeout_s)
+        try:
+            channel.send(("init", {"model_file": str(spec.model_file), "model_dir": str(spec.model_dir),
+                                   "shown": spec.shown, "args": spec.args, "log_level": spec.log_level,
+                                   "instance_name": spec.instance_name}))
+            meta, _ = channel.recv()
+        except ChannelClosed:
+            self._abandon()
+            raise unavailable(f"instance '{spec.instance_name}' {self._exit_reason(spec.init_timeout_s)} "
+                              f"before it was initialized{self._tail_text()}") from None
+        if meta[0] != "ready":
+            self._abandon()
+            raise EngineError(ErrorCode.INTERNAL, f"instance '{spec.instance_name}': {meta[1]}")
+        ours.settimeout(None)
+        self._last_heard = time.monotonic()
+        threading.Thread(target=self._read, name=f"{spec.instance_name}.read", daemon=True).start()
+        threading.Thread(target=self._watch, name=f"{spec.instance_name}.watch", daemon=True).start()
+
+    def _abandon(self) -> None:
+        self._stopping = True
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.wait(10)
+        if self._channel is not None:
+            self._channel.close()
+
+    # ------------------------------------------------------------------ calls
+
+    def call(self, meta_tail: tuple[Any, ...], tensors: list[Any]) -> Future[Result]:
+        """Send one batch (`("exec", id, *meta_tail)`); the future resolves with the result frame or fails
+        with the reason the process ended."""
+        future: Future[Result] = Future()
+        channel = self._channel
+        with self._lock:
+            self._next_batch += 1
+            batch = self._next_batch
+            if self._stopping or channel is None:
+                future.set_exception(unavailable(f"instance '{self.spec.instance_name}' is not running"))
+                return future
+            self._pending[batch] = (future, time.monotonic())
+        try:
+            channel.send(("exec", batch, *meta_tail), tensors)
+        except ChannelClosed:
+            pass  # the reader fails the pending batches with the reason the process ended
+        except EngineError as e:
+            with self._lock:
+                self._pending.pop(batch, None)
+            future.set_exception(e)
+        return future
+
+    def send(self, meta: tuple[Any, ...], tensors: list[Any] = ()) -> None:  # type: ignore[assignment]
+        """A frame that expects no answer (a BLS result); lost quietly when the process is gone."""
+        channel = self._channel
+        if channel is None:
+            return
+        with contextlib.suppress(ChannelClosed):
+            channel.send(meta, tensors)
+
+    # ------------------------------------------------------------------ threads
+
+    def _read(self) -> None:
+        channel = self._channel
+        assert channel is not None
+        try:
+            while True:
+                meta, tensors = channel.recv()
+                self._last_heard = time.monotonic()
+                kind = meta[0]
+                if kind == "result":
+                    with self._lock:
+                        entry = self._pending.pop(meta[1], None)
+                    if entry is not None:
+                        entry[0].set_result((meta, tensors))
+                elif kind == "bls":
+                    self._on_bls(meta, tensors)
+                elif kind == "bye":
+                    if meta[1]:
+                        log.error("instance %s: finalize failed: %s", self.spec.instance_name, meta[1])
+                    self._bye.set()
+        except ChannelClosed:
+            pass
+        except Exception:
+            log.exception("instance %s: reading its channel failed", self.spec.instance_name)
+            self._kill("sent a frame the engine could not read")
+        if self._stopping:
+            return
+        reason = self._exit_reason(0)
+        error = unavailable(f"Python model instance '{self.spec.instance_name}' {reason} while running "
+                            "this request")
+        with self._lock:
+            self._stopping = True
+            pending, self._pending = self._pending, {}
+        for future, _ in pending.values():
+            future.set_exception(error)
+        log.error("instance %s (pid %d) %s", self.spec.instance_name, self.pid, reason)
+        self._on_exit(reason)
+
+    def _watch(self) -> None:
+        spec = self.spec
+        last_ping = 0.0
+        while not self._stopping:
+            time.sleep(0.25)
+            now = time.monotonic()
+            if now - self._last_heard > spec.unresponsive_s:
+                self._kill(f"was unresponsive for {spec.unresponsive_s:g} s (hung) and was killed")
+                return
+            if spec.execute_timeout_s:
+                with self._lock:
+                    oldest = min((t for _, t in self._pending.values()), default=now)
+                if now - oldest > spec.execute_timeout_s:
+                    self._kill(f"ran one execute past execute_timeout_secs ({spec.execute_timeout_s:g} s) "
+                               "and was killed")
+                    return
+            if now - last_ping >= PING_INTERVAL_S:
+                last_ping = now
+                self.send(("ping", int(now)))
+
+    def _pump(self) -> None:
+        proc = self._proc
+        if proc is None or proc.stdout is None:
+            return
+        logger = logging.getLogger(f"hubserve.python.{self.spec.instance_name}")
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            level = logging.INFO
+            if line.startswith(_LEVEL_MARK):
+                mark, _, rest = line[1:].partition(_LEVEL_MARK)
+                if mark.isdigit():
+                    level, line = int(mark), rest
+            self._tail.append(line)
+            logger.log(level, "%s", line)
+
+    # ------------------------------------------------------------------ ending
+
+    def _kill(self, reason: str) -> None:
+        self._kill_reason = reason
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+
+    def kill(self, reason: str) -> None:
+        """End the process now (the owner's decision, e.g. a test); it then ends as a crash does."""
+        self._kill(reason)
+
+    def _exit_reason(self, timeout_s: float) -> str:
+        """Why the process ended, once it has (waits a moment for its status)."""
+        if self._kill_reason:
+            return self._kill_reason
+        proc = self._proc
+        if proc is None:
+            return "did not start"
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            if timeout_s:
+                self._kill("")
+                proc.wait(5)
+                return f"took longer than {timeout_s:g} s"
+            return "stopped answering"
+        if code < 0:
+            try:
+                return f"was killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+    def _tail_text(self) -> str:
+        lines = [line for line in self._tail if line.strip()][-6:]
+        return (":\n" + "\n".join(lines)) if lines else ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Finalize the model and end the process (killed if it takes longer than `timeout_s`)."""
+        with self._lock:
+            was_stopping, self._stopping = self._stopping, True
+        proc, channel = self._proc, self._channel
+        if not was_stopping and channel is not None:
+            with contextlib.suppress(ChannelClosed):
+                channel.send(("finalize",))
+                self._bye.wait(timeout_s)
+        if channel is not None:
+            channel.close()
+        if proc is not None:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -1,0 +1,183 @@
+"""The instance process of a Python model: `python -m engine.python_backend.stub SOCK OWN SIZE PEER SIZE`.
+
+Started by process.py with the socket and the two shared-memory regions as inherited fds. It waits for
+`init`, imports the model and calls `initialize`, answers `ready` (or `init_failed` with the error's last
+lines), then serves until `finalize` or until the engine is gone (the socket closes: the process exits, so
+an instance never outlives its server).
+
+Two threads: the main thread runs the model (initialize, execute, finalize: user code, in order); a reader
+thread takes frames off the socket, answers pings at once (so a busy model still shows it is alive, and a
+frozen process shows it is not), hands BLS responses to the waiting calls and queues work for the main
+thread. Messages (metadata tuples; tensors travel beside them, channel.py):
+
+    engine → instance: ("init", {...}), ("exec", batch, requests), ("bls_result", call, error, params),
+                       ("ping", n), ("finalize",)
+    instance → engine: ("ready",), ("init_failed", text), ("result", batch, error, answers),
+                       ("bls", call, model, version, id, correlation, flags, timeout_us, params, outputs),
+                       ("pong", n), ("bye", text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+from ..shm import Region
+from ..types import DataType
+from . import pb_utils
+from .channel import Channel, ChannelClosed, Received
+from .runner import ModelError, ModelRunner
+
+
+def requests_from(meta: list[Any], tensors: list[Received]) -> list[pb_utils.InferenceRequest]:
+    """The batch's requests as pb_utils objects; each takes its inputs from `tensors` in order."""
+    out = []
+    position = 0
+    for request_id, correlation_id, flags, parameters, requested, count in meta:
+        inputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in
+                  tensors[position:position + count]]
+        position += count
+        out.append(pb_utils.make_request(inputs, list(requested), request_id, correlation_id, flags,
+                                         parameters))
+    return out
+
+
+class StubTransport(pb_utils.Transport):
+    """BLS from the instance process: each request goes to the engine as a `bls` frame; the reader thread
+    resolves its future when `bls_result` comes back."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._ids = itertools.count(1)
+        self.waiting: dict[int, Future[pb_utils.InferenceResponse]] = {}
+
+    def submit(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
+        future: Future[pb_utils.InferenceResponse] = Future()
+        call = next(self._ids)
+        self.waiting[call] = future
+        tensors = []
+        for t in request.inputs():
+            if not isinstance(t, pb_utils.Tensor):
+                self.waiting.pop(call)
+                future.set_result(_error_response(f"BLS inputs must be pb_utils.Tensor, got "
+                                                  f"{type(t).__name__}"))
+                return future
+            tensors.append((t.name(), _datatype(t), t.as_numpy()))
+        try:
+            self._channel.send(("bls", call, request.model_name, request.model_version, request.request_id(),
+                                request.correlation_id(), request.flags(), request.timeout(),
+                                request.parameters(), request.requested_output_names()), tensors)
+        except (EngineError, ChannelClosed) as e:
+            self.waiting.pop(call, None)
+            future.set_result(_error_response(f"BLS request could not be sent: {e}"))
+        return future
+
+    def answered(self, call: int, error: Any, parameters: str, tensors: list[Received]) -> None:
+        future = self.waiting.pop(call, None)
+        if future is None:
+            return
+        if error is not None:
+            code, message = error
+            future.set_result(pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code, 1))))
+            return
+        outputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in tensors]
+        future.set_result(pb_utils.InferenceResponse(outputs, parameters=parameters))
+
+
+def _datatype(tensor: pb_utils.Tensor) -> DataType:
+    return DataType.from_v2(tensor.datatype())
+
+
+def _error_response(message: str) -> pb_utils.InferenceResponse:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport) -> None:
+    """The reader thread's loop; at EOF (the engine is gone) the process exits at once."""
+    try:
+        while True:
+            meta, tensors = channel.recv()
+            kind = meta[0]
+            if kind == "ping":
+                channel.send(("pong", meta[1]))
+            elif kind == "bls_result":
+                transport.answered(meta[1], meta[2], meta[3], tensors)
+            else:
+                work.put((meta, tensors))
+    except ChannelClosed:
+        pass
+    except BaseException:  # a bug here must not leave a silent process behind
+        logging.getLogger("hubserve.python").exception("instance channel failed")
+    os._exit(0)
+
+
+def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any]) -> None:
+    """The main thread's loop: run each batch and answer it; finalize and say goodbye."""
+    while True:
+        meta, tensors = work.get()
+        if meta[0] == "finalize":
+            channel.send(("bye", runner.finalize()))
+            return
+        _, batch, request_meta = meta
+        requests = requests_from(request_meta, tensors)
+        del tensors
+        try:
+            answers = runner.execute(requests)
+        except ModelError as e:
+            del requests
+            channel.send(("result", batch, str(e), []))
+            continue
+        del requests  # the inputs' views: their blocks go back with this frame where nothing else holds them
+        metas: list[Any] = []
+        outputs: list[Any] = []
+        for answer in answers:
+            if answer[0] == "ok":
+                metas.append(("ok", len(answer[1]), answer[2]))
+                outputs.extend(answer[1])
+            else:
+                metas.append(answer)
+        try:
+            channel.send(("result", batch, None, metas), outputs)
+        except EngineError as e:  # e.g. a tensor no wire form fits
+            channel.send(("result", batch, f"the responses could not be sent: {e.message}", []))
+
+
+def main(argv: list[str]) -> int:
+    sock_fd, own_fd, own_size, peer_fd, peer_size = (int(a) for a in argv)
+    sock = socket.socket(fileno=sock_fd)
+    channel = Channel(sock, Region.attach(own_fd, own_size, "instance-out"),
+                      Region.attach(peer_fd, peer_size, "instance-in"))
+    meta, _ = channel.recv()
+    init = meta[1]
+    name = init["instance_name"]
+    # The engine's output pump reads the level from the \x1f marks and logs the line under the instance.
+    logging.basicConfig(level=init.get("log_level", logging.INFO), stream=sys.stderr,
+                        format="\x1f%(levelno)d\x1f%(message)s")
+    pb_utils.set_logger_name(f"hubserve.python.{name}")
+    model_dir = Path(init["model_dir"])
+    try:
+        runner = ModelRunner(Path(init["model_file"]), init["args"], model_dir, init["shown"])
+    except ModelError as e:
+        channel.send(("init_failed", str(e)))
+        return 1
+    transport = StubTransport(channel)
+    pb_utils.set_transport(transport)
+    work: queue.Queue[Any] = queue.Queue()
+    threading.Thread(target=reader, args=(channel, work, transport), name="channel", daemon=True).start()
+    channel.send(("ready",))
+    serve(channel, runner, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,186 @@
+"""Python models run each instance in a process of their own: a model that blocks stalls nobody else, and an
+instance that crashes or hangs is detected, fails its requests with the reason, shows not-ready with that
+reason while it restarts, and serves again. A model's EXECUTION_ENV_PATH venv runs its instances.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import start_server
+from python_models import ASYNC, ENV_CONFIG, ENV_REPORT, FRAGILE, FRAGILE_CONFIG, ONE_IN_ONE_OUT, write_model
+
+MODELS = {
+    "fragile": "",
+    "hangs": 'parameters { key: "instance_unresponsive_secs" value: { string_value: "2" } }\n',
+    "overruns": 'parameters { key: "execute_timeout_secs" value: { string_value: "1" } }\n',
+    "other": "",
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    repo = tmp_path_factory.mktemp("isolation_repository")
+    for name, extra in MODELS.items():
+        write_model(repo, name, FRAGILE, FRAGILE_CONFIG + extra)
+    write_model(repo, "echo", ASYNC, ONE_IN_ONE_OUT)
+    write_model(repo, "echo_small_shm", ASYNC, ONE_IN_ONE_OUT +
+                'parameters { key: "shm_region_mb" value: { string_value: "1" } }\n')
+    args = ["--model-control-mode", "explicit"] + [a for n in [*MODELS, "echo", "echo_small_shm"]
+                                                   for a in ("--load-model", n)]
+    srv = start_server(repo, tmp_path_factory.mktemp("isolation_server") / "server.log", *args,
+                       ready_timeout=120)
+    yield srv
+    srv.stop()
+
+
+def call(server, model: str, value: float, protocol: str = "http") -> float:
+    module = httpclient if protocol == "http" else grpcclient
+    with module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url) as c:
+        i = module.InferInput("IN", [1], "FP32")
+        i.set_data_from_numpy(np.array([value], np.float32))
+        return float(c.infer(model, [i]).as_numpy("OUT")[0])
+
+
+def wait_for(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not met within {timeout_s} s")
+
+
+def index_row(server, model: str) -> dict:
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        return next(r for r in c.get_model_repository_index() if r["name"] == model)
+
+
+def ready(server, model: str) -> bool:
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        return bool(c.is_model_ready(model))
+
+
+def test_a_blocked_model_stalls_no_other_model(server) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(call, server, "fragile", 3.0)
+        started = time.monotonic()
+        for _ in range(5):
+            call(server, "other", 0.0)
+        assert time.monotonic() - started < 2.5
+        assert not slow.done()  # the other model was answered while this one still slept
+        assert slow.result(30) > 0
+
+
+def restarts(server, model: str) -> list[str]:
+    starts = server.repository / model / "starts.txt"
+    return starts.read_text().split() if starts.exists() else []
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_crashed_instance_fails_its_request_shows_why_and_restarts(server, protocol: str) -> None:
+    before = call(server, "fragile", 0.0, protocol)
+    count = len(restarts(server, "fragile"))
+    with pytest.raises(InferenceServerException, match="'fragile_0_0' exited with code 3 while running"):
+        call(server, "fragile", -1, protocol)
+    wait_for(lambda: not ready(server, "fragile"), 10, "not ready while restarting")
+    row = index_row(server, "fragile")
+    assert row["state"] == "UNAVAILABLE" and "exited with code 3; restarting it" in row["reason"]
+    with pytest.raises(InferenceServerException, match="exited with code 3; restarting it"):
+        call(server, "fragile", 0.0, protocol)
+    wait_for(lambda: ready(server, "fragile"), 30, "ready after the restart")
+    after = call(server, "fragile", 0.0, protocol)
+    assert after != before and len(restarts(server, "fragile")) == count + 1
+    assert index_row(server, "fragile")["state"] == "READY"
+    assert "fragile_0_0" in server.log() and "exited with code 3" in server.log()
+
+
+def test_a_frozen_instance_is_detected_as_hung(server) -> None:
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="unresponsive for 2 s"):
+        call(server, "hangs", -2)
+    assert time.monotonic() - started < 15
+    wait_for(lambda: ready(server, "hangs"), 30, "ready after the restart")
+    assert call(server, "hangs", 0.0) > 0
+
+
+def test_an_execute_past_its_timeout_is_killed(server) -> None:
+    started = time.monotonic()
+    with pytest.raises(InferenceServerException, match="execute_timeout_secs"):
+        call(server, "overruns", 60.0)
+    assert time.monotonic() - started < 15
+    wait_for(lambda: ready(server, "overruns"), 30, "ready after the restart")
+    assert call(server, "overruns", 0.0) > 0
+
+
+def test_requests_queued_during_a_restart_are_served_after_it(server) -> None:
+    with pytest.raises(InferenceServerException):
+        call(server, "other", -1)
+    wait_for(lambda: not ready(server, "other"), 10, "not ready while restarting")
+    wait_for(lambda: ready(server, "other"), 30, "ready after the restart")
+    with ThreadPoolExecutor(3) as pool:
+        pids = list(pool.map(lambda _: call(server, "other", 0.0), range(3)))
+    assert len(set(pids)) == 1
+
+
+@pytest.mark.parametrize("model", ["echo", "echo_small_shm"])
+def test_large_tensors_cross_and_their_memory_is_reused(server, model: str) -> None:
+    """2 MiB each way, 60 times: through the shared-memory arenas (`echo`), or inline where the 1 MiB
+    region is too small (`echo_small_shm`); answers are right and the server's memory stays flat."""
+    x = np.random.default_rng(1).random(1 << 19, dtype=np.float32)
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60) as c:
+        i = httpclient.InferInput("IN", [x.size], "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        for _ in range(10):
+            c.infer(model, [i])
+        anon = memory(server, "RssAnon")
+        for _ in range(50):
+            np.testing.assert_array_equal(c.infer(model, [i]).as_numpy("OUT"), x + 1)
+    assert memory(server, "RssAnon") - anon < 32 << 20  # nothing kept per request
+    assert memory(server, "RssShmem") <= 2 * (16 << 20) + (4 << 20)  # at most the instance's two regions
+
+
+def memory(server, field: str) -> int:
+    """One line of the server's /proc status (RssAnon: its own memory; RssShmem: shared memory it touched)."""
+    with open(f"/proc/{server.process.pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{server.process.pid}/status")
+
+
+def make_venv(path: Path) -> None:
+    """A venv without pip that sees this checkout's packages (numpy) through a .pth file."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    purelib = sysconfig.get_paths()["purelib"]
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    (path / "lib" / version / "site-packages" / "checkout.pth").write_text(purelib + "\n")
+
+
+def test_execution_env_path_runs_the_model_in_its_venv(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "repo", "env_model", ENV_REPORT, ENV_CONFIG +
+                        'parameters { key: "EXECUTION_ENV_PATH" value: '
+                        '{ string_value: "$$TRITON_MODEL_DIRECTORY/venv" } }\n')
+    make_venv(model / "venv")
+    srv = start_server(tmp_path / "repo", tmp_path / "server.log", "--model-control-mode", "explicit",
+                       "--load-model", "env_model")
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as c:
+            i = httpclient.InferInput("IN", [1], "FP32")
+            i.set_data_from_numpy(np.zeros(1, np.float32))
+            prefix = c.infer("env_model", [i]).as_numpy("OUT")[0].decode()
+        assert os.path.realpath(prefix) == os.path.realpath(model / "venv")
+    finally:
+        srv.stop()
