@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import EngineError, ErrorCode
 from ..shm import Arena, Region
 from ..types import Completion, InferenceRequest, InferenceResponse, RequestPlan, Tensor
-from .framing import FrameError, FrameReader, encode_frame
+from .framing import FrameReader, encode_frame
 from .messages import CANCELLED, OK, datatype, error_from_payload, outputs_header
 from .tensors import Inline, ResponseArena, place, read_outputs, wire_chunks
 
@@ -189,8 +189,8 @@ class EngineClient(asyncio.Protocol):
             frames = self._reader.feed(data)
             for meta, inline in frames:
                 self._frame(meta, inline)
-        except (FrameError, ValueError) as e:
-            log.error("the engine sent a broken frame (%s): closing the channel", e)
+        except Exception as e:  # a broken frame, or a block the arena never gave out: out of step
+            log.error("the engine's frame could not be handled (%r): closing the channel", e)
             if self._transport is not None:
                 self._transport.abort()
             return
