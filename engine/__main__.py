@@ -31,6 +31,30 @@ def _byte_count(text: str) -> int:
     return int(text)
 
 
+def _workers(text: str) -> int:
+    """--workers: a count, or "auto" (0 here; resolved by default_workers)."""
+    if text == "auto":
+        return 0
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of processes (1 or more) or 'auto', "
+                                         f"got '{text}'")
+    return int(text)
+
+
+AUTO_WORKERS_MIN_CORES = 4  # below this, one process: measured on 2 cores, frontends cost more than they free
+AUTO_WORKERS = 2  # from there: two frontends already do as much work per inference as the one engine
+
+
+def default_workers() -> int:
+    """--workers auto: from the cores this process may use (its affinity, so a container's or taskset's limit
+    counts). On 2 cores, shared with the load, --workers 2 and 3 served 35-55 % fewer inferences than one
+    process; the engine process alone costs about what its frontends cost together per inference, so more
+    than two frontends cannot add throughput while the engine is one thread (docs/architecture.md
+    "Processes")."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1 if cores < AUTO_WORKERS_MIN_CORES else AUTO_WORKERS
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hubserve",
                                      description="Serve models over KServe v2 HTTP and gRPC.")
@@ -80,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide count of a rate-limiter resource named in instance groups")
     serve.add_argument("--exit-timeout-secs", type=float, default=30.0,
                        help="on SIGTERM/SIGINT, how long to let in-flight requests finish")
+    serve.add_argument("--workers", type=_workers, default="auto", metavar="N",
+                       help="1: one process serves everything; N >= 2: one engine process (models, batchers, "
+                            "statistics, metrics) and N frontend processes doing the HTTP and gRPC work; "
+                            f"auto: 1 below {AUTO_WORKERS_MIN_CORES} usable cores, else {AUTO_WORKERS} "
+                            "(docs/architecture.md \"Processes\")")
+    serve.add_argument("--worker-arena-mb", type=int, default=16,
+                       help="with --workers N >= 2: each frontend's shared-memory arenas (one for requests, "
+                            "one for answers), in MiB; larger tensors cross inline over the socket")
     serve.add_argument("--allow-python-model-upload", action="store_true",
                        help="let a repository load request send the files of a Python model (code the "
                             "server runs); refused by default")
@@ -130,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
             max_concurrent_executions=args.max_concurrent_executions,
             rate_limit_resources=dict(args.rate_limit_resource),
             exit_timeout_secs=args.exit_timeout_secs,
+            workers=args.workers if args.workers else default_workers(),
+            worker_arena_bytes=args.worker_arena_mb << 20,
+            log_verbose=args.log_verbose,
             allow_python_model_upload=args.allow_python_model_upload,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms

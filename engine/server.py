@@ -17,12 +17,14 @@ from aiohttp import web
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
-from .frontend.h2.server import H2GrpcServer
+from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
 from .metrics import process_registry, render
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
 from .watcher import RepositoryWatcher
+from .workers.control import ControlRunner
+from .workers.supervisor import FrontendPool
 
 log = logging.getLogger("hubserve")
 
@@ -49,6 +51,11 @@ class ServerOptions:
     max_concurrent_executions: int = 0  # 0 = limited only by instances
     rate_limit_resources: dict[str, int] = field(default_factory=dict)
     exit_timeout_secs: float = 30.0
+    # 1: this process serves everything. N >= 2: this process is the engine (repository, batchers, instances,
+    # statistics, metrics) and N frontend processes do the HTTP and gRPC work (engine/workers/).
+    workers: int = 1
+    worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
+    log_verbose: int = 0
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
 
 
@@ -63,6 +70,8 @@ class Server:
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
         self._grpc: H2GrpcServer | None = None
+        self._frontends: FrontendPool | None = None
+        self._control: ControlRunner | None = None
         self._poller: asyncio.Task[None] | None = None
         self.http_port = options.http_port
         self.grpc_port = options.grpc_port
@@ -74,20 +83,10 @@ class Server:
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
             await self.repository.load_all()
-        self._http = http_frontend.HttpApp(self.dataplane, http_frontend.HttpLimits(
-            opts.http_max_input_bytes or opts.max_message_bytes, opts.max_header_bytes, opts.max_header_count,
-            opts.client_timeout_secs, opts.idle_timeout_secs))
-        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
-        self.http_port = int(self._http_server.sockets[0].getsockname()[1])
-
-        limits = Limits(max_header_list_bytes=opts.max_header_bytes,
-                        max_buffered_request_bytes=2 * opts.max_message_bytes,
-                        max_queued_response_bytes=2 * opts.max_message_bytes,
-                        client_timeout_secs=opts.client_timeout_secs,
-                        idle_timeout_secs=opts.idle_timeout_secs)
-        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, limits)
-        self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
-        await self._grpc.start()
+        if opts.workers > 1:
+            await self._start_frontends()
+        else:
+            await self._start_protocols()
 
         if opts.metrics_port:
             self._metrics_runner = web.AppRunner(self._metrics_app(), access_log=None)
@@ -99,9 +98,62 @@ class Server:
             watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs,
                                         opts.repository_quiet_secs, opts.repository_events)
             self._poller = asyncio.get_running_loop().create_task(watcher.run())
-        log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s",
+        log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s%s",
                  opts.host, self.http_port, opts.host, self.grpc_port,
-                 f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off")
+                 f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
+                 f"; {opts.workers} frontend processes" if opts.workers > 1 else "")
+
+    def _http_limits(self) -> http_frontend.HttpLimits:
+        opts = self.options
+        return http_frontend.HttpLimits(opts.http_max_input_bytes or opts.max_message_bytes,
+                                        opts.max_header_bytes, opts.max_header_count,
+                                        opts.client_timeout_secs, opts.idle_timeout_secs)
+
+    def _h2_limits(self) -> Limits:
+        opts = self.options
+        return Limits(max_header_list_bytes=opts.max_header_bytes,
+                      max_buffered_request_bytes=2 * opts.max_message_bytes,
+                      max_queued_response_bytes=2 * opts.max_message_bytes,
+                      client_timeout_secs=opts.client_timeout_secs,
+                      idle_timeout_secs=opts.idle_timeout_secs)
+
+    async def _start_protocols(self) -> None:
+        """One process: HTTP and gRPC served here."""
+        opts = self.options
+        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits())
+        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
+        self.http_port = int(self._http_server.sockets[0].getsockname()[1])
+
+        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits())
+        self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
+        await self._grpc.start()
+
+    async def _start_frontends(self) -> None:
+        """N frontend processes (engine/workers/): the listening sockets are bound and accepted on here, and
+        each connection handed to the frontend with the fewest, so the ports stay fixed whichever frontend
+        serves and a restarted one serves on."""
+        opts = self.options
+        http_sockets = bind_listeners(opts.host, opts.http_port)
+        grpc_sockets = bind_listeners(opts.host, opts.grpc_port)
+        self.http_port = int(http_sockets[0].getsockname()[1])
+        self.grpc_port = int(grpc_sockets[0].getsockname()[1])
+        http = self._http_limits()
+        h2 = self._h2_limits()
+        spec = {"http": {"max_body_bytes": http.max_body_bytes, "max_header_bytes": http.max_header_bytes,
+                         "max_header_count": http.max_header_count,
+                         "client_timeout_secs": http.client_timeout_secs,
+                         "idle_timeout_secs": http.idle_timeout_secs},
+                "grpc": {"max_message_bytes": opts.max_message_bytes,
+                         "max_header_list_bytes": h2.max_header_list_bytes,
+                         "max_buffered_request_bytes": h2.max_buffered_request_bytes,
+                         "max_queued_response_bytes": h2.max_queued_response_bytes,
+                         "client_timeout_secs": h2.client_timeout_secs,
+                         "idle_timeout_secs": h2.idle_timeout_secs},
+                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
+        self._control = ControlRunner(self.dataplane, http)
+        self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
+                                       grpc_sockets, spec, opts.worker_arena_bytes)
+        await self._frontends.start()
 
     def _metrics_app(self) -> web.Application:
         registry = process_registry()
@@ -125,7 +177,11 @@ class Server:
             waits.append(self._grpc.stop(grace))
         if self._http is not None and self._http_server is not None:
             waits.append(http_frontend.shutdown(self._http, self._http_server, grace))
+        if self._frontends is not None:
+            waits.append(self._frontends.stop(grace))  # closes the listening sockets first
         await asyncio.gather(*waits, return_exceptions=True)
+        if self._control is not None:
+            await self._control.close()
         await self.repository.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()

@@ -44,6 +44,9 @@ from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
 from peers import repos, servers, variants
 
+# The hubserve layout the ratios are against: the first hubserve* in --servers (set by main).
+REFERENCE = "hubserve"
+
 
 @dataclass(frozen=True, slots=True)
 class Point:
@@ -168,7 +171,7 @@ def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str,
     """In-process ONNX Runtime infer/s per (model, batch size hubserve formed), hubserve's session options."""
     out: dict[tuple[str, int], float] = {}
     for m in measurements:
-        if m.server != "hubserve" or m.error:
+        if m.server != REFERENCE or m.error:
             continue
         key = (m.point.model, max(1, round(m.avg_batch or 1)))
         if key not in out:
@@ -194,11 +197,11 @@ def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
     protocol and config variant."""
     ratios: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for point, row in by_point.items():
-        hub = row.get("hubserve")
+        hub = row.get(REFERENCE)
         if hub is None or hub.error:
             continue
         for name, m in row.items():
-            if name != "hubserve" and not m.error and m.infer_per_s and m.cpu_us_per_infer > 0:
+            if name != REFERENCE and not m.error and m.infer_per_s and m.cpu_us_per_infer > 0:
                 ratios.setdefault((name, point.protocol, point.variant), []).append(
                     (hub.infer_per_s / m.infer_per_s, hub.cpu_us_per_infer / m.cpu_us_per_infer))
     if not ratios:
@@ -271,7 +274,7 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
              "| server CPU µs/infer | avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
             "|" + "---|" * 13]
     for point, row in by_point.items():
-        hub = row.get("hubserve")
+        hub = row.get(REFERENCE)
         for name, m in row.items():
             cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
             if m.error:
@@ -281,7 +284,7 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
             cells[4] += f" ({fmt})" if fmt else ""
             cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
                       _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1)]
-            if name == "hubserve" or hub is None or hub.error:
+            if name == REFERENCE or hub is None or hub.error:
                 cells += ["", ""]
             else:
                 cells += [_ratio(hub.infer_per_s, m.infer_per_s),
@@ -295,7 +298,7 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
             "| hubserve ÷ ceiling |",
             "|---|---|---|---|---|---|---|---|"]
     for point, row in by_point.items():
-        hub = row.get("hubserve")
+        hub = row.get(REFERENCE)
         if hub is None or hub.error:
             continue
         c = ceiling.get((point.model, max(1, round(hub.avg_batch or 1))))
@@ -326,7 +329,10 @@ def main() -> int:
     parser.add_argument("--models", default="simple,mlp,image")
     parser.add_argument("--protocols", default="grpc,http")
     parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--servers", default="hubserve,triton,kserve,mlserver")
+    parser.add_argument("--servers", default="hubserve,triton,kserve,mlserver",
+                        help="any of hubserve (its default layout), hubserve-w1/-w2/-w3/-w4/-w8 "
+                             "(--workers N), triton, kserve, mlserver; ratios are against the first "
+                             "hubserve listed")
     parser.add_argument("--configs", default="examples,tuned",
                         help=f"config variants, each model in each: {', '.join(variants.VARIANTS)}")
     parser.add_argument("--hubserve-args", default="",
@@ -340,6 +346,8 @@ def main() -> int:
     parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per ceiling measurement")
     parser.add_argument("--out", type=Path, help="default: perf/results/peers-<date>.md")
     args = parser.parse_args()
+    global REFERENCE
+    REFERENCE = next((n for n in args.servers.split(",") if n.startswith("hubserve")), "hubserve")
     # unwind through `finally`, which stops every server we started
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
@@ -359,7 +367,7 @@ def main() -> int:
     wanted = []
     for name in args.servers.split(","):
         kind = servers.KINDS[name]
-        if name == "hubserve" and args.hubserve_args:
+        if name.startswith("hubserve") and args.hubserve_args:
             kind = kind.with_args(shlex.split(args.hubserve_args))
         why = kind.missing()
         if why:

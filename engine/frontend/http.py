@@ -20,12 +20,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from ..dataplane import DataPlane
 from ..memory import release_freed_memory
 from .http_connection import HttpProtocol
 from .http_routes import HttpRoutes
-from .http_types import HttpLimits
+from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+
+
+class Routes(Protocol):
+    """What answers an app's requests: HttpRoutes, or a frontend process's forwarding routes."""
+
+    def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending: ...
 
 TRIM_INTERVAL_SECS = 1.0  # at most one malloc_trim a second, and only after a large body was dropped
 DRAIN_QUIET_SECS = 1.0  # draining: an idle keep-alive connection is closed once this quiet
@@ -35,8 +42,10 @@ class HttpApp:
     """One per server: the routes (`handle`, called by each connection per request), the set of open
     connections, their sweeper and the release of freed request memory."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
-        self.routes = HttpRoutes(dataplane, limits)
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None) -> None:
+        """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
+        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes)."""
+        self.routes: Routes = routes or HttpRoutes(dataplane, limits)
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits
         self.connections: set[HttpProtocol] = set()

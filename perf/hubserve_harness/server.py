@@ -7,6 +7,7 @@ repository root as its working directory, so it serves this checkout's code.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -52,12 +53,19 @@ class RunningServer:
         return self.log_path.read_text(errors="replace")
 
     def rss_bytes(self) -> int:
-        """The server process's resident size (VmRSS), for tests whose point is memory given back."""
-        with open(f"/proc/{self.process.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise AssertionError(f"no VmRSS in /proc/{self.process.pid}/status")
+        """The server's resident size (VmRSS), for tests whose point is memory given back: the process's,
+        plus its children's with `--workers N` (the frontend processes hold what their connections hold)."""
+        pid = self.process.pid
+        total = _rss(pid)
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
+        except FileNotFoundError:
+            children = []
+        for child in children:
+            with contextlib.suppress(FileNotFoundError, AssertionError):  # exited meanwhile
+                total += _rss(child)
+        return total
 
     def metric(self, name: str, model: str, version: str = "1") -> float:
         """One model's value of a Prometheus family, read from /metrics."""
@@ -79,14 +87,26 @@ class RunningServer:
         return int(self.process.returncode)
 
 
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS in /proc/{pid}/status")
+
+
 def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,
                  wait_ready: bool = True, env: dict[str, str] | None = None) -> RunningServer:
     """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
-    adds to (or overrides) the server's environment, e.g. TMPDIR."""
+    adds to (or overrides) the server's environment, e.g. TMPDIR.
+
+    The process layout is `--workers` from `extra` if given, else HUBSERVE_TEST_WORKERS (default 1, one
+    process), so a suite can be run against the multi-process server unchanged."""
     http, grpc_port, metrics = free_port(), free_port(), free_port()
+    workers = () if "--workers" in extra else ("--workers", os.environ.get("HUBSERVE_TEST_WORKERS", "1"))
     cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
            "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc_port),
-           "--metrics-port", str(metrics), *extra]
+           "--metrics-port", str(metrics), *workers, *extra]
     with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})

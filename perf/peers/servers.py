@@ -150,7 +150,10 @@ MLSERVER = ServerKind(
         f"http://127.0.0.1:{p.metrics}/metrics", "model_infer_request_duration_count", "model", m),
 )
 
-KINDS = {k.name: k for k in (HUBSERVE, TRITON, KSERVE, MLSERVER)}
+# hubserve with `--workers N` beside it, so one run can put process layouts side by side.
+HUBSERVE_WORKERS = tuple(replace(HUBSERVE.with_args(["--workers", str(n)]), name=f"hubserve-w{n}")
+                         for n in (1, 2, 3, 4, 8))
+KINDS = {k.name: k for k in (HUBSERVE, *HUBSERVE_WORKERS, TRITON, KSERVE, MLSERVER)}
 
 
 @dataclass

@@ -24,10 +24,41 @@ from .grpc import GrpcApp
 from .streams import Limits
 
 
+def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for `host:port` (port 0 = any free one; `[::]` for IPv6), one per address the host
+    resolves to, all on the same port, as grpc binds; non-blocking, backlog 1024."""
+    infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    both_families = len({info[0] for info in infos}) > 1
+    error: OSError | None = None
+    sockets: list[socket.socket] = []
+    for family, kind, proto, _, addr in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and both_families:  # IPv4 has a socket of its own
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind((addr[0], port, *addr[2:]))
+        except OSError as e:
+            sock.close()
+            error = error or e
+            continue
+        sock.listen(1024)
+        sock.setblocking(False)
+        sockets.append(sock)
+        port = int(sock.getsockname()[1])  # the other addresses take the same port
+    if not sockets:
+        raise error or OSError(f"could not bind {host}:{port}")
+    return sockets
+
+
 class H2GrpcServer:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
+                 handlers: GrpcHandlers | None = None) -> None:
+        """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
+        multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers)."""
         self._limits = limits = limits or Limits()
-        self._app = GrpcApp(GrpcHandlers(dataplane), max_message_bytes, limits)
+        self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
         self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))
         self._sweeper: asyncio.Task[None] | None = None
@@ -40,29 +71,18 @@ class H2GrpcServer:
         """Bind `host:port` now (port 0 = any free one; `[::]:port` for IPv6), on every address the host
         resolves to, as grpc does; returns the bound port."""
         host, _, port_text = address.rpartition(":")
-        port = int(port_text)
-        infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE)
-        both_families = len({info[0] for info in infos}) > 1
-        error: OSError | None = None
-        for family, kind, proto, _, addr in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                if family == socket.AF_INET6 and both_families:  # IPv4 has a socket of its own
-                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-                sock.bind((addr[0], port, *addr[2:]))
-            except OSError as e:
-                sock.close()
-                error = error or e
-                continue
-            sock.listen(1024)
-            sock.setblocking(False)
-            self._sockets.append(sock)
-            port = int(sock.getsockname()[1])  # the other addresses take the same port
-        if not self._sockets:
-            raise error or OSError(f"could not bind {address}")
-        return port
+        sockets = bind_listeners(host, int(port_text))
+        self._sockets.extend(sockets)
+        return int(sockets[0].getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def connection(self) -> H2Connection:
+        """A new connection's protocol, for a caller that accepts connections itself (a frontend process
+        of a multi-process server, on listening sockets its engine bound)."""
+        return self._connection()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,15 @@
+"""The multi-process server (`hubserve serve --workers N`, N >= 2): one engine process, N frontend processes.
+
+    supervisor.py  the engine's frontends: spawn (fresh interpreters, fds passed), restart, drain
+    frontend.py    a frontend process: HTTP/1.1 and gRPC on the listening sockets the engine bound
+    listen.py      accepting on sockets shared by the frontends, one connection per wake-up
+    remote.py      the frontend's stand-in for the DataPlane: requests out, answers in, a frame per round
+    forwarding.py  the frontend's routes and gRPC handlers: inference here, everything else to the engine
+    session.py     the engine's end of one frontend's channel: requests into the DataPlane, answers out
+    control.py     the engine's answers to forwarded non-inference requests (the single-process handlers)
+    messages.py    what the two sides say to each other
+    tensors.py     tensor bytes across: shared-memory arena blocks (engine/shm.py) or inline
+    framing.py     length-prefixed frames on the socket
+
+docs/architecture.md ("Processes") has the layout, the message flow, and the measurements behind it.
+"""

@@ -1,0 +1,104 @@
+"""The engine's side of everything that is not inference: a frontend forwards the request as it came and the
+engine answers it with the single-process handlers themselves (HTTP: `HttpRoutes.handle`; gRPC: the unary
+methods of `GrpcHandlers`), so no endpoint is written twice and every answer (health, readiness, metadata,
+config, statistics, the repository index, load and unload) is the one a single process gives, from the one
+repository and the one set of statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..dataplane import DataPlane
+from ..frontend.grpc_handlers import GrpcHandlers
+from ..frontend.h2.rpcs import Kind, rpc_table
+from ..frontend.http_routes import HttpRoutes
+from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
+from .messages import GRPC, HEALTH, HTTP, error_payload
+
+log = logging.getLogger("hubserve.workers")
+
+# How a control request is answered: (cid, ok, result or error payload), once.
+Reply = Callable[[int, bool, Any], None]
+
+
+class ControlRunner:
+    """One per engine, shared by every frontend's session. `run(control, reply)` never raises: whatever
+    happens, `reply` is called once (at once or from the loop later)."""
+
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
+        self.http = HttpRoutes(dataplane, limits)
+        self.grpc = GrpcHandlers(dataplane)
+        self._unary = {name.rsplit(b"/", 1)[1].decode(): rpc for name, rpc in rpc_table(self.grpc).items()
+                       if rpc.kind is Kind.UNARY}
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def run(self, control: tuple[int, int, Any], reply: Reply) -> None:
+        cid, kind, args = control
+        try:
+            if kind == HTTP:
+                self._http(cid, args, reply)
+            elif kind == GRPC:
+                self._grpc(cid, args, reply)
+            elif kind == HEALTH:
+                reply(cid, True, self.grpc.health_status(args))
+            else:
+                raise ValueError(f"unknown control kind {kind!r}")
+        except Exception as e:  # EngineError (gRPC), or a bug: the frontend answers it as it would its own
+            reply(cid, False, error_payload(e))
+
+    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply) -> None:
+        req = HttpRequest()
+        req.method, req.url, req.headers, req.body = args
+        held: list[Pending] = []
+
+        def done(_: asyncio.Future[Any]) -> None:  # never called before handle() returns: it is a callback
+            reply(cid, True, _flat(held[0].answer()))
+
+        answer = self.http.handle(req, done)
+        if isinstance(answer, tuple):
+            reply(cid, True, _flat(answer))
+        else:
+            held.append(answer)
+
+    def _grpc(self, cid: int, args: tuple[str, bytes], reply: Reply) -> None:
+        method, message = args
+        rpc = self._unary.get(method)
+        if rpc is None:
+            raise ValueError(f"no unary RPC {method!r} to forward to")
+        result = rpc.handler(rpc.request_type.FromString(message))
+        if not inspect.isawaitable(result):
+            reply(cid, True, result.SerializeToString())
+            return
+        task = asyncio.ensure_future(result)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Future[Any]) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():
+                reply(cid, False, error_payload(asyncio.CancelledError()))
+            elif (exc := t.exception()) is not None:
+                reply(cid, False, error_payload(exc))
+            else:
+                reply(cid, True, t.result().SerializeToString())
+
+        task.add_done_callback(done)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _flat(answer: Answer) -> Answer:
+    """An HTTP answer whose body may be parts, with the body as one bytes object (it is pickled)."""
+    status, body, content_type, extra = answer
+    if isinstance(body, list):
+        body = b"".join(bytes(p) for p in body)
+    elif not isinstance(body, bytes):
+        body = bytes(body)
+    return status, body, content_type, extra

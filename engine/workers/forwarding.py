@@ -1,0 +1,133 @@
+"""A frontend's routes and gRPC handlers: inference is decoded, submitted and encoded here, by the
+single-process code over the engine client (remote.py); everything else is forwarded as it came and
+answered by the engine's own handlers (control.py), so every process answers it identically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from ..errors import EngineError
+from ..frontend.grpc_handlers import GrpcHandlers, health
+from ..frontend.http_routes import STATUS, HttpRoutes
+from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+from .messages import GRPC, HEALTH, HTTP
+from .remote import EngineClient
+
+log = logging.getLogger("hubserve.workers")
+
+_INFER_SUFFIX = b"/infer"
+# The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
+# same in every process.
+FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+                  "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
+                  "Check")
+HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports (grpc_handlers.HEALTH_POLL_S)
+
+
+class FrontendRoutes:
+    """`handle` as HttpRoutes has it: POST …/infer goes to the local routes (decoded here, over the engine
+    client); any other request is forwarded, and the engine's HttpRoutes answers it. Only inference is
+    decoded here: every other route reads the repository or statistics, which only the engine has."""
+
+    def __init__(self, client: EngineClient, limits: HttpLimits) -> None:
+        self.local = HttpRoutes(client, limits)  # type: ignore[arg-type]  # only submit() is reached
+        self._client = client
+
+    def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
+        if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_INFER_SUFFIX):
+            return self.local.handle(req, on_done)
+        body = req.body if isinstance(req.body, bytes) else bytes(req.body)
+        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body))
+        future.add_done_callback(on_done)
+        return _Forwarded(future)
+
+
+class _Forwarded:
+    """The engine's answer to a forwarded HTTP request, or why there is none."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[Any]) -> None:
+        self.future = future
+
+    def answer(self) -> Answer:
+        fut = self.future
+        if fut.cancelled():
+            return _error(503, "the request was cancelled: the server is stopping")
+        exc = fut.exception()
+        if exc is None:
+            return fut.result()  # type: ignore[no-any-return]
+        if isinstance(exc, EngineError):
+            return _error(STATUS[exc.code], exc.message)
+        log.error("forwarded HTTP request failed: %r", exc)
+        return _error(500, f"internal error: {exc}")
+
+
+def _error(status: int, message: str) -> Answer:
+    return status, orjson.dumps({"error": message}), b"application/json", b""
+
+
+class _Serialized:
+    """A response message the engine already serialized: the gRPC Call only asks it for its bytes."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def SerializeToString(self) -> bytes:  # protobuf's name, which the Call calls
+        return self._data
+
+
+class FrontendGrpcHandlers(GrpcHandlers):
+    """GrpcHandlers whose inference runs over the engine client (inherited: submit_infer_wire and
+    stream_infer_wire call `self.dp.submit`) and whose other RPCs are answered by the engine."""
+
+    def __init__(self, client: EngineClient) -> None:
+        super().__init__(client)  # type: ignore[arg-type]
+        self._client = client
+
+    def _forward(self, method: str, request: Any) -> asyncio.Future[Any]:
+        future = self._client.forward(GRPC, (method, request.SerializeToString()))
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[Any]) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            elif (exc := f.exception()) is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(_Serialized(f.result()))
+
+        future.add_done_callback(done)
+        return out
+
+    async def Watch(self, request: Any) -> AsyncIterator[Any]:  # the RPC's name
+        """Server streaming: the status now, then each change, as the engine sees it."""
+        last = None
+        while True:
+            status = await self._client.forward(HEALTH, request.service)
+            if status != last:
+                last = status
+                yield health.HealthCheckResponse(status=status)
+            await asyncio.sleep(HEALTH_POLL_S)
+
+
+def _forwarder(name: str) -> Any:
+    def handler(self: FrontendGrpcHandlers, request: Any) -> asyncio.Future[Any]:
+        return self._forward(name, request)
+
+    handler.__name__ = name
+    return handler
+
+
+for _name in FORWARDED_RPCS:
+    setattr(FrontendGrpcHandlers, _name, _forwarder(_name))

@@ -1,0 +1,107 @@
+"""A frontend process of the multi-process server: `python -m engine.workers.frontend SPEC`, started by the
+engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (its
+channel to the engine, the hand-off its connections arrive through, its request and response arenas) and the
+limits.
+
+It runs the single-process protocol code, HTTP/1.1 (`HttpApp`) and gRPC (`H2GrpcServer`), with the engine
+client (remote.py) standing in for the DataPlane and the forwarding routes and handlers (forwarding.py); it
+imports no backend, holds no model and reads no repository.
+
+SIGTERM: take no more connections, drain (requests in flight are still answered through the engine), exit 0.
+SIGINT is ignored: the engine (which a terminal's ^C also reaches) coordinates the drain. When the engine's
+end of the channel closes (it died), the frontend drops its connections and exits at once: no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from ..frontend import http as http_frontend
+from ..frontend.h2.server import H2GrpcServer
+from ..frontend.h2.streams import Limits
+from ..frontend.http_types import HttpLimits
+from ..shm import Region
+from .forwarding import FrontendGrpcHandlers, FrontendRoutes
+from .listen import ConnectionReceiver
+from .remote import EngineClient
+
+log = logging.getLogger("hubserve.workers")
+
+EXIT_ENGINE_GONE = 3
+
+
+async def serve(spec: dict[str, Any]) -> int:
+    loop = asyncio.get_running_loop()
+    index = spec["index"]
+    stop = asyncio.Event()
+    engine_gone = False
+
+    def lost() -> None:
+        nonlocal engine_gone
+        engine_gone = True
+        stop.set()
+
+    requests = Region.attach(spec["requests"][0], spec["requests"][1], f"hubserve-requests-{index}")
+    responses = Region.attach(spec["responses"][0], spec["responses"][1], f"hubserve-responses-{index}")
+    client = EngineClient(requests, responses, lost)
+    await loop.connect_accepted_socket(lambda: client, socket.socket(fileno=spec["channel"]))
+
+    h = spec["http"]
+    http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
+                             h["client_timeout_secs"], h["idle_timeout_secs"])
+    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits))  # type: ignore[arg-type]
+    g = spec["grpc"]
+    limits = Limits(max_header_list_bytes=g["max_header_list_bytes"],
+                    max_buffered_request_bytes=g["max_buffered_request_bytes"],
+                    max_queued_response_bytes=g["max_queued_response_bytes"],
+                    client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
+    grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
+                        handlers=FrontendGrpcHandlers(client))
+    await grpc.start()  # no sockets of its own: the sweeper only
+    app.start_sweeper()
+    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)
+    client.count_connections_with(lambda: len(app.connections) + grpc.open_connections)
+
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    log.info("frontend %d serving (pid %d)", index, os.getpid())
+    await stop.wait()
+    if engine_gone:
+        log.error("frontend %d: the engine process is gone; exiting", index)
+        receiver.close()
+        for conn in list(app.connections):
+            conn.abort()
+        await grpc.stop(0)
+        return EXIT_ENGINE_GONE
+    log.info("frontend %d draining (%d connections served in all)", index, receiver.received)
+    grace = float(spec["exit_timeout_secs"])
+    receiver.close()
+    await asyncio.gather(grpc.stop(grace), http_frontend.shutdown(app, receiver, grace),
+                         return_exceptions=True)
+    client.close()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(argv[1])
+    logging.basicConfig(level=logging.DEBUG if spec.get("log_verbose", 0) > 0 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    run = asyncio.run
+    try:
+        import uvloop  # as the engine: a faster loop where installed
+
+        run = uvloop.run
+    except ImportError:
+        pass
+    return int(run(serve(spec)))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

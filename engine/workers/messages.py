@@ -1,0 +1,79 @@
+"""What the engine and a frontend say to each other: plain tuples, pickled as a frame's metadata
+(engine/workers/framing.py). One frame per loop round and direction carries everything of that round.
+
+Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections)`
+- a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
+  request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
+  plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
+  every request that has no plan (`plan_no` 0); after that the engine has it in its plan table, and the
+  model's validation verdict on it with it. `placement` is where the input bytes are (tensors.py).
+- cancels: rids whose client left; freed: offsets of response-arena blocks the frontend is done with;
+  plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table;
+  connections: how many client connections the frontend has open (-1: not counted in this frame), what the
+  engine hands new connections by (listen.py).
+- a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
+  HTTP `(method, url, headers, body)`, gRPC `(method name, serialized request)`, HEALTH `service` (what
+  gRPC's Health/Watch polls).
+
+Engine → frontend: `(answers, control_answers)`
+- an answer: `(rid, OK, (model_name, model_version, response_id, parameters, outputs, placement))` with
+  `outputs` as `((name, datatype, shape), ...)`; `(rid, FAILED, error)`; `(rid, CANCELLED, None)`. Every
+  request gets exactly one answer, a cancelled one too: only then does the frontend reuse its input block.
+- a control answer: `(cid, True, result)` (HTTP: the route's answer; gRPC: serialized response bytes;
+  HEALTH: the status number) or `(cid, False, error)`.
+
+An error is `(code, message)` for an EngineError, so both protocols answer it exactly as a single process
+does; anything else (a bug) crosses as the exception object itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from ..errors import EngineError, ErrorCode
+from ..types import DataType, RequestedOutput
+
+OK, FAILED, CANCELLED = 0, 1, 2
+HTTP, GRPC, HEALTH = 0, 1, 2
+
+# (inputs ((name, datatype, shape, parameters), ...), outputs ((name, binary_data, parameters), ...) | None,
+# parameters)
+Header = tuple[tuple[tuple[str, str, tuple[int, ...], dict[str, Any]], ...],
+               tuple[tuple[str, bool | None, dict[str, Any]], ...] | None, dict[str, Any]]
+
+
+def error_payload(error: BaseException) -> Any:
+    """An exception as it crosses: EngineError as (code, message); anything else as itself if it pickles,
+    else a RuntimeError with its text (a frame must always pickle)."""
+    if isinstance(error, EngineError):
+        return error.code.value, error.message
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(str(error))
+    return error
+
+
+def error_from_payload(payload: Any) -> BaseException:
+    if isinstance(payload, BaseException):
+        return payload
+    code, message = payload
+    return EngineError(ErrorCode(code), message)
+
+
+def outputs_header(outputs: list[RequestedOutput] | None) -> Any:
+    if outputs is None:
+        return None
+    return tuple((o.name, o.binary_data, o.parameters) for o in outputs)
+
+
+def outputs_from_header(outputs: Any) -> list[RequestedOutput] | None:
+    if outputs is None:
+        return None
+    return [RequestedOutput(name, binary, params) for name, binary, params in outputs]
+
+
+def datatype(name: str) -> DataType:
+    """A datatype's v2 name from a frame (always one the frontend's codec accepted)."""
+    return DataType.from_v2(name)

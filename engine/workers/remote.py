@@ -1,0 +1,259 @@
+"""A frontend's stand-in for the DataPlane: `submit(request, start_ns, on_done) -> Future`, the same shape,
+so the codecs, the HTTP connection and the gRPC Call work unchanged; and `forward(kind, args) -> Future`
+for everything that is not inference (engine/workers/control.py answers it).
+
+`submit` copies the request's input bytes once, into this frontend's request arena (or inline, when small or
+when the arena is full), and adds a descriptor to the frame of this loop round; one `call_soon` per round
+sends the frame, so everything the frontend's connections submitted in one round reaches the engine as one
+message, and no task is made per request. The engine answers each request once (cancelled ones too); only
+then is its input block freed, so no block is reused while a batch might still read it. An answer's outputs
+are views of the response arena (tensors.BlockOwner): the block goes back to the engine, with the next frame,
+once the last view is gone.
+
+Errors keep their code and message (messages.error_payload), so both protocols answer exactly as a single
+process does. If the engine goes away, everything in flight fails UNAVAILABLE and `on_lost` is called: the
+frontend process then exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import EngineError, ErrorCode
+from ..shm import Arena, Region
+from ..types import Completion, InferenceRequest, InferenceResponse, RequestPlan, Tensor
+from .framing import FrameReader, encode_frame
+from .messages import CANCELLED, OK, datatype, error_from_payload, outputs_header
+from .tensors import Inline, ResponseArena, place, read_outputs, wire_chunks
+
+log = logging.getLogger("hubserve.workers")
+
+INLINE_BELOW_BYTES = 32768  # inputs smaller than this travel in the frame (session.INLINE_BELOW_BYTES: why)
+MAX_PLANS = 4096  # plan numbers kept; past it the table restarts and the engine is told (session.MAX_PLANS)
+FREE_FLUSH_SECS = 0.05  # blocks freed while no request is going out are sent after at most this long
+REPORT_SECS = 1.0  # an idle frontend tells the engine about connections closed at most this late
+
+
+def _engine_gone() -> EngineError:
+    return EngineError(ErrorCode.UNAVAILABLE, "the server's engine process is gone; the server is restarting "
+                                              "or stopping: retry")
+
+
+class EngineClient(asyncio.Protocol):
+    """One per frontend process: its end of the channel to the engine."""
+
+    def __init__(self, requests: Region, responses: Region, on_lost: Callable[[], None]) -> None:
+        self._region = requests
+        self._arena = Arena(requests)
+        self._responses = ResponseArena(responses)
+        self._on_lost = on_lost
+        self._reader = FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_event_loop()
+        self._next_id = 1
+        # rid → (future, input block or -1)
+        self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
+        self._controls: dict[int, asyncio.Future[Any]] = {}
+        self._plans: dict[RequestPlan, int] = {}
+        self._next_plan = 1
+        self._plans_reset = False
+        self._requests: list[Any] = []
+        self._cancels: list[int] = []
+        self._control_out: list[Any] = []
+        self._inline = Inline()
+        self._flush_scheduled = False
+        self._free_timer: asyncio.TimerHandle | None = None
+        self._count_connections: Callable[[], int] = lambda: -1
+        self._reported = -1
+        self._report_timer: asyncio.TimerHandle | None = None
+        self.lost = False
+
+    def count_connections_with(self, count: Callable[[], int]) -> None:
+        """How to count this frontend's open client connections, reported in every frame (and once a
+        second while idle) so the engine can hand the next one to the least busy frontend."""
+        self._count_connections = count
+        self._report_timer = self._loop.call_later(REPORT_SECS, self._report)
+
+    def _report(self) -> None:
+        self._report_timer = None if self.lost else self._loop.call_later(REPORT_SECS, self._report)
+        if self._flush_scheduled or self._transport is None or self.lost:
+            return  # the frame of this round carries the count
+        if self._count_connections() != self._reported:
+            self._send([], [], [], False)
+
+    # ------------------------------------------------------------------ the DataPlane's shape
+
+    def submit(self, request: InferenceRequest, start_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
+        """Send one request to the engine with this round's frame; the future resolves with its answer (or
+        its error), and `on_done` is its done-callback. Cancelling the future cancels the request there."""
+        if self.lost:
+            raise _engine_gone()
+        future: asyncio.Future[InferenceResponse] = self._loop.create_future()
+        rid = self._next_id
+        self._next_id = rid + 1
+        placement = place(wire_chunks(request.inputs), self._arena, self._region, self._inline,
+                          INLINE_BELOW_BYTES)
+        desc: tuple[Any, ...] = (rid, 0, start_ns, request.id, placement, request.model_name,
+                                 request.model_version)
+        plan = request.plan
+        plan_no = 0 if plan is None else self._plans.get(plan)
+        if plan_no is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+                self._plans_reset = True
+            plan_no = self._plans[plan] = self._next_plan  # type: ignore[index]
+            self._next_plan += 1
+            desc = (rid, plan_no, *desc[2:], _header(request))
+        elif plan_no:
+            desc = (rid, plan_no, *desc[2:])
+        else:
+            desc = (*desc, _header(request))
+        self._requests.append(desc)
+        self._pending[rid] = (future, placement[0])
+        if on_done is not None:
+            future.add_done_callback(on_done)
+        future.add_done_callback(functools.partial(self._settled, rid))
+        self._schedule()
+        return future
+
+    def forward(self, kind: int, args: Any) -> asyncio.Future[Any]:
+        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH)."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+        if self.lost:
+            future.set_exception(_engine_gone())
+            return future
+        cid = self._next_id
+        self._next_id = cid + 1
+        self._controls[cid] = future
+        self._control_out.append((cid, kind, args))
+        self._schedule()
+        return future
+
+    def _settled(self, rid: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() and rid in self._pending and not self.lost:
+            self._cancels.append(rid)  # the client left: the engine drops it, then answers CANCELLED
+            self._schedule()
+
+    # ------------------------------------------------------------------ frames out
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or self.lost:
+            return
+        freed = self._responses.freed
+        if not (self._requests or self._cancels or self._control_out):
+            if freed and self._free_timer is None:
+                self._free_timer = self._loop.call_later(FREE_FLUSH_SECS, self._flush_freed)
+            return
+        requests, cancels, controls = self._requests, self._cancels, self._control_out
+        reset = self._plans_reset
+        self._requests, self._cancels, self._control_out, self._plans_reset = [], [], [], False
+        self._send(requests, cancels, controls, reset)
+
+    def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool) -> None:
+        """One frame: these, the blocks freed so far and the connection count; the inline bytes are those of
+        `requests` (submit() adds them and schedules the round's flush, so without one there are none)."""
+        freed = self._responses.freed
+        blocks = list(freed)
+        freed.clear()
+        self._reported = connections = self._count_connections()
+        meta = (requests, cancels, blocks, controls, reset, connections)
+        self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
+
+    def _flush_freed(self) -> None:
+        """Blocks freed while nothing else went out, sent on their own, so the engine's arena cannot fill."""
+        self._free_timer = None
+        if self._flush_scheduled or self._transport is None or self.lost:
+            return  # the frame of this round carries them
+        if self._responses.freed:
+            self._send([], [], [], False)
+
+    # ------------------------------------------------------------------ frames in
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+            for meta, inline in frames:
+                self._frame(meta, inline)
+        except Exception as e:  # a broken frame, or a block the arena never gave out: out of step
+            log.error("the engine's frame could not be handled (%r): closing the channel", e)
+            if self._transport is not None:
+                self._transport.abort()
+            return
+        self._schedule()  # the blocks this round's answers free once written go out with the next frame
+
+    def _frame(self, meta: Any, inline: memoryview) -> None:
+        answers, control_answers = meta
+        pending = self._pending
+        for rid, status, payload in answers:
+            entry = pending.pop(rid, None)
+            if entry is None:
+                continue
+            future, block = entry
+            if block >= 0:
+                self._arena.free(block)  # the engine is done with the inputs
+            if future.done():
+                continue  # cancelled here: the answer confirms the engine let go
+            if status == OK:
+                future.set_result(self._response(payload, inline))
+            elif status == CANCELLED:
+                future.cancel()
+            else:
+                future.set_exception(error_from_payload(payload))
+        for cid, ok, result in control_answers:
+            control = self._controls.pop(cid, None)
+            if control is None or control.done():
+                continue
+            if ok:
+                control.set_result(result)
+            else:
+                control.set_exception(error_from_payload(result))
+
+    def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
+        model_name, model_version, response_id, params, specs, placement = payload
+        typed = [(name, datatype(dt), shape) for name, dt, shape in specs]
+        arrays = read_outputs(typed, placement, self._responses, inline)
+        outputs = [Tensor(name, dt, shape, array)
+                   for (name, dt, shape), array in zip(typed, arrays, strict=True)]
+        return InferenceResponse(model_name, model_version, outputs, response_id, params)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost:
+            return
+        self.lost = True
+        self._transport = None
+        for timer in (self._free_timer, self._report_timer):
+            if timer is not None:
+                timer.cancel()
+        for future, _ in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(_engine_gone())
+        for future in list(self._controls.values()):
+            if not future.done():
+                future.set_exception(_engine_gone())
+        self._pending.clear()
+        self._controls.clear()
+        self._on_lost()
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _header(request: InferenceRequest) -> tuple[Any, ...]:
+    inputs = tuple((t.name, t.datatype.value, t.shape, t.parameters) for t in request.inputs)
+    return inputs, outputs_header(request.outputs), request.parameters

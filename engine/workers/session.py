@@ -1,0 +1,233 @@
+"""The engine's end of one frontend's channel: requests in, answers out, a frame per loop round each way.
+
+A frame of requests is submitted to the one DataPlane as it arrives (so requests of every frontend meet in
+the same batchers); each request's answer waits in this session's outbox, and one frame at the end of the
+round carries every answer of that round. Inputs are numpy views over the frontend's request arena (or the
+frame); outputs are copied once into this frontend's response arena, which the engine alone writes
+(`tensors.place`), and freed when the frontend says it is done with them.
+
+When the frontend's process dies, its channel closes: every request it still had in flight is cancelled
+(out of the queues, or its result dropped), and the session lets go of both arenas (their memory goes back to
+the OS once the last array over it is gone; the kernel frees a memfd with its last mapping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from ..dataplane import DataPlane
+from ..errors import EngineError
+from ..shm import Arena, Region
+from ..types import InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
+from .control import ControlRunner
+from .framing import FrameError, FrameReader, encode_frame
+from .messages import CANCELLED, FAILED, OK, datatype, error_payload, outputs_from_header
+from .tensors import Inline, place, read_arrays, wire_chunks
+
+log = logging.getLogger("hubserve.workers")
+
+# Answers smaller than this travel in the frame: measured in-process, 2 × 4 KiB cost 9.2 µs through a block
+# (alloc, write, the reader's views and owner, free) and 5.4 inline; 2 × 64 KiB 12.4 and 12.2, before the
+# socket's two copies of the inline bytes.
+INLINE_BELOW_BYTES = 32768
+MAX_PLANS = 4096  # a frontend numbers at most this many plans before it resets (remote.py MAX_PLANS)
+
+# A plan as the engine keeps it: what to read (name, DataType, shape of the bytes sent), the tensors to make
+# (name, DataType, declared shape, parameters), requested outputs, request parameters, and the RequestPlan
+# that holds the model's validation verdict.
+_Plan = tuple[list[Any], list[Any], Any, dict[str, Any], RequestPlan | None]
+
+
+class FrontendSession(asyncio.Protocol):
+    """One per live frontend process. Created by the supervisor, which passes the regions it made for this
+    frontend and is told through `on_lost` when the channel closes."""
+
+    def __init__(self, index: int, dataplane: DataPlane, control: ControlRunner, requests: Region,
+                 responses: Region, handoff: socket.socket,
+                 on_lost: Callable[[FrontendSession], None]) -> None:
+        self.index = index
+        # New connections go to the frontend through it (listen.py).
+        self.handoff: socket.socket | None = handoff
+        self._reported_connections = 0  # what the frontend last said it has open
+        self._handed_since = 0  # connections handed to it since
+        self._dp = dataplane
+        self._control = control
+        self._requests: Region | None = requests  # the frontend writes it; we read the blocks it names
+        self._responses: Region | None = responses
+        self._arena: Arena | None = Arena(responses)
+        self._on_lost = on_lost
+        self._reader = FrameReader()
+        self._transport: asyncio.Transport | None = None
+        self._pending: dict[int, asyncio.Future[InferenceResponse]] = {}
+        self._plans: dict[int, _Plan] = {}
+        self._answers: list[Any] = []
+        self._control_answers: list[Any] = []
+        self._inline = Inline()
+        self._flush_scheduled = False
+        self.closed = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    @property
+    def open_connections(self) -> int:
+        """About how many client connections this frontend has open: its last report, plus those handed
+        since (the dispatcher gives the next one to the frontend with the fewest)."""
+        return self._reported_connections + self._handed_since
+
+    def handed(self) -> None:
+        self._handed_since += 1
+
+    # ------------------------------------------------------------------ transport events
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._transport = None
+        if self.handoff is not None:
+            self.handoff.close()  # connections handed over but not yet taken are closed with it
+            self.handoff = None
+        for future in list(self._pending.values()):
+            future.cancel()  # out of the queue, or its result dropped: nobody is left to answer
+        self._pending.clear()
+        self._plans.clear()
+        self._answers.clear()
+        self._inline.take()
+        self._arena = None
+        for region in (self._requests, self._responses):
+            if region is not None:
+                region.close()  # the unmap waits for arrays still in use (a batch running on a thread)
+        self._requests = self._responses = None
+        self._on_lost(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._reader.feed(data)
+        except FrameError as e:
+            log.error("frontend %d sent a broken frame (%s): closing its channel", self.index, e)
+            self.abort()
+            return
+        for meta, inline in frames:
+            try:
+                self._frame(meta, inline)
+            except Exception:
+                log.exception("frontend %d: a frame could not be handled: closing its channel", self.index)
+                self.abort()
+                return
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # ------------------------------------------------------------------ requests in
+
+    def _frame(self, meta: Any, inline: memoryview) -> None:
+        requests, cancels, freed, controls, plans_reset, connections = meta
+        if connections >= 0:
+            self._reported_connections, self._handed_since = connections, 0
+        arena = self._arena
+        if arena is not None:
+            for offset in freed:
+                arena.free(offset)
+        if plans_reset:
+            self._plans.clear()
+        for request in requests:
+            self._submit(request, inline)
+        for rid in cancels:
+            future = self._pending.get(rid)
+            if future is not None:
+                future.cancel()  # its done-callback answers CANCELLED
+        for control in controls:
+            self._control.run(control, self._control_answered)
+
+    def _submit(self, desc: tuple[Any, ...], inline: memoryview) -> None:
+        rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
+        try:
+            if len(desc) > 7:
+                plan = _plan(desc[7], plan_no)
+                if plan_no:
+                    self._plans[plan_no] = plan
+            else:
+                plan = self._plans[plan_no]
+            reads, tensors, outputs, params, request_plan = plan
+            arrays = read_arrays(reads, placement, self._requests, inline)
+            inputs = [Tensor(name, dt, shape, array, p)
+                      for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
+            request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
+            future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))
+        except Exception as e:  # refused before queueing (EngineError), or a bug: answered this round
+            if not isinstance(e, EngineError):
+                log.exception("frontend %d: request could not be submitted", self.index)
+            self._queue_answer((rid, FAILED, error_payload(e)))
+            return
+        self._pending[rid] = future
+
+    # ------------------------------------------------------------------ answers out
+
+    def _answered(self, rid: int, future: asyncio.Future[InferenceResponse]) -> None:
+        """The request's one done-callback (after the batcher's accounting)."""
+        if self._pending.pop(rid, None) is None or self.closed:
+            return
+        if future.cancelled():
+            self._queue_answer((rid, CANCELLED, None))
+            return
+        exc = future.exception()
+        if exc is not None:
+            self._queue_answer((rid, FAILED, error_payload(exc)))
+            return
+        response = future.result()
+        try:
+            outputs = response.outputs
+            placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
+                              INLINE_BELOW_BYTES)
+            specs = tuple((t.name, t.datatype.value, t.shape) for t in outputs)
+            answer = (rid, OK, (response.model_name, response.model_version, response.id,
+                                response.parameters, specs, placement))
+        except Exception as e:  # a bug in copying out: the request fails, the session goes on
+            log.exception("frontend %d: answer could not be placed", self.index)
+            answer = (rid, FAILED, error_payload(e))
+        self._queue_answer(answer)
+
+    def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
+        if self.closed:
+            return
+        self._control_answers.append((cid, ok, result))
+        self._schedule()
+
+    def _queue_answer(self, answer: tuple[int, int, Any]) -> None:
+        self._answers.append(answer)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """End of the round: every answer of this round in one frame, one gathered write."""
+        self._flush_scheduled = False
+        transport = self._transport
+        if transport is None or (not self._answers and not self._control_answers):
+            return
+        meta = (self._answers, self._control_answers)
+        self._answers, self._control_answers = [], []
+        transport.writelines(encode_frame(meta, self._inline.take()))
+
+
+def _plan(header: Any, plan_no: int) -> _Plan:
+    inputs, outputs, params = header
+    tensors = [(name, datatype(dt), tuple(shape), p) for name, dt, shape, p in inputs]
+    # An input placed in a client's shared-memory region has no bytes here (the codecs give it none, and
+    # Model.prepare refuses it, as a single process does).
+    reads = [(name, dt, (0,) if in_shared_memory(p) else shape) for name, dt, shape, p in tensors]
+    return reads, tensors, outputs_from_header(outputs), params, RequestPlan() if plan_no else None

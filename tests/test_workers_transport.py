@@ -1,0 +1,97 @@
+"""The pieces of the engine ↔ frontend transport that need no process: frames cut from any split of the
+byte stream, tensors placed in an arena block or inline and read back exactly, and a response block handed
+back only once the last view of it is gone (engine/workers/framing.py, tensors.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from engine.shm import Arena, Region
+from engine.types import DataType, Tensor
+from engine.workers.framing import HEAD, FrameError, FrameReader, encode_frame
+from engine.workers.tensors import Inline, ResponseArena, place, read_arrays, read_outputs, wire_chunks
+
+
+def _stream(*frames: list) -> bytes:
+    return b"".join(bytes(part) for frame in frames for part in frame)
+
+
+def test_frames_survive_any_split_of_the_stream() -> None:
+    first = encode_frame(("a", [1, 2]), [b"xyz", memoryview(b"0123456789")])
+    second = encode_frame({"k": None})
+    third = encode_frame(("big",), [bytes(range(256)) * 1000])
+    data = _stream(first, second, third)
+    for step in (1, 7, HEAD.size, 1000, len(data)):
+        reader = FrameReader()
+        got = []
+        for pos in range(0, len(data), step):
+            got.extend(reader.feed(data[pos:pos + step]))
+        assert [meta for meta, _ in got] == [("a", [1, 2]), {"k": None}, ("big",)], step
+        assert bytes(got[0][1]) == b"xyz0123456789"
+        assert bytes(got[1][1]) == b""
+        assert bytes(got[2][1]) == bytes(range(256)) * 1000
+
+
+def test_a_frame_that_is_not_one_is_refused() -> None:
+    reader = FrameReader()
+    with pytest.raises(FrameError):
+        reader.feed(HEAD.pack(4, 9) + b"abcd")  # metadata longer than the payload
+    with pytest.raises(FrameError):
+        FrameReader().feed(HEAD.pack(3, 3) + b"\x00\x01\x02")  # not a pickle
+
+
+def _tensors() -> list[Tensor]:
+    fp = np.arange(12, dtype=np.float32).reshape(3, 4)
+    text = np.array([b"a", b"", "\u00e9".encode()], dtype=object)
+    empty = np.zeros((0, 4), dtype=np.int64)
+    return [Tensor("FP", DataType.FP32, fp.shape, fp), Tensor("TEXT", DataType.BYTES, text.shape, text),
+            Tensor("EMPTY", DataType.INT64, empty.shape, empty)]
+
+
+@pytest.mark.parametrize("inline_below", [0, 1 << 20])
+def test_tensors_round_trip_through_a_block_or_inline(inline_below: int) -> None:
+    region = Region.create(1 << 16)
+    arena = Arena(region)
+    inline = Inline()
+    tensors = _tensors()
+    placement = place(wire_chunks(tensors), arena, region, inline, inline_below)
+    assert (placement[0] >= 0) == (inline_below == 0)
+    raw = memoryview(b"".join(bytes(p) for p in inline.take()))
+    specs = [(t.name, t.datatype, t.shape) for t in tensors]
+    for got, want in zip(read_arrays(specs, placement, region, raw), tensors, strict=True):
+        assert got.shape == want.data.shape and got.dtype == want.data.dtype
+        assert got.tolist() == want.data.tolist()
+    if placement[0] >= 0:
+        arena.free(placement[0])
+    assert arena.live_blocks == 0
+
+
+def test_a_full_arena_sends_the_bytes_inline() -> None:
+    region = Region.create(4096)
+    arena = Arena(region)
+    inline = Inline()
+    big = np.ones(2048, dtype=np.float32)  # 8 KiB: more than the arena holds
+    placement = place(wire_chunks([Tensor("X", DataType.FP32, big.shape, big)]), arena, region, inline, 0)
+    assert placement[0] == -1 and inline.size == big.nbytes and arena.live_blocks == 0
+
+
+def test_a_response_block_is_freed_when_its_last_view_is_gone() -> None:
+    region = Region.create(1 << 16)
+    arena = Arena(region)
+    tensors = _tensors()[:1]
+    placement = place(wire_chunks(tensors), arena, region, Inline(), 0)
+    reader = ResponseArena(Region.attach(os.dup(region.fd), region.size))
+    (array,) = read_outputs([(t.name, t.datatype, t.shape) for t in tensors], placement, reader,
+                            memoryview(b""))
+    assert array.tolist() == tensors[0].data.tolist() and not array.flags.writeable
+    kept = array.reshape(-1)[4:].data.cast("B")  # what a transport holding the answer's bytes would keep
+    del array
+    gc.collect()
+    assert reader.freed == []
+    del kept
+    assert reader.freed == [placement[0]]
+
