@@ -13,9 +13,9 @@ The repository, written to a temporary folder from model_repository/: `simple_se
    `--concurrency` (perf_analyzer keeps that many sequences live). Triton's repository is generated from the
    same configs by `perf/peers/repos.py` (Python-backend models running the same model.onnx with ONNX
    Runtime, the same `sequence_batching` with its control inputs and state) into `.peers/seq_triton_repo/`.
-   Triton's Python backend does not carry implicit state (its ACC_IN arrives uninitialised and ACC_OUT is
-   not kept; checked by `_state_works` before the run), so only `simple_sequence` (a control input, no
-   state) is compared; hubserve also runs `sequence_accumulator`.
+   Triton's Python backend does not carry implicit state (ACC_IN arrives as the initial zeros on every
+   request: ACC_OUT is not kept; `_accumulates` checks it before the run), so only `simple_sequence` (a
+   control input, no state) is compared; hubserve also runs `sequence_accumulator`.
 2. `direct` vs `oldest`: the accumulator at `--oldest-concurrency` (16 live sequences) over gRPC streaming
    and HTTP sync.
 

@@ -16,8 +16,9 @@ hubserve serves.
 - Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count;
   a sequence model's `sequence_batching` with its strategy, control inputs and state, which `triton_model.py`
   feeds to the model) and `<model>/1/{model.py,model.onnx,site-packages.txt}`. Triton's Python backend does
-  not carry implicit state (the state input arrives uninitialised, the state output is not kept), so only a
-  sequence model without `state` behaves the same there (perf/bench_sequence.py checks it).
+  not carry implicit state (the state input arrives as the initial state on every request: the state output
+  is not kept), so only a sequence model without `state` behaves the same there (perf/bench_sequence.py
+  checks it).
 - KServe: `<model>/{model.onnx,spec.json}`; `spec.json` is read by `kserve_model.py`.
 - MLServer: `settings.json`, `<model>/{model.onnx,model-settings.json,spec.json}`; adaptive batching gets
   `max_batch_size` and `max_batch_time` = hubserve's `max_queue_delay_microseconds` (MLServer only batches
@@ -150,8 +151,10 @@ def _sequence_batching(sb: SequenceBatchingConfig, out: pb.ModelSequenceBatching
         if state.initial.any():
             raise SystemExit(f"state '{state.input_name}': a non-zero initial_state is not carried to the "
                              "peers yet")
-        out.state.add(input_name=state.input_name, output_name=state.output_name,
-                      data_type=pb.DataType.Value(_type_name(state.datatype)), dims=list(state.dims))
+        s = out.state.add(input_name=state.input_name, output_name=state.output_name,
+                          data_type=pb.DataType.Value(_type_name(state.datatype)), dims=list(state.dims))
+        # hubserve starts a state at zeros; Triton without an initial_state leaves it uninitialised.
+        s.initial_state.add(data_type=s.data_type, dims=list(state.dims), zero_data=True, name="zeros")
 
 
 def _type_name(datatype: DataType) -> str:
