@@ -57,8 +57,7 @@ class SequenceBatcher:
         self._output_names = [o.name for o in config.outputs]
         self._output_types = {o.name: o.datatype for o in config.outputs}
         self._run_outputs = self._output_names + [s.output_name for s in self.sequence.states]
-        corrid = self.sequence.control(ControlKind.CORRID)
-        self._corrid_type = corrid.datatype if corrid is not None else None
+        self._corrid = self.sequence.control(ControlKind.CORRID)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ns = 0
         self._acquired: Instance | None = None
@@ -113,12 +112,8 @@ class SequenceBatcher:
                 (isinstance(corrid, int) and not 0 <= corrid <= _UINT64_MAX):
             raise invalid(f"inference request to model '{name}' has sequence_id {corrid!r}: a correlation ID "
                           "must be an unsigned 64-bit integer or a string")
-        if self._corrid_type is not None and corrid not in (0, ""):
-            wants_string = self._corrid_type is DataType.BYTES
-            if wants_string != isinstance(corrid, str):
-                kind = type(corrid).__name__
-                raise invalid(f"inference request to model '{name}' has a {kind} correlation "
-                              f"ID but its CONTROL_SEQUENCE_CORRID is {self._corrid_type.config_name}")
+        if self._corrid is not None and corrid not in (0, ""):
+            self._check_corrid(corrid)
         flags = []
         for key in ("sequence_start", "sequence_end"):
             value = params.get(key, False)
@@ -126,6 +121,23 @@ class SequenceBatcher:
                 raise invalid(f"request parameter '{key}' must be a boolean, got {value!r}")
             flags.append(value)
         return corrid, flags[0], flags[1]
+
+    def _check_corrid(self, corrid: CorrId) -> None:
+        """The id must suit the CORRID control: a string for TYPE_STRING, an integer for the integer types
+        (Triton's words), and within that type's range (an id the control cannot carry would reach the model
+        as another id)."""
+        control = self._corrid
+        assert control is not None
+        given = "BYTES" if isinstance(corrid, str) else "UINT64"
+        if (control.datatype is DataType.BYTES) != isinstance(corrid, str):
+            raise invalid(f"sequence batching control '{control.name}' data-type is '{given}', but model "
+                          f"'{self.config.name}' expects '{control.datatype.value}'")
+        if isinstance(corrid, int):
+            info = np.iinfo(control.datatype.numpy_dtype)
+            if not info.min <= corrid <= info.max:
+                raise invalid(f"inference request to model '{self.config.name}' has correlation ID {corrid}, "
+                              f"which its sequence batching control '{control.name}' "
+                              f"({control.datatype.config_name}) cannot hold")
 
     def _cancelled(self, entry: Entry) -> None:
         queued = entry in entry.sequence.queue

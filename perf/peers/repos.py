@@ -13,8 +13,12 @@ once per config variant, `variants.py`), which hubserve serves, and generates th
 that. Writes only under `.peers/` (gitignored). Every peer repository holds a copy of the same `model.onnx`
 hubserve serves.
 
-- Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count)
-  and `<model>/1/{model.py,model.onnx,site-packages.txt}`.
+- Triton: `<model>/config.pbtxt` (backend "python", same max_batch_size, dynamic_batching and instance count;
+  a sequence model's `sequence_batching` with its strategy, control inputs and state, which `triton_model.py`
+  feeds to the model) and `<model>/1/{model.py,model.onnx,site-packages.txt}`. Triton's Python backend does
+  not carry implicit state (the state input arrives as the initial state on every request: the state output
+  is not kept), so only a sequence model without `state` behaves the same there (perf/bench_sequence.py
+  checks it).
 - KServe: `<model>/{model.onnx,spec.json}`; `spec.json` is read by `kserve_model.py`.
 - MLServer: `settings.json`, `<model>/{model.onnx,model-settings.json,spec.json}`; adaptive batching gets
   `max_batch_size` and `max_batch_time` = hubserve's `max_queue_delay_microseconds` (MLServer only batches
@@ -50,6 +54,8 @@ from engine.config_json import message_to_json
 from engine.config_types import ModelConfig
 from engine.proto import grpc_service_pb2
 from engine.proto import model_config_pb2 as pb
+from engine.sequence_config import ControlKind, SequenceBatchingConfig, Strategy
+from engine.types import DataType
 
 if TYPE_CHECKING:  # this file also runs as a script, with perf/peers/ (not perf/) on sys.path
     from peers.variants import Variant
@@ -107,13 +113,52 @@ def peer_config(model: ServedModel, backend: str, batching: bool) -> pb.ModelCon
     msg = pb.ModelConfig(name=cfg.name, backend=backend, max_batch_size=cfg.max_batch_size)
     for specs, field in ((cfg.inputs, msg.input), (cfg.outputs, msg.output)):
         for spec in specs:
-            type_name = "TYPE_STRING" if spec.datatype.value == "BYTES" else f"TYPE_{spec.datatype.value}"
-            field.add(name=spec.name, data_type=pb.DataType.Value(type_name), dims=list(spec.dims))
+            field.add(name=spec.name, data_type=pb.DataType.Value(_type_name(spec.datatype)),
+                      dims=list(spec.dims))
     if batching and cfg.dynamic_batching is not None:
         msg.dynamic_batching.max_queue_delay_microseconds = cfg.dynamic_batching.max_queue_delay_us
         msg.dynamic_batching.preferred_batch_size.extend(cfg.dynamic_batching.preferred_batch_sizes)
+    if cfg.sequence_batching is not None:  # not optional: a sequence model cannot run without it
+        _sequence_batching(cfg.sequence_batching, msg.sequence_batching)
     msg.instance_group.add(count=model.instance_count, kind=pb.ModelInstanceGroup.KIND_CPU)
     return msg
+
+
+def _sequence_batching(sb: SequenceBatchingConfig, out: pb.ModelSequenceBatching) -> None:
+    """`sequence_batching` as hubserve runs it (strategy, idle limit, control inputs, implicit state), so
+    the peer's sequence batcher feeds the same model the same tensors."""
+    out.max_sequence_idle_microseconds = sb.max_sequence_idle_us
+    if sb.strategy is Strategy.OLDEST:
+        out.oldest.max_candidate_sequences = sb.max_candidate_sequences
+        out.oldest.max_queue_delay_microseconds = sb.max_queue_delay_us
+        out.oldest.preferred_batch_size.extend(sb.preferred_batch_sizes)
+        out.oldest.preserve_ordering = sb.preserve_ordering
+    else:
+        out.direct.max_queue_delay_microseconds = sb.max_queue_delay_us
+        out.direct.minimum_slot_utilization = sb.minimum_slot_utilization
+    for control in sb.controls:
+        kind = pb.ModelSequenceBatching.Control.Kind.Value(control.kind.value)
+        c = out.control_input.add(name=control.name).control.add(kind=kind)
+        if control.kind is ControlKind.CORRID:
+            c.data_type = pb.DataType.Value(_type_name(control.datatype))
+        elif control.datatype is DataType.FP32:
+            c.fp32_false_true.extend(control.false_true)
+        elif control.datatype is DataType.BOOL:
+            c.bool_false_true.extend(control.false_true)
+        else:
+            c.int32_false_true.extend(control.false_true)
+    for state in sb.states:
+        if state.initial.any():
+            raise SystemExit(f"state '{state.input_name}': a non-zero initial_state is not carried to the "
+                             "peers yet")
+        s = out.state.add(input_name=state.input_name, output_name=state.output_name,
+                          data_type=pb.DataType.Value(_type_name(state.datatype)), dims=list(state.dims))
+        # hubserve starts a state at zeros; Triton without an initial_state leaves it uninitialised.
+        s.initial_state.add(data_type=s.data_type, dims=list(state.dims), zero_data=True, name="zeros")
+
+
+def _type_name(datatype: DataType) -> str:
+    return "TYPE_STRING" if datatype is DataType.BYTES else f"TYPE_{datatype.value}"
 
 
 def _copy_if_changed(src: Path, dst: Path) -> None:

@@ -37,8 +37,14 @@ class TritonPythonModel:
         opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
-        self.input_names = [i["name"] for i in config["input"]]
-        self.output_names = [o["name"] for o in config["output"]]
+        # A sequence model is also fed its control inputs and implicit state inputs by Triton's sequence
+        # batcher, and must answer its state outputs (Triton keeps them for the sequence's next request).
+        sequence = config.get("sequence_batching") or {}
+        self.input_names = [i["name"] for i in config["input"]] + \
+            [c["name"] for c in sequence.get("control_input", [])] + \
+            [s["input_name"] for s in sequence.get("state", [])]
+        self.output_names = [o["name"] for o in config["output"]] + \
+            [s["output_name"] for s in sequence.get("state", [])]
 
     def execute(self, requests: list) -> list:
         """One call per batch Triton formed; returns one response per request, in order."""
