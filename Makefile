@@ -27,8 +27,15 @@ serve: models
 perf-analyzer: install
 	PYTHON=$(PY) bash tools/install_perf_analyzer.sh
 
+# The whole suite runs as the default layout is chosen here (one process below 4 cores: engine/workers/); the
+# protocol, completion, parity, perf_analyzer, sequence and ensemble suites run again with --workers 2, so both
+# layouts stay tested whichever the machine picks.
+WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_completion.py tests/test_parity.py \
+	tests/test_perf_analyzer.py tests/test_sequence_batcher.py tests/test_ensemble.py tests/test_classification.py
+
 test: models perf-analyzer
 	$(PY) -m pytest -q tests
+	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
 	$(MAKE) --no-print-directory lint
 
 lint: install
