@@ -59,10 +59,12 @@ class RunnerStats:
     padded_slots: int = 0     # of those, padding
     gather_ns: int = 0        # blocks → dense past, and the other inputs
     run_ns: int = 0           # ONNX Runtime
+    decode_run_ns: int = 0    # of which, decode runs
     scatter_ns: int = 0       # present → blocks, and picking the logits
     decode_rows: int = 0      # decode rows run
     gathered_rows: int = 0    # of those, with their past gathered from blocks (not kept from the last step)
-    rebuilds: int = 0         # decode runs whose group's membership changed
+    free_rows: int = 0        # rows run masked out: a decode group's free rows (decode_group.py)
+    rebuilds: int = 0         # decode runs whose group's tensors were rebuilt (not kept or filled in place)
 
     def reset(self) -> None:
         for name in self.__slots__:  # type: ignore[attr-defined]
@@ -161,15 +163,16 @@ class DecoderRunner:
         """One token for each of `group`, over the decode group's kept past (decode_group.py); the logits
         in `group`'s order."""
         t0 = time.perf_counter_ns()
-        before = len(self.decode_group)
+        rebuilds = self.decode_group.rebuilds
         order, pasts, gathered = self.decode_group.prepare(group, self._gather)
-        self.stats.gathered_rows += gathered
-        self.stats.rebuilds += gathered > 0 or len(group) != before
-        rows = [group[i] for i in order]
-        starts = np.array([c.start for c in rows], np.int64)
+        live = np.array([row for row, i in enumerate(order) if i >= 0], np.int64)
+        rows = [group[order[row]] for row in live]
+        starts = np.zeros(len(order), np.int64)
+        input_ids = np.zeros((len(order), 1), np.int64)
+        starts[live] = [c.start for c in rows]
+        input_ids[live, 0] = [c.token_ids[0] for c in rows]
         past = pasts[0].shape[2]
         mask = (np.arange(past + 1)[None, :] >= (past - starts)[:, None]).astype(np.int64)
-        input_ids = np.array([c.token_ids for c in rows], np.int64)
         feed = self._feed(input_ids, mask, starts[:, None], pasts)
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
@@ -179,12 +182,17 @@ class DecoderRunner:
         slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in rows], np.int64)
         targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
         for i, present in enumerate(presents):
-            self._rows[targets[i]] = present[:, :, past]
-        last = np.empty((len(rows), logits.shape[2]), logits.dtype)
-        last[order] = logits[:, 0]
+            self._rows[targets[i]] = present[live, :, past]
+        last = np.empty((len(group), logits.shape[2]), logits.dtype)
+        last[[order[row] for row in live]] = logits[live, 0]
         t3 = time.perf_counter_ns()
-        self.stats.decode_rows += len(rows)
-        self._count(len(rows), len(rows), len(rows) * past, int(starts.sum()), t0, t1, t2, t3)
+        s = self.stats
+        s.decode_rows += len(rows)
+        s.free_rows += len(order) - len(rows)
+        s.gathered_rows += gathered
+        s.rebuilds += self.decode_group.rebuilds - rebuilds
+        s.decode_run_ns += t2 - t1
+        self._count(len(order), len(rows), len(order) * past, int(starts.sum()), t0, t1, t2, t3)
         return last
 
     def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
