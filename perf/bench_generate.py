@@ -24,6 +24,7 @@ part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -168,8 +169,7 @@ def main() -> None:
         engine = make_engine()
         cont = run(engine, jobs, c, "continuous")
         stats = engine.runner.stats
-        breakdown.append((c, stats.steps, stats.gather_ns, stats.run_ns, stats.scatter_ns,
-                          stats.padded_slots / max(stats.past_slots, 1), engine.runner.kv_bytes_per_token))
+        breakdown.append(dataclasses.replace(stats))
         stat = run(make_engine(), jobs, c, "static")
         leave = run(make_engine(), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
@@ -181,13 +181,16 @@ def main() -> None:
               f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
               f"{context} | {top:.0f} | {cont.tps() / top:.0%} |", flush=True)
     print()
-    print("| c | steps | blocks → dense past µs/step | ONNX Runtime µs/step | present → blocks µs/step | "
-          "padding in past | KV bytes/token |")
-    print("|---|---|---|---|---|---|---|")
-    for c, steps, gather, run_ns, scatter, padding, per_token in breakdown:
-        print(f"| {c} | {steps} | {gather / steps / 1e3:.0f} | {run_ns / steps / 1e3:.0f} | "
-              f"{scatter / steps / 1e3:.0f} | {padding:.0%} | {per_token} |")
-
+    print("| c | steps | runs/step | blocks → dense past µs/step | ONNX Runtime µs/step (decode) | "
+          "present → blocks µs/step | padding in past | decode rows gathered | free rows run | rebuilds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c, s in zip((int(x) for x in args.concurrency.split(",")), breakdown, strict=True):
+        steps = s.steps
+        print(f"| {c} | {steps} | {s.runs / steps:.2f} | {s.gather_ns / steps / 1e3:.0f} | "
+              f"{s.run_ns / steps / 1e3:.0f} ({s.decode_run_ns / steps / 1e3:.0f}) | "
+              f"{s.scatter_ns / steps / 1e3:.0f} | {s.padded_slots / max(s.past_slots, 1):.0%} | "
+              f"{s.gathered_rows / max(s.decode_rows, 1):.0%} | {s.free_rows / max(s.decode_rows, 1):.0%} | "
+              f"{s.rebuilds} |")
 
 if __name__ == "__main__":
     main()
