@@ -128,6 +128,8 @@ class DecoderRunner:
         rows: dict[int, np.ndarray] = {}
         if decodes:
             rows.update(zip(decodes, self._decode([chunks[i] for i in decodes]), strict=True))
+        else:
+            self.decode_group.clear()  # nobody is decoding: let go of the kept tensors
         for group in prefill_groups(chunks, prefills):
             rows.update(zip(group, self._run([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
