@@ -1,11 +1,15 @@
 """The generation engine in process: continuous vs static batching, against the model's own ceiling.
 
 Closed loop at each concurrency c: c clients, each sending its next request when its last one finished, over
-the same workload (prompts of 8–96 bytes, outputs of 16–128 tokens, greedy, EOS ignored) for both modes:
+the same workload (prompts of 8–96 bytes, outputs of 16–128 tokens, greedy, EOS ignored) for every mode:
 
 - continuous: the engine as built; a request joins the running batch at the next step;
-- static: whole requests batched: a batch of c is admitted together and runs until its longest request ends,
-  then the next batch (same engine, same model, same KV cache; only admission differs);
+- static: static batching of whole requests, as the issue means it: a batch of c is admitted together and
+  runs until every member is done, and only then is the next batch admitted; like a dense batch, every row
+  keeps computing until the batch's longest request ends (its extra tokens are computed and not counted).
+  Same engine, model and KV cache; only admission and the rows' length differ;
+- static-leave: the same batches, but a finished member stops computing at once (what this benchmark
+  called static before: no joins, but no compute on finished rows either; kept to show the difference);
 - ceiling: the ONNX model alone, stepped in a loop with dense past tensors already in place, at the decode
   batch size and context length the continuous run formed on average (no gather, no scatter, no
   scheduling, no sampling).
@@ -20,6 +24,7 @@ part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -84,22 +89,32 @@ class Run:
         return float(np.percentile(self.ttft, q)) * 1e3
 
 
-def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: int, static: bool) -> Run:
-    """Closed loop: `clients` requests in flight; static admits the next batch only once all have ended."""
+def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: int, mode: str) -> Run:
+    """Closed loop with `clients` requests in flight. mode "continuous": a client's next request joins as
+    soon as its last one finished. "static": whole-request batches: the next batch is admitted only when
+    every member of the last one finished, and every member runs to the batch's longest max_tokens (the
+    rows a dense static batch keeps computing after their end; those tokens are computed, not counted).
+    "static-leave": the same batches, but a finished member leaves (stops computing) at once."""
     out = Run()
     queue = list(enumerate(jobs))
     sent: dict[str, float] = {}
+    wanted: dict[str, int] = {}
     client_free_at = [time.perf_counter()] * clients  # when each client sent (could send) its next request
     started = time.perf_counter()
 
-    def submit(client: int) -> None:
+    def submit(client: int, run_to: int = 0) -> None:
         index, (prompt, max_tokens) = queue.pop(0)
         rid = f"{client}:{index}"
-        sent[rid] = client_free_at[client]
-        engine.add_request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        sent[rid], wanted[rid] = client_free_at[client], max_tokens
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=max(max_tokens, run_to), ignore_eos=True))
 
-    for client in range(min(clients, len(queue))):
-        submit(client)
+    def admit_batch() -> None:
+        batch = queue[:clients]
+        longest = max(m for _, (_, m) in batch) if mode == "static" else 0
+        for client in range(len(batch)):
+            submit(client, longest)
+
+    admit_batch()
     while engine.has_unfinished():
         stepped = engine.step()
         now = time.perf_counter()
@@ -107,17 +122,18 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
         if decodes:
             out.decode_batch.append(len(decodes))
         for o in stepped:
-            out.tokens += len(o.new_token_ids)
+            if o.new_token_ids and len(o.output_token_ids) <= wanted[o.request_id]:
+                out.tokens += len(o.new_token_ids)
             if o.new_token_ids and len(o.output_token_ids) == 1:
                 out.ttft.append(now - sent[o.request_id])
+            if o.new_token_ids and len(o.output_token_ids) == wanted[o.request_id]:
+                client_free_at[int(o.request_id.split(":")[0])] = now  # its answer is complete
             if o.finished:
                 client = int(o.request_id.split(":")[0])
-                client_free_at[client] = now
-                if queue and not static:
+                if queue and mode == "continuous":
                     submit(client)
-        if static and queue and not engine.has_unfinished():
-            for client in range(min(clients, len(queue))):
-                submit(client)
+        if mode != "continuous" and queue and not engine.has_unfinished():
+            admit_batch()
     out.seconds = time.perf_counter() - started
     return out
 
@@ -144,33 +160,37 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    print("| c | continuous tok/s | static tok/s | cont./static | TTFT p50/p95 ms cont. "
+    print("| c | continuous tok/s | static tok/s | cont./static | static-leave tok/s | TTFT p50/p95 ms cont. "
           "| TTFT p50/p95 ms static | mean decode batch | mean context | ceiling tok/s | cont./ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     breakdown = []
     for c in (int(x) for x in args.concurrency.split(",")):
         jobs = workload(c * args.requests_per_client, args.seed + c)
         engine = make_engine()
-        cont = run(engine, jobs, c, static=False)
+        cont = run(engine, jobs, c, "continuous")
         stats = engine.runner.stats
-        breakdown.append((c, stats.steps, stats.gather_ns, stats.run_ns, stats.scatter_ns,
-                          stats.padded_slots / max(stats.past_slots, 1), engine.runner.kv_bytes_per_token))
-        stat = run(make_engine(), jobs, c, static=True)
+        breakdown.append(dataclasses.replace(stats))
+        stat = run(make_engine(), jobs, c, "static")
+        leave = run(make_engine(), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
         context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
         top = ceiling(batch, context)
         print(f"| {c} | {cont.tps():.0f} | {stat.tps():.0f} | {cont.tps() / stat.tps():.2f} | "
+              f"{leave.tps():.0f} | "
               f"{cont.ttft_ms(50):.1f} / {cont.ttft_ms(95):.1f} | "
               f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
               f"{context} | {top:.0f} | {cont.tps() / top:.0%} |", flush=True)
     print()
-    print("| c | steps | blocks → dense past µs/step | ONNX Runtime µs/step | present → blocks µs/step | "
-          "padding in past | KV bytes/token |")
-    print("|---|---|---|---|---|---|---|")
-    for c, steps, gather, run_ns, scatter, padding, per_token in breakdown:
-        print(f"| {c} | {steps} | {gather / steps / 1e3:.0f} | {run_ns / steps / 1e3:.0f} | "
-              f"{scatter / steps / 1e3:.0f} | {padding:.0%} | {per_token} |")
-
+    print("| c | steps | runs/step | blocks → dense past µs/step | ONNX Runtime µs/step (decode) | "
+          "present → blocks µs/step | padding in past | decode rows gathered | free rows run | rebuilds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c, s in zip((int(x) for x in args.concurrency.split(",")), breakdown, strict=True):
+        steps = s.steps
+        print(f"| {c} | {steps} | {s.runs / steps:.2f} | {s.gather_ns / steps / 1e3:.0f} | "
+              f"{s.run_ns / steps / 1e3:.0f} ({s.decode_run_ns / steps / 1e3:.0f}) | "
+              f"{s.scatter_ns / steps / 1e3:.0f} | {s.padded_slots / max(s.past_slots, 1):.0%} | "
+              f"{s.gathered_rows / max(s.decode_rows, 1):.0%} | {s.free_rows / max(s.decode_rows, 1):.0%} | "
+              f"{s.rebuilds} |")
 
 if __name__ == "__main__":
     main()

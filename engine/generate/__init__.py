@@ -9,6 +9,7 @@ event loop, threads or sockets, so every policy here is tested as plain function
     kv_manager.py    block tables per sequence, allocation, prefix lookup
     scheduler.py     continuous batching, chunked prefill within a token budget, preemption by recompute
     runner.py        the ONNX decoder session and the KV storage: block tables ↔ dense past tensors
+    decode_group.py  the decode rows' dense past, kept between steps (present fed back as past)
     sampler.py       greedy, temperature, top-k, top-p, per-request seeded generators
     stopping.py      stop tokens, EOS, stop strings, max_tokens, the context limit
     tokenizer.py     byte-level, or tokenizer.json through the optional `tokenizers` package

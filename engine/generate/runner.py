@@ -15,14 +15,20 @@ share prefixes and leave without moving each other's memory. This runner maps on
 - **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
   causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
 - **Scatter (present → blocks).** Only the new tokens' rows of `present` are written back into their blocks;
-  the rest of `present` (a copy of the past the model made with its Concat) is dropped.
+  the block tables stay the truth for admission, preemption and prefix sharing.
 - **Groups.** Dense tensors pad every row to the longest: a 256-token prefill chunk batched with decodes
-  would make every decode compute 256 positions. So the decodes (one token each) run as one batch and each
-  prefill chunk runs on its own.
+  would make every decode compute 256 positions. So the decodes (one token each) run as one batch, and the
+  prefill chunks in batches of similar length (`prefill_groups`), each batch one session run.
+- **The decode group's past is kept** (decode_group.py): a decode run's `present` is the next decode run's
+  `past` for the same rows, so while the decoding requests stay the same the runner gathers nothing and
+  feeds ONNX Runtime its own output back; when they change, the continuing rows are copied over (trimmed to
+  the new longest context) and only the joining rows are gathered from blocks.
 
-Per step this costs, besides the model, a copy of every scheduled sequence's whole context in (padding
-included) and of its new tokens out, and the model's own Concat copies the past once more into `present`;
-`RunnerStats` counts the time, and perf/bench_generate.py prints it. Called on the engine's thread.
+Per step this costs, besides the model: for a steady decode group, the new tokens' keys and values written
+to their blocks (the model's own Concat copies the past into `present`, which is what is kept); on a
+membership change, one copy of the continuing rows plus a gather of the joining ones; for prefill chunks, a
+gather of their cached context (usually none) and a write of their tokens. `RunnerStats` counts the time,
+and perf/bench_generate.py prints it. Called on the engine's thread.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import invalid
+from .decode_group import DecodeGroup
 from .scheduler import ScheduledChunk
 
 _KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -52,7 +59,12 @@ class RunnerStats:
     padded_slots: int = 0     # of those, padding
     gather_ns: int = 0        # blocks → dense past, and the other inputs
     run_ns: int = 0           # ONNX Runtime
+    decode_run_ns: int = 0    # of which, decode runs
     scatter_ns: int = 0       # present → blocks, and picking the logits
+    decode_rows: int = 0      # decode rows run
+    gathered_rows: int = 0    # of those, with their past gathered from blocks (not kept from the last step)
+    free_rows: int = 0        # rows run masked out: a decode group's free rows (decode_group.py)
+    rebuilds: int = 0         # decode runs whose group's tensors were rebuilt (not kept or filled in place)
 
     def reset(self) -> None:
         for name in self.__slots__:  # type: ignore[attr-defined]
@@ -101,6 +113,7 @@ class DecoderRunner:
         self.has_mask, self.has_positions = "attention_mask" in inputs, "position_ids" in inputs
         self.output_names = ["logits", *(present for _, present in self.kv_names)]
         self.stats = RunnerStats()
+        self.decode_group = DecodeGroup()
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -111,11 +124,14 @@ class DecoderRunner:
         `sample`, one row each in chunk order ([n, vocab])."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-        groups = ([decodes] if decodes else []) + [[i] for i, c in enumerate(chunks) if len(c.token_ids) > 1]
+        prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
         rows: dict[int, np.ndarray] = {}
-        for group in groups:
-            logits = self._run([chunks[i] for i in group])
-            rows.update(zip(group, logits, strict=True))
+        if decodes:
+            rows.update(zip(decodes, self._decode([chunks[i] for i in decodes]), strict=True))
+        else:
+            self.decode_group.clear()  # nobody is decoding: let go of the kept tensors
+        for group in prefill_groups(chunks, prefills):
+            rows.update(zip(group, self._run([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
         return np.stack(wanted) if wanted else np.empty((0, 0), np.float32)
 
@@ -124,31 +140,78 @@ class DecoderRunner:
         return np.asarray(table, np.int64)[positions // self.block_size] * self.block_size \
             + positions % self.block_size
 
+    def _gather(self, group: Sequence[ScheduledChunk], past: int) -> np.ndarray:
+        """Every KV tensor's past for `group`, `past` slots wide, each context right-aligned and the
+        padding read from the zero slot: [tensors, B, heads, past, head_dim]."""
+        index = np.full((len(group), past), self.zero_slot, np.int64)
+        for row, c in enumerate(group):
+            if c.start:
+                index[row, past - c.start:] = self._slots(c.block_table, 0, c.start)
+        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
+        return np.take(self._rows, past_rows, axis=0)
+
+    def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
+              pasts: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        feed: dict[str, np.ndarray] = {"input_ids": input_ids}
+        if self.has_mask:
+            feed["attention_mask"] = mask
+        if self.has_positions:
+            feed["position_ids"] = positions
+        for (name, _), past in zip(self.kv_names, pasts, strict=True):
+            feed[name] = past
+        return feed
+
+    def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        """One token for each of `group`, over the decode group's kept past (decode_group.py); the logits
+        in `group`'s order."""
+        t0 = time.perf_counter_ns()
+        rebuilds = self.decode_group.rebuilds
+        order, pasts, gathered = self.decode_group.prepare(group, self._gather)
+        live = np.array([row for row, i in enumerate(order) if i >= 0], np.int64)
+        rows = [group[order[row]] for row in live]
+        starts = np.zeros(len(order), np.int64)
+        input_ids = np.zeros((len(order), 1), np.int64)
+        starts[live] = [c.start for c in rows]
+        input_ids[live, 0] = [c.token_ids[0] for c in rows]
+        past = pasts[0].shape[2]
+        mask = (np.arange(past + 1)[None, :] >= (past - starts)[:, None]).astype(np.int64)
+        feed = self._feed(input_ids, mask, starts[:, None], pasts)
+        t1 = time.perf_counter_ns()
+        logits, *presents = self.session.run(self.output_names, feed)
+        t2 = time.perf_counter_ns()
+        self.decode_group.advance(group, order, presents)
+        bs = self.block_size
+        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in rows], np.int64)
+        targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
+        for i, present in enumerate(presents):
+            self._rows[targets[i]] = present[live, :, past]
+        last = np.empty((len(group), logits.shape[2]), logits.dtype)
+        last[[order[row] for row in live]] = logits[live, 0]
+        t3 = time.perf_counter_ns()
+        s = self.stats
+        s.decode_rows += len(rows)
+        s.free_rows += len(order) - len(rows)
+        s.gathered_rows += gathered
+        s.rebuilds += self.decode_group.rebuilds - rebuilds
+        s.decode_run_ns += t2 - t1
+        self._count(len(order), len(rows), len(order) * past, int(starts.sum()), t0, t1, t2, t3)
+        return last
+
     def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        """Prefill chunks, batched, over past gathered from their blocks; the last position's logits."""
         t0 = time.perf_counter_ns()
         batch = len(group)
         past = max(c.start for c in group)
         width = max(len(c.token_ids) for c in group)
-        index = np.full((batch, past), self.zero_slot, np.int64)
         input_ids = np.zeros((batch, width), np.int64)
         position_ids = np.zeros((batch, width), np.int64)
         mask = np.zeros((batch, past + width), np.int64)
         for row, c in enumerate(group):
             count = len(c.token_ids)
-            if c.start:
-                index[row, past - c.start:] = self._slots(c.block_table, 0, c.start)
             input_ids[row, :count] = c.token_ids
             position_ids[row, :count] = np.arange(c.start, c.start + count)
             mask[row, past - c.start:past + count] = 1
-        feed: dict[str, np.ndarray] = {"input_ids": input_ids}
-        if self.has_mask:
-            feed["attention_mask"] = mask
-        if self.has_positions:
-            feed["position_ids"] = position_ids
-        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
-        pasts = np.take(self._rows, past_rows, axis=0)                     # [tensors, B, heads, P, head_dim]
-        for i, (name, _) in enumerate(self.kv_names):
-            feed[name] = pasts[i]
+        feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)))
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
@@ -160,12 +223,38 @@ class DecoderRunner:
             self._rows[self._bases[i][None, :] + slots[:, None]] = present[rows, :, cols, :]  # [N, heads, d]
         last = logits[np.arange(batch), np.asarray(counts) - 1]
         t3 = time.perf_counter_ns()
+        self._count(batch, len(rows), batch * past, sum(c.start for c in group), t0, t1, t2, t3)
+        return last
+
+    def _count(self, batch: int, tokens: int, past_slots: int, context: int,
+               t0: int, t1: int, t2: int, t3: int) -> None:
         s = self.stats
         s.runs += 1
-        s.tokens += len(rows)
-        s.past_slots += batch * past
-        s.padded_slots += batch * past - sum(c.start for c in group)
+        s.tokens += tokens
+        s.past_slots += past_slots
+        s.padded_slots += past_slots - context
         s.gather_ns += t1 - t0
         s.run_ns += t2 - t1
         s.scatter_ns += t3 - t2
-        return last
+
+
+def prefill_groups(chunks: Sequence[ScheduledChunk], indices: Sequence[int],
+                   max_waste: float = 1.5) -> list[list[int]]:
+    """Prefill chunks batched by similar length: sorted by (length, start), a chunk joins the group before
+    it while the group's padded work (rows × longest chunk × (longest start + longest chunk), what dense
+    tensors compute) stays within `max_waste` × its real work; one session run per group."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(indices, key=lambda i: (len(chunks[i].token_ids), chunks[i].start)):
+        n, start = len(chunks[i].token_ids), chunks[i].start
+        if groups:
+            group = groups[-1]
+            width = max(n, *(len(chunks[j].token_ids) for j in group))
+            past = max(start, *(chunks[j].start for j in group))
+            if (len(group) + 1) * width * (past + width) <= max_waste * (real + n * (start + n)):
+                group.append(i)
+                real += n * (start + n)
+                continue
+        groups.append([i])
+        real = n * (start + n)
+    return groups

@@ -1,0 +1,134 @@
+"""A decode group's dense past tensors, kept between steps so a steady batch of decodes copies nothing in.
+
+A decode step appends one token to every row. The model's `present` outputs are exactly the next step's
+`past` for the same rows: `past` with the new keys and values concatenated at slot P, every row's context
+still right-aligned. So while the group's membership holds, the runner feeds last step's `present` back as
+this step's `past` and gathers nothing from the blocks. The block tables stay the truth: the runner still
+writes each new token's keys and values into its block (prefix sharing, preemption and re-admission read
+them there); this is only a cache of what the blocks hold, laid out for ONNX Runtime.
+
+When the membership changes:
+- a row whose request is gone (finished, preempted, or not scheduled this step) becomes a *free row*: it
+  stays in the tensors, masked out (it attends only to its own dummy token; its output is dropped), so a
+  leave copies nothing;
+- a joining request takes a free row: its context is gathered from its blocks straight into that row of
+  the kept tensors (only the joiner's own bytes move);
+- the group is rebuilt (continuing rows copied once into fresh tensors, trimmed to the longest context, the
+  joiners gathered) only when it must or when waste has piled up: a joiner longer than the past, more
+  joiners than free rows, more than a quarter of the rows free, or more than a quarter of the past's slots
+  padding every row shares.
+A row continues only if it is the same request object, not preempted since, and at the position the group
+expects, so a recycled request id or a recomputed sequence is always gathered afresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .request import Request
+from .scheduler import ScheduledChunk
+
+# (chunks, past width) → [tensors, len(chunks), heads, past width, head_dim], each context right-aligned
+Gather = Callable[[Sequence[ScheduledChunk], int], np.ndarray]
+
+
+@dataclass(slots=True)
+class _Row:
+    request: Request
+    preemptions: int
+    length: int  # context tokens the dense past holds for this row (the next decode's start)
+
+
+class DecodeGroup:
+    """The rows of the last decode run (None: a free row) and their `present` tensors (one per KV tensor)."""
+
+    def __init__(self) -> None:
+        self._rows: list[_Row | None] = []
+        self._pasts: list[np.ndarray] = []
+        self.rebuilds = 0  # times the tensors were rebuilt rather than kept or filled in place
+
+    def __len__(self) -> int:
+        """Rows in the tensors, free ones included."""
+        return len(self._rows)
+
+    def clear(self) -> None:
+        self._rows, self._pasts = [], []
+
+    def prepare(self, chunks: Sequence[ScheduledChunk], gather: Gather,
+                ) -> tuple[list[int], list[np.ndarray], int]:
+        """Place this step's decode chunks in rows and build their past tensors. Returns, per row, the
+        index of its chunk in `chunks` (-1: a free row); one past array per KV tensor [rows, heads, P,
+        head_dim]; and how many rows were gathered from blocks (the rest came from the kept tensors)."""
+        by_id = {id(row.request): (i, row) for i, row in enumerate(self._rows) if row is not None}
+        order = [-1] * len(self._rows)
+        fresh: list[int] = []
+        for index, chunk in enumerate(chunks):
+            hit = by_id.get(id(chunk.request))
+            if hit is not None and hit[1].length == chunk.start \
+                    and hit[1].preemptions == chunk.request.num_preemptions:
+                order[hit[0]] = index
+            else:
+                fresh.append(index)
+        width = self._pasts[0].shape[2] if self._pasts else 0
+        free = [row for row, index in enumerate(order) if index < 0]
+        shared_pad = min((width - chunks[i].start for i in order if i >= 0), default=width)
+        if (not self._pasts or len(fresh) > len(free) or len(free) - len(fresh) > len(order) // 4
+                or any(chunks[i].start > width for i in fresh) or shared_pad > max(8, width // 4)):
+            return self._rebuild(chunks, order, fresh, gather)
+        if fresh:
+            joined = gather([chunks[i] for i in fresh], width)
+            slots = free[:len(fresh)]
+            for t, past in enumerate(self._pasts):
+                past[slots] = joined[t]
+            for row, index in zip(slots, fresh, strict=True):
+                order[row] = index
+        self._place(chunks, order)
+        return order, self._pasts, len(fresh)
+
+    def _place(self, chunks: Sequence[ScheduledChunk], order: Sequence[int]) -> None:
+        self._rows = [None if i < 0 else _Row(chunks[i].request, chunks[i].request.num_preemptions, 0)
+                      for i in order]
+
+    def _rebuild(self, chunks: Sequence[ScheduledChunk], order: list[int], fresh: list[int],
+                 gather: Gather) -> tuple[list[int], list[np.ndarray], int]:
+        """Fresh tensors with no free rows: the continuing rows first (cut or left-padded to the longest
+        context), then the joiners, gathered from their blocks."""
+        self.rebuilds += 1
+        kept = [(row, index) for row, index in enumerate(order) if index >= 0]
+        new_order = [index for _, index in kept] + fresh
+        width = max(chunks[i].start for i in new_order)
+        joined = gather([chunks[i] for i in fresh], width) if fresh else None
+        if not kept:
+            assert joined is not None
+            pasts = list(joined)
+        else:
+            old_rows = np.array([row for row, _ in kept], np.int64)
+            pasts = [_copy_rows(old, old_rows, width, None if joined is None else joined[t])
+                     for t, old in enumerate(self._pasts)]
+        self._place(chunks, new_order)
+        self._pasts = pasts
+        return new_order, pasts, len(fresh)
+
+    def advance(self, chunks: Sequence[ScheduledChunk], order: Sequence[int],
+                presents: list[np.ndarray]) -> None:
+        """After the run: `present` is the next step's past, each live row one token longer."""
+        for row, index in zip(self._rows, order, strict=True):
+            if row is not None:
+                row.length = chunks[index].start + 1
+        self._pasts = presents
+
+
+def _copy_rows(old: np.ndarray, rows: np.ndarray, width: int, joined: np.ndarray | None) -> np.ndarray:
+    """One KV tensor of a rebuilt group: `rows` of `old` (cut or left-padded to `width`), then `joined`."""
+    kept = old[rows, :, max(old.shape[2] - width, 0):]  # a fancy index: already a fresh contiguous array
+    if joined is None and kept.shape[2] == width:
+        return kept
+    past = np.zeros((len(rows) + (0 if joined is None else len(joined)), old.shape[1], width, old.shape[3]),
+                    old.dtype)
+    past[:len(rows), :, width - kept.shape[2]:] = kept
+    if joined is not None:
+        past[len(rows):] = joined
+    return past
