@@ -9,8 +9,8 @@ are committed; `python -m engine.examples model_repository` (run by `make models
 This module needs the `onnx` package (the `examples` / `test` extras). Only tools and tests import it, so the
 import sits at the top; the server itself never imports this module and serves without `onnx` installed.
 
-Every model uses opset 17 with IR version 8, the IR version that introduced opset 17. ONNX 1.23's own default
-(IR 14) is newer than onnxruntime 1.31 accepts (it reads up to IR 13), so the IR version is pinned.
+Every model uses opset 17 with IR version 8 (engine/onnx_build.py says why). The pipelines' models live in
+engine/example_pipelines.py; their Python steps are committed model.py files, which need no building.
 """
 
 from __future__ import annotations
@@ -28,66 +28,21 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .example_pipelines import COLOURS as COLOURS
+from .example_pipelines import IMAGE_SIDE as IMAGE_SIDE
+from .example_pipelines import TEXT_LABELS as TEXT_LABELS
+from .example_pipelines import TEXT_LENGTH as TEXT_LENGTH
+from .example_pipelines import TEXT_VOCAB as TEXT_VOCAB
+from .example_pipelines import image_classifier_model, image_preprocess_model, text_classifier_model
+from .example_pipelines import text_classifier_weights as text_classifier_weights
 from .generate.tiny_decoder import tiny_decoder_model
-
-OPSET = 17
-IR_VERSION = 8  # opset 17 arrived with IR 8; onnxruntime 1.31 loads up to IR 13, not 14
-PRODUCER = "hubserve.engine.examples"  # no version number: a release must not change the model bytes
-
-# StringNormalizer's locale. onnxruntime's default on Linux is "en_US.UTF-8", which fails the session on any
-# machine without that locale generated (slim containers); "C" exists everywhere but upper-cases ASCII only.
-# glibc always has "C.UTF-8" (built in since 2.35, shipped by Debian/Ubuntu long before) with full Unicode
-# case mapping.
-STRINGS_LOCALE = "C.UTF-8"
-
-# Protocol datatype name -> ONNX element type.
-ONNX_TYPES: dict[str, int] = {
-    "BOOL": TensorProto.BOOL,
-    "UINT8": TensorProto.UINT8,
-    "UINT16": TensorProto.UINT16,
-    "UINT32": TensorProto.UINT32,
-    "UINT64": TensorProto.UINT64,
-    "INT8": TensorProto.INT8,
-    "INT16": TensorProto.INT16,
-    "INT32": TensorProto.INT32,
-    "INT64": TensorProto.INT64,
-    "FP16": TensorProto.FLOAT16,
-    "FP32": TensorProto.FLOAT,
-    "FP64": TensorProto.DOUBLE,
-    "BYTES": TensorProto.STRING,
-    "BF16": TensorProto.BFLOAT16,
-}
-
-Dim = int | str
-
-
-def _shape(dims: Sequence[int]) -> list[Dim]:
-    """Protocol dims to an ONNX shape: each -1 becomes a named dynamic dim ('batch' for the first)."""
-    out: list[Dim] = []
-    for i, d in enumerate(dims):
-        if d == -1:
-            out.append("batch" if i == 0 else f"dim{i}")
-        elif d > 0:
-            out.append(int(d))
-        else:
-            raise ValueError(f"dim {d} at index {i}: dims must be positive or -1 (dynamic)")
-    return out
-
-
-def _tensor(name: str, elem_type: int, dims: Sequence[int]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem_type, _shape(dims))
-
-
-def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
-        ir_version=IR_VERSION,
-        producer_name=PRODUCER,
-    )
-    onnx.checker.check_model(model)
-    return model
-
+from .onnx_build import IR_VERSION as IR_VERSION
+from .onnx_build import ONNX_TYPES as ONNX_TYPES
+from .onnx_build import OPSET as OPSET
+from .onnx_build import PRODUCER as PRODUCER
+from .onnx_build import STRINGS_LOCALE as STRINGS_LOCALE
+from .onnx_build import finish as _model
+from .onnx_build import tensor as _tensor
 
 # --------------------------------------------------------------------------------------------- models
 
@@ -222,58 +177,6 @@ def image_model() -> onnx.ModelProto:
     return _model(graph)
 
 
-# The image pipeline (model_repository/image_pipeline, an ensemble): raw UINT8 pixels -> image_preprocess
-# (scale and normalize) -> image_classifier (the nearest of ten colours to the image's mean colour) -> the
-# classification extension with the ensemble's labels.txt, in this order.
-IMAGE_SIDE = 64
-COLOURS = {"black": (0, 0, 0), "white": (255, 255, 255), "red": (255, 0, 0), "green": (0, 255, 0),
-           "blue": (0, 0, 255), "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255),
-           "gray": (128, 128, 128), "orange": (255, 165, 0)}
-_MEAN = np.array([0.485, 0.456, 0.406], np.float32)  # the usual ImageNet normalization
-_STD = np.array([0.229, 0.224, 0.225], np.float32)
-
-
-def image_preprocess_model() -> onnx.ModelProto:
-    """UINT8 IMAGE [batch, 3, 64, 64] -> FP32 PIXELS, each channel (x / 255 - mean) / std."""
-    dims = (-1, 3, IMAGE_SIDE, IMAGE_SIDE)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Cast", ["IMAGE"], ["as_float"], name="cast", to=TensorProto.FLOAT),
-            helper.make_node("Div", ["as_float", "full_scale"], ["unit"], name="scale"),
-            helper.make_node("Sub", ["unit", "mean"], ["centred"], name="centre"),
-            helper.make_node("Div", ["centred", "std"], ["PIXELS"], name="normalize"),
-        ],
-        "image_preprocess",
-        [_tensor("IMAGE", TensorProto.UINT8, dims)],
-        [_tensor("PIXELS", TensorProto.FLOAT, dims)],
-        initializer=[numpy_helper.from_array(np.array(255.0, np.float32), "full_scale"),
-                     numpy_helper.from_array(_MEAN.reshape(3, 1, 1), "mean"),
-                     numpy_helper.from_array(_STD.reshape(3, 1, 1), "std")],
-    )
-    return _model(graph)
-
-
-def image_classifier_model() -> onnx.ModelProto:
-    """FP32 PIXELS [batch, 3, 64, 64] -> PROBABILITIES [batch, 10]: a softmax over minus the squared distance
-    of the mean colour to each of COLOURS (normalized as the pixels are), so a red image is "red"."""
-    prototypes = ((np.array(list(COLOURS.values()), np.float32) / 255 - _MEAN) / _STD)  # [10, 3]
-    weight = (8 * prototypes.T).astype(np.float32)  # -|m - p|^2 = 2 m.p - |p|^2 - |m|^2, sharpened 4x
-    bias = (-4 * (prototypes ** 2).sum(axis=1)).astype(np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("GlobalAveragePool", ["PIXELS"], ["pooled"], name="pool"),
-            helper.make_node("Flatten", ["pooled"], ["mean_colour"], name="flatten", axis=1),
-            helper.make_node("Gemm", ["mean_colour", "weight", "bias"], ["logits"], name="score"),
-            helper.make_node("Softmax", ["logits"], ["PROBABILITIES"], name="softmax", axis=1),
-        ],
-        "image_classifier",
-        [_tensor("PIXELS", TensorProto.FLOAT, (-1, 3, IMAGE_SIDE, IMAGE_SIDE))],
-        [_tensor("PROBABILITIES", TensorProto.FLOAT, (-1, len(COLOURS)))],
-        initializer=[numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")],
-    )
-    return _model(graph)
-
-
 # --------------------------------------------------------------------------------------------- writing
 
 def model_bytes(model: onnx.ModelProto) -> bytes:
@@ -349,9 +252,10 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "simple_sequence": simple_sequence_model,
     # A generative model for the generation engine (engine/generate/): 2 layers, ~0.7 MB.
     "tiny_decoder": tiny_decoder_model,
+    "text_classifier": text_classifier_model,
 }
 # Example ensembles: no model file, only the (empty) version folder build_repository creates.
-EXAMPLE_ENSEMBLES = ("image_pipeline",)
+EXAMPLE_ENSEMBLES = ("image_pipeline", "text_pipeline")
 VERSION = "1"
 
 

@@ -138,6 +138,20 @@ class TritonPythonModel:
 '''
 ONE_IN_ONE_OUT = io([("IN", "TYPE_FP32", "-1")], [("OUT", "TYPE_FP32", "-1")])
 
+# Answers its process id and how many elements IN (FP32, any length) had: INT64 [2].
+COUNTER = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(
+            [os.getpid(), pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().size], np.int64))])
+            for r in requests]
+'''
+COUNTER_CONFIG = io([("IN", "TYPE_FP32", "-1")], [("OUT", "TYPE_INT64", "2")])
+
 # Sleeps SECONDS (FP32 [1]) seconds, then echoes it; or crashes the process when it is negative.
 SLEEPER = '''
 import os

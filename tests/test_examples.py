@@ -280,6 +280,38 @@ def test_image_is_the_per_channel_mean():
     np.testing.assert_allclose(got, x.astype(np.float64).mean(axis=(2, 3)), rtol=1e-5)
 
 
+# --------------------------------------------------------------------------------------------- text
+
+def test_text_classifier_is_a_bag_of_words_over_the_documented_weights():
+    model = examples.text_classifier_model()
+    onnx.checker.check_model(model, full_check=True)
+    sess = session(model)
+    assert io_of(sess) == {"TOKENS": ("tensor(int64)", ["batch", 16]),
+                           "SCORES": ("tensor(float)", ["batch", 3])}
+    embedding, bias = examples.text_classifier_weights()
+    assert embedding.shape == (len(examples.TEXT_VOCAB), 3) and not embedding[0].any()
+    vocab = {w: i for i, w in enumerate(examples.TEXT_VOCAB)}
+    tokens = np.zeros((3, 16), np.int64)
+    tokens[0, :3] = [vocab["great"], vocab["movie"], vocab["love"]]
+    tokens[1, :2] = [vocab["terrible"], vocab["food"]]
+    (scores,) = sess.run(None, {"TOKENS": tokens})
+    logits = embedding[tokens].astype(np.float64).sum(axis=1) + bias
+    want = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(scores, want, rtol=1e-5)
+    assert [examples.TEXT_LABELS[i] for i in scores.argmax(axis=1)] == ["positive", "negative", "neutral"]
+
+
+def test_text_pipeline_word_lists_agree_with_the_classifier():
+    """vocab.txt's line i is token i of the classifier's embedding; labels.txt's lines are its classes."""
+    vocab = (EXAMPLE_REPOSITORY / "text_tokenizer" / "vocab.txt").read_text().splitlines()
+    assert tuple(vocab) == examples.TEXT_VOCAB and vocab[:2] == ["[pad]", "[unk]"]
+    labels = (EXAMPLE_REPOSITORY / "text_postprocess" / "labels.txt").read_text().splitlines()
+    assert tuple(labels) == examples.TEXT_LABELS
+    for name in ("text_tokenizer", "text_postprocess"):
+        assert (EXAMPLE_REPOSITORY / name / "1" / "model.py").is_file()
+        assert cfg.read_config_proto(EXAMPLE_REPOSITORY / name).backend == "python"
+
+
 # --------------------------------------------------------------------------------------------- writing
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -328,13 +360,15 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
                                        "simple_identity", "image_preprocess", "image_classifier",
                                        "sequence_accumulator", "simple_sequence",
-                                       "tiny_decoder"]
+                                       "tiny_decoder", "text_classifier"]
+    assert examples.EXAMPLE_ENSEMBLES == ("image_pipeline", "text_pipeline")
 
 
-def test_an_example_ensemble_gets_its_empty_version_folder(tmp_path):
-    assert examples.build_repository(tmp_path, ["image_pipeline"]) == []
-    assert sorted(p.name for p in (tmp_path / "image_pipeline").iterdir()) == ["1"]
-    assert not any((tmp_path / "image_pipeline" / "1").iterdir())
+@pytest.mark.parametrize("name", examples.EXAMPLE_ENSEMBLES)
+def test_an_example_ensemble_gets_its_empty_version_folder(tmp_path, name):
+    assert examples.build_repository(tmp_path, [name]) == []
+    assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["1"]
+    assert not any((tmp_path / name / "1").iterdir())
 
 
 def test_main_prints_one_line_per_model(tmp_path, capsys):

@@ -6,6 +6,7 @@ reason while it restarts, and serves again. A model's EXECUTION_ENV_PATH venv ru
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -20,7 +21,17 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
-from python_models import ASYNC, ENV_CONFIG, ENV_REPORT, FRAGILE, FRAGILE_CONFIG, ONE_IN_ONE_OUT, write_model
+from python_models import (
+    ASYNC,
+    COUNTER,
+    COUNTER_CONFIG,
+    ENV_CONFIG,
+    ENV_REPORT,
+    FRAGILE,
+    FRAGILE_CONFIG,
+    ONE_IN_ONE_OUT,
+    write_model,
+)
 
 MODELS = {
     "fragile": "",
@@ -38,7 +49,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repo, "echo", ASYNC, ONE_IN_ONE_OUT)
     write_model(repo, "echo_small_shm", ASYNC, ONE_IN_ONE_OUT +
                 'parameters { key: "shm_region_mb" value: { string_value: "1" } }\n')
-    args = ["--model-control-mode", "explicit"] + [a for n in [*MODELS, "echo", "echo_small_shm"]
+    write_model(repo, "counter", COUNTER, COUNTER_CONFIG +
+                'parameters { key: "shm_region_mb" value: { string_value: "1" } }\n'
+                'parameters { key: "instance_unresponsive_secs" value: { string_value: "120" } }\n')
+    args = ["--model-control-mode", "explicit"] + [a for n in [*MODELS, "echo", "echo_small_shm", "counter"]
                                                    for a in ("--load-model", n)]
     srv = start_server(repo, tmp_path_factory.mktemp("isolation_server") / "server.log", *args,
                        ready_timeout=120)
@@ -150,6 +164,44 @@ def test_large_tensors_cross_and_their_memory_is_reused(server, model: str) -> N
             np.testing.assert_array_equal(c.infer(model, [i]).as_numpy("OUT"), x + 1)
     assert memory(server, "RssAnon") - anon < 32 << 20  # nothing kept per request
     assert memory(server, "RssShmem") <= 2 * (16 << 20) + (4 << 20)  # at most the instance's two regions
+
+
+def count(server, x: np.ndarray) -> list[int]:
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=120) as c:
+        i = httpclient.InferInput("IN", [x.size], "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        return [int(v) for v in c.infer("counter", [i]).as_numpy("OUT")]
+
+
+def batches_started(server, model: str) -> int:
+    """The model's queue count: it grows when a batch leaves the queue for an instance."""
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=10) as c:
+        stats = c.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_stats"]["queue"].get("count", 0))
+
+
+def test_a_model_sent_more_than_its_arena_stalls_no_other_model(server) -> None:
+    """24 MiB for a model whose region is 1 MiB travel inline through its socket. With its process paused
+    (SIGSTOP) nothing drains that socket; the engine must still serve other models at once (a blocking write
+    from the event loop stalled them all until the watchdog killed the process), and the paused model must
+    get its whole request once it goes on."""
+    pid, _ = count(server, np.ones(4, np.float32))
+    big = np.ones(6 << 20, np.float32)
+    before = batches_started(server, "counter")
+    with ThreadPoolExecutor(1) as pool:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            pending = pool.submit(count, server, big)
+            wait_for(lambda: batches_started(server, "counter") > before, 30, "the large batch was started")
+            for value in range(5):
+                started = time.monotonic()
+                assert call(server, "echo", float(value)) == value + 1
+                assert time.monotonic() - started < 2.0
+            assert not pending.done()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert pending.result(60) == [pid, big.size]
+    assert count(server, np.ones(3, np.float32)) == [pid, 3]  # the same process, still in step
 
 
 def memory(server, field: str) -> int:

@@ -13,7 +13,8 @@ engine pings every instance every second or so, so frees never wait long). BYTES
 wire form (4-byte length, then the bytes), so object arrays are never pickled.
 
 Unpickling refuses every class (`_PlainUnpickler`): a model process that sends something else cannot make
-the server run code. Thread-safe: `send` may be called from any thread; `recv` from one reader thread.
+the server run code. Thread-safe: `send` and `frame` may be called from any thread; `recv` from one reader
+thread. The engine's side writes through outbox.py, which never blocks the event loop.
 
 Overlap: engine/workers/framing.py and tensors.py (branch wt-workers) do the same for the frontends' channel
 (their head and arena placement are the same idea); the lead may fold the two into one module.
@@ -21,8 +22,10 @@ Overlap: engine/workers/framing.py and tensors.py (branch wt-workers) do the sam
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
+import itertools
 import pickle
 import socket
 import struct
@@ -80,29 +83,48 @@ class Channel:
         self._arena = Arena(own, ALIGN) if own is not None else None
         self._peer = peer
         self._pin = np.frombuffer(peer.view(0, peer.size), np.uint8) if peer is not None else None
-        self._lock = threading.Lock()  # one frame at a time on the socket; the arena with it
+        self._lock = threading.Lock()  # the arena and the frees owed
+        self._send_lock = threading.Lock()  # one frame at a time on the socket (send)
         self._done: list[int] = []  # blocks of the peer's region no longer viewed here
 
     def peer_block_done(self, offset: int) -> None:
         self._done.append(offset)  # atomic under the GIL; runs wherever the last view was dropped
 
+    @property
+    def socket(self) -> socket.socket:
+        return self._sock
+
     def send(self, meta: Any, tensors: Sequence[tuple[str, DataType, np.ndarray]] = ()) -> None:
-        """Send one frame: `meta` (plain values) and `tensors` (name, datatype, array)."""
+        """Send one frame: `meta` (plain values) and `tensors` (name, datatype, array), blocking until the
+        socket took it all. The instance process's side uses it; the engine's side writes through an
+        `Outbox` (outbox.py) instead, which never blocks its caller. Do not mix the two on one channel."""
+        with self._send_lock:
+            chunks = collections.deque(self.frame(meta, tensors))
+            try:
+                write_some(self._sock, chunks, 0)
+            except OSError as e:
+                raise ChannelClosed(str(e)) from None
+
+    def frame(self, meta: Any, tensors: Sequence[tuple[str, DataType, np.ndarray]] = ()) -> list[memoryview]:
+        """One frame's bytes, ready to write in order: the tensors placed in an arena block (copied there) or
+        left inline as views of the arrays (no copy). Raises EngineError when a frame is too large or a
+        tensor has no wire form. Thread-safe; the frees this side owes the peer ride on this frame."""
         chunks = [array_to_bytes(a, dt) for _, dt, a in tensors]
         with self._lock:
             block, places, inline = self._place(chunks)
             done, self._done = self._done, []
-            specs = tuple((name, dt.value, tuple(int(d) for d in a.shape), off, n)
-                          for (name, dt, a), (off, n) in zip(tensors, places, strict=True))
-            body = pickle.dumps((meta, specs, block, done), protocol=pickle.HIGHEST_PROTOCOL)
-            size = len(body) + sum(len(c) for c in inline)
-            if size > MAX_FRAME:
-                raise EngineError(ErrorCode.INVALID_ARG, f"a message of {size} bytes is too large for the "
-                                                         "instance channel")
-            try:
-                self._sock.sendall(b"".join([HEAD.pack(size, len(body)), body, *inline]))
-            except OSError as e:
-                raise ChannelClosed(str(e)) from None
+        specs = tuple((name, dt.value, tuple(int(d) for d in a.shape), off, n)
+                      for (name, dt, a), (off, n) in zip(tensors, places, strict=True))
+        body = pickle.dumps((meta, specs, block, done), protocol=pickle.HIGHEST_PROTOCOL)
+        size = len(body) + sum(len(c) for c in inline)
+        if size > MAX_FRAME:
+            with self._lock:
+                self._done.extend(done)
+                if block >= 0 and self._arena is not None:
+                    self._arena.free(block)
+            raise EngineError(ErrorCode.INVALID_ARG, f"a message of {size} bytes is too large for the "
+                                                     "instance channel")
+        return [memoryview(HEAD.pack(size, len(body)) + body), *(memoryview(c).cast("B") for c in inline)]
 
     def _place(self, chunks: list[Any]) -> tuple[int, list[tuple[int, int]], list[Any]]:
         """Where the chunks go: one arena block (offset >= 0), else inline (-1). Called under the lock."""
@@ -186,6 +208,24 @@ class Channel:
             self._own.close()
         if self._peer is not None:
             self._peer.close()
+
+
+def write_some(sock: socket.socket, chunks: collections.deque[memoryview], flags: int) -> None:
+    """Write from the front of `chunks` (byte views), dropping what the socket took, until all is written or,
+    with MSG_DONTWAIT in `flags`, until the socket would block. Raises OSError when the socket breaks."""
+    while chunks:
+        try:
+            sent = sock.sendmsg(list(itertools.islice(chunks, 0, 64)), (), flags)
+        except BlockingIOError:
+            return
+        while sent:
+            first = chunks[0]
+            if len(first) <= sent:
+                sent -= len(first)
+                chunks.popleft()
+            else:
+                chunks[0] = first[sent:]
+                sent = 0
 
 
 def _aligned(n: int) -> int:

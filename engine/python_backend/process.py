@@ -4,12 +4,14 @@
 a socket pair, starts `python -m engine.python_backend.stub` with them as inherited fds, sends `init` and
 waits for `ready` (or `init_failed`: the model's import or `initialize` error, with its last lines).
 
-Then three threads of its own, none of them the event loop:
+Then four threads of its own, none of them the event loop:
 - the reader takes frames off the socket: results resolve the futures `call()` returned, BLS requests go to
   `on_bls`, every frame counts as a sign of life;
 - the watchdog pings about every second and kills a process that has said nothing for `unresponsive_s`
   (frozen, or stuck holding the GIL) or whose oldest batch has run longer than `execute_timeout_s` (when
   set): a hung instance is detected, not waited on forever;
+- the outbox's writer (outbox.py) writes what the socket does not take at once, and large frames, so
+  `call()` and `send()` never block their caller (the loop);
 - the output pump forwards what the process prints to the server's log (at the level the model's Logger
   used), keeping the last lines for error messages.
 
@@ -37,6 +39,7 @@ from typing import Any
 from ..errors import EngineError, ErrorCode, unavailable
 from ..shm import Region
 from .channel import Channel, ChannelClosed, Received
+from .outbox import Outbox
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or install) holding the `engine` package
 IMPORTABLE = Path(__file__).resolve().parent / "importable"
@@ -75,6 +78,7 @@ class InstanceProcess:
         self._on_exit = on_exit
         self._proc: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
+        self._outbox: Outbox | None = None  # every write after start-up
         self._pending: dict[int, tuple[Future[Result], float]] = {}
         self._lock = threading.Lock()
         self._next_batch = 0
@@ -129,6 +133,7 @@ class InstanceProcess:
             self._abandon()
             raise EngineError(ErrorCode.INTERNAL, f"instance '{spec.instance_name}': {meta[1]}")
         ours.settimeout(None)
+        self._outbox = Outbox(channel, spec.instance_name)
         self._last_heard = time.monotonic()
         threading.Thread(target=self._read, name=f"{spec.instance_name}.read", daemon=True).start()
         threading.Thread(target=self._watch, name=f"{spec.instance_name}.watch", daemon=True).start()
@@ -148,31 +153,37 @@ class InstanceProcess:
         """Send one batch (`("exec", id, *meta_tail)`); the future resolves with the result frame or fails
         with the reason the process ended."""
         future: Future[Result] = Future()
-        channel = self._channel
+        outbox = self._outbox
         with self._lock:
             self._next_batch += 1
             batch = self._next_batch
-            if self._stopping or channel is None:
+            if self._stopping or outbox is None:
                 future.set_exception(unavailable(f"instance '{self.spec.instance_name}' is not running"))
                 return future
             self._pending[batch] = (future, time.monotonic())
+
+        def unsendable(error: EngineError) -> None:
+            with self._lock:
+                entry = self._pending.pop(batch, None)
+            if entry is not None:
+                entry[0].set_exception(error)
+
         try:
-            channel.send(("exec", batch, *meta_tail), tensors)
+            outbox.post(("exec", batch, *meta_tail), tensors, unsendable)
         except ChannelClosed:
             pass  # the reader fails the pending batches with the reason the process ended
         except EngineError as e:
-            with self._lock:
-                self._pending.pop(batch, None)
-            future.set_exception(e)
+            unsendable(e)
         return future
 
     def send(self, meta: tuple[Any, ...], tensors: list[Any] = ()) -> None:  # type: ignore[assignment]
-        """A frame that expects no answer (a BLS result); lost quietly when the process is gone."""
-        channel = self._channel
-        if channel is None:
+        """A frame that expects no answer (a BLS result, a ping); lost quietly when the process is gone.
+        Never blocks (outbox.py)."""
+        outbox = self._outbox
+        if outbox is None:
             return
         with contextlib.suppress(ChannelClosed):
-            channel.send(meta, tensors)
+            outbox.post(meta, tensors)
 
     # ------------------------------------------------------------------ threads
 
@@ -200,6 +211,8 @@ class InstanceProcess:
         except Exception:
             log.exception("instance %s: reading its channel failed", self.spec.instance_name)
             self._kill("sent a frame the engine could not read")
+        if self._outbox is not None:
+            self._outbox.close()  # its writer thread ends with the process
         if self._stopping:
             return
         reason = self._exit_reason(0)
@@ -289,11 +302,13 @@ class InstanceProcess:
         """Finalize the model and end the process (killed if it takes longer than `timeout_s`)."""
         with self._lock:
             was_stopping, self._stopping = self._stopping, True
-        proc, channel = self._proc, self._channel
-        if not was_stopping and channel is not None:
+        proc, channel, outbox = self._proc, self._channel, self._outbox
+        if not was_stopping and outbox is not None:
             with contextlib.suppress(ChannelClosed):
-                channel.send(("finalize",))
+                outbox.post(("finalize",))
                 self._bye.wait(timeout_s)
+        if outbox is not None:
+            outbox.close()
         if channel is not None:
             channel.close()
         if proc is not None:
