@@ -42,6 +42,7 @@ from .ensemble import EnsembleModel
 from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
+from .load_errors import load_failure_text
 from .memory import release_freed_memory
 from .model import Model, ModelState
 from .names import name_problem
@@ -185,13 +186,14 @@ class ModelRepository(RoutingTable):
             config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json, base)
             plan = ensemble_loading.plan_ensemble(self, config) if config.ensemble is not None else None
         except ensemble_loading.EnsembleFailure as e:
-            self._record_model_failure(entry, self._reason(e, model_dir, name), composing=True)
+            reason = load_failure_text(e, model_dir, name, self.root)
+            self._record_model_failure(entry, reason, composing=True)
             return []
         except _VersionFailure as e:
-            self._record_model_failure(entry, self._reason(e, model_dir, name), e.version)
+            self._record_model_failure(entry, load_failure_text(e, model_dir, name, self.root), e.version)
             return []
         except (EngineError, OSError) as e:  # OSError: a folder or file the server may not read
-            self._record_model_failure(entry, self._reason(e, model_dir, name))
+            self._record_model_failure(entry, load_failure_text(e, model_dir, name, self.root))
             return []
         entry.error, entry.composing_error = "", False
         # 2. Build what changed beside what serves; keep a version built from the same files and config.
@@ -210,7 +212,7 @@ class ModelRepository(RoutingTable):
                 new[version] = result
                 log.info("model %s version %d READY", name, version)
             else:
-                failed[version] = self._reason(result, model_dir, name)
+                failed[version] = load_failure_text(result, model_dir, name, self.root)
                 log.error("model %s version %d UNAVAILABLE: %s", name, version, failed[version])
         version_keys = {v: keys[v] for v in new}
         # 3. A failed reload is not an outage: while anything failed, every version that served keeps serving.
@@ -246,32 +248,6 @@ class ModelRepository(RoutingTable):
             return
         entry.state = ModelState.UNAVAILABLE
         log.error("%s UNAVAILABLE: %s", what, reason)
-
-    def _reason(self, error: BaseException, model_dir: Path, name: str) -> str:
-        """A load failure as clients read it (errors, the index): the EngineError's message, an OSError as the
-        file and what went wrong, anything else by its repr; with our absolute paths made relative."""
-        if isinstance(error, EngineError):
-            text = error.message
-        elif isinstance(error, OSError):
-            where = ""
-            if isinstance(error.filename, str):
-                shown = self._relative(error.filename, model_dir, name)
-                where = f" '{shown if not os.path.isabs(shown) else os.path.basename(shown)}'"
-            text = f"model '{name}': cannot read{where}: {error.strerror or type(error).__name__}"
-        else:
-            text = repr(error)
-        return self._relative(text, model_dir, name)
-
-    def _relative(self, text: str, model_dir: Path, name: str) -> str:
-        """`text` with the model folder (a repository folder, or an override's temporary folder) written as
-        the model's name and the repository root left out: `/srv/models/simple/1/model.onnx` becomes
-        `simple/1/model.onnx`."""
-        for path, label in ((model_dir, name), (self.root, "")):
-            for form in sorted({str(path), os.path.realpath(path)}, key=len, reverse=True):
-                if len(form) > 1:
-                    text = text.replace(form + os.sep, f"{label}/" if label else "")
-                    text = text.replace(form, label or "the model repository")
-        return text
 
     def _outside(self, where: str, path: Path, shown: str, base: Path) -> None:
         """INVALID_ARG when `path` resolves outside `base`: a symbolic link (or a `../` in the config's
