@@ -26,15 +26,12 @@ HTTP uses the binary tensor extension except for MLServer, which does not implem
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import platform
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -42,37 +39,8 @@ import bench_serving  # perf/, this script's folder, as are peers/ below
 from engine import examples
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
-from peers import repos, servers, variants
-
-# The hubserve layout the ratios are against: the first hubserve* in --servers (set by main).
-REFERENCE = "hubserve"
-
-
-@dataclass(frozen=True, slots=True)
-class Point:
-    model: str
-    """The example's name; the server knows the model by `served_name`."""
-    variant: str
-    protocol: str
-    concurrency: int
-
-    @property
-    def served_name(self) -> str:
-        return variants.VARIANTS[self.variant].served_name(self.model)
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    point: Point
-    server: str
-    infer_per_s: float = 0.0
-    p50_ms: float = 0.0
-    p95_ms: float = 0.0
-    p99_ms: float = 0.0
-    cpu_us_per_infer: float = 0.0
-    avg_batch: float | None = None
-    error: str = ""
-    command: tuple[str, ...] = ()
+from peers import report, repos, servers, variants
+from peers.report import Measurement, Point
 
 
 def perf_args(server: str, point: Point, args: argparse.Namespace) -> list[str]:
@@ -171,7 +139,7 @@ def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str,
     """In-process ONNX Runtime infer/s per (model, batch size hubserve formed), hubserve's session options."""
     out: dict[tuple[str, int], float] = {}
     for m in measurements:
-        if m.server != REFERENCE or m.error:
+        if m.server != report.REFERENCE or m.error:
             continue
         key = (m.point.model, max(1, round(m.avg_batch or 1)))
         if key not in out:
@@ -183,141 +151,6 @@ def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str,
 
 
 # ------------------------------------------------------------------------------------------------ report
-
-def _fmt(value: float | None, digits: int = 0) -> str:
-    return "—" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
-
-
-def _ratio(a: float, b: float) -> str:
-    return "—" if not a or not b or math.isnan(a) or math.isnan(b) else f"{a / b:.2f}"
-
-
-def summary(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
-    """Geometric means of the hubserve ÷ peer ratios over the points where both measured, per peer,
-    protocol and config variant."""
-    ratios: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
-    for point, row in by_point.items():
-        hub = row.get(REFERENCE)
-        if hub is None or hub.error:
-            continue
-        for name, m in row.items():
-            if name != REFERENCE and not m.error and m.infer_per_s and m.cpu_us_per_infer > 0:
-                ratios.setdefault((name, point.protocol, point.variant), []).append(
-                    (hub.infer_per_s / m.infer_per_s, hub.cpu_us_per_infer / m.cpu_us_per_infer))
-    if not ratios:
-        return []
-    out = ["", "Summary, geometric mean over the points both completed:", "",
-           "| peer | proto | config | points | hubserve ÷ peer, infer/s | hubserve ÷ peer, CPU/infer |",
-           "|---|---|---|---|---|---|"]
-    for (name, protocol, variant), pairs in sorted(ratios.items()):
-        tput, cpu = (math.exp(sum(math.log(p[i]) for p in pairs) / len(pairs)) for i in (0, 1))
-        out.append(f"| {name} | {protocol} | {variant} | {len(pairs)} | {tput:.2f} | {cpu:.2f} |")
-    return out
-
-
-def config_table(models: list[str], chosen: list[variants.Variant], served: list[repos.ServedModel],
-                 peers: set[str]) -> list[str]:
-    """What each server is given, per model and variant: hubserve's completed config, which Triton gets as
-    it is, and what MLServer's adaptive batching and KServe (no batcher) make of it."""
-    out = [f"Configs: {'; '.join(f'`{v.name}` = {v.describe()}' for v in chosen)}. Triton gets hubserve's "
-           "max_batch_size, dynamic batching (window, preferred sizes) and instance count.", "",
-           "| model | config | served as | max_batch_size | dynamic batching (hubserve, Triton) "
-           + "".join(f"| {peer} " for peer in ("mlserver", "kserve") if peer in peers) + "|",
-           "|---|---|---|---|---|" + "---|" * len(peers & {"mlserver", "kserve"})]
-    by_name = {m.name: m for m in served}
-    for model in models:
-        for variant in chosen:
-            m = by_name[variant.served_name(model)]
-            window = f"{m.max_queue_delay_us} µs window" if m.config.dynamic_batching else "off"
-            cells = [model, variant.name, m.name, str(m.config.max_batch_size), window]
-            if "mlserver" in peers:
-                batching = repos.mlserver_batching(m)
-                cells.append(f"adaptive, max_batch_size {batching[0]}, max_batch_time {batching[1] * 1e6:g} "
-                             "µs" if batching else "off")
-            if "kserve" in peers:
-                cells.append("none (no server-side batcher)")
-            out.append("| " + " | ".join(cells) + " |")
-    return out
-
-
-def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
-           running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
-           events: list[str], served: list[repos.ServedModel], chosen: list[variants.Variant],
-           args: argparse.Namespace, started: str, wall_s: float,
-           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
-    by_point: dict[Point, dict[str, Measurement]] = {}
-    for m in measurements:
-        by_point.setdefault(m.point, {})[m.server] = m
-    out = [f"## Peers run {started}", "",
-           (f"Machine: {os.cpu_count()} cores ({platform.processor() or platform.machine()}), shared with "
-            f"other engineers' test runs: load average {load[0][0]:.2f} at the start, "
-            f"{load[1][0]:.2f} at the end. The servers and perf_analyzer share these cores. "
-            "Numbers compare within this run only."), "",
-           (f"Settings: models {args.models}; configs {args.configs}; protocols {args.protocols}; "
-            f"concurrency {args.concurrency}; `-b 1`; `--input-data zero`; {args.interval_ms} ms windows, "
-            f"stability {args.stability} %, at most {args.max_trials} windows, {args.retries} rerun(s) of a "
-            f"point without stable windows; hubserve's extra arguments: `{args.hubserve_args or 'none'}`; "
-            f"wall time {wall_s / 60:.1f} min."), "",
-           f"Run as: `{shlex.join(['.venv/bin/python', 'perf/bench_peers.py', *sys.argv[1:]])}`", "",
-           *config_table([m for m in args.models.split(",") if m], chosen, served,
-                         {s.kind.name for s in running}), "",
-           f"| server | version | PID | idle CPU (% of a core, {args.idle_s:g} s before the first run) |",
-           "|---|---|---|---|"]
-    out += [f"| {s.kind.name} | {s.version} | {s.pid} | "
-            f"{_fmt(idle[s.pid] * 100, 1) if s.pid in idle else '—'} |"
-            for s in running]
-    out += [f"| {name} | not run: {why.splitlines()[0]} | | |" for name, why in skipped.items()]
-    out += [f"\nEvent: {e}" for e in events]
-    out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
-                 "below 1 favour hubserve."), "",
-            ("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
-             "| server CPU µs/infer | avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
-            "|" + "---|" * 13]
-    for point, row in by_point.items():
-        hub = row.get(REFERENCE)
-        for name, m in row.items():
-            cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
-            if m.error:
-                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 7) + " |")
-                continue
-            fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
-            cells[4] += f" ({fmt})" if fmt else ""
-            cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
-                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1)]
-            if name == REFERENCE or hub is None or hub.error:
-                cells += ["", ""]
-            else:
-                cells += [_ratio(hub.infer_per_s, m.infer_per_s),
-                          _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
-            out.append("| " + " | ".join(cells) + " |")
-    out += summary(by_point)
-    out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
-                 "hubserve's session options, at the batch size hubserve formed (`bench_serving.ceiling`, "
-                 f"best of three {args.ceiling_s:g} s windows, after the servers stopped):"), "",
-            "| model | config | proto | conc | hubserve batch | ceiling infer/s | hubserve infer/s "
-            "| hubserve ÷ ceiling |",
-            "|---|---|---|---|---|---|---|---|"]
-    for point, row in by_point.items():
-        hub = row.get(REFERENCE)
-        if hub is None or hub.error:
-            continue
-        c = ceiling.get((point.model, max(1, round(hub.avg_batch or 1))))
-        out.append(f"| {point.model} | {point.variant} | {point.protocol} | {point.concurrency} | "
-                   f"{_fmt(hub.avg_batch, 1)} | "
-                   f"{_fmt(c)} | {_fmt(hub.infer_per_s)} | {_ratio(hub.infer_per_s, c or 0)} |")
-    out += ["", "Commands (ports were picked free for this run):", "", "```"]
-    out += [" ".join(s.command) for s in running]
-    out += ["# perf_analyzer, one run per row above (these are the first runs; -m, -u, -i and the last",
-            "# --concurrency-range change per row; a later copy of a flag overrides an earlier one;",
-            "# -f <csv> is a temporary file):"]
-    seen: set[tuple[str, str]] = set()
-    for m in measurements:
-        if m.command and (m.server, m.point.protocol) not in seen:
-            seen.add((m.server, m.point.protocol))
-            out.append(" ".join(m.command).replace(str(ROOT) + "/", ""))
-    out.append("```")
-    return "\n".join(out) + "\n"
-
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
@@ -346,8 +179,7 @@ def main() -> int:
     parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per ceiling measurement")
     parser.add_argument("--out", type=Path, help="default: perf/results/peers-<date>.md")
     args = parser.parse_args()
-    global REFERENCE
-    REFERENCE = next((n for n in args.servers.split(",") if n.startswith("hubserve")), "hubserve")
+    report.REFERENCE = next((n for n in args.servers.split(",") if n.startswith("hubserve")), "hubserve")
     # unwind through `finally`, which stops every server we started
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
@@ -410,11 +242,11 @@ def main() -> int:
         for server in running:
             server.stop()
     wall_s, load_end = time.monotonic() - t0, os.getloadavg()
-    report = render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped, events,
-                    served, chosen, args,
-                    f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
-    out_path.write_text(report)
-    print("\n" + report + f"\nwritten to {out_path} (server logs in "
+    text = report.render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped,
+                         events, served, chosen, args,
+                         f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
+    out_path.write_text(text)
+    print("\n" + text + f"\nwritten to {out_path} (server logs in "
           f"{log_dir}/)")
     return 0
 
