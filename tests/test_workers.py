@@ -8,9 +8,11 @@ frontends are the engine's children (/proc/<engine>/task/<engine>/children).
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -28,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, RunningServer, build_test_repository, start_server
 from engine import examples
+from engine.ipc.frames import HEAD
 
 BATCHER = "batcher"  # identity backend: a batch forms only when 4 requests wait (its window is minutes)
 SLOW = "slow"  # identity backend: each execution sleeps 300 ms, so requests are provably in flight
@@ -446,3 +449,51 @@ def test_frontends_exit_when_the_engine_dies(repository: Path, tmp_path: Path) -
     server.process.kill()
     server.process.wait(10)
     wait_for(lambda: not any(_alive(p) for p in pids), 15, "the frontends to exit")
+
+
+def _channel_of(frontend: int) -> socket.socket:
+    """The frontend's own end of its channel to the engine, taken from it (pidfd_getfd, Linux >= 5.6): what a
+    compromised frontend process could write there, written by the test. Its fd is in the frontend's spec."""
+    with open(f"/proc/{frontend}/cmdline", "rb") as f:
+        spec = json.loads(f.read().split(b"\0")[3])
+    pidfd = os.pidfd_open(frontend)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(438, pidfd, spec["channel"], 0)  # SYS_pidfd_getfd on x86_64 and arm64
+        if fd < 0:
+            pytest.skip(f"pidfd_getfd is not available here (errno {ctypes.get_errno()})")
+    finally:
+        os.close(pidfd)
+    return socket.socket(fileno=fd)
+
+
+class _RunsCode:
+    """Unpickled, this makes a directory: proof that the reader ran what the sender chose."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return os.mkdir, (self.path,)
+
+
+def test_a_frame_whose_metadata_pickles_a_class_is_refused(repository: Path, tmp_path: Path) -> None:
+    server = _serve(repository, tmp_path / "server.log", 2)
+    try:
+        victim, survivor = wait_for(lambda: frontends(server) if len(frontends(server)) == 2 else None, 30,
+                                    "two frontends")
+        marker = tmp_path / "the engine ran the frame's code"
+        body = pickle.dumps(((_RunsCode(marker),), [], [], [], False, -1), protocol=pickle.HIGHEST_PROTOCOL)
+        with _channel_of(victim) as channel:
+            channel.sendall(HEAD.pack(len(body), len(body)) + body)
+        wait_for(lambda: "sent a broken frame" in server.log(), 30, "the engine to refuse the frame")
+        assert "only plain values, not posix.mkdir" in server.log()
+        assert not marker.exists()
+        wait_for(lambda: not _alive(victim), 30, "the cut-off frontend to exit")
+        wait_for(lambda: [p for p in frontends(server) if p not in (victim, survivor)], 30, "a new frontend")
+        assert _alive(survivor)
+        for conn in (c for cs in connections_on_each(server, 1).values() for c in cs):
+            send(conn, "POST", "/v2/models/identity_fp32/infer", infer_json("identity_fp32", [[5.0] * 4]))
+            assert answer(conn)[0] == 200
+    finally:
+        server.stop()

@@ -1,34 +1,31 @@
 """One end of the socket between the engine and a Python-model instance process.
 
-A frame is an 8-byte head (payload length, metadata length: big-endian u32), the metadata (a pickle of plain
-values only: tuples, lists, dicts, str, bytes, numbers, None) and the inline tensor bytes. Tensors travel
-through shared memory (engine/shm.py): each side owns one memfd `Region` it writes, carved by an `Arena`,
-and maps the other side's region read-only in practice. A message's tensors go into one block of the
-sender's arena; the frame names the block and each tensor's (offset, size). Small messages, or any message
-when the arena is full, carry their bytes inline instead, so nothing fails for want of space.
+Frames and tensor placement are those of every process channel (engine/ipc/): an 8-byte head, metadata of
+plain values only (the reader refuses every class, so a model process cannot make the server run code by
+what it sends), then the inline tensor bytes. Tensors travel through shared memory (engine/shm.py): each
+side owns one memfd `Region` it writes, carved by an `Arena`, and maps the other side's region. A message's
+tensors go into one block of the sender's arena; the frame names the block and each tensor's (offset,
+size). Small messages, or any message when the arena is full, carry their bytes inline instead, so nothing
+fails for want of space.
 
-The receiver's arrays are numpy views over the peer's block, all based on one `_BlockOwner`: when the last
-view is gone the block's offset is queued, and the next frame this side sends tells the peer to free it (the
-engine pings every instance every second or so, so frees never wait long). BYTES tensors cross in their
-wire form (4-byte length, then the bytes), so object arrays are never pickled.
+A frame's metadata is `(meta, specs, placement, freed)`: the caller's message, ((name, datatype, shape),
+...) of its tensors, where they are, and the blocks of the receiver's region this side no longer views. The
+receiver's arrays are numpy views over the peer's block (engine/ipc/tensors.py `PeerBlocks`): when the last
+view is gone the block's offset is queued, and the next frame this side sends tells the peer to free it
+(the engine pings every instance every second or so, so frees never wait long). BYTES tensors cross in
+their wire form, so object arrays are never pickled.
 
-Unpickling refuses every class (`_PlainUnpickler`): a model process that sends something else cannot make
-the server run code. Thread-safe: `send` and `frame` may be called from any thread; `recv` from one reader
-thread. The engine's side writes through outbox.py, which never blocks the event loop.
-
-Overlap: engine/workers/framing.py and tensors.py (branch wt-workers) do the same for the frontends' channel
-(their head and arena placement are the same idea); the lead may fold the two into one module.
+Only the I/O is this module's: blocking sockets, a lock per side. Thread-safe: `send` and `frame` may be
+called from any thread; `recv` from one reader thread. The engine's side writes through outbox.py, which
+never blocks the event loop.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import io
 import itertools
-import pickle
 import socket
-import struct
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -36,14 +33,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import EngineError, ErrorCode
-from ..frontend.wire import array_from_bytes, array_to_bytes
+from ..frontend.wire import array_to_bytes
+from ..ipc.frames import HEAD, FrameError, encode_frame, parse_frame
+from ..ipc.tensors import Inline, PeerBlocks, place, read_arrays
 from ..shm import Arena, Region
 from ..types import DataType
 
-HEAD = struct.Struct(">II")
-ALIGN = 64
 INLINE_BELOW = 4096  # tensors of a message smaller than this in all go inline: a block is not worth it
-MAX_FRAME = (1 << 32) - 1
 
 # A received tensor: name, datatype, array (a view over the peer's block or the frame).
 Received = tuple[str, DataType, np.ndarray]
@@ -53,42 +49,19 @@ class ChannelClosed(Exception):
     """The other side is gone (EOF or a broken socket)."""
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"frame metadata may hold only plain values, not {module}.{name}")
-
-
-class _BlockOwner:
-    """The base of every array read from one block of the peer's region; reports the block when freed."""
-
-    __slots__ = ("__array_interface__", "_channel", "_offset", "_pin")
-
-    def __init__(self, pin: np.ndarray, offset: int, nbytes: int, channel: Channel) -> None:
-        self._pin = pin
-        self._offset = offset
-        self._channel = channel
-        self.__array_interface__ = {"data": (int(pin.ctypes.data) + offset, False), "shape": (nbytes,),
-                                    "typestr": "|u1", "version": 3}
-
-    def __del__(self) -> None:
-        self._channel.peer_block_done(self._offset)
-
-
 class Channel:
     """Frames over `sock`; tensors written into `own` (this side's region) and read from `peer`."""
 
     def __init__(self, sock: socket.socket, own: Region | None, peer: Region | None) -> None:
         self._sock = sock
         self._own = own
-        self._arena = Arena(own, ALIGN) if own is not None else None
+        self._arena = Arena(own) if own is not None else None
         self._peer = peer
-        self._pin = np.frombuffer(peer.view(0, peer.size), np.uint8) if peer is not None else None
-        self._lock = threading.Lock()  # the arena and the frees owed
+        # Writable views: a model may write into its inputs (in Triton they are its shared memory); a block is
+        # one message's alone until this side reports it freed.
+        self._blocks = PeerBlocks(peer, read_only=False) if peer is not None else None
+        self._lock = threading.Lock()  # the arena
         self._send_lock = threading.Lock()  # one frame at a time on the socket (send)
-        self._done: list[int] = []  # blocks of the peer's region no longer viewed here
-
-    def peer_block_done(self, offset: int) -> None:
-        self._done.append(offset)  # atomic under the GIL; runs wherever the last view was dropped
 
     @property
     def socket(self) -> socket.socket:
@@ -110,82 +83,48 @@ class Channel:
         left inline as views of the arrays (no copy). Raises EngineError when a frame is too large or a
         tensor has no wire form. Thread-safe; the frees this side owes the peer ride on this frame."""
         chunks = [array_to_bytes(a, dt) for _, dt, a in tensors]
+        inline = Inline()
         with self._lock:
-            block, places, inline = self._place(chunks)
-            done, self._done = self._done, []
-        specs = tuple((name, dt.value, tuple(int(d) for d in a.shape), off, n)
-                      for (name, dt, a), (off, n) in zip(tensors, places, strict=True))
-        body = pickle.dumps((meta, specs, block, done), protocol=pickle.HIGHEST_PROTOCOL)
-        size = len(body) + sum(len(c) for c in inline)
-        if size > MAX_FRAME:
+            placement = place(chunks, self._arena, self._own, inline, INLINE_BELOW)
+        freed = self._blocks.take_freed() if self._blocks is not None else []
+        specs = tuple((name, dt.value, tuple(int(d) for d in a.shape)) for name, dt, a in tensors)
+        try:
+            parts = encode_frame((meta, specs, placement, freed), inline.take())
+        except FrameError as e:
             with self._lock:
-                self._done.extend(done)
-                if block >= 0 and self._arena is not None:
-                    self._arena.free(block)
-            raise EngineError(ErrorCode.INVALID_ARG, f"a message of {size} bytes is too large for the "
-                                                     "instance channel")
-        return [memoryview(HEAD.pack(size, len(body)) + body), *(memoryview(c).cast("B") for c in inline)]
-
-    def _place(self, chunks: list[Any]) -> tuple[int, list[tuple[int, int]], list[Any]]:
-        """Where the chunks go: one arena block (offset >= 0), else inline (-1). Called under the lock."""
-        sizes = [len(c) for c in chunks]
-        total = 0
-        for n in sizes:
-            total = _aligned(total) + n
-        arena, region = self._arena, self._own
-        if arena is not None and region is not None and total >= INLINE_BELOW:
-            block = arena.alloc(total)
-            if block is not None:
-                places, offset = [], 0
-                for chunk, n in zip(chunks, sizes, strict=True):
-                    offset = _aligned(offset)
-                    if n:
-                        region.write(block + offset, chunk)
-                    places.append((offset, n))
-                    offset += n
-                return block, places, []
-        places, offset = [], 0
-        for n in sizes:
-            places.append((offset, n))
-            offset += n
-        return -1, places, [c for c in chunks if len(c)]
+                if placement[0] >= 0 and self._arena is not None:
+                    self._arena.free(placement[0])
+            if self._blocks is not None:
+                self._blocks.return_freed(freed)
+            raise EngineError(ErrorCode.INVALID_ARG, f"a message too large for the instance channel: {e}"
+                              ) from None
+        return [memoryview(p).cast("B") for p in parts]
 
     def recv(self) -> tuple[Any, list[Received]]:
-        """The next frame's metadata and tensors. Raises ChannelClosed at EOF."""
+        """The next frame's metadata and tensors. Raises ChannelClosed at EOF, and for a frame that is not
+        one (its metadata not plain values, a block outside the peer's region)."""
         head = self._read(HEAD.size)
-        size, meta_size = HEAD.unpack(head)
-        if meta_size > size:
-            raise ChannelClosed(f"frame metadata of {meta_size} bytes in a payload of {size}")
-        payload = memoryview(self._read(size)) if size else memoryview(b"")
+        size, _ = HEAD.unpack(head)
+        frame = self._read(HEAD.size + size, head)
         try:
-            meta, specs, block, freed = _PlainUnpickler(io.BytesIO(payload[:meta_size])).load()
-        except Exception as e:  # a broken peer: anything unpickling raises
+            (meta, specs, placement, freed), inline = parse_frame(memoryview(frame))
+            if freed and self._arena is not None:
+                with self._lock:
+                    for offset in freed:
+                        self._arena.free(offset)
+            typed = [(name, DataType.from_v2(dt), tuple(shape)) for name, dt, shape in specs]
+            arrays = (self._blocks.read(typed, placement, inline) if self._blocks is not None
+                      else read_arrays(typed, placement, None, inline))
+        except (FrameError, ValueError, TypeError) as e:  # a broken peer
             raise ChannelClosed(f"unreadable frame: {e}") from None
-        if freed:
-            with self._lock:
-                arena = self._arena
-                for offset in freed:
-                    if arena is not None:
-                        arena.free(offset)
-        inline = payload[meta_size:]
-        base: Any = inline
-        if block >= 0:
-            if self._pin is None:
-                raise ChannelClosed("a tensor in shared memory, but this side maps no peer region")
-            end = max((o + n for _, _, _, o, n in specs), default=0)
-            if block + end > self._pin.size:
-                raise ChannelClosed(f"block {block}+{end} is outside the peer region")
-            base = np.asarray(_BlockOwner(self._pin, block, end, self))
-        tensors = []
-        for name, datatype, shape, offset, nbytes in specs:
-            dt = DataType.from_v2(datatype)
-            tensors.append((name, dt, array_from_bytes(name, dt, tuple(shape), base[offset:offset + nbytes])))
-        return meta, tensors
+        return meta, [(name, dt, array) for (name, dt, _), array in zip(typed, arrays, strict=True)]
 
-    def _read(self, n: int) -> bytearray:
+    def _read(self, n: int, head: bytes | bytearray = b"") -> bytearray:
+        """`n` bytes from the socket, the first of them `head` (already read)."""
         buf = bytearray(n)
+        buf[:len(head)] = head
         view = memoryview(buf)
-        got = 0
+        got = len(head)
         while got < n:
             try:
                 k = self._sock.recv_into(view[got:])
@@ -227,6 +166,3 @@ def write_some(sock: socket.socket, chunks: collections.deque[memoryview], flags
                 chunks[0] = first[sent:]
                 sent = 0
 
-
-def _aligned(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN

@@ -7,9 +7,7 @@
     forwarding.py  the frontend's routes and gRPC handlers: inference here, everything else to the engine
     session.py     the engine's end of one frontend's channel: requests into the DataPlane, answers out
     control.py     the engine's answers to forwarded non-inference requests (the single-process handlers)
-    messages.py    what the two sides say to each other
-    tensors.py     tensor bytes across: shared-memory arena blocks (engine/shm.py) or inline
-    framing.py     length-prefixed frames on the socket
+    messages.py    what the two sides say to each other (in the frames and tensor placement of engine/ipc/)
 
 docs/architecture.md ("Processes") has the layout, the message flow, and the measurements behind it.
 """

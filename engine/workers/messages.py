@@ -1,12 +1,13 @@
 """What the engine and a frontend say to each other: plain tuples, pickled as a frame's metadata
-(engine/workers/framing.py). One frame per loop round and direction carries everything of that round.
+(engine/ipc/frames.py), whose reader refuses every class: plain values only. One frame per loop round and
+direction carries everything of that round.
 
 Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections)`
 - a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
   request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
   plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
   every request that has no plan (`plan_no` 0); after that the engine has it in its plan table, and the
-  model's validation verdict on it with it. `placement` is where the input bytes are (tensors.py).
+  model's validation verdict on it with it. `placement` is where the input bytes are (engine/ipc/tensors.py).
 - cancels: rids whose client left; freed: offsets of response-arena blocks the frontend is done with;
   plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table;
   connections: how many client connections the frontend has open (-1: not counted in this frame), what the
@@ -23,12 +24,12 @@ Engine → frontend: `(answers, control_answers)`
   HEALTH: the status number) or `(cid, False, error)`.
 
 An error is `(code, message)` for an EngineError, so both protocols answer it exactly as a single process
-does; anything else (a bug) crosses as the exception object itself.
+does; anything else (a bug) crosses as `(None, its text)` and is raised there as a RuntimeError with that
+text (an exception object would need a class, which the frame reader refuses).
 """
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
@@ -43,22 +44,18 @@ Header = tuple[tuple[tuple[str, str, tuple[int, ...], dict[str, Any]], ...],
                tuple[tuple[str, bool | None, dict[str, Any]], ...] | None, dict[str, Any]]
 
 
-def error_payload(error: BaseException) -> Any:
-    """An exception as it crosses: EngineError as (code, message); anything else as itself if it pickles,
-    else a RuntimeError with its text (a frame must always pickle)."""
+def error_payload(error: BaseException) -> tuple[str | None, str]:
+    """An exception as it crosses, in plain values: EngineError as (code, message); anything else as (None,
+    its text), which the frontend answers as the internal error a single process gives."""
     if isinstance(error, EngineError):
         return error.code.value, error.message
-    try:
-        pickle.loads(pickle.dumps(error))
-    except Exception:
-        return RuntimeError(str(error))
-    return error
+    return None, str(error)
 
 
 def error_from_payload(payload: Any) -> BaseException:
-    if isinstance(payload, BaseException):
-        return payload
     code, message = payload
+    if code is None:
+        return RuntimeError(message)
     return EngineError(ErrorCode(code), message)
 
 

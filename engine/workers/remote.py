@@ -7,8 +7,8 @@ when the arena is full), and adds a descriptor to the frame of this loop round; 
 sends the frame, so everything the frontend's connections submitted in one round reaches the engine as one
 message, and no task is made per request. The engine answers each request once (cancelled ones too); only
 then is its input block freed, so no block is reused while a batch might still read it. An answer's outputs
-are views of the response arena (tensors.BlockOwner): the block goes back to the engine, with the next frame,
-once the last view is gone.
+are views of the response arena (engine/ipc/tensors.py PeerBlocks): the block goes back to the engine, with
+the next frame, once the last view is gone.
 
 Errors keep their code and message (messages.error_payload), so both protocols answer exactly as a single
 process does. If the engine goes away, everything in flight fails UNAVAILABLE and `on_lost` is called: the
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
+from ..ipc.frames import FrameReader, encode_frame
+from ..ipc.tensors import Inline, PeerBlocks, place, wire_chunks
 from ..shm import Arena, Region
 from ..types import Completion, InferenceRequest, InferenceResponse, RequestPlan, Tensor
-from .framing import FrameReader, encode_frame
 from .messages import CANCELLED, OK, datatype, error_from_payload, outputs_header
-from .tensors import Inline, ResponseArena, place, read_outputs, wire_chunks
 
 log = logging.getLogger("hubserve.workers")
 
@@ -49,7 +49,7 @@ class EngineClient(asyncio.Protocol):
     def __init__(self, requests: Region, responses: Region, on_lost: Callable[[], None]) -> None:
         self._region = requests
         self._arena = Arena(requests)
-        self._responses = ResponseArena(responses)
+        self._responses = PeerBlocks(responses, read_only=True)  # answers only: never written here
         self._on_lost = on_lost
         self._reader = FrameReader()
         self._transport: asyncio.Transport | None = None
@@ -151,9 +151,8 @@ class EngineClient(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.lost:
             return
-        freed = self._responses.freed
         if not (self._requests or self._cancels or self._control_out):
-            if freed and self._free_timer is None:
+            if self._responses.has_freed and self._free_timer is None:
                 self._free_timer = self._loop.call_later(FREE_FLUSH_SECS, self._flush_freed)
             return
         requests, cancels, controls = self._requests, self._cancels, self._control_out
@@ -164,9 +163,7 @@ class EngineClient(asyncio.Protocol):
     def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool) -> None:
         """One frame: these, the blocks freed so far and the connection count; the inline bytes are those of
         `requests` (submit() adds them and schedules the round's flush, so without one there are none)."""
-        freed = self._responses.freed
-        blocks = list(freed)
-        freed.clear()
+        blocks = self._responses.take_freed()
         self._reported = connections = self._count_connections()
         meta = (requests, cancels, blocks, controls, reset, connections)
         self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
@@ -176,7 +173,7 @@ class EngineClient(asyncio.Protocol):
         self._free_timer = None
         if self._flush_scheduled or self._transport is None or self.lost:
             return  # the frame of this round carries them
-        if self._responses.freed:
+        if self._responses.has_freed:
             self._send([], [], [], False)
 
     # ------------------------------------------------------------------ frames in
@@ -226,7 +223,7 @@ class EngineClient(asyncio.Protocol):
     def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
         model_name, model_version, response_id, params, specs, placement = payload
         typed = [(name, datatype(dt), shape) for name, dt, shape in specs]
-        arrays = read_outputs(typed, placement, self._responses, inline)
+        arrays = self._responses.read(typed, placement, inline)
         outputs = [Tensor(name, dt, shape, array)
                    for (name, dt, shape), array in zip(typed, arrays, strict=True)]
         return InferenceResponse(model_name, model_version, outputs, response_id, params)

@@ -4,7 +4,7 @@ A frame of requests is submitted to the one DataPlane as it arrives (so requests
 the same batchers); each request's answer waits in this session's outbox, and one frame at the end of the
 round carries every answer of that round. Inputs are numpy views over the frontend's request arena (or the
 frame); outputs are copied once into this frontend's response arena, which the engine alone writes
-(`tensors.place`), and freed when the frontend says it is done with them.
+(engine/ipc/tensors.py `place`), and freed when the frontend says it is done with them.
 
 When the frontend's process dies, its channel closes: every request it still had in flight is cancelled
 (out of the queues, or its result dropped), and the session lets go of both arenas (their memory goes back to
@@ -22,12 +22,12 @@ from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import EngineError
+from ..ipc.frames import FrameError, FrameReader, encode_frame
+from ..ipc.tensors import Inline, place, read_arrays, wire_chunks
 from ..shm import Arena, Region
 from ..types import InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
-from .framing import FrameError, FrameReader, encode_frame
 from .messages import CANCELLED, FAILED, OK, datatype, error_payload, outputs_from_header
-from .tensors import Inline, place, read_arrays, wire_chunks
 
 log = logging.getLogger("hubserve.workers")
 
@@ -191,8 +191,8 @@ class FrontendSession(asyncio.Protocol):
             placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
                               INLINE_BELOW_BYTES)
             specs = tuple((t.name, t.datatype.value, t.shape) for t in outputs)
-            answer = (rid, OK, (response.model_name, response.model_version, response.id,
-                                response.parameters, specs, placement))
+            answer: tuple[int, int, Any] = (rid, OK, (response.model_name, response.model_version,
+                                                      response.id, response.parameters, specs, placement))
         except Exception as e:  # a bug in copying out: the request fails, the session goes on
             log.exception("frontend %d: answer could not be placed", self.index)
             answer = (rid, FAILED, error_payload(e))

@@ -1,19 +1,21 @@
-"""The pieces of the engine ↔ frontend transport that need no process: frames cut from any split of the
-byte stream, tensors placed in an arena block or inline and read back exactly, and a response block handed
-back only once the last view of it is gone (engine/workers/framing.py, tensors.py)."""
+"""The frame codec and tensor placement both process channels speak (engine/ipc/), with no process: frames
+cut from any split of the byte stream, metadata that is not plain values refused, tensors placed in an arena
+block or inline and read back exactly, and a peer's block handed back only once the last view of it is
+gone."""
 
 from __future__ import annotations
 
 import gc
 import os
+import pickle
 
 import numpy as np
 import pytest
 
+from engine.ipc.frames import HEAD, FrameError, FrameReader, encode_frame
+from engine.ipc.tensors import Inline, PeerBlocks, place, read_arrays, wire_chunks
 from engine.shm import Arena, Region
 from engine.types import DataType, Tensor
-from engine.workers.framing import HEAD, FrameError, FrameReader, encode_frame
-from engine.workers.tensors import Inline, ResponseArena, place, read_arrays, read_outputs, wire_chunks
 
 
 def _stream(*frames: list) -> bytes:
@@ -42,6 +44,25 @@ def test_a_frame_that_is_not_one_is_refused() -> None:
         reader.feed(HEAD.pack(4, 9) + b"abcd")  # metadata longer than the payload
     with pytest.raises(FrameError):
         FrameReader().feed(HEAD.pack(3, 3) + b"\x00\x01\x02")  # not a pickle
+
+
+class _Gadget:
+    def __reduce__(self) -> tuple:
+        return (os.getpid, ())  # what a hostile pickle does: call something on the reader's side
+
+
+@pytest.mark.parametrize("meta", [_Gadget(), (1, [DataType.FP32]), {"x": np.int64(3)}, ValueError("bug")])
+def test_metadata_that_names_a_class_or_function_is_refused(meta: object) -> None:
+    body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    with pytest.raises(FrameError, match="only plain values"):
+        FrameReader().feed(HEAD.pack(len(body), len(body)) + body)
+
+
+def test_plain_values_of_every_kind_come_through() -> None:
+    meta = (None, True, 3, -1 << 70, 2.5, "é", b"\x00", bytearray(b"ab"), [1, (2,)], {"k": {1, 2}},
+            frozenset({3}), {"nested": [{"a": (b"", ())}]})
+    ((got, _),) = FrameReader().feed(b"".join(bytes(p) for p in encode_frame(meta)))
+    assert got == meta
 
 
 def _tensors() -> list[Tensor]:
@@ -84,14 +105,13 @@ def test_a_response_block_is_freed_when_its_last_view_is_gone() -> None:
     arena = Arena(region)
     tensors = _tensors()[:1]
     placement = place(wire_chunks(tensors), arena, region, Inline(), 0)
-    reader = ResponseArena(Region.attach(os.dup(region.fd), region.size))
-    (array,) = read_outputs([(t.name, t.datatype, t.shape) for t in tensors], placement, reader,
-                            memoryview(b""))
+    reader = PeerBlocks(Region.attach(os.dup(region.fd), region.size), read_only=True)
+    (array,) = reader.read([(t.name, t.datatype, t.shape) for t in tensors], placement, memoryview(b""))
     assert array.tolist() == tensors[0].data.tolist() and not array.flags.writeable
     kept = array.reshape(-1)[4:].data.cast("B")  # what a transport holding the answer's bytes would keep
     del array
     gc.collect()
-    assert reader.freed == []
+    assert not reader.has_freed
     del kept
-    assert reader.freed == [placement[0]]
+    assert reader.take_freed() == [placement[0]] and reader.take_freed() == []
 

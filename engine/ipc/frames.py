@@ -1,0 +1,123 @@
+"""Frames on a process channel: length-prefixed, plain-values metadata, tensor bytes inline after it.
+
+A frame is an 8-byte head (the payload's length, then the metadata's length, both big-endian u32), the
+metadata (a pickle of plain values only: tuples, lists, dicts, sets, str, bytes, numbers, bools, None) and
+then the inline bytes (tensor bytes that did not go through a shared-memory arena), which the metadata
+addresses by offset. Tensor bytes are never pickled: a sender lists them as buffers after the metadata and
+the socket write gathers them; a receiver makes numpy views over the received frame.
+
+The metadata is unpickled by `load_meta`, which refuses every class: a peer process (a frontend, a Python
+model's instance) that is compromised or broken cannot make the engine run code by what it sends, only
+break its own channel (FrameError, upon which the channel is closed).
+
+`FrameReader` is sans-I/O: bytes in, complete frames out. A frame larger than what one read brings is
+collected into one buffer allocated at its full size, so a large inline tensor costs one copy out of the
+socket, not a chain of growing copies. A blocking reader that knows the sizes (the head first) can read the
+payload itself and call `parse_frame`.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+HEAD = struct.Struct(">II")  # payload length (metadata + inline bytes), metadata length
+MAX_FRAME_BYTES = (1 << 32) - 1  # the u32 length field; a larger message goes in pieces or is refused
+
+
+class FrameError(Exception):
+    """The peer sent bytes that are not a frame, or metadata that is not plain values: the channel is broken
+    and is closed. Raised by `encode_frame` too, for a frame too large for the head."""
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles plain values only: any class or function reference (the way a pickle runs code) fails."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"frame metadata may hold only plain values, not {module}.{name}")
+
+
+def dump_meta(meta: Any) -> bytes:
+    return pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_meta(data: bytes | bytearray | memoryview) -> Any:
+    """The metadata's plain values; FrameError for anything else (a class, a broken pickle)."""
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # anything unpickling can raise: the peer is broken
+        raise FrameError(f"unreadable frame metadata: {e}") from None
+
+
+def encode_frame(meta: Any, inline: Sequence[Any] = ()) -> list[Any]:
+    """A frame as buffers for one gathered write: head, pickled `meta`, then the `inline` buffers as they
+    are (not copied here). `meta` refers to inline bytes by their offset from the first inline buffer."""
+    body = dump_meta(meta)
+    size = len(body)
+    for part in inline:
+        size += part.nbytes if isinstance(part, memoryview) else len(part)
+    if size > MAX_FRAME_BYTES:
+        raise FrameError(f"a frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    return [HEAD.pack(size, len(body)), body, *inline]
+
+
+def parse_frame(view: memoryview, pos: int = 0) -> tuple[Any, memoryview]:
+    """The frame whose head starts at `pos` in `view` (all of it there): (metadata, inline bytes)."""
+    size, meta_size = HEAD.unpack_from(view, pos)
+    if meta_size > size:
+        raise FrameError(f"frame metadata of {meta_size} bytes in a payload of {size}")
+    start = pos + HEAD.size
+    return load_meta(view[start:start + meta_size]), view[start + meta_size:start + size]
+
+
+class FrameReader:
+    """Cuts a byte stream into frames: `feed(data)` returns the (meta, inline) pairs completed by `data`,
+    where `inline` is a memoryview of the frame's inline bytes (valid as long as anything references it).
+    Raises FrameError for a broken frame; the stream is then out of step and the channel must close."""
+
+    __slots__ = ("_buf", "_filled", "_in_head")
+
+    def __init__(self) -> None:
+        self._buf: bytearray | None = None  # a frame being collected: its head, then head + payload in full
+        self._filled = 0
+        self._in_head = False
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[Any, memoryview]]:
+        frames: list[tuple[Any, memoryview]] = []
+        view = memoryview(data)
+        pos, end = 0, len(view)
+        while pos < end:
+            buf = self._buf
+            if buf is None:
+                if end - pos >= HEAD.size:
+                    size, _ = HEAD.unpack_from(view, pos)
+                    if end - pos - HEAD.size >= size:  # the whole frame is in this read: no copy
+                        frames.append(parse_frame(view, pos))
+                        pos += HEAD.size + size
+                        continue
+                    buf = self._buf = bytearray(HEAD.size + size)
+                    self._in_head = False
+                else:
+                    buf = self._buf = bytearray(HEAD.size)
+                    self._in_head = True
+                self._filled = 0
+            take = min(len(buf) - self._filled, end - pos)
+            buf[self._filled:self._filled + take] = view[pos:pos + take]
+            self._filled += take
+            pos += take
+            if self._filled < len(buf):
+                break
+            if self._in_head:  # the head is complete: collect head + payload in one buffer of full size
+                size, _ = HEAD.unpack_from(buf)
+                whole = bytearray(HEAD.size + size)
+                whole[:HEAD.size] = buf
+                self._buf, self._in_head = whole, False
+                if size:
+                    continue
+                buf = whole
+            self._buf = None
+            frames.append(parse_frame(memoryview(buf), 0))
+        return frames

@@ -1,0 +1,165 @@
+"""A message's tensor bytes across a process channel: into one shared-memory arena block, or inline in the
+frame (frames.py), and the numpy views the receiver makes of them.
+
+The sender copies a message's tensors once, into one block of the arena it alone writes (`place`); the frame
+then carries only the placement (block, ((offset, nbytes), ...)). With no room in the arena, or for tensors
+too small in all to be worth a block, the bytes go inline: listed as buffers after the frame's metadata,
+addressed by their offset there, block -1. BYTES tensors travel in their wire form (4-byte little-endian
+length, then the bytes, per element; `array_to_bytes`), so numpy object arrays are never pickled.
+
+The receiver reads the arrays back as views (`read_arrays`, `PeerBlocks.read`), their sizes checked again
+by `array_from_bytes`. Who frees a block is the channel's business: the engine frees a frontend's request
+blocks by protocol (every request is answered once); a frontend's answers and a Python instance's messages
+are read through `PeerBlocks`, whose arrays are all views of one `BlockOwner` per block, so the block is
+reported freed exactly when the last view is gone, in whatever thread or task held it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..frontend.wire import array_from_bytes, array_to_bytes
+from ..shm import Arena, Region
+from ..types import DataType, Tensor
+
+ALIGN = 64  # each tensor's offset inside a block: every numpy dtype's alignment, and a cache line
+
+# A tensor's location: (offset, nbytes), from the block's start (block >= 0) or the frame's inline bytes.
+Location = tuple[int, int]
+Placement = tuple[int, tuple[Location, ...]]
+# What a receiver makes of a located tensor: its name, datatype and shape.
+Spec = tuple[str, DataType, tuple[int, ...]]
+
+
+class Inline:
+    """The inline bytes of the frame being built: buffers in order, and how many bytes they make."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.size = 0
+
+    def add(self, chunk: Any) -> int:
+        offset = self.size
+        if len(chunk):
+            self.parts.append(chunk)
+            self.size += len(chunk)
+        return offset
+
+    def take(self) -> list[Any]:
+        parts, self.parts, self.size = self.parts, [], 0
+        return parts
+
+
+def wire_chunks(tensors: Sequence[Tensor]) -> list[Any]:
+    """Each tensor's bytes in wire form (views where the array is contiguous, not copies)."""
+    return [array_to_bytes(t.data, t.datatype) for t in tensors]
+
+
+def place(chunks: Sequence[Any], arena: Arena | None, region: Region | None, inline: Inline,
+          inline_below: int) -> Placement:
+    """Put `chunks` where the reader will find them: one block of `arena` (over `region`) for all of them
+    when it has room and they are not all under `inline_below` bytes, else inline. Returns (block offset or
+    -1, locations). Not thread-safe: a channel written from several threads holds its lock around it."""
+    sizes = [len(c) for c in chunks]
+    total = 0
+    for n in sizes:
+        total = (total + ALIGN - 1) // ALIGN * ALIGN + n
+    if arena is not None and region is not None and total >= inline_below and total > 0:
+        block = arena.alloc(total)
+        if block is not None:
+            locations = []
+            offset = 0
+            for chunk, n in zip(chunks, sizes, strict=True):
+                offset = (offset + ALIGN - 1) // ALIGN * ALIGN
+                if n:
+                    region.write(block + offset, chunk)
+                locations.append((offset, n))
+                offset += n
+            return block, tuple(locations)
+    return -1, tuple((inline.add(c), n) for c, n in zip(chunks, sizes, strict=True))
+
+
+def _arrays(specs: Sequence[Spec], locations: Sequence[Location], base: Any) -> list[np.ndarray]:
+    return [array_from_bytes(name, datatype, shape, base[offset:offset + nbytes])
+            for (name, datatype, shape), (offset, nbytes) in zip(specs, locations, strict=True)]
+
+
+def _end(locations: Sequence[Location]) -> int:
+    return max((o + n for o, n in locations), default=0)
+
+
+def read_arrays(specs: Sequence[Spec], placement: Placement, region: Region | None,
+                inline: memoryview) -> list[np.ndarray]:
+    """The arrays of `specs` at `placement`, as views over `region` (the peer's, for a block) or the frame's
+    inline bytes, for a receiver that frees blocks by protocol rather than by the views' lifetime."""
+    block, locations = placement
+    base: Any = inline
+    if block >= 0:
+        if region is None:
+            raise ValueError("a tensor in shared memory, but this side maps no peer region")
+        base = region.view(block, _end(locations))  # checks the range
+    return _arrays(specs, locations, base)
+
+
+class BlockOwner:
+    """The base of every array read from one block of the peer's region. When the last of them is gone,
+    `__del__` reports the block's offset to the `PeerBlocks` it came from."""
+
+    __slots__ = ("__array_interface__", "_freed", "_offset", "_pin")
+
+    def __init__(self, pin: np.ndarray, address: int, offset: int, nbytes: int, read_only: bool,
+                 freed: list[int]) -> None:
+        self._pin = pin  # the view that keeps the mapping alive while any array of this block exists
+        self._offset = offset
+        self._freed = freed
+        self.__array_interface__ = {"data": (address + offset, read_only), "shape": (nbytes,),
+                                    "typestr": "|u1", "version": 3}
+
+    def __del__(self) -> None:
+        self._freed.append(self._offset)  # atomic under the GIL, in whichever thread dropped the last view
+
+
+class PeerBlocks:
+    """A receiver's side of the peer's region, for blocks freed by their views' lifetime: `read` makes the
+    arrays of one message, `take_freed` the offsets of the blocks no longer viewed (to send to the peer, who
+    frees them in its arena). `read_only` is the flag the arrays carry."""
+
+    __slots__ = ("_address", "_freed", "_pin", "_read_only")
+
+    def __init__(self, region: Region, read_only: bool) -> None:
+        self._pin = np.frombuffer(region.view(0, region.size), np.uint8)
+        self._address = int(self._pin.ctypes.data)
+        self._read_only = read_only
+        self._freed: list[int] = []
+
+    def block(self, offset: int, nbytes: int) -> np.ndarray:
+        if offset < 0 or nbytes < 0 or offset + nbytes > self._pin.size:
+            raise ValueError(f"block {offset}+{nbytes} is outside the peer region of {self._pin.size} bytes")
+        return np.asarray(BlockOwner(self._pin, self._address, offset, nbytes, self._read_only, self._freed))
+
+    def read(self, specs: Sequence[Spec], placement: Placement, inline: memoryview) -> list[np.ndarray]:
+        block, locations = placement
+        base: Any = self.block(block, _end(locations)) if block >= 0 else inline
+        return _arrays(specs, locations, base)
+
+    @property
+    def has_freed(self) -> bool:
+        return bool(self._freed)
+
+    def take_freed(self) -> list[int]:
+        """The blocks freed since the last call. Safe against a view dying in another thread meanwhile:
+        what is appended after the length is read stays for the next call."""
+        freed = self._freed
+        n = len(freed)
+        taken = freed[:n]
+        del freed[:n]
+        return taken
+
+    def return_freed(self, offsets: list[int]) -> None:
+        """Give back what `take_freed` returned when the frame meant to carry it could not be sent."""
+        self._freed.extend(offsets)
