@@ -912,3 +912,25 @@ def test_grpc_wire_encode_parses_as_the_message_protobuf_builds() -> None:
             assert len(body) == size
             assert gpb.ModelInferResponse.FromString(body) == expected_grpc_response(resp)
     assert len(codec.heads) == 2
+
+
+def one_parameter(key: str, value: int) -> bytes:
+    return gpb.ModelInferRequest(parameters={key: gpb.InferParameter(int64_param=value)}).SerializeToString()
+
+
+def test_grpc_request_parameters_keep_the_wire_order() -> None:
+    # Triton hands a Python model its parameters in the order sent; protobuf's map has an order of its own.
+    head = gpb.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 4],
+                                 inputs=[gpb.ModelInferRequest.InferInputTensor(name="I", datatype="INT32",
+                                                                                shape=[1])])
+    message = head.SerializeToString() + b"".join(one_parameter(k, v) for k, v in
+                                                  (("z", 1), ("b", 2), ("m", 3), ("z", 4)))
+    codec = grpc_codec.InferWireCodec()
+    for _ in range(2):  # the full decode, then the cached plan
+        assert list(codec.decode(message).parameters.items()) == [("z", 4), ("b", 2), ("m", 3)]
+    # An entry with its value before its key, and a top-level field of another wire type, still scan.
+    value_first = b"\x22\x07" + b"\x12\x02\x10\x05" + b"\x0a\x01y"
+    params = {"x": 1, "y": 5}
+    message = b"\x10\x01" + value_first + one_parameter("x", 1)
+    assert list(grpc_codec.in_wire_order(message, params)) == ["y", "x"]
+    assert grpc_codec.in_wire_order(b"\x22\x7f", params) is params  # bytes that do not scan: as given

@@ -15,10 +15,12 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc as grpc_module
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
@@ -92,7 +94,7 @@ def test_a_request_reports_what_triton_reports(server, http, grpc, model: str, p
     info = json.loads(result.as_numpy("INFO")[0])
     if protocol == "http":  # compact JSON in the order sent
         assert info["parameters"] == '{"scale":3,"tag":"x","flag":true}'
-    else:  # the gRPC codec reads the protobuf map, whose order is not the wire's
+    else:  # tritonclient's protobuf writes a map in hash order: the wire order is checked below
         assert json.loads(info["parameters"]) == {"scale": 3, "tag": "x", "flag": True}
     assert info["requested"] == ["INFO", "DOUBLE", "UPPER"] and info["id"] == "r-7"
     assert info["correlation_id"] == 0 and info["flags"] == 0 and info["text_type"] == "bytes"
@@ -107,6 +109,28 @@ def test_a_request_reports_what_triton_reports(server, http, grpc, model: str, p
     assert config["name"] == model and config["backend"] == "python"
     np.testing.assert_array_equal(result.as_numpy("DOUBLE"), x * 2)
     assert list(result.as_numpy("UPPER")) == [b"AB", b"C"]
+
+
+@pytest.mark.parametrize("model", ["probe", "in_process"])
+def test_grpc_parameters_reach_the_model_in_the_order_sent(server, model: str) -> None:
+    # Triton: parameters() is the request's parameters in the order sent. The request is written by hand,
+    # one map entry per appended message, so the wire order is ours (not protobuf's hash order); sent twice,
+    # so the second is decoded from the codec's cached plan.
+    head = service_pb2.ModelInferRequest(model_name=model, outputs=[{"name": "INFO"}],
+                                         inputs=[{"name": "IN", "datatype": "FP32", "shape": [2]}],
+                                         raw_input_contents=[np.ones(2, np.float32).tobytes()])
+    entries = []
+    for key, value in (("zeta", {"int64_param": 1}), ("alpha", {"string_param": "a"}),
+                       ("mid", {"bool_param": True}), ("zeta", {"int64_param": 2})):
+        entries.append(service_pb2.ModelInferRequest(parameters={key: value}).SerializeToString())
+    message = head.SerializeToString() + b"".join(entries)
+    with grpc_module.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    response_deserializer=service_pb2.ModelInferResponse.FromString)
+        for _ in range(2):
+            result = grpcclient.InferResult(infer(message, timeout=30))
+            info = json.loads(result.as_numpy("INFO")[0])
+            assert info["parameters"] == '{"zeta":2,"alpha":"a","mid":true}'
 
 
 def test_unrequested_outputs_are_dropped_and_no_names_means_all(http) -> None:
