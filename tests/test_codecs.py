@@ -934,3 +934,18 @@ def test_grpc_request_parameters_keep_the_wire_order() -> None:
     message = b"\x10\x01" + value_first + one_parameter("x", 1)
     assert list(grpc_codec.in_wire_order(message, params)) == ["y", "x"]
     assert grpc_codec.in_wire_order(b"\x22\x7f", params) is params  # bytes that do not scan: as given
+
+
+def test_response_parameters_in_both_codecs() -> None:
+    # A Python model's InferenceResponse(parameters=...): each value in the InferParameter field of its type.
+    params = {"b": True, "i": -3, "u": 1 << 63, "d": 0.5, "s": "x"}
+    out = Tensor("O", DataType.INT32, (1,), np.array([1], np.int32))
+    resp = InferenceResponse("m", "1", [out], "r", params)
+    parts, size = grpc_codec.InferWireCodec().encode(resp)
+    got = gpb.ModelInferResponse.FromString(b"".join(parts)).parameters
+    assert size == len(b"".join(parts))
+    assert (got["b"].bool_param, got["i"].int64_param, got["u"].uint64_param, got["d"].double_param,
+            got["s"].string_param) == (True, -3, 1 << 63, 0.5, "x")
+    request = InferenceRequest("m", "1", [], "r")
+    header = http_codec.encode_response_parts(resp, request)[0][0]
+    assert json.loads(header)["parameters"] == params

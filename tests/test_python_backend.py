@@ -32,12 +32,14 @@ from python_models import (
     FAILS_IMPORT,
     FAILS_INIT,
     ONE_IN_ONE_OUT,
+    PARAMETER_ECHO,
     PROBE,
     PROBE_CONFIG,
     write_model,
 )
 
-MODELS = ("probe", "behave", "async_model", "in_process", "fails_init", "fails_import", "auto")
+MODELS = ("probe", "behave", "async_model", "in_process", "fails_init", "fails_import", "auto",
+          "parameter_echo")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repo, "fails_init", FAILS_INIT, ONE_IN_ONE_OUT)
     write_model(repo, "fails_import", FAILS_IMPORT, ONE_IN_ONE_OUT)
     write_model(repo, "auto", AUTO, "")
+    write_model(repo, "parameter_echo", PARAMETER_ECHO, ONE_IN_ONE_OUT)
     args = ["--model-control-mode", "explicit"]
     for name in MODELS:
         args += ["--load-model", name]
@@ -131,6 +134,35 @@ def test_grpc_parameters_reach_the_model_in_the_order_sent(server, model: str) -
             result = grpcclient.InferResult(infer(message, timeout=30))
             info = json.loads(result.as_numpy("INFO")[0])
             assert info["parameters"] == '{"zeta":2,"alpha":"a","mid":true}'
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_response_parameters_reach_the_client(http, grpc, protocol: str) -> None:
+    # Triton sends a Python model's InferenceResponse(parameters=...) as the response's parameters: HTTP
+    # JSON `parameters`, gRPC ModelInferResponse.parameters (bool, int64, string). Twice: the second request
+    # finds the codecs' cached plans, which must not drop them.
+    client, module = (http, httpclient) if protocol == "http" else (grpc, grpcclient)
+    x = np.arange(3, dtype=np.float32)
+    sent = {"count": 7, "label": "cat", "final": True}
+    for _ in range(2):
+        result = client.infer("parameter_echo", _one_input(module, x),
+                              parameters=sent, outputs=[module.InferRequestedOutput("OUT")])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+        response = result.get_response()
+        if protocol == "http":
+            assert response["parameters"] == sent
+        else:
+            got = response.parameters
+            assert (got["count"].int64_param, got["label"].string_param, got["final"].bool_param) == \
+                (7, "cat", True) and len(got) == 3
+    plain = client.infer("parameter_echo", _one_input(module, x)).get_response()  # none set: none sent
+    assert ("parameters" not in plain) if protocol == "http" else len(plain.parameters) == 0
+
+
+def _one_input(module, x: np.ndarray) -> list:
+    tensor = module.InferInput("IN", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
 
 
 def test_unrequested_outputs_are_dropped_and_no_names_means_all(http) -> None:

@@ -134,6 +134,25 @@ _FINAL_PARAMETER = pb.ModelInferResponse(
     parameters={"triton_final_response": pb.InferParameter(bool_param=True)}).SerializeToString()
 
 
+def response_parameters(params: dict[str, Any]) -> bytes:
+    """The serialized `parameters` field of a ModelInferResponse holding `params`, each in the
+    InferParameter field Triton uses for its type (bool, int64, double, string)."""
+    msg = pb.ModelInferResponse()
+    for key, value in params.items():
+        param = msg.parameters[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int) and -(1 << 63) <= value < (1 << 63):
+            param.int64_param = value
+        elif isinstance(value, int) and 0 <= value < (1 << 64):
+            param.uint64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+    return msg.SerializeToString()
+
+
 def _varint(buf: Any, pos: int) -> tuple[int, int]:
     """(value, position after it); raises IndexError past the end, ValueError past 10 bytes."""
     result = shift = 0
@@ -273,6 +292,10 @@ class InferWireCodec:
             parts.append(prefix)
             parts.append(chunk)
             size += len(prefix) + len(chunk)
+        if response.parameters:  # set by a Python model's InferenceResponse(parameters=...): rare, not cached
+            serialized = response_parameters(response.parameters)
+            parts.append(serialized)
+            size += len(serialized)
         return parts, size
 
     def encode_stream(self, response: InferenceResponse) -> tuple[list[Any], int]:
