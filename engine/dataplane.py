@@ -25,11 +25,12 @@ from .stats import Duration, ModelStats
 from .types import Completion, InferenceRequest, InferenceResponse
 
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
-# built: model_repository(unload_dependents), system_shared_memory,
-# cuda_shared_memory, parameters (custom request parameters reach no model: no backend reads them), trace,
-# logging. schedule_policy: the request parameters `priority` and `timeout` of the dynamic batcher.
-EXTENSIONS = ("classification", "binary_tensor_data", "model_repository", "schedule_policy",
-              "model_configuration", "statistics", "sequence")
+# built: system_shared_memory, cuda_shared_memory, parameters (custom request parameters reach no model: no
+# backend reads them), trace, logging. schedule_policy: the request parameters `priority` and `timeout` of
+# the dynamic batcher.
+EXTENSIONS = ("classification", "binary_tensor_data", "model_repository",
+              "model_repository(unload_dependents)", "schedule_policy", "model_configuration", "statistics",
+              "sequence")
 
 
 @dataclass(slots=True)

@@ -138,6 +138,18 @@ class TritonPythonModel:
 '''
 ONE_IN_ONE_OUT = io([("IN", "TYPE_FP32", "-1")], [("OUT", "TYPE_FP32", "-1")])
 
+# Echoes IN as OUT, and the request's parameters as its response's (InferenceResponse(parameters=...)).
+PARAMETER_ECHO = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())],
+            parameters=json.loads(r.parameters())) for r in requests]
+'''
+
 # Answers its process id and how many elements IN (FP32, any length) had: INT64 [2].
 COUNTER = '''
 import os

@@ -912,3 +912,40 @@ def test_grpc_wire_encode_parses_as_the_message_protobuf_builds() -> None:
             assert len(body) == size
             assert gpb.ModelInferResponse.FromString(body) == expected_grpc_response(resp)
     assert len(codec.heads) == 2
+
+
+def one_parameter(key: str, value: int) -> bytes:
+    return gpb.ModelInferRequest(parameters={key: gpb.InferParameter(int64_param=value)}).SerializeToString()
+
+
+def test_grpc_request_parameters_keep_the_wire_order() -> None:
+    # Triton hands a Python model its parameters in the order sent; protobuf's map has an order of its own.
+    head = gpb.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 4],
+                                 inputs=[gpb.ModelInferRequest.InferInputTensor(name="I", datatype="INT32",
+                                                                                shape=[1])])
+    message = head.SerializeToString() + b"".join(one_parameter(k, v) for k, v in
+                                                  (("z", 1), ("b", 2), ("m", 3), ("z", 4)))
+    codec = grpc_codec.InferWireCodec()
+    for _ in range(2):  # the full decode, then the cached plan
+        assert list(codec.decode(message).parameters.items()) == [("z", 4), ("b", 2), ("m", 3)]
+    # An entry with its value before its key, and a top-level field of another wire type, still scan.
+    value_first = b"\x22\x07" + b"\x12\x02\x10\x05" + b"\x0a\x01y"
+    params = {"x": 1, "y": 5}
+    message = b"\x10\x01" + value_first + one_parameter("x", 1)
+    assert list(grpc_codec.in_wire_order(message, params)) == ["y", "x"]
+    assert grpc_codec.in_wire_order(b"\x22\x7f", params) is params  # bytes that do not scan: as given
+
+
+def test_response_parameters_in_both_codecs() -> None:
+    # A Python model's InferenceResponse(parameters=...): each value in the InferParameter field of its type.
+    params = {"b": True, "i": -3, "u": 1 << 63, "d": 0.5, "s": "x"}
+    out = Tensor("O", DataType.INT32, (1,), np.array([1], np.int32))
+    resp = InferenceResponse("m", "1", [out], "r", params)
+    parts, size = grpc_codec.InferWireCodec().encode(resp)
+    got = gpb.ModelInferResponse.FromString(b"".join(parts)).parameters
+    assert size == len(b"".join(parts))
+    assert (got["b"].bool_param, got["i"].int64_param, got["u"].uint64_param, got["d"].double_param,
+            got["s"].string_param) == (True, -3, 1 << 63, 0.5, "x")
+    request = InferenceRequest("m", "1", [], "r")
+    header = http_codec.encode_response_parts(resp, request)[0][0]
+    assert json.loads(header)["parameters"] == params

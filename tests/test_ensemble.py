@@ -11,6 +11,8 @@ tests/ensemble_repository.py.
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 import pytest
@@ -220,6 +222,25 @@ def test_unloading_an_ensemble_keeps_its_composing_models(http) -> None:
     http.unload_model("diamond")
     assert not http.is_model_ready("diamond") and http.is_model_ready("simple")
     http.load_model("diamond")
+
+
+def test_unload_dependents_unloads_the_composing_models(client) -> None:
+    # Triton (docs/protocol/extension_model_repository.md; core model_lifecycle): the ensemble's composing
+    # models go with it unless another loaded ensemble still uses them.
+    client.load_model("classify")
+    assert client.is_model_ready("scores")
+    client.unload_model("classify", unload_dependents=True)
+    assert not client.is_model_ready("classify") and not client.is_model_ready("scores")
+    client.load_model("classify")
+    assert client.is_model_ready("scores")
+
+
+def test_unload_dependents_must_be_a_boolean(server) -> None:
+    request = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/classify/unload",
+                                     data=b'{"parameters": {"unload_dependents": "yes"}}', method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=10)
+    assert e.value.code == 400 and b"'unload_dependents' must be a boolean" in e.value.read()
 
 
 @pytest.mark.skipif(not perf_analyzer_available(), reason="perf_analyzer not installed")

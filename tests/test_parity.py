@@ -207,8 +207,8 @@ def test_extensions_are_exactly_what_is_served(client):
     # Names from Triton core src/server.cc; each listed one is exercised by the API suites.
     meta = as_json(client, "get_server_metadata")
     assert sorted(meta["extensions"]) == sorted(["classification", "binary_tensor_data", "model_repository",
-                                                 "schedule_policy", "model_configuration", "statistics",
-                                                 "sequence"])
+                                                 "model_repository(unload_dependents)", "schedule_policy",
+                                                 "model_configuration", "statistics", "sequence"])
 
 
 # ================================================================ issue 11, the frontends' half

@@ -15,10 +15,12 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc as grpc_module
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
@@ -30,12 +32,14 @@ from python_models import (
     FAILS_IMPORT,
     FAILS_INIT,
     ONE_IN_ONE_OUT,
+    PARAMETER_ECHO,
     PROBE,
     PROBE_CONFIG,
     write_model,
 )
 
-MODELS = ("probe", "behave", "async_model", "in_process", "fails_init", "fails_import", "auto")
+MODELS = ("probe", "behave", "async_model", "in_process", "fails_init", "fails_import", "auto",
+          "parameter_echo")
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repo, "fails_init", FAILS_INIT, ONE_IN_ONE_OUT)
     write_model(repo, "fails_import", FAILS_IMPORT, ONE_IN_ONE_OUT)
     write_model(repo, "auto", AUTO, "")
+    write_model(repo, "parameter_echo", PARAMETER_ECHO, ONE_IN_ONE_OUT)
     args = ["--model-control-mode", "explicit"]
     for name in MODELS:
         args += ["--load-model", name]
@@ -92,7 +97,7 @@ def test_a_request_reports_what_triton_reports(server, http, grpc, model: str, p
     info = json.loads(result.as_numpy("INFO")[0])
     if protocol == "http":  # compact JSON in the order sent
         assert info["parameters"] == '{"scale":3,"tag":"x","flag":true}'
-    else:  # the gRPC codec reads the protobuf map, whose order is not the wire's
+    else:  # tritonclient's protobuf writes a map in hash order: the wire order is checked below
         assert json.loads(info["parameters"]) == {"scale": 3, "tag": "x", "flag": True}
     assert info["requested"] == ["INFO", "DOUBLE", "UPPER"] and info["id"] == "r-7"
     assert info["correlation_id"] == 0 and info["flags"] == 0 and info["text_type"] == "bytes"
@@ -107,6 +112,57 @@ def test_a_request_reports_what_triton_reports(server, http, grpc, model: str, p
     assert config["name"] == model and config["backend"] == "python"
     np.testing.assert_array_equal(result.as_numpy("DOUBLE"), x * 2)
     assert list(result.as_numpy("UPPER")) == [b"AB", b"C"]
+
+
+@pytest.mark.parametrize("model", ["probe", "in_process"])
+def test_grpc_parameters_reach_the_model_in_the_order_sent(server, model: str) -> None:
+    # Triton: parameters() is the request's parameters in the order sent. The request is written by hand,
+    # one map entry per appended message, so the wire order is ours (not protobuf's hash order); sent twice,
+    # so the second is decoded from the codec's cached plan.
+    head = service_pb2.ModelInferRequest(model_name=model, outputs=[{"name": "INFO"}],
+                                         inputs=[{"name": "IN", "datatype": "FP32", "shape": [2]}],
+                                         raw_input_contents=[np.ones(2, np.float32).tobytes()])
+    entries = []
+    for key, value in (("zeta", {"int64_param": 1}), ("alpha", {"string_param": "a"}),
+                       ("mid", {"bool_param": True}), ("zeta", {"int64_param": 2})):
+        entries.append(service_pb2.ModelInferRequest(parameters={key: value}).SerializeToString())
+    message = head.SerializeToString() + b"".join(entries)
+    with grpc_module.insecure_channel(server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    response_deserializer=service_pb2.ModelInferResponse.FromString)
+        for _ in range(2):
+            result = grpcclient.InferResult(infer(message, timeout=30))
+            info = json.loads(result.as_numpy("INFO")[0])
+            assert info["parameters"] == '{"zeta":2,"alpha":"a","mid":true}'
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_response_parameters_reach_the_client(http, grpc, protocol: str) -> None:
+    # Triton sends a Python model's InferenceResponse(parameters=...) as the response's parameters: HTTP
+    # JSON `parameters`, gRPC ModelInferResponse.parameters (bool, int64, string). Twice: the second request
+    # finds the codecs' cached plans, which must not drop them.
+    client, module = (http, httpclient) if protocol == "http" else (grpc, grpcclient)
+    x = np.arange(3, dtype=np.float32)
+    sent = {"count": 7, "label": "cat", "final": True}
+    for _ in range(2):
+        result = client.infer("parameter_echo", _one_input(module, x),
+                              parameters=sent, outputs=[module.InferRequestedOutput("OUT")])
+        np.testing.assert_array_equal(result.as_numpy("OUT"), x)
+        response = result.get_response()
+        if protocol == "http":
+            assert response["parameters"] == sent
+        else:
+            got = response.parameters
+            assert (got["count"].int64_param, got["label"].string_param, got["final"].bool_param) == \
+                (7, "cat", True) and len(got) == 3
+    plain = client.infer("parameter_echo", _one_input(module, x)).get_response()  # none set: none sent
+    assert ("parameters" not in plain) if protocol == "http" else len(plain.parameters) == 0
+
+
+def _one_input(module, x: np.ndarray) -> list:
+    tensor = module.InferInput("IN", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
 
 
 def test_unrequested_outputs_are_dropped_and_no_names_means_all(http) -> None:

@@ -123,6 +123,7 @@ def _response_head(response: InferenceResponse) -> pb.ModelInferResponse:
 # ------------------------------------------------------------------------------------- the wire fast path
 
 _ID_TAG = 0x1A  # field 3 (id), wire type 2, in both ModelInferRequest and ModelInferResponse
+_PARAMETERS_TAG = 0x22  # ModelInferRequest field 4, parameters (one map entry each)
 _RAW_INPUT_TAG = 0x3A  # ModelInferRequest field 7, raw_input_contents
 _RAW_OUTPUT_TAG = 0x32  # ModelInferResponse field 6, raw_output_contents
 _STREAM_RESPONSE_TAG = 0x12  # ModelStreamInferResponse field 2, infer_response
@@ -131,6 +132,25 @@ _STREAM_RESPONSE_TAG = 0x12  # ModelStreamInferResponse field 2, infer_response
 # src/grpc/stream_infer_handler.cc StreamInferResponseComplete).
 _FINAL_PARAMETER = pb.ModelInferResponse(
     parameters={"triton_final_response": pb.InferParameter(bool_param=True)}).SerializeToString()
+
+
+def response_parameters(params: dict[str, Any]) -> bytes:
+    """The serialized `parameters` field of a ModelInferResponse holding `params`, each in the
+    InferParameter field Triton uses for its type (bool, int64, double, string)."""
+    msg = pb.ModelInferResponse()
+    for key, value in params.items():
+        param = msg.parameters[key]
+        if isinstance(value, bool):
+            param.bool_param = value
+        elif isinstance(value, int) and -(1 << 63) <= value < (1 << 63):
+            param.int64_param = value
+        elif isinstance(value, int) and 0 <= value < (1 << 64):
+            param.uint64_param = value
+        elif isinstance(value, float):
+            param.double_param = value
+        else:
+            param.string_param = str(value)
+    return msg.SerializeToString()
 
 
 def _varint(buf: Any, pos: int) -> tuple[int, int]:
@@ -239,6 +259,8 @@ class InferWireCodec:
                 else:
                     return _from_plan(plan, rid, raw)
         request = decode_request(pb.ModelInferRequest.FromString(message))
+        if len(request.parameters) > 1:  # a cached plan keeps this order: the hot path pays nothing
+            request.parameters = in_wire_order(message, request.parameters)
         if cut is not None and cut[2] and len(cut[0]) <= self.MAX_KEY_BYTES:
             # Only raw-content requests: typed contents are data, in the key, different every time.
             if len(self.plans) >= self.MAX_ENTRIES:
@@ -270,6 +292,10 @@ class InferWireCodec:
             parts.append(prefix)
             parts.append(chunk)
             size += len(prefix) + len(chunk)
+        if response.parameters:  # set by a Python model's InferenceResponse(parameters=...): rare, not cached
+            serialized = response_parameters(response.parameters)
+            parts.append(serialized)
+            size += len(serialized)
         return parts, size
 
     def encode_stream(self, response: InferenceResponse) -> tuple[list[Any], int]:
@@ -280,6 +306,65 @@ class InferWireCodec:
         size += len(_FINAL_PARAMETER)
         head = field_head(_STREAM_RESPONSE_TAG, size)
         return [head, *parts], len(head) + size
+
+
+def _skip_field(view: Any, pos: int, wire_type: int) -> int:
+    """The position after a field's value that starts at `pos`; ValueError for the group wire types."""
+    if wire_type == 0:
+        return _varint(view, pos)[1]
+    if wire_type == 1:
+        return pos + 8
+    if wire_type == 5:
+        return pos + 4
+    if wire_type == 2:
+        length, pos = _varint(view, pos)
+        return pos + length
+    raise ValueError("group wire type")
+
+
+def _entry_key(entry: Any) -> str | None:
+    """The key (field 1) of one serialized map entry; None when it has none."""
+    pos, key = 0, None
+    while pos < len(entry):
+        tag, pos = _varint(entry, pos)
+        if tag == 0x0A:
+            length, pos = _varint(entry, pos)
+            key = str(entry[pos:pos + length], "utf-8")
+            pos += length
+        else:
+            pos = _skip_field(entry, pos, tag & 7)
+    return key
+
+
+def in_wire_order(message: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` (as the protobuf map gave them: upb orders a map by hash) in the order their entries came
+    on the wire, as Triton hands them to a Python model (`request.parameters()`). A key keeps the place of its
+    first entry and the map's value (the last). `params` unchanged for bytes that do not scan."""
+    view = memoryview(message)
+    order: dict[str, Any] = {}
+    pos, end = 0, len(view)
+    try:
+        while pos < end:
+            tag = view[pos]
+            if tag < 0x80 and tag & 7 == 2 and view[pos + 1] < 0x80:  # a one-byte tag and length
+                start = pos + 2
+                stop = start + view[pos + 1]
+            else:
+                tag, start = _varint(view, pos)
+                stop = _skip_field(view, start, tag & 7)
+                if tag & 7 == 2:
+                    start = _varint(view, start)[1]
+            if tag == _PARAMETERS_TAG:
+                if view[start] == 0x0A and view[start + 1] < 0x80:  # the key first, as every encoder writes
+                    key: str | None = str(view[start + 2:start + 2 + view[start + 1]], "utf-8")
+                else:
+                    key = _entry_key(view[start:stop])
+                if key in params and key not in order:
+                    order[key] = params[key]
+            pos = stop
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return params
+    return order if len(order) == len(params) else params
 
 
 def _from_plan(plan: _WirePlan, request_id: str, raw: list[Any]) -> InferenceRequest:

@@ -17,7 +17,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, not_found, unserved_extension
+from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
 from ..types import Completion, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
@@ -131,7 +131,14 @@ class GrpcHandlers:
         return pb.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(self, request: Any) -> Any:
-        await self.dp.unload(request.model_name)
+        """`parameters["unload_dependents"].bool_param` also unloads an ensemble's composing models that no
+        other loaded ensemble uses (the data plane decides which)."""
+        unload_dependents = False
+        if "unload_dependents" in request.parameters:
+            unload_dependents = param_value(request.parameters["unload_dependents"])
+            if not isinstance(unload_dependents, bool):
+                raise invalid("parameter 'unload_dependents' must be a boolean")
+        await self.dp.unload(request.model_name, unload_dependents)
         return pb.RepositoryModelUnloadResponse()
 
     def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None

@@ -255,7 +255,7 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     arrays, not copies), its size in bytes, and the JSON header's length when binary data follows (else
     None). The connection writes the parts as they are (http_connection.py `_write`)."""
     plan = request.plan if isinstance(request.plan, _Plan) else None
-    if plan is not None:
+    if plan is not None and not response.parameters:  # a cached header carries no response parameters
         key = (response.model_name, response.model_version, tuple(t.shape for t in response.outputs))
         cached = plan.encoded.get(key)
         if cached is not None:
@@ -286,6 +286,8 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
     if response.id:
         doc["id"] = response.id
+    if response.parameters:  # set by a Python model's InferenceResponse(parameters=...), as Triton sends them
+        doc["parameters"] = response.parameters
     doc["outputs"] = outputs
     try:
         header = orjson.dumps(doc)
@@ -295,7 +297,8 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
         header = json.dumps(doc, separators=(",", ":")).encode()
     if not chunks:
         return [header], len(header), None
-    if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64:
+    if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64 and \
+            not response.parameters:
         # every output binary: the header depends only on the shapes, so the next one is a lookup
         shapes = tuple(t.shape for t in response.outputs)
         plan.encoded[(response.model_name, response.model_version, shapes)] = (

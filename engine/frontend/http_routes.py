@@ -163,8 +163,8 @@ class HttpRoutes:
             if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
                 # parsed here, so its errors are answered here
                 doc = _json_body(req, self.limits.max_body_bytes)
-                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else self._unload(rest[2]),
-                                   on_done)
+                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else
+                                   self._unload(doc, rest[2]), on_done)
         raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
 
     def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str,
@@ -218,8 +218,16 @@ class HttpRoutes:
         await self.dp.load(name, params.get("config"), files)  # the data plane parses the config override
         return 200, b"", _JSON, b""
 
-    async def _unload(self, name: str) -> Answer:
-        await self.dp.unload(name)
+    async def _unload(self, doc: dict[str, Any], name: str) -> Answer:
+        """`{"parameters": {"unload_dependents": true}}` also unloads an ensemble's composing models that no
+        other loaded ensemble uses (the data plane decides which)."""
+        params = doc.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise invalid("'parameters' must be a JSON object")
+        unload_dependents = params.get("unload_dependents", False)
+        if not isinstance(unload_dependents, bool):
+            raise invalid("parameter 'unload_dependents' must be a boolean")
+        await self.dp.unload(name, unload_dependents)
         return 200, b"", _JSON, b""
 
     def _spawn(self, coro: Any, on_done: OnDone) -> _Deferred:
