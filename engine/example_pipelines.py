@@ -1,8 +1,9 @@
 """The example pipelines' ONNX models (model_repository/image_pipeline and text_pipeline, both ensembles):
 fixed weights computed here, so each pipeline answers what it says (a red image is "red", "a great movie" is
 "positive") and the files are reproducible byte for byte. engine/examples.py lists and writes them; their
-Python steps (model.py) and word lists (vocab.txt, labels.txt) are committed beside their configs, and
-tests/test_examples.py checks that those agree with the constants here.
+Python steps (model.py: image_preprocess, text_tokenizer, text_postprocess) and word lists (vocab.txt,
+labels.txt) are committed beside their configs, and tests/test_examples.py checks that those agree with the
+constants here.
 """
 
 from __future__ import annotations
@@ -14,40 +15,21 @@ from onnx import TensorProto, helper, numpy_helper
 from .onnx_build import finish, tensor
 
 # The image pipeline (model_repository/image_pipeline, an ensemble): raw UINT8 pixels -> image_preprocess
-# (scale and normalize) -> image_classifier (the nearest of ten colours to the image's mean colour) -> the
+# (Python: scale and normalize, (x / 255 - IMAGE_MEAN) / IMAGE_STD per channel; its model.py holds the same
+# constants) -> image_classifier (below: the nearest of ten colours to the image's mean colour) -> the
 # classification extension with the ensemble's labels.txt, in this order.
 IMAGE_SIDE = 64
 COLOURS = {"black": (0, 0, 0), "white": (255, 255, 255), "red": (255, 0, 0), "green": (0, 255, 0),
            "blue": (0, 0, 255), "yellow": (255, 255, 0), "cyan": (0, 255, 255), "magenta": (255, 0, 255),
            "gray": (128, 128, 128), "orange": (255, 165, 0)}
-_MEAN = np.array([0.485, 0.456, 0.406], np.float32)  # the usual ImageNet normalization
-_STD = np.array([0.229, 0.224, 0.225], np.float32)
-
-
-def image_preprocess_model() -> onnx.ModelProto:
-    """UINT8 IMAGE [batch, 3, 64, 64] -> FP32 PIXELS, each channel (x / 255 - mean) / std."""
-    dims = (-1, 3, IMAGE_SIDE, IMAGE_SIDE)
-    graph = helper.make_graph(
-        [
-            helper.make_node("Cast", ["IMAGE"], ["as_float"], name="cast", to=TensorProto.FLOAT),
-            helper.make_node("Div", ["as_float", "full_scale"], ["unit"], name="scale"),
-            helper.make_node("Sub", ["unit", "mean"], ["centred"], name="centre"),
-            helper.make_node("Div", ["centred", "std"], ["PIXELS"], name="normalize"),
-        ],
-        "image_preprocess",
-        [tensor("IMAGE", TensorProto.UINT8, dims)],
-        [tensor("PIXELS", TensorProto.FLOAT, dims)],
-        initializer=[numpy_helper.from_array(np.array(255.0, np.float32), "full_scale"),
-                     numpy_helper.from_array(_MEAN.reshape(3, 1, 1), "mean"),
-                     numpy_helper.from_array(_STD.reshape(3, 1, 1), "std")],
-    )
-    return finish(graph)
+IMAGE_MEAN = np.array([0.485, 0.456, 0.406], np.float32)  # the usual ImageNet normalization
+IMAGE_STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def image_classifier_model() -> onnx.ModelProto:
     """FP32 PIXELS [batch, 3, 64, 64] -> PROBABILITIES [batch, 10]: a softmax over minus the squared distance
     of the mean colour to each of COLOURS (normalized as the pixels are), so a red image is "red"."""
-    prototypes = ((np.array(list(COLOURS.values()), np.float32) / 255 - _MEAN) / _STD)  # [10, 3]
+    prototypes = ((np.array(list(COLOURS.values()), np.float32) / 255 - IMAGE_MEAN) / IMAGE_STD)  # [10, 3]
     weight = (8 * prototypes.T).astype(np.float32)  # -|m - p|^2 = 2 m.p - |p|^2 - |m|^2, sharpened 4x
     bias = (-4 * (prototypes ** 2).sum(axis=1)).astype(np.float32)
     graph = helper.make_graph(

@@ -10,7 +10,8 @@ This module needs the `onnx` package (the `examples` / `test` extras). Only tool
 import sits at the top; the server itself never imports this module and serves without `onnx` installed.
 
 Every model uses opset 17 with IR version 8 (engine/onnx_build.py says why). The pipelines' models live in
-engine/example_pipelines.py; their Python steps are committed model.py files, which need no building.
+engine/example_pipelines.py; their Python steps (image_preprocess, text_tokenizer, text_postprocess) are
+committed model.py files, which need no building.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .example_pipelines import COLOURS as COLOURS
+from .example_pipelines import IMAGE_MEAN as IMAGE_MEAN
 from .example_pipelines import IMAGE_SIDE as IMAGE_SIDE
+from .example_pipelines import IMAGE_STD as IMAGE_STD
 from .example_pipelines import TEXT_LABELS as TEXT_LABELS
 from .example_pipelines import TEXT_LENGTH as TEXT_LENGTH
 from .example_pipelines import TEXT_VOCAB as TEXT_VOCAB
-from .example_pipelines import image_classifier_model, image_preprocess_model, text_classifier_model
+from .example_pipelines import image_classifier_model, text_classifier_model
 from .example_pipelines import text_classifier_weights as text_classifier_weights
 from .generate.tiny_decoder import tiny_decoder_model
 from .onnx_build import IR_VERSION as IR_VERSION
@@ -244,7 +247,8 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     # simple_identity with its Python backend; here it is the same BYTES identity as an ONNX model.
     "simple_string": simple_string_model,
     "simple_identity": lambda: identity_model("BYTES", (-1, -1)),
-    "image_preprocess": image_preprocess_model,
+    # The pipelines' ONNX steps; their Python steps (image_preprocess, text_tokenizer, text_postprocess)
+    # are committed model.py files.
     "image_classifier": image_classifier_model,
     # Stateful models for the sequence batcher: an accumulator with implicit state, and the model Triton's
     # sequence example clients expect under the name simple_sequence.

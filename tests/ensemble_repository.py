@@ -1,9 +1,11 @@
 """Model repositories for the ensemble and classification tests: configs written as Triton users write them,
-ONNX models from engine/examples.py. Not a test file; tests/test_ensemble.py and tests/test_classification.py
-build their repositories with it."""
+ONNX models from engine/examples.py, and the example image pipeline's committed files (its Python step).
+Not a test file; tests/test_ensemble.py and tests/test_classification.py build their repositories with it.
+"""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import onnx
@@ -137,11 +139,10 @@ def build(root: Path) -> Path:
     write_ensemble(root, "classify", CLASSIFY, {"l.txt": "zero\none\ntwo\nthree\n"})
     for name, (config, _) in BAD.items():
         write_ensemble(root, name, config)
-    # The example repository's image pipeline, its committed files as they are.
+    # The example repository's image pipeline, its committed files as they are (image_preprocess's
+    # 1/model.py among them), and the classifier's ONNX model built.
     for name in IMAGE_PIPELINE:
-        for item in (EXAMPLES / name).iterdir():
-            if item.is_file():
-                (root / name).mkdir(exist_ok=True)
-                (root / name / item.name).write_bytes(item.read_bytes())
-    examples.build_repository(root, IMAGE_PIPELINE)
+        shutil.copytree(EXAMPLES / name, root / name,
+                        ignore=shutil.ignore_patterns("model.onnx", "__pycache__"))
+    examples.build_repository(root, ["image_classifier", "image_pipeline"])
     return root

@@ -217,6 +217,25 @@ def test_the_example_image_pipeline_names_the_colour(client, colour: str) -> Non
     assert classes[1][0].decode().split(":")[2] != colour
 
 
+def test_the_image_pipelines_python_step_computes_the_numpy_formula(client) -> None:
+    """image_preprocess (a Triton Python model) answers (x / 255 - mean) / std per channel, batch-aware."""
+    from engine.examples import IMAGE_MEAN, IMAGE_SIDE, IMAGE_STD
+
+    client.load_model("image_pipeline")
+    assert client.is_model_ready("image_preprocess")
+    pixels = np.random.default_rng(7).integers(0, 256, (3, 3, IMAGE_SIDE, IMAGE_SIDE), dtype=np.uint8)
+    pixels[0] = 0
+    pixels[1] = 255
+    tensor = client.module.InferInput("IMAGE", list(pixels.shape), "UINT8")
+    tensor.set_data_from_numpy(pixels)
+    got = client.infer("image_preprocess", [tensor]).as_numpy("PIXELS")
+    mean, std = IMAGE_MEAN.reshape(1, 3, 1, 1), IMAGE_STD.reshape(1, 3, 1, 1)
+    want = (pixels.astype(np.float32) / np.float32(255) - mean) / std
+    assert got.dtype == np.float32 and got.shape == pixels.shape
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got[1, :, 0, 0], (1 - IMAGE_MEAN) / IMAGE_STD, rtol=1e-6)
+
+
 def test_unloading_an_ensemble_keeps_its_composing_models(http) -> None:
     http.load_model("diamond")
     http.unload_model("diamond")

@@ -301,6 +301,22 @@ def test_text_classifier_is_a_bag_of_words_over_the_documented_weights():
     assert [examples.TEXT_LABELS[i] for i in scores.argmax(axis=1)] == ["positive", "negative", "neutral"]
 
 
+def test_image_pipeline_files_agree_with_the_classifier():
+    """labels.txt's lines are the classifier's colours; the pre-processing step is a committed Python model
+    with the same I/O as the classifier's input, and no ONNX builder."""
+    labels = (EXAMPLE_REPOSITORY / "image_pipeline" / "labels.txt").read_text().splitlines()
+    assert tuple(labels) == tuple(examples.COLOURS)
+    assert (EXAMPLE_REPOSITORY / "image_preprocess" / "1" / "model.py").is_file()
+    assert "image_preprocess" not in examples.EXAMPLES
+    pre = cfg.validate(cfg.read_config_proto(EXAMPLE_REPOSITORY / "image_preprocess"), "image_preprocess")
+    net = cfg.validate(cfg.read_config_proto(EXAMPLE_REPOSITORY / "image_classifier"), "image_classifier")
+    assert pre.backend == "python" and net.backend == "onnxruntime"
+    side = examples.IMAGE_SIDE
+    assert [(s.name, s.datatype.value, s.dims) for s in pre.inputs] == [("IMAGE", "UINT8", (3, side, side))]
+    assert [(s.name, s.datatype.value, s.dims) for s in pre.outputs] == \
+        [(s.name, s.datatype.value, s.dims) for s in net.inputs]
+
+
 def test_text_pipeline_word_lists_agree_with_the_classifier():
     """vocab.txt's line i is token i of the classifier's embedding; labels.txt's lines are its classes."""
     vocab = (EXAMPLE_REPOSITORY / "text_tokenizer" / "vocab.txt").read_text().splitlines()
@@ -358,7 +374,7 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
         examples.build_repository(tmp_path, ["simple", "nope"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
-                                       "simple_identity", "image_preprocess", "image_classifier",
+                                       "simple_identity", "image_classifier",
                                        "sequence_accumulator", "simple_sequence",
                                        "tiny_decoder", "text_classifier"]
     assert examples.EXAMPLE_ENSEMBLES == ("image_pipeline", "text_pipeline")
