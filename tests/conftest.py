@@ -5,6 +5,9 @@ The harness itself (start_server, RunningServer, build_test_repository, free_por
 perf/hubserve_harness/, which benchmarks use too; it is re-exported here, so `from conftest import
 start_server` keeps working in test files. `config_from_pbtxt` builds a frozen config in-process, for the
 tests of modules that read one.
+
+`http` and `grpc` (one client of each for a module) talk to whichever `server` fixture the test module
+has: its own, or the session's below.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from engine import config as cfg
 from engine.config_types import ModelConfig
@@ -43,3 +48,15 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = start_server(repository, log_path, "--no-strict-readiness", "--model-control-mode", "none")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def grpc(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        yield c
