@@ -6,8 +6,9 @@ perf/hubserve_harness/, which benchmarks use too; it is re-exported here, so `fr
 start_server` keeps working in test files. `config_from_pbtxt` builds a frozen config in-process, for the
 tests of modules that read one.
 
-`http` and `grpc` (one client of each for a module) talk to whichever `server` fixture the test module
-has: its own, or the session's below.
+`http` and `grpc` (one client of each for a module) and `client` (each test run once per protocol, with
+the client's module as `client.module`) talk to whichever `server` fixture the test module has: its own,
+or the session's below.
 """
 
 from __future__ import annotations
@@ -60,3 +61,12 @@ def http(server):
 def grpc(server):
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         yield c
+
+
+@pytest.fixture(params=[httpclient, grpcclient], ids=["http", "grpc"])
+def client(request: pytest.FixtureRequest, server):
+    module = request.param
+    c = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
+    c.module = module
+    yield c
+    c.close()
