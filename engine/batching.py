@@ -21,16 +21,18 @@ from .adaptive_window import AdaptiveWindow
 from .batch_policy import BatchPolicy, Pending
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
+from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
 from .stats import ModelStats
 from .timers import THRESHOLD_S, PreciseTimer
 from .types import Completion, InferenceRequest, InferenceResponse, Tensor
 
 
-class Batcher:
+class Batcher(InflightBatcher):
     """The asyncio side: futures, timers, and running formed batches on instances. Runs on the event loop."""
 
     def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats) -> None:
+        super().__init__()
         self.config = config
         self._version = version
         self._pool = pool
@@ -40,9 +42,6 @@ class Batcher:
         self._precise: PreciseTimer | None = None  # created on first sub-2 ms wait
         self._precise_token: int | None = None
         self._timer_at = 0.0  # perf_counter seconds of the pending timer, 0 when none
-        self._inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._preserve = bool(config.dynamic_batching and config.dynamic_batching.preserve_ordering)
         self._next_seq = 0
         self._deliver_seq = 0
@@ -242,9 +241,8 @@ class Batcher:
 
     def _failed(self, batch: list[Pending], error: Exception
                 ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
-        if not isinstance(error, EngineError):
-            error = EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' failed to execute: {error}")
-        return [(p, error) for p in batch]
+        failure = self._execution_error(error)
+        return [(p, failure) for p in batch]
 
     def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray]
                ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
@@ -300,20 +298,6 @@ class Batcher:
     def _fail(self, p: Pending, error: EngineError) -> None:
         if p.future is not None and not p.future.done():
             p.future.set_exception(error)
-
-    def _done(self, n: int) -> None:
-        self._inflight -= n
-        if self._inflight == 0:
-            self._idle.set()
-
-    @property
-    def pending_count(self) -> int:
-        """Requests accepted and not yet answered (queued or executing)."""
-        return self._inflight
-
-    async def drain(self) -> None:
-        """Wait until every accepted request has been answered."""
-        await self._idle.wait()
 
     def close(self) -> None:
         self._cancel_timer()

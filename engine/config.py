@@ -211,19 +211,7 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
                       "or `platform: \"onnxruntime_onnx\"`")
     if backend not in BACKENDS:
         raise invalid(f"{where}: backend '{backend}' is not supported; use one of {', '.join(BACKENDS)}")
-    if msg.max_batch_size < 0:
-        raise invalid(f"{where}: max_batch_size must be >= 0, got {msg.max_batch_size}")
-    if not msg.input:
-        raise invalid(f"{where}: the model has no inputs; list them under `input`")
-    if not msg.output:
-        raise invalid(f"{where}: the model has no outputs; list them under `output`")
-    inputs = tuple(_tensor_spec(t, "input", where) for t in msg.input)
-    outputs = tuple(_tensor_spec(t, "output", where) for t in msg.output)
-    for kind, specs in (("input", inputs), ("output", outputs)):
-        names = [s.name for s in specs]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
+    inputs, outputs = tensor_specs(msg, where, "model")
 
     scheduling = msg.WhichOneof("scheduling_choice")
     if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
@@ -260,6 +248,27 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
         ),
         proto_bytes=msg.SerializeToString(deterministic=True),
     )
+
+
+def tensor_specs(msg: pb.ModelConfig, where: str, owner: str
+                 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The checks a model's and an ensemble's config share (max_batch_size, at least one input and output,
+    no name twice), and their inputs and outputs as specs. `owner` ("model", "ensemble") names it in the
+    messages."""
+    if msg.max_batch_size < 0:
+        raise invalid(f"{where}: max_batch_size must be >= 0, got {msg.max_batch_size}")
+    if not msg.input:
+        raise invalid(f"{where}: the {owner} has no inputs; list them under `input`")
+    if not msg.output:
+        raise invalid(f"{where}: the {owner} has no outputs; list them under `output`")
+    inputs = tuple(_tensor_spec(t, "input", where) for t in msg.input)
+    outputs = tuple(_tensor_spec(t, "output", where) for t in msg.output)
+    for kind, specs in (("input", inputs), ("output", outputs)):
+        names = [s.name for s in specs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
+    return inputs, outputs
 
 
 def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:

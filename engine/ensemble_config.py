@@ -9,7 +9,7 @@ mapped, and the data flow (engine/ensemble_plan.py `check_data_flow`). What need
 
 from __future__ import annotations
 
-from .config import _tensor_spec, version_policy_of
+from .config import tensor_specs, version_policy_of
 from .config_types import ENSEMBLE_PLATFORM, EnsembleScheduling, EnsembleStep, ModelConfig
 from .ensemble_plan import check_data_flow
 from .errors import invalid
@@ -32,19 +32,7 @@ def validate_ensemble(msg: pb.ModelConfig, where: str) -> ModelConfig:
                           (len(msg.model_warmup) != 0, "model_warmup can not be specified")):
         if present:
             raise invalid(f"{where}: {what} for ensemble '{name}'")
-    if msg.max_batch_size < 0:
-        raise invalid(f"{where}: max_batch_size must be >= 0, got {msg.max_batch_size}")
-    if not msg.input:
-        raise invalid(f"{where}: the ensemble has no inputs; list them under `input`")
-    if not msg.output:
-        raise invalid(f"{where}: the ensemble has no outputs; list them under `output`")
-    inputs = tuple(_tensor_spec(t, "input", where) for t in msg.input)
-    outputs = tuple(_tensor_spec(t, "output", where) for t in msg.output)
-    for kind, specs in (("input", inputs), ("output", outputs)):
-        names = [s.name for s in specs]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise invalid(f"{where}: {kind} name '{dupes[0]}' appears more than once")
+    inputs, outputs = tensor_specs(msg, where, "ensemble")
     scheduling = msg.ensemble_scheduling
     if not scheduling.step:
         raise invalid(f"{where}: must specify 'step' for ensemble '{name}'")

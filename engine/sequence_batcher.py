@@ -24,6 +24,7 @@ import numpy as np
 
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
+from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
 from .sequence_config import ControlKind, SequenceBatchingConfig
 from .sequence_policy import Batch, CorrId, Entry, SequencePolicy
@@ -42,11 +43,12 @@ class _Item:
     future: asyncio.Future[InferenceResponse] | None = None
 
 
-class SequenceBatcher:
+class SequenceBatcher(InflightBatcher):
     """Runs on the event loop. Owns the policy; the pool's `on_release` calls `_dispatch`."""
 
     def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats) -> None:
         assert config.sequence_batching is not None
+        super().__init__()
         self.config = config
         self.sequence: SequenceBatchingConfig = config.sequence_batching
         self._version = version
@@ -61,9 +63,6 @@ class SequenceBatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ns = 0
         self._acquired: Instance | None = None
-        self._inflight = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
         pool.on_release = self._dispatch
 
     # ------------------------------------------------------------------ requests in
@@ -311,29 +310,16 @@ class SequenceBatcher:
         return results
 
     def _failed(self, batch: Batch, error: Exception) -> list[tuple[Entry, Result]]:
-        if not isinstance(error, EngineError):
-            error = EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' failed to execute: {error}")
-        return [(e, error) for e in batch.rows if e is not None]
+        failure = self._execution_error(error)
+        return [(e, failure) for e in batch.rows if e is not None]
 
     # ------------------------------------------------------------------ lifecycle
-
-    def _done(self, n: int) -> None:
-        self._inflight -= n
-        if self._inflight == 0:
-            self._idle.set()
 
     def sequence_counts(self) -> dict[str, int]:
         """For the metrics: sequences started, ended, released idle; live ones holding a slot or waiting."""
         p = self.policy
         return {"started": p.started, "ended": p.ended, "idle_released": p.idle_released,
                 "active": len(p.slotted), "backlog": len(p.backlog)}
-
-    @property
-    def pending_count(self) -> int:
-        return self._inflight
-
-    async def drain(self) -> None:
-        await self._idle.wait()
 
     def close(self) -> None:
         if self._timer is not None:

@@ -4,22 +4,32 @@ session from the example configs plus test-only models.
 The harness itself (start_server, RunningServer, build_test_repository, free_port) lives in
 perf/hubserve_harness/, which benchmarks use too; it is re-exported here, so `from conftest import
 start_server` keeps working in test files. `config_from_pbtxt` builds a frozen config in-process, for the
-tests of modules that read one.
+tests of modules that read one; `run_repository` runs a test against a ModelRepository in-process.
+
+`http` and `grpc` (one client of each for a module) and `client` (each test run once per protocol, with
+the client's module as `client.module`) talk to whichever `server` fixture the test module has: its own,
+or the session's below.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from engine import config as cfg
 from engine.config_types import ModelConfig
 from engine.proto import model_config_pb2 as pb
+from engine.rate_limiter import RateLimiter
+from engine.repository import ModelRepository
 from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "config_from_pbtxt", "free_port",
-           "start_server"]
+           "run_repository", "start_server"]
 
 
 def config_from_pbtxt(text: str, name: str = "m") -> ModelConfig:
@@ -29,6 +39,19 @@ def config_from_pbtxt(text: str, name: str = "m") -> ModelConfig:
     cfg.parse_pbtxt(text, msg)
     cfg.autocomplete(msg, None, name)
     return cfg.validate(msg, f"model '{name}'")
+
+
+def run_repository(test: Callable[[ModelRepository], Awaitable[None]], root: Path) -> None:
+    """`test` against a ModelRepository over `root`, in-process on a fresh loop, bounded at 30 s; the
+    repository is closed whatever the test does."""
+    async def go() -> None:
+        repo = ModelRepository(root, RateLimiter())
+        try:
+            await asyncio.wait_for(test(repo), 30)
+        finally:
+            await repo.close()
+
+    asyncio.run(go())
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +66,24 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     srv = start_server(repository, log_path, "--no-strict-readiness", "--model-control-mode", "none")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpclient.InferenceServerClient(server.http_url, network_timeout=60.0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def grpc(server):
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        yield c
+
+
+@pytest.fixture(params=[httpclient, grpcclient], ids=["http", "grpc"])
+def client(request: pytest.FixtureRequest, server):
+    module = request.param
+    c = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
+    c.module = module
+    yield c
+    c.close()

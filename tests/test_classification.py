@@ -71,15 +71,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-@pytest.fixture(params=[httpclient, grpcclient], ids=["http", "grpc"])
-def client(request: pytest.FixtureRequest, server):
-    module = request.param
-    c = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
-    c.module = module
-    yield c
-    c.close()
-
-
 def infer(client, model: str, data: np.ndarray, datatype: str, class_count: int, binary: bool = True):
     tensor = client.module.InferInput("INPUT0", list(data.shape), datatype)
     tensor.set_data_from_numpy(data)

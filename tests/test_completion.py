@@ -52,18 +52,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpclient.InferenceServerClient(server.http_url, network_timeout=60.0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def grpc(server):
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        yield c
-
-
 def http_infer(client: httpclient.InferenceServerClient, name: str, values: np.ndarray
                ) -> httpclient.InferResult:
     """A binary-data request, as perf_analyzer sends them: its JSON header is the HeaderCache's key."""

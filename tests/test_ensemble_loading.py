@@ -5,24 +5,11 @@ forever. The repository API's answers over real clients: tests/test_ensemble.py.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import ensemble_repository as er
-from engine.rate_limiter import RateLimiter
+from conftest import run_repository
 from engine.repository import ModelRepository
-
-
-def run(test: Callable[[ModelRepository], Awaitable[None]], root: Path) -> None:
-    async def go() -> None:
-        repo = ModelRepository(root, RateLimiter())
-        try:
-            await asyncio.wait_for(test(repo), 30)
-        finally:
-            await repo.close()
-
-    asyncio.run(go())
 
 
 def one_step(name: str, model: str) -> str:
@@ -53,7 +40,7 @@ def test_unload_dependents_unloads_composing_models_no_other_ensemble_uses(tmp_p
         await repo.unload("e_other")  # without the parameter, as Triton: composing models stay
         assert loaded(repo) == {"m_shared"}
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
 
 
 def test_ensembles_that_contain_each_other_are_refused(tmp_path: Path) -> None:
@@ -67,7 +54,7 @@ def test_ensembles_that_contain_each_other_are_refused(tmp_path: Path) -> None:
             failure = repo.load_failure(name)
             assert failure is not None and "circular dependency between ensembles" in failure.message, failure
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
 
 
 def test_at_start_up_ensembles_wait_for_what_they_contain(tmp_path: Path) -> None:
@@ -80,4 +67,4 @@ def test_at_start_up_ensembles_wait_for_what_they_contain(tmp_path: Path) -> Non
         assert loaded(repo) == {"e_outer", "e_inner", "m_slow"}
         assert all(repo.load_failure(n) is None for n in ("e_outer", "e_inner", "m_slow"))
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)

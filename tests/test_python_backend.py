@@ -63,18 +63,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpclient.InferenceServerClient(server.http_url, network_timeout=60.0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def grpc(server):
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        yield c
-
-
 def probe_inputs(module, x: np.ndarray, text: list[bytes] | None = None) -> list:
     inputs = [module.InferInput("IN", list(x.shape), "FP32")]
     inputs[0].set_data_from_numpy(x)

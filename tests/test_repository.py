@@ -3,19 +3,17 @@ what a failed reload keeps, what loading API files leaves behind, and that unloa
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import tempfile
 import weakref
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from conftest import run_repository
 from engine.errors import EngineError, ErrorCode
 from engine.model import ModelState
 from engine.overrides import PREFIX
-from engine.rate_limiter import RateLimiter
 from engine.repository import ModelRepository
 
 CONFIG = ('backend: "identity"\nmax_batch_size: 4\nversion_policy: { all { } }\n'
@@ -33,17 +31,6 @@ def make_model(root: Path, name: str, versions: tuple[int, ...], config: str = C
         (folder / str(v) / "model.txt").write_text(f"version {v}")
     (folder / "config.pbtxt").write_text(config)
     return folder
-
-
-def run(test: Callable[[ModelRepository], Awaitable[None]], root: Path) -> None:
-    async def go() -> None:
-        repo = ModelRepository(root, RateLimiter())
-        try:
-            await asyncio.wait_for(test(repo), 30)
-        finally:
-            await repo.close()
-
-    asyncio.run(go())
 
 
 def serving(repo: ModelRepository, name: str) -> dict[int, object]:
@@ -73,7 +60,7 @@ def test_a_reload_rebuilds_only_what_changed(tmp_path: Path):
         assert not set(map(id, serving(repo, "m").values())) & set(map(id, third.values()))
         assert all(m.config.max_batch_size == 2 for m in serving(repo, "m").values())
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
 
 
 def test_a_removed_version_is_retired(tmp_path: Path):
@@ -91,7 +78,7 @@ def test_a_removed_version_is_retired(tmp_path: Path):
         assert [(e.version, e.state, e.reason) for e in repo.index()] == \
             [("1", ModelState.READY, ""), ("2", ModelState.UNAVAILABLE, "unloaded")]
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
 
 
 def test_a_failed_reload_keeps_every_version_that_served(tmp_path: Path):
@@ -113,7 +100,7 @@ def test_a_failed_reload_keeps_every_version_that_served(tmp_path: Path):
             repo.get("m", "2")
         assert e.value.code is ErrorCode.UNAVAILABLE and "warm-up 'zeros' failed" in e.value.message
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
 
 
 def test_files_from_the_api_are_loaded_and_not_left_behind(tmp_path: Path):
@@ -133,7 +120,7 @@ def test_files_from_the_api_are_loaded_and_not_left_behind(tmp_path: Path):
         await repo.unload("sent")
         assert "sent" not in {e.name for e in repo.index()}
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)
     assert {p.name for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*")} == before
 
 
@@ -150,4 +137,4 @@ def test_unloaded_and_replaced_versions_are_freed(tmp_path: Path):
         gc.collect()
         assert replaced() is None and unloaded() is None, gc.get_referrers(replaced() or unloaded())
 
-    run(test, tmp_path)
+    run_repository(test, tmp_path)

@@ -12,7 +12,6 @@ import shutil
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
@@ -39,15 +38,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     srv = start_server(root, tmp_path_factory.mktemp("text_server") / "server.log", ready_timeout=120)
     yield srv
     srv.stop()
-
-
-@pytest.fixture(params=[httpclient, grpcclient], ids=["http", "grpc"])
-def client(request: pytest.FixtureRequest, server):
-    module = request.param
-    c = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
-    c.module = module
-    yield c
-    c.close()
 
 
 def text_input(module, texts: list[bytes]):

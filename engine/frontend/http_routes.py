@@ -42,10 +42,15 @@ _HEADER_LENGTH_LOWER = HEADER_LENGTH.lower().encode()
 _JSON = b"application/json"
 
 
-class _Deferred:
-    """A route answered by a task (repository load and unload). `answer()` runs once the future is done."""
+class Deferred:
+    """A route answered by a task (repository load and unload), or, subclassed, an inference here or a
+    request a frontend process forwarded to the engine (workers/forwarding.py): `answer()` runs once the
+    future is done and maps its outcome to an answer, the same way for each."""
 
     __slots__ = ("future",)
+    _cancelled = "the request was cancelled: the server is stopping or the model unloading"
+    _failed = "HTTP handler failed: %r"  # logged with the exception, to _log
+    _log = log
 
     def __init__(self, future: asyncio.Future[Any]) -> None:
         self.future = future
@@ -53,7 +58,7 @@ class _Deferred:
     def answer(self) -> Answer:
         fut = self.future
         if fut.cancelled():
-            return _error(503, "the request was cancelled: the server is stopping or the model unloading")
+            return _error(503, self._cancelled)
         exc = fut.exception()
         if exc is None:
             try:
@@ -63,14 +68,14 @@ class _Deferred:
                 return _error(500, f"internal error: {e}")
         if isinstance(exc, EngineError):
             return _error(STATUS[exc.code], exc.message)
-        log.error("HTTP handler failed: %r", exc)
+        self._log.error(self._failed, exc)
         return _error(500, f"internal error: {exc}")
 
     def _convert(self, result: Any) -> Answer:
         return result  # type: ignore[no-any-return]
 
 
-class _Infer(_Deferred):
+class _Infer(Deferred):
     """An inference in flight: answering from the data plane's future itself, rather than through a second
     future, saves an allocation and a round of the event loop per request."""
 
@@ -230,12 +235,12 @@ class HttpRoutes:
         await self.dp.unload(name, unload_dependents)
         return 200, b"", _JSON, b""
 
-    def _spawn(self, coro: Any, on_done: OnDone) -> _Deferred:
+    def _spawn(self, coro: Any, on_done: OnDone) -> Deferred:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(on_done)
-        return _Deferred(task)
+        return Deferred(task)
 
 
 def _base64(key: str, value: Any) -> bytes:

@@ -10,11 +10,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-
-from ..errors import EngineError
 from ..frontend.grpc_handlers import GrpcHandlers, health
-from ..frontend.http_routes import STATUS, HttpRoutes
+from ..frontend.http_routes import Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
 from .remote import EngineClient
@@ -48,29 +45,14 @@ class FrontendRoutes:
         return _Forwarded(future)
 
 
-class _Forwarded:
-    """The engine's answer to a forwarded HTTP request, or why there is none."""
+class _Forwarded(Deferred):
+    """The engine's answer to a forwarded HTTP request, or why there is none: the engine's HttpRoutes made
+    the answer, so it goes out as it came."""
 
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[Any]) -> None:
-        self.future = future
-
-    def answer(self) -> Answer:
-        fut = self.future
-        if fut.cancelled():
-            return _error(503, "the request was cancelled: the server is stopping")
-        exc = fut.exception()
-        if exc is None:
-            return fut.result()  # type: ignore[no-any-return]
-        if isinstance(exc, EngineError):
-            return _error(STATUS[exc.code], exc.message)
-        log.error("forwarded HTTP request failed: %r", exc)
-        return _error(500, f"internal error: {exc}")
-
-
-def _error(status: int, message: str) -> Answer:
-    return status, orjson.dumps({"error": message}), b"application/json", b""
+    __slots__ = ()
+    _cancelled = "the request was cancelled: the server is stopping"
+    _failed = "forwarded HTTP request failed: %r"
+    _log = log
 
 
 class _Serialized:
