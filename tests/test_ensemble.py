@@ -217,6 +217,39 @@ def test_the_example_image_pipeline_names_the_colour(client, colour: str) -> Non
     assert classes[1][0].decode().split(":")[2] != colour
 
 
+@pytest.mark.parametrize("name", ["image_classifier", "image_pipeline"])
+def test_the_example_image_models_serve_what_tritons_image_client_reads(client, name: str) -> None:
+    """Triton's image_client.py (client repo, src/python/examples/) lays out its pixels from the input's
+    `format` in the config (it refuses FORMAT_NONE), sizes them from the metadata's [-1, C, H, W], wants one
+    FP32 output, and prints each class-count entry as "score (index) = label"."""
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from engine.examples import IMAGE_SIDE
+
+    client.load_model("image_pipeline")
+    meta = client.get_model_metadata(name)
+    config = client.get_model_config(name)
+    if client.module is grpcclient:
+        inputs = [(t.name, t.datatype, list(t.shape)) for t in meta.inputs]
+        outputs = [(t.datatype, list(t.shape)) for t in meta.outputs]
+        fmt = mc.ModelInput.Format.Name(config.config.input[0].format)
+    else:
+        inputs = [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]]
+        outputs = [(t["datatype"], t["shape"]) for t in meta["outputs"]]
+        fmt = config["input"][0]["format"]
+    assert len(inputs) == 1 and inputs[0][2] == [-1, 3, IMAGE_SIDE, IMAGE_SIDE]
+    assert fmt == "FORMAT_NCHW"
+    assert outputs == [("FP32", [-1, 10])]
+    input_name, datatype = inputs[0][0], inputs[0][1]
+    pixels = np.zeros((1, 3, IMAGE_SIDE, IMAGE_SIDE), np.float32 if datatype == "FP32" else np.uint8)
+    tensor = client.module.InferInput(input_name, list(pixels.shape), datatype)
+    tensor.set_data_from_numpy(pixels)
+    output_name = "CLASSES" if name == "image_pipeline" else "PROBABILITIES"
+    out = client.module.InferRequestedOutput(output_name, class_count=3)
+    entries = client.infer(name, [tensor], outputs=[out]).as_numpy(output_name)[0]
+    assert [len(e.decode().split(":")) for e in entries] == [3, 3, 3], entries
+
+
 def test_the_image_pipelines_python_step_computes_the_numpy_formula(client) -> None:
     """image_preprocess (a Triton Python model) answers (x / 255 - mean) / std per channel, batch-aware."""
     from engine.examples import IMAGE_MEAN, IMAGE_SIDE, IMAGE_STD

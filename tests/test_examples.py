@@ -302,10 +302,12 @@ def test_text_classifier_is_a_bag_of_words_over_the_documented_weights():
 
 
 def test_image_pipeline_files_agree_with_the_classifier():
-    """labels.txt's lines are the classifier's colours; the pre-processing step is a committed Python model
-    with the same I/O as the classifier's input, and no ONNX builder."""
-    labels = (EXAMPLE_REPOSITORY / "image_pipeline" / "labels.txt").read_text().splitlines()
-    assert tuple(labels) == tuple(examples.COLOURS)
+    """labels.txt's lines (the ensemble's and the classifier's) are the classifier's colours; the
+    pre-processing step is a committed Python model with the same I/O as the classifier's input, and no ONNX
+    builder."""
+    for name in ("image_pipeline", "image_classifier"):  # the ensemble's and its classifier's own
+        labels = (EXAMPLE_REPOSITORY / name / "labels.txt").read_text().splitlines()
+        assert tuple(labels) == tuple(examples.COLOURS), name
     assert (EXAMPLE_REPOSITORY / "image_preprocess" / "1" / "model.py").is_file()
     assert "image_preprocess" not in examples.EXAMPLES
     pre = cfg.validate(cfg.read_config_proto(EXAMPLE_REPOSITORY / "image_preprocess"), "image_preprocess")
