@@ -75,26 +75,13 @@ class Batcher(InflightBatcher):
         if self.adaptive is not None:
             self.adaptive.on_arrival(pending.enqueue_ns)
         self.policy.enqueue(pending)
-        self._inflight += 1
-        self._idle.clear()
-        stats = self._stats
-
-        def completed(f: asyncio.Future[InferenceResponse]) -> None:
-            elapsed = time.perf_counter_ns() - received
-            if f.cancelled():
-                if self.policy.remove(pending):
-                    self._done(1)
-                stats.cancelled.add(elapsed)
-            elif f.exception() is not None:
-                stats.fail.add(elapsed)
-            else:
-                stats.success.add(elapsed)
-            if on_done is not None:
-                on_done(f)
-
-        future.add_done_callback(completed)
+        self._accept(future, pending, received, on_done)
         self._dispatch()
         return future
+
+    def _withdraw(self, token: Pending) -> None:
+        if self.policy.remove(token):
+            self._done(1)
 
     async def submit(self, request: InferenceRequest, inputs: dict[str, np.ndarray]) -> InferenceResponse:
         """`enqueue` and wait; cancelling the caller cancels the request."""

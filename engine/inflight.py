@@ -1,6 +1,7 @@
 """What `Batcher` (batching.py) and `SequenceBatcher` (sequence_batcher.py) share as `Model` sees them: the
-count of requests accepted and not yet answered, a wait until there are none (unload drains on it), and how a
-backend failure becomes the error a failed batch answers with.
+count of requests accepted and not yet answered, a wait until there are none (unload drains on it), a
+request's one done-callback (accounting, then the frontend's answer), and how a backend failure becomes the
+error a failed batch answers with.
 
 A base class rather than a helper object, so the batchers' per-request and per-batch paths call the same
 methods as before, with no extra attribute hop.
@@ -9,9 +10,13 @@ methods as before, with no extra attribute hop.
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Any
 
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode
+from .stats import ModelStats
+from .types import Completion, InferenceResponse
 
 
 class InflightBatcher:
@@ -19,6 +24,7 @@ class InflightBatcher:
     for each it answers."""
 
     config: ModelConfig
+    _stats: ModelStats
 
     def __init__(self) -> None:
         self._inflight = 0
@@ -29,6 +35,34 @@ class InflightBatcher:
         self._inflight -= n
         if self._inflight == 0:
             self._idle.set()
+
+    def _accept(self, future: asyncio.Future[InferenceResponse], token: Any, received_ns: int,
+                on_done: Completion | None) -> None:
+        """Count an accepted request in flight and give its future the one done-callback: it accounts the
+        request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is first taken
+        back from the batcher with `_withdraw(token)`) and then calls `on_done`, the frontend's answer."""
+        self._inflight += 1
+        self._idle.clear()
+        stats = self._stats
+
+        def completed(f: asyncio.Future[InferenceResponse]) -> None:
+            elapsed = time.perf_counter_ns() - received_ns
+            if f.cancelled():
+                self._withdraw(token)
+                stats.cancelled.add(elapsed)
+            elif f.exception() is not None:
+                stats.fail.add(elapsed)
+            else:
+                stats.success.add(elapsed)
+            if on_done is not None:
+                on_done(f)
+
+        future.add_done_callback(completed)
+
+    def _withdraw(self, token: Any) -> None:
+        """A cancelled request's `token` (what the subclass passed to `_accept`): take it out of the queue, so
+        it is never executed, and count it done if it was still queued."""
+        raise NotImplementedError
 
     def _execution_error(self, error: Exception) -> EngineError:
         """The error every request of a failed batch is answered with: an EngineError as raised, any other

@@ -83,23 +83,7 @@ class SequenceBatcher(InflightBatcher):
         received = received_ns or now
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         item.future = future
-        self._inflight += 1
-        self._idle.clear()
-        stats = self._stats
-
-        def completed(f: asyncio.Future[InferenceResponse]) -> None:
-            elapsed = time.perf_counter_ns() - received
-            if f.cancelled():
-                self._cancelled(entry)
-                stats.cancelled.add(elapsed)
-            elif f.exception() is not None:
-                stats.fail.add(elapsed)
-            else:
-                stats.success.add(elapsed)
-            if on_done is not None:
-                on_done(f)
-
-        future.add_done_callback(completed)
+        self._accept(future, entry, received, on_done)
         self._dispatch()
         return future
 
@@ -138,7 +122,7 @@ class SequenceBatcher(InflightBatcher):
                               f"which its sequence batching control '{control.name}' "
                               f"({control.datatype.config_name}) cannot hold")
 
-    def _cancelled(self, entry: Entry) -> None:
+    def _withdraw(self, entry: Entry) -> None:
         queued = entry in entry.sequence.queue
         rest = self.policy.cancel(entry)
         if queued:
