@@ -31,6 +31,16 @@ def _byte_count(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds (0 or more), got '{text}'")
+    return value
+
+
 def _workers(text: str) -> int:
     """--workers: a count, or "auto" (0 here; resolved by default_workers)."""
     if text == "auto":
@@ -115,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-python-model-upload", action="store_true",
                        help="let a repository load request send the files of a Python model (code the "
                             "server runs); refused by default")
+    serve.add_argument("--canary-interval-secs", type=_seconds, default=10.0,
+                       help="every this many seconds, a synthetic inference on each instance of each served "
+                            "version; one that fails or misses --canary-timeout-secs makes the version not "
+                            "ready until one passes (0 = no canaries)")
+    serve.add_argument("--canary-timeout-secs", type=_seconds, default=5.0,
+                       help="the deadline of a canary inference")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -166,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             worker_arena_bytes=args.worker_arena_mb << 20,
             log_verbose=args.log_verbose,
             allow_python_model_upload=args.allow_python_model_upload,
+            canary_interval_secs=args.canary_interval_secs,
+            canary_timeout_secs=args.canary_timeout_secs,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

@@ -188,6 +188,21 @@ class InstancePool:
             if isinstance(result, BaseException):
                 raise result
 
+    @property
+    def instance_names(self) -> list[str]:
+        return [i.name for i in self._instances]
+
+    def canary(self, index: int, inputs: dict[str, np.ndarray], output_names: list[str]
+               ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Run `inputs` once on instance `index`'s own thread, at any time, taking no slot (engine/canary.py
+        says why): while the instance runs a batch, the canary waits on its thread behind it. The caller
+        reads the result or error; one left unread after its deadline is not reported as never retrieved."""
+        instance = self._instances[index]
+        future = asyncio.get_running_loop().run_in_executor(instance.executor, instance.backend.execute,
+                                                            inputs, output_names)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return future
+
     async def close(self) -> None:
         """Close each backend on its own thread, then stop the threads. Callers drain work first."""
         self._limiter.remove_listener(self._limiter_released)

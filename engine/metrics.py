@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
+from .canary import CanaryRecord
 from .model import Model
 from .stats import ModelStats
 
@@ -66,6 +67,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
             lines.append(f'hubserve_batch_dispatch_total{{model="{_escape(m.name)}",version="{m.version_str}",'
                          f'reason="{reason}"}} {count}')
     lines.extend(_sequence_lines(models))
+    lines.extend(_canary_lines(models))
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
@@ -94,6 +96,31 @@ def _sequence_lines(models: list[Model]) -> list[str]:
         lines.append(f"# TYPE {name} {kind}")
         for m, values in counted:
             lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {values[key]}')
+    return lines
+
+
+# Versions the canary has run on (engine/canary.py): (name, type, help, value from the record).
+_CANARY_FAMILIES: list[tuple[str, str, str, Callable[[CanaryRecord], int]]] = [
+    ("hubserve_model_canary_healthy", "gauge",
+     "1 while the version's last canary inference passed, 0 while it fails (the version is then not ready)",
+     lambda r: 0 if r.failing else 1),
+    ("hubserve_model_canary_runs_total", "counter", "Canary inferences run (one per interval, all instances)",
+     lambda r: r.runs),
+    ("hubserve_model_canary_failures_total", "counter",
+     "Canary inferences that failed or missed the deadline", lambda r: r.failures),
+]
+
+
+def _canary_lines(models: list[Model]) -> list[str]:
+    checked = [m for m in models if m.canary.runs]
+    if not checked:
+        return []
+    lines = []
+    for name, kind, help_text, value in _CANARY_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for m in checked:
+            lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {value(m.canary)}')
     return lines
 
 

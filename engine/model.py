@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from . import classification, warmup
+from . import canary, classification, warmup
 from .batching import Batcher
+from .canary import CanaryRecord
 from .config_types import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
@@ -60,6 +61,8 @@ class Model:
         self.model_path = model_path
         self.state = ModelState.LOADING
         self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
+        self._unhealthy: dict[str, str] = {}  # health source -> why it says the version cannot serve
+        self.canary = CanaryRecord()  # engine/canary.py; read by the metrics
         self.stats = ModelStats()
         self._inputs = {spec.name: spec for spec in config.inputs}
         self._outputs = {spec.name: spec for spec in config.outputs}
@@ -85,12 +88,29 @@ class Model:
         self.state = ModelState.READY
 
     def _instances_health(self, reason: str) -> None:
-        """An instance went down (`reason`) or every instance serves again (""): readiness tells the truth.
-        Only between READY and UNAVAILABLE: loading and unloading are not changed by it."""
-        if self.state is ModelState.READY and reason:
-            self.state, self.reason = ModelState.UNAVAILABLE, reason
+        """An instance went down (`reason`) or every instance serves again ("")."""
+        self.set_health("instances", reason)
+
+    def set_health(self, source: str, reason: str) -> None:
+        """A health source (the Python instances' supervision, the canary: engine/canary.py) says the version
+        cannot serve (`reason`) or can again (""): readiness tells the truth, with every source's reason. Only
+        between READY and UNAVAILABLE: loading and unloading are not changed by it."""
+        if reason:
+            self._unhealthy[source] = reason
+        else:
+            self._unhealthy.pop(source, None)
+        combined = "; ".join(self._unhealthy[k] for k in sorted(self._unhealthy))
+        if self.state is ModelState.READY and combined:
+            self.state, self.reason = ModelState.UNAVAILABLE, combined
         elif self.state is ModelState.UNAVAILABLE and self.reason:
-            self.state, self.reason = (ModelState.UNAVAILABLE, reason) if reason else (ModelState.READY, "")
+            self.state = ModelState.UNAVAILABLE if combined else ModelState.READY
+            self.reason = combined
+
+    def canary_due(self) -> bool:
+        """Whether the canary should run: READY, or UNAVAILABLE because of the canary alone (to recover)."""
+        if self.state is ModelState.READY:
+            return True
+        return self.state is ModelState.UNAVAILABLE and set(self._unhealthy) == {canary.SOURCE}
 
     async def stop(self) -> None:
         """Finish what was accepted, then free the backends. Called once, after routing has moved away."""

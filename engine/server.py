@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .canary import CanaryOptions, CanaryRunner
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
@@ -57,6 +58,8 @@ class ServerOptions:
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
     log_verbose: int = 0
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
+    canary_interval_secs: float = 10.0  # a synthetic inference per instance this often (canary.py); 0: off
+    canary_timeout_secs: float = 5.0  # a canary unanswered this long fails, and the version is not ready
 
 
 class Server:
@@ -73,6 +76,7 @@ class Server:
         self._frontends: FrontendPool | None = None
         self._control: ControlRunner | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._canaries: asyncio.Task[None] | None = None
         self.http_port = options.http_port
         self.grpc_port = options.grpc_port
         self.metrics_port = options.metrics_port
@@ -98,6 +102,10 @@ class Server:
             watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs,
                                         opts.repository_quiet_secs, opts.repository_events)
             self._poller = asyncio.get_running_loop().create_task(watcher.run())
+        if opts.canary_interval_secs > 0:
+            runner = CanaryRunner(self.repository, CanaryOptions(opts.canary_interval_secs,
+                                                                 opts.canary_timeout_secs))
+            self._canaries = asyncio.get_running_loop().create_task(runner.run())
         log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s%s",
                  opts.host, self.http_port, opts.host, self.grpc_port,
                  f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
@@ -168,9 +176,10 @@ class Server:
 
     async def stop(self) -> None:
         self.dataplane.accepting = False
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        for task in (self._poller, self._canaries):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         grace = self.options.exit_timeout_secs
         waits = []
         if self._grpc is not None:
