@@ -41,6 +41,12 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 1 or more, got '{text}'")
+    return int(text)
+
+
 def _workers(text: str) -> int:
     """--workers: a count, or "auto" (0 here; resolved by default_workers)."""
     if text == "auto":
@@ -131,6 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
                             "ready until one passes (0 = no canaries)")
     serve.add_argument("--canary-timeout-secs", type=_seconds, default=5.0,
                        help="the deadline of a canary inference")
+    serve.add_argument("--max-tensor-elements", type=_count, default=1 << 31, metavar="N",
+                       help="most elements one input tensor may have; a shape claiming more is refused "
+                            "before anything is allocated")
+    serve.add_argument("--max-bytes-element-size", type=_byte_count, default=16 << 20, metavar="BYTES",
+                       help="largest single element of a BYTES (string) input")
+    serve.add_argument("--max-json-depth", type=_count, default=32, metavar="N",
+                       help="deepest nesting of objects and arrays in an HTTP request's JSON (the document "
+                            "itself is 1; an input's data of rank R sits at 3 + R)")
+    serve.add_argument("--grpc-max-concurrent-streams", type=_count, default=1024, metavar="N",
+                       help="HTTP/2 streams one gRPC connection may have open "
+                            "(SETTINGS_MAX_CONCURRENT_STREAMS); more are refused with REFUSED_STREAM")
+    serve.add_argument("--max-connections", type=_byte_count, default=4096, metavar="N",
+                       help="connections the server holds at once, HTTP and gRPC together (0 = no limit); "
+                            "more are answered 503 (HTTP) or GOAWAY (gRPC) and closed")
+    serve.add_argument("--max-connections-per-client", type=_byte_count, default=1024, metavar="N",
+                       help="connections one client address may hold at once (0 = no limit)")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -184,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             allow_python_model_upload=args.allow_python_model_upload,
             canary_interval_secs=args.canary_interval_secs,
             canary_timeout_secs=args.canary_timeout_secs,
+            max_tensor_elements=args.max_tensor_elements,
+            max_bytes_element_bytes=args.max_bytes_element_size,
+            max_json_depth=args.max_json_depth,
+            grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
+            max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

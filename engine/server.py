@@ -7,6 +7,7 @@ connections and wait for in-flight calls, the models drain their queues, then ev
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from .canary import CanaryOptions, CanaryRunner
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
+from .frontend import wire
+from .frontend.admission import ConnectionCounter, ConnectionLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
 from .metrics import process_registry, render
@@ -60,6 +63,14 @@ class ServerOptions:
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
     canary_interval_secs: float = 10.0  # a synthetic inference per instance this often (canary.py); 0: off
     canary_timeout_secs: float = 5.0  # a canary unanswered this long fails, and the version is not ready
+    # What one request may hold (frontend/wire.py TensorLimits) and how many connections the server takes
+    # (frontend/admission.py); 0 = no limit for the connection counts.
+    max_tensor_elements: int = 1 << 31
+    max_bytes_element_bytes: int = 16 << 20
+    max_json_depth: int = 32
+    grpc_max_concurrent_streams: int = 1024
+    max_connections: int = 4096
+    max_connections_per_client: int = 1024
 
 
 class Server:
@@ -69,6 +80,7 @@ class Server:
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
+        wire.configure(self.tensor_limits())
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -111,6 +123,13 @@ class Server:
                  f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
                  f"; {opts.workers} frontend processes" if opts.workers > 1 else "")
 
+    def tensor_limits(self) -> wire.TensorLimits:
+        opts = self.options
+        return wire.TensorLimits(opts.max_tensor_elements, opts.max_bytes_element_bytes, opts.max_json_depth)
+
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.options.max_connections, self.options.max_connections_per_client)
+
     def _http_limits(self) -> http_frontend.HttpLimits:
         opts = self.options
         return http_frontend.HttpLimits(opts.http_max_input_bytes or opts.max_message_bytes,
@@ -119,7 +138,8 @@ class Server:
 
     def _h2_limits(self) -> Limits:
         opts = self.options
-        return Limits(max_header_list_bytes=opts.max_header_bytes,
+        return Limits(max_concurrent_streams=opts.grpc_max_concurrent_streams,
+                      max_header_list_bytes=opts.max_header_bytes,
                       max_buffered_request_bytes=2 * opts.max_message_bytes,
                       max_queued_response_bytes=2 * opts.max_message_bytes,
                       client_timeout_secs=opts.client_timeout_secs,
@@ -128,11 +148,13 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
-        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits())
+        admission = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
+        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), admission=admission)
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
-        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits())
+        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
+                                  admission=admission)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -152,12 +174,16 @@ class Server:
                          "client_timeout_secs": http.client_timeout_secs,
                          "idle_timeout_secs": http.idle_timeout_secs},
                 "grpc": {"max_message_bytes": opts.max_message_bytes,
+                         "max_concurrent_streams": h2.max_concurrent_streams,
                          "max_header_list_bytes": h2.max_header_list_bytes,
                          "max_buffered_request_bytes": h2.max_buffered_request_bytes,
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
-                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
+                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
+                "tensor_limits": dataclasses.asdict(self.tensor_limits()),
+                "connection_limits": dataclasses.asdict(self.connection_limits()),
+                "frontends": opts.workers}
         self._control = ControlRunner(self.dataplane, http)
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)

@@ -199,9 +199,9 @@ def test_http_malformed_json(server, session):
 
 @pytest.mark.parametrize("path", [INFER, "/v2/repository/index"], ids=["infer", "repository-index"])
 def test_http_deeply_nested_json(server, session, path):
-    """Nesting past the parser's recursion limit is malformed input, not a server error."""
+    """Nesting past the parser's recursion limit is a client error naming the limit, not a server error."""
     assert_http_error(session.post(path, b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 400,
-                      "malformed JSON")
+                      "JSON nested deeper than 32 levels (--max-json-depth)")
     assert_still_serving(server, session)
 
 

@@ -409,10 +409,15 @@ def test_http_binary_size_disagrees_with_shape() -> None:
         decode_http({"inputs": [binary_input("IN", "INT32", [2], 12)]}, b"\0" * 12)
 
 
-@pytest.mark.parametrize("body", [b"{not json", b'{"inputs": [', b"\xff\xfe", b"[" * 100_000])
+@pytest.mark.parametrize("body", [b"{not json", b'{"inputs": [', b"\xff\xfe"])
 def test_http_malformed_json(body: bytes) -> None:
     with rejected("malformed JSON"):
         http_codec.decode_request("m", "1", body, None)
+
+
+def test_http_json_past_the_parsers_depth() -> None:
+    with rejected("JSON nested deeper than 32 levels (--max-json-depth)"):
+        http_codec.decode_request("m", "1", b"[" * 100_000, None)
 
 
 @pytest.mark.parametrize("doc", [{}, {"inputs": []}, {"inputs": "IN"}, {"id": "x"}])

@@ -32,7 +32,8 @@ from ..types import (
     element_count,
     in_shared_memory,
 )
-from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
+from .wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
+from .wire import limits as wire_limits
 
 # Which typed `contents` field carries each datatype.
 _CONTENTS_FIELD = {
@@ -102,6 +103,10 @@ def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.nda
     if datatype is DataType.BYTES:
         arr = np.empty(count, dtype=object)
         arr[:] = list(values)
+        limit = wire_limits().max_bytes_element
+        for i, v in enumerate(arr):
+            if len(v) > limit:
+                check_bytes_element(t.name, i, len(v))
         return arr.reshape(shape)
     try:
         return np.array(values, dtype=datatype.numpy_dtype).reshape(shape)

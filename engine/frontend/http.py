@@ -24,6 +24,7 @@ from typing import Protocol
 
 from ..dataplane import DataPlane
 from ..memory import release_freed_memory
+from .admission import ConnectionCounter
 from .http_connection import HttpProtocol
 from .http_routes import HttpRoutes
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
@@ -42,9 +43,12 @@ class HttpApp:
     """One per server: the routes (`handle`, called by each connection per request), the set of open
     connections, their sweeper and the release of freed request memory."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None,
+                 admission: ConnectionCounter | None = None) -> None:
         """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes)."""
+        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `admission`
+        counts the process's connections against its limits (admission.py; shared with gRPC)."""
+        self.admission = admission
         self.routes: Routes = routes or HttpRoutes(dataplane, limits)
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import invalid
+from ..errors import EngineError, invalid
 from ..types import (
     DataType,
     InferenceRequest,
@@ -23,7 +23,8 @@ from ..types import (
     element_count,
     in_shared_memory,
 )
-from .wire import array_from_bytes, array_to_bytes, check_datatype, check_shape
+from .wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
+from .wire import limits as wire_limits
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -106,6 +107,8 @@ def decode_request(model_name: str, model_version: str, body: bytes | bytearray,
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise invalid("'parameters' must be a JSON object")
+    if params:
+        check_json_depth(params, wire_limits().max_json_depth - 1)  # at depth 2 of the document
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
@@ -133,7 +136,9 @@ def _loads_lenient(text: bytes | bytearray) -> Any:
     the fast path, does not."""
     try:
         return json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+    except RecursionError:  # orjson stops at 1024 levels, and so does Python's json, near its own limit
+        raise too_deep() from None
+    except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"malformed JSON in request body: {e}") from None
 
 
@@ -166,6 +171,8 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise invalid(f"input '{name}': 'parameters' must be a JSON object")
+    if params:
+        check_json_depth(params, wire_limits().max_json_depth - 3)  # document, 'inputs', the input
     if in_shared_memory(params):  # no data here: Model.prepare refuses it, as for gRPC
         return Tensor(name, datatype, shape, np.empty(0, datatype.numpy_dtype), params), 0
     size = params.get("binary_data_size")
@@ -182,31 +189,60 @@ def _decode_input(item: Any, binary: memoryview, offset: int) -> tuple[Tensor, i
     return Tensor(name, datatype, shape, _array_from_json(name, datatype, shape, item["data"])), 0
 
 
-def _flatten(data: Any) -> list:
+# Where an input's 'data' sits in the request document: the document, 'inputs', the input object.
+_DATA_DEPTH = 3
+
+
+def _flatten(data: Any, depth: int, limit: int) -> list:
     if not isinstance(data, list):
         return [data]
+    if depth > limit:
+        raise RecursionError
     if data and isinstance(data[0], list):
         out: list = []
         for row in data:
-            out.extend(_flatten(row))
+            out.extend(_flatten(row, depth + 1, limit))
         return out
     return data
 
 
+def too_deep() -> EngineError:
+    return invalid(f"request body: JSON nested deeper than {wire_limits().max_json_depth} levels "
+                   "(--max-json-depth)")
+
+
+def check_json_depth(doc: Any, limit: int) -> None:
+    """INVALID_ARG when `doc` nests objects and arrays deeper than `limit` (the document itself is 1).
+    Walks without recursion; a list's scalars are skipped at C speed (the common case: tensor data)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise too_deep()
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
 def _array_from_json(name: str, datatype: DataType, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    limit = wire_limits().max_json_depth
     try:
-        flat = _flatten(data)
+        flat = _flatten(data, _DATA_DEPTH + 1, limit)
     except RecursionError:
-        raise invalid(f"input '{name}': 'data' is nested too deeply") from None
+        raise invalid(f"input '{name}': 'data' is nested deeper than the request's JSON depth limit of "
+                      f"{limit} (--max-json-depth)") from None
     count = element_count(shape)
     if len(flat) != count:
         raise invalid(f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(flat)}")
     if datatype is DataType.BYTES:
         out = np.empty(count, dtype=object)
+        most = wire_limits().max_bytes_element
         for i, v in enumerate(flat):
             if not isinstance(v, str):
                 raise invalid(f"input '{name}': BYTES data must be strings, element {i} is {v!r}")
-            out[i] = v.encode("utf-8")
+            encoded = v.encode("utf-8")
+            if len(encoded) > most:
+                check_bytes_element(name, i, len(encoded))
+            out[i] = encoded
         return out.reshape(shape)
     if datatype is DataType.BOOL:
         if not all(isinstance(v, bool) for v in flat):
@@ -237,6 +273,8 @@ def _decode_output(item: Any) -> RequestedOutput:
     params = item.get("parameters") or {}
     if not isinstance(params, dict):
         raise invalid(f"output '{item['name']}': 'parameters' must be a JSON object")
+    if params:
+        check_json_depth(params, wire_limits().max_json_depth - 3)  # document, 'outputs', the output
     binary = params.get("binary_data")
     if binary is not None and not isinstance(binary, bool):
         raise invalid(f"output '{item['name']}': binary_data must be true or false")

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import orjson
 
+from .admission import client_of, close_refused
 from .http_types import Answer, HttpRequest, Pending
 
 if TYPE_CHECKING:
@@ -55,6 +56,12 @@ class _Reject(Exception):
     """Raised inside a parser callback to stop llhttp at once; `HttpProtocol._rejection` says why."""
 
 
+def _refusal(message: str) -> bytes:
+    body = orjson.dumps({"error": message})
+    return b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" \
+        b"Connection: close\r\n\r\n%s" % (len(body), body)
+
+
 class HttpProtocol(asyncio.Protocol):
     def __init__(self, owner: HttpApp) -> None:
         self._owner = owner
@@ -62,6 +69,7 @@ class HttpProtocol(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
+        self._admitted: str | None = None  # the client address the admission counted this connection under
         self._current: HttpRequest | None = None  # being parsed
         self._in_head = False  # between the first byte of a request and its headers' end
         self._in_body = False  # between the headers' end and the message's end
@@ -94,11 +102,26 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"
+        admission = self._owner.admission
+        if admission is not None:
+            client = client_of(peer)
+            refused = admission.admit(client)
+            if refused:  # answered and closed at once: a refused connection holds nothing while it lingers
+                log.warning("HTTP %s: refused: %s", self._peer, refused)
+                self._done = True
+                self._parser = None
+                transport.write(_refusal(refused))  # type: ignore[attr-defined]
+                close_refused(transport, admission)
+                return
+            self._admitted = client
         self._owner.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
         self._owner.connections.discard(self)
+        if self._admitted is not None and self._owner.admission is not None:
+            self._owner.admission.release(self._admitted)
+            self._admitted = None
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
             inflight.future.cancel()  # the batcher drops it from its queue

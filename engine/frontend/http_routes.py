@@ -22,8 +22,16 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
-from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response_parts
+from .http_codec import (
+    HEADER_LENGTH,
+    HeaderCache,
+    check_json_depth,
+    decode_request,
+    encode_response_parts,
+    too_deep,
+)
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+from .wire import limits as wire_limits
 
 log = logging.getLogger("hubserve.http")
 
@@ -108,9 +116,12 @@ def _json_body(req: HttpRequest, limit: int) -> dict[str, Any]:
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
+        if str(e).startswith("depth limit exceeded"):  # orjson stops at 1024 levels
+            raise too_deep() from None
         raise invalid(f"malformed JSON in request body: {e}") from None
     if not isinstance(doc, dict):
         raise invalid("request body must be a JSON object")
+    check_json_depth(doc, wire_limits().max_json_depth)
     return doc
 
 

@@ -7,6 +7,7 @@ elements are each a 4-byte little-endian length followed by that many bytes.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,27 @@ import numpy as np
 from ..errors import EngineError, invalid
 from ..types import DataType, element_count
 
-MAX_ELEMENTS = 1 << 31  # a shape claiming more is a mistake, not a tensor we could hold
+
+@dataclass(frozen=True, slots=True)
+class TensorLimits:
+    """What one decoded tensor may be, whatever the protocol (ServerOptions carries them; the README states
+    the defaults). Set once per process, at start (`configure`), so the codecs need no extra argument."""
+
+    max_elements: int = 1 << 31  # --max-tensor-elements: a shape claiming more is refused before allocating
+    max_bytes_element: int = 16 << 20  # --max-bytes-element-size: one BYTES element's bytes
+    max_json_depth: int = 32  # --max-json-depth: nesting of an HTTP request's JSON (the document is 1)
+
+
+_limits = TensorLimits()
+
+
+def configure(limits: TensorLimits) -> None:
+    global _limits
+    _limits = limits
+
+
+def limits() -> TensorLimits:
+    return _limits
 
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:
@@ -28,9 +49,18 @@ def check_shape(name: str, shape: Any) -> tuple[int, ...]:
         if d < 0:
             raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
         dims.append(d)
-    if element_count(dims) > MAX_ELEMENTS:
-        raise invalid(f"input '{name}': shape {list(shape)} has more than {MAX_ELEMENTS} elements")
+    limit = _limits.max_elements
+    if element_count(dims) > limit:
+        raise invalid(f"input '{name}': shape {list(shape)} has more than {limit} elements, the limit "
+                      "(--max-tensor-elements)")
     return tuple(dims)
+
+
+def check_bytes_element(name: str, index: int, length: int) -> None:
+    limit = _limits.max_bytes_element
+    if length > limit:
+        raise invalid(f"input '{name}': BYTES element {index} is {length} bytes, more than the limit of "
+                      f"{limit} (--max-bytes-element-size)")
 
 
 def check_datatype(name: str, datatype: str) -> DataType:
@@ -60,6 +90,7 @@ def bytes_from_wire(name: str, shape: tuple[int, ...], buf: Any, count: int) -> 
         raise invalid(f"input '{name}': {size} bytes of BYTES data cannot hold {count} elements "
                       "(each needs a 4-byte length prefix)")
     out = np.empty(count, dtype=object)
+    limit = _limits.max_bytes_element
     for i in range(count):
         if offset + 4 > size:
             raise invalid(f"input '{name}': BYTES data ends after {i} of {count} elements")
@@ -68,6 +99,8 @@ def bytes_from_wire(name: str, shape: tuple[int, ...], buf: Any, count: int) -> 
         if offset + length > size:
             raise invalid(f"input '{name}': BYTES element {i} claims {length} bytes but only "
                           f"{size - offset} remain")
+        if length > limit:
+            check_bytes_element(name, i, length)
         out[i] = data[offset:offset + length]
         offset += length
     if offset != size:

@@ -24,6 +24,8 @@ import sys
 from typing import Any
 
 from ..frontend import http as http_frontend
+from ..frontend import wire
+from ..frontend.admission import ConnectionCounter, ConnectionLimits
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
@@ -53,17 +55,22 @@ async def serve(spec: dict[str, Any]) -> int:
     client = EngineClient(requests, responses, lost)
     await loop.connect_accepted_socket(lambda: client, socket.socket(fileno=spec["channel"]))
 
+    wire.configure(wire.TensorLimits(**spec["tensor_limits"]))
+    # This process's share of the server's connection limits, for HTTP and gRPC together.
+    admission = ConnectionCounter(ConnectionLimits(**spec["connection_limits"]), spec["frontends"])
     h = spec["http"]
     http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
                              h["client_timeout_secs"], h["idle_timeout_secs"])
-    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits))  # type: ignore[arg-type]
+    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits),  # type: ignore[arg-type]
+                                admission=admission)
     g = spec["grpc"]
-    limits = Limits(max_header_list_bytes=g["max_header_list_bytes"],
+    limits = Limits(max_concurrent_streams=g["max_concurrent_streams"],
+                    max_header_list_bytes=g["max_header_list_bytes"],
                     max_buffered_request_bytes=g["max_buffered_request_bytes"],
                     max_queued_response_bytes=g["max_queued_response_bytes"],
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
     grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
-                        handlers=FrontendGrpcHandlers(client))
+                        handlers=FrontendGrpcHandlers(client), admission=admission)
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)

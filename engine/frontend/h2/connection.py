@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..admission import ConnectionCounter, client_of, close_refused
 from .core import H2Core
 from .frames import H2Error
 from .guard import ByteBudget
@@ -60,9 +61,13 @@ class H2Connection(asyncio.Protocol):
     reset_stream: Callable[[H2Stream, H2Error, str], None]
     output_ready: Callable[[], None]
 
-    def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None) -> None:
+    def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None,
+                 admission: ConnectionCounter | None = None) -> None:
         self._app = app
         self._on_close = on_close
+        self._admission = admission
+        self._admitted: str | None = None  # the client address the admission counted this connection under
+        self._refused = False
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
         # The calls made per request, per read and per loop round go straight to their target, with no frame
@@ -87,9 +92,22 @@ class H2Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames go out as written
         self._core.initiate()
+        if self._admission is not None:
+            client = client_of(transport.get_extra_info("peername"))
+            refused = self._admission.admit(client)
+            if refused:  # the preface, then GOAWAY ENHANCE_YOUR_CALM with the reason, and the close
+                log.warning("gRPC connection refused: %s", refused)
+                self._refused = True
+                self._core.refuse(refused)
+                self._flush()
+                return
+            self._admitted = client
         self._flush()  # the server preface goes at once
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._admitted is not None and self._admission is not None:
+            self._admission.release(self._admitted)
+            self._admitted = None
         self._core.connection_lost()
         if self._on_close is not None:
             self._on_close(self)
@@ -134,5 +152,7 @@ class H2Connection(asyncio.Protocol):
         self._flush()
         if abort:
             self._transport.abort()
+        elif self._refused and self._admission is not None:
+            close_refused(self._transport, self._admission)
         else:
             self._transport.close()  # after what is buffered has been written

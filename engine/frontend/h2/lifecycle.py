@@ -55,6 +55,11 @@ class Lifecycle:
         self._shutting_down = True
         self._out.write(f.goaway(f.MAX_WINDOW, H2Error.NO_ERROR) + f.ping(SHUTDOWN_PING))
 
+    def refuse(self, message: str) -> None:
+        """A connection over the server's connection limits (frontend/admission.py): GOAWAY with
+        ENHANCE_YOUR_CALM and why, then close."""
+        self._fail(H2Error.ENHANCE_YOUR_CALM, message)
+
     def abort(self) -> None:
         """The drain deadline passed: tell the peer which streams were done and close."""
         self._fail(H2Error.NO_ERROR, "shutting down")

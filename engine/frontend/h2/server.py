@@ -18,6 +18,7 @@ from typing import Any
 
 from ...dataplane import DataPlane
 from ...memory import release_freed_memory
+from ..admission import ConnectionCounter
 from ..grpc_handlers import GrpcHandlers
 from .connection import H2Connection
 from .grpc import GrpcApp
@@ -54,9 +55,11 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 
 class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
-                 handlers: GrpcHandlers | None = None) -> None:
+                 handlers: GrpcHandlers | None = None, admission: ConnectionCounter | None = None) -> None:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers)."""
+        multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
+        `admission` counts the process's connections against its limits (shared with HTTP)."""
+        self._admission = admission
         self._limits = limits = limits or Limits()
         self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
@@ -102,7 +105,7 @@ class H2GrpcServer:
                 loop.run_in_executor(None, release_freed_memory)  # milliseconds: off the loop
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._app, self._limits, self._closed)
+        conn = H2Connection(self._app, self._limits, self._closed, self._admission)
         self._connections.add(conn)
         self._all_closed.clear()
         return conn
