@@ -16,19 +16,17 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            def tensor(name):
-                return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
-
-            value = tensor("INPUT").astype(np.int32)
-            if tensor("READY")[0, 0] == 0:
+            tensors = {t.name(): t.as_numpy() for t in request.inputs()}
+            value = tensors["INPUT"].astype(np.int32)
+            if tensors["READY"][0, 0] == 0:
                 zero = np.zeros_like(value)
                 responses.append(pb_utils.InferenceResponse(
                     [pb_utils.Tensor("OUTPUT", zero), pb_utils.Tensor("ACC_OUT", zero)]))
                 continue
-            total = value if tensor("START")[0, 0] else tensor("ACC_IN") + value
+            total = value if tensors["START"][0, 0] else tensors["ACC_IN"] + value
             output = total.copy()
-            if tensor("END")[0, 0]:
-                output += int(tensor("CORRID")[0, 0])
+            if tensors["END"][0, 0]:
+                output += int(tensors["CORRID"][0, 0])
             responses.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUTPUT", output.astype(np.int32)),
                  pb_utils.Tensor("ACC_OUT", total.astype(np.int32))]))
