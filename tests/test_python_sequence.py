@@ -1,10 +1,10 @@
 """Python sequence models (`backend: "python"` with `sequence_batching`): the sequence batcher hands each
 batch row to the model as a request of its own, with the control inputs and the implicit state as input
 tensors, and takes the next state from the response (engine/python_backend/sequence.py). Checked with
-tritonclient over HTTP and gRPC, under both strategies and without batching: the model's view (control
-tensors, correlation_id(), flags(), state in, shapes), every sequence getting its own state when many are
-interleaved, a bad state output failing its request alone, the committed example Triton's clients use with
---dyna, and a stream whose client disappears while its sequence holds the only slot."""
+tritonclient over HTTP and gRPC, under both strategies, without batching and in process: the model's view
+(control tensors, correlation_id(), flags(), state in, shapes), every sequence getting its own state when
+many are interleaved, a bad state output failing its request alone, the committed example Triton's clients
+use with --dyna, and a stream whose client disappears while its sequence holds the only slot."""
 
 from __future__ import annotations
 
@@ -88,9 +88,12 @@ MODELS = {
     "py_oldest": _config(4, "TYPE_STRING",
                          "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }"),
     "py_nobatch": _config(0, "TYPE_UINT64", "", instances=2),  # a slot per instance
+    "py_in_process": _config(4, "TYPE_STRING", "direct { }") +
+    'parameters { key: "in_process" value: { string_value: "true" } }\n',
     "py_one_slot": _config(1, "TYPE_UINT64", ""),
 }
-IDS = {"py_direct": (7001, 7002), "py_oldest": ("alpha", "beta"), "py_nobatch": (7101, 7102)}
+IDS = {"py_direct": (7001, 7002), "py_oldest": ("alpha", "beta"), "py_nobatch": (7101, 7102),
+       "py_in_process": ("gamma", "delta")}
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +128,7 @@ def _infer(client, module, model, v, sid, start=False, end=False) -> tuple[int, 
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("model", ["py_direct", "py_oldest", "py_nobatch"])
+@pytest.mark.parametrize("model", ["py_direct", "py_oldest", "py_nobatch", "py_in_process"])
 def test_the_model_sees_controls_state_and_flags_and_the_server_carries_the_state(server, model, protocol):
     module = httpclient if protocol == "http" else grpcclient
     client = module.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
