@@ -231,6 +231,27 @@ def simple_sequence_model() -> onnx.ModelProto:
     return _model(graph)
 
 
+def simple_dyna_sequence_model() -> onnx.ModelProto:
+    """What Triton's sequence example clients expect of `simple_dyna_sequence` (their `--dyna` option), INT32
+    [batch, 1]: OUTPUT = INPUT + START + END * CORRID, from the START, END, READY and CORRID (UINT64) control
+    inputs, so a sequence's last answer carries its correlation ID. READY is taken and unused."""
+    dims = (-1, 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["CORRID"], ["CORRID32"], to=TensorProto.INT32, name="corrid_int32"),
+            helper.make_node("Mul", ["END", "CORRID32"], ["ENDED"], name="end_corrid"),
+            helper.make_node("Add", ["INPUT", "START"], ["STARTED"], name="add_start"),
+            helper.make_node("Add", ["STARTED", "ENDED"], ["OUTPUT"], name="add_end"),
+            helper.make_node("Identity", ["READY"], ["READY_SEEN"], name="ready"),
+        ],
+        "simple_dyna_sequence",
+        [_tensor(n, TensorProto.INT32, dims) for n in ("INPUT", "START", "END", "READY")]
+        + [_tensor("CORRID", TensorProto.UINT64, dims)],
+        [_tensor("OUTPUT", TensorProto.INT32, dims), _tensor("READY_SEEN", TensorProto.INT32, dims)],
+    )
+    return _model(graph)
+
+
 def write_model(model: onnx.ModelProto, path: Path | str) -> None:
     """Save `model` at `path`, creating parent folders. The same model always gives the same bytes."""
     _write_bytes(model_bytes(model), Path(path))
@@ -250,10 +271,12 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     # The pipelines' ONNX steps; their Python steps (image_preprocess, text_tokenizer, text_postprocess)
     # are committed model.py files.
     "image_classifier": image_classifier_model,
-    # Stateful models for the sequence batcher: an accumulator with implicit state, and the model Triton's
-    # sequence example clients expect under the name simple_sequence.
+    # Stateful models for the sequence batcher: an accumulator with implicit state, and the models Triton's
+    # sequence example clients expect under the names simple_sequence and (with --dyna)
+    # simple_dyna_sequence; their simple_string_dyna_sequence is a committed Python model.
     "sequence_accumulator": accumulator_model,
     "simple_sequence": simple_sequence_model,
+    "simple_dyna_sequence": simple_dyna_sequence_model,
     # A generative model for the generation engine (engine/generate/): 2 layers, ~0.7 MB.
     "tiny_decoder": tiny_decoder_model,
     "text_classifier": text_classifier_model,

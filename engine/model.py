@@ -42,7 +42,12 @@ class Model:
         self._init_version(config, version, model_path)
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
         self.batcher: Batcher | SequenceBatcher
-        if config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
+        if config.sequence_batching is not None and config.backend == "python":
+            from .python_backend.sequence import PythonSequenceBatcher  # one request per row
+
+            self.batcher = PythonSequenceBatcher(config, self.version_str, self.pool, self.stats, router,
+                                                 self._instances_health)
+        elif config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
             self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats)
         elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
             from .python_backend.batcher import RequestBatcher
@@ -77,7 +82,7 @@ class Model:
         failure everything made so far is freed and the error says why."""
         self.labels = await asyncio.to_thread(classification.read_labels, self.config, self.model_dir)
         await self.pool.start()
-        bind = getattr(self.batcher, "bind", None)  # a RequestBatcher wires its instances to the loop
+        bind = getattr(self.batcher, "bind", None)  # a Python model's batcher wires its instances
         if bind is not None:
             bind()
         try:

@@ -26,13 +26,15 @@ from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
-from .sequence_config import ControlKind, SequenceBatchingConfig
+from .sequence_config import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
 from .sequence_policy import Batch, CorrId, Entry, SequencePolicy
 from .stats import ModelStats
 from .types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 
 _UINT64_MAX = 2**64 - 1
 Result = InferenceResponse | EngineError
+_FLAGS: dict[ControlKind, Any] = {ControlKind.START: lambda e: e.start, ControlKind.END: lambda e: e.end,
+                                  ControlKind.READY: lambda e: True}
 
 
 @dataclass(eq=False, slots=True)
@@ -238,25 +240,45 @@ class SequenceBatcher(InflightBatcher):
                                   "requests of one shape only")
                 inputs[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
         for control in self.sequence.controls:
-            if control.kind is ControlKind.CORRID:
-                values: list[Any] = [0 if e is None else e.sequence.corrid for e in rows]
-                if control.datatype is DataType.BYTES:
-                    values = ["" if v == 0 else str(v) for v in values]
-                dtype = np.dtype(np.object_) if control.datatype is DataType.BYTES else \
-                    control.datatype.numpy_dtype
-            else:
-                false, true = control.false_true
-                flag = {ControlKind.START: lambda e: e.start, ControlKind.END: lambda e: e.end,
-                        ControlKind.READY: lambda e: True}[control.kind]
-                values = [false if e is None or not flag(e) else true for e in rows]
-                dtype = control.datatype.numpy_dtype
-            arr = np.array(values, dtype=dtype)
-            inputs[control.name] = arr.reshape(-1, 1) if self._batching else arr
+            inputs[control.name] = self._control_array(control, rows)
         for spec in self.sequence.states:
-            parts = [spec.initial if e is None or e.start or e.sequence.state is None
-                     else e.sequence.state[spec.input_name] for e in rows]
-            inputs[spec.input_name] = np.stack(parts) if self._batching else parts[0]
+            inputs[spec.input_name] = self._state_array(spec, rows)
         return start, inputs
+
+    def _control_array(self, control: ControlInput, rows: list[Entry | None]) -> np.ndarray:
+        """The control input for `rows` in its configured datatype ([rows, 1] when batching, else [1]); a
+        filler row (None) is not ready, neither START nor END, and has no correlation id."""
+        if control.kind is ControlKind.CORRID:
+            values: list[Any] = [0 if e is None else e.sequence.corrid for e in rows]
+            if control.datatype is DataType.BYTES:
+                values = [self._corrid_text(v) for v in values]
+            dtype = np.dtype(np.object_) if control.datatype is DataType.BYTES else \
+                control.datatype.numpy_dtype
+        else:
+            false, true = control.false_true
+            flag = _FLAGS[control.kind]
+            values = [false if e is None or not flag(e) else true for e in rows]
+            dtype = control.datatype.numpy_dtype
+        arr = np.array(values, dtype=dtype)
+        return arr.reshape(-1, 1) if self._batching else arr
+
+    def _corrid_text(self, corrid: CorrId) -> Any:
+        """A string CORRID element as the backend takes it (ONNX Runtime: str)."""
+        return "" if corrid == 0 else str(corrid)
+
+    def _state_array(self, spec: StateSpec, rows: list[Entry | None]) -> np.ndarray:
+        """The state input for `rows`: the sequence's last state output, or the initial state on START (and
+        for filler rows), stacked along a batch dimension when batching."""
+        parts = [spec.initial if e is None or e.start or e.sequence.state is None
+                 else e.sequence.state[spec.input_name] for e in rows]
+        return np.stack(parts) if self._batching else parts[0]
+
+    def _record(self, answered: int, input_ns: int, infer_ns: int, out_start_ns: int) -> None:
+        """One sequence batch executed, answering `answered` requests."""
+        output_ns = time.perf_counter_ns() - out_start_ns
+        self._stats.record_execution(answered, answered, input_ns, infer_ns, output_ns)
+        reasons = self._stats.dispatch_reasons
+        reasons["sequence"] = reasons.get("sequence", 0) + 1
 
     def _results(self, batch: Batch, outputs: dict[str, np.ndarray], input_ns: int, infer_ns: int
                  ) -> list[tuple[Entry, Result]]:
@@ -287,10 +309,7 @@ class SequenceBatcher(InflightBatcher):
                 arr = outputs[out][i:i + 1] if self._batching else outputs[out]
                 tensors.append(Tensor(out, self._output_types[out], arr.shape, arr))
             results.append((entry, InferenceResponse(req.model_name, self._version, tensors, req.id)))
-        output_ns = time.perf_counter_ns() - out_start
-        self._stats.record_execution(len(results), len(results), input_ns, infer_ns, output_ns)
-        reasons = self._stats.dispatch_reasons
-        reasons["sequence"] = reasons.get("sequence", 0) + 1
+        self._record(len(results), input_ns, infer_ns, out_start)
         return results
 
     def _failed(self, batch: Batch, error: Exception) -> list[tuple[Entry, Result]]:

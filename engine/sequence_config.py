@@ -82,9 +82,6 @@ def sequence_batching(msg: pb.ModelConfig, where: str, model_dir: Path | None = 
     """Validate `msg.sequence_batching`; every message names the field. `model_dir` is where an
     `initial_state { data_file }` is read from (`<model>/initial_state/<file>`, as Triton)."""
     sb = msg.sequence_batching
-    if msg.backend == "python" or msg.platform == "python":
-        raise invalid(f"{where}: sequence_batching is not supported yet for Python models; "
-                      "use an ONNX model with implicit state")
     if msg.HasField("dynamic_batching"):
         raise invalid(f"{where}: sequence_batching and dynamic_batching exclude each other")
     if sb.iterative_sequence:

@@ -5,19 +5,24 @@ the `oldest` strategy against `direct` on hubserve.
     flock /work/probes/bench.lock .venv/bin/python perf/bench_sequence.py [--concurrency 8]
         [--oldest-concurrency 16] [--sequence-length 20] [--interval-ms 2000] [--no-triton]
 
-The repository, written to a temporary folder from model_repository/: `simple_sequence` and
-`sequence_accumulator` with their committed configs, and `acc_oldest`, the accumulator with `oldest`
-(`max_candidate_sequences: 16`, no delay) instead of `direct` (8 slots: max_batch_size 8, one instance).
+The repository, written to a temporary folder from model_repository/: `simple_sequence`,
+`simple_dyna_sequence` and `sequence_accumulator` with their committed configs; `acc_oldest`, the
+accumulator with `oldest` (`max_candidate_sequences: 16`, no delay) instead of `direct` (8 slots:
+max_batch_size 8, one instance); `acc_direct16`, the accumulator with `direct` and max_batch_size 16 (16
+slots); and `py_accumulator`, the same accumulator as a Python model with implicit state (`PY_ACCUMULATOR`,
+the accumulator's config with `backend: "python"`).
 
 1. Beside Triton: perf_analyzer `--sequence-length` sync over HTTP and gRPC, and `--streaming` over gRPC, at
    `--concurrency` (perf_analyzer keeps that many sequences live). Triton's repository is generated from the
    same configs by `perf/peers/repos.py` (Python-backend models running the same model.onnx with ONNX
    Runtime, the same `sequence_batching` with its control inputs and state) into `.peers/seq_triton_repo/`.
    Triton's Python backend does not carry implicit state (ACC_IN arrives as the initial zeros on every
-   request: ACC_OUT is not kept; `_accumulates` checks it before the run), so only `simple_sequence` (a
-   control input, no state) is compared; hubserve also runs `sequence_accumulator`.
+   request: ACC_OUT is not kept; `_accumulates` checks it before the run), so only the models without state
+   are compared: `simple_sequence` (START) and `simple_dyna_sequence` (Triton's example: `oldest`, 2
+   instances, START, END, READY and a UINT64 CORRID). hubserve also runs `sequence_accumulator` and
+   `py_accumulator` (implicit state through ONNX Runtime and through a Python model).
 2. `direct` vs `oldest`: the accumulator at `--oldest-concurrency` (16 live sequences) over gRPC streaming
-   and HTTP sync.
+   and HTTP sync: `direct` with 8 slots (the example's config) and with 16, `oldest` with 16 candidates.
 
 Each cell is one perf_analyzer run (`--input-data zero`; its default stability rules, see
 hubserve_harness/perf_analyzer.py); the report is markdown with the exact commands.
@@ -44,20 +49,51 @@ TRITON_REPO = servers.PEERS_DIR / "seq_triton_repo"
 TRITON_SITE_PACKAGES = servers.PEERS_DIR / "triton/lib/python3.11/site-packages"
 ACCUMULATOR = "sequence_accumulator"
 OLDEST = "acc_oldest"
+DIRECT16 = "acc_direct16"
+PY_ACCUMULATOR = "py_accumulator"
+DYNA = "simple_dyna_sequence"
+COMPARED = ("simple_sequence", DYNA)  # beside Triton: control inputs, no state
+STRATEGIES = {ACCUMULATOR: "direct, 8 slots", DIRECT16: "direct, 16 slots", OLDEST: "oldest, 16 candidates"}
+# The accumulator as a Python model: ACC_OUT = INPUT + ACC_IN * (1 - START), OUTPUT = ACC_OUT, per request.
+PY_ACCUMULATOR_SOURCE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            def tensor(name):
+                return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+
+            total = tensor("INPUT") + tensor("ACC_IN") * (1 - tensor("START"))
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT", total), pb_utils.Tensor("ACC_OUT", total)]))
+        return responses
+'''
 MODES = (("http", False), ("grpc", False), ("grpc", True))  # (protocol, --streaming)
 
 
 def build(root: Path) -> None:
-    examples.build_repository(root, ["simple_sequence", ACCUMULATOR])
-    for name in ("simple_sequence", ACCUMULATOR):
+    examples.build_repository(root, ["simple_sequence", DYNA, ACCUMULATOR])
+    for name in ("simple_sequence", DYNA, ACCUMULATOR):
         shutil.copy(ROOT / "model_repository" / name / "config.pbtxt", root / name / "config.pbtxt")
     text = (root / ACCUMULATOR / "config.pbtxt").read_text()
-    text = text.replace(f'name: "{ACCUMULATOR}"', f'name: "{OLDEST}"').replace(
-        "max_sequence_idle_microseconds: 5000000",
-        "max_sequence_idle_microseconds: 5000000\n  oldest { max_candidate_sequences: 16 }")
-    (root / OLDEST / "1").mkdir(parents=True)
-    (root / OLDEST / "config.pbtxt").write_text(text)
-    shutil.copy(root / ACCUMULATOR / "1" / "model.onnx", root / OLDEST / "1" / "model.onnx")
+    variants = {
+        OLDEST: text.replace("max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: "
+                             "5000000\n  oldest { max_candidate_sequences: 16 }"),
+        DIRECT16: text.replace("max_batch_size: 8", "max_batch_size: 16"),
+    }
+    for name, config in variants.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config.replace(f'name: "{ACCUMULATOR}"', f'name: "{name}"'))
+        shutil.copy(root / ACCUMULATOR / "1" / "model.onnx", root / name / "1" / "model.onnx")
+    (root / PY_ACCUMULATOR / "1").mkdir(parents=True)
+    (root / PY_ACCUMULATOR / "1" / "model.py").write_text(PY_ACCUMULATOR_SOURCE)
+    python = text.replace(f'name: "{ACCUMULATOR}"\nplatform: "onnxruntime_onnx"',
+                          f'name: "{PY_ACCUMULATOR}"\nbackend: "python"')
+    assert 'backend: "python"' in python
+    (root / PY_ACCUMULATOR / "config.pbtxt").write_text(python)
 
 
 def _accumulates(url: str, model: str) -> bool:
@@ -121,13 +157,13 @@ def main() -> int:
         build(root)
         server = start_server(root, Path(tmp) / "hubserve.log")
         try:
-            assert _accumulates(server.http_url, ACCUMULATOR) and _accumulates(server.http_url, OLDEST)
-            for model in ("simple_sequence", ACCUMULATOR):
+            assert all(_accumulates(server.http_url, m) for m in (ACCUMULATOR, PY_ACCUMULATOR, *STRATEGIES))
+            for model in (*COMPARED, ACCUMULATOR, PY_ACCUMULATOR):
                 for protocol, streaming in MODES:
                     url = server.grpc_url if protocol == "grpc" else server.http_url
                     side.setdefault((model, _mode(protocol, streaming)), {})["hubserve"] = _run(
                         model, url, protocol, streaming, args.concurrency, args)
-            for model in (ACCUMULATOR, OLDEST):
+            for model in STRATEGIES:
                 for protocol, streaming in (("grpc", True), ("http", False)):
                     url = server.grpc_url if protocol == "grpc" else server.http_url
                     strategies[(model, _mode(protocol, streaming))] = _run(
@@ -136,7 +172,7 @@ def main() -> int:
             server.stop()
         triton_state = "not run"
         if not args.no_triton and triton_missing is None:
-            models = [repos.served_model(root, m) for m in ("simple_sequence", ACCUMULATOR)]
+            models = [repos.served_model(root, m) for m in (*COMPARED, ACCUMULATOR)]
             repos.write_triton_repo(models, TRITON_REPO, TRITON_SITE_PACKAGES)
             default_repo = str(servers.PEERS_DIR / "triton_repo")
             kind = replace(servers.TRITON, command=lambda p, m: [
@@ -145,9 +181,10 @@ def main() -> int:
             try:
                 triton_state = "works" if _accumulates(triton.url("http"), ACCUMULATOR) else \
                     "does not work (running sums wrong: the Python backend does not carry the state)"
-                for protocol, streaming in MODES:
-                    side[("simple_sequence", _mode(protocol, streaming))]["triton"] = _run(
-                        "simple_sequence", triton.url(protocol), protocol, streaming, args.concurrency, args)
+                for model in COMPARED:
+                    for protocol, streaming in MODES:
+                        side[(model, _mode(protocol, streaming))]["triton"] = _run(
+                            model, triton.url(protocol), protocol, streaming, args.concurrency, args)
             finally:
                 triton.stop()
     lines += [f"### Beside Triton 2.51: concurrency {args.concurrency}, sequence length "
@@ -156,15 +193,14 @@ def main() -> int:
               "| model | mode | hubserve | Triton 2.51 |", "|---|---|---|---|"]
     for (model, mode), results in side.items():
         triton_cell = _cell(results["triton"]) if "triton" in results else \
-            ("implicit state unsupported by Triton's Python backend" if model == ACCUMULATOR else "not run")
+            ("implicit state unsupported by Triton's Python backend" if model not in COMPARED else "not run")
         lines.append(f"| {model} | {mode} | {_cell(results['hubserve'])} | {triton_cell} |")
     lines += ["", f"Triton, implicit state through its Python backend: {triton_state}."
               + (f" Triton not run: {triton_missing}" if triton_missing else ""), "",
               f"### `direct` vs `oldest` on hubserve, concurrency {args.oldest_concurrency}", "",
               "| model | strategy | mode | infer/s (p99) |", "|---|---|---|---|"]
     for (model, mode), result in strategies.items():
-        strategy = "oldest, 16 candidates" if model == OLDEST else "direct, 8 slots"
-        lines.append(f"| {model} | {strategy} | {mode} | {_cell(result)} |")
+        lines.append(f"| {model} | {STRATEGIES[model]} | {mode} | {_cell(result)} |")
     last = next(iter(strategies.values()))
     lines += ["", "perf_analyzer command (one of them; model, protocol and concurrency vary): "
               + _command(last), ""]

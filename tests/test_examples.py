@@ -18,7 +18,8 @@ from engine import examples
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
 SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity",
-                  "sequence_accumulator", "simple_sequence", "tiny_decoder"]  # not mlp_large
+                  "sequence_accumulator", "simple_sequence", "simple_dyna_sequence",
+                  "tiny_decoder"]  # not mlp_large
 
 # Datatypes onnxruntime's CPU provider runs Identity on with plain numpy inputs. BF16 has no numpy dtype: it
 # needs OrtValues (test_identity_bf16_through_ort_values).
@@ -377,7 +378,7 @@ def test_build_repository_subset_and_unknown_names(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["strings"]  # nothing built on a bad request
     assert list(examples.EXAMPLES) == ["simple", "mlp", "mlp_large", "strings", "image", "simple_string",
                                        "simple_identity", "image_classifier",
-                                       "sequence_accumulator", "simple_sequence",
+                                       "sequence_accumulator", "simple_sequence", "simple_dyna_sequence",
                                        "tiny_decoder", "text_classifier"]
     assert examples.EXAMPLE_ENSEMBLES == ("image_pipeline", "text_pipeline")
 
@@ -460,3 +461,12 @@ def test_simple_sequence_adds_start():
     col = lambda *v: np.array(v, dtype=np.int32).reshape(-1, 1)  # noqa: E731
     (out,) = sess.run(["OUTPUT"], {"INPUT": col(0, 11, 100), "START": col(1, 0, 1)})
     assert out.ravel().tolist() == [1, 11, 101]
+
+
+def test_simple_dyna_sequence_adds_start_and_the_correlation_id_on_end():
+    sess = session(examples.EXAMPLES["simple_dyna_sequence"]())
+    col = lambda *v, t=np.int32: np.array(v, dtype=t).reshape(-1, 1)  # noqa: E731
+    feed = {"INPUT": col(0, 11, 1), "START": col(1, 0, 0), "END": col(0, 0, 1), "READY": col(1, 1, 1),
+            "CORRID": col(1000, 1000, 1001, t=np.uint64)}
+    (out,) = sess.run(["OUTPUT"], feed)
+    assert out.ravel().tolist() == [1, 11, 1002]

@@ -1,7 +1,9 @@
 """Triton's Python backend: models written as `<version>/model.py` with `class TritonPythonModel`.
 
 Request path (modules in order): batcher.py (`RequestBatcher`: one answer per request, checked against the
-config) → backend.py (`IsolatedInstance` per instance process, `InProcessInstance` on the instance thread) →
+config by answers.py; sequence.py's `PythonSequenceBatcher` for sequence models, one request per batch row,
+with control inputs and implicit state) → backend.py (`IsolatedInstance` per instance process,
+`InProcessInstance` on the instance thread) →
 process.py (the engine's side of an instance process: spawn, handshake, watchdog, exit) → channel.py (frames
 on the socket, tensors in shared memory through engine/shm.py) → stub.py (the instance process) → runner.py
 (loads model.py, calls initialize / execute / finalize, converts responses) → pb_utils.py (the API the model

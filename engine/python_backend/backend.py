@@ -84,7 +84,14 @@ def request_meta(config: ModelConfig, request: InferenceRequest) -> RequestMeta:
 
 
 def _input_types(config: ModelConfig) -> dict[str, DataType]:
-    return {spec.name: spec.datatype for spec in config.inputs}
+    """Every tensor a request may hand the model: its inputs, and a sequence model's control inputs and
+    implicit states (python_backend/sequence.py)."""
+    types = {spec.name: spec.datatype for spec in config.inputs}
+    sequence = config.sequence_batching
+    if sequence is not None:
+        types.update({c.name: c.datatype for c in sequence.controls})
+        types.update({s.input_name: s.datatype for s in sequence.states})
+    return types
 
 
 def _failed_batch(instance: str, message: str) -> EngineError:
