@@ -4,14 +4,17 @@ task per request; the JSON mapping is generate_codec.py's, the event framing sse
 
 What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRequestClass):
 1. the model's input metadata is looked up (an unknown model or version fails here), the body parsed and
-   mapped to an inference; every failure so far, and whatever the submission refuses (a missing input, a
-   full queue), is a plain JSON error with its status, on both endpoints;
+   mapped to an inference;
 2. the responses come from `_responses`, the one seam to the engine;
-3. `generate` answers the one response as JSON (an error response with its status; other than one
-   response is INTERNAL); `generate_stream` writes each response as an event as it comes, with the status
-   of the first (200, or an error's: Triton sets the status from the first response), `text/event-stream`,
-   chunked; an error becomes an `{"error": ...}` event and ends the stream; a response that only says
+3. `generate` answers the one response as JSON (other than one response is INTERNAL); `generate_stream`
+   writes each response as an event as it comes, `text/event-stream`, chunked, status 200; an error after
+   the first response becomes an `{"error": ...}` event and ends the stream; a response that only says
    "final" writes nothing.
+Every error before the first response is a plain JSON error with its status, on both endpoints: Triton's
+answer to a request that fails before inference (a missing input, an unknown model). Triton streams an
+error of the first response itself as an event (with the error's status); that one case is JSON here,
+because with --workers 2 an error that the engine's submission refused and one the model raised arrive
+alike, and both layouts must answer the same.
 A client that disconnects cancels the task (the connection cancels its in-flight future), which closes the
 iterator, which cancels the request.
 """
@@ -20,13 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from ..errors import EngineError, ErrorCode, invalid
+from ..errors import EngineError, invalid
 from ..types import InferenceRequest, InferenceResponse
 from . import sse
 from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
@@ -58,14 +61,12 @@ class Submitter(Protocol):
 def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
                ) -> AsyncIterator[StreamedResponse]:
     """THE SEAM between the generate endpoints and the engine: the responses of `request`, in order, the
-    last one `final`. Raises at once (EngineError) for what fails before inference: an unknown model, a
-    request the model refuses, a full queue; an error of the inference itself is raised from the iterator.
-    Closing the iterator early cancels the request.
+    last one `final`. Errors (EngineError) are raised from the iterator, or at once; closing the iterator
+    early cancels the request.
 
     Today every model answers a request once, so this is the unary path: one submission, one final
     response. Once decoupled models exist this body becomes `dataplane.infer_stream(request)` and nothing
-    else changes (an iterator that raises even its early errors lazily only turns them into a stream's
-    first event, with the error's status, instead of a JSON error)."""
+    else changes."""
     future = dataplane.submit(request, start_ns)
     return _one_response(future)
 
@@ -80,12 +81,11 @@ async def _one_response(future: asyncio.Future[InferenceResponse]) -> AsyncItera
 
 async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: str, version: str,
                           body: bytes | bytearray, max_input_bytes: int, start_ns: int,
-                          stream: ResponseStream | None, status: Mapping[ErrorCode, int]) -> Answer | None:
+                          stream: ResponseStream | None) -> Answer | None:
     """One generate request, run as the route's task. `stream` None: `generate`, the answer returned (an
     EngineError raised is answered as JSON with its status by the route). Otherwise `generate_stream`: an
-    error before inference is raised likewise; once responses come they are written through `stream`, with
-    the status `status` gives an error first in the stream, and None is returned (the connection then ends
-    the chunked body)."""
+    error before the first response is raised likewise; from the first response on, everything is written
+    through `stream` and None is returned (the connection then ends the chunked body)."""
     inputs = input_metadata(await metadata(name, version))
     try:
         doc = orjson.loads(body) if body.strip() else {}
@@ -96,7 +96,7 @@ async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: 
     try:
         if stream is None:
             return await _collect(responses)
-        await _stream(responses, stream, status)
+        await stream_responses(responses, stream)
         return None
     finally:  # also when cancelled (the client left): closing the iterator cancels the request
         close = getattr(responses, "aclose", None)
@@ -112,38 +112,32 @@ async def _collect(responses: AsyncIterator[StreamedResponse]) -> Answer:
     return 200, encode_generate(answers[0]), _JSON, b""
 
 
-async def _stream(responses: AsyncIterator[StreamedResponse], stream: ResponseStream,
-                  status: Mapping[ErrorCode, int]) -> None:
-    """`generate_stream`: an event per response, written as it comes; the first response (or error) sets
-    the status. An error ends the stream with its event."""
+async def stream_responses(responses: AsyncIterator[StreamedResponse], stream: ResponseStream) -> None:
+    """`generate_stream`: an event per response, written as it comes, after a 200 head sent with the first
+    one. An error before it is raised (a JSON answer); after it, it is the stream's last event."""
     started = False
     while True:
         try:
             item = await anext(responses)
         except StopAsyncIteration:
             break
-        except EngineError as e:
-            _start(stream, started, status[e.code])
-            stream.send(sse.error_event(e.message))
-            return
-        except Exception as e:  # a bug: the client still learns the stream failed
-            log.exception("generate_stream failed")
-            _start(stream, started, status[ErrorCode.INTERNAL])
-            stream.send(sse.error_event(f"internal error: {e}"))
+        except Exception as e:
+            if not started:
+                raise
+            if not isinstance(e, EngineError):  # a bug: the client still learns the stream failed
+                log.exception("generate_stream failed")
+            stream.send(sse.error_event(e.message if isinstance(e, EngineError) else f"internal error: {e}"))
             return
         if item.response is not None:
-            started = _start(stream, started, 200)
+            if not started:
+                stream.start(200, sse.CONTENT_TYPE)
+                started = True
             stream.send(sse.data_event(encode_generate(item.response)))
             await stream.drain()
         if item.final:
             break
-    _start(stream, started, 200)  # no response at all: an empty stream, as Triton's flag-only answer
+    if not started:  # no response at all: an empty stream, as Triton answers a flag-only response
+        stream.start(200, sse.CONTENT_TYPE)
 
 
-def _start(stream: ResponseStream, started: bool, status: int) -> bool:
-    if not started:
-        stream.start(status, sse.CONTENT_TYPE)
-    return True
-
-
-__all__ = ["MetadataSource", "StreamedResponse", "Submitter", "answer_generate"]
+__all__ = ["MetadataSource", "StreamedResponse", "Submitter", "answer_generate", "stream_responses"]

@@ -191,7 +191,7 @@ class HttpRoutes:
             body = _body(req, self.limits.max_body_bytes)
             stream = req.stream if action == "generate_stream" else None
             return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
-                                               self.limits.max_body_bytes, req.start_ns, stream, STATUS),
+                                               self.limits.max_body_bytes, req.start_ns, stream),
                                on_done)
         if method not in (b"GET", b"HEAD"):
             return _error(405, f"{action or 'metadata'} needs GET")
