@@ -262,3 +262,18 @@ def _within(seconds: float, condition) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def test_a_large_event_reaches_a_slow_reader_whole(server):
+    """A 4 MiB event is more than the socket buffers hold before we read (the server's transport pauses and
+    the route waits in drain()); it still arrives whole, in one chunk, and the connection serves on."""
+    text = "x" * (4 << 20)
+    conn = Connection(server.http_port)
+    try:
+        conn.send("simple_identity/generate_stream", {"INPUT0": text})
+        conn.send("simple/generate", SIMPLE)
+        first = conn.read()
+        assert len(first.chunks) == 1 and first.events()[0]["OUTPUT0"] == text
+        assert conn.read().json()["OUTPUT0"] == SUM
+    finally:
+        conn.close()
