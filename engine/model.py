@@ -202,7 +202,7 @@ class Model:
             given[tensor.name] = (position, reshape)
         missing = [n for n in self._required if n not in given]
         if missing:
-            raise invalid(f"model '{self.name}' expects input '{missing[0]}', which the request lacks")
+            raise self._missing_inputs(list(given), missing)
         if request.outputs is not None:
             seen = set()
             for out in request.outputs:
@@ -218,6 +218,15 @@ class Model:
                     raise invalid(f"output '{out.name}' is requested more than once")
                 seen.add(out.name)
         return tuple((name, *given[name]) for name in self._inputs if name in given)
+
+    def _missing_inputs(self, given: list[str], missing: list[str]) -> EngineError:
+        """Triton's words for a request without a required input (core src/infer_request.cc)."""
+        total = len(self._inputs)
+        expected = (f"{total} inputs" if total == len(self._required)
+                    else f"number of inputs between {len(self._required)} and {total}")
+        return invalid(f"expected {expected} but got {len(given)} inputs for model '{self.name}'. Got "
+                       f"input(s) [{','.join(repr(n) for n in given)}], but missing required input(s) "
+                       f"[{','.join(repr(n) for n in missing)}]. Please provide all required input(s).")
 
     def _check_shape(self, spec: TensorSpec, shape: tuple[int, ...]) -> None:
         cfg = self.config

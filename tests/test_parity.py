@@ -277,9 +277,6 @@ def test_unserved_extensions_are_unimplemented_on_both_protocols(client):
     ("GET", "cudasharedmemory/region/r/status", "cuda_shared_memory"),
     ("POST", "trace/setting", "trace"), ("GET", "models/simple/versions/1/trace/setting", "trace"),
     ("GET", "logging", "logging"),
-    ("POST", "models/simple/generate", "generate"),
-    ("POST", "models/simple/versions/1/generate_stream", "generate"),
-    ("POST", "models/no_such_model/generate", "generate"),
 ])
 def test_unserved_http_endpoints_answer_501_in_json(parity_server, method, path, extension):
     request = urllib.request.Request(f"http://{parity_server.http_url}/v2/{path}", method=method,

@@ -12,7 +12,13 @@ What one client cannot do through it (the limits are `HttpLimits`):
 - stall: a head must be complete within `client_timeout_secs` of its first byte and a body may pause no longer
   (408); answers left unread that long abort the connection; `idle_timeout_secs` with nothing in flight closes
   it. The owner's one sweeper calls `sweep()`: no timer per request;
-- pile up pipelined requests: with one in flight and another complete one waiting, reading pauses.
+- pile up pipelined requests: with one in flight and another complete one waiting, reading pauses;
+- buffer a streamed answer (generate_stream) it does not read: the route awaits `drain()` after each piece,
+  which waits while the transport is paused.
+
+A streamed answer goes out as it is produced, through the connection's `ResponseStream` methods (`start`,
+`send`, `drain`), chunked (RFC 9112 §7.1); to a client that asked for `Connection: close` (every HTTP/1.0
+client without keep-alive) it is close-delimited instead, which needs no chunked decoding.
 
 A body lives in its request object only, and the parser's callbacks (our bound methods, a reference cycle) are
 cut loose when the connection ends, so buffers are freed by reference counting, not by the cycle collector.
@@ -33,6 +39,7 @@ import orjson
 
 from .admission import client_of, close_refused
 from .http_types import Answer, HttpRequest, Pending
+from .sse import LAST_CHUNK, chunk
 
 if TYPE_CHECKING:
     from .http import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
@@ -82,6 +89,9 @@ class HttpProtocol(asyncio.Protocol):
         self._inflight: Pending | None = None
         self._inflight_req: HttpRequest | None = None
         self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
+        self._streamed: bool | None = None  # a streamed answer's head is out: whether it is chunked
+        self._streamed_keep = False  # and whether the connection stays open after it
+        self._drained: asyncio.Future[None] | None = None  # a streaming route waiting in drain()
         self._done = False  # no more answers on this connection (closing, lingering or gone)
         self._reading_paused = False
         self._write_paused_at = 0.0
@@ -124,7 +134,8 @@ class HttpProtocol(asyncio.Protocol):
             self._admitted = None
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
-            inflight.future.cancel()  # the batcher drops it from its queue
+            inflight.future.cancel()  # the batcher drops it from its queue; a streaming route's task ends
+        self._wake_drain()
         large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES
                     for r in (self._current, self._inflight_req, *self._queue))
         # Break the reference cycle (the parser's callbacks are our bound methods) and drop every request.
@@ -166,6 +177,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused_at = 0.0
+        self._wake_drain()
         if self._inflight is None:
             self._next()
 
@@ -256,6 +268,7 @@ class HttpProtocol(asyncio.Protocol):
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
+            req.stream = self
             answer = self._owner.handle(req, self._on_done)
             if isinstance(answer, tuple):
                 self._respond(req, answer)
@@ -279,16 +292,22 @@ class HttpProtocol(asyncio.Protocol):
         self._inflight = self._inflight_req = None
         if req is None or self._done:
             return
-        self._respond(req, pending.answer())
+        if self._streamed is not None:
+            self._end_stream(req, fut)
+        else:
+            self._respond(req, pending.answer())
         self._next()
 
     def _respond(self, req: HttpRequest, answer: Answer) -> None:
-        # Draining: close after this answer, unless more of this client's requests are already here.
-        keep = req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
-                                       and not self._in_body and self._final is None)
-        self._write(answer, keep)
+        self._write(answer, self._keep(req))
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
+
+    def _keep(self, req: HttpRequest) -> bool:
+        """Whether the connection stays open after answering `req`. Draining: close after this answer,
+        unless more of this client's requests are already here."""
+        return req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
+                                       and not self._in_body and self._final is None)
 
     def _write(self, answer: Answer, keep: bool) -> None:
         transport = self._transport
@@ -307,6 +326,56 @@ class HttpProtocol(asyncio.Protocol):
         self._last_tx = _monotonic()
         if not keep:
             self._close_gracefully()
+
+    # ------------------------------------------------------------------ streamed answers (ResponseStream)
+
+    def start(self, status: int, content_type: bytes) -> None:
+        """The head of the in-flight request's streamed answer, once."""
+        req, transport = self._inflight_req, self._transport
+        if req is None or transport is None or self._streamed is not None:
+            return
+        keep = self._keep(req)
+        self._streamed, self._streamed_keep = keep, keep  # chunked only when the connection stays open
+        framing = b"Transfer-Encoding: chunked\r\n" if keep else b"Connection: close\r\n"
+        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n" % (
+            status, REASONS.get(status, b"Unknown"), content_type, framing))
+        self._last_tx = _monotonic()
+
+    def send(self, data: bytes) -> None:
+        """One piece of the streamed answer, written now (TCP_NODELAY: it leaves at once)."""
+        transport = self._transport
+        if transport is None or self._streamed is None or not data:
+            return
+        transport.write(chunk(data) if self._streamed else data)
+        self._last_tx = _monotonic()
+
+    async def drain(self) -> None:
+        """Returns once the transport takes more (at once unless the client leaves what we sent unread)."""
+        while self._write_paused_at and self._transport is not None:
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._drained)
+
+    def _wake_drain(self) -> None:
+        waiter, self._drained = self._drained, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _end_stream(self, req: HttpRequest, fut: asyncio.Future[Any]) -> None:
+        """The streaming route's task is done: end the body (the last chunk, or the close)."""
+        chunked, keep = self._streamed, self._streamed_keep
+        self._streamed = None
+        if not fut.cancelled() and fut.exception() is not None:
+            log.error("HTTP %s: streamed answer failed: %r", self._peer, fut.exception())
+            keep = False
+        transport = self._transport
+        if transport is not None and chunked:
+            transport.write(LAST_CHUNK)
+            self._last_tx = _monotonic()
+        if not keep:
+            self._close_gracefully()
+        if len(req.body) >= LARGE_BODY_BYTES:
+            self._owner.large_body_dropped()
 
     def _fail(self, status: int, message: str) -> None:
         """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after

@@ -1,5 +1,7 @@
 """KServe v2 over HTTP/1.1: the endpoints. `HttpRoutes.handle()` turns a parsed request into an `Answer`, or
-a `Pending` one for work that finishes later (an inference, a repository load or unload).
+a `Pending` one for work that finishes later (an inference, a generate request, a repository load or
+unload). The generate extension (generate.py) runs in a task per request; `generate_stream` writes its
+events through the connection's `ResponseStream` while that task runs.
 
 Routing splits the path, no routing table. Inference creates no task: the connection's `on_done` becomes
 the data plane's one done-callback, and `_Infer` answers from that future. Errors leave as
@@ -22,6 +24,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
+from .generate import MetadataSource, answer_generate
 from .http_codec import (
     HEADER_LENGTH,
     HeaderCache,
@@ -129,10 +132,14 @@ class HttpRoutes:
     """The endpoints, over the data plane. One per server (`HttpApp` holds it); keeps the tasks of the
     routes answered later (compressed inferences, repository load and unload) until they are done."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, metadata: MetadataSource | None = None
+                 ) -> None:
+        """`metadata` is where the generate endpoints learn a model's inputs: the data plane's metadata by
+        default; a frontend process asks the engine (workers/forwarding.py)."""
         self.dp = dataplane
         self.limits = limits
         self.header_cache = HeaderCache()
+        self.metadata = metadata or self._local_metadata
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
@@ -189,6 +196,14 @@ class HttpRoutes:
             if method != b"POST":
                 return _error(405, "infer needs POST")
             return self._infer(req, name, version, on_done)
+        if action in _GENERATE:
+            if method != b"POST":
+                return _error(405, f"{action} needs POST")
+            body = _body(req, self.limits.max_body_bytes)
+            stream = req.stream if action == "generate_stream" else None
+            return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
+                                               self.limits.max_body_bytes, req.start_ns, stream),
+                               on_done)
         if method not in (b"GET", b"HEAD"):
             return _error(405, f"{action or 'metadata'} needs GET")
         if action == "":
@@ -217,6 +232,9 @@ class HttpRoutes:
             return _Infer(self.dp.submit(request, req.start_ns, on_done), request)
         future = self.dp.submit(request, req.start_ns)
         return self._spawn(_compressed_answer(future, request, encoding), on_done)
+
+    async def _local_metadata(self, name: str, version: str) -> dict[str, Any]:
+        return self.dp.model_metadata(name, version)
 
     def _index(self, req: HttpRequest) -> Answer:
         doc = _json_body(req, self.limits.max_body_bytes)
@@ -252,6 +270,9 @@ class HttpRoutes:
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(on_done)
         return Deferred(task)
+
+
+_GENERATE = ("generate", "generate_stream")  # the generate extension (frontend/generate.py)
 
 
 def _base64(key: str, value: Any) -> bytes:
@@ -310,8 +331,6 @@ def _unserved(rest: list[str]) -> str | None:
         tail = rest[2:]
         if len(tail) >= 2 and tail[0] == "versions":
             tail = tail[2:]
-        if tail in (["generate"], ["generate_stream"]):
-            return "generate"
         if tail == ["trace", "setting"]:
             return "trace"
     return None

@@ -1,6 +1,7 @@
 """What the HTTP/1.1 connection (http_connection.py) and the routes (http_routes.py) hand each other: the
-parsed `HttpRequest`, an `Answer` now or a `Pending` one later with its `OnDone`, and `HttpLimits`, what one
-connection may cost. Neither side imports the other: both import these.
+parsed `HttpRequest`, an `Answer` now or a `Pending` one later with its `OnDone`, the `ResponseStream` a
+route may write a streamed answer through, and `HttpLimits`, what one connection may cost. Neither side
+imports the other: both import these.
 """
 
 from __future__ import annotations
@@ -27,10 +28,25 @@ class HttpLimits:
     idle_timeout_secs: float = 300.0
 
 
-class HttpRequest:
-    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray."""
+class ResponseStream(Protocol):
+    """A streamed answer (generate_stream), written while its `Pending` is in flight: `start` once (the
+    head, chunked transfer encoding), then `send` each piece as it is produced, `drain` awaited between them
+    (it returns once the client has read enough, so a slow reader holds at most a few pieces). The Pending's
+    future then resolves with None, and the connection ends the body. Every call is a no-op once the client
+    is gone: the connection cancels the future then."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "url")
+    def start(self, status: int, content_type: bytes) -> None: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class HttpRequest:
+    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
+    is the connection's, set when the request is dispatched."""
+
+    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "stream", "url")
 
     def __init__(self) -> None:
         self.method = b""
@@ -39,6 +55,7 @@ class HttpRequest:
         self.body: bytes | bytearray = b""
         self.keep_alive = True
         self.start_ns = time.perf_counter_ns()
+        self.stream: ResponseStream | None = None
 
 
 # How a connection learns that its in-flight answer is ready: called once with the `Pending`'s future.
@@ -56,4 +73,4 @@ class Pending(Protocol):
     def answer(self) -> Answer: ...
 
 
-__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending"]
+__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "ResponseStream"]

@@ -9,16 +9,21 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
+import orjson
+
+from ..errors import EngineError, ErrorCode
 from ..frontend.grpc_handlers import GrpcHandlers, health
-from ..frontend.http_routes import Deferred, HttpRoutes
+from ..frontend.http_routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
 from .remote import EngineClient
 
 log = logging.getLogger("hubserve.workers")
 
-_INFER_SUFFIX = b"/infer"
+_LOCAL_SUFFIXES = (b"/infer", b"/generate", b"/generate_stream")  # decoded here, submitted as inferences
+_CODE_OF_STATUS = {status: code for code, status in STATUS.items()}
 # The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
 # same in every process.
 FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
@@ -28,21 +33,40 @@ HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports 
 
 
 class FrontendRoutes:
-    """`handle` as HttpRoutes has it: POST …/infer goes to the local routes (decoded here, over the engine
-    client); any other request is forwarded, and the engine's HttpRoutes answers it. Only inference is
-    decoded here: every other route reads the repository or statistics, which only the engine has."""
+    """`handle` as HttpRoutes has it: POST …/infer, …/generate and …/generate_stream go to the local routes
+    (decoded here, submitted over the engine client); any other request is forwarded, and the engine's
+    HttpRoutes answers it. Only inference is decoded here: every other route reads the repository or
+    statistics, which only the engine has.
+
+    A generate request needs the model's inputs to map its JSON: the frontend asks the engine for the
+    model's metadata (a forwarded GET, as Triton's own generate handler reads the metadata per request),
+    then submits the inference like any other. So a stream's responses come through the same channel as
+    inference answers, rather than as one forwarded answer that could hold only a finished body."""
 
     def __init__(self, client: EngineClient, limits: HttpLimits) -> None:
-        self.local = HttpRoutes(client, limits)  # type: ignore[arg-type]  # only submit() is reached
+        # only submit() of the client is reached: metadata comes through _metadata
+        self.local = HttpRoutes(client, limits, self._metadata)  # type: ignore[arg-type]
         self._client = client
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_INFER_SUFFIX):
+        if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_LOCAL_SUFFIXES):
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
         future = self._client.forward(HTTP, (req.method, req.url, req.headers, body))
         future.add_done_callback(on_done)
         return _Forwarded(future)
+
+
+    async def _metadata(self, name: str, version: str) -> dict[str, Any]:
+        """The model's metadata from the engine; its error (an unknown model, say) as the engine said it."""
+        url = f"/v2/models/{quote(name, safe='')}"
+        if version:
+            url += f"/versions/{quote(version, safe='')}"
+        status, body, _, _ = await self._client.forward(HTTP, (b"GET", url.encode(), {}, b""))
+        doc = orjson.loads(body)  # the engine sends a body as one bytes object (control.py _flat)
+        if status != 200:
+            raise EngineError(_CODE_OF_STATUS.get(status, ErrorCode.INTERNAL), doc.get("error", ""))
+        return doc  # type: ignore[no-any-return]
 
 
 class _Forwarded(Deferred):

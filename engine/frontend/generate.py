@@ -1,0 +1,143 @@
+"""The generate extension over HTTP: `POST /v2/models/{m}[/versions/{v}]/generate` (one JSON answer) and
+`.../generate_stream` (server-sent events, one per response). http_routes.py runs `answer_generate` in a
+task per request; the JSON mapping is generate_codec.py's, the event framing sse.py's.
+
+What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRequestClass):
+1. the model's input metadata is looked up (an unknown model or version fails here), the body parsed and
+   mapped to an inference;
+2. the responses come from `_responses`, the one seam to the engine;
+3. `generate` answers the one response as JSON (other than one response is INTERNAL); `generate_stream`
+   writes each response as an event as it comes, `text/event-stream`, chunked, status 200; an error after
+   the first response becomes an `{"error": ...}` event and ends the stream; a response that only says
+   "final" writes nothing.
+Every error before the first response is a plain JSON error with its status, on both endpoints: Triton's
+answer to a request that fails before inference (a missing input, an unknown model). Triton streams an
+error of the first response itself as an event (with the error's status); that one case is JSON here,
+because with --workers 2 an error that the engine's submission refused and one the model raised arrive
+alike, and both layouts must answer the same.
+A client that disconnects cancels the task (the connection cancels its in-flight future), which closes the
+iterator, which cancels the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from ..errors import EngineError, invalid
+from ..types import InferenceRequest, InferenceResponse
+from . import sse
+from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
+from .http_types import Answer, ResponseStream
+
+log = logging.getLogger("hubserve.http")
+
+# (model name, version) → the model's metadata as the metadata endpoint answers it; raises EngineError.
+MetadataSource = Callable[[str, str], Awaitable[dict[str, Any]]]
+_JSON = b"application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedResponse:
+    """One response of a request on the streaming path: `response` None for one that only says `final`."""
+
+    response: InferenceResponse | None
+    final: bool
+
+
+class Submitter(Protocol):
+    """What `_responses` needs of the engine: DataPlane here, workers/remote.py's EngineClient in a
+    frontend process."""
+
+    def submit(self, request: InferenceRequest, start_ns: int = ..., on_done: Any = ...
+               ) -> asyncio.Future[InferenceResponse]: ...
+
+
+def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
+               ) -> AsyncIterator[StreamedResponse]:
+    """THE SEAM between the generate endpoints and the engine: the responses of `request`, in order, the
+    last one `final`. Errors (EngineError) are raised from the iterator, or at once; closing the iterator
+    early cancels the request.
+
+    Today every model answers a request once, so this is the unary path: one submission, one final
+    response. Once decoupled models exist this body becomes `dataplane.infer_stream(request)` and nothing
+    else changes."""
+    future = dataplane.submit(request, start_ns)
+    return _one_response(future)
+
+
+async def _one_response(future: asyncio.Future[InferenceResponse]) -> AsyncIterator[StreamedResponse]:
+    try:
+        response = await future  # a cancelled task cancels the future it awaits: the request leaves
+    finally:
+        future.cancel()  # closed before the answer came (a no-op once done)
+    yield StreamedResponse(response, True)
+
+
+async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: str, version: str,
+                          body: bytes | bytearray, max_input_bytes: int, start_ns: int,
+                          stream: ResponseStream | None) -> Answer | None:
+    """One generate request, run as the route's task. `stream` None: `generate`, the answer returned (an
+    EngineError raised is answered as JSON with its status by the route). Otherwise `generate_stream`: an
+    error before the first response is raised likewise; from the first response on, everything is written
+    through `stream` and None is returned (the connection then ends the chunked body)."""
+    inputs = input_metadata(await metadata(name, version))
+    try:
+        doc = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"malformed JSON in request body: {e}") from None
+    request = decode_generate(name, version, doc, inputs, max_input_bytes)
+    responses = _responses(submitter, request, start_ns)
+    try:
+        if stream is None:
+            return await _collect(responses)
+        await stream_responses(responses, stream)
+        return None
+    finally:  # also when cancelled (the client left): closing the iterator cancels the request
+        close = getattr(responses, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _collect(responses: AsyncIterator[StreamedResponse]) -> Answer:
+    """`generate`: exactly one response, else INTERNAL in Triton's words; an error response is raised."""
+    answers = [r.response async for r in responses if r.response is not None]
+    if len(answers) != 1:
+        raise many_responses()
+    return 200, encode_generate(answers[0]), _JSON, b""
+
+
+async def stream_responses(responses: AsyncIterator[StreamedResponse], stream: ResponseStream) -> None:
+    """`generate_stream`: an event per response, written as it comes, after a 200 head sent with the first
+    one. An error before it is raised (a JSON answer); after it, it is the stream's last event."""
+    started = False
+    while True:
+        try:
+            item = await anext(responses)
+        except StopAsyncIteration:
+            break
+        except Exception as e:
+            if not started:
+                raise
+            if not isinstance(e, EngineError):  # a bug: the client still learns the stream failed
+                log.exception("generate_stream failed")
+            stream.send(sse.error_event(e.message if isinstance(e, EngineError) else f"internal error: {e}"))
+            return
+        if item.response is not None:
+            if not started:
+                stream.start(200, sse.CONTENT_TYPE)
+                started = True
+            stream.send(sse.data_event(encode_generate(item.response)))
+            await stream.drain()
+        if item.final:
+            break
+    if not started:  # no response at all: an empty stream, as Triton answers a flag-only response
+        stream.start(200, sse.CONTENT_TYPE)
+
+
+__all__ = ["MetadataSource", "StreamedResponse", "Submitter", "answer_generate", "stream_responses"]
