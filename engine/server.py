@@ -19,6 +19,7 @@ from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
+from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .metrics import process_registry, render
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
@@ -57,6 +58,8 @@ class ServerOptions:
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
     log_verbose: int = 0
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
+    http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
+    grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
 
 
 class Server:
@@ -98,8 +101,9 @@ class Server:
             watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs,
                                         opts.repository_quiet_secs, opts.repository_events)
             self._poller = asyncio.get_running_loop().create_task(watcher.run())
-        log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s%s",
-                 opts.host, self.http_port, opts.host, self.grpc_port,
+        log.info("serving: HTTP%s on %s:%d, gRPC%s on %s:%d, metrics on %s%s",
+                 _tls_words(opts.http_tls), opts.host, self.http_port,
+                 _tls_words(opts.grpc_tls), opts.host, self.grpc_port,
                  f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
                  f"; {opts.workers} frontend processes" if opts.workers > 1 else "")
 
@@ -120,11 +124,16 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
+        handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
         self._http = http_frontend.HttpApp(self.dataplane, self._http_limits())
-        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
+        http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
+        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
+                                                      handshake_secs)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
-        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits())
+        grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
+        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
+                                  ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -149,6 +158,9 @@ class Server:
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
+                "tls": {"http": opts.http_tls.to_spec() if opts.http_tls else None,
+                        "grpc": opts.grpc_tls.to_spec() if opts.grpc_tls else None,
+                        "handshake_timeout_secs": handshake_timeout_secs(opts.client_timeout_secs)},
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
         self._control = ControlRunner(self.dataplane, http)
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
@@ -196,6 +208,12 @@ class Server:
         await stop.wait()
         log.info("shutting down: finishing in-flight requests")
         await self.stop()
+
+
+def _tls_words(tls: TlsSettings | None) -> str:
+    if tls is None:
+        return ""
+    return " over TLS with client certificates" if tls.mutual else " over TLS"
 
 
 def _bound_port(runner: web.AppRunner, requested: int) -> int:

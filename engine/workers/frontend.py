@@ -1,7 +1,7 @@
 """A frontend process of the multi-process server: `python -m engine.workers.frontend SPEC`, started by the
 engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (its
-channel to the engine, the hand-off its connections arrive through, its request and response arenas) and the
-limits.
+channel to the engine, the hand-off its connections arrive through, its request and response arenas), the
+limits and the TLS settings (the handshakes run here; the engine only accepts).
 
 It runs the single-process protocol code, HTTP/1.1 (`HttpApp`) and gRPC (`H2GrpcServer`), with the engine
 client (remote.py) standing in for the DataPlane and the forwarding routes and handlers (forwarding.py); it
@@ -27,6 +27,7 @@ from ..frontend import http as http_frontend
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
+from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, server_context
 from ..shm import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
 from .listen import ConnectionReceiver
@@ -66,7 +67,12 @@ async def serve(spec: dict[str, Any]) -> int:
                         handlers=FrontendGrpcHandlers(client))
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
-    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)
+    tls = spec["tls"]
+    http_tls, grpc_tls = TlsSettings.from_spec(tls["http"]), TlsSettings.from_spec(tls["grpc"])
+    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,
+                                  server_context(http_tls, ALPN_HTTP) if http_tls else None,
+                                  server_context(grpc_tls, ALPN_GRPC) if grpc_tls else None,
+                                  tls["handshake_timeout_secs"])
     client.count_connections_with(lambda: len(app.connections) + grpc.open_connections)
 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
