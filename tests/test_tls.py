@@ -7,11 +7,13 @@ Certificates are made by `trustme` into the test's temporary folder.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,9 +75,13 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return Certs(tmp_path_factory.mktemp("certs"))
 
 
+CLIENT_TIMEOUT_SECS = 3  # bounds the TLS handshake too
+
+
 def _serve(repository: Path, certs: Certs, tmp: Path, workers: str, mutual: bool):
     return start_server(repository, tmp / "server.log", *certs.tls_flags(mutual), "--workers", workers,
                         "--model-control-mode", "explicit", "--load-model", "simple",
+                        "--client-timeout-secs", str(CLIENT_TIMEOUT_SECS),
                         https=certs.client_context(with_cert=mutual))
 
 
@@ -185,6 +191,17 @@ def test_plain_text_clients_fail_cleanly_and_the_server_keeps_serving(tls_server
     assert "Traceback" not in tls_server.log()
 
 
+@pytest.mark.parametrize("port", ["http_port", "grpc_port"])
+def test_a_client_that_never_handshakes_is_closed_after_the_client_timeout(tls_server, certs, port):
+    with socket.create_connection(("127.0.0.1", getattr(tls_server, port)), timeout=30) as s:
+        started = time.monotonic()
+        s.sendall(b"\x16\x03\x01")  # the first bytes of a ClientHello, then nothing
+        with contextlib.suppress(ConnectionResetError):
+            assert s.recv(4096) == b""  # the server closes; the bound is the socket's timeout
+        assert CLIENT_TIMEOUT_SECS * 0.8 <= time.monotonic() - started < 30
+    _grpc_infer(tls_server, certs)
+
+
 # ----------------------------------------------------------------------------------------------- mTLS
 
 def test_mutual_tls_accepts_a_client_certificate(mtls_server, certs):
@@ -208,8 +225,16 @@ def test_mutual_tls_refuses_clients_without_a_trusted_certificate(mtls_server, c
 # ---------------------------------------------------------------------------------------- perf_analyzer
 
 def _perf_analyzer(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(PERF_ANALYZER), "-m", "simple", *DEFAULT_ARGS, *args], capture_output=True,
-                          text=True, timeout=120)
+    """perf_analyzer once; on exit 2 ("no stable measurement": the shared machine's noise, not the protocol,
+    which is 99) once more with a looser stability rule, as tests/test_perf_analyzer.py does."""
+    def run(*more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(PERF_ANALYZER), "-m", "simple", *DEFAULT_ARGS, *args, *more],
+                              capture_output=True, text=True, timeout=120)
+
+    result = run()
+    if result.returncode == 2:
+        result = run("--stability-percentage", "100", "--max-trials", "20")
+    return result
 
 
 @pytest.mark.skipif(not perf_analyzer_available(), reason="perf_analyzer is not installed")
