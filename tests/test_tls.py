@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -200,6 +201,41 @@ def test_a_client_that_never_handshakes_is_closed_after_the_client_timeout(tls_s
             assert s.recv(4096) == b""  # the server closes; the bound is the socket's timeout
         assert CLIENT_TIMEOUT_SECS * 0.8 <= time.monotonic() - started < 30
     _grpc_infer(tls_server, certs)
+
+
+def _frontend_pids(server) -> list[int]:
+    pid = server.process.pid
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def test_a_frontend_restarted_after_its_key_went_bad_says_why_and_the_other_serves_on(
+        repository, certs, tmp_path):
+    """--workers 2: each frontend reads the files itself (it runs the handshakes). One restarted after the
+    key was replaced by garbage exits with a clear line; the other frontend goes on serving."""
+    own = Certs(tmp_path)  # files of this server's own, so spoiling them touches no other test
+    srv = _serve(repository, own, tmp_path, "2", mutual=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not all(f"frontend {i} serving" in srv.log() for i in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.1)  # both have read the good files (the engine is ready before they are)
+        frontends = _frontend_pids(srv)
+        assert len(frontends) == 2
+        Path(own.server_key).write_bytes(b"not a key")
+        os.kill(frontends[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while "cannot serve TLS" not in srv.log() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"frontend 0 cannot serve TLS: --http-server-cert '{own.server_cert}' or --http-server-key " \
+               f"'{own.server_key}' is not a PEM certificate and key" in srv.log(), srv.log()
+        served = 0
+        for _ in range(10):  # connections handed to the slot while it restarts are closed; others served
+            with contextlib.suppress(InferenceServerException):
+                _grpc_infer(srv, own)
+                served += 1
+        assert served >= 3 and srv.process.poll() is None
+    finally:
+        srv.stop()
 
 
 # ----------------------------------------------------------------------------------------------- mTLS

@@ -67,7 +67,8 @@ def _read_check(flag: str, path: str) -> None:
 
 def _reason(e: ssl.SSLError) -> str:
     """OpenSSL's reason without the file name it may append (an absolute path after resolution)."""
-    return str(e.reason or e.strerror or "not a valid PEM file").replace("_", " ").lower()
+    reason = e.reason if e.reason and e.reason != "PEM lib" else "no PEM data of the kind expected"
+    return str(reason).replace("_", " ").lower()
 
 
 def server_context(tls: TlsSettings, alpn: tuple[str, ...]) -> ssl.SSLContext:

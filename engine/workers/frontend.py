@@ -27,7 +27,7 @@ from ..frontend import http as http_frontend
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
-from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, server_context
+from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 from ..shm import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
 from .listen import ConnectionReceiver
@@ -36,11 +36,20 @@ from .remote import EngineClient
 log = logging.getLogger("hubserve.workers")
 
 EXIT_ENGINE_GONE = 3
+EXIT_TLS = 4  # a certificate or key the engine checked at start can no longer be loaded (changed since)
 
 
 async def serve(spec: dict[str, Any]) -> int:
     loop = asyncio.get_running_loop()
     index = spec["index"]
+    tls = spec["tls"]
+    http_tls, grpc_tls = TlsSettings.from_spec(tls["http"]), TlsSettings.from_spec(tls["grpc"])
+    try:  # the files are read here, in this process, which runs the handshakes
+        http_ssl = server_context(http_tls, ALPN_HTTP) if http_tls else None
+        grpc_ssl = server_context(grpc_tls, ALPN_GRPC) if grpc_tls else None
+    except TlsConfigError as e:
+        log.error("frontend %d cannot serve TLS: %s", index, e)
+        return EXIT_TLS
     stop = asyncio.Event()
     engine_gone = False
 
@@ -67,12 +76,8 @@ async def serve(spec: dict[str, Any]) -> int:
                         handlers=FrontendGrpcHandlers(client))
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
-    tls = spec["tls"]
-    http_tls, grpc_tls = TlsSettings.from_spec(tls["http"]), TlsSettings.from_spec(tls["grpc"])
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,
-                                  server_context(http_tls, ALPN_HTTP) if http_tls else None,
-                                  server_context(grpc_tls, ALPN_GRPC) if grpc_tls else None,
-                                  tls["handshake_timeout_secs"])
+                                  http_ssl, grpc_ssl, tls["handshake_timeout_secs"])
     client.count_connections_with(lambda: len(app.connections) + grpc.open_connections)
 
     loop.add_signal_handler(signal.SIGTERM, stop.set)
