@@ -81,6 +81,10 @@ def test_the_validator_catches_a_broken_manifest():
         kubernetes_validate.validate(unknown, KUBERNETES_VERSIONS[0], strict=True)
 
 
+def test_the_kserve_schema_is_a_valid_json_schema():
+    jsonschema.Draft202012Validator.check_schema(json.loads(KSERVE_SCHEMA.read_text()))
+
+
 def _validate_serving_runtime(doc: dict[str, Any], version: str) -> None:
     jsonschema.Draft202012Validator(json.loads(KSERVE_SCHEMA.read_text())).validate(doc)
     spec = doc["spec"]
