@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 from . import __version__
+from .flags import TritonBool
+from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 
 PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `hubserve perf --help` for more"
 
@@ -100,8 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="poll mode: react to file-system events (watchfiles) as well as scanning")
     serve.add_argument("--load-model", action="append", default=[], metavar="NAME",
                        help="with explicit mode: a model to load at start (repeatable)")
-    serve.add_argument("--strict-readiness", action=argparse.BooleanOptionalAction, default=True,
-                       help="/v2/health/ready needs every model ready (else: ready once the server is up)")
+    serve.add_argument("--strict-readiness", action=TritonBool, negative=True, default=True,
+                       help="/v2/health/ready needs every model ready (else: ready once the server is up); "
+                            "--strict-readiness=false as Triton writes it, or --no-strict-readiness")
     serve.add_argument("--max-message-mb", type=int, default=64,
                        help="largest gRPC message accepted or sent, in MiB (and the HTTP body limit, unless "
                             "--http-max-input-size is given)")
@@ -153,11 +156,44 @@ def build_parser() -> argparse.ArgumentParser:
                             "more are answered 503 (HTTP) or GOAWAY (gRPC) and closed")
     serve.add_argument("--max-connections-per-client", type=_byte_count, default=1024, metavar="N",
                        help="connections one client address may hold at once (0 = no limit)")
+    _add_tls_flags(serve)
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
     sub.add_parser("perf", help=PERF_HELP, add_help=False)
     return parser
+
+
+def _add_tls_flags(serve: argparse.ArgumentParser) -> None:
+    """Triton's five gRPC TLS flags, and the same five for HTTPS (Triton has none for HTTP)."""
+    for proto, what in (("grpc", "gRPC (ALPN h2)"), ("http", "HTTP (HTTPS)")):
+        group = serve.add_argument_group(f"{proto} TLS")
+        group.add_argument(f"--{proto}-use-ssl", dest=f"{proto}_use_ssl", action=TritonBool, default=False,
+                           help=f"serve {what} over TLS (--{proto}-use-ssl or --{proto}-use-ssl=true)")
+        group.add_argument(f"--{proto}-use-ssl-mutual", dest=f"{proto}_use_ssl_mutual", action=TritonBool,
+                           default=False, also=(f"{proto}_use_ssl",),
+                           help=f"also require a client certificate signed by --{proto}-root-cert (mTLS); "
+                                f"given with any value it turns --{proto}-use-ssl on, as in Triton")
+        group.add_argument(f"--{proto}-server-cert", default="", metavar="PEM",
+                           help="the server's certificate chain (PEM)")
+        group.add_argument(f"--{proto}-server-key", default="", metavar="PEM",
+                           help="the server's private key (PEM, unencrypted)")
+        group.add_argument(f"--{proto}-root-cert", default="", metavar="PEM",
+                           help=f"CA certificates client certificates must chain to (with "
+                                f"--{proto}-use-ssl-mutual; ignored otherwise)")
+
+
+def _tls_settings(args: argparse.Namespace, proto: str) -> TlsSettings | None:
+    """One protocol's TLS from its flags, checked by building its context now (before any model loads).
+    Raises TlsConfigError with a message naming the flag."""
+    if not getattr(args, f"{proto}_use_ssl"):
+        return None
+    settings = TlsSettings(server_cert=getattr(args, f"{proto}_server_cert"),
+                           server_key=getattr(args, f"{proto}_server_key"),
+                           root_cert=getattr(args, f"{proto}_root_cert"),
+                           mutual=getattr(args, f"{proto}_use_ssl_mutual"), flag_prefix=f"--{proto}")
+    server_context(settings, ALPN_GRPC if proto == "grpc" else ALPN_HTTP)
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
         if not args.model_repository.is_dir():
             print(f"hubserve: model repository '{args.model_repository}' is not a folder", file=sys.stderr)
+            return 2
+        try:
+            http_tls, grpc_tls = _tls_settings(args, "http"), _tls_settings(args, "grpc")
+        except TlsConfigError as e:
+            print(f"hubserve: {e}", file=sys.stderr)
             return 2
         options = ServerOptions(
             model_repository=args.model_repository.resolve(),
@@ -212,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
             grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
             max_connections=args.max_connections,
             max_connections_per_client=args.max_connections_per_client,
+            http_tls=http_tls,
+            grpc_tls=grpc_tls,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

@@ -23,6 +23,7 @@ from .frontend import wire
 from .frontend.admission import ConnectionCounter, ConnectionLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
+from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .metrics import process_registry, render
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
@@ -71,6 +72,8 @@ class ServerOptions:
     grpc_max_concurrent_streams: int = 1024
     max_connections: int = 4096
     max_connections_per_client: int = 1024
+    http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
+    grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
 
 
 class Server:
@@ -118,8 +121,9 @@ class Server:
             runner = CanaryRunner(self.repository, CanaryOptions(opts.canary_interval_secs,
                                                                  opts.canary_timeout_secs))
             self._canaries = asyncio.get_running_loop().create_task(runner.run())
-        log.info("serving: HTTP on %s:%d, gRPC on %s:%d, metrics on %s%s",
-                 opts.host, self.http_port, opts.host, self.grpc_port,
+        log.info("serving: HTTP%s on %s:%d, gRPC%s on %s:%d, metrics on %s%s",
+                 _tls_words(opts.http_tls), opts.host, self.http_port,
+                 _tls_words(opts.grpc_tls), opts.host, self.grpc_port,
                  f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
                  f"; {opts.workers} frontend processes" if opts.workers > 1 else "")
 
@@ -148,12 +152,17 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
+        handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
         admission = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
         self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), admission=admission)
-        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
+        http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
+        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
+                                                      handshake_secs)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
+        grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
+                                  ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
                                   admission=admission)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
@@ -180,6 +189,9 @@ class Server:
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
+                "tls": {"http": opts.http_tls.to_spec() if opts.http_tls else None,
+                        "grpc": opts.grpc_tls.to_spec() if opts.grpc_tls else None,
+                        "handshake_timeout_secs": handshake_timeout_secs(opts.client_timeout_secs)},
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
                 "tensor_limits": dataclasses.asdict(self.tensor_limits()),
                 "connection_limits": dataclasses.asdict(self.connection_limits()),
@@ -231,6 +243,12 @@ class Server:
         await stop.wait()
         log.info("shutting down: finishing in-flight requests")
         await self.stop()
+
+
+def _tls_words(tls: TlsSettings | None) -> str:
+    if tls is None:
+        return ""
+    return " over TLS with client certificates" if tls.mutual else " over TLS"
 
 
 def _bound_port(runner: web.AppRunner, requested: int) -> int:

@@ -19,6 +19,7 @@ large bodies (rate-limited).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Protocol
 
@@ -94,9 +95,14 @@ class HttpApp:
                     self._trim_running = False
 
 
-async def serve(app: HttpApp, host: str, port: int) -> asyncio.Server:
+async def serve(app: HttpApp, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                handshake_timeout_secs: float | None = None) -> asyncio.Server:
+    """Listen on host:port; with `ssl_context` every connection is TLS (HTTPS), its handshake bounded by
+    `handshake_timeout_secs`."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True)
+    server = await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True,
+                                      ssl=ssl_context,
+                                      ssl_handshake_timeout=handshake_timeout_secs if ssl_context else None)
     app.start_sweeper()
     return server
 

@@ -1,7 +1,7 @@
 """A frontend process of the multi-process server: `python -m engine.workers.frontend SPEC`, started by the
 engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (its
-channel to the engine, the hand-off its connections arrive through, its request and response arenas) and the
-limits.
+channel to the engine, the hand-off its connections arrive through, its request and response arenas), the
+limits and the TLS settings (the handshakes run here; the engine only accepts).
 
 It runs the single-process protocol code, HTTP/1.1 (`HttpApp`) and gRPC (`H2GrpcServer`), with the engine
 client (remote.py) standing in for the DataPlane and the forwarding routes and handlers (forwarding.py); it
@@ -29,6 +29,7 @@ from ..frontend.admission import ConnectionCounter, ConnectionLimits
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
+from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 from ..shm import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
 from .listen import ConnectionReceiver
@@ -37,11 +38,20 @@ from .remote import EngineClient
 log = logging.getLogger("hubserve.workers")
 
 EXIT_ENGINE_GONE = 3
+EXIT_TLS = 4  # a certificate or key the engine checked at start can no longer be loaded (changed since)
 
 
 async def serve(spec: dict[str, Any]) -> int:
     loop = asyncio.get_running_loop()
     index = spec["index"]
+    tls = spec["tls"]
+    http_tls, grpc_tls = TlsSettings.from_spec(tls["http"]), TlsSettings.from_spec(tls["grpc"])
+    try:  # the files are read here, in this process, which runs the handshakes
+        http_ssl = server_context(http_tls, ALPN_HTTP) if http_tls else None
+        grpc_ssl = server_context(grpc_tls, ALPN_GRPC) if grpc_tls else None
+    except TlsConfigError as e:
+        log.error("frontend %d cannot serve TLS: %s", index, e)
+        return EXIT_TLS
     stop = asyncio.Event()
     engine_gone = False
 
@@ -73,7 +83,8 @@ async def serve(spec: dict[str, Any]) -> int:
                         handlers=FrontendGrpcHandlers(client), admission=admission)
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
-    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)
+    receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,
+                                  http_ssl, grpc_ssl, tls["handshake_timeout_secs"])
     client.count_connections_with(lambda: len(app.connections) + grpc.open_connections)
 
     loop.add_signal_handler(signal.SIGTERM, stop.set)

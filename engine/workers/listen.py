@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -94,13 +95,20 @@ class Dispatcher:
 
 class ConnectionReceiver(asyncio.AbstractServer):
     """A frontend's side: connections arriving as fds, served with the HTTP or gRPC protocol. As an
-    AbstractServer, so the HTTP drain can `close()` it as it closes a listening server."""
+    AbstractServer, so the HTTP drain can `close()` it as it closes a listening server.
+
+    With TLS (`http_ssl`, `grpc_ssl`) the handshake runs here, in the frontend: the engine handed over the
+    raw TCP socket and never reads from it."""
 
     def __init__(self, handoff: socket.socket, http: Callable[[], asyncio.Protocol],
-                 grpc: Callable[[], asyncio.Protocol]) -> None:
+                 grpc: Callable[[], asyncio.Protocol], http_ssl: ssl.SSLContext | None = None,
+                 grpc_ssl: ssl.SSLContext | None = None, handshake_timeout_secs: float | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._handoff: socket.socket | None = handoff
         self._factories = {HTTP_TAG: http, GRPC_TAG: grpc}
+        self._tls: dict[bytes, dict[str, Any]] = {
+            tag: {"ssl": ctx, "ssl_handshake_timeout": handshake_timeout_secs}
+            for tag, ctx in ((HTTP_TAG, http_ssl), (GRPC_TAG, grpc_ssl)) if ctx is not None}
         self._tasks: set[asyncio.Future[Any]] = set()
         self.received = 0
         handoff.setblocking(False)
@@ -132,14 +140,22 @@ class ConnectionReceiver(asyncio.AbstractServer):
             return
         self.received += 1
         conn.setblocking(False)
-        task = asyncio.ensure_future(self._loop.connect_accepted_socket(factory, conn))
+        task = asyncio.ensure_future(self._loop.connect_accepted_socket(factory, conn,
+                                                                        **self._tls.get(tag, {})))
         self._tasks.add(task)
         task.add_done_callback(self._connected)
 
     def _connected(self, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("a connection could not be set up: %s", task.exception())
+        if task.cancelled():
+            return
+        error = task.exception()
+        if isinstance(error, (ssl.SSLError, ConnectionError, TimeoutError)):
+            # A failed TLS handshake (a plain-text client, a missing or untrusted client certificate, a
+            # timeout) is the client's business, as in one process: never a log line per attempt.
+            log.debug("a TLS handshake failed: %s", error)
+        elif error is not None:
+            log.warning("a connection could not be set up: %s", error)
 
     def close(self) -> None:
         """Take no more connections (the engine hands new ones to the other frontends)."""

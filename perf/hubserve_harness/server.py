@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -96,9 +97,11 @@ def _rss(pid: int) -> int:
 
 
 def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float = 60.0,
-                 wait_ready: bool = True, env: dict[str, str] | None = None) -> RunningServer:
+                 wait_ready: bool = True, env: dict[str, str] | None = None,
+                 https: ssl.SSLContext | None = None) -> RunningServer:
     """Start `python -m engine serve` and wait until it answers /v2/health/live (and ready, if asked). `env`
-    adds to (or overrides) the server's environment, e.g. TMPDIR.
+    adds to (or overrides) the server's environment, e.g. TMPDIR. `https`: the server's HTTP port speaks
+    TLS (`--http-use-ssl`); the client context the wait connects with.
 
     The process layout is `--workers` from `extra` if given, else HUBSERVE_TEST_WORKERS (default 1, one
     process), so a suite can be run against the multi-process server unchanged."""
@@ -117,7 +120,9 @@ def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: f
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}{path}", timeout=1) as r:
+            scheme = "https" if https is not None else "http"
+            with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http}{path}", timeout=1,
+                                        context=https) as r:
                 if r.status == 200:
                     return server
         except OSError:

@@ -61,9 +61,13 @@ class H2Connection(asyncio.Protocol):
     reset_stream: Callable[[H2Stream, H2Error, str], None]
     output_ready: Callable[[], None]
 
-    def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None,
+    def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None, on_open: Any = None,
                  admission: ConnectionCounter | None = None) -> None:
+        """`on_open(self)` is called when the transport connects (after the TLS handshake, if any);
+        `on_close(self)` when it is lost. A connection whose handshake fails sees neither. `admission`
+        counts the process's connections against its limits (frontend/admission.py)."""
         self._app = app
+        self._on_open = on_open
         self._on_close = on_close
         self._admission = admission
         self._admitted: str | None = None  # the client address the admission counted this connection under
@@ -88,6 +92,8 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
+        if self._on_open is not None:
+            self._on_open(self)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames go out as written

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from typing import Any
 
 from ...dataplane import DataPlane
@@ -55,12 +56,18 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 
 class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
-                 handlers: GrpcHandlers | None = None, admission: ConnectionCounter | None = None) -> None:
+                 handlers: GrpcHandlers | None = None, ssl_context: ssl.SSLContext | None = None,
+                 handshake_timeout_secs: float | None = None, admission: ConnectionCounter | None = None
+                 ) -> None:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
-        `admission` counts the process's connections against its limits (shared with HTTP)."""
+        `ssl_context`: the sockets this server listens on speak TLS (ALPN h2), each handshake bounded by
+        `handshake_timeout_secs`. `admission` counts the process's connections against its limits (shared
+        with HTTP)."""
         self._admission = admission
         self._limits = limits = limits or Limits()
+        self._tls: dict[str, Any] = ({"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_secs}
+                                     if ssl_context is not None else {})
         self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
         self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))
@@ -90,7 +97,7 @@ class H2GrpcServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for sock in self._sockets:
-            self._servers.append(await loop.create_server(self._connection, sock=sock))
+            self._servers.append(await loop.create_server(self._connection, sock=sock, **self._tls))
         self._sweeper = loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
@@ -105,10 +112,13 @@ class H2GrpcServer:
                 loop.run_in_executor(None, release_freed_memory)  # milliseconds: off the loop
 
     def _connection(self) -> H2Connection:
-        conn = H2Connection(self._app, self._limits, self._closed, self._admission)
+        """A protocol for a connection being accepted. It counts as open only once connected
+        (`_opened`): over TLS a failed handshake never connects it, and it must not stay in the set."""
+        return H2Connection(self._app, self._limits, self._closed, self._opened, self._admission)
+
+    def _opened(self, conn: H2Connection) -> None:
         self._connections.add(conn)
         self._all_closed.clear()
-        return conn
 
     def _closed(self, conn: Any) -> None:
         self._connections.discard(conn)
