@@ -25,6 +25,16 @@ def _resource(text: str) -> tuple[str, int]:
     return name, int(count)
 
 
+def _flag_value(text: str) -> bool:
+    """A boolean flag's value as Triton's command lines write it (`--allow-client-shm=true`)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
 def _byte_count(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number of bytes, got '{text}'")
@@ -115,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allow-python-model-upload", action="store_true",
                        help="let a repository load request send the files of a Python model (code the "
                             "server runs); refused by default")
+    serve.add_argument("--allow-client-shm", nargs="?", const=True, default=False, type=_flag_value,
+                       metavar="true|false",
+                       help="serve the system shared memory extension: clients register their POSIX "
+                            "shared-memory objects and place tensors in them; off by default (Triton's flag: "
+                            "--allow-client-shm or --allow-client-shm=true)")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -166,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_arena_bytes=args.worker_arena_mb << 20,
             log_verbose=args.log_verbose,
             allow_python_model_upload=args.allow_python_model_upload,
+            allow_client_shm=args.allow_client_shm,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

@@ -57,6 +57,7 @@ class ServerOptions:
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
     log_verbose: int = 0
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
+    allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
 
 
 class Server:
@@ -65,7 +66,8 @@ class Server:
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
-        self.dataplane = DataPlane(self.repository, options.strict_readiness)
+        self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
+                                   options.max_message_bytes)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
