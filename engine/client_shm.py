@@ -113,9 +113,9 @@ class ClientRegion:
             self._truncated(st.st_size)
 
     def _truncated(self, size: int) -> None:
-        raise invalid(f"shared memory region '{self.name}' was truncated by its owner to {size} bytes, but "
-                      f"was registered with offset {self.offset} and byte_size {self.byte_size}; unregister "
-                      f"it and register again")
+        raise invalid(f"shared memory region '{self.name}' was truncated by its owner (the object has "
+                      f"{size} bytes now; the region was registered with offset {self.offset} and byte_size "
+                      f"{self.byte_size}); restore its size, or unregister it and register again")
 
     def read_into(self, offset: int, target: Any) -> None:
         """Fill the writable buffer `target` (a numpy array, a bytearray) from `offset` of the region, with
