@@ -384,3 +384,24 @@ def test_numbers_and_keys_of_any_type_are_checked(shm_server, regions):
     assert post(shm_server, "systemsharedmemory/register", {"key": key("raw"), "byte_size": 8}) == \
         (400, {"error": "'region name' is necessary to register system shared memory region"})
     assert post(shm_server, "systemsharedmemory/unregister", {})[0] == 200
+    request = urllib.request.Request(f"http://{shm_server.http_url}/v2/systemsharedmemory/status",
+                                     method="POST", data=b"{}")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request, timeout=10)
+    assert e.value.code == 405
+
+
+def test_stream_infer_with_outputs_in_shared_memory(shm_server, regions):
+    c = make_client(grpcclient, shm_server)
+    answers: list = []
+    try:
+        a, b, outs = register_simple(c, regions)
+        inputs, outputs = simple_io(c)
+        c.start_stream(callback=lambda result, error: answers.append((result, error)))
+        c.async_stream_infer("simple", inputs, outputs=outputs, request_id="s1")
+        c.stop_stream()  # waits for the answers
+        assert [(r.get_response().id, e) for r, e in answers] == [("s1", None)]
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(outs, np.int32, [1, 16], offset=64), a - b)
+    finally:
+        c.unregister_system_shared_memory()
+        c.close()
