@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-connections-per-client", type=_byte_count, default=1024, metavar="N",
                        help="connections one client address may hold at once (0 = no limit)")
     _add_tls_flags(serve)
+    serve.add_argument("--allow-client-shm", action=TritonBool, default=False,
+                       help="serve the system shared memory extension: clients register their POSIX "
+                            "shared-memory objects and place tensors in them; off by default (Triton's flag: "
+                            "--allow-client-shm or --allow-client-shm=true)")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -255,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             max_connections_per_client=args.max_connections_per_client,
             http_tls=http_tls,
             grpc_tls=grpc_tls,
+            allow_client_shm=args.allow_client_shm,
         )
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__
+from . import __version__, client_shm, shm_requests
+from .client_shm import SystemSharedMemory
 from .errors import EngineError, ErrorCode, not_found
 from .model import Model
 from .names import check_model_name
@@ -24,13 +26,17 @@ from .routing import IndexEntry
 from .stats import Duration, ModelStats
 from .types import Completion, InferenceRequest, InferenceResponse
 
+log = logging.getLogger("hubserve")
+
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
-# built: system_shared_memory, cuda_shared_memory, parameters (custom request parameters reach no model: no
-# backend reads them), trace, logging. schedule_policy: the request parameters `priority` and `timeout` of
-# the dynamic batcher.
+# built: cuda_shared_memory (no GPU path: its endpoints refuse registration), parameters (custom request
+# parameters reach no model: no backend reads them), trace, logging. schedule_policy: the request parameters
+# `priority` and `timeout` of the dynamic batcher. system_shared_memory is added when the server was started
+# with --allow-client-shm (`SHM_EXTENSION`).
 EXTENSIONS = ("classification", "binary_tensor_data", "model_repository",
               "model_repository(unload_dependents)", "schedule_policy", "model_configuration", "statistics",
               "sequence")
+SHM_EXTENSION = "system_shared_memory"
 
 
 @dataclass(slots=True)
@@ -41,11 +47,16 @@ class ServerInfo:
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, strict_readiness: bool = True) -> None:
+    def __init__(self, repository: ModelRepository, strict_readiness: bool = True,
+                 allow_client_shm: bool = False, max_tensor_bytes: int = 64 << 20) -> None:
         self.repository = repository
-        self.info = ServerInfo()
+        extensions = EXTENSIONS + ((SHM_EXTENSION,) if allow_client_shm else ())
+        self.info = ServerInfo(extensions=extensions)
         self.strict_readiness = strict_readiness
         self.accepting = True  # False while draining: ready turns false, live stays true
+        # Clients' shared-memory regions (engine/client_shm.py); in the engine process with --workers N.
+        self.shm = SystemSharedMemory(allow_client_shm)
+        self.max_tensor_bytes = max_tensor_bytes  # the largest BYTES input read from a region
 
     # ------------------------------------------------------------------ health & metadata
 
@@ -106,13 +117,67 @@ class DataPlane:
             check_model_name(request.model_name)
             raise
         try:
+            if shm_requests.uses_shared_memory(request):
+                return self._submit_shm(model, request, start, on_done)
             return model.submit(request, start, on_done)
         except EngineError:
             model.stats.fail.add(time.perf_counter_ns() - start)
             raise
 
+    def _submit_shm(self, model: Model, request: InferenceRequest, start: int, on_done: Completion | None
+                    ) -> asyncio.Future[InferenceResponse]:
+        """A request with tensors in clients' regions: inputs read now; with outputs in regions, the future
+        returned is resolved once they are written (or with the error that kept them from it), and
+        cancelling it cancels the request."""
+        resolved, places = shm_requests.resolve(request, self.shm, self.max_tensor_bytes)
+        if not places:
+            return model.submit(resolved, start, on_done)
+        outer: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+
+        def written(inner: asyncio.Future[InferenceResponse]) -> None:
+            if outer.done():
+                return  # cancelled by the frontend
+            if inner.cancelled():
+                outer.cancel()
+            elif (exc := inner.exception()) is not None:
+                outer.set_exception(exc)
+            else:
+                try:
+                    outer.set_result(shm_requests.write_outputs(inner.result(), places))
+                except EngineError as e:
+                    outer.set_exception(e)
+                except Exception as e:  # a bug: the request fails, the server goes on
+                    log.exception("writing outputs to shared memory failed")
+                    outer.set_exception(EngineError(ErrorCode.INTERNAL, f"writing outputs to shared "
+                                                                        f"memory failed: {e}"))
+
+        inner = model.submit(resolved, start, written)
+        outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)
+        if on_done is not None:
+            outer.add_done_callback(on_done)
+        return outer
+
     async def infer(self, request: InferenceRequest, start_ns: int = 0) -> InferenceResponse:
         return await self.submit(request, start_ns)
+
+    # ------------------------------------------------------------------ shared memory
+
+    def shm_status(self, cuda: bool, name: str = "") -> list[dict[str, Any]]:
+        """Registered regions, Triton's status form (name, key, offset, byte_size)."""
+        return client_shm.cuda_status(name) if cuda else self.shm.status(name)
+
+    def shm_register(self, name: str, key: str, offset: Any, byte_size: Any) -> None:
+        self.shm.register(name, key, offset, byte_size)
+
+    def cuda_shm_register(self, name: str) -> None:
+        client_shm.cuda_register(self.shm, name)
+
+    def shm_unregister(self, cuda: bool, name: str = "") -> None:
+        """One region by name, or every region of that kind when `name` is empty."""
+        if cuda:
+            client_shm.cuda_unregister(self.shm, name)
+        else:
+            self.shm.unregister(name)
 
     # ------------------------------------------------------------------ statistics
 

@@ -74,6 +74,7 @@ class ServerOptions:
     max_connections_per_client: int = 1024
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
+    allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
 
 
 class Server:
@@ -82,7 +83,8 @@ class Server:
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
-        self.dataplane = DataPlane(self.repository, options.strict_readiness)
+        self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
+                                   options.max_message_bytes)
         wire.configure(self.tensor_limits())
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None

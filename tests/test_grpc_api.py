@@ -389,9 +389,9 @@ def test_concurrent_sync_clients_from_threads(server):
 
 def test_unimplemented_rpc(client):
     with pytest.raises(InferenceServerException) as e:
-        client.get_system_shared_memory_status()
+        client.get_trace_settings()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"
     assert "hubserve does not implement" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
-        client.get_cuda_shared_memory_status()
+        client.get_log_settings()
     assert e.value.status() == "StatusCode.UNIMPLEMENTED"

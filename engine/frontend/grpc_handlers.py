@@ -55,6 +55,7 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.UNAVAILABLE: GrpcStatus.UNAVAILABLE,
     ErrorCode.RESOURCE_EXHAUSTED: GrpcStatus.UNAVAILABLE,  # a full queue: the client may retry
     ErrorCode.UNSUPPORTED: GrpcStatus.UNIMPLEMENTED,
+    ErrorCode.NOT_ENABLED: GrpcStatus.UNIMPLEMENTED,
     ErrorCode.ALREADY_EXISTS: GrpcStatus.ALREADY_EXISTS,
     ErrorCode.CANCELLED: GrpcStatus.CANCELLED,
     ErrorCode.DEADLINE_EXCEEDED: GrpcStatus.DEADLINE_EXCEEDED,
@@ -64,12 +65,7 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
 # (http_routes.py _UNSERVED).
-UNIMPLEMENTED_RPCS = {
-    "SystemSharedMemoryStatus": "system_shared_memory", "SystemSharedMemoryRegister": "system_shared_memory",
-    "SystemSharedMemoryUnregister": "system_shared_memory", "CudaSharedMemoryStatus": "cuda_shared_memory",
-    "CudaSharedMemoryRegister": "cuda_shared_memory", "CudaSharedMemoryUnregister": "cuda_shared_memory",
-    "TraceSetting": "trace", "LogSettings": "logging",
-}
+UNIMPLEMENTED_RPCS = {"TraceSetting": "trace", "LogSettings": "logging"}
 HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 # How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
@@ -140,6 +136,35 @@ class GrpcHandlers:
                 raise invalid("parameter 'unload_dependents' must be a boolean")
         await self.dp.unload(request.model_name, unload_dependents)
         return pb.RepositoryModelUnloadResponse()
+
+    def SystemSharedMemoryStatus(self, request: Any) -> Any:
+        resp = pb.SystemSharedMemoryStatusResponse()
+        for region in self.dp.shm_status(False, request.name):
+            resp.regions[region["name"]].CopyFrom(resp.RegionStatus(**region))
+        return resp
+
+    def SystemSharedMemoryRegister(self, request: Any) -> Any:
+        self.dp.shm.require_allowed()
+        if not request.name:
+            raise invalid("'region name' is necessary to register system shared memory region")
+        self.dp.shm_register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    def SystemSharedMemoryUnregister(self, request: Any) -> Any:
+        self.dp.shm_unregister(False, request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, request: Any) -> Any:
+        self.dp.shm_status(True, request.name)  # never any region: raises for a name
+        return pb.CudaSharedMemoryStatusResponse()
+
+    def CudaSharedMemoryRegister(self, request: Any) -> Any:
+        self.dp.cuda_shm_register(request.name)  # refused: no GPU path
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, request: Any) -> Any:
+        self.dp.shm_unregister(True, request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None
                           ) -> asyncio.Future[InferenceResponse]:

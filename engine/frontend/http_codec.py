@@ -293,6 +293,9 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     arrays, not copies), its size in bytes, and the JSON header's length when binary data follows (else
     None). The connection writes the parts as they are (http_connection.py `_write`)."""
     plan = request.plan if isinstance(request.plan, _Plan) else None
+    placed = any(t.parameters for t in response.outputs)  # outputs written to clients' shared memory
+    if placed:
+        plan = None  # their header differs: never cached
     if plan is not None and not response.parameters:  # a cached header carries no response parameters
         key = (response.model_name, response.model_version, tuple(t.shape for t in response.outputs))
         cached = plan.encoded.get(key)
@@ -309,6 +312,9 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     for tensor in response.outputs:
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype.value,
                                  "shape": list(tensor.shape)}
+        if placed and in_shared_memory(tensor.parameters):  # in the client's region: no data, as Triton
+            outputs.append(entry)
+            continue
         binary = wanted.get(tensor.name)
         if binary is None:
             binary = default_binary

@@ -44,7 +44,8 @@ STATUS = {
     ErrorCode.UNAVAILABLE: 503,
     ErrorCode.RESOURCE_EXHAUSTED: 429,
     ErrorCode.UNSUPPORTED: 501,
-    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.NOT_ENABLED: 400,
+    ErrorCode.ALREADY_EXISTS: 400,  # as Triton answers it (server src/http_server.cc HttpCodeFromError)
     ErrorCode.CANCELLED: 499,
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INTERNAL: 500,
@@ -167,6 +168,8 @@ class HttpRoutes:
         if not parts or parts[0] != "v2":
             raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
         rest = parts[1:]
+        if rest and rest[0] in _SHM_KINDS:
+            return self._shared_memory(req, rest, path)
         extension = _unserved(rest)
         if extension is not None:
             raise unserved_extension(extension, f"{method.decode()} {path.decode('utf-8', 'replace')}")
@@ -235,6 +238,39 @@ class HttpRoutes:
 
     async def _local_metadata(self, name: str, version: str) -> dict[str, Any]:
         return self.dp.model_metadata(name, version)
+
+    def _shared_memory(self, req: HttpRequest, rest: list[str], path: bytes) -> Answer:
+        """/v2/{system,cuda}sharedmemory[/region/{name}]/{status,register,unregister} (Triton's endpoints,
+        server src/http_server.cc HandleSystemSharedMemory / HandleCudaSharedMemory)."""
+        cuda = rest[0] == "cudasharedmemory"
+        tail = rest[1:]
+        if len(tail) == 1 and tail[0] in _SHM_ACTIONS:
+            name, action = "", tail[0]
+        elif len(tail) == 3 and tail[0] == "region" and tail[2] in _SHM_ACTIONS:
+            name, action = tail[1], tail[2]
+        else:
+            raise not_found(f"no endpoint {req.method.decode()} {path.decode('utf-8', 'replace')}")
+        if (req.method not in (b"GET", b"HEAD")) if action == "status" else req.method != b"POST":
+            return _error(405, "Method Not Allowed")
+        if action == "status":
+            return _json(self.dp.shm_status(cuda, name))
+        if action == "unregister":
+            self.dp.shm_unregister(cuda, name)
+            return 200, b"", _JSON, b""
+        kind = "cuda" if cuda else "system"
+        self.dp.shm.require_allowed()  # the flag's message first, before the body is read, as Triton's
+        if not name:
+            raise invalid(f"'region name' is necessary to register {kind} shared memory region")
+        if cuda:
+            self.dp.cuda_shm_register(name)
+            return 200, b"", _JSON, b""
+        doc = _json_body(req, self.limits.max_body_bytes)
+        if "key" not in doc:
+            raise invalid("Shared memory register request has no 'key' field")
+        if "byte_size" not in doc:
+            raise invalid("Shared memory register request has no 'byte_size' field")
+        self.dp.shm_register(name, doc["key"], doc.get("offset", 0), doc["byte_size"])
+        return 200, b"", _JSON, b""
 
     def _index(self, req: HttpRequest) -> Answer:
         doc = _json_body(req, self.limits.max_body_bytes)
@@ -307,8 +343,8 @@ def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
 # Triton's HTTP endpoints of extensions hubserve does not serve (server src/http_server.cc; docs/protocol/
 # extension_*.md), by first path segment after /v2: each answers 501 naming its extension (as the gRPC
 # RPCs answer UNIMPLEMENTED), not 404 as if it were no endpoint at all.
-_UNSERVED = {"systemsharedmemory": "system_shared_memory", "cudasharedmemory": "cuda_shared_memory",
-             "trace": "trace", "logging": "logging"}
+_UNSERVED = {"trace": "trace", "logging": "logging"}
+_SHM_KINDS = ("systemsharedmemory", "cudasharedmemory")
 _SHM_ACTIONS = ("status", "register", "unregister")
 
 
@@ -323,9 +359,6 @@ def _unserved(rest: list[str]) -> str | None:
             return extension if not tail else None
         if extension == "trace":
             return extension if tail == ["setting"] else None
-        if len(tail) == 1 and tail[0] in _SHM_ACTIONS or len(tail) == 3 and tail[0] == "region" \
-                and tail[2] in _SHM_ACTIONS:
-            return extension
         return None
     if rest[0] == "models" and len(rest) >= 3:
         tail = rest[2:]

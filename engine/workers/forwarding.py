@@ -28,7 +28,9 @@ _CODE_OF_STATUS = {status: code for code, status in STATUS.items()}
 # same in every process.
 FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
                   "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-                  "Check")
+                  "Check", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+                  "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
+                  "CudaSharedMemoryUnregister")
 HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports (grpc_handlers.HEALTH_POLL_S)
 
 

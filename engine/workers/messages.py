@@ -18,8 +18,10 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
 
 Engine → frontend: `(answers, control_answers)`
 - an answer: `(rid, OK, (model_name, model_version, response_id, parameters, outputs, placement))` with
-  `outputs` as `((name, datatype, shape), ...)`; `(rid, FAILED, error)`; `(rid, CANCELLED, None)`. Every
-  request gets exactly one answer, a cancelled one too: only then does the frontend reuse its input block.
+  `outputs` as `((name, datatype, shape), ...)` (`(name, datatype, shape, parameters)` for an output written
+  to a client's shared-memory region, which crosses with no bytes); `(rid, FAILED, error)`;
+  `(rid, CANCELLED, None)`. Every request gets exactly one answer, a cancelled one too: only then does the
+  frontend reuse its input block.
 - a control answer: `(cid, True, result)` (HTTP: the route's answer; gRPC: serialized response bytes;
   HEALTH: the status number) or `(cid, False, error)`.
 

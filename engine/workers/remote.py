@@ -222,10 +222,13 @@ class EngineClient(asyncio.Protocol):
 
     def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
         model_name, model_version, response_id, params, specs, placement = payload
-        typed = [(name, datatype(dt), shape) for name, dt, shape in specs]
-        arrays = self._responses.read(typed, placement, inline)
-        outputs = [Tensor(name, dt, shape, array)
-                   for (name, dt, shape), array in zip(typed, arrays, strict=True)]
+        typed = [(spec[0], datatype(spec[1]), spec[2]) for spec in specs]
+        # an output in a client's shared-memory region (its parameters say which) crossed with no bytes
+        reads = [t if len(spec) == 3 else (t[0], t[1], (0,)) for t, spec in zip(typed, specs, strict=True)]
+        arrays = self._responses.read(reads, placement, inline)
+        outputs = [Tensor(name, dt, shape, array) if len(spec) == 3 else
+                   Tensor(name, dt, shape, array, spec[3])
+                   for (name, dt, shape), spec, array in zip(typed, specs, arrays, strict=True)]
         return InferenceResponse(model_name, model_version, outputs, response_id, params)
 
     def connection_lost(self, exc: Exception | None) -> None:

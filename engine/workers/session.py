@@ -190,7 +190,9 @@ class FrontendSession(asyncio.Protocol):
             outputs = response.outputs
             placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
                               INLINE_BELOW_BYTES)
-            specs = tuple((t.name, t.datatype.value, t.shape) for t in outputs)
+            # an output written to a client's shared-memory region has no bytes: its parameters say where
+            specs = tuple((t.name, t.datatype.value, t.shape) if not t.parameters else
+                          (t.name, t.datatype.value, t.shape, t.parameters) for t in outputs)
             answer: tuple[int, int, Any] = (rid, OK, (response.model_name, response.model_version,
                                                       response.id, response.parameters, specs, placement))
         except Exception as e:  # a bug in copying out: the request fails, the session goes on
@@ -227,7 +229,7 @@ class FrontendSession(asyncio.Protocol):
 def _plan(header: Any, plan_no: int) -> _Plan:
     inputs, outputs, params = header
     tensors = [(name, datatype(dt), tuple(shape), p) for name, dt, shape, p in inputs]
-    # An input placed in a client's shared-memory region has no bytes here (the codecs give it none, and
-    # Model.prepare refuses it, as a single process does).
+    # An input placed in a client's shared-memory region has no bytes here (the codecs give it none): the
+    # DataPlane reads it from the region, as in a single process.
     reads = [(name, dt, (0,) if in_shared_memory(p) else shape) for name, dt, shape, p in tensors]
     return reads, tensors, outputs_from_header(outputs), params, RequestPlan() if plan_no else None

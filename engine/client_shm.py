@@ -1,0 +1,240 @@
+"""Triton's system shared memory extension: the registry of clients' POSIX shared-memory regions.
+
+A client makes an object with `shm_open` (`/dev/shm/<key>`), registers a named range of it (`register`), and
+then names the region, an offset and a byte size in a request's tensor parameters instead of sending the
+bytes: inputs are read from it, outputs written into it (engine/shm_requests.py). Off unless the server was
+started with `--allow-client-shm`: Triton made it opt-in after client shared memory gave it a CVE chain.
+
+One registry per server, owned by the DataPlane, so with `--workers N` it lives in the engine process: the
+frontends forward register, unregister and status as they came (workers/control.py), and the engine reads
+and writes the regions when it handles a request, so a region registered through one frontend is usable from
+every other.
+
+**Why pread/pwrite and not a mapping.** A client owns its object and can `ftruncate` it smaller while it is
+registered; a read or write through a mapping of the lost pages is SIGBUS, which kills the whole server, and
+no check before the access closes the window (the backend reads an input on an instance thread, long after
+any check). `MAP_POPULATE` does not help: truncation unmaps populated pages too. A client object cannot be
+sealed by us either. So a region is an open fd and is only ever accessed with `os.preadv` / `os.pwrite`:
+past the end of a truncated object those return short counts, never fault, and a short count is a clean
+error. Each access first `stat`s the key, so an object removed with `shm_unlink` (or replaced under the same
+key) is an error too, rather than a read of memory the client has let go. The cost is one copy of each input,
+made by the kernel straight into the array the backend is given (no intermediate buffer), the same one copy
+a socket's receive makes; outputs are written from the backend's own arrays.
+
+A region stays open while a request that uses it is in flight: unregistering drops it from the registry (new
+requests no longer find it), and its fd is closed when the last request holding it is done, as Triton
+defers an unregister until its in-flight requests complete; a closed fd number is never written through.
+
+Errors are Triton's (server src/shared_memory_manager.cc, src/http_server.cc, src/grpc/grpc_server.cc) where
+Triton has them, in its words and codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import EngineError, ErrorCode, invalid, not_found
+from .shm import SHM_ROOT, check_key
+
+# Triton's words when client shared memory is off (server src/common.h kClientShmDisabledErrorStr), with
+# hubserve's flag: `--allow-client-shm` (Triton's spelling, `--allow-client-shm=true`, works too).
+DISABLED_MESSAGE = ("Client shared memory is disabled. Start the server with '--allow-client-shm' (or "
+                    "'--allow-client-shm=true') to enable.")
+# Keys Triton keeps for its own regions (server src/common.h kTritonSharedMemoryRegionPrefix).
+RESERVED_PREFIX = "triton_python_backend_shm_region_"
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def disabled() -> EngineError:
+    """Client shared memory is off: HTTP 400 naming the flag, gRPC UNIMPLEMENTED as Triton answers it."""
+    return EngineError(ErrorCode.NOT_ENABLED, DISABLED_MESSAGE)
+
+
+def _uint(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise invalid(f"shared memory register request: '{what}' must be an unsigned integer, got {value!r}")
+    value = int(value)
+    if value < 0:
+        raise invalid(f"shared memory register request: '{what}' must be an unsigned integer, got {value}")
+    return value
+
+
+class ClientRegion:
+    """One registered region: `byte_size` bytes at `offset` of the client's object `key`, held open by fd.
+
+    Created by `SystemSharedMemory.register`; the registry and every in-flight request that uses it hold it,
+    and the fd is closed when the last of them lets go (`__del__`). Offsets given to `read_into` and `write`
+    are relative to the region (the client's `offset` added here)."""
+
+    __slots__ = ("_fd", "_identity", "_path", "byte_size", "key", "name", "offset")
+
+    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._fd = -1  # set first: __del__ runs even when __init__ raises
+        self.name = name
+        self.key = key
+        self.offset = offset
+        self.byte_size = byte_size
+        self._path = os.path.join(SHM_ROOT, check_key(key))
+        try:
+            fd = os.open(self._path, _OPEN_FLAGS)
+        except OSError:
+            raise EngineError(ErrorCode.INTERNAL, f"Unable to open shared memory region: '{key}'") from None
+        self._fd = fd
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise EngineError(ErrorCode.INTERNAL, f"Invalid shared memory region: '{key}'")
+        if offset + byte_size > st.st_size:
+            raise invalid(f"failed to register shared memory region '{name}': invalid args")
+        self._identity = (st.st_dev, st.st_ino)
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def _check_alive(self, end: int) -> None:
+        """Raise a clean error if the object was removed, replaced or truncated since it was registered:
+        `end` is the region-relative end of the range about to be accessed."""
+        try:
+            st = os.stat(self._path, follow_symlinks=False)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._identity:
+            raise invalid(f"shared memory region '{self.name}' is gone: its key '{self.key}' was removed "
+                          f"(shm_unlink) or now names another object; unregister it and register again")
+        if self.offset + end > st.st_size:
+            self._truncated(st.st_size)
+
+    def _truncated(self, size: int) -> None:
+        raise invalid(f"shared memory region '{self.name}' was truncated by its owner (the object has "
+                      f"{size} bytes now; the region was registered with offset {self.offset} and byte_size "
+                      f"{self.byte_size}); restore its size, or unregister it and register again")
+
+    def read_into(self, offset: int, target: Any) -> None:
+        """Fill the writable buffer `target` (a numpy array, a bytearray) from `offset` of the region, with
+        one pread: never a fault, whatever the client did to its object."""
+        view = memoryview(target).cast("B")
+        nbytes = view.nbytes
+        self._check_alive(offset + nbytes)
+        done = 0
+        while done < nbytes:
+            n = os.preadv(self._fd, [view[done:]], self.offset + offset + done)
+            if n <= 0:  # truncated between the check and the read
+                self._truncated(os.fstat(self._fd).st_size)
+            done += n
+
+    def write(self, offset: int, data: Any) -> None:
+        """Write the buffer `data` at `offset` of the region with pwrite (never a fault; a write racing a
+        truncation can only grow the client's object again, which harms nobody but that client)."""
+        view = memoryview(data).cast("B")
+        nbytes = view.nbytes
+        self._check_alive(offset + nbytes)
+        done = 0
+        while done < nbytes:
+            done += os.pwrite(self._fd, view[done:], self.offset + offset + done)
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+@dataclass(slots=True)
+class TensorPlace:
+    """Where one tensor's bytes are: `byte_size` bytes at `offset` of `region`."""
+
+    region: ClientRegion
+    offset: int
+    byte_size: int
+
+
+class SystemSharedMemory:
+    """The registry: region name → ClientRegion. One per server (the DataPlane's), on its event loop."""
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed = allowed
+        self._regions: dict[str, ClientRegion] = {}
+
+    def require_allowed(self) -> None:
+        """Raise the refusal naming the flag unless the server was started with --allow-client-shm."""
+        if not self.allowed:
+            raise disabled()
+
+    def register(self, name: str, key: str, offset: Any, byte_size: Any) -> None:
+        self.require_allowed()
+        if not isinstance(name, str) or not name:
+            raise invalid("'region name' is necessary to register system shared memory region")
+        if not isinstance(key, str):
+            raise invalid("Shared memory register request has no 'key' field")
+        offset = _uint(offset, "offset")
+        byte_size = _uint(byte_size, "byte_size")
+        stripped = key.lstrip("/")
+        if not stripped:
+            raise invalid(f"cannot register shared memory region '{name}' - invalid shm key '{key}'")
+        if stripped.startswith(RESERVED_PREFIX):
+            raise invalid(f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                          f"contains the reserved prefix '{RESERVED_PREFIX}'")
+        if name in self._regions:
+            raise EngineError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
+        self._regions[name] = ClientRegion(name, key, offset, byte_size)
+
+    def unregister(self, name: str = "") -> None:
+        """One region, or every region when `name` is empty. An unknown name is no error (Triton's)."""
+        self.require_allowed()
+        if name:
+            self._regions.pop(name, None)
+        else:
+            self._regions.clear()
+
+    def status(self, name: str = "") -> list[dict[str, Any]]:
+        if not name:
+            return [r.status() for r in self._regions.values()]
+        region = self._regions.get(name)
+        if region is None:
+            raise not_found(f"Unable to find system shared memory region: '{name}'")
+        return [region.status()]
+
+    def place(self, name: Any, offset: Any, byte_size: Any) -> TensorPlace:
+        """A tensor's place from a request's parameters, checked against the region (Triton's
+        GetMemoryInfo): unknown region NOT_FOUND; offset or offset + byte size outside it INVALID_ARG."""
+        self.require_allowed()
+        if not isinstance(name, str):
+            raise invalid("Unable to parse 'shared_memory_region'")
+        for value, what in ((offset, "shared_memory_offset"), (byte_size, "shared_memory_byte_size")):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise invalid(f"Unable to parse '{what}'")
+        offset, byte_size = int(offset), int(byte_size)
+        region = self._regions.get(name)
+        if region is None:
+            raise not_found(f"Unable to find shared memory region: '{name}'")
+        if offset >= region.byte_size:
+            raise invalid(f"Invalid offset for shared memory region: '{name}'")
+        if offset + byte_size > region.byte_size:
+            raise invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
+        return TensorPlace(region, offset, byte_size)
+
+
+def cuda_status(name: str = "") -> list[dict[str, Any]]:
+    """CUDA shared memory: hubserve has no GPU path, so nothing is ever registered."""
+    if name:
+        raise not_found(f"Unable to find cuda shared memory region: '{name}'")
+    return []
+
+
+def cuda_register(registry: SystemSharedMemory, name: str) -> None:
+    """Refused: hubserve has no GPU path for client memory (Triton's words for a build without GPUs), HTTP
+    400 and gRPC UNIMPLEMENTED."""
+    registry.require_allowed()
+    raise EngineError(ErrorCode.NOT_ENABLED, f"failed to register CUDA shared memory region: '{name}', GPUs "
+                                             f"not supported: hubserve has no CUDA shared memory path; use "
+                                             f"system shared memory")
+
+
+def cuda_unregister(registry: SystemSharedMemory, name: str = "") -> None:
+    """Nothing is registered, so there is nothing to do (perf_analyzer `--shared-memory system` calls it)."""
+    registry.require_allowed()
