@@ -282,8 +282,9 @@ class InferenceRequest:
 
     def _check_bls(self, decoupled: bool) -> None:
         if decoupled:
-            raise TritonModelException("hubserve does not serve decoupled models yet: call exec() or "
-                                       "async_exec() without decoupled=True")
+            raise TritonModelException("hubserve does not serve BLS calls to decoupled models yet: call "
+                                       "exec() or async_exec() without decoupled=True, on a model that is "
+                                       "not decoupled")
         if not self.model_name:
             raise TritonModelException("a BLS request needs model_name")
 
