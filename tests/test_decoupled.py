@@ -10,6 +10,8 @@ import asyncio
 import json
 import queue
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -265,3 +267,33 @@ def test_other_backends_refuse_decoupled_with_a_reason(server) -> None:
     assert rows["onnx_decoupled"]["state"] == "UNAVAILABLE"
     assert "decoupled" in rows["onnx_decoupled"]["reason"]
     assert "python" in rows["onnx_decoupled"]["reason"]
+
+
+CLIENT_THAT_DIES = '''
+import os, queue, sys
+import numpy as np
+import tritonclient.grpc as grpcclient
+client = grpcclient.InferenceServerClient(sys.argv[1])
+results = queue.Queue()
+client.start_stream(callback=lambda result, error: results.put((result, error)))
+mode = grpcclient.InferInput("MODE", [1], "INT32")
+mode.set_data_from_numpy(np.array([7], dtype=np.int32))
+client.async_stream_infer(sys.argv[2], [mode])
+results.get(timeout=30)
+print("waiting", flush=True)
+os._exit(0)  # no goodbye: the kernel closes the connection
+'''
+
+
+@pytest.mark.parametrize("model", ["misuse", "misuse_in_process"])
+def test_a_client_whose_connection_drops_cancels_its_request(server, model: str) -> None:
+    done = subprocess.run([sys.executable, "-c", CLIENT_THAT_DIES, server.grpc_url, model],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "waiting", done.stderr
+    stream = Stream(server.grpc_url)
+    try:
+        stream.client.async_stream_infer(model, mode_inputs(4))  # runs once the instance is free again
+        [(result, error)] = stream.take(1)
+        assert error is None and text_of(result) == "cancelled=True sender=True"
+    finally:
+        stream.close()
