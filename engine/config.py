@@ -214,9 +214,14 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
     inputs, outputs = tensor_specs(msg, where, "model")
 
     scheduling = msg.WhichOneof("scheduling_choice")
-    if msg.model_transaction_policy.decoupled:  # served as one response per request, it would be half-served
-        raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} (decoupled models) is not "
-                      "supported yet; remove it to serve one response per request")
+    decoupled = msg.model_transaction_policy.decoupled
+    if decoupled and backend != "python":  # only a Python model can send responses apart from execute
+        raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} is not supported by the "
+                      f"{backend} backend, which answers each request with exactly one response; decoupled "
+                      "models must be Python models (`backend: \"python\"`)")
+    if decoupled and scheduling == "sequence_batching":
+        raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} with sequence_batching is "
+                      "not supported yet")
     batching = _dynamic_batching(msg, where) if scheduling == "dynamic_batching" else None
     sequence = sequence_batching(msg, where, model_dir) if scheduling == "sequence_batching" else None
     batching = _batching_parameters(msg, batching, where)
@@ -247,6 +252,7 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
             for a in msg.optimization.execution_accelerators.gpu_execution_accelerator
         ),
         proto_bytes=msg.SerializeToString(deterministic=True),
+        decoupled=decoupled,
     )
 
 

@@ -187,6 +187,8 @@ class ModelConfig:
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
     ensemble: EnsembleScheduling | None = None  # set for `platform: "ensemble"`, which has no backend
     sequence_batching: SequenceBatchingConfig | None = None  # engine/sequence_config.py
+    # model_transaction_policy.decoupled: 0..N responses per request, streamed (Python models only)
+    decoupled: bool = False
 
     @property
     def batching(self) -> bool:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from .names import check_model_name
 from .repository import ModelRepository
 from .routing import IndexEntry
 from .stats import Duration, ModelStats
+from .streaming import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse
 
 log = logging.getLogger("hubserve")
@@ -179,6 +181,11 @@ class DataPlane:
         else:
             self.shm.unregister(name)
 
+    def infer_stream(self, request: InferenceRequest, start_ns: int = 0) -> AsyncIterator[StreamedResponse]:
+        """The request's responses as they come: one for a non-decoupled model, 0..N and a final one for a
+        decoupled model; leaving early cancels the request (engine/streaming.py)."""
+        return infer_stream(self.submit, request, start_ns)
+
     # ------------------------------------------------------------------ statistics
 
     def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
@@ -260,7 +267,11 @@ def stats_json(name: str, version: str, s: ModelStats) -> dict[str, Any]:
             "cache_hit": dict(zero),
             "cache_miss": dict(zero),
         },
-        "response_stats": {},
+        "response_stats": {
+            str(index): {key: _duration(getattr(r, key)) for key in
+                         ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")}
+            for index, r in sorted(s.responses.items())
+        },
         "batch_stats": [
             {
                 "batch_size": size,

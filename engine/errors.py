@@ -55,3 +55,23 @@ def unserved_extension(extension: str, operation: str) -> EngineError:
     `operation` the endpoint or RPC that was called."""
     return EngineError(ErrorCode.UNSUPPORTED, f"hubserve does not implement the {extension} extension "
                                               f"({operation})")
+
+
+# A request that wants one response, to a decoupled model (which streams 0..N). Triton answers gRPC ModelInfer
+# UNIMPLEMENTED "ModelInfer RPC doesn't support ..." and HTTP 501 "HTTP end point doesn't support ..." (server
+# src/grpc/infer_handler.cc, src/http_server.cc): the engine says "this request", each frontend puts its
+# own endpoint in front (`decoupled_unary_message`).
+DECOUPLED_UNARY = "doesn't support models with decoupled transaction policy"
+_DECOUPLED_UNARY_DEFAULT = f"this request {DECOUPLED_UNARY}"
+
+
+def decoupled_unary() -> EngineError:
+    return EngineError(ErrorCode.UNSUPPORTED, _DECOUPLED_UNARY_DEFAULT)
+
+
+def endpoint_message(error: EngineError, endpoint: str) -> str:
+    """The message a frontend answers `error` with: the decoupled refusal naming `endpoint` (Triton's words),
+    any other error as it is."""
+    if error.message == _DECOUPLED_UNARY_DEFAULT:
+        return f"{endpoint} {DECOUPLED_UNARY}"
+    return error.message

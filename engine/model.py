@@ -18,7 +18,7 @@ from . import canary, classification, warmup
 from .batching import Batcher
 from .canary import CanaryRecord
 from .config_types import ModelConfig, TensorSpec
-from .errors import EngineError, ErrorCode, invalid
+from .errors import EngineError, ErrorCode, decoupled_unary, invalid
 from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
@@ -129,6 +129,8 @@ class Model:
         """Validate and queue; raises at once for a bad request or a full queue. The request is accounted in
         `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue). Outputs
         asked for with a class count are classified (engine/classification.py) before `on_done` sees them."""
+        if self.config.decoupled and request.stream is None:
+            raise decoupled_unary()  # its responses have nowhere to go but a stream
         inputs = self.prepare(request)
         wanted = classification.counts(request.outputs)
         if wanted is not None:

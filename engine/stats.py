@@ -29,6 +29,20 @@ class BatchStats:
 
 
 @dataclass(slots=True)
+class ResponseStats:
+    """A decoupled model's responses at one index (0 = each request's first, ...), as Triton keeps them:
+    each response's time since the previous one (or since its execute began) as compute_infer, and as
+    success, fail (an error response) or empty_response (the final flag sent alone)."""
+
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    empty_response: Duration = field(default_factory=Duration)
+    cancel: Duration = field(default_factory=Duration)
+
+
+@dataclass(slots=True)
 class ModelStats:
     success: Duration = field(default_factory=Duration)
     fail: Duration = field(default_factory=Duration)
@@ -45,6 +59,18 @@ class ModelStats:
     batches: dict[int, BatchStats] = field(default_factory=dict)
     # Why each batch left the queue (full, preferred, window, immediate, early): what the window is doing.
     dispatch_reasons: dict[str, int] = field(default_factory=dict)
+    responses: dict[int, ResponseStats] = field(default_factory=dict)  # decoupled models only
+
+    def record_response(self, index: int, ns: int, kind: str) -> None:
+        """A decoupled model's response number `index` of its request, `ns` after the one before; `kind` is
+        "success", "fail" or "empty_response"."""
+        stats = self.responses.get(index)
+        if stats is None:
+            stats = self.responses[index] = ResponseStats()
+        stats.compute_infer.add(ns)
+        getattr(stats, kind).add(ns)
+        if kind == "success":
+            stats.compute_output.add(0)
 
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:

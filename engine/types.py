@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import invalid
+from .errors import EngineError, invalid
 
 
 class DataType(enum.Enum):
@@ -152,6 +152,11 @@ class InferenceRequest:
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
     plan: RequestPlan | None = None  # the frontend's cached decoding of this request's header, if any
+    # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a
+    # decoupled model's responses before its final one go, on the loop, in order (an EngineError for an
+    # error response, after which more may follow). None: the request wants exactly one response, and a
+    # decoupled model refuses it.
+    stream: StreamSink | None = None
 
     @property
     def batch_size(self) -> int:
@@ -167,6 +172,12 @@ class InferenceResponse:
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
 
+
+# What a decoupled request's future resolves with when its model sent the final flag without a response
+# (Triton's empty final response). Compared by identity; never encoded as an answer.
+EMPTY_FINAL = InferenceResponse("", "", [])
+
+StreamSink = Callable[["InferenceResponse | EngineError"], None]
 
 # A frontend's answer to a request: called once, with the request's future, when that is done (resolved,
 # failed or cancelled), right after the request was accounted (Batcher.enqueue).

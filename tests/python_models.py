@@ -331,3 +331,66 @@ class TritonPythonModel:
 '''
 CALLER_CONFIG = io([("INPUT0", "TYPE_INT32", "1, 16"), ("INPUT1", "TYPE_INT32", "1, 16")],
                    [("OUTPUT0", "TYPE_INT32", "1, 16"), ("OUTPUT1", "TYPE_INT32", "1, 16")])
+
+
+# A decoupled model for tests/test_decoupled.py and test_streaming.py: MODE (INT32 [1]) picks what it
+# does; OUT (BYTES [1]) reports. One instance, so "the next request ran"
+# proves the instance was free.
+DECOUPLED_MISUSE = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+def text(s):
+    return pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([s.encode()], dtype=object))])
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.note = "nothing yet"
+
+    def execute(self, requests):
+        for request in requests:
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            sender = request.get_response_sender()
+            if mode == 1:  # a decoupled execute must return None
+                return [text("returned")]
+            if mode == 2:  # flags 0 with no response
+                try:
+                    sender.send(None, 0)
+                except pb_utils.TritonModelException as e:
+                    sender.send(text(str(e)), FINAL)
+            elif mode == 3:  # send after the final flag: remembered for mode 4
+                sender.send(text("last"), FINAL)
+                try:
+                    sender.send(text("after"))
+                except pb_utils.TritonModelException as e:
+                    self.note = str(e)
+            elif mode == 4:
+                sender.send(text(self.note), FINAL)
+            elif mode == 5:  # an error between two responses
+                sender.send(text("one"))
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("bad piece")))
+                sender.send(text("two"))
+                sender.send(flags=FINAL)
+            elif mode == 6:  # execute raises after one response
+                sender.send(text("before"))
+                raise ValueError("broke after one")
+            elif mode == 7:  # holds the instance until the client leaves
+                sender.send(text("waiting"))
+                deadline = time.monotonic() + 30
+                while not request.is_cancelled() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                self.note = f"cancelled={request.is_cancelled()} sender={sender.is_cancelled()}"
+                sender.send(flags=FINAL)
+            elif mode == 8:  # a non-decoupled call pattern: the sender's final with a response
+                sender.send(text("only"), FINAL)
+        return None
+'''
+DECOUPLED_MISUSE_CONFIG = '''max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''

@@ -551,12 +551,14 @@ def test_example_config_parses_and_validates(path: Path) -> None:
     cfg.autocomplete(msg, None, name)
     config = cfg.validate(msg, f"model '{name}'")
     assert config.name == name
-    assert config.inputs and config.outputs and config.batching
-    if config.ensemble is None:
-        assert config.backend in cfg.BACKENDS
+    assert config.inputs and config.outputs
+    if config.decoupled:  # streams the pieces of one vector per request: nothing to batch
+        assert config.backend == "python"
+    elif config.ensemble is None:
+        assert config.batching and config.backend in cfg.BACKENDS
         assert (config.dynamic_batching or config.sequence_batching) is not None
     else:  # an ensemble batches through its steps' batchers
-        assert config.platform == "ensemble" and config.ensemble.steps
+        assert config.batching and config.platform == "ensemble" and config.ensemble.steps
     json.dumps(config.as_json())  # servable as the protocol's config endpoint
 
 

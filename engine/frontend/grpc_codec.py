@@ -137,6 +137,9 @@ _STREAM_RESPONSE_TAG = 0x12  # ModelStreamInferResponse field 2, infer_response
 # src/grpc/stream_infer_handler.cc StreamInferResponseComplete).
 _FINAL_PARAMETER = pb.ModelInferResponse(
     parameters={"triton_final_response": pb.InferParameter(bool_param=True)}).SerializeToString()
+# ... and false, on a decoupled model's responses before its last.
+_NOT_FINAL_PARAMETER = pb.ModelInferResponse(
+    parameters={"triton_final_response": pb.InferParameter(bool_param=False)}).SerializeToString()
 
 
 def response_parameters(params: dict[str, Any]) -> bytes:
@@ -303,12 +306,13 @@ class InferWireCodec:
             size += len(serialized)
         return parts, size
 
-    def encode_stream(self, response: InferenceResponse) -> tuple[list[Any], int]:
-        """The serialized ModelStreamInferResponse carrying `response`, flagged final, as (parts, total
-        length)."""
+    def encode_stream(self, response: InferenceResponse, final: bool = True) -> tuple[list[Any], int]:
+        """The serialized ModelStreamInferResponse carrying `response`, flagged `triton_final_response`, as
+        (parts, total length)."""
         parts, size = self.encode(response)
-        parts.append(_FINAL_PARAMETER)
-        size += len(_FINAL_PARAMETER)
+        flag = _FINAL_PARAMETER if final else _NOT_FINAL_PARAMETER
+        parts.append(flag)
+        size += len(flag)
         head = field_head(_STREAM_RESPONSE_TAG, size)
         return [head, *parts], len(head) + size
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,8 +20,10 @@ from google.protobuf import json_format
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
-from ..types import Completion, InferenceResponse
+from ..types import EMPTY_FINAL, Completion, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
+
+log = logging.getLogger("hubserve.grpc")
 
 # The generated modules carry no type information: their messages are typed Any here.
 pb: Any = grpc_service_pb2
@@ -69,9 +72,12 @@ UNIMPLEMENTED_RPCS = {"TraceSetting": "trace", "LogSettings": "logging"}
 HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 # How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
-# None when it was cancelled, or a bug's exception.
+# None when there is nothing to send (cancelled, or a decoupled model's final flag alone while the client
+# did not ask for empty final responses), or a bug's exception.
 StreamAnswer = tuple[list[Any], int] | BaseException | None
 StreamAnswered = Callable[["asyncio.Future[InferenceResponse]", StreamAnswer], None]
+# A decoupled model's response before its last, serialized as (parts, size): sent on the stream at once.
+StreamPartial = Callable[[tuple[list[Any], int]], None]
 
 
 class GrpcHandlers:
@@ -174,30 +180,52 @@ class GrpcHandlers:
         with it once it is done, right after the request is accounted. Cancelling it drops the request."""
         return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns(), on_done)
 
-    def stream_infer_wire(self, message: Any, answered: StreamAnswered) -> asyncio.Future[InferenceResponse]:
+    def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None
+                          ) -> asyncio.Future[InferenceResponse]:
         """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
         returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
-        when the request was cancelled, or the exception of a bug. Never an EngineError: as Triton does, an
-        error is an answer on the stream (`error_message`, with the request's id), which stays open. Raises
-        DecodeError for bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it).
-        Cancelling the returned future drops the request."""
-        def error(e: EngineError) -> tuple[list[Any], int]:  # the id is needed only here: parse in full
-            body = _stream_error(pb.ModelInferRequest.FromString(message), e).SerializeToString()
+        when there is nothing to send, or the exception of a bug. Never an EngineError: as Triton does, an
+        error is an answer on the stream (`error_message`, with the request's id), which stays open. A
+        decoupled model's responses before its last go to `partial` as they come, flagged
+        `triton_final_response: false`; its final flag sent alone is answered with Triton's empty final
+        response only when the request sets `triton_enable_empty_final_response`. Raises DecodeError for
+        bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
+        returned future drops the request (a decoupled model sees `is_cancelled()`)."""
+        def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
+            # the id is needed only here: parse in full
+            body = _stream_error(pb.ModelInferRequest.FromString(message), e, final).SerializeToString()
             return [body], len(body)
+
+        def streamed(response: InferenceResponse | EngineError) -> None:
+            if partial is None:
+                return
+            try:
+                partial(self.wire.encode_stream(response, final=False)
+                        if isinstance(response, InferenceResponse) else error(response, final=False))
+            except Exception:  # a bug in encoding: logged, the stream goes on
+                log.exception("gRPC stream response encoding failed")
 
         def done(f: asyncio.Future[InferenceResponse]) -> None:
             answer: StreamAnswer = None
             if not f.cancelled():
                 exc = f.exception()
                 try:
-                    answer = self.wire.encode_stream(f.result()) if exc is None else \
-                        error(exc) if isinstance(exc, EngineError) else exc
+                    if exc is not None:
+                        answer = error(exc) if isinstance(exc, EngineError) else exc
+                    elif (result := f.result()) is not EMPTY_FINAL:
+                        answer = self.wire.encode_stream(result)
+                    elif empty_final:
+                        answer = self.wire.encode_stream(InferenceResponse(
+                            request.model_name, request.model_version, [], request.id))
                 except Exception as e:  # a bug in encoding: the stream ends INTERNAL
                     answer = e
             answered(f, answer)
 
         try:
-            return self.submit_infer_wire(message, 0, done)
+            request = self.wire.decode(message)
+            empty_final = request.parameters.get("triton_enable_empty_final_response") is True
+            request.stream = streamed
+            return self.dp.submit(request, time.perf_counter_ns(), done)
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
             future.set_exception(e)
@@ -232,12 +260,12 @@ class GrpcHandlers:
             await asyncio.sleep(HEALTH_POLL_S)
 
 
-def _stream_error(request: Any, error: EngineError) -> Any:
+def _stream_error(request: Any, error: EngineError, final: bool = True) -> Any:
     """A failed request's answer on the stream: the error, and the request's id, model and version, flagged
     final as Triton flags it (server src/grpc/stream_infer_handler.cc StreamInferResponseComplete)."""
     infer_response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
                                            model_version=request.model_version)
-    infer_response.parameters["triton_final_response"].bool_param = True
+    infer_response.parameters["triton_final_response"].bool_param = final
     return pb.ModelStreamInferResponse(error_message=error.message, infer_response=infer_response)
 
 

@@ -21,7 +21,7 @@ from urllib.parse import unquote
 import orjson
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
+from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found, unserved_extension
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
 from .generate import MetadataSource, answer_generate
@@ -79,7 +79,7 @@ class Deferred:
                 log.exception("HTTP response encoding failed")
                 return _error(500, f"internal error: {e}")
         if isinstance(exc, EngineError):
-            return _error(STATUS[exc.code], exc.message)
+            return _error(STATUS[exc.code], endpoint_message(exc, "HTTP end point"))
         self._log.error(self._failed, exc)
         return _error(500, f"internal error: {exc}")
 
@@ -153,7 +153,7 @@ class HttpRoutes:
         except compression.UnsupportedEncoding as e:
             return _error(415, e.message)
         except EngineError as e:
-            return _error(STATUS[e.code], e.message)
+            return _error(STATUS[e.code], endpoint_message(e, "HTTP end point"))
         except Exception as e:  # a bug: answer 500, keep serving
             log.exception("HTTP handler failed")
             return _error(500, f"internal error: {e}")

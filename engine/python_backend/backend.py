@@ -19,6 +19,8 @@ Both are created on the instance's thread (InstancePool.start), where the first 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
 import logging
 import sys
@@ -36,9 +38,10 @@ from ..types import DataType, InferenceRequest, InferenceResponse
 from . import pb_utils
 from .bls import RESERVED_PARAMETERS, Gateway, WaitNode, engine_request
 from .channel import Received
+from .decoupled import Relay
 from .environment import options
 from .process import IMPORTABLE, InstanceProcess, LaunchSpec
-from .runner import Answer, ModelError, ModelRunner
+from .runner import Answer, ModelError, ModelRunner, convert_response
 
 log = logging.getLogger("hubserve.python")
 RESTART_ATTEMPTS = 3
@@ -119,10 +122,12 @@ class IsolatedInstance:
         self._up: asyncio.Event | None = None  # set while a process serves; cleared during a restart
         self._broken = ""  # why the instance cannot serve (every restart failed)
         self._closing = False
+        self._keys = itertools.count(1)
+        self._relays: dict[int, Relay] = {}  # a decoupled model's requests not yet finished, by key
         self._proc = self._launch()
 
     def _launch(self) -> InstanceProcess:
-        proc = InstanceProcess(self._spec, self._on_bls, self._on_exit)
+        proc = InstanceProcess(self._spec, self._on_bls, self._on_exit, self._on_response)
         proc.start()
         return proc
 
@@ -134,29 +139,66 @@ class IsolatedInstance:
     # ------------------------------------------------------------------ execution
 
     async def execute_requests(self, requests: list[InferenceRequest], inputs: list[dict[str, np.ndarray]],
-                               executor: Executor | None = None) -> list[Answer]:
+                               executor: Executor | None = None, relays: list[Relay] | None = None
+                               ) -> list[Answer]:
+        """Run one batch; `relays` (a decoupled model's, one per request) receive the responses the model
+        sends, and then nothing is returned."""
         if self._up is not None and not self._up.is_set():
             await self._up.wait()
         if self._broken:
             raise unavailable(self._broken)
-        metas, tensors = self._frame(requests, inputs)
-        meta, out = await asyncio.wrap_future(self._proc.call((metas,), tensors))
-        return self._answers(meta, out)
+        keys = self._register(relays) if relays is not None else None
+        metas, tensors = self._frame(requests, inputs, keys)
+        try:
+            meta, out = await asyncio.wrap_future(self._proc.call((metas,), tensors))
+            return self._answers(meta, out)
+        except BaseException:
+            for key in keys or ():  # the batcher fails these requests with the batch's error
+                self._relays.pop(key, None)
+            raise
+
+    def _register(self, relays: list[Relay]) -> list[int]:
+        keys = []
+        for relay in relays:
+            key = next(self._keys)
+            self._relays[key] = relay
+            relay.bind(functools.partial(self._cancelled, key))
+            keys.append(key)
+        return keys
+
+    def _cancelled(self, key: int) -> None:
+        """The request's client left: the model's is_cancelled() turns true; what it sends is dropped."""
+        if self._relays.pop(key, None) is not None:
+            self._proc.send(("cancel", key))
+
+    def _on_response(self, meta: Any, tensors: list[Received]) -> None:
+        """A decoupled model's send, from the reader thread, in the order the model sent."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._respond, meta, tensors)
+
+    def _respond(self, meta: Any, tensors: list[Received]) -> None:
+        _, key, final, answer = meta
+        relay = self._relays.pop(key, None) if final else self._relays.get(key)
+        if relay is None:
+            return
+        if answer is not None and answer[0] == "ok":
+            answer = ("ok", tensors, answer[2])
+        relay.respond(None if answer is None else tuple(answer), bool(final))
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         """One warm-up sample, from the instance's thread."""
-        meta = ("warmup", 0, 0, "{}", list(output_names), len(inputs))
+        meta = ("warmup", 0, 0, "{}", list(output_names), len(inputs), 0)
         tensors = [(n, self._types[n], a) for n, a in inputs.items()]
         result, out = self._proc.call(([meta],), tensors).result()
         return _single(self._answers(result, out), self.name)
 
-    def _frame(self, requests: list[InferenceRequest], inputs: list[dict[str, np.ndarray]]
-               ) -> tuple[list[Any], list[Any]]:
+    def _frame(self, requests: list[InferenceRequest], inputs: list[dict[str, np.ndarray]],
+               keys: list[int] | None = None) -> tuple[list[Any], list[Any]]:
         metas: list[Any] = []
         tensors: list[Any] = []
         types = self._types
-        for request, arrays in zip(requests, inputs, strict=True):
-            metas.append((*request_meta(self._config, request), len(arrays)))
+        for i, (request, arrays) in enumerate(zip(requests, inputs, strict=True)):
+            metas.append((*request_meta(self._config, request), len(arrays), keys[i] if keys else 0))
             tensors.extend((name, types[name], array) for name, array in arrays.items())
         return metas, tensors
 
@@ -211,6 +253,10 @@ class IsolatedInstance:
             return
         self._up.clear()
         self._health(self.name, f"instance '{self.name}' {reason}; restarting it")
+        relays, self._relays = self._relays, {}
+        for relay in relays.values():  # requests whose execute had returned, still streaming
+            relay.fail(unavailable(f"Python model instance '{self.name}' {reason} while running this "
+                                   "request"))
         asyncio.get_running_loop().create_task(self._restart(reason))
 
     async def _restart(self, reason: str) -> None:
@@ -289,6 +335,25 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
+class InProcessSink(pb_utils.ResponseSink):
+    """A decoupled in-process model's sends: converted on the model's thread, handed to the loop in order."""
+
+    def __init__(self, instance: InProcessInstance) -> None:
+        self._instance = instance
+        self.cancelled: set[int] = set()
+
+    def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if final:
+            self.cancelled.discard(key)
+        answer = None if response is None else convert_response(response, 0)
+        loop = self._instance.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._instance.respond, key, answer, final)
+
+    def is_cancelled(self, key: int) -> bool:
+        return key in self.cancelled
+
+
 class InProcessInstance:
     cpu_bound = False
 
@@ -299,6 +364,9 @@ class InProcessInstance:
         self.gateway: Gateway | None = None
         self._config = config
         self._types = _input_types(config)
+        self._keys = itertools.count(1)
+        self._relays: dict[int, Relay] = {}
+        self._sink = InProcessSink(self)
         if str(IMPORTABLE) not in sys.path:
             sys.path.append(str(IMPORTABLE))
         pb_utils.set_transport(InProcessTransport(self), thread_only=True)  # this thread runs the model
@@ -311,16 +379,43 @@ class InProcessInstance:
         self.loop, self.gateway = loop, gateway
 
     async def execute_requests(self, requests: list[InferenceRequest], inputs: list[dict[str, np.ndarray]],
-                               executor: Executor | None = None) -> list[Answer]:
+                               executor: Executor | None = None, relays: list[Relay] | None = None
+                               ) -> list[Answer]:
         batch = []
         types = self._types
-        for request, arrays in zip(requests, inputs, strict=True):
+        for i, (request, arrays) in enumerate(zip(requests, inputs, strict=True)):
             request_id, correlation, flags, params, requested = request_meta(self._config, request)
             # A model may write into its inputs (in Triton they are its shared memory): copy read-only ones.
             tensors = [pb_utils.Tensor(n, a if a.flags.writeable else a.copy(), types[n].value)
                        for n, a in arrays.items()]
-            batch.append(pb_utils.make_request(tensors, requested, request_id, correlation, flags, params))
-        return await asyncio.get_running_loop().run_in_executor(executor, self._run, batch)
+            sender = self._sender(relays[i]) if relays is not None else None
+            batch.append(pb_utils.make_request(tensors, requested, request_id, correlation, flags, params,
+                                               sender))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, self._run, batch)
+        except BaseException:
+            for made in batch:
+                sender = getattr(made, "_sender", None)
+                if sender is not None:
+                    sender.close()
+                    self._relays.pop(sender._key, None)
+            raise
+
+    def _sender(self, relay: Relay) -> pb_utils.InferenceResponseSender:
+        key = next(self._keys)
+        self._relays[key] = relay
+        relay.bind(lambda: self._cancelled(key))
+        return pb_utils.InferenceResponseSender(key, self._sink)
+
+    def _cancelled(self, key: int) -> None:
+        if self._relays.pop(key, None) is not None:
+            self._sink.cancelled.add(key)
+
+    def respond(self, key: int, answer: Answer | None, final: bool) -> None:
+        """A decoupled model's send, on the loop, in order."""
+        relay = self._relays.pop(key, None) if final else self._relays.get(key)
+        if relay is not None:
+            relay.respond(answer, final)
 
     def _run(self, batch: list[pb_utils.InferenceRequest]) -> list[Answer]:
         try:

@@ -27,6 +27,7 @@ from ..stats import ModelStats
 from ..types import InferenceResponse
 from .answers import AnswerCheck, InstanceBinding, count_error
 from .bls import Router
+from .decoupled import Relay
 from .runner import Answer
 
 
@@ -45,7 +46,36 @@ class RequestBatcher(Batcher):
     # ------------------------------------------------------------------ execution
 
     def _start(self, instance: Instance, batch: list[Pending], seq: int) -> None:
-        asyncio.get_running_loop().create_task(self._run(instance, batch, seq))
+        run = self._run_decoupled if self.config.decoupled else self._run
+        asyncio.get_running_loop().create_task(run(instance, batch, seq))
+
+    async def _run_decoupled(self, instance: Instance, batch: list[Pending], seq: int) -> None:
+        """A decoupled model's batch (decoupled.py): the instance is free once execute returns; each request
+        ends when its model sends the final flag, or fails with the batch when execute raised."""
+        start = time.perf_counter_ns()
+        for p in batch:
+            self._stats.queue.add(start - p.enqueue_ns)
+        relays = [Relay(p, self._response, self._relay_finished, self._stats, start) for p in batch]
+        failure: EngineError | None = None
+        try:
+            await instance.backend.execute_requests(
+                [p.request for p in batch], [p.inputs for p in batch], instance.executor, relays)
+            self._stats.record_execution(sum(p.batch_size for p in batch), len(batch), 0,
+                                         time.perf_counter_ns() - start, 0)
+        except Exception as e:
+            failure = self._execution_error(e)
+        finally:
+            self._pool.release(instance)
+        if failure is not None:
+            for relay in relays:
+                relay.fail(failure)
+
+    def _relay_finished(self) -> None:
+        self._done(1)
+
+    def _response(self, p: Pending, answer: Answer) -> InferenceResponse | EngineError:
+        """One answer of the model, checked (answers.py): a decoupled model's Relay calls it per send."""
+        return self._answers.response(p.request, answer, p.batch_size)
 
     async def _run(self, instance: Instance, batch: list[Pending], seq: int) -> None:
         start = time.perf_counter_ns()

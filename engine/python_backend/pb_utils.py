@@ -252,14 +252,20 @@ class InferenceRequest:
         return self._timeout
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client of a decoupled model's request has gone (its stream closed or reset)."""
+        sender = getattr(self, "_sender", None)
+        return sender is not None and sender.is_cancelled()
 
     def trace(self) -> Any:
         return _NoTrace()
 
-    def get_response_sender(self) -> Any:
-        raise TritonModelException("hubserve does not serve decoupled Python models yet: return one "
-                                   "InferenceResponse per request from execute()")
+    def get_response_sender(self) -> InferenceResponseSender:
+        sender = getattr(self, "_sender", None)
+        if sender is None:
+            raise TritonModelException("hubserve serves the response sender to decoupled models only "
+                                       "(model_transaction_policy { decoupled: true }); return one "
+                                       "InferenceResponse per request from execute()")
+        return sender  # type: ignore[no-any-return]
 
     def set_release_flags(self, flags: int) -> None:
         raise TritonModelException("hubserve does not support request rescheduling (set_release_flags)")
@@ -276,8 +282,9 @@ class InferenceRequest:
 
     def _check_bls(self, decoupled: bool) -> None:
         if decoupled:
-            raise TritonModelException("hubserve does not serve decoupled models yet: call exec() or "
-                                       "async_exec() without decoupled=True")
+            raise TritonModelException("hubserve does not serve BLS calls to decoupled models yet: call "
+                                       "exec() or async_exec() without decoupled=True, on a model that is "
+                                       "not decoupled")
         if not self.model_name:
             raise TritonModelException("a BLS request needs model_name")
 
@@ -314,6 +321,57 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return self._parameters
+
+
+class ResponseSink:
+    """Where a decoupled request's sends go (set by hubserve, not by models): the instance process's channel
+    to the engine, or an in-process instance's hand-off to the event loop."""
+
+    def send(self, key: int, response: InferenceResponse | None, final: bool) -> None:
+        raise NotImplementedError
+
+    def is_cancelled(self, key: int) -> bool:
+        raise NotImplementedError
+
+
+class InferenceResponseSender:
+    """A decoupled request's sender (`request.get_response_sender()`): 0..N responses, then the final flag,
+    from `execute` or from any thread of the model, before or after `execute` returned. Thread-safe."""
+
+    def __init__(self, key: int, sink: ResponseSink) -> None:
+        self._key = key
+        self._sink = sink
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException("Inference Response object must be provided when the response flags "
+                                       "is set to zero.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got "
+                                       f"{type(response).__name__}")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with self._lock:  # the check and the send together, so two threads cannot both send a final
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if final:
+                self._closed = True
+            self._sink.send(self._key, response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._sink.is_cancelled(self._key)
+
+    def close(self) -> None:
+        """hubserve's: execute failed, the engine answered the request with that error; sends now raise."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 class Logger:
@@ -360,16 +418,21 @@ def set_logger_name(name: str) -> None:
 
 
 def make_request(inputs: list[Tensor], requested: list[str], request_id: str, correlation_id: int | str,
-                 flags: int, parameters: str) -> InferenceRequest:
-    """A request for `execute`, as hubserve builds it (no model name: it is not a BLS request)."""
-    return InferenceRequest(request_id, correlation_id, inputs, requested, "", -1, flags, 0,
-                            parameters=parameters)
+                 flags: int, parameters: str, sender: InferenceResponseSender | None = None
+                 ) -> InferenceRequest:
+    """A request for `execute`, as hubserve builds it (no model name: it is not a BLS request); `sender` for
+    a decoupled model's."""
+    request = InferenceRequest(request_id, correlation_id, inputs, requested, "", -1, flags, 0,
+                               parameters=parameters)
+    request._sender = sender  # type: ignore[attr-defined]
+    return request
 
 
 __all__ = [
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END", "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_REQUEST_RELEASE_ALL", "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL", "TRITON_STRING_TO_NUMPY", "InferenceRequest", "InferenceResponse",
+    "InferenceResponseSender",
     "Logger", "ModelConfig", "Tensor", "TritonError", "TritonModelException", "deserialize_bytes_tensor",
     "get_input_config_by_name", "get_input_tensor_by_name", "get_output_config_by_name",
     "get_output_tensor_by_name", "numpy_to_triton_type", "serialize_byte_tensor", "triton_string_to_numpy",

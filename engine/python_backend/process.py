@@ -6,7 +6,7 @@ waits for `ready` (or `init_failed`: the model's import or `initialize` error, w
 
 Then four threads of its own, none of them the event loop:
 - the reader takes frames off the socket: results resolve the futures `call()` returned, BLS requests go to
-  `on_bls`, every frame counts as a sign of life;
+  `on_bls`, a decoupled model's responses to `on_response`, every frame counts as a sign of life;
 - the watchdog pings about every second and kills a process that has said nothing for `unresponsive_s`
   (frozen, or stuck holding the GIL) or whose oldest batch has run longer than `execute_timeout_s` (when
   set): a hung instance is detected, not waited on forever;
@@ -72,9 +72,11 @@ Result = tuple[Any, list[Received]]
 
 class InstanceProcess:
     def __init__(self, spec: LaunchSpec, on_bls: Callable[[Any, list[Received]], None],
-                 on_exit: Callable[[str], None]) -> None:
+                 on_exit: Callable[[str], None],
+                 on_response: Callable[[Any, list[Received]], None] | None = None) -> None:
         self.spec = spec
         self._on_bls = on_bls
+        self._on_response = on_response
         self._on_exit = on_exit
         self._proc: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
@@ -200,6 +202,8 @@ class InstanceProcess:
                         entry = self._pending.pop(meta[1], None)
                     if entry is not None:
                         entry[0].set_result((meta, tensors))
+                elif kind == "resp" and self._on_response is not None:
+                    self._on_response(meta, tensors)  # a decoupled model's send
                 elif kind == "bls":
                     self._on_bls(meta, tensors)
                 elif kind == "bye":

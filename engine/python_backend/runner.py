@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
+import json
 import sys
 import traceback
 from pathlib import Path
@@ -81,6 +82,12 @@ class ModelRunner:
         self._model_dir = model_dir
         self._shown = shown
         self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._instance = args.get("model_instance_name", "")
+        try:
+            self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
+                json.loads(args.get("model_config", "{}")))
+        except ValueError:
+            self.decoupled = False
         cls = load_model_class(model_file, model_dir, shown)
         try:
             self.model = cls()
@@ -108,6 +115,11 @@ class ModelRunner:
                 result = self._loop().run_until_complete(result)
         except BaseException as e:
             raise ModelError(describe_exception(e, self._model_dir, self._shown)) from None
+        if self.decoupled:  # its answers go through the requests' senders (Triton's rule and words)
+            if result is not None:
+                raise ModelError(f"Python model '{self._instance}' is using the decoupled mode and the "
+                                 "execute function must return None.")
+            return []
         if not isinstance(result, (list, tuple)):
             raise ModelError(f"Expected a list in the execute return, found type '{type(result).__name__}'.")
         return [convert_response(r, i) for i, r in enumerate(result)]

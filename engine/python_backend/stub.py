@@ -11,8 +11,9 @@ frozen process shows it is not), hands BLS responses to the waiting calls and qu
 thread. Messages (metadata tuples; tensors travel beside them, channel.py):
 
     engine → instance: ("init", {...}), ("exec", batch, requests), ("bls_result", call, error, params),
-                       ("ping", n), ("finalize",)
+                       ("cancel", key), ("ping", n), ("finalize",)
     instance → engine: ("ready",), ("init_failed", text), ("result", batch, error, answers),
+                       ("resp", key, final, answer | None) (a decoupled model's send; key names the request),
                        ("bls", call, model, version, id, correlation, flags, timeout_us, params, outputs),
                        ("pong", n), ("bye", text)
 """
@@ -35,19 +36,53 @@ from ..shm import Region
 from ..types import DataType
 from . import pb_utils
 from .channel import Channel, ChannelClosed, Received
-from .runner import ModelError, ModelRunner
+from .runner import ModelError, ModelRunner, convert_response
 
 
-def requests_from(meta: list[Any], tensors: list[Received]) -> list[pb_utils.InferenceRequest]:
-    """The batch's requests as pb_utils objects; each takes its inputs from `tensors` in order."""
+class StubSink(pb_utils.ResponseSink):
+    """A decoupled model's sends, from whichever thread of the model: each a `resp` frame to the engine (the
+    channel's lock keeps frames whole); `cancelled` holds the keys the engine said are cancelled (written by
+    the reader thread)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.cancelled: set[int] = set()
+
+    def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if final:
+            self.cancelled.discard(key)
+        if response is None:
+            self._channel.send(("resp", key, final, None))
+            return
+        answer = convert_response(response, 0)
+        try:
+            if answer[0] == "ok":
+                self._channel.send(("resp", key, final, ("ok", len(answer[1]), answer[2])), answer[1])
+            else:
+                self._channel.send(("resp", key, final, answer))
+        except EngineError as e:  # e.g. a tensor no wire form fits: the model learns it from send()
+            raise pb_utils.TritonModelException(f"the response could not be sent: {e.message}") from None
+        except ChannelClosed:
+            raise pb_utils.TritonModelException("the response could not be sent: the server is gone") \
+                from None
+
+    def is_cancelled(self, key: int) -> bool:
+        return key in self.cancelled
+
+
+def requests_from(meta: list[Any], tensors: list[Received], sink: pb_utils.ResponseSink | None = None
+                  ) -> list[pb_utils.InferenceRequest]:
+    """The batch's requests as pb_utils objects; each takes its inputs from `tensors` in order. A request
+    with a key (a decoupled model's) gets a response sender over `sink`."""
     out = []
     position = 0
-    for request_id, correlation_id, flags, parameters, requested, count in meta:
+    for request_id, correlation_id, flags, parameters, requested, count, key in meta:
         inputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in
                   tensors[position:position + count]]
         position += count
+        sender = pb_utils.InferenceResponseSender(key, sink) if key and sink is not None else None
         out.append(pb_utils.make_request(inputs, list(requested), request_id, correlation_id, flags,
-                                         parameters))
+                                         parameters, sender))
     return out
 
 
@@ -102,7 +137,7 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport) -> None:
+def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, sink: StubSink) -> None:
     """The reader thread's loop; at EOF (the engine is gone) the process exits at once."""
     try:
         while True:
@@ -112,6 +147,8 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport) -
                 channel.send(("pong", meta[1]))
             elif kind == "bls_result":
                 transport.answered(meta[1], meta[2], meta[3], tensors)
+            elif kind == "cancel":
+                sink.cancelled.add(meta[1])
             else:
                 work.put((meta, tensors))
     except ChannelClosed:
@@ -121,7 +158,7 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport) -
     os._exit(0)
 
 
-def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any]) -> None:
+def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any], sink: StubSink) -> None:
     """The main thread's loop: run each batch and answer it; finalize and say goodbye."""
     while True:
         meta, tensors = work.get()
@@ -129,11 +166,15 @@ def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any]) -> None
             channel.send(("bye", runner.finalize()))
             return
         _, batch, request_meta = meta
-        requests = requests_from(request_meta, tensors)
+        requests = requests_from(request_meta, tensors, sink)
         del tensors
         try:
             answers = runner.execute(requests)
         except ModelError as e:
+            for request in requests:  # the engine fails those not finished with this error
+                sender = getattr(request, "_sender", None)
+                if sender is not None:
+                    sender.close()
             del requests
             channel.send(("result", batch, str(e), []))
             continue
@@ -173,9 +214,11 @@ def main(argv: list[str]) -> int:
     transport = StubTransport(channel)
     pb_utils.set_transport(transport)
     work: queue.Queue[Any] = queue.Queue()
-    threading.Thread(target=reader, args=(channel, work, transport), name="channel", daemon=True).start()
+    sink = StubSink(channel)
+    threading.Thread(target=reader, args=(channel, work, transport, sink), name="channel",
+                     daemon=True).start()
     channel.send(("ready",))
-    serve(channel, runner, work)
+    serve(channel, runner, work, sink)
     return 0
 
 

@@ -2,7 +2,7 @@
 (engine/ipc/frames.py), whose reader refuses every class: plain values only. One frame per loop round and
 direction carries everything of that round.
 
-Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections)`
+Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections, streaming)`
 - a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
   request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
   plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
@@ -12,6 +12,8 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
   plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table;
   connections: how many client connections the frontend has open (-1: not counted in this frame), what the
   engine hands new connections by (listen.py).
+- streaming: rids of this frame's requests whose responses are streamed (`InferenceRequest.stream`): a
+  decoupled model's responses before its last come back as they are sent.
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
   HTTP `(method, url, headers, body)`, gRPC `(method name, serialized request)`, HEALTH `service` (what
   gRPC's Health/Watch polls).
@@ -21,7 +23,10 @@ Engine → frontend: `(answers, control_answers)`
   `outputs` as `((name, datatype, shape), ...)` (`(name, datatype, shape, parameters)` for an output written
   to a client's shared-memory region, which crosses with no bytes); `(rid, FAILED, error)`;
   `(rid, CANCELLED, None)`. Every request gets exactly one answer, a cancelled one too: only then does the
-  frontend reuse its input block.
+  frontend reuse its input block. A decoupled model's final flag sent alone is `(rid, OK, None)`
+  (engine/types.py EMPTY_FINAL).
+- before it, for a streaming request, any number of `(rid, STREAMED, response)` (the OK payload) and
+  `(rid, STREAMED_ERROR, error)`, in the order the model sent them.
 - a control answer: `(cid, True, result)` (HTTP: the route's answer; gRPC: serialized response bytes;
   HEALTH: the status number) or `(cid, False, error)`.
 
@@ -37,7 +42,7 @@ from typing import Any
 from ..errors import EngineError, ErrorCode
 from ..types import DataType, RequestedOutput
 
-OK, FAILED, CANCELLED = 0, 1, 2
+OK, FAILED, CANCELLED, STREAMED, STREAMED_ERROR = 0, 1, 2, 3, 4
 HTTP, GRPC, HEALTH = 0, 1, 2
 
 # (inputs ((name, datatype, shape, parameters), ...), outputs ((name, binary_data, parameters), ...) | None,

@@ -20,15 +20,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
 from ..ipc.frames import FrameReader, encode_frame
 from ..ipc.tensors import Inline, PeerBlocks, place, wire_chunks
 from ..shm import Arena, Region
-from ..types import Completion, InferenceRequest, InferenceResponse, RequestPlan, Tensor
-from .messages import CANCELLED, OK, datatype, error_from_payload, outputs_header
+from ..streaming import StreamedResponse, infer_stream
+from ..types import (
+    EMPTY_FINAL,
+    Completion,
+    InferenceRequest,
+    InferenceResponse,
+    RequestPlan,
+    StreamSink,
+    Tensor,
+)
+from .messages import CANCELLED, OK, STREAMED, datatype, error_from_payload, outputs_header
 
 log = logging.getLogger("hubserve.workers")
 
@@ -62,6 +71,8 @@ class EngineClient(asyncio.Protocol):
         self._next_plan = 1
         self._plans_reset = False
         self._requests: list[Any] = []
+        self._streams: dict[int, StreamSink] = {}  # rid → where its streamed responses go
+        self._streaming: list[int] = []  # this round's rids that stream
         self._cancels: list[int] = []
         self._control_out: list[Any] = []
         self._inline = Inline()
@@ -115,11 +126,18 @@ class EngineClient(asyncio.Protocol):
             desc = (*desc, _header(request))
         self._requests.append(desc)
         self._pending[rid] = (future, placement[0])
+        if request.stream is not None:
+            self._streams[rid] = request.stream
+            self._streaming.append(rid)
         if on_done is not None:
             future.add_done_callback(on_done)
         future.add_done_callback(functools.partial(self._settled, rid))
         self._schedule()
         return future
+
+    def infer_stream(self, request: InferenceRequest, start_ns: int = 0) -> AsyncIterator[StreamedResponse]:
+        """DataPlane.infer_stream's shape: the responses cross the channel as they come."""
+        return infer_stream(self.submit, request, start_ns)
 
     def forward(self, kind: int, args: Any) -> asyncio.Future[Any]:
         """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH)."""
@@ -156,16 +174,18 @@ class EngineClient(asyncio.Protocol):
                 self._free_timer = self._loop.call_later(FREE_FLUSH_SECS, self._flush_freed)
             return
         requests, cancels, controls = self._requests, self._cancels, self._control_out
-        reset = self._plans_reset
+        reset, streaming = self._plans_reset, self._streaming
         self._requests, self._cancels, self._control_out, self._plans_reset = [], [], [], False
-        self._send(requests, cancels, controls, reset)
+        self._streaming = []
+        self._send(requests, cancels, controls, reset, streaming)
 
-    def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool) -> None:
+    def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool,
+              streaming: list[int] | None = None) -> None:
         """One frame: these, the blocks freed so far and the connection count; the inline bytes are those of
         `requests` (submit() adds them and schedules the round's flush, so without one there are none)."""
         blocks = self._responses.take_freed()
         self._reported = connections = self._count_connections()
-        meta = (requests, cancels, blocks, controls, reset, connections)
+        meta = (requests, cancels, blocks, controls, reset, connections, streaming or [])
         self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
 
     def _flush_freed(self) -> None:
@@ -197,16 +217,23 @@ class EngineClient(asyncio.Protocol):
         answers, control_answers = meta
         pending = self._pending
         for rid, status, payload in answers:
+            if status >= STREAMED:  # a decoupled model's response before its last
+                sink = self._streams.get(rid)
+                entry = pending.get(rid)
+                if sink is not None and entry is not None and not entry[0].done():
+                    sink(self._response(payload, inline) if status == STREAMED else _stream_error(payload))
+                continue
             entry = pending.pop(rid, None)
             if entry is None:
                 continue
+            self._streams.pop(rid, None)
             future, block = entry
             if block >= 0:
                 self._arena.free(block)  # the engine is done with the inputs
             if future.done():
                 continue  # cancelled here: the answer confirms the engine let go
             if status == OK:
-                future.set_result(self._response(payload, inline))
+                future.set_result(EMPTY_FINAL if payload is None else self._response(payload, inline))
             elif status == CANCELLED:
                 future.cancel()
             else:
@@ -246,12 +273,18 @@ class EngineClient(asyncio.Protocol):
             if not future.done():
                 future.set_exception(_engine_gone())
         self._pending.clear()
+        self._streams.clear()
         self._controls.clear()
         self._on_lost()
 
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+def _stream_error(payload: Any) -> EngineError:
+    error = error_from_payload(payload)
+    return error if isinstance(error, EngineError) else EngineError(ErrorCode.INTERNAL, str(error))
 
 
 def _header(request: InferenceRequest) -> tuple[Any, ...]:

@@ -25,9 +25,18 @@ from ..errors import EngineError
 from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, place, read_arrays, wire_chunks
 from ..shm import Arena, Region
-from ..types import InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
+from ..types import EMPTY_FINAL, InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
-from .messages import CANCELLED, FAILED, OK, datatype, error_payload, outputs_from_header
+from .messages import (
+    CANCELLED,
+    FAILED,
+    OK,
+    STREAMED,
+    STREAMED_ERROR,
+    datatype,
+    error_payload,
+    outputs_from_header,
+)
 
 log = logging.getLogger("hubserve.workers")
 
@@ -132,7 +141,7 @@ class FrontendSession(asyncio.Protocol):
     # ------------------------------------------------------------------ requests in
 
     def _frame(self, meta: Any, inline: memoryview) -> None:
-        requests, cancels, freed, controls, plans_reset, connections = meta
+        requests, cancels, freed, controls, plans_reset, connections, streaming = meta
         if connections >= 0:
             self._reported_connections, self._handed_since = connections, 0
         arena = self._arena
@@ -141,8 +150,9 @@ class FrontendSession(asyncio.Protocol):
                 arena.free(offset)
         if plans_reset:
             self._plans.clear()
+        streams = set(streaming)
         for request in requests:
-            self._submit(request, inline)
+            self._submit(request, inline, request[0] in streams)
         for rid in cancels:
             future = self._pending.get(rid)
             if future is not None:
@@ -150,7 +160,7 @@ class FrontendSession(asyncio.Protocol):
         for control in controls:
             self._control.run(control, self._control_answered)
 
-    def _submit(self, desc: tuple[Any, ...], inline: memoryview) -> None:
+    def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
         rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
         try:
             if len(desc) > 7:
@@ -164,6 +174,8 @@ class FrontendSession(asyncio.Protocol):
             inputs = [Tensor(name, dt, shape, array, p)
                       for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
             request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
+            if streamed:
+                request.stream = functools.partial(self._streamed, rid)
             future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))
         except Exception as e:  # refused before queueing (EngineError), or a bug: answered this round
             if not isinstance(e, EngineError):
@@ -186,19 +198,37 @@ class FrontendSession(asyncio.Protocol):
             self._queue_answer((rid, FAILED, error_payload(exc)))
             return
         response = future.result()
+        if response is EMPTY_FINAL:
+            self._queue_answer((rid, OK, None))
+            return
         try:
-            outputs = response.outputs
-            placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
-                              INLINE_BELOW_BYTES)
-            # an output written to a client's shared-memory region has no bytes: its parameters say where
-            specs = tuple((t.name, t.datatype.value, t.shape) if not t.parameters else
-                          (t.name, t.datatype.value, t.shape, t.parameters) for t in outputs)
-            answer: tuple[int, int, Any] = (rid, OK, (response.model_name, response.model_version,
-                                                      response.id, response.parameters, specs, placement))
+            answer: tuple[int, int, Any] = (rid, OK, self._payload(response))
         except Exception as e:  # a bug in copying out: the request fails, the session goes on
             log.exception("frontend %d: answer could not be placed", self.index)
             answer = (rid, FAILED, error_payload(e))
         self._queue_answer(answer)
+
+    def _streamed(self, rid: int, response: InferenceResponse | EngineError) -> None:
+        """A decoupled model's response before its last, for a streaming request."""
+        if self.closed or rid not in self._pending:
+            return
+        if isinstance(response, EngineError):
+            self._queue_answer((rid, STREAMED_ERROR, error_payload(response)))
+            return
+        try:
+            self._queue_answer((rid, STREAMED, self._payload(response)))
+        except Exception as e:
+            log.exception("frontend %d: a streamed response could not be placed", self.index)
+            self._queue_answer((rid, STREAMED_ERROR, error_payload(e)))
+
+    def _payload(self, response: InferenceResponse) -> Any:
+        outputs = response.outputs
+        placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
+                          INLINE_BELOW_BYTES)
+        # an output written to a client's shared-memory region has no bytes: its parameters say where
+        specs = tuple((t.name, t.datatype.value, t.shape) if not t.parameters else
+                      (t.name, t.datatype.value, t.shape, t.parameters) for t in outputs)
+        return response.model_name, response.model_version, response.id, response.parameters, specs, placement
 
     def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
         if self.closed:

@@ -25,7 +25,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from ...errors import EngineError
+from ...errors import EngineError, endpoint_message
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
@@ -263,7 +263,8 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            future = self.rpc.handler(message, self._stream_answered)  # its one done-callback
+            # its one done-callback, and where a decoupled model's responses before its last go
+            future = self.rpc.handler(message, self._stream_answered, self._stream_partial)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
@@ -298,14 +299,19 @@ class Call:
 
     def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
         self.pending.discard(future)
-        if self.done or answer is None:
+        if self.done:
             return
         if isinstance(answer, BaseException):
             self._fail(answer)
             return
-        self._send_message_parts(*answer)
+        if answer is not None:
+            self._send_message_parts(*answer)
         if self.remote_done and not self.pending:
             self.finish(S.OK, "")
+
+    def _stream_partial(self, answer: tuple[list[Any], int]) -> None:
+        if not self.done:
+            self._send_message_parts(*answer)
 
     async def _stream_responses(self, responses: AsyncIterator[Any]) -> None:
         try:
@@ -363,7 +369,7 @@ class Call:
 
     def _fail(self, error: BaseException) -> None:
         if isinstance(error, EngineError):
-            self.finish(STATUS[error.code], error.message)
+            self.finish(STATUS[error.code], endpoint_message(error, "ModelInfer RPC"))
         elif isinstance(error, DecodeError):
             self.finish(S.INTERNAL, f"could not parse the request message: {error}")
         else:
