@@ -21,7 +21,8 @@ such inputs may be meaningless to the model, so an error the model raises on the
 and passes; only a missed deadline or an instance that cannot run at all (UNAVAILABLE) fails.
 
 Not canaried: sequence models (a request outside a sequence would be refused, one inside would take a
-slot), ensembles (their composing models are), and versions without instances.
+slot), decoupled models (their answers go to a response sender, not back from execute), ensembles (their
+composing models are), and versions without instances.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class Sample:
 
 
 def eligible(config: ModelConfig) -> bool:
-    return config.sequence_batching is None and config.platform_name != "ensemble"
+    return config.sequence_batching is None and config.platform_name != "ensemble" and not config.decoupled
 
 
 def sample(config: ModelConfig, model_dir: Any) -> Sample:

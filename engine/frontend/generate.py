@@ -5,7 +5,8 @@ task per request; the JSON mapping is generate_codec.py's, the event framing sse
 What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRequestClass):
 1. the model's input metadata is looked up (an unknown model or version fails here), the body parsed and
    mapped to an inference;
-2. the responses come from `_responses`, the one seam to the engine;
+2. the responses come from `_responses`, the one seam to the engine (engine/streaming.py's response stream:
+   a decoupled model's responses as it sends them);
 3. `generate` answers the one response as JSON (other than one response is INTERNAL); `generate_stream`
    writes each response as an event as it comes, `text/event-stream`, chunked, status 200; an error after
    the first response becomes an `{"error": ...}` event and ends the stream; a response that only says
@@ -24,12 +25,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from ..errors import EngineError, invalid
+from ..streaming import StreamedResponse, infer_stream
 from ..types import InferenceRequest, InferenceResponse
 from . import sse
 from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
@@ -42,14 +43,6 @@ MetadataSource = Callable[[str, str], Awaitable[dict[str, Any]]]
 _JSON = b"application/json"
 
 
-@dataclass(frozen=True, slots=True)
-class StreamedResponse:
-    """One response of a request on the streaming path: `response` None for one that only says `final`."""
-
-    response: InferenceResponse | None
-    final: bool
-
-
 class Submitter(Protocol):
     """What `_responses` needs of the engine: DataPlane here, workers/remote.py's EngineClient in a
     frontend process."""
@@ -60,23 +53,11 @@ class Submitter(Protocol):
 
 def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
                ) -> AsyncIterator[StreamedResponse]:
-    """THE SEAM between the generate endpoints and the engine: the responses of `request`, in order, the
-    last one `final`. Errors (EngineError) are raised from the iterator, or at once; closing the iterator
-    early cancels the request.
-
-    Today every model answers a request once, so this is the unary path: one submission, one final
-    response. Once decoupled models exist this body becomes `dataplane.infer_stream(request)` and nothing
-    else changes."""
-    future = dataplane.submit(request, start_ns)
-    return _one_response(future)
-
-
-async def _one_response(future: asyncio.Future[InferenceResponse]) -> AsyncIterator[StreamedResponse]:
-    try:
-        response = await future  # a cancelled task cancels the future it awaits: the request leaves
-    finally:
-        future.cancel()  # closed before the answer came (a no-op once done)
-    yield StreamedResponse(response, True)
+    """The seam between the generate endpoints and the engine: the responses of `request`, in order, the
+    last one `final` (engine/streaming.py: one for a non-decoupled model, 0..N and a final one for a
+    decoupled model). Errors (EngineError) are raised from the iterator; closing it early cancels the
+    request."""
+    return infer_stream(dataplane.submit, request, start_ns)
 
 
 async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: str, version: str,
