@@ -14,6 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .access import AccessConfig, access_config, policies
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
@@ -57,6 +58,17 @@ class ServerOptions:
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
     log_verbose: int = 0
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
+    # Who may call what (engine/access.py; README "Security"): Triton's restriction flags as given, the
+    # --api-keys file, and the server-wide budget of request bytes in flight (0 = none).
+    http_restricted_apis: tuple[str, ...] = ()
+    grpc_restricted_protocols: tuple[str, ...] = ()
+    api_keys_file: Path | None = None
+    max_inflight_bytes: int = 0
+
+    def access(self) -> AccessConfig:
+        """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
+        return access_config(self.http_restricted_apis, self.grpc_restricted_protocols, self.api_keys_file,
+                             self.max_inflight_bytes)
 
 
 class Server:
@@ -120,11 +132,13 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
-        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits())
+        http_access, grpc_access = policies(opts.access())
+        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), access=http_access)
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
-        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits())
+        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
+                                  access=grpc_access)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -149,7 +163,13 @@ class Server:
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
-                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
+                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
+                # the flags, not the keys: a secret on a command line would show in `ps`
+                "access": {"http_restricted_apis": list(opts.http_restricted_apis),
+                           "grpc_restricted_protocols": list(opts.grpc_restricted_protocols),
+                           "api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
+                           "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers}}
+        policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         self._control = ControlRunner(self.dataplane, http)
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)

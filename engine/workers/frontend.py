@@ -21,8 +21,10 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
+from ..access import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
@@ -53,17 +55,22 @@ async def serve(spec: dict[str, Any]) -> int:
     client = EngineClient(requests, responses, lost)
     await loop.connect_accepted_socket(lambda: client, socket.socket(fileno=spec["channel"]))
 
+    a = spec["access"]
+    config = access_config(tuple(a["http_restricted_apis"]), tuple(a["grpc_restricted_protocols"]),
+                           Path(a["api_keys_file"]) if a["api_keys_file"] else None, a["max_inflight_bytes"])
+    http_access, grpc_access = policies(config, a["workers"], index)  # this process's share of each limit
     h = spec["http"]
     http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
                              h["client_timeout_secs"], h["idle_timeout_secs"])
-    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits))  # type: ignore[arg-type]
+    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits),  # type: ignore[arg-type]
+                                access=http_access)
     g = spec["grpc"]
     limits = Limits(max_header_list_bytes=g["max_header_list_bytes"],
                     max_buffered_request_bytes=g["max_buffered_request_bytes"],
                     max_queued_response_bytes=g["max_queued_response_bytes"],
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
     grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
-                        handlers=FrontendGrpcHandlers(client))
+                        handlers=FrontendGrpcHandlers(client), access=grpc_access)
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection)

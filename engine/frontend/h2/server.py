@@ -16,6 +16,7 @@ import contextlib
 import socket
 from typing import Any
 
+from ...access import AccessPolicy
 from ...dataplane import DataPlane
 from ...memory import release_freed_memory
 from ..grpc_handlers import GrpcHandlers
@@ -54,11 +55,11 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 
 class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
-                 handlers: GrpcHandlers | None = None) -> None:
+                 handlers: GrpcHandlers | None = None, access: AccessPolicy | None = None) -> None:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers)."""
         self._limits = limits = limits or Limits()
-        self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits)
+        self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits, access)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
         self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))
         self._sweeper: asyncio.Task[None] | None = None
