@@ -238,6 +238,22 @@ def test_inflight_byte_budget_refuses_before_reading_the_body(guarded):
         conn.close()
 
 
+def test_grpc_message_over_the_budget_is_resource_exhausted(guarded):
+    """A gRPC message is counted against the budget as it arrives, before it is decoded or queued (this one
+    would otherwise fail on its shape)."""
+    big = np.zeros((1, 2_000_000), dtype=np.int32)  # 8 MB: over the whole budget
+    inputs = [grpcclient.InferInput(name, list(big.shape), "INT32") for name in ("INPUT0", "INPUT1")]
+    for i in inputs:
+        i.set_data_from_numpy(big)
+    with grpcclient.InferenceServerClient(guarded.grpc_url) as client:
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("simple", inputs, headers={"authorization": "Bearer s3cret-admin"})
+        assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        assert "--max-inflight-bytes" in e.value.message()
+        result = client.infer("simple", grpc_inputs(), headers={"authorization": "Bearer s3cret-admin"})
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)  # and its bytes came back
+
+
 # ---------------------------------------------------------------------------- flags refused at start
 
 def serve_fails(repository: Path, *flags: str) -> str:
