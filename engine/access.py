@@ -162,10 +162,9 @@ class AccessPolicy:
         if authorization is None or authorization[:7].lower() != _BEARER:
             return None
         presented = digest(authorization[7:].strip())
-        found = -1
-        for i, known in enumerate(self._digests):  # every key, every time: no early exit
-            found = i if hmac.compare_digest(known, presented) else found
-        return self._keys[found] if found >= 0 else None
+        compare = hmac.compare_digest
+        matches = [compare(known, presented) for known in self._digests]  # every key, every time
+        return self._keys[matches.index(True)] if True in matches else None
 
     def _quotas(self, state: _KeyState | None, nbytes: int, now: float) -> Admission | Refusal:
         concurrency = bucket = None

@@ -13,6 +13,9 @@ keys: the real perf_analyzer on `simple` over HTTP (perf_analyzer 2.47's `-H` is
     requests_per_second and max_concurrent far above the load, so the bucket and the slot are counted but
     never refuse), measured alternately `--rounds` times; the throughput ratio says what keys cost.
 
+policy: the in-process cost of one `AccessPolicy.admit` + `release` (what each request pays in either
+    protocol, gRPC included), with `--keys-in-file` keys, the request's key the last of them.
+
     flock /work/probes/bench.lock .venv/bin/python perf/bench_access.py [--clients 48] [--body-mib 4]
         [--budget-mib 32] [--concurrency 8] [--rounds 2]
 """
@@ -24,10 +27,13 @@ import json
 import os
 import statistics
 import struct
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, not the venv's
 
 from engine import examples
 from hubserve_harness import build_test_repository, start_server
@@ -175,6 +181,24 @@ def keys_cost(repository: Path, folder: Path, concurrency: int, rounds: int) -> 
             "median_ratio_on_over_off": round(on / off, 3)}
 
 
+def policy_cost(keys_in_file: int, n: int = 200_000) -> dict[str, object]:
+    from engine.access import AccessConfig, AccessPolicy
+    from engine.access_groups import ApiGroup
+    from engine.api_keys import parse_api_keys
+
+    doc = {"keys": [{"key": f"key-{i:04d}-{KEY}", "groups": ["*"], "requests_per_second": 1e9,
+                     "max_concurrent": 1_000_000} for i in range(keys_in_file)]}
+    policy = AccessPolicy(AccessConfig({}, {}, parse_api_keys(doc), 1 << 40), 0.0)
+    headers = {b"authorization": f"Bearer key-{keys_in_file - 1:04d}-{KEY}".encode(), b"host": b"bench"}
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            policy.release(policy.admit(ApiGroup.INFERENCE, headers, 4096, i * 1e-6))  # type: ignore[arg-type]
+        best = min(best, (time.perf_counter_ns() - t0) / n)
+    return {"keys_in_file": keys_in_file, "admit_release_us": round(best / 1000, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,6 +208,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--skip-keys", action="store_true")
+    parser.add_argument("--keys-in-file", default="1,10,100")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_access.") as tmp:
         folder = Path(tmp)
@@ -194,6 +219,8 @@ def main() -> None:
         print(f"load average before: {os.getloadavg()}")
         for budget in (0, args.budget_mib):
             print(json.dumps(burst(repository, folder, args.clients, args.body_mib, budget)), flush=True)
+        for count in args.keys_in_file.split(","):
+            print(json.dumps(policy_cost(int(count))), flush=True)
         if not args.skip_keys:
             print(json.dumps(keys_cost(repository, folder, args.concurrency, args.rounds)), flush=True)
         print(f"load average after: {os.getloadavg()}")
