@@ -238,6 +238,23 @@ def test_inflight_byte_budget_refuses_before_reading_the_body(guarded):
         conn.close()
 
 
+def test_chunked_body_is_counted_as_it_arrives(guarded):
+    """A body that declares no size grows its reservation chunk by chunk; past the budget it is refused,
+    the rest of it discarded, and the connection answers on."""
+    conn = RawConnection(guarded.http_port)
+    chunk = b"x" * (512 << 10)
+    conn.send(f"POST {INFER} HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+              "Authorization: Bearer s3cret-admin\r\n\r\n".encode())
+    for _ in range((BUDGET + len(chunk)) // len(chunk) + 1):
+        conn.send(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    conn.send(b"0\r\n\r\n")
+    response = conn.response()
+    assert response.status == 429 and "--max-inflight-bytes" in response.error()
+    conn.send(post(INFER, infer_body(), "Authorization: Bearer s3cret-admin\r\n"))
+    assert conn.response().status == 200
+    conn.close()
+
+
 def test_grpc_message_over_the_budget_is_resource_exhausted(guarded):
     """A gRPC message is counted against the budget as it arrives, before it is decoded or queued (this one
     would otherwise fail on its shape)."""
