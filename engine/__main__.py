@@ -161,6 +161,24 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve the system shared memory extension: clients register their POSIX "
                             "shared-memory objects and place tensors in them; off by default (Triton's flag: "
                             "--allow-client-shm or --allow-client-shm=true)")
+    serve.add_argument("--http-restricted-api", action="append", default=[],
+                       metavar="<api>[,<api>...]:<key>=<value>",
+                       help="as Triton's flag: the HTTP API groups listed (health, metadata, inference, "
+                            "shared-memory, model-config, model-repository, statistics, trace, logging) "
+                            "answer 403 unless the request carries header <key> with <value> (repeatable, "
+                            "each group in one flag)")
+    serve.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                       metavar="<protocol>[,<protocol>...]:<key>=<value>",
+                       help="as Triton's flag: the gRPC groups listed answer UNAVAILABLE unless the call "
+                            "carries metadata triton-grpc-protocol-<key> with <value> (repeatable)")
+    serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
+                       help="YAML file of API keys (README \"Security\"): every API but health then needs "
+                            "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
+                            "whose groups include it; per-key requests_per_second and max_concurrent")
+    serve.add_argument("--max-inflight-bytes", type=_byte_count, default=0, metavar="BYTES",
+                       help="server-wide budget of request bytes received and not yet answered; a request "
+                            "that does not fit is refused at once (HTTP 429 + Retry-After, gRPC "
+                            "RESOURCE_EXHAUSTED) before its body is read (0 = no budget)")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -214,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         return perf_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
+        from .access import PolicyError, policies
+        from .access_groups import RestrictionError
+        from .api_keys import ApiKeysError
         from .server import Server, ServerOptions
 
         logging.basicConfig(level=logging.DEBUG if args.log_verbose > 0 else logging.INFO,
@@ -260,7 +281,16 @@ def main(argv: list[str] | None = None) -> int:
             http_tls=http_tls,
             grpc_tls=grpc_tls,
             allow_client_shm=args.allow_client_shm,
+            http_restricted_apis=tuple(args.http_restricted_api),
+            grpc_restricted_protocols=tuple(args.grpc_restricted_protocol),
+            api_keys_file=args.api_keys.resolve() if args.api_keys is not None else None,
+            max_inflight_bytes=args.max_inflight_bytes,
         )
+        try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
+            policies(options.access(), options.workers)
+        except (RestrictionError, ApiKeysError, PolicyError) as e:
+            print(f"hubserve: {e}", file=sys.stderr)
+            return 2
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had
         # finished.

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .access import AccessConfig, access_config, policies
 from .canary import CanaryOptions, CanaryRunner
 from .dataplane import DataPlane
 from .devices import discover_gpus
@@ -75,6 +76,17 @@ class ServerOptions:
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
     allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
+    # Who may call what (engine/access.py; README "Security"): Triton's restriction flags as given, the
+    # --api-keys file, and the server-wide budget of request bytes in flight (0 = none).
+    http_restricted_apis: tuple[str, ...] = ()
+    grpc_restricted_protocols: tuple[str, ...] = ()
+    api_keys_file: Path | None = None
+    max_inflight_bytes: int = 0
+
+    def access(self) -> AccessConfig:
+        """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
+        return access_config(self.http_restricted_apis, self.grpc_restricted_protocols, self.api_keys_file,
+                             self.max_inflight_bytes)
 
 
 class Server:
@@ -156,7 +168,9 @@ class Server:
         opts = self.options
         handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
         admission = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
-        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), admission=admission)
+        http_access, grpc_access = policies(opts.access())
+        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), admission=admission,
+                                           access=http_access)
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
                                                       handshake_secs)
@@ -165,7 +179,7 @@ class Server:
         grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
                                   ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
-                                  admission=admission)
+                                  admission=admission, access=grpc_access)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -197,7 +211,13 @@ class Server:
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
                 "tensor_limits": dataclasses.asdict(self.tensor_limits()),
                 "connection_limits": dataclasses.asdict(self.connection_limits()),
-                "frontends": opts.workers}
+                "frontends": opts.workers,
+                # the flags, not the keys: a secret on a command line would show in `ps`
+                "access": {"http_restricted_apis": list(opts.http_restricted_apis),
+                           "grpc_restricted_protocols": list(opts.grpc_restricted_protocols),
+                           "api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
+                           "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers}}
+        policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         self._control = ControlRunner(self.dataplane, http)
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)

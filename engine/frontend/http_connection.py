@@ -19,6 +19,10 @@ What one client cannot do through it (the limits are `HttpLimits`):
 A streamed answer goes out as it is produced, through the connection's `ResponseStream` methods (`start`,
 `send`, `drain`), chunked (RFC 9112 §7.1); to a client that asked for `Connection: close` (every HTTP/1.0
 client without keep-alive) it is close-delimited instead, which needs no chunked decoding.
+- get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
+  with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
+  discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
+  admission (a key's concurrency slot, its bytes of the in-flight budget) until it is answered or dropped.
 
 A body lives in its request object only, and the parser's callbacks (our bound methods, a reference cycle) are
 cut loose when the connection ends, so buffers are freed by reference counting, not by the cycle collector.
@@ -37,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import orjson
 
+from ..access import HTTP_STATUS, Refusal, RefusalKind
 from .admission import client_of, close_refused
+from .api_groups import http_group
 from .http_types import Answer, HttpRequest, Pending
 from .sse import LAST_CHUNK, chunk
 
@@ -46,7 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubserve.http")
 
-REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed",
+REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
+           405: b"Method Not Allowed",
            408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
            415: b"Unsupported Media Type", 429: b"Too Many Requests",
            431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
@@ -73,6 +80,7 @@ class HttpProtocol(asyncio.Protocol):
     def __init__(self, owner: HttpApp) -> None:
         self._owner = owner
         self._limits = owner.limits
+        self._access = owner.access
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
@@ -136,8 +144,11 @@ class HttpProtocol(asyncio.Protocol):
         if inflight is not None and not inflight.future.done():
             inflight.future.cancel()  # the batcher drops it from its queue; a streaming route's task ends
         self._wake_drain()
-        large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES
-                    for r in (self._current, self._inflight_req, *self._queue))
+        held = (self._current, self._inflight_req, *self._queue)
+        large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES for r in held)
+        if self._access is not None:
+            for r in held:
+                self._release(r)
         # Break the reference cycle (the parser's callbacks are our bound methods) and drop every request.
         self._parser = None
         self._current = None
@@ -221,22 +232,39 @@ class HttpProtocol(asyncio.Protocol):
         length = req.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
             self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
+        access = self._access
+        if access is not None:
+            declared = int(length) if length is not None and length.isdigit() else 0
+            verdict = access.admit(http_group(req.url), req.headers, declared, self._last_rx)
+            if type(verdict) is Refusal:
+                req.refusal = verdict
+            else:
+                req.admission = verdict  # type: ignore[assignment]
         if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
         req = self._current
         assert req is not None
+        if req.refusal is not None:
+            return  # refused at its head: the body is discarded, not buffered
         if not req.body:
             req.body = body  # the usual case: the whole body in one piece, kept without a copy
             if len(body) > self._limits.max_body_bytes:
                 self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
-            return
-        if len(req.body) + len(body) > self._limits.max_body_bytes:
-            self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
-        if type(req.body) is bytes:
-            req.body = bytearray(req.body)
-        req.body += body  # type: ignore[operator]
+        else:
+            if len(req.body) + len(body) > self._limits.max_body_bytes:
+                self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
+            if type(req.body) is bytes:
+                req.body = bytearray(req.body)
+            req.body += body  # type: ignore[operator]
+        admission = req.admission
+        if admission is not None and len(req.body) > admission.bytes and self._access.budget is not None:  # type: ignore[union-attr]
+            # a body larger than it declared (chunked): its reservation grows with it, or it is refused
+            refusal = self._access.grow(admission, len(req.body) - admission.bytes)  # type: ignore[union-attr]
+            if refusal is not None:
+                req.refusal = refusal
+                req.body = b""
 
     def on_message_complete(self) -> None:
         req = self._current
@@ -268,6 +296,9 @@ class HttpProtocol(asyncio.Protocol):
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
+            if req.refusal is not None:
+                self._respond(req, refusal_answer(req.refusal))
+                continue
             req.stream = self
             answer = self._owner.handle(req, self._on_done)
             if isinstance(answer, tuple):
@@ -291,6 +322,7 @@ class HttpProtocol(asyncio.Protocol):
             return  # the connection went away (it cancelled the request): nobody to answer
         self._inflight = self._inflight_req = None
         if req is None or self._done:
+            self._release(req)
             return
         if self._streamed is not None:
             self._end_stream(req, fut)
@@ -300,6 +332,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _respond(self, req: HttpRequest, answer: Answer) -> None:
         self._write(answer, self._keep(req))
+        if req.admission is not None:
+            self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
 
@@ -308,6 +342,12 @@ class HttpProtocol(asyncio.Protocol):
         unless more of this client's requests are already here."""
         return req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
                                        and not self._in_body and self._final is None)
+
+    def _release(self, req: HttpRequest | None) -> None:
+        """The request was answered or dropped: what the access policy let it hold goes back, once."""
+        if req is not None and req.admission is not None:
+            admission, req.admission = req.admission, None
+            self._access.release(admission)  # type: ignore[union-attr]
 
     def _write(self, answer: Answer, keep: bool) -> None:
         transport = self._transport
@@ -374,6 +414,7 @@ class HttpProtocol(asyncio.Protocol):
             self._last_tx = _monotonic()
         if not keep:
             self._close_gracefully()
+        self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
 
@@ -386,6 +427,7 @@ class HttpProtocol(asyncio.Protocol):
         dropped = self._current
         self._current = None
         self._in_head = self._in_body = False
+        self._release(dropped)
         if dropped is not None and len(dropped.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
         if self._done:
@@ -405,6 +447,8 @@ class HttpProtocol(asyncio.Protocol):
         the answer before the client has read it (a client still uploading a refused body, say)."""
         self._done = True
         self._parser = None
+        for req in self._queue:
+            self._release(req)
         self._queue.clear()
         transport = self._transport
         if transport is None or self._linger_at:
@@ -475,9 +519,20 @@ class HttpProtocol(asyncio.Protocol):
                 and self._final is None)
 
 
+def refusal_answer(refusal: Refusal) -> Answer:
+    """The access policy's refusal as HTTP answers it: 401 (with `WWW-Authenticate: Bearer`), 403, or 429
+    with `Retry-After`; the message in `{"error": ...}`, as every error here."""
+    extra = b""
+    if refusal.kind is RefusalKind.EXHAUSTED:
+        extra = b"Retry-After: %d\r\n" % refusal.retry_after_secs
+    elif refusal.kind is RefusalKind.UNAUTHENTICATED:
+        extra = b"WWW-Authenticate: Bearer\r\n"
+    return HTTP_STATUS[refusal.kind], orjson.dumps({"error": refusal.message}), b"application/json", extra
+
+
 def _too_large(what: str, limit: int) -> str:
     return (f"{what} exceeds the maximum allowed value of {limit} bytes. "
             "Use --http-max-input-size to increase the limit.")
 
 
-__all__ = ["LARGE_BODY_BYTES", "REASONS", "HttpProtocol"]
+__all__ = ["LARGE_BODY_BYTES", "REASONS", "HttpProtocol", "refusal_answer"]

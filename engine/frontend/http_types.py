@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..access import Admission, Refusal
+
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
 # bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
 Answer = tuple[int, "bytes | list[Any]", bytes, bytes]
@@ -44,9 +46,12 @@ class ResponseStream(Protocol):
 
 class HttpRequest:
     """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
-    is the connection's, set when the request is dispatched."""
+    is the connection's, set when the request is dispatched. `admission` is what the access policy
+    (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
+    body is then discarded as it arrives, and it is answered in its turn without being routed)."""
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "start_ns", "stream", "url")
+    __slots__ = ("admission", "body", "headers", "keep_alive", "method", "refusal", "start_ns", "stream",
+                 "url")
 
     def __init__(self) -> None:
         self.method = b""
@@ -54,6 +59,8 @@ class HttpRequest:
         self.headers: dict[bytes, bytes] = {}
         self.body: bytes | bytearray = b""
         self.keep_alive = True
+        self.admission: Admission | None = None
+        self.refusal: Refusal | None = None
         self.start_ns = time.perf_counter_ns()
         self.stream: ResponseStream | None = None
 

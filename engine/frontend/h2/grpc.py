@@ -12,6 +12,12 @@ to the connection for one write (its header blocks are built once, in rpcs.py).
 
 What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
 ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
+
+The access policy (engine/access.py), when configured, is asked once per call as its head arrives (Triton's
+restriction metadata, the `authorization` key, the key's quotas): a refused call ends at once, trailers only,
+before any message is read. An admitted call holds its admission until it ends; the request bytes it holds
+(as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
+the server's in-flight budget too. A ModelStreamInfer stream is one call: one admission for its life.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
+from ...access import GRPC_STATUS, AccessPolicy, Admission, Refusal
 from ...errors import EngineError, endpoint_message
+from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
 from .connection import H2Connection
@@ -45,9 +53,12 @@ _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards h
 class GrpcApp:
     """The StreamApp of a gRPC server: one per server, shared by its connections."""
 
-    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits) -> None:
+    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits,
+                 access: AccessPolicy | None = None) -> None:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
+        self.access = access
+        self.groups = {path: grpc_group(path) for path in self.rpcs}
         self.max_message_bytes = max_message_bytes
         self.max_header_list_bytes = limits.max_header_list_bytes
         self.client_timeout_secs = limits.client_timeout_secs
@@ -74,9 +85,9 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent", "need",
-                 "pending", "remote_done", "request", "reserved", "response_encoding", "rpc", "start_ns",
-                 "stream", "timer", "work")
+    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
+                 "need", "pending", "remote_done", "request", "reserved", "response_encoding", "rpc",
+                 "start_ns", "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -95,6 +106,7 @@ class Call:
         self.headers_sent = False
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
+        self.admission: Admission | None = None  # what the access policy let this call hold
         fields = head.fields
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
@@ -114,6 +126,12 @@ class Call:
             seconds = parse_timeout(timeout)
             if seconds is not None:
                 self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
+        if app.access is not None and not self.done:
+            verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic())
+            if type(verdict) is Refusal:
+                self.finish(GRPC_STATUS[verdict.kind], _with_retry(verdict))
+            else:
+                self.admission = verdict  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ StreamHandler
 
@@ -140,6 +158,8 @@ class Call:
             self.done = True
             self._stop_work()
         self._drop_request()
+        if self.admission is not None:
+            self._release_access()
 
     # ------------------------------------------------------------------ requests in
 
@@ -194,6 +214,8 @@ class Call:
         held = 0 if buf is None else max(self.need, len(buf))
         if self.request is not None:
             held += len(self.request)
+        if not self._held_within_budget(held):
+            return
         if held != self.reserved:
             budget = self.conn.request_bytes
             if held > self.reserved and not budget.take(held - self.reserved):
@@ -209,6 +231,25 @@ class Call:
         elif self not in self.app.partial:
             self.app.partial.add(self)
             self.fed = True
+
+    def _held_within_budget(self, held: int) -> bool:
+        """The server's in-flight budget covers the most this call has held; past it the call ends
+        RESOURCE_EXHAUSTED (its admission is released as it ends)."""
+        admission = self.admission
+        access = self.app.access
+        if admission is None or held <= admission.bytes or access is None or access.budget is None:
+            return True
+        refusal = access.grow(admission, held - admission.bytes)
+        if refusal is None:
+            return True
+        self.finish(GRPC_STATUS[refusal.kind], _with_retry(refusal))
+        return False
+
+    def _release_access(self) -> None:
+        admission = self.admission
+        if admission is not None:
+            self.admission = None
+            self.app.access.release(admission)  # type: ignore[union-attr]
 
     def _drop_request(self) -> None:
         """The request's bytes are handed on or no longer wanted: the budget is given back, a large dropped
@@ -241,6 +282,8 @@ class Call:
             return
         if self.request is None:
             self.finish(S.INTERNAL, "a unary RPC got no request message")
+            return
+        if self.admission is not None and not self._held_within_budget(len(self.request)):
             return
         try:
             if rpc.kind is Kind.INFER:
@@ -337,6 +380,8 @@ class Call:
             return
         self.done = True
         self._stop_timer()
+        if self.admission is not None:
+            self._release_access()
         encoding = self.response_encoding
         self.conn.send(self.stream, response_head(encoding), frame(parts, size, encoding), OK_TRAILERS)
 
@@ -361,6 +406,8 @@ class Call:
         self.done = True
         self._stop_work()
         self._drop_request()
+        if self.admission is not None:
+            self._release_access()
         if status == S.OK and self.headers_sent:
             block = OK_TRAILERS
         else:
@@ -393,3 +440,10 @@ class Call:
         for future in list(self.pending):
             future.cancel()
         self.pending.clear()
+
+
+def _with_retry(refusal: Refusal) -> str:
+    """A refusal's message; a quota's says when to retry (gRPC has no Retry-After)."""
+    if refusal.retry_after_secs:
+        return f"{refusal.message} (retry after {refusal.retry_after_secs} s)"
+    return refusal.message
