@@ -19,7 +19,11 @@ from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
+from .frontend.http_routes import HttpRoutes
+from .frontend.openai_routes import OpenAIRoutes
+from .generate.registry import GenerationRegistry
 from .metrics import process_registry, render
+from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
 from .watcher import RepositoryWatcher
@@ -66,6 +70,10 @@ class Server:
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
         self.dataplane = DataPlane(self.repository, options.strict_readiness)
+        # The generative models' engines (one per version, built on first use), for the OpenAI API on the
+        # HTTP port; here, in the process that holds the repository, whatever --workers says.
+        self.generation = GenerationRegistry(self.repository)
+        self.openai = OpenAIService(self.generation)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -120,7 +128,9 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
-        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits())
+        limits = self._http_limits()
+        routes = HttpRoutes(self.dataplane, limits, OpenAIRoutes(self.openai))
+        self._http = http_frontend.HttpApp(self.dataplane, limits, routes)
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port)
         self.http_port = int(self._http_server.sockets[0].getsockname()[1])
 
@@ -150,7 +160,8 @@ class Server:
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
-        self._control = ControlRunner(self.dataplane, http)
+        # /v1 requests are forwarded here as whole requests: answered, but not streamed (openai_routes.py)
+        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai, streaming=False))
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)
         await self._frontends.start()
@@ -159,7 +170,7 @@ class Server:
         registry = process_registry()
 
         async def metrics(request: web.Request) -> web.Response:
-            body = render(self.repository.loaded_models(), registry)
+            body = render(self.repository.loaded_models(), registry, self.generation.drivers())
             return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
         app = web.Application()
@@ -182,6 +193,7 @@ class Server:
         await asyncio.gather(*waits, return_exceptions=True)
         if self._control is not None:
             await self._control.close()
+        await self.generation.close()
         await self.repository.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import orjson
 
-from .http_types import Answer, HttpRequest, Pending
+from .http_types import Answer, HttpRequest, Pending, Streaming
 
 if TYPE_CHECKING:
     from .http import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
@@ -73,6 +73,7 @@ class HttpProtocol(asyncio.Protocol):
         self._queue: deque[HttpRequest] = deque()  # parsed, waiting for the one in flight
         self._inflight: Pending | None = None
         self._inflight_req: HttpRequest | None = None
+        self._stream: Streaming | None = None  # an answer being streamed: it owns the output until it ends
         self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
         self._done = False  # no more answers on this connection (closing, lingering or gone)
         self._reading_paused = False
@@ -102,6 +103,11 @@ class HttpProtocol(asyncio.Protocol):
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
             inflight.future.cancel()  # the batcher drops it from its queue
+        elif inflight is not None:  # done, but its answer not yet taken: a stream must learn nobody reads it
+            _drop(inflight)
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()  # a generation stops and frees its KV blocks
         large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES
                     for r in (self._current, self._inflight_req, *self._queue))
         # Break the reference cycle (the parser's callbacks are our bound methods) and drop every request.
@@ -231,6 +237,8 @@ class HttpProtocol(asyncio.Protocol):
     def _next(self) -> None:
         """Dispatch waiting requests in order while none is in flight. Called when a request has been parsed,
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
+        if self._stream is not None:
+            return  # the streaming answer dispatches the next request when it ends
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
             answer = self._owner.handle(req, self._on_done)
@@ -255,15 +263,19 @@ class HttpProtocol(asyncio.Protocol):
             return  # the connection went away (it cancelled the request): nobody to answer
         self._inflight = self._inflight_req = None
         if req is None or self._done:
+            _drop(pending)
             return
         self._respond(req, pending.answer())
         self._next()
 
-    def _respond(self, req: HttpRequest, answer: Answer) -> None:
+    def _respond(self, req: HttpRequest, answer: Answer | Streaming) -> None:
         # Draining: close after this answer, unless more of this client's requests are already here.
         keep = req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
                                        and not self._in_body and self._final is None)
-        self._write(answer, keep)
+        if isinstance(answer, tuple):
+            self._write(answer, keep)
+        else:
+            self._start_stream(answer, keep)
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
 
@@ -285,6 +297,39 @@ class HttpProtocol(asyncio.Protocol):
         if not keep:
             self._close_gracefully()
 
+    def _start_stream(self, stream: Streaming, keep: bool) -> None:
+        """Write a streaming answer's head (chunked: the length is not known), then hand it the output."""
+        transport = self._transport
+        if transport is None:
+            stream.cancel()
+            return
+        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n"
+                        b"Cache-Control: no-cache\r\n%s%s\r\n" % (
+                            stream.status, REASONS.get(stream.status, b"Unknown"), stream.content_type,
+                            stream.extra, b"" if keep else b"Connection: close\r\n"))
+        self._last_tx = _monotonic()
+        self._stream = stream
+        stream.start(_ChunkedSink(self, stream, keep))
+
+    def _stream_piece(self, stream: Streaming, data: bytes) -> None:
+        transport = self._transport
+        if self._stream is not stream or transport is None or not data:
+            return
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self._last_tx = _monotonic()
+
+    def _stream_end(self, stream: Streaming, keep: bool) -> None:
+        transport = self._transport
+        if self._stream is not stream or transport is None:
+            return
+        self._stream = None
+        transport.write(b"0\r\n\r\n")
+        self._last_tx = _monotonic()
+        if not keep:
+            self._close_gracefully()
+        else:
+            self._next()
+
     def _fail(self, status: int, message: str) -> None:
         """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after
         the requests before it."""
@@ -298,7 +343,7 @@ class HttpProtocol(asyncio.Protocol):
             self._owner.large_body_dropped()
         if self._done:
             return
-        if self._inflight is not None or self._queue:
+        if self._inflight is not None or self._stream is not None or self._queue:
             self._final = (status, message)
         else:
             self._send_error(status, message)
@@ -379,8 +424,33 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
 
     def _idle(self) -> bool:
-        return (self._inflight is None and not self._queue and not self._in_head and not self._in_body
-                and self._final is None)
+        return (self._inflight is None and self._stream is None and not self._queue and not self._in_head
+                and not self._in_body and self._final is None)
+
+
+class _ChunkedSink:
+    """A streaming answer's way out: one HTTP chunk per `send`, the last chunk on `end`. Bound to the stream
+    it was made for, so nothing it sends after the connection moved on (or went away) is written."""
+
+    __slots__ = ("_conn", "_keep", "_stream")
+
+    def __init__(self, conn: HttpProtocol, stream: Streaming, keep: bool) -> None:
+        self._conn = conn
+        self._stream = stream
+        self._keep = keep
+
+    def send(self, data: bytes) -> None:
+        self._conn._stream_piece(self._stream, data)
+
+    def end(self) -> None:
+        self._conn._stream_end(self._stream, self._keep)
+
+
+def _drop(pending: Pending) -> None:
+    """An answer nobody will read: a streaming one is cancelled (a generation then stops)."""
+    answer = pending.answer()
+    if not isinstance(answer, tuple):
+        answer.cancel()
 
 
 def _too_large(what: str, limit: int) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import orjson
@@ -24,6 +24,9 @@ from ..types import InferenceRequest, InferenceResponse
 from . import compression
 from .http_codec import HEADER_LENGTH, HeaderCache, decode_request, encode_response_parts
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+
+if TYPE_CHECKING:
+    from .openai_routes import OpenAIRoutes
 
 log = logging.getLogger("hubserve.http")
 
@@ -118,9 +121,12 @@ class HttpRoutes:
     """The endpoints, over the data plane. One per server (`HttpApp` holds it); keeps the tasks of the
     routes answered later (compressed inferences, repository load and unload) until they are done."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, openai: OpenAIRoutes | None = None) -> None:
+        """`openai` answers /v1 (the OpenAI-compatible API, openai_routes.py) where the process holds the
+        generation engines; without it /v1 is no endpoint."""
         self.dp = dataplane
         self.limits = limits
+        self.openai = openai
         self.header_cache = HeaderCache()
         self._tasks: set[asyncio.Future[Any]] = set()
 
@@ -146,6 +152,8 @@ class HttpRoutes:
         if "%" in text:
             parts = [unquote(p) for p in parts]
         method = req.method
+        if parts[0] == "v1" and self.openai is not None:
+            return self.openai.handle(req, parts[1:], on_done)
         if not parts or parts[0] != "v2":
             raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
         rest = parts[1:]

@@ -45,6 +45,31 @@ class HttpRequest:
 OnDone = Callable[[asyncio.Future[Any]], None]
 
 
+class StreamSink(Protocol):
+    """Where a `Streaming` answer writes its body, piece by piece: the connection (one HTTP chunk per
+    `send`). `end()` once, after the last piece; nothing is sent after it."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class Streaming(Protocol):
+    """An answer whose body is written as it is produced (server-sent events): what a `Pending`'s `answer()`
+    may return instead of an `Answer`. The connection writes the head (`status`, `content_type`, `extra`,
+    chunked transfer coding), then calls `start(sink)` once; the stream then owns the connection's output
+    until it calls `sink.end()`, and no other request is answered meanwhile. `cancel()` is called instead,
+    once, when the client goes away first."""
+
+    status: int
+    content_type: bytes
+    extra: bytes
+
+    def start(self, sink: StreamSink) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
 class Pending(Protocol):
     """An answer still being computed. The routes' `handle()` has arranged for the connection's `on_done`
     to be called with `future` once it is done (cancelled included), and the connection then calls
@@ -53,7 +78,7 @@ class Pending(Protocol):
 
     future: asyncio.Future[Any]
 
-    def answer(self) -> Answer: ...
+    def answer(self) -> Answer | Streaming: ...
 
 
-__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending"]
+__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "StreamSink", "Streaming"]

@@ -18,6 +18,7 @@ from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.h2.rpcs import Kind, rpc_table
 from ..frontend.http_routes import HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
+from ..frontend.openai_routes import OpenAIRoutes
 from .messages import GRPC, HEALTH, HTTP, error_payload
 
 log = logging.getLogger("hubserve.workers")
@@ -30,8 +31,8 @@ class ControlRunner:
     """One per engine, shared by every frontend's session. `run(control, reply)` never raises: whatever
     happens, `reply` is called once (at once or from the loop later)."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
-        self.http = HttpRoutes(dataplane, limits)
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, openai: OpenAIRoutes | None = None) -> None:
+        self.http = HttpRoutes(dataplane, limits, openai)
         self.grpc = GrpcHandlers(dataplane)
         self._unary = {name.rsplit(b"/", 1)[1].decode(): rpc for name, rpc in rpc_table(self.grpc).items()
                        if rpc.kind is Kind.UNARY}
@@ -57,7 +58,12 @@ class ControlRunner:
         held: list[Pending] = []
 
         def done(_: asyncio.Future[Any]) -> None:  # never called before handle() returns: it is a callback
-            reply(cid, True, _flat(held[0].answer()))
+            answer = held[0].answer()
+            if not isinstance(answer, tuple):  # a stream cannot cross (our OpenAIRoutes make none here)
+                answer.cancel()
+                reply(cid, False, error_payload(RuntimeError("a streaming answer cannot be forwarded")))
+                return
+            reply(cid, True, _flat(answer))
 
         answer = self.http.handle(req, done)
         if isinstance(answer, tuple):
