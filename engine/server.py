@@ -160,8 +160,9 @@ class Server:
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
-        # /v1 requests are forwarded here as whole requests: answered, but not streamed (openai_routes.py)
-        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai, streaming=False))
+        # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
+        # (workers/streams.py)
+        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai))
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)
         await self._frontends.start()

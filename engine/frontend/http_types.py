@@ -9,7 +9,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
 # bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
@@ -54,6 +54,7 @@ class StreamSink(Protocol):
     def end(self) -> None: ...
 
 
+@runtime_checkable
 class Streaming(Protocol):
     """An answer whose body is written as it is produced (server-sent events): what a `Pending`'s `answer()`
     may return instead of an `Answer`. The connection writes the head (`status`, `content_type`, `extra`,

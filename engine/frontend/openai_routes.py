@@ -13,8 +13,8 @@ either aborts the generation. Errors leave as OpenAI's error object (engine/open
 The request id is the client's `X-Request-ID`, or one made here (`chatcmpl-…`, `cmpl-…`): it is the answer's
 `id`, its `X-Request-ID` header, and the engine's id for the request (its log lines name it).
 
-`streaming=False` (the engine process of `--workers N`, where a frontend forwards /v1 requests as single
-answers): `stream: true` is refused with 501 and says why.
+With `--workers N` these routes run in the engine process, where the engines are: a frontend forwards each
+/v1 request there, and a stream comes back to it in pieces (engine/workers/streams.py).
 """
 
 from __future__ import annotations
@@ -75,9 +75,8 @@ class _Task:
 class OpenAIRoutes:
     """One per server, beside HttpRoutes (which calls `handle` for /v1 paths)."""
 
-    def __init__(self, service: OpenAIService, streaming: bool = True) -> None:
+    def __init__(self, service: OpenAIService) -> None:
         self.service = service
-        self.streaming = streaming
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def handle(self, req: HttpRequest, parts: list[str], on_done: OnDone) -> Answer | Pending:
@@ -112,11 +111,6 @@ class OpenAIRoutes:
         extra = b"X-Request-ID: %s\r\n" % request_id.encode()
         try:
             api = parse_request(parse_body(req.body), chat)
-            if api.stream and not self.streaming:
-                raise OpenAIError(501, "'stream': true is not served with --workers 2 or more yet (the "
-                                       "engine process cannot stream through a frontend); send the request "
-                                       "without 'stream', or run the server with --workers 1.",
-                                  "not_implemented_error", "stream", "unsupported_parameter")
         except OpenAIError as e:
             return _error_answer(e, extra)
         auth = req.headers.get(b"authorization", b"")

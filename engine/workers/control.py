@@ -23,7 +23,8 @@ from .messages import GRPC, HEALTH, HTTP, error_payload
 
 log = logging.getLogger("hubserve.workers")
 
-# How a control request is answered: (cid, ok, result or error payload), once.
+# How a control request is answered: (cid, ok, result or error payload), once. An HTTP result is the route's
+# `Answer`, or a `Streaming` one (the OpenAI API's server-sent events), which the session then streams.
 Reply = Callable[[int, bool, Any], None]
 
 
@@ -38,12 +39,14 @@ class ControlRunner:
                        if rpc.kind is Kind.UNARY}
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def run(self, control: tuple[int, int, Any], reply: Reply) -> None:
+    def run(self, control: tuple[int, int, Any], reply: Reply) -> Pending | None:
+        """Returns an HTTP request's `Pending` while it is being answered, so the session can cancel it
+        (its client left); None when it was answered at once or is not HTTP."""
         cid, kind, args = control
         try:
             if kind == HTTP:
-                self._http(cid, args, reply)
-            elif kind == GRPC:
+                return self._http(cid, args, reply)
+            if kind == GRPC:
                 self._grpc(cid, args, reply)
             elif kind == HEALTH:
                 reply(cid, True, self.grpc.health_status(args))
@@ -51,25 +54,24 @@ class ControlRunner:
                 raise ValueError(f"unknown control kind {kind!r}")
         except Exception as e:  # EngineError (gRPC), or a bug: the frontend answers it as it would its own
             reply(cid, False, error_payload(e))
+        return None
 
-    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply) -> None:
+    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply
+              ) -> Pending | None:
         req = HttpRequest()
         req.method, req.url, req.headers, req.body = args
         held: list[Pending] = []
 
         def done(_: asyncio.Future[Any]) -> None:  # never called before handle() returns: it is a callback
             answer = held[0].answer()
-            if not isinstance(answer, tuple):  # a stream cannot cross (our OpenAIRoutes make none here)
-                answer.cancel()
-                reply(cid, False, error_payload(RuntimeError("a streaming answer cannot be forwarded")))
-                return
-            reply(cid, True, _flat(answer))
+            reply(cid, True, _flat(answer) if isinstance(answer, tuple) else answer)
 
         answer = self.http.handle(req, done)
         if isinstance(answer, tuple):
             reply(cid, True, _flat(answer))
-        else:
-            held.append(answer)
+            return None
+        held.append(answer)
+        return answer
 
     def _grpc(self, cid: int, args: tuple[str, bytes], reply: Reply) -> None:
         method, message = args

@@ -19,6 +19,7 @@ from .remote import EngineClient
 log = logging.getLogger("hubserve.workers")
 
 _INFER_SUFFIX = b"/infer"
+_OPENAI_PREFIX = b"/v1/"
 # The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
 # same in every process.
 FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
@@ -40,7 +41,9 @@ class FrontendRoutes:
         if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_INFER_SUFFIX):
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
-        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body))
+        # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream.
+        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body),
+                                      cancellable=req.url.startswith(_OPENAI_PREFIX))
         future.add_done_callback(on_done)
         return _Forwarded(future)
 

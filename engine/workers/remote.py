@@ -29,6 +29,7 @@ from ..ipc.tensors import Inline, PeerBlocks, place, wire_chunks
 from ..shm import Arena, Region
 from ..types import Completion, InferenceRequest, InferenceResponse, RequestPlan, Tensor
 from .messages import CANCELLED, OK, datatype, error_from_payload, outputs_header
+from .streams import RemoteStream, is_stream_head
 
 log = logging.getLogger("hubserve.workers")
 
@@ -58,6 +59,7 @@ class EngineClient(asyncio.Protocol):
         # rid → (future, input block or -1)
         self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
         self._controls: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, RemoteStream] = {}  # forwarded answers arriving in pieces (streams.py)
         self._plans: dict[RequestPlan, int] = {}
         self._next_plan = 1
         self._plans_reset = False
@@ -121,8 +123,10 @@ class EngineClient(asyncio.Protocol):
         self._schedule()
         return future
 
-    def forward(self, kind: int, args: Any) -> asyncio.Future[Any]:
-        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH)."""
+    def forward(self, kind: int, args: Any, cancellable: bool = False) -> asyncio.Future[Any]:
+        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH). Its
+        future resolves with the answer; an HTTP answer that streams resolves it with a `RemoteStream`.
+        `cancellable`: cancelling the future cancels the request in the engine too (a generation)."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if self.lost:
             future.set_exception(_engine_gone())
@@ -131,8 +135,21 @@ class EngineClient(asyncio.Protocol):
         self._next_id = cid + 1
         self._controls[cid] = future
         self._control_out.append((cid, kind, args))
+        if cancellable:
+            future.add_done_callback(functools.partial(self._control_settled, cid))
         self._schedule()
         return future
+
+    def _control_settled(self, cid: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() and self._controls.pop(cid, None) is not None:
+            self._cancel_control(cid)
+
+    def _cancel_control(self, cid: int) -> None:
+        """Tell the engine that nobody waits for this control's answer (or the rest of its stream)."""
+        self._streams.pop(cid, None)
+        if not self.lost:
+            self._cancels.append(cid)
+            self._schedule()
 
     def _settled(self, rid: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled() and rid in self._pending and not self.lost:
@@ -212,13 +229,25 @@ class EngineClient(asyncio.Protocol):
             else:
                 future.set_exception(error_from_payload(payload))
         for cid, ok, result in control_answers:
+            stream = self._streams.get(cid)
+            if stream is not None:  # the next piece of a streamed answer, or its end (None)
+                if result is None:
+                    del self._streams[cid]
+                    stream.end()
+                else:
+                    stream.piece(result)
+                continue
             control = self._controls.pop(cid, None)
             if control is None or control.done():
                 continue
-            if ok:
-                control.set_result(result)
-            else:
+            if not ok:
                 control.set_exception(error_from_payload(result))
+            elif is_stream_head(result):
+                remote = RemoteStream(result, functools.partial(self._cancel_control, cid))
+                self._streams[cid] = remote
+                control.set_result(remote)
+            else:
+                control.set_result(result)
 
     def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
         model_name, model_version, response_id, params, specs, placement = payload
@@ -244,6 +273,9 @@ class EngineClient(asyncio.Protocol):
                 future.set_exception(_engine_gone())
         self._pending.clear()
         self._controls.clear()
+        for stream in list(self._streams.values()):
+            stream.end()  # cut short: the client sees its stream end without [DONE]
+        self._streams.clear()
         self._on_lost()
 
     def close(self) -> None:
