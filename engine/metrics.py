@@ -88,8 +88,9 @@ _SEQUENCE_FAMILIES = [
 
 
 def _sequence_lines(models: list[Model]) -> list[str]:
+    # getattr twice: an ensemble (EnsembleModel) has steps, no batcher
     counted = [(m, counts()) for m in models
-               if (counts := getattr(m.batcher, "sequence_counts", None)) is not None]
+               if (counts := getattr(getattr(m, "batcher", None), "sequence_counts", None)) is not None]
     if not counted:
         return []
     lines = []
