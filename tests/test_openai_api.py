@@ -231,3 +231,16 @@ def test_metrics_have_the_latency_histograms(client: openai.OpenAI, server: Runn
     assert 0.0 <= _metric(server, "hubserve_generation_prefix_cache_hit_rate") <= 1.0
     assert _metric(server, "hubserve_generation_preemptions_total") == 0
     assert _metric(server, "hubserve_generation_waiting_sequences") == 0
+
+
+def test_streamed_choices_and_prompts_match_the_whole_answer(client: openai.OpenAI):
+    ask = {"model": MODEL, "prompt": ["first prompt", "second"], "max_tokens": 10, "temperature": 0.9,
+           "seed": 99, "n": 2}
+    whole = client.completions.create(**ask)
+    assert sorted(c.index for c in whole.choices) == [0, 1, 2, 3]
+    assert whole.usage.completion_tokens == 40
+    texts: dict[int, str] = {}
+    for chunk in client.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {c.index: c.text for c in whole.choices}
