@@ -170,11 +170,11 @@ def test_the_openai_client_raises_its_own_error_classes(server: RunningServer):
     assert empty.value.param == "messages"
 
 
-def test_duplicate_request_ids_in_flight_are_409(server: RunningServer):
+def test_duplicate_request_ids_in_flight_are_409_and_leave_the_running_one_alone(server: RunningServer):
     body = json.dumps({"model": MODEL, "prompt": "slow", "max_tokens": 480, "ignore_eos": True,
                        "stream": True}).encode()
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: same-id\r\n"
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: same-1\r\nConnection: close\r\n"
                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     got = b""
     while b"data: " not in got:  # running
@@ -182,6 +182,16 @@ def test_duplicate_request_ids_in_flight_are_409(server: RunningServer):
         assert piece
         got += piece
     status, doc, _ = call(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2},
-                          headers={"X-Request-ID": "same-id"})
+                          headers={"X-Request-ID": "same-1"})
     assert_error(status, doc, 409, None, "request_id_in_use")
+    # n=2 makes engine ids same-0 and same-1: the second collides; the first is withdrawn, the running
+    # request with id same-1 is not touched
+    status, doc, _ = call(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2},
+                          headers={"X-Request-ID": "same"})
+    assert_error(status, doc, 409, None, "request_id_in_use")
+    while not got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
+        piece = sock.recv(65536)
+        assert piece, got[-300:]
+        got += piece
     sock.close()
+    assert b'"finish_reason":"length"' in got

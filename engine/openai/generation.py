@@ -27,6 +27,7 @@ class Choice:
     text: list[str] = field(default_factory=list)
     completion_tokens: int = 0
     finish_reason: str | None = None
+    submitted: bool = False  # in the engine: only then may it be aborted (its id is ours)
 
     @property
     def finished(self) -> bool:
@@ -77,6 +78,7 @@ class Generation:
                 params = self.params if seed is None or choice.index % n == 0 else \
                     dataclasses.replace(self.params, seed=seed + choice.index % n)
                 self.driver.submit(choice.engine_id, prompt, params, on_event)
+                choice.submitted = True
         except EngineError:
             self.abort()
             raise
@@ -86,7 +88,8 @@ class Generation:
         for choice in self.choices:
             if not choice.finished:
                 choice.finish_reason = "abort"
-                self.driver.abort(choice.engine_id)
+                if choice.submitted:
+                    self.driver.abort(choice.engine_id)
 
     def _on_event(self, choice: Choice, event: TokenEvent) -> None:
         if choice.finished:
