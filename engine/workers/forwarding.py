@@ -15,11 +15,11 @@ from ..frontend.http_routes import Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
 from .remote import EngineClient
+from .streams import cancellable
 
 log = logging.getLogger("hubserve.workers")
 
 _INFER_SUFFIX = b"/infer"
-_OPENAI_PREFIX = b"/v1/"
 # The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
 # same in every process.
 FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
@@ -43,7 +43,7 @@ class FrontendRoutes:
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
         # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream.
         future = self._client.forward(HTTP, (req.method, req.url, req.headers, body),
-                                      cancellable=req.url.startswith(_OPENAI_PREFIX))
+                                      cancellable=cancellable(req.url))
         future.add_done_callback(on_done)
         return _Forwarded(future)
 

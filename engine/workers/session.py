@@ -29,7 +29,7 @@ from ..shm import Arena, Region
 from ..types import InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
 from .messages import CANCELLED, FAILED, OK, datatype, error_payload, outputs_from_header
-from .streams import StreamOut
+from .streams import StreamOut, cancellable
 
 log = logging.getLogger("hubserve.workers")
 
@@ -69,7 +69,7 @@ class FrontendSession(asyncio.Protocol):
         self._plans: dict[int, _Plan] = {}
         self._answers: list[Any] = []
         self._control_answers: list[Any] = []
-        self._control_pending: dict[int, Pending] = {}  # forwarded HTTP requests being answered, by cid
+        self._control_pending: dict[int, Pending] = {}  # forwarded generations being answered, by cid
         self._streams: dict[int, Streaming] = {}  # answers streaming to the frontend (streams.py), by cid
         self._inline = Inline()
         self._flush_scheduled = False
@@ -161,7 +161,7 @@ class FrontendSession(asyncio.Protocol):
                 self._cancel_control(rid)
         for control in controls:
             pending = self._control.run(control, self._control_answered)
-            if pending is not None:
+            if pending is not None and cancellable(control[2][1]):
                 self._control_pending[control[0]] = pending
 
     def _cancel_control(self, cid: int) -> None:

@@ -19,6 +19,14 @@ from typing import Any
 from ..frontend.http_types import StreamSink
 
 StreamHead = tuple[int, None, bytes, bytes]
+_CANCELLABLE_PREFIX = b"/v1/"
+
+
+def cancellable(url: bytes) -> bool:
+    """Whether a forwarded HTTP request is cancelled in the engine when its client leaves: a generation (the
+    OpenAI API), which would otherwise run on for nobody. Other forwarded requests (a repository load, say)
+    finish whatever happens to their client, as they always have with --workers N."""
+    return url.startswith(_CANCELLABLE_PREFIX)
 
 
 def is_stream_head(result: Any) -> bool:
