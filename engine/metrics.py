@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from .canary import CanaryRecord
+from .generate.driver import EngineDriver
+from .generate.latency import Histogram
 from .model import Model
 from .stats import ModelStats
 
@@ -49,7 +51,8 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(models: Iterable[Model], process: CollectorRegistry | None = None) -> bytes:
+def render(models: Iterable[Model], process: CollectorRegistry | None = None,
+           generation: Iterable[EngineDriver] = ()) -> bytes:
     models = list(models)
     lines: list[str] = []
     for name, kind, help_text, value in FAMILIES:
@@ -68,6 +71,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
                          f'reason="{reason}"}} {count}')
     lines.extend(_sequence_lines(models))
     lines.extend(_canary_lines(models))
+    lines.extend(_generation_lines(list(generation)))
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
@@ -86,8 +90,9 @@ _SEQUENCE_FAMILIES = [
 
 
 def _sequence_lines(models: list[Model]) -> list[str]:
+    # getattr twice: an ensemble (EnsembleModel) has steps, no batcher
     counted = [(m, counts()) for m in models
-               if (counts := getattr(m.batcher, "sequence_counts", None)) is not None]
+               if (counts := getattr(getattr(m, "batcher", None), "sequence_counts", None)) is not None]
     if not counted:
         return []
     lines = []
@@ -121,6 +126,61 @@ def _canary_lines(models: list[Model]) -> list[str]:
         lines.append(f"# TYPE {name} {kind}")
         for m in checked:
             lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {value(m.canary)}')
+    return lines
+
+
+# Generative models (engine/generate/): name -> (type, help, value from the driver). Read at scrape time from
+# the driver's counters (written on the loop) and its engine's last stats (replaced after each step).
+_GENERATION_FAMILIES: list[tuple[str, str, str, Callable[[EngineDriver], float]]] = [
+    ("hubserve_generation_tokens_total", "counter", "Tokens generated (sent to clients)",
+     lambda d: d.metrics.generation_tokens),
+    ("hubserve_generation_prompt_tokens_total", "counter", "Prompt tokens of the generation requests taken",
+     lambda d: d.metrics.prompt_tokens),
+    ("hubserve_generation_running_sequences", "gauge", "Sequences in the running batch (holding KV blocks)",
+     lambda d: d.stats.running),
+    ("hubserve_generation_waiting_sequences", "gauge", "Sequences waiting for admission (or preempted)",
+     lambda d: d.stats.waiting),
+    ("hubserve_generation_kv_blocks_used", "gauge", "KV cache blocks held by sequences",
+     lambda d: d.stats.kv_blocks_used),
+    ("hubserve_generation_kv_blocks_free", "gauge", "KV cache blocks free (cached prefixes included)",
+     lambda d: d.stats.kv_blocks_free),
+    ("hubserve_generation_prefix_cache_hit_rate", "gauge",
+     "Prompt tokens found in the prefix cache / prompt tokens looked up, since the engine started",
+     lambda d: d.stats.prefix_cache_hit_rate),
+    ("hubserve_generation_preemptions_total", "counter", "Sequences preempted (KV blocks ran out)",
+     lambda d: d.stats.preemptions),
+]
+_HISTOGRAMS: list[tuple[str, str, Callable[[EngineDriver], Histogram]]] = [
+    ("hubserve_generation_time_to_first_token_seconds",
+     "Time from a generation request's arrival to its first token", lambda d: d.metrics.time_to_first_token),
+    ("hubserve_generation_inter_token_latency_seconds",
+     "Time between consecutive tokens of a generation request", lambda d: d.metrics.inter_token_latency),
+]
+
+
+def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
+    if not drivers:
+        return []
+    lines = []
+    labelled = [(d, f'model="{_escape(d.model_name)}",version="{d.version}"') for d in drivers]
+    for name, kind, help_text, value in _GENERATION_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in labelled)
+    lines.append("# HELP hubserve_generation_requests_finished_total Generation requests ended, by reason: "
+                 "stop, length, abort (client gone), error")
+    lines.append("# TYPE hubserve_generation_requests_finished_total counter")
+    for d, labels in labelled:
+        for reason, count in sorted(d.metrics.finished.items()):
+            lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
+    for name, help_text, histogram in _HISTOGRAMS:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} histogram")
+        for d, labels in labelled:
+            h = histogram(d)
+            lines.extend(f'{name}_bucket{{{labels},le="{le}"}} {count}' for le, count in h.cumulative())
+            lines.append(f"{name}_sum{{{labels}}} {h.sum}")
+            lines.append(f"{name}_count{{{labels}}} {h.count}")
     return lines
 
 

@@ -24,8 +24,12 @@ from .frontend import wire
 from .frontend.admission import ConnectionCounter, ConnectionLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
+from .frontend.http_routes import HttpRoutes
+from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
+from .generate.registry import GenerationRegistry
 from .metrics import process_registry, render
+from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
 from .watcher import RepositoryWatcher
@@ -98,6 +102,10 @@ class Server:
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
                                    options.max_message_bytes)
         wire.configure(self.tensor_limits())
+        # The generative models' engines (one per version, built on first use), for the OpenAI API on the
+        # HTTP port; here, in the process that holds the repository, whatever --workers says.
+        self.generation = GenerationRegistry(self.repository)
+        self.openai = OpenAIService(self.generation)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -169,7 +177,9 @@ class Server:
         handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
         admission = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
         http_access, grpc_access = policies(opts.access())
-        self._http = http_frontend.HttpApp(self.dataplane, self._http_limits(), admission=admission,
+        limits = self._http_limits()
+        routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai))
+        self._http = http_frontend.HttpApp(self.dataplane, limits, routes, admission=admission,
                                            access=http_access)
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
@@ -218,7 +228,9 @@ class Server:
                            "api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
                            "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers}}
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
-        self._control = ControlRunner(self.dataplane, http)
+        # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
+        # (workers/streams.py)
+        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai))
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)
         await self._frontends.start()
@@ -227,7 +239,7 @@ class Server:
         registry = process_registry()
 
         async def metrics(request: web.Request) -> web.Response:
-            body = render(self.repository.loaded_models(), registry)
+            body = render(self.repository.loaded_models(), registry, self.generation.drivers())
             return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
         app = web.Application()
@@ -251,6 +263,7 @@ class Server:
         await asyncio.gather(*waits, return_exceptions=True)
         if self._control is not None:
             await self._control.close()
+        await self.generation.close()
         await self.repository.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()

@@ -92,6 +92,13 @@ def test_loading_an_ensemble_loads_its_composing_models(http) -> None:
     assert meta["platform"] == "ensemble" and meta["inputs"][0]["shape"] == [-1, 16]
 
 
+def test_metrics_answer_with_an_ensemble_loaded(http, server) -> None:
+    http.load_model("diamond")
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        assert r.status == 200
+        assert 'nv_inference_request_success{model="diamond",version="1"}' in r.read().decode()
+
+
 def test_diamond_computes_through_every_step(client) -> None:
     client.load_model("diamond")
     a = np.arange(32, dtype=np.int32).reshape(2, 16)

@@ -44,7 +44,7 @@ import orjson
 from ..access import HTTP_STATUS, Refusal, RefusalKind
 from .admission import client_of, close_refused
 from .api_groups import http_group
-from .http_types import Answer, HttpRequest, Pending
+from .http_types import Answer, HttpRequest, Pending, Streaming
 from .sse import LAST_CHUNK, chunk
 
 if TYPE_CHECKING:
@@ -96,6 +96,7 @@ class HttpProtocol(asyncio.Protocol):
         self._queue: deque[HttpRequest] = deque()  # parsed, waiting for the one in flight
         self._inflight: Pending | None = None
         self._inflight_req: HttpRequest | None = None
+        self._stream: Streaming | None = None  # an answer being streamed: it owns the output until it ends
         self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
         self._streamed: bool | None = None  # a streamed answer's head is out: whether it is chunked
         self._streamed_keep = False  # and whether the connection stays open after it
@@ -143,7 +144,12 @@ class HttpProtocol(asyncio.Protocol):
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
             inflight.future.cancel()  # the batcher drops it from its queue; a streaming route's task ends
+        elif inflight is not None:  # done, but its answer not yet taken: a stream must learn nobody reads it
+            _drop(inflight)
         self._wake_drain()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.cancel()  # a generation stops and frees its KV blocks
         held = (self._current, self._inflight_req, *self._queue)
         large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES for r in held)
         if self._access is not None:
@@ -294,6 +300,8 @@ class HttpProtocol(asyncio.Protocol):
     def _next(self) -> None:
         """Dispatch waiting requests in order while none is in flight. Called when a request has been parsed,
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
+        if self._stream is not None:
+            return  # the streaming answer dispatches the next request when it ends
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
             if req.refusal is not None:
@@ -323,6 +331,7 @@ class HttpProtocol(asyncio.Protocol):
         self._inflight = self._inflight_req = None
         if req is None or self._done:
             self._release(req)
+            _drop(pending)
             return
         if self._streamed is not None:
             self._end_stream(req, fut)
@@ -330,8 +339,12 @@ class HttpProtocol(asyncio.Protocol):
             self._respond(req, pending.answer())
         self._next()
 
-    def _respond(self, req: HttpRequest, answer: Answer) -> None:
-        self._write(answer, self._keep(req))
+    def _respond(self, req: HttpRequest, answer: Answer | Streaming) -> None:
+        keep = self._keep(req)
+        if isinstance(answer, tuple):
+            self._write(answer, keep)
+        else:  # an OpenAI stream: what the access policy let it hold goes back as it starts
+            self._start_stream(answer, keep)
         if req.admission is not None:
             self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
@@ -418,6 +431,39 @@ class HttpProtocol(asyncio.Protocol):
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
 
+    def _start_stream(self, stream: Streaming, keep: bool) -> None:
+        """Write a streaming answer's head (chunked: the length is not known), then hand it the output."""
+        transport = self._transport
+        if transport is None:
+            stream.cancel()
+            return
+        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n"
+                        b"Cache-Control: no-cache\r\n%s%s\r\n" % (
+                            stream.status, REASONS.get(stream.status, b"Unknown"), stream.content_type,
+                            stream.extra, b"" if keep else b"Connection: close\r\n"))
+        self._last_tx = _monotonic()
+        self._stream = stream
+        stream.start(_ChunkedSink(self, stream, keep))
+
+    def _stream_piece(self, stream: Streaming, data: bytes) -> None:
+        transport = self._transport
+        if self._stream is not stream or transport is None or not data:
+            return
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self._last_tx = _monotonic()
+
+    def _stream_end(self, stream: Streaming, keep: bool) -> None:
+        transport = self._transport
+        if self._stream is not stream or transport is None:
+            return
+        self._stream = None
+        transport.write(b"0\r\n\r\n")
+        self._last_tx = _monotonic()
+        if not keep:
+            self._close_gracefully()
+        else:
+            self._next()
+
     def _fail(self, status: int, message: str) -> None:
         """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after
         the requests before it."""
@@ -432,7 +478,7 @@ class HttpProtocol(asyncio.Protocol):
             self._owner.large_body_dropped()
         if self._done:
             return
-        if self._inflight is not None or self._queue:
+        if self._inflight is not None or self._stream is not None or self._queue:
             self._final = (status, message)
         else:
             self._send_error(status, message)
@@ -515,8 +561,33 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
 
     def _idle(self) -> bool:
-        return (self._inflight is None and not self._queue and not self._in_head and not self._in_body
-                and self._final is None)
+        return (self._inflight is None and self._stream is None and not self._queue and not self._in_head
+                and not self._in_body and self._final is None)
+
+
+class _ChunkedSink:
+    """A streaming answer's way out: one HTTP chunk per `send`, the last chunk on `end`. Bound to the stream
+    it was made for, so nothing it sends after the connection moved on (or went away) is written."""
+
+    __slots__ = ("_conn", "_keep", "_stream")
+
+    def __init__(self, conn: HttpProtocol, stream: Streaming, keep: bool) -> None:
+        self._conn = conn
+        self._stream = stream
+        self._keep = keep
+
+    def send(self, data: bytes) -> None:
+        self._conn._stream_piece(self._stream, data)
+
+    def end(self) -> None:
+        self._conn._stream_end(self._stream, self._keep)
+
+
+def _drop(pending: Pending) -> None:
+    """An answer nobody will read: a streaming one is cancelled (a generation then stops)."""
+    answer = pending.answer()
+    if not isinstance(answer, tuple):
+        answer.cancel()
 
 
 def refusal_answer(refusal: Refusal) -> Answer:

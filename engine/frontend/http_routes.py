@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import orjson
@@ -35,6 +35,9 @@ from .http_codec import (
 )
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .wire import limits as wire_limits
+
+if TYPE_CHECKING:
+    from .openai_routes import OpenAIRoutes
 
 log = logging.getLogger("hubserve.http")
 
@@ -133,12 +136,15 @@ class HttpRoutes:
     """The endpoints, over the data plane. One per server (`HttpApp` holds it); keeps the tasks of the
     routes answered later (compressed inferences, repository load and unload) until they are done."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits, metadata: MetadataSource | None = None
-                 ) -> None:
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, metadata: MetadataSource | None = None,
+                 openai: OpenAIRoutes | None = None) -> None:
         """`metadata` is where the generate endpoints learn a model's inputs: the data plane's metadata by
-        default; a frontend process asks the engine (workers/forwarding.py)."""
+        default; a frontend process asks the engine (workers/forwarding.py). `openai` answers /v1 (the
+        OpenAI-compatible API, openai_routes.py) where the process holds the generation engines; without it
+        /v1 is no endpoint."""
         self.dp = dataplane
         self.limits = limits
+        self.openai = openai
         self.header_cache = HeaderCache()
         self.metadata = metadata or self._local_metadata
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -165,6 +171,8 @@ class HttpRoutes:
         if "%" in text:
             parts = [unquote(p) for p in parts]
         method = req.method
+        if parts[0] == "v1" and self.openai is not None:
+            return self.openai.handle(req, parts[1:], on_done)
         if not parts or parts[0] != "v2":
             raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
         rest = parts[1:]

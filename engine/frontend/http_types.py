@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ..access import Admission, Refusal
 
@@ -69,6 +69,32 @@ class HttpRequest:
 OnDone = Callable[[asyncio.Future[Any]], None]
 
 
+class StreamSink(Protocol):
+    """Where a `Streaming` answer writes its body, piece by piece: the connection (one HTTP chunk per
+    `send`). `end()` once, after the last piece; nothing is sent after it."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def end(self) -> None: ...
+
+
+@runtime_checkable
+class Streaming(Protocol):
+    """An answer whose body is written as it is produced (server-sent events): what a `Pending`'s `answer()`
+    may return instead of an `Answer`. The connection writes the head (`status`, `content_type`, `extra`,
+    chunked transfer coding), then calls `start(sink)` once; the stream then owns the connection's output
+    until it calls `sink.end()`, and no other request is answered meanwhile. `cancel()` is called instead,
+    once, when the client goes away first."""
+
+    status: int
+    content_type: bytes
+    extra: bytes
+
+    def start(self, sink: StreamSink) -> None: ...
+
+    def cancel(self) -> None: ...
+
+
 class Pending(Protocol):
     """An answer still being computed. The routes' `handle()` has arranged for the connection's `on_done`
     to be called with `future` once it is done (cancelled included), and the connection then calls
@@ -77,7 +103,8 @@ class Pending(Protocol):
 
     future: asyncio.Future[Any]
 
-    def answer(self) -> Answer: ...
+    def answer(self) -> Answer | Streaming: ...
 
 
-__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "ResponseStream"]
+__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "ResponseStream", "StreamSink",
+           "Streaming"]

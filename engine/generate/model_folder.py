@@ -68,7 +68,17 @@ def read_model_config(folder: Path, version: int = 1) -> tuple[ModelConfig, Path
 
 def load_engine(folder: Path, version: int = 1, seed: int = 0) -> GenerationEngine:
     config, model_path = read_model_config(folder, version)
+    return build_engine(config, model_path, folder, seed)
+
+
+def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int = 0) -> GenerationEngine:
+    """The engine for a validated config (the repository's, for a served version: registry.py) whose model
+    file is `model_path`; `folder` holds its tokenizer. Blocking (it makes the ONNX Runtime session)."""
     params, where = config.parameters, f"model '{config.name}'"
+    form = params.get("generation")
+    if form not in GENERATION_FORMS:
+        raise invalid(f"{where}: parameter generation must be one of {', '.join(GENERATION_FORMS)}, "
+                      f"got {form!r}")
     cache = CacheConfig(
         block_size=_int(params, "kv_block_size", 16, where),
         num_blocks=_int(params, "kv_num_blocks", 1024, where),

@@ -18,11 +18,13 @@ from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.h2.rpcs import Kind, rpc_table
 from ..frontend.http_routes import HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
+from ..frontend.openai_routes import OpenAIRoutes
 from .messages import GRPC, HEALTH, HTTP, error_payload
 
 log = logging.getLogger("hubserve.workers")
 
-# How a control request is answered: (cid, ok, result or error payload), once.
+# How a control request is answered: (cid, ok, result or error payload), once. An HTTP result is the route's
+# `Answer`, or a `Streaming` one (the OpenAI API's server-sent events), which the session then streams.
 Reply = Callable[[int, bool, Any], None]
 
 
@@ -30,19 +32,21 @@ class ControlRunner:
     """One per engine, shared by every frontend's session. `run(control, reply)` never raises: whatever
     happens, `reply` is called once (at once or from the loop later)."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits) -> None:
-        self.http = HttpRoutes(dataplane, limits)
+    def __init__(self, dataplane: DataPlane, limits: HttpLimits, openai: OpenAIRoutes | None = None) -> None:
+        self.http = HttpRoutes(dataplane, limits, openai=openai)
         self.grpc = GrpcHandlers(dataplane)
         self._unary = {name.rsplit(b"/", 1)[1].decode(): rpc for name, rpc in rpc_table(self.grpc).items()
                        if rpc.kind is Kind.UNARY}
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def run(self, control: tuple[int, int, Any], reply: Reply) -> None:
+    def run(self, control: tuple[int, int, Any], reply: Reply) -> Pending | None:
+        """Returns an HTTP request's `Pending` while it is being answered, so the session can cancel it
+        (its client left); None when it was answered at once or is not HTTP."""
         cid, kind, args = control
         try:
             if kind == HTTP:
-                self._http(cid, args, reply)
-            elif kind == GRPC:
+                return self._http(cid, args, reply)
+            if kind == GRPC:
                 self._grpc(cid, args, reply)
             elif kind == HEALTH:
                 reply(cid, True, self.grpc.health_status(args))
@@ -50,20 +54,24 @@ class ControlRunner:
                 raise ValueError(f"unknown control kind {kind!r}")
         except Exception as e:  # EngineError (gRPC), or a bug: the frontend answers it as it would its own
             reply(cid, False, error_payload(e))
+        return None
 
-    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply) -> None:
+    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply
+              ) -> Pending | None:
         req = HttpRequest()
         req.method, req.url, req.headers, req.body = args
         held: list[Pending] = []
 
         def done(_: asyncio.Future[Any]) -> None:  # never called before handle() returns: it is a callback
-            reply(cid, True, _flat(held[0].answer()))
+            answer = held[0].answer()
+            reply(cid, True, _flat(answer) if isinstance(answer, tuple) else answer)
 
         answer = self.http.handle(req, done)
         if isinstance(answer, tuple):
             reply(cid, True, _flat(answer))
-        else:
-            held.append(answer)
+            return None
+        held.append(answer)
+        return answer
 
     def _grpc(self, cid: int, args: tuple[str, bytes], reply: Reply) -> None:
         method, message = args

@@ -19,6 +19,7 @@ from ..frontend.http_routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
 from .remote import EngineClient
+from .streams import cancellable
 
 log = logging.getLogger("hubserve.workers")
 
@@ -54,7 +55,9 @@ class FrontendRoutes:
         if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_LOCAL_SUFFIXES):
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
-        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body))
+        # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream.
+        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body),
+                                      cancellable=cancellable(req.url))
         future.add_done_callback(on_done)
         return _Forwarded(future)
 

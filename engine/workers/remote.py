@@ -38,6 +38,7 @@ from ..types import (
     Tensor,
 )
 from .messages import CANCELLED, OK, STREAMED, datatype, error_from_payload, outputs_header
+from .streams import RemoteStream, is_stream_head
 
 log = logging.getLogger("hubserve.workers")
 
@@ -67,6 +68,7 @@ class EngineClient(asyncio.Protocol):
         # rid → (future, input block or -1)
         self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
         self._controls: dict[int, asyncio.Future[Any]] = {}
+        self._control_streams: dict[int, RemoteStream] = {}  # forwarded answers in pieces (streams.py)
         self._plans: dict[RequestPlan, int] = {}
         self._next_plan = 1
         self._plans_reset = False
@@ -139,8 +141,10 @@ class EngineClient(asyncio.Protocol):
         """DataPlane.infer_stream's shape: the responses cross the channel as they come."""
         return infer_stream(self.submit, request, start_ns)
 
-    def forward(self, kind: int, args: Any) -> asyncio.Future[Any]:
-        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH)."""
+    def forward(self, kind: int, args: Any, cancellable: bool = False) -> asyncio.Future[Any]:
+        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH). Its
+        future resolves with the answer; an HTTP answer that streams resolves it with a `RemoteStream`.
+        `cancellable`: cancelling the future cancels the request in the engine too (a generation)."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if self.lost:
             future.set_exception(_engine_gone())
@@ -149,8 +153,21 @@ class EngineClient(asyncio.Protocol):
         self._next_id = cid + 1
         self._controls[cid] = future
         self._control_out.append((cid, kind, args))
+        if cancellable:
+            future.add_done_callback(functools.partial(self._control_settled, cid))
         self._schedule()
         return future
+
+    def _control_settled(self, cid: int, future: asyncio.Future[Any]) -> None:
+        if future.cancelled() and self._controls.pop(cid, None) is not None:
+            self._cancel_control(cid)
+
+    def _cancel_control(self, cid: int) -> None:
+        """Tell the engine that nobody waits for this control's answer (or the rest of its stream)."""
+        self._control_streams.pop(cid, None)
+        if not self.lost:
+            self._cancels.append(cid)
+            self._schedule()
 
     def _settled(self, rid: int, future: asyncio.Future[Any]) -> None:
         if future.cancelled() and rid in self._pending and not self.lost:
@@ -239,13 +256,25 @@ class EngineClient(asyncio.Protocol):
             else:
                 future.set_exception(error_from_payload(payload))
         for cid, ok, result in control_answers:
+            stream = self._control_streams.get(cid)
+            if stream is not None:  # the next piece of a streamed answer, or its end (None)
+                if result is None:
+                    del self._control_streams[cid]
+                    stream.end()
+                else:
+                    stream.piece(result)
+                continue
             control = self._controls.pop(cid, None)
             if control is None or control.done():
                 continue
-            if ok:
-                control.set_result(result)
-            else:
+            if not ok:
                 control.set_exception(error_from_payload(result))
+            elif is_stream_head(result):
+                remote = RemoteStream(result, functools.partial(self._cancel_control, cid))
+                self._control_streams[cid] = remote
+                control.set_result(remote)
+            else:
+                control.set_result(result)
 
     def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
         model_name, model_version, response_id, params, specs, placement = payload
@@ -275,6 +304,9 @@ class EngineClient(asyncio.Protocol):
         self._pending.clear()
         self._streams.clear()
         self._controls.clear()
+        for stream in list(self._control_streams.values()):
+            stream.end()  # cut short: the client sees its stream end without [DONE]
+        self._control_streams.clear()
         self._on_lost()
 
     def close(self) -> None:

@@ -1,0 +1,262 @@
+"""A `GenerationEngine` on a thread of its own, driven from the event loop: the API layer's one engine thread.
+
+The engine is plain and synchronous (engine.py); this is its asynchronous edge, so neither a step nor ONNX
+Runtime ever runs on the loop. Ownership:
+- the loop calls `submit` and `abort` (they only queue work and wake the thread) and receives each step's
+  results in `_deliver`, through one `call_soon_threadsafe` per step: no task, no future per token;
+- the thread alone touches the engine: it takes what was queued, steps while anything is unfinished, turns
+  each request's new tokens into new text (`_TextState`: stop strings and incomplete UTF-8 characters are
+  held back, so streamed text never has to be taken back), and posts it, then sleeps until woken.
+
+A request's id is the one its client's request carries (X-Request-ID, or the id the API layer made), so the
+engine's log lines name it. `abort` frees a request's KV blocks before the next step: a client that leaves
+mid-stream costs nothing after that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ..errors import EngineError, ErrorCode
+from .engine import EngineStats, GenerationEngine
+from .latency import GenerationMetrics
+from .request import RequestOutput, SamplingParams
+
+log = logging.getLogger("hubserve.generate")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """What one step did for one request, as its client sees it: the text it may now be shown (`text`,
+    new since the last event), how many tokens that took, and, the last time, why it ended. `error` ends
+    it too."""
+
+    text: str = ""
+    num_tokens: int = 0
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" or "length" (OpenAI's); "abort" is never delivered
+    error: EngineError | None = None
+
+
+OnEvent = Callable[[TokenEvent], None]
+
+
+@dataclass(slots=True)
+class _Client:
+    """Loop side: where a request's events go, and its timing for the latency metrics."""
+
+    on_event: OnEvent
+    num_prompt_tokens: int
+    arrival_s: float
+    last_token_s: float = 0.0
+    num_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+
+
+class _TextState:
+    """Thread side: how much of a request's decoded output has been handed out. While it runs, the last
+    `len(longest stop string) - 1` characters are held back (a stop string may be starting there, and the
+    text ends before it), and so is a trailing U+FFFD (a multi-byte character not yet complete)."""
+
+    __slots__ = ("holdback", "sent")
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.sent = 0
+
+    def delta(self, text: str, finished: bool) -> str:
+        if not finished:
+            end = len(text) - self.holdback
+            while end > self.sent and text[end - 1] == "\ufffd":
+                end -= 1
+            text = text[:max(end, 0)]
+        if len(text) <= self.sent:
+            return ""
+        out, self.sent = text[self.sent:], len(text)
+        return out
+
+
+class EngineDriver:
+    """One generative model version's engine and its thread. Made on the loop (registry.py), which alone
+    calls `submit`, `abort` and `close`."""
+
+    def __init__(self, engine: GenerationEngine, model_name: str, version: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.version = version
+        self.metrics = GenerationMetrics()
+        self.stats: EngineStats = engine.stats()  # replaced by the thread after each step: read any time
+        self._loop = asyncio.get_running_loop()
+        self._clients: dict[str, _Client] = {}  # loop side
+        self._lock = threading.Lock()
+        self._adds: list[_Add] = []
+        self._aborts: list[str] = []
+        self._closing = False
+        self._wake = threading.Event()
+        self._texts: dict[str, _TextState] = {}  # thread side
+        self._thread = threading.Thread(target=self._run, name=f"generate-{model_name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._clients)
+
+    # ------------------------------------------------------------------ the loop's side
+
+    def submit(self, request_id: str, token_ids: Sequence[int], params: SamplingParams,
+               on_event: OnEvent) -> None:
+        """Queue a request; `on_event` is called on the loop with each of its events until one is finished
+        (or carries an error). ALREADY_EXISTS at once when a request with this id is still running."""
+        if self._closing:
+            raise EngineError(ErrorCode.UNAVAILABLE, f"model '{self.model_name}' is unloading; retry")
+        if request_id in self._clients:
+            raise EngineError(ErrorCode.ALREADY_EXISTS, f"a request with id '{request_id}' is still running; "
+                                                        "request ids (X-Request-ID) must be unique")
+        now = time.perf_counter()
+        self._clients[request_id] = _Client(on_event, len(token_ids), now)
+        self.metrics.prompt_tokens += len(token_ids)
+        log.debug("request %s: queued for model '%s' (%d prompt tokens, max_tokens %d)", request_id,
+                  self.model_name, len(token_ids), params.max_tokens)
+        with self._lock:
+            self._adds.append(_Add(request_id, list(token_ids), params))
+        self._wake.set()
+
+    def abort(self, request_id: str) -> None:
+        """The request's client left: it gets no more events; its blocks are freed before the next step."""
+        client = self._clients.pop(request_id, None)
+        if client is None:
+            return
+        self._count_finish("abort")
+        log.info("request %s: aborted by its client after %d tokens", request_id, client.num_tokens)
+        with self._lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop taking requests, let the thread finish those it has, then end it. Called once, by the
+        registry, when the version is unloaded or the server stops (after the frontends drained)."""
+        with self._lock:
+            self._closing = True
+        self._wake.set()
+        await asyncio.to_thread(self._thread.join)
+        for request_id in list(self._clients):  # queued after the thread's last look: never to run
+            self._deliver([(request_id, TokenEvent(finished=True, error=EngineError(
+                ErrorCode.UNAVAILABLE, f"model '{self.model_name}' was unloaded")))])
+
+    def _deliver(self, events: list[tuple[str, TokenEvent]]) -> None:
+        """One step's events, on the loop: the latency metrics, then each request's client."""
+        now = time.perf_counter()
+        metrics = self.metrics
+        for request_id, event in events:
+            client = self._clients.get(request_id)
+            if client is None:
+                continue  # aborted meanwhile
+            if event.num_tokens:
+                if client.num_tokens == 0:
+                    metrics.time_to_first_token.observe(now - client.arrival_s)
+                else:
+                    gap = (now - client.last_token_s) / event.num_tokens
+                    for _ in range(event.num_tokens):
+                        metrics.inter_token_latency.observe(gap)
+                client.num_tokens += event.num_tokens
+                client.last_token_s = now
+                metrics.generation_tokens += event.num_tokens
+            if event.finished:
+                del self._clients[request_id]
+                self._count_finish("error" if event.error is not None else event.finish_reason or "stop")
+                if event.error is None:
+                    log.info("request %s: finished (%s): %d prompt + %d generated tokens in %.1f ms",
+                             request_id, event.finish_reason, client.num_prompt_tokens, client.num_tokens,
+                             (now - client.arrival_s) * 1000)
+                else:
+                    log.warning("request %s: failed: %s", request_id, event.error.message)
+            client.on_event(event)
+
+    def _count_finish(self, reason: str) -> None:
+        finished = self.metrics.finished
+        finished[reason] = finished.get(reason, 0) + 1
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                adds, self._adds = self._adds, []
+                aborts, self._aborts = self._aborts, []
+                closing = self._closing
+            events: list[tuple[str, TokenEvent]] = []
+            for add in adds:  # before the aborts: a request may be aborted in the round it was added
+                try:
+                    engine.add_request(add.request_id, add.token_ids, add.params)
+                    self._texts[add.request_id] = _TextState(add.params)
+                except EngineError as e:
+                    events.append((add.request_id, TokenEvent(finished=True, error=e)))
+                except Exception as e:  # a bug: this request fails, the thread lives on
+                    log.exception("request %s: could not be added", add.request_id)
+                    error = EngineError(ErrorCode.INTERNAL, f"request could not be added: {e}")
+                    events.append((add.request_id, TokenEvent(finished=True, error=error)))
+            for request_id in aborts:
+                engine.abort_request(request_id)
+                self._texts.pop(request_id, None)
+            if aborts:
+                self.stats = engine.stats()  # blocks freed: the gauges say so even if no step follows
+            while engine.has_unfinished() and not self._wake.is_set():
+                events.extend(self._step())
+                self._post(events)
+                events = []
+            self._post(events)
+            if closing and not engine.has_unfinished():
+                return
+            if engine.has_unfinished():
+                self._wake.set()  # woken mid-run: take the new work, then go on stepping
+
+    def _step(self) -> list[tuple[str, TokenEvent]]:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:  # a backend failure or a bug: every request in flight fails, the thread lives
+            log.exception("model '%s': generation step failed", self.model_name)
+            error = EngineError(ErrorCode.INTERNAL, f"generation failed in model '{self.model_name}': {e}")
+            failed = list(self._texts)
+            for request_id in failed:
+                self.engine.abort_request(request_id)
+            self._texts.clear()
+            return [(request_id, TokenEvent(finished=True, error=error)) for request_id in failed]
+        finally:
+            self.stats = self.engine.stats()
+        return [event for out in outputs if (event := self._event(out)) is not None]
+
+    def _event(self, out: RequestOutput) -> tuple[str, TokenEvent] | None:
+        state = self._texts.get(out.request_id)
+        if state is None:
+            return None
+        if not out.new_token_ids and not out.finished:
+            return None  # a prefill chunk: nothing to show yet
+        if out.finished:
+            del self._texts[out.request_id]
+            text = out.output_text
+        else:
+            text = self.engine.tokenizer.decode(out.output_token_ids)
+        reason = out.finish_reason.value if out.finish_reason is not None else None
+        return out.request_id, TokenEvent(state.delta(text, out.finished), len(out.new_token_ids),
+                                          out.finished, reason)
+
+    def _post(self, events: list[tuple[str, TokenEvent]]) -> None:
+        if not events:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone, nobody listens
+            self._loop.call_soon_threadsafe(self._deliver, events)

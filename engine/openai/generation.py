@@ -1,0 +1,121 @@
+"""One API request in the engine: its choices (n per prompt), each one engine request, and what they produced.
+
+Made and used on the loop by service.py. Each choice's events come from the driver (engine/generate/driver.py)
+through `_on_event`; the request is done when every choice finished, or at the first error (the others are
+then aborted). A listener (the SSE stream) sees each event as it comes; without one, the events only
+accumulate, for the one JSON answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import EngineError
+from ..generate.driver import EngineDriver, TokenEvent
+from ..generate.request import SamplingParams
+
+
+@dataclass(slots=True)
+class Choice:
+    index: int
+    engine_id: str
+    prompt_tokens: int
+    text: list[str] = field(default_factory=list)
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    submitted: bool = False  # in the engine: only then may it be aborted (its id is ours)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+Listener = Callable[[Choice, TokenEvent], None]
+
+
+class Generation:
+    def __init__(self, driver: EngineDriver, request_id: str, prompts: list[list[int]], n: int,
+                 params: SamplingParams) -> None:
+        self.driver = driver
+        self.request_id = request_id
+        self.params = params
+        self.choices: list[Choice] = []
+        for p, prompt in enumerate(prompts):
+            for j in range(n):
+                index = p * n + j
+                engine_id = request_id if len(prompts) * n == 1 else f"{request_id}-{index}"
+                self.choices.append(Choice(index, engine_id, len(prompt)))
+        self._prompts = prompts
+        loop = asyncio.get_running_loop()
+        self.first: asyncio.Future[None] = loop.create_future()  # the first event of any choice (or error)
+        self.done: asyncio.Future[None] = loop.create_future()   # every choice finished (or an error)
+        self.error: EngineError | None = None
+        self.listener: Listener | None = None
+        self._left = len(self.choices)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Usage counts each prompt once, however many choices it has (as OpenAI does)."""
+        return sum(len(p) for p in self._prompts)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.completion_tokens for c in self.choices)
+
+    def start(self) -> None:
+        """Submit every choice; an error here (a duplicate request id) aborts those already submitted."""
+        n = len(self.choices) // len(self._prompts)
+        seed = self.params.seed
+        try:
+            for choice in self.choices:
+                prompt = self._prompts[choice.index // n]
+                on_event = functools.partial(self._on_event, choice)
+                # a seeded request's choices differ from each other and are each reproducible: seed + j
+                params = self.params if seed is None or choice.index % n == 0 else \
+                    dataclasses.replace(self.params, seed=seed + choice.index % n)
+                self.driver.submit(choice.engine_id, prompt, params, on_event)
+                choice.submitted = True
+        except EngineError:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Stop every choice still running (the client left, or another choice failed)."""
+        for choice in self.choices:
+            if not choice.finished:
+                choice.finish_reason = "abort"
+                if choice.submitted:
+                    self.driver.abort(choice.engine_id)
+
+    def _on_event(self, choice: Choice, event: TokenEvent) -> None:
+        if choice.finished:
+            return
+        if event.error is not None:
+            self.error = event.error
+            choice.finish_reason = "error"
+            self.abort()
+            self._settle(self.first)
+            self._settle(self.done)
+            if self.listener is not None:
+                self.listener(choice, event)
+            return
+        if event.text:
+            choice.text.append(event.text)
+        choice.completion_tokens += event.num_tokens
+        if event.finished:
+            choice.finish_reason = event.finish_reason or "stop"
+            self._left -= 1
+        self._settle(self.first)
+        if self._left == 0:
+            self._settle(self.done)
+        if self.listener is not None:  # after `done`: the listener's last event sees the generation done
+            self.listener(choice, event)
+
+    @staticmethod
+    def _settle(future: asyncio.Future[None]) -> None:
+        if not future.done():
+            future.set_result(None)

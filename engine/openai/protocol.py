@@ -1,0 +1,247 @@
+"""The request bodies of `POST /v1/completions` and `POST /v1/chat/completions`, checked into `ApiRequest`.
+
+Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
+field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (logprobs,
+tools, penalties, ...) are refused rather than silently ignored; other unknown fields are ignored, as
+OpenAI-compatible servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in
+vLLM's names (the `openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import bad_request
+
+MAX_N = 16          # choices per request
+MAX_STOP = 4        # stop strings per request (OpenAI's limit)
+MAX_PROMPTS = 64    # prompts in one completions request
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """A checked request. `prompts` (completions) or `messages` (chat: (role, text), roles checked) says
+    what to complete; the rest says how."""
+
+    chat: bool
+    model: str
+    prompts: tuple[str | tuple[int, ...], ...]
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int | None           # None: as many as the context leaves (chat's default)
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    ignore_eos: bool
+    n: int
+    stream: bool
+    include_usage: bool
+
+
+def parse_body(body: bytes | bytearray) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise bad_request(f"We could not parse the JSON body of your request ({e}). The body must be a JSON "
+                          "object with the request's fields.") from None
+    if not isinstance(doc, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return doc
+
+
+def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
+    model = doc.get("model")
+    if model is None:
+        raise bad_request("You must provide a model parameter.", "model")
+    if not isinstance(model, str) or not model:
+        raise bad_request(f"{_show(model)} is not a valid model name - 'model'", "model")
+    _refuse_unserved(doc, chat)
+    messages: tuple[tuple[str, str], ...] = ()
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    if chat:
+        messages = _messages(doc.get("messages"))
+        max_tokens = _int(doc, "max_completion_tokens", 1)
+        if max_tokens is None:
+            max_tokens = _int(doc, "max_tokens", 1)
+    else:
+        prompts = _prompts(doc.get("prompt"))
+        max_tokens = _int(doc, "max_tokens", 1)
+        if max_tokens is None and "max_tokens" not in doc:
+            max_tokens = 16  # OpenAI's default for completions
+    stream = _bool(doc, "stream", False)
+    options = doc.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad_request(f"{_show(options)} is not of type 'object' - 'stream_options'",
+                              "stream_options")
+        if not stream:
+            raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                              "stream_options")
+        include_usage = _bool(options, "include_usage", False, "stream_options.include_usage")
+    temperature = _number(doc, "temperature", 0.0, 2.0)
+    top_p = _number(doc, "top_p", 0.0, 1.0)
+    if top_p is not None and top_p == 0.0:
+        top_p = 1e-9  # OpenAI accepts 0: only the most likely token remains
+    return ApiRequest(
+        chat=chat, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_p=1.0 if top_p is None else top_p,
+        top_k=_int(doc, "top_k", 0) or 0,
+        seed=_int(doc, "seed", -(2**63), 2**64 - 1),
+        stop=_stop(doc.get("stop")),
+        stop_token_ids=tuple(_int_list(doc.get("stop_token_ids"), "stop_token_ids")),
+        ignore_eos=_bool(doc, "ignore_eos", False),
+        n=_int(doc, "n", 1, MAX_N) or 1,
+        stream=stream, include_usage=include_usage)
+
+
+# Fields whose value would change the answer in ways we do not serve: (field, what may be sent).
+_UNSERVED = ("logprobs", "top_logprobs", "logit_bias", "tools", "functions", "tool_choice", "function_call",
+             "suffix", "response_format", "echo", "best_of", "presence_penalty", "frequency_penalty", "audio",
+             "prediction")
+
+
+def _refuse_unserved(doc: dict[str, Any], chat: bool) -> None:
+    for key in _UNSERVED:
+        value = doc.get(key)
+        if value in (None, False, 0, 0.0, "", [], {}):
+            continue
+        if key == "best_of" and value == 1:
+            continue
+        if key == "response_format" and value == {"type": "text"}:
+            continue
+        if key in ("tool_choice", "function_call") and value == "none":
+            continue
+        raise bad_request(f"'{key}' is not supported by this server; leave it out.", key,
+                          "unsupported_parameter")
+
+
+def _messages(value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        raise bad_request("Missing required parameter: 'messages'.", "messages")
+    if not isinstance(value, list):
+        raise bad_request(f"{_show(value)} is not of type 'array' - 'messages'", "messages")
+    if not value:
+        raise bad_request("[] is too short - 'messages': send at least one message.", "messages",
+                          "empty_array")
+    out = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{_show(message)} is not of type 'object' - '{where}'", where)
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant"):
+            raise bad_request(f"Invalid value {_show(role)} for '{where}.role': this server takes 'system', "
+                              "'developer', 'user' and 'assistant' messages.", f"{where}.role")
+        out.append((role, _content(message.get("content"), f"{where}.content")))
+    return tuple(out)
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        raise bad_request(f"Missing required parameter: '{where}'.", where)
+    if not isinstance(value, list):
+        raise bad_request(f"{_show(value)} is not of type 'string' or 'array' - '{where}'", where)
+    texts = []
+    for i, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise bad_request(f"'{where}[{i}]' must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
+                              "this server takes text only.", f"{where}[{i}]")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _prompts(value: Any) -> tuple[str | tuple[int, ...], ...]:
+    """A string, a list of strings, a list of token ids, or a list of lists of token ids."""
+    if value is None:
+        raise bad_request("Missing required parameter: 'prompt'.", "prompt")
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, list) or not value:
+        raise bad_request(f"{_show(value)} is not a valid prompt: send a string, a list of strings, a list "
+                          "of token ids or a list of lists of token ids - 'prompt'", "prompt")
+    if all(isinstance(p, str) for p in value):
+        prompts: tuple[str | tuple[int, ...], ...] = tuple(value)
+    elif all(_is_int(t) for t in value):
+        prompts = (tuple(value),)
+    elif all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in value):
+        prompts = tuple(tuple(p) for p in value)
+    else:
+        raise bad_request("'prompt' mixes types: send a string, a list of strings, a list of token ids or a "
+                          "list of lists of token ids.", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"'prompt' has {len(prompts)} prompts; send at most {MAX_PROMPTS}.", "prompt")
+    return prompts
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request(f"{_show(value)} is not of type 'string' or 'array' of strings - 'stop'", "stop")
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"'stop' has {len(stops)} strings; send at most {MAX_STOP}.", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(doc: dict[str, Any], key: str, low: int, high: int | None = None) -> int | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not _is_int(value):
+        raise bad_request(f"{_show(value)} is not of type 'integer' - '{key}'", key, "invalid_type")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise bad_request(f"Invalid '{key}': {value}; it must be {bound}.", key, "invalid_value")
+    return int(value)
+
+
+def _int_list(value: Any, key: str) -> list[int]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
+        raise bad_request(f"{_show(value)} is not a list of token ids - '{key}'", key, "invalid_type")
+    return value
+
+
+def _number(doc: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    value = doc.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(f"{_show(value)} is not of type 'number' - '{key}'", key, "invalid_type")
+    if not low <= value <= high:
+        raise bad_request(f"Invalid '{key}': {value}; it must be between {low:g} and {high:g}.", key,
+                          "invalid_value")
+    return float(value)
+
+
+def _bool(doc: dict[str, Any], key: str, default: bool, name: str = "") -> bool:
+    value = doc.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        name = name or key
+        raise bad_request(f"{_show(value)} is not of type 'boolean' - '{name}'", name, "invalid_type")
+    return value
+
+
+def _show(value: Any) -> str:
+    """A value as an error message quotes it: JSON, cut short."""
+    text = orjson.dumps(value).decode() if not isinstance(value, bytes) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

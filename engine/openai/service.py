@@ -1,0 +1,144 @@
+"""The OpenAI API's requests, transport aside: a checked request (protocol.py) → the prompt (chat template,
+tokenizer) → its limits → the engine (a `Generation`) → the answer (responses.py).
+
+Called on the loop by the HTTP routes (frontend/openai_routes.py). Tokenizing runs on the loop: a prompt is
+bounded before it is tokenized (`MAX_PROMPT_CHARS_PER_TOKEN` × the context), so this costs at most about a
+millisecond; every model step runs on its engine's thread (engine/generate/driver.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import EngineError, ErrorCode
+from ..generate.chat_template import ChatTemplate
+from ..generate.registry import GenerationRegistry, GenerativeVersion
+from ..generate.request import SamplingParams
+from . import responses
+from .errors import OpenAIError, bad_request, from_engine, model_not_found
+from .generation import Generation
+from .protocol import ApiRequest
+
+# A prompt longer than this many characters per token of context is refused before it is tokenized: no
+# tokenizer in use packs more characters into a token on average, and the bound keeps a huge prompt from
+# costing the loop its tokenization.
+MAX_PROMPT_CHARS_PER_TOKEN = 32
+
+
+class OpenAIService:
+    """One per server, in the process that holds the repository and the engines."""
+
+    def __init__(self, registry: GenerationRegistry) -> None:
+        self.registry = registry
+        self._created: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ models
+
+    def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [responses.model_object(m.name, self._created_at(m.name))
+                                           for m in self.registry.models()]}
+
+    def retrieve_model(self, name: str) -> dict[str, Any]:
+        try:
+            self.registry.model(name)
+        except EngineError as e:
+            raise _model_error(name, e) from None
+        return responses.model_object(name, self._created_at(name))
+
+    def _created_at(self, name: str) -> int:
+        return self._created.setdefault(name, int(time.time()))
+
+    # ------------------------------------------------------------------ generation
+
+    async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None) -> Generation:
+        """The request's generation, submitted. OpenAIError for what the client must change (or a model not
+        ready); the engine's events then flow into the returned Generation."""
+        try:
+            version = await self.registry.version(api.model)
+        except EngineError as e:
+            raise _model_error(api.model, e) from None
+        prompts = self._prompts(api, version)
+        params = self._params(api, version, max(len(p) for p in prompts))
+        check_quota(api_key, api, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
+        gen = Generation(version.driver, request_id, prompts, api.n, params)
+        try:
+            gen.start()
+        except EngineError as e:
+            raise from_engine(e) from None
+        return gen
+
+    def answer(self, gen: Generation, api: ApiRequest, created: int) -> dict[str, Any]:
+        """The JSON answer of a finished generation (it did not stream)."""
+        if gen.error is not None:
+            raise from_engine(gen.error)
+        return responses.completion(gen, api.chat, api.model, created)
+
+    def _prompts(self, api: ApiRequest, version: GenerativeVersion) -> list[list[int]]:
+        engine = version.driver.engine
+        limit = engine.cache_config.max_model_len
+        param = "messages" if api.chat else "prompt"
+        texts: tuple[str | tuple[int, ...], ...] = (_render(version.chat_template, api),) if api.chat \
+            else api.prompts
+        out = []
+        vocab = engine.tokenizer.vocab_size
+        for prompt in texts:
+            if isinstance(prompt, str):
+                if len(prompt) > MAX_PROMPT_CHARS_PER_TOKEN * limit:
+                    raise _context_error(limit, f"a prompt of {len(prompt)} characters", param)
+                ids = engine.tokenizer.encode(prompt)
+            else:
+                ids = list(prompt)
+                bad = next((t for t in ids if not 0 <= t < vocab), None)
+                if bad is not None:
+                    raise bad_request(f"Token id {bad} in 'prompt' is outside the model's vocabulary "
+                                      f"(0 - {vocab - 1}).", "prompt", "invalid_value")
+            if not ids:
+                raise bad_request(f"The {param} is empty after tokenizing: send at least one token.", param)
+            out.append(ids)
+        return out
+
+    def _params(self, api: ApiRequest, version: GenerativeVersion, prompt_tokens: int) -> SamplingParams:
+        limit = version.driver.engine.cache_config.max_model_len
+        param = "messages" if api.chat else "prompt"
+        max_tokens = api.max_tokens
+        if max_tokens is None:
+            max_tokens = limit - prompt_tokens
+            if max_tokens < 1:
+                raise _context_error(limit, f"{prompt_tokens} tokens in the {param}, leaving none for the "
+                                            "completion", param)
+        elif prompt_tokens + max_tokens > limit:
+            raise _context_error(limit, f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                                        f"{param}, {max_tokens} in the completion)", param)
+        stop = api.stop + (version.chat_template.stop if api.chat else ())
+        try:
+            return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
+                                  top_k=api.top_k, seed=None if api.seed is None else api.seed % 2**64,
+                                  stop=tuple(dict.fromkeys(stop)),
+                                  stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos)
+        except EngineError as e:
+            raise from_engine(e) from None
+
+
+def check_quota(api_key: str | None, api: ApiRequest, tokens: int) -> None:
+    """Where a per-key token quota is charged, once the request's cost is known (its prompt tokens plus the
+    most it may generate), before it reaches the engine: the API-key work (issue 17's per-key quotas) raises
+    OpenAIError(429, ..., "rate_limit_error", code="insufficient_quota") here. Nothing is charged yet."""
+    return None
+
+
+def _render(template: ChatTemplate, api: ApiRequest) -> str:
+    return template.render(api.messages)
+
+
+def _context_error(limit: int, requested: str, param: str) -> OpenAIError:
+    return bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                       f"{requested}. Please reduce the length of the {param} or completion.", param,
+                       "context_length_exceeded")
+
+
+def _model_error(name: str, error: EngineError) -> OpenAIError:
+    if error.code is ErrorCode.NOT_FOUND:  # unknown (the repository's words add nothing), or not generative
+        return model_not_found(name, "" if error.message.startswith("Request for unknown model") else
+                               error.message)
+    return from_engine(error, "model")

@@ -1,0 +1,132 @@
+"""EngineDriver (engine/generate/driver.py): a real engine over the tiny decoder on its own thread, driven
+from an event loop with no sockets. Streamed text adds up to the engine's own answer (stop strings and
+incomplete UTF-8 held back, never taken back), an abort frees the request's blocks, errors reach the
+request, and close ends the thread."""
+
+from __future__ import annotations
+
+import asyncio
+
+import onnxruntime as ort
+import pytest
+
+from engine import examples
+from engine.errors import ErrorCode
+from engine.generate.driver import EngineDriver, TokenEvent
+from engine.generate.engine import CacheConfig, GenerationEngine
+from engine.generate.request import SamplingParams
+from engine.generate.runner import DecoderRunner
+from engine.generate.scheduler import SchedulerConfig
+from engine.generate.tiny_decoder import tiny_decoder_model
+from engine.generate.tokenizer import ByteTokenizer
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("driver") / "model.onnx"
+    path.write_bytes(examples.model_bytes(tiny_decoder_model()))
+    return path
+
+
+def make_engine(model_path, num_blocks: int = 64) -> GenerationEngine:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3
+    return GenerationEngine(DecoderRunner(model_path, num_blocks, 16, opts), ByteTokenizer(),
+                            CacheConfig(block_size=16, num_blocks=num_blocks, max_model_len=512),
+                            SchedulerConfig())
+
+
+def reference(model_path, prompt: list[int], params: SamplingParams) -> str:
+    engine = make_engine(model_path)
+    engine.add_request("ref", prompt, params)
+    return engine.run_to_completion()["ref"].output_text
+
+
+async def collect(driver: EngineDriver, request_id: str, prompt: list[int],
+                  params: SamplingParams) -> list[TokenEvent]:
+    events: list[TokenEvent] = []
+    done = asyncio.get_running_loop().create_future()
+
+    def on_event(event: TokenEvent) -> None:
+        events.append(event)
+        if event.finished and not done.done():
+            done.set_result(None)
+
+    driver.submit(request_id, prompt, params, on_event)
+    await asyncio.wait_for(done, 60)
+    return events
+
+
+def test_streamed_text_adds_up_to_the_engines_answer(model_path):
+    prompts = [[256, *b"abc"], [256, *b"hello there"], [256, *b"x" * 40]]
+    plain = SamplingParams(max_tokens=40, ignore_eos=True)
+    full = reference(model_path, prompts[0], plain)
+    # ends before a piece of its own text
+    stopping = SamplingParams(max_tokens=40, ignore_eos=True, stop=(full[12:16],))
+
+    async def run() -> None:
+        driver = EngineDriver(make_engine(model_path), "tiny", "1")
+        results = await asyncio.gather(*(collect(driver, f"r{i}", p, plain) for i, p in enumerate(prompts)),
+                                       collect(driver, "stopped", prompts[0], stopping))
+        for prompt, events in zip(prompts, results[:3], strict=True):
+            assert "".join(e.text for e in events) == reference(model_path, prompt, plain)
+            assert sum(e.num_tokens for e in events) == 40
+            assert events[-1].finished and events[-1].finish_reason == "length"
+            assert all(not e.finished for e in events[:-1])
+        stopped = results[3]
+        assert "".join(e.text for e in stopped) == full[:full.find(full[12:16])]
+        assert stopped[-1].finish_reason == "stop"
+        assert driver.metrics.time_to_first_token.count == 4
+        assert driver.metrics.generation_tokens == sum(e.num_tokens for r in results for e in r)
+        assert driver.in_flight == 0
+        await driver.close()
+
+    asyncio.run(run())
+
+
+def test_an_abort_frees_the_blocks_and_ends_the_events(model_path):
+    async def run() -> None:
+        driver = EngineDriver(make_engine(model_path), "tiny", "1")
+        events: list[TokenEvent] = []
+        first = asyncio.get_running_loop().create_future()
+
+        def on_event(event: TokenEvent) -> None:
+            events.append(event)
+            if not first.done():
+                first.set_result(None)
+
+        driver.submit("long", [256, *b"go"], SamplingParams(max_tokens=500, ignore_eos=True), on_event)
+        await asyncio.wait_for(first, 60)
+        driver.abort("long")
+        seen = len(events)
+        for _ in range(2000):  # the thread frees the blocks before its next step
+            if driver.stats.kv_blocks_used == 0 and driver.stats.running == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert driver.stats.kv_blocks_used == 0 and driver.stats.kv_blocks_free == 64
+        await asyncio.sleep(0.05)
+        assert len(events) == seen  # nothing after the abort
+        assert driver.metrics.finished == {"abort": 1}
+        await driver.close()
+
+    asyncio.run(run())
+
+
+def test_refusals_come_back_as_events_and_duplicates_at_once(model_path):
+    async def run() -> None:
+        driver = EngineDriver(make_engine(model_path), "tiny", "1")
+        events = await collect(driver, "bad", [256, 9999], SamplingParams(max_tokens=4))
+        assert len(events) == 1 and events[0].error is not None
+        assert events[0].error.code is ErrorCode.INVALID_ARG
+        driver.submit("dup", [256, 1], SamplingParams(max_tokens=300, ignore_eos=True), lambda e: None)
+        with pytest.raises(Exception) as dup:
+            driver.submit("dup", [256, 1], SamplingParams(max_tokens=4), lambda e: None)
+        assert getattr(dup.value, "code", None) is ErrorCode.ALREADY_EXISTS
+        driver.abort("dup")
+        await driver.close()
+        with pytest.raises(Exception) as closed:
+            driver.submit("late", [256, 1], SamplingParams(max_tokens=4), lambda e: None)
+        assert getattr(closed.value, "code", None) is ErrorCode.UNAVAILABLE
+
+    asyncio.run(run())

@@ -1,0 +1,246 @@
+"""The OpenAI-compatible API (/v1) against a real server serving the tiny_decoder example, with the official
+`openai` package as the client, unmodified: completions, chat, streaming, usage, stop, n and seed; greedy
+answers equal the generation engine's own greedy run in this process over the same model folder. Errors,
+request ids and disconnects are checked over raw HTTP (test_openai_errors.py has the bad inputs)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+from conftest import EXAMPLES, RunningServer, start_server
+from engine import examples
+from engine.generate.model_folder import load_engine
+from engine.generate.request import SamplingParams
+
+MODEL = "tiny_decoder"
+CHAT_STOPS = ("<|user|>", "<|system|>")  # the default chat template's (engine/generate/chat_template.py)
+
+
+def build_repository(root: Path) -> Path:
+    for name in ("simple", MODEL):
+        (root / name).mkdir(parents=True)
+        shutil.copy(EXAMPLES / name / "config.pbtxt", root / name / "config.pbtxt")
+    examples.build_repository(root, ["simple", MODEL])
+    return root
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("openai") / "repo")
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    running = start_server(repo, tmp_path_factory.mktemp("openai_log") / "server.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
+                         timeout=60.0)
+
+
+@pytest.fixture(scope="module")
+def reference(repo: Path):
+    """The engine in this process, over the same folder: what greedy decoding must give."""
+    engine = load_engine(repo / MODEL)
+
+    def run(prompt: str, max_tokens: int, stop: tuple[str, ...] = ()) -> tuple[str, int, int]:
+        engine.add_request("ref", prompt, SamplingParams(max_tokens=max_tokens, stop=stop))
+        out = engine.run_to_completion()["ref"]
+        return out.output_text, len(out.output_token_ids), len(engine.tokenizer.encode(prompt))
+
+    return run
+
+
+def chat_prompt(user: str, system: str | None = None) -> str:
+    """The default template, written out (docs: model_repository/README.md)."""
+    head = f"<|system|>\n{system}\n" if system is not None else ""
+    return f"{head}<|user|>\n{user}\n<|assistant|>\n"
+
+
+def test_models_lists_the_generative_models_only(client: openai.OpenAI):
+    listed = client.models.list()
+    assert [m.id for m in listed.data] == [MODEL]  # "simple" serves, but does not generate
+    assert listed.data[0].object == "model" and listed.data[0].owned_by == "hubserve"
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("simple")
+    assert err.value.code == "model_not_found"
+
+
+def test_completion_greedy_equals_the_engine(client: openai.OpenAI, reference):
+    out = client.completions.create(model=MODEL, prompt="Hello, world", max_tokens=24, temperature=0)
+    text, tokens, prompt_tokens = reference("Hello, world", 24)
+    assert out.object == "text_completion" and out.model == MODEL and out.id.startswith("cmpl-")
+    assert out.choices[0].text == text
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (prompt_tokens, tokens) == \
+        (prompt_tokens, 24)
+    assert out.usage.total_tokens == prompt_tokens + 24
+
+
+def test_chat_greedy_equals_the_engine(client: openai.OpenAI, reference):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        max_completion_tokens=20, temperature=0)
+    text, tokens, prompt_tokens = reference(chat_prompt("Hi", "Be brief."), 20, CHAT_STOPS)
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content == text
+    assert out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (prompt_tokens, tokens)
+
+
+def test_streaming_chat_gives_the_same_text_in_chunks(client: openai.OpenAI, reference):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=30, temperature=0,
+        stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text, tokens, prompt_tokens = reference(chat_prompt("Tell me a story"), 30, CHAT_STOPS)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    content = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(content) == text
+    assert len([piece for piece in content if piece]) > 2  # streamed, not one piece at the end
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens, tokens)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_streaming_completion_and_stop_string(client: openai.OpenAI, reference):
+    full, _, _ = reference("The answer is", 40)
+    stop = full[10:13]  # a piece of what greedy decoding writes: the text must end before it
+    want = full[:full.find(stop)]
+    out = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=40, temperature=0,
+                                    stop=[stop])
+    assert out.choices[0].text == want and out.choices[0].finish_reason == "stop"
+    pieces = list(client.completions.create(model=MODEL, prompt="The answer is", max_tokens=40,
+                                            temperature=0, stop=stop, stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == want
+    assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_n_choices_with_a_seed_are_reproducible(client: openai.OpenAI):
+    def ask() -> list[str]:
+        out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}],
+                                             max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, n=3)
+        assert [c.index for c in out.choices] == [0, 1, 2]
+        assert out.usage.completion_tokens == 36
+        return [c.message.content or "" for c in out.choices]
+
+    first = ask()
+    assert ask() == first
+    assert len(set(first)) > 1  # each choice has its own draw
+
+
+def test_request_id_is_the_answers_id_header_and_in_the_log(client: openai.OpenAI, server: RunningServer):
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+        extra_headers={"X-Request-ID": "trace-42.a"})
+    assert raw.headers["x-request-id"] == "trace-42.a"
+    assert raw.parse().id == "trace-42.a"
+    deadline = time.monotonic() + 10
+    while "request trace-42.a: finished" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "request trace-42.a: finished (length)" in server.log()
+    made = client.chat.completions.with_raw_response.create(model=MODEL, max_tokens=2,
+                                                            messages=[{"role": "user", "content": "hi"}])
+    assert made.headers["x-request-id"] == made.parse().id
+
+
+def _metric(server: RunningServer, name: str) -> float:
+    return server.metric(name, MODEL)
+
+
+def _wait_for(condition, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _open_stream(server: RunningServer, max_tokens: int, stream: bool = True) -> socket.socket:
+    body = (b'{"model": "%s", "prompt": "Once upon a time", "max_tokens": %d, "ignore_eos": true, '
+            b'"stream": %s}' % (MODEL.encode(), max_tokens, b"true" if stream else b"false"))
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server: RunningServer):
+    free_before = _metric(server, "hubserve_generation_kv_blocks_free")
+    aborted_before = server_aborts(server)
+    sock = _open_stream(server, 400)
+    got = b""
+    while got.count(b"data: ") < 5:  # a few tokens in: the request holds blocks and is running
+        piece = sock.recv(65536)
+        assert piece, "the stream ended early"
+        got += piece
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"Transfer-Encoding: chunked" in got
+    assert _metric(server, "hubserve_generation_kv_blocks_used") > 0
+    sock.close()
+    _wait_for(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
+    _wait_for(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
+              "blocks not freed")
+    assert _metric(server, "hubserve_generation_kv_blocks_used") == 0
+    assert server_aborts(server) == aborted_before + 1
+
+
+def test_a_client_leaving_before_a_whole_answer_aborts_it(server: RunningServer):
+    aborted_before = server_aborts(server)
+    sock = _open_stream(server, 450, stream=False)
+    _wait_for(lambda: _metric(server, "hubserve_generation_running_sequences") == 1, "never ran")
+    sock.close()
+    _wait_for(lambda: server_aborts(server) == aborted_before + 1, "not aborted")
+    _wait_for(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
+
+
+def server_aborts(server: RunningServer) -> float:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith("hubserve_generation_requests_finished_total{") and 'reason="abort"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_have_the_latency_histograms(client: openai.OpenAI, server: RunningServer):
+    client.completions.create(model=MODEL, prompt="metrics", max_tokens=5, temperature=0)
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    for family in ("time_to_first_token", "inter_token_latency"):
+        name = f"hubserve_generation_{family}_seconds"
+        assert f"# TYPE {name} histogram" in text
+        count = next(line for line in text.splitlines() if line.startswith(f"{name}_count{{"))
+        assert float(count.rsplit(" ", 1)[1]) >= 1
+        assert f'{name}_bucket{{model="{MODEL}",version="1",le="+Inf"}}' in text
+    assert _metric(server, "hubserve_generation_tokens_total") >= 5
+    assert 0.0 <= _metric(server, "hubserve_generation_prefix_cache_hit_rate") <= 1.0
+    assert _metric(server, "hubserve_generation_preemptions_total") == 0
+    assert _metric(server, "hubserve_generation_waiting_sequences") == 0
+
+
+def test_streamed_choices_and_prompts_match_the_whole_answer(client: openai.OpenAI):
+    ask = {"model": MODEL, "prompt": ["first prompt", "second"], "max_tokens": 10, "temperature": 0.9,
+           "seed": 99, "n": 2}
+    whole = client.completions.create(**ask)
+    assert sorted(c.index for c in whole.choices) == [0, 1, 2, 3]
+    assert whole.usage.completion_tokens == 40
+    texts: dict[int, str] = {}
+    for chunk in client.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {c.index: c.text for c in whole.choices}

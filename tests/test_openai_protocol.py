@@ -1,0 +1,71 @@
+"""The OpenAI request bodies checked into ApiRequest (engine/openai/protocol.py): defaults, the accepted
+shapes of prompts and messages, and what is refused with which `param`. Pure: no server (the same refusals
+over HTTP, with their statuses, are tests/test_openai_errors.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.openai.errors import OpenAIError
+from engine.openai.protocol import parse_body, parse_request
+
+
+def test_chat_defaults_follow_openai():
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    api = parse_request({"model": "m", "messages": [{"role": "developer", "content": "d"},
+                                                    {"role": "user", "content": parts}]}, chat=True)
+    assert api.messages == (("system", "d"), ("user", "a\nb"))
+    assert api.max_tokens is None and api.temperature == 1.0 and api.top_p == 1.0 and api.n == 1
+    assert not api.stream and not api.include_usage and api.stop == () and api.seed is None
+
+
+def test_completions_default_to_16_tokens_and_take_every_prompt_shape():
+    assert parse_request({"model": "m", "prompt": "x"}, chat=False).max_tokens == 16
+    assert parse_request({"model": "m", "prompt": ["a", "b"]}, chat=False).prompts == ("a", "b")
+    assert parse_request({"model": "m", "prompt": [1, 2]}, chat=False).prompts == ((1, 2),)
+    assert parse_request({"model": "m", "prompt": [[1], [2, 3]]}, chat=False).prompts == ((1,), (2, 3))
+
+
+def test_max_completion_tokens_wins_and_stop_may_be_one_string():
+    api = parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5,
+                         "max_completion_tokens": 7, "stop": "END", "stream": True,
+                         "stream_options": {"include_usage": True}, "seed": -3, "top_k": 4,
+                         "ignore_eos": True, "stop_token_ids": [257]}, chat=True)
+    assert api.max_tokens == 7 and api.stop == ("END",) and api.stream and api.include_usage
+    assert api.seed == -3 and api.top_k == 4 and api.ignore_eos and api.stop_token_ids == (257,)
+
+
+def test_fields_that_change_nothing_are_accepted():
+    api = parse_request({"model": "m", "prompt": "x", "logprobs": None, "echo": False, "best_of": 1,
+                         "presence_penalty": 0, "user": "someone", "a_newer_field": {"x": 1}}, chat=False)
+    assert api.prompts == ("x",)
+
+
+@pytest.mark.parametrize(("doc", "param"), [
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 1.5}, "seed"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 5}, "stop"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
+      "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),
+    ({"model": "m", "prompt": []}, "prompt"),
+    ({"model": "m", "prompt": [[]]}, "prompt"),
+    ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"model": "", "prompt": "x"}, "model"),
+])
+def test_refusals_name_the_field(doc: dict, param: str):
+    chat = "messages" in doc
+    with pytest.raises(OpenAIError) as refused:
+        parse_request(doc, chat)
+    assert refused.value.status == 400 and refused.value.param == param
+    assert refused.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_body_must_be_a_json_object():
+    assert parse_body(b'{"a": 1}') == {"a": 1}
+    for body in (b"", b"nul", b"[]", b'"x"'):
+        with pytest.raises(OpenAIError) as refused:
+            parse_body(body)
+        assert refused.value.status == 400
