@@ -43,6 +43,8 @@ def http_group(url: bytes) -> ApiGroup | None:
     if path.endswith(b"/infer"):  # the hot path: one test
         return G.INFERENCE
     parts = path.decode("utf-8", "replace").strip("/").split("/")
+    if parts[0] == "v1":  # the OpenAI-compatible API: generation is inference
+        return G.INFERENCE
     if parts[0] != "v2":
         return None
     rest = parts[1:]
