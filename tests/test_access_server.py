@@ -219,8 +219,10 @@ def test_inflight_byte_budget_refuses_before_reading_the_body(guarded):
     their bodies discarded as they arrive, and their connections go on."""
     extra = "Authorization: Bearer s3cret-admin\r\n"
     held = [RawConnection(guarded.http_port) for _ in range(3)]
-    for conn in held:
-        conn.send(f"POST {INFER} HTTP/1.1\r\nHost: t\r\nContent-Length: {HELD}\r\n{extra}\r\n".encode())
+    for conn in held:  # one at a time, each head decided before the next is sent: its 100 Continue says so
+        conn.send(f"POST {INFER} HTTP/1.1\r\nHost: t\r\nContent-Length: {HELD}\r\n"
+                  f"Expect: 100-continue\r\n{extra}\r\n".encode())
+        assert conn.response().status == 100
     for conn in held:
         conn.send(b"x" * HELD)
     responses = [conn.response() for conn in held]
