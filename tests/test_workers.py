@@ -437,7 +437,8 @@ def test_a_killed_frontend_is_restarted_and_only_its_requests_fail(repository: P
             assert answer(conn)[0] == 200
         assert _grpc_infer(server, "simple", CASES["simple"][1])["OUTPUT0"].tolist() == \
             (CASES["simple"][1]["INPUT0"] + 7).tolist()
-        assert set(os.listdir("/dev/shm")) <= shm_before
+        # (Triton's Python backend, which benchmarks beside us may be running, makes its own entries there.)
+        assert {n for n in os.listdir("/dev/shm") if not n.startswith("triton_")} <= shm_before
     finally:
         server.stop()
     assert set(os.listdir("/dev/shm")) <= shm_before
