@@ -29,8 +29,7 @@ perf-analyzer: install
 
 # The whole suite runs as the default layout is chosen here (one process below 4 cores: engine/workers/); the
 # protocol, completion, parity, perf_analyzer, sequence, ensemble, decoupled, shared-memory, access, canary and
-# OpenAI suites run again with --workers 2, so both
-# layouts stay tested whichever the machine picks.
+# OpenAI suites run again with --workers 2, so both layouts stay tested whichever the machine picks.
 WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_completion.py tests/test_parity.py \
 	tests/test_perf_analyzer.py tests/test_sequence_batcher.py tests/test_ensemble.py tests/test_classification.py \
 	tests/test_python_sequence.py tests/test_sequence_clients.py tests/test_decoupled.py tests/test_client_shm.py \
