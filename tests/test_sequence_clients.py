@@ -130,7 +130,7 @@ def _stream_thread(server, model, plan, got):
     results = {}
     for _ in range(len(plan) * steps):
         result, error = answers.get(timeout=60)
-        assert error is None, error
+        assert error is None, (error.status(), error.message())
         results[result.get_response().id] = _out(result)
     client.stop_stream()
     client.close()
@@ -164,6 +164,36 @@ def test_sequences_from_several_client_threads_each_get_their_own_state(server, 
     for thread in threads:
         thread.join(timeout=120)
     assert not errors, [str(e) for e in errors]
+    for plan, got in zip(plans, gots, strict=True):
+        assert got == _expected(plan)
+    assert server.metric("hubserve_sequence_active", model) == 0
+    assert server.metric("hubserve_sequence_backlog", model) == 0
+
+
+def test_thousands_of_sequences_from_many_clients_each_get_their_own_state(server):
+    """Eight clients, each its own gRPC stream, each with 250 sequences interleaved step by step: 2,000
+    sequences, far more than the slots, most of them waiting in the backlog; every answer is its own
+    sequence's running sum."""
+    model = "acc_oldest"
+    # _plan's uint64 ids are 100 * seed apart: seeds 10 apart keep 250 sequences' ids distinct
+    plans = [{(sid - 2**63 if isinstance(sid, int) else sid): v
+              for sid, v in _plan(250, 3, 1000 + 10 * t).items()} for t in range(8)]
+    gots: list[dict] = [{} for _ in plans]
+    errors: list[BaseException] = []
+
+    def run(t: int) -> None:
+        try:
+            _stream_thread(server, model, plans[t], gots[t])
+        except BaseException as e:  # reported below, from the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(len(plans))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, [str(e) for e in errors]
+    assert sum(len(p) for p in plans) == 2000
     for plan, got in zip(plans, gots, strict=True):
         assert got == _expected(plan)
     assert server.metric("hubserve_sequence_active", model) == 0
