@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .access_groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, parse_restrictions
 from .api_keys import ApiKey, digest, load_api_keys
-from .quotas import Concurrency, InflightBytes, TokenBucket, retry_after_secs
+from .quotas import ByteBudget, Concurrency, TokenBucket, retry_after_secs
 
 _BEARER = b"bearer "
 _AUTHORIZATION = b"authorization"
@@ -130,7 +130,7 @@ class AccessPolicy:
         self._keys = [_KeyState(k, share, index, now) for k in config.keys]
         self._digests = [k.digest for k in config.keys]
         budget = config.max_inflight_bytes // share
-        self.budget = InflightBytes(budget) if config.max_inflight_bytes else None
+        self.budget = ByteBudget(budget) if config.max_inflight_bytes else None
 
     def for_grpc(self) -> AccessPolicy:
         view = copy.copy(self)

@@ -56,9 +56,11 @@ class Concurrency:
         self.inflight -= 1
 
 
-class InflightBytes:
-    """Request bytes held by the server at once (bodies and messages received and not yet answered), at
-    most `limit`: what keeps memory bounded when many clients send large requests together."""
+class ByteBudget:
+    """Request bytes held at once, at most `limit`: the server-wide budget of bodies and messages received
+    and not yet answered (--max-inflight-bytes: memory stays bounded when many clients send large requests
+    together), and one HTTP/2 connection's partial and waiting messages (frontend/h2/). `take` before holding,
+    `give` when the bytes are handed on or dropped."""
 
     __slots__ = ("limit", "used")
 
@@ -82,4 +84,4 @@ def retry_after_secs(wait: float) -> int:
     return max(1, math.ceil(wait))
 
 
-__all__ = ["Concurrency", "InflightBytes", "TokenBucket", "retry_after_secs"]
+__all__ = ["Concurrency", "ByteBudget", "TokenBucket", "retry_after_secs"]

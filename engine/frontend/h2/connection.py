@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ...quotas import ByteBudget
 from ..admission import ConnectionCounter, client_of, close_refused
 from .core import H2Core
 from .frames import H2Error
-from .guard import ByteBudget
 from .headers import RequestHead
 from .streams import H2Stream, Limits, Role, StreamHandler
 

@@ -83,28 +83,6 @@ def _calm(message: str) -> H2ConnectionError:
     return H2ConnectionError(H2Error.ENHANCE_YOUR_CALM, message)
 
 
-class ByteBudget:
-    """Request bytes one connection may hold across its streams (partial messages, and complete ones waiting
-    for the end of their stream). Owned by H2Connection, drawn on by the app's stream handlers: `take` before
-    buffering, `give` when the bytes are handed on or dropped."""
-
-    __slots__ = ("limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, size: int) -> bool:
-        """Reserve `size` bytes; False, reserving nothing, if that would exceed the limit."""
-        if self.used + size > self.limit:
-            return False
-        self.used += size
-        return True
-
-    def give(self, size: int) -> None:
-        self.used -= size
-
-
 class Expiry(enum.Enum):
     """Why ConnectionClock ends a connection; the value is the GOAWAY's debug text."""
 
