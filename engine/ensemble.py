@@ -111,7 +111,7 @@ class EnsembleModel(Model):
     def _begin(self, run: _Run) -> None:
         self._running += 1
         run.started_ns = time.perf_counter_ns()
-        self.stats.queue.add(run.started_ns - run.enqueue_ns)
+        self.stats.record_queue(run.started_ns - run.enqueue_ns)
         run.begin()
 
     def _completed(self, run: _Run, received_ns: int, on_done: Completion | None,
@@ -123,9 +123,9 @@ class EnsembleModel(Model):
         if future.cancelled():
             stats.cancelled.add(now - received_ns)
         elif future.exception() is not None:
-            stats.fail.add(now - received_ns)
+            stats.record_request(stats.fail, now - received_ns)
         else:
-            stats.success.add(now - received_ns)
+            stats.record_request(stats.success, now - received_ns)
             batch = request_batch(run.request, self.config.max_batch_size > 0)
             stats.record_execution(batch, 1, 0, now - run.started_ns, 0)
         run.cancel_steps()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
+from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .model import Model
 from .stats import ModelStats
 
@@ -66,6 +67,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None) ->
             lines.append(f'hubserve_batch_dispatch_total{{model="{_escape(m.name)}",version="{m.version_str}",'
                          f'reason="{reason}"}} {count}')
     lines.extend(_sequence_lines(models))
+    lines.extend(_histogram_lines(models))
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
@@ -94,6 +96,33 @@ def _sequence_lines(models: list[Model]) -> list[str]:
         lines.append(f"# TYPE {name} {kind}")
         for m, values in counted:
             lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {values[key]}')
+    return lines
+
+
+def _bound(b: float) -> str:
+    return str(int(b)) if b == int(b) else repr(b)
+
+
+def _histogram_lines(models: list[Model]) -> list[str]:
+    """The latency histograms (engine/histograms.py) in Prometheus' form: cumulative `_bucket{le}`, `_sum`
+    and `_count` per model version, in microseconds."""
+    shown = [m for m in models if m.stats.histograms is not None]
+    if not shown:
+        return []
+    lines = []
+    for attr, name, help_text in HISTOGRAM_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} histogram")
+        for m in shown:
+            hists = m.stats.histograms
+            assert hists is not None
+            hist = getattr(hists, attr)
+            labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
+            bounds = [_bound(b) for b in hists.buckets_us] + ["+Inf"]
+            for le, count in zip(bounds, hist.cumulative(), strict=True):
+                lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
+            lines.append(f"{name}_sum{{{labels}}} {hist.sum_ns / 1000}")
+            lines.append(f"{name}_count{{{labels}}} {hist.count}")
     return lines
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import observe
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
@@ -83,7 +84,7 @@ class SequenceBatcher(InflightBatcher):
         received = received_ns or now
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         item.future = future
-        self._accept(future, entry, received, on_done)
+        self._accept(future, entry, request, received, on_done)
         self._dispatch()
         return future
 
@@ -223,7 +224,11 @@ class SequenceBatcher(InflightBatcher):
         rows = batch.rows
         real = [e for e in rows if e is not None]
         for e in real:
-            self._stats.queue.add(start - e.item.enqueue_ns)
+            self._stats.record_queue(start - e.item.enqueue_ns)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+            for e in real:
+                req = e.item.request
+                req.queued_ns, req.dispatched_ns, req.executed_batch = e.item.enqueue_ns, start, len(real)
         first = real[0].item.inputs
         if not self._batching:
             inputs = dict(first)
@@ -287,8 +292,12 @@ class SequenceBatcher(InflightBatcher):
                 arr = outputs[out][i:i + 1] if self._batching else outputs[out]
                 tensors.append(Tensor(out, self._output_types[out], arr.shape, arr))
             results.append((entry, InferenceResponse(req.model_name, self._version, tensors, req.id)))
-        output_ns = time.perf_counter_ns() - out_start
+        end = time.perf_counter_ns()
+        output_ns = end - out_start
         self._stats.record_execution(len(results), len(results), input_ns, infer_ns, output_ns)
+        if observe.STATE.active:
+            for entry, _ in results:
+                entry.item.request.computed_ns = end
         reasons = self._stats.dispatch_reasons
         reasons["sequence"] = reasons.get("sequence", 0) + 1
         return results

@@ -14,14 +14,18 @@ from pathlib import Path
 
 from aiohttp import web
 
+from . import histograms, observe
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
+from .histograms import parse_metrics_config
 from .metrics import process_registry, render
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
+from .tracing.otlp import OtlpExporter
+from .tracing.settings import TraceSettings, parse_trace_config
 from .watcher import RepositoryWatcher
 from .workers.control import ControlRunner
 from .workers.supervisor import FrontendPool
@@ -55,13 +59,27 @@ class ServerOptions:
     # statistics, metrics) and N frontend processes do the HTTP and gRPC work (engine/workers/).
     workers: int = 1
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
-    log_verbose: int = 0
+    log_verbose: int = 0  # Triton's --log-verbose: 1 or more writes an access line per inference
+    log_file: str = ""  # "" = standard error
+    log_format: str = "text"  # text | json (and Triton's default | ISO8601, which read as text)
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    # Triton's --metrics-config <setting>=<value> (engine/histograms.py) and --trace-config
+    # [<mode>,]<setting>=<value> (engine/tracing/settings.py), as given.
+    metrics_config: tuple[str, ...] = ()
+    trace_config: tuple[str, ...] = ()
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
 
 
 class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        config = parse_metrics_config(list(options.metrics_config))  # before any model's stats exist
+        histograms.CONFIG.enabled, histograms.CONFIG.buckets_us = config.enabled, config.buckets_us
+        values, mode, exporter = parse_trace_config(list(options.trace_config))
+        self.trace = TraceSettings(values, mode, exporter)
+        self._exporter: OtlpExporter | None = None
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
@@ -79,6 +97,8 @@ class Server:
 
     async def start(self) -> None:
         opts = self.options
+        self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
+        self._exporter.start()
         if opts.model_control_mode == "explicit":
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
@@ -149,7 +169,11 @@ class Server:
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
                          "idle_timeout_secs": h2.idle_timeout_secs},
-                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose}
+                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
+                "log": {"log_file": opts.log_file, "log_format": opts.log_format,
+                        "log_verbose": opts.log_verbose,
+                        "log_info": opts.log_info, "log_warning": opts.log_warning,
+                        "log_error": opts.log_error}}
         self._control = ControlRunner(self.dataplane, http)
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)
@@ -183,6 +207,8 @@ class Server:
         if self._control is not None:
             await self._control.close()
         await self.repository.close()
+        if self._exporter is not None:
+            await self._exporter.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         log.info("stopped")

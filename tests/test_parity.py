@@ -208,7 +208,8 @@ def test_extensions_are_exactly_what_is_served(client):
     meta = as_json(client, "get_server_metadata")
     assert sorted(meta["extensions"]) == sorted(["classification", "binary_tensor_data", "model_repository",
                                                  "model_repository(unload_dependents)", "schedule_policy",
-                                                 "model_configuration", "statistics", "sequence"])
+                                                 "model_configuration", "statistics", "sequence", "logging",
+                                                 "trace"])
 
 
 # ================================================================ issue 11, the frontends' half
@@ -254,11 +255,6 @@ def unserved_calls(client) -> list:
         ("cuda_shared_memory", lambda: client.get_cuda_shared_memory_status()),
         ("cuda_shared_memory", lambda: client.register_cuda_shared_memory("r", b"aGFuZGxl", 0, 64)),
         ("cuda_shared_memory", lambda: client.unregister_cuda_shared_memory()),
-        ("trace", lambda: client.get_trace_settings()),
-        ("trace", lambda: client.get_trace_settings(model_name="simple")),
-        ("trace", lambda: client.update_trace_settings(settings={"trace_level": ["OFF"]})),
-        ("logging", lambda: client.get_log_settings()),
-        ("logging", lambda: client.update_log_settings({"log_info": True})),
     ]
 
 
@@ -275,8 +271,6 @@ def test_unserved_extensions_are_unimplemented_on_both_protocols(client):
     ("POST", "systemsharedmemory/unregister", "system_shared_memory"),  # perf_analyzer --shared-memory
     ("POST", "cudasharedmemory/unregister", "cuda_shared_memory"),
     ("GET", "cudasharedmemory/region/r/status", "cuda_shared_memory"),
-    ("POST", "trace/setting", "trace"), ("GET", "models/simple/versions/1/trace/setting", "trace"),
-    ("GET", "logging", "logging"),
     ("POST", "models/simple/generate", "generate"),
     ("POST", "models/simple/versions/1/generate_stream", "generate"),
     ("POST", "models/no_such_model/generate", "generate"),

@@ -23,7 +23,7 @@ _INFER_SUFFIX = b"/infer"
 # same in every process.
 FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
                   "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-                  "Check")
+                  "Check", "LogSettings", "TraceSetting")
 HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports (grpc_handlers.HEALTH_POLL_S)
 
 

@@ -75,7 +75,8 @@ class Call:
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
     __slots__ = ("app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent", "need",
-                 "pending", "remote_done", "request", "reserved", "response_encoding", "rpc", "start_ns",
+                 "pending", "remote_done", "request", "request_id", "reserved", "response_encoding", "rpc",
+                 "start_ns",
                  "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
@@ -96,6 +97,7 @@ class Call:
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
         fields = head.fields
+        self.request_id = fields.get(b"x-request-id")  # a request without an `id` takes it (ModelInfer)
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
@@ -245,7 +247,8 @@ class Call:
         try:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
-                self.work = rpc.handler(message, self.start_ns, self._infer_done)  # its one done-callback
+                # its one done-callback
+                self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id)
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
@@ -263,7 +266,8 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            future = self.rpc.handler(message, self._stream_answered)  # its one done-callback
+            # its one done-callback
+            future = self.rpc.handler(message, self._stream_answered, self.request_id)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return

@@ -1,0 +1,155 @@
+"""OpenTelemetry spans of traced requests, sent to a collector over OTLP/HTTP with JSON encoding
+(`POST <url>`, by default `http://localhost:4318/v1/traces`; opentelemetry-proto's JSON mapping:
+resourceSpans → scopeSpans → spans, ids in hex, times as decimal strings of Unix nanoseconds).
+
+Written here rather than taken from the OpenTelemetry SDK: three spans per traced request and one POST per
+batch need a deque and a task, not a dependency. As the SDK's BatchSpanProcessor (whose `bsp_*` settings
+Triton passes through), spans wait in a bounded queue (`max_queue_size`) and leave in batches of at most
+`max_export_batch_size`, at the latest `schedule_delay_ms` after the first; the request path only appends to
+the queue. When the collector is slow or down, spans beyond the queue are dropped and counted (`dropped`),
+so memory stays bounded and no request ever waits on the collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections import deque
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .settings import ExporterConfig
+
+log = logging.getLogger("hubserve.trace")
+
+# perf_counter_ns (what the request path stamps) → Unix ns (what OTLP wants), fixed at start.
+_WALL_OFFSET_NS = time.time_ns() - time.perf_counter_ns()
+SPAN_KIND_INTERNAL = 1
+SPAN_KIND_SERVER = 2
+STATUS_OK = 1
+STATUS_ERROR = 2
+_FAILURE_LOG_EVERY_S = 10.0
+
+
+def _attr(key: str, value: str | int) -> dict[str, Any]:
+    if isinstance(value, int):
+        return {"key": key, "value": {"intValue": str(value)}}
+    return {"key": key, "value": {"stringValue": value}}
+
+
+def _span(trace_id: str, span_id: str, parent: str, name: str, kind: int, start_ns: int, end_ns: int,
+          attributes: list[dict[str, Any]], status: dict[str, Any]) -> dict[str, Any]:
+    span: dict[str, Any] = {"traceId": trace_id, "spanId": span_id, "name": name, "kind": kind,
+                            "startTimeUnixNano": str(start_ns + _WALL_OFFSET_NS),
+                            "endTimeUnixNano": str(end_ns + _WALL_OFFSET_NS),
+                            "attributes": attributes, "status": status}
+    if parent:
+        span["parentSpanId"] = parent
+    return span
+
+
+def request_spans(model: str, version: str, request_id: str, error: str, received_ns: int, queued_ns: int,
+                  dispatched_ns: int, computed_ns: int, end_ns: int) -> list[dict[str, Any]]:
+    """One request's spans: `frontend` (received → answered, the root), `queue` (entered the queue → its batch
+    left it) and `compute` (→ the batch's outputs split), each carrying the request id. A request that never
+    reached a stage (cancelled in the queue, refused) has only the spans it lived through. `error` is the
+    failure's text, "" on success. Times are perf_counter ns."""
+    trace_id = os.urandom(16).hex()
+    root = os.urandom(8).hex()
+    attributes = [_attr("request_id", request_id), _attr("model_name", model),
+                  _attr("model_version", version)]
+    status = {"code": STATUS_ERROR, "message": error} if error else {"code": STATUS_OK}
+    spans = [_span(trace_id, root, "", "frontend", SPAN_KIND_SERVER, received_ns, end_ns, attributes, status)]
+    if queued_ns and dispatched_ns:
+        spans.append(_span(trace_id, os.urandom(8).hex(), root, "queue", SPAN_KIND_INTERNAL, queued_ns,
+                           dispatched_ns, attributes, {"code": STATUS_OK}))
+        if computed_ns:
+            spans.append(_span(trace_id, os.urandom(8).hex(), root, "compute", SPAN_KIND_INTERNAL,
+                               dispatched_ns, computed_ns, attributes, status))
+    return spans
+
+
+class OtlpExporter:
+    """Owned by the engine process; `add` is called on the loop, `run` is its one task."""
+
+    def __init__(self, config: ExporterConfig) -> None:
+        self.config = config
+        self._queue: deque[dict[str, Any]] = deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.exported = 0  # spans the collector accepted
+        self.dropped = 0  # spans dropped: queue full, or the collector refused or was unreachable
+        self._last_failure_log = 0.0
+        self._resource = {"attributes": [_attr(k, v) for k, v in config.resource.items()]}
+
+    def add(self, spans: list[dict[str, Any]]) -> None:
+        """Queue one request's spans, or drop them when the queue is full."""
+        queue = self._queue
+        if len(queue) + len(spans) > self.config.max_queue_size:
+            self.dropped += len(spans)
+            return
+        queue.extend(spans)
+        if len(queue) >= self.config.max_export_batch_size and self._wake is not None:
+            self._wake.set()
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        delay_s = self.config.schedule_delay_ms / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay_s)
+            self._wake.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        queue = self._queue
+        size = self.config.max_export_batch_size
+        while queue:
+            batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+            await self._post(batch)
+
+    async def _post(self, spans: list[dict[str, Any]]) -> None:
+        body = orjson.dumps({"resourceSpans": [{
+            "resource": self._resource,
+            "scopeSpans": [{"scope": {"name": "hubserve"}, "spans": spans}],
+        }]})
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        try:
+            async with self._session.post(self.config.url, data=body,
+                                          headers={"Content-Type": "application/json"}) as resp:
+                await resp.read()
+                if resp.status // 100 == 2:
+                    self.exported += len(spans)
+                    return
+                reason = f"HTTP {resp.status}"
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            reason = f"{type(e).__name__}: {e}"
+        self.dropped += len(spans)
+        now = time.monotonic()
+        if now - self._last_failure_log >= _FAILURE_LOG_EVERY_S:
+            self._last_failure_log = now
+            log.warning("trace collector %s did not take %d spans (%s); %d dropped so far", self.config.url,
+                        len(spans), reason, self.dropped)
+
+    async def close(self) -> None:
+        """Send what is queued (bounded by the session's timeout), then stop."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._flush(), 5)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
