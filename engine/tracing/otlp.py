@@ -98,6 +98,11 @@ class OtlpExporter:
         if len(queue) >= self.config.max_export_batch_size and self._wake is not None:
             self._wake.set()
 
+    @property
+    def queued(self) -> int:
+        """Spans waiting to be sent (at most `max_queue_size`)."""
+        return len(self._queue)
+
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run())
