@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from . import classification
+from . import classification, observe
 from .config_types import ModelConfig
 from .ensemble_plan import EnsemblePlan, PlanProgress
 from .errors import EngineError, ErrorCode
@@ -137,6 +137,15 @@ class EnsembleModel(Model):
             self._begin(self._waiting.popleft())
         if not self._running and not self._waiting:
             self._idle.set()
+        if observe.STATE.active:  # the ensemble's own access line and spans (its steps have theirs)
+            request = run.request
+            if run.started_ns:
+                request.queued_ns, request.dispatched_ns = run.enqueue_ns, run.started_ns
+                request.computed_ns = now
+            request.executed_batch = request_batch(request, self.config.max_batch_size > 0)
+            cancelled = future.cancelled()
+            observe.finished(self.name, self.version_str, request, None if cancelled else future.exception(),
+                             cancelled, received_ns, now)
         if on_done is not None:
             on_done(future)
 

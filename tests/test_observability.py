@@ -357,3 +357,32 @@ def test_spans_reach_the_collector(server, collector: Collector) -> None:
         assert start <= int(named["queue"]["startTimeUnixNano"]) <= int(named["compute"]["endTimeUnixNano"]) \
             <= end
         assert abs(start / 1e9 - time.time()) < 300
+
+
+def test_an_ensemble_and_its_steps_log_under_one_id(tmp_path: Path) -> None:
+    import ensemble_repository
+
+    root = ensemble_repository.build(tmp_path / "repository")
+    log_file = tmp_path / "access.log"
+    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "explicit", "--load-model",
+                       "diamond", "--log-verbose", "1", "--log-format", "json", "--log-file", str(log_file))
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as c:
+            inputs = []
+            for name in ("IN_A", "IN_B"):
+                tensor = httpclient.InferInput(name, [1, 16], "INT32")
+                tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
+                inputs.append(tensor)
+            assert c.infer("diamond", inputs).get_response()["id"]  # generated, echoed
+            request_id = c.infer("diamond", inputs, request_id="ens-1").get_response()["id"]
+        assert request_id == "ens-1"
+
+        def four() -> list[dict[str, Any]] | None:
+            found = [d for d in access_lines(log_file) if d["request_id"] == "ens-1"]
+            return found if len(found) >= 4 else None
+
+        lines = wait_for(four, "the ensemble's and its three steps' access lines")
+        assert sorted(d["model"] for d in lines) == ["diamond", "simple", "simple", "simple"]
+        assert all(d["status"] == "OK" for d in lines)
+    finally:
+        srv.stop()
