@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import logs
 from .errors import EngineError
-from .tracing.otlp import OtlpExporter, request_spans
+from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, TraceValues
 from .types import InferenceRequest
 
@@ -66,8 +66,8 @@ def finished(model: str, version: str, request: InferenceRequest, error: BaseExc
         if not request_id:
             request_id = request.id = logs.new_request_id()
         message = "" if error is None and not cancelled else ("cancelled" if cancelled else str(error))
-        STATE.exporter.add(request_spans(model, version, request_id, message, received_ns, request.queued_ns,
-                                         request.dispatched_ns, request.computed_ns, end_ns))
+        STATE.exporter.add((model, version, request_id, message, received_ns, request.queued_ns,
+                            request.dispatched_ns, request.computed_ns, end_ns))
     if logs.SETTINGS.access:
         if not request_id:
             request_id = request.id = logs.new_request_id()

@@ -1,10 +1,11 @@
 """What access lines, latency histograms and tracing cost on the hot path (issue 16 items 6 and 8): `simple`
 over gRPC at c=16 with the real perf_analyzer, one server per configuration, all started at once and
-measured in turn, twice round (the machine is shared: the rounds show the drift).
+measured in turn, round after round (the machine is shared: the rounds show the drift, the medians
+damp it).
 
     bash tools/install_perf_analyzer.sh   # once
     flock /work/probes/bench.lock .venv/bin/python perf/bench_observability.py [--concurrency 16]
-        [--interval-ms 3000] [--rounds 2]
+        [--interval-ms 3000] [--rounds 4]
 
 Configurations (every one single-process, `--workers 1`):
 - `off`: histograms off (`--metrics-config histogram_latencies=false`), no access lines, no tracing (the
@@ -16,14 +17,15 @@ Configurations (every one single-process, `--workers 1`):
   spans going to a collector in this process (aiohttp on a free port, answering 200 at once);
 - `all`: histograms, access lines and tracing at rate 1000.
 
-The report (markdown on stdout) gives inferences per second per configuration and round, and each one's
-ratio to `off` in the same round.
+The report (markdown on stdout) gives inferences per second per configuration and round, each one's ratio
+to `off` in the same round, and the median over the rounds with its ratio to `off`'s median.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import tempfile
 import threading
@@ -83,7 +85,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--interval-ms", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     if not perf_analyzer_available():
         print("perf_analyzer is missing: bash tools/install_perf_analyzer.sh", file=sys.stderr)
@@ -117,14 +119,15 @@ def main() -> int:
     rounds = range(args.rounds)
     print(f"Command: `{command}` (perf_analyzer `-i grpc --concurrency-range {args.concurrency} "
           f"--measurement-interval {args.interval_ms}`, `simple`)\n")
-    print("| configuration | " + " | ".join(f"round {r + 1} infer/s | vs off" for r in rounds) + " |")
-    print("|---|" + "---:|---:|" * args.rounds)
+    header = " | ".join(f"round {r + 1}" for r in rounds)
+    print(f"| configuration | {header} | median infer/s | vs off |")
+    print("|---|" + "---:|" * args.rounds + "---:|---:|")
+    base = statistics.median(results["off"])
     for name, values in results.items():
-        cells = []
-        for r in rounds:
-            base = results["off"][r]
-            cells.append(f"{values[r]:,.0f} | {values[r] / base:.2f}" if base == base and base else "- | -")
-        print(f"| `{name}` | " + " | ".join(cells) + " |")
+        cells = [f"{v:,.0f} ({v / results['off'][r]:.2f})" for r, v in enumerate(values)]
+        median = statistics.median(values)
+        print(f"| `{name}` | " + " | ".join(cells) + f" | {median:,.0f} | {median / base:.2f} |")
+    print("\nEach round cell: infer/s (its ratio to `off` in the same round). A failed run counts as nan.")
     print(f"\nThe collector received {collector.bytes / 1e6:.1f} MB of OTLP JSON.")
     return 0
 

@@ -114,7 +114,7 @@ def test_exporter_drops_rather_than_grows_when_the_collector_is_down() -> None:
         exporter = OtlpExporter(config)
         exporter.start()
         for i in range(1000):
-            exporter.add(request_spans("m", "1", str(i), "", 1, 2, 3, 4, 5))
+            exporter.add(("m", "1", str(i), "", 1, 2, 3, 4, 5))
             assert exporter.queued <= 30
             if i % 100 == 0:
                 await asyncio.sleep(0.01)

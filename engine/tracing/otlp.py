@@ -58,20 +58,26 @@ def request_spans(model: str, version: str, request_id: str, error: str, receive
     """One request's spans: `frontend` (received → answered, the root), `queue` (entered the queue → its batch
     left it) and `compute` (→ the batch's outputs split), each carrying the request id. A request that never
     reached a stage (cancelled in the queue, refused) has only the spans it lived through. `error` is the
-    failure's text, "" on success. Times are perf_counter ns."""
-    trace_id = os.urandom(16).hex()
-    root = os.urandom(8).hex()
+    failure's text, "" on success. Times are perf_counter ns. Built by the exporter when it sends a batch,
+    not on the request path (which only queues the request's `SpanRecord`)."""
+    ids = os.urandom(40).hex()  # one call: the trace id and three span ids
+    trace_id, root = ids[:32], ids[32:48]
     attributes = [_attr("request_id", request_id), _attr("model_name", model),
                   _attr("model_version", version)]
-    status = {"code": STATUS_ERROR, "message": error} if error else {"code": STATUS_OK}
+    status = {"code": STATUS_ERROR, "message": error} if error else _OK
     spans = [_span(trace_id, root, "", "frontend", SPAN_KIND_SERVER, received_ns, end_ns, attributes, status)]
     if queued_ns and dispatched_ns:
-        spans.append(_span(trace_id, os.urandom(8).hex(), root, "queue", SPAN_KIND_INTERNAL, queued_ns,
-                           dispatched_ns, attributes, {"code": STATUS_OK}))
+        spans.append(_span(trace_id, ids[48:64], root, "queue", SPAN_KIND_INTERNAL, queued_ns, dispatched_ns,
+                           attributes, _OK))
         if computed_ns:
-            spans.append(_span(trace_id, os.urandom(8).hex(), root, "compute", SPAN_KIND_INTERNAL,
-                               dispatched_ns, computed_ns, attributes, status))
+            spans.append(_span(trace_id, ids[64:80], root, "compute", SPAN_KIND_INTERNAL, dispatched_ns,
+                               computed_ns, attributes, status))
     return spans
+
+
+_OK = {"code": STATUS_OK}
+# What the request path queues per traced request: request_spans' arguments, as they are.
+SpanRecord = tuple[str, str, str, str, int, int, int, int, int]
 
 
 class OtlpExporter:
@@ -79,7 +85,7 @@ class OtlpExporter:
 
     def __init__(self, config: ExporterConfig) -> None:
         self.config = config
-        self._queue: deque[dict[str, Any]] = deque()
+        self._queue: deque[SpanRecord] = deque()  # one entry per traced request (up to three spans)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -88,20 +94,21 @@ class OtlpExporter:
         self._last_failure_log = 0.0
         self._resource = {"attributes": [_attr(k, v) for k, v in config.resource.items()]}
 
-    def add(self, spans: list[dict[str, Any]]) -> None:
-        """Queue one request's spans, or drop them when the queue is full."""
+    def add(self, record: SpanRecord) -> None:
+        """Queue one traced request (its spans are built when sent), or drop it when the queue holds
+        `max_queue_size` spans' worth (three a request)."""
         queue = self._queue
-        if len(queue) + len(spans) > self.config.max_queue_size:
-            self.dropped += len(spans)
+        if (len(queue) + 1) * 3 > self.config.max_queue_size:
+            self.dropped += 3
             return
-        queue.extend(spans)
-        if len(queue) >= self.config.max_export_batch_size and self._wake is not None:
+        queue.append(record)
+        if len(queue) * 3 >= self.config.max_export_batch_size and self._wake is not None:
             self._wake.set()
 
     @property
     def queued(self) -> int:
-        """Spans waiting to be sent (at most `max_queue_size`)."""
-        return len(self._queue)
+        """Spans waiting to be sent (at most `max_queue_size`; three a request counted)."""
+        return len(self._queue) * 3
 
     def start(self) -> None:
         self._wake = asyncio.Event()
@@ -118,9 +125,10 @@ class OtlpExporter:
 
     async def _flush(self) -> None:
         queue = self._queue
-        size = self.config.max_export_batch_size
+        requests = max(self.config.max_export_batch_size // 3, 1)
         while queue:
-            batch = [queue.popleft() for _ in range(min(size, len(queue)))]
+            batch = [span for _ in range(min(requests, len(queue)))
+                     for span in request_spans(*queue.popleft())]
             await self._post(batch)
 
     async def _post(self, spans: list[dict[str, Any]]) -> None:
