@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -170,6 +171,10 @@ def test_grpc_id_from_message_and_metadata(server, access_log: Path) -> None:
         assert result.get_response().id == "grpc-id-1"
         result = c.infer("simple", simple_inputs(grpcclient), headers={"x-request-id": "grpc-meta-1"})
         assert result.get_response().id == "grpc-meta-1"
+    with grpc.insecure_channel(server.grpc_url) as channel:  # the metadata comes back as a header
+        call = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        _, answer = call.with_call(b"", metadata=[("x-request-id", "grpc-meta-2")], timeout=10)
+        assert ("x-request-id", "grpc-meta-2") in answer.initial_metadata()
     assert line_for(access_log, "grpc-id-1")["status"] == "OK"
     assert line_for(access_log, "grpc-meta-1")["model"] == "simple"
 

@@ -32,7 +32,7 @@ from .connection import H2Connection
 from .frames import H2Error
 from .grpc_messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
 from .guard import MemoryReturn
-from .headers import RequestHead
+from .headers import RequestHead, literal
 from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
 from .streams import H2Stream, Limits
 
@@ -336,7 +336,14 @@ class Call:
         self.done = True
         self._stop_timer()
         encoding = self.response_encoding
-        self.conn.send(self.stream, response_head(encoding), frame(parts, size, encoding), OK_TRAILERS)
+        self.conn.send(self.stream, self._head(), frame(parts, size, encoding), OK_TRAILERS)
+
+    def _head(self) -> bytes:
+        """The response headers: cached, plus the client's x-request-id echoed when it sent one."""
+        head = response_head(self.response_encoding)
+        if self.request_id is not None:
+            head += literal(b"x-request-id", self.request_id)
+        return head
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -347,7 +354,7 @@ class Call:
             self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
-        head = None if self.headers_sent else response_head(self.response_encoding)
+        head = None if self.headers_sent else self._head()
         self.headers_sent = True
         self.conn.send(self.stream, head, frame(parts, size, self.response_encoding), None)
 
