@@ -267,27 +267,23 @@ _NUMBERS = {"trace_rate": lambda t: parse_rate_like("trace_rate", t), "trace_cou
 
 def changes_from_json(doc: dict[str, Any]) -> dict[str, Any]:
     """An HTTP trace setting body, checked as Triton checks it: values are strings (trace_level a list of
-    them), null clears, trace_file cannot be set."""
-    if "trace_file" in doc:
-        raise unsupported_file()
-    changes: dict[str, Any] = {}
-    if "trace_level" in doc:
-        levels = doc["trace_level"]
-        if levels is None:
-            changes["trace_level"] = None
-        else:
-            if not isinstance(levels, list) or not all(isinstance(w, str) for w in levels):
+    them), null clears, trace_file cannot be set. Checked for its JSON types here, then read as gRPC's
+    lists are (a value is a list of one; null, no value; an empty trace_level list changes nothing)."""
+    lists: dict[str, list[str]] = {}
+    for name, value in doc.items():
+        if name == "trace_level":
+            if value is not None and (not isinstance(value, list) or
+                                      not all(isinstance(w, str) for w in value)):
                 raise invalid("'trace_level' must be an array of strings: OFF, TIMESTAMPS, TENSORS")
-            level = parse_levels(levels)
-            if level is not None:
-                changes["trace_level"] = level
-    for name, parse in _NUMBERS.items():
-        if name in doc:
-            value = doc[name]
+            if value != []:
+                lists[name] = value or []
+        elif name in _NUMBERS:
             if value is not None and not isinstance(value, str):
                 raise invalid(f"'{name}' must be a string holding a number, got {value!r}")
-            changes[name] = None if value is None else parse(value)
-    return changes
+            lists[name] = [] if value is None else [value]
+        elif name == "trace_file":
+            lists[name] = []
+    return changes_from_lists(lists)
 
 
 def changes_from_lists(settings: dict[str, list[str]]) -> dict[str, Any]:
