@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 
 import pytest
 
-from conftest import free_port
 from engine.errors import EngineError
 from engine.histograms import Histogram, parse_metrics_config
 from engine.tracing.otlp import OtlpExporter, request_spans
@@ -108,8 +108,13 @@ def test_spans_of_a_request() -> None:
 
 
 def test_exporter_drops_rather_than_grows_when_the_collector_is_down() -> None:
+    # A port bound and not listening refuses every connection, and no other process can take it meanwhile.
+    refuser = socket.socket()
+    refuser.bind(("127.0.0.1", 0))
+    port = refuser.getsockname()[1]
+
     async def go() -> OtlpExporter:
-        config = ExporterConfig(url=f"http://127.0.0.1:{free_port()}/v1/traces", max_queue_size=30,
+        config = ExporterConfig(url=f"http://127.0.0.1:{port}/v1/traces", max_queue_size=30,
                                 schedule_delay_ms=10, max_export_batch_size=10)
         exporter = OtlpExporter(config)
         exporter.start()
@@ -121,7 +126,10 @@ def test_exporter_drops_rather_than_grows_when_the_collector_is_down() -> None:
         await exporter.close()
         return exporter
 
-    exporter = asyncio.run(go())
+    try:
+        exporter = asyncio.run(go())
+    finally:
+        refuser.close()
     assert exporter.exported == 0 and exporter.dropped == 3000
 
 

@@ -89,6 +89,7 @@ class OtlpExporter:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._closing = False
         self.exported = 0  # spans the collector accepted
         self.dropped = 0  # spans dropped: queue full, or the collector refused or was unreachable
         self._last_failure_log = 0.0
@@ -117,11 +118,14 @@ class OtlpExporter:
     async def _run(self) -> None:
         assert self._wake is not None
         delay_s = self.config.schedule_delay_ms / 1000
-        while True:
+        # The flag, not only the cancel, ends the loop: Python 3.11's wait_for can swallow a cancel that
+        # arrives as the event is set (seen in tests/test_tracing.py), and the task would then never end.
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay_s)
             self._wake.clear()
-            await self._flush()
+            if not self._closing:
+                await self._flush()
 
     async def _flush(self) -> None:
         queue = self._queue
@@ -156,10 +160,11 @@ class OtlpExporter:
                         len(spans), reason, self.dropped)
 
     async def close(self) -> None:
-        """Send what is queued (bounded by the session's timeout), then stop."""
+        """Stop the task, send what is queued (for at most 5 s), close the session."""
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=5)
             self._task = None
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._flush(), 5)
