@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
 
-from . import __version__
+from . import __version__, logs
 from .flags import TritonBool
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
+from .logs import LOG_FORMATS
 
 PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `hubserve perf --help` for more"
 
@@ -46,6 +46,12 @@ def _seconds(text: str) -> float:
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number, 1 or more, got '{text}'")
+    return int(text)
+
+
+def _verbose(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a verbose level (0 or more), got '{text}'")
     return int(text)
 
 
@@ -179,8 +185,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="server-wide budget of request bytes received and not yet answered; a request "
                             "that does not fit is refused at once (HTTP 429 + Retry-After, gRPC "
                             "RESOURCE_EXHAUSTED) before its body is read (0 = no budget)")
-    serve.add_argument("--log-verbose", type=int, default=0,
-                       help="0: one line per model state change and errors; 1 or more: debug detail")
+    serve.add_argument("--log-verbose", type=_verbose, default=0, metavar="N",
+                       help="Triton's verbose level: 0 none; 1 or more: an access line per inference (model, "
+                            "version, request id, status, queue, compute and total time, batch size) and "
+                            "debug detail")
+    serve.add_argument("--log-info", action=TritonBool, default=True,
+                       help="write INFO lines (access lines are INFO lines too)")
+    serve.add_argument("--log-warning", action=TritonBool, default=True,
+                       help="write WARNING lines")
+    serve.add_argument("--log-error", action=TritonBool, default=True,
+                       help="write ERROR lines")
+    serve.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                       help="text, or json (one object a line; an access line is exactly model, version, "
+                            "request_id, status, queue_us, compute_us, total_us, batch_size); Triton's "
+                            "default and ISO8601 read as text")
+    serve.add_argument("--log-file", default="", metavar="PATH",
+                       help="append log lines to this file (default: standard error)")
+    serve.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                       help="histogram_latencies=true|false (the request, queue and compute latency "
+                            "histograms; on by default), histogram_buckets_us=50,100,... (their bounds)")
+    serve.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                       help="as Triton's: level=OFF|TIMESTAMPS|TENSORS, rate=N (one request in N), count=N "
+                            "(-1: no limit), opentelemetry,url=http://host:4318/v1/traces (the OTLP/HTTP "
+                            "collector), opentelemetry,resource=key=value, "
+                            "opentelemetry,bsp_max_queue_size=N, opentelemetry,bsp_schedule_delay=MS, "
+                            "opentelemetry,bsp_max_export_batch_size=N")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
     sub.add_parser("perf", help=PERF_HELP, add_help=False)
     return parser
@@ -235,10 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         from .access import PolicyError, policies
         from .access_groups import RestrictionError
         from .api_keys import ApiKeysError
+        from .errors import EngineError
         from .server import Server, ServerOptions
 
-        logging.basicConfig(level=logging.DEBUG if args.log_verbose > 0 else logging.INFO,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+        try:
+            logs.configure(args.log_file, args.log_format, args.log_verbose, args.log_info, args.log_warning,
+                           args.log_error)
+        except (OSError, EngineError) as e:
+            print(f"hubserve: cannot log to '{args.log_file}': {e}", file=sys.stderr)
+            return 2
         if not args.model_repository.is_dir():
             print(f"hubserve: model repository '{args.model_repository}' is not a folder", file=sys.stderr)
             return 2
@@ -269,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
             workers=args.workers if args.workers else default_workers(),
             worker_arena_bytes=args.worker_arena_mb << 20,
             log_verbose=args.log_verbose,
+            log_file=args.log_file,
+            log_format=args.log_format,
+            log_info=args.log_info,
+            log_warning=args.log_warning,
+            log_error=args.log_error,
+            metrics_config=tuple(args.metrics_config),
+            trace_config=tuple(args.trace_config),
             allow_python_model_upload=args.allow_python_model_upload,
             canary_interval_secs=args.canary_interval_secs,
             canary_timeout_secs=args.canary_timeout_secs,

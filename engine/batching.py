@@ -13,10 +13,12 @@ Semantics (Triton's `dynamic_batching`) are the policy's: see batch_policy.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import numpy as np
 
+from . import observe
 from .adaptive_window import AdaptiveWindow
 from .batch_policy import BatchPolicy, Pending
 from .config_types import ModelConfig
@@ -26,6 +28,8 @@ from .instances import Instance, InstancePool
 from .stats import ModelStats
 from .timers import THRESHOLD_S, PreciseTimer
 from .types import Completion, InferenceRequest, InferenceResponse, Tensor
+
+log = logging.getLogger("hubserve.batching")
 
 
 class Batcher(InflightBatcher):
@@ -75,7 +79,7 @@ class Batcher(InflightBatcher):
         if self.adaptive is not None:
             self.adaptive.on_arrival(pending.enqueue_ns)
         self.policy.enqueue(pending)
-        self._accept(future, pending, received, on_done)
+        self._accept(future, pending, request, received, on_done)
         self._dispatch()
         return future
 
@@ -211,16 +215,26 @@ class Batcher(InflightBatcher):
     def _inputs(self, batch: list[Pending]) -> tuple[int, dict[str, np.ndarray]]:
         """When the batch left the queue (accounted as each request's queue time), and its inputs."""
         start = time.perf_counter_ns()
+        stats = self._stats
         for p in batch:
-            self._stats.queue.add(start - p.enqueue_ns)
+            stats.record_queue(start - p.enqueue_ns)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+            elements = sum(p.batch_size for p in batch)
+            for p in batch:
+                req = p.request
+                req.queued_ns, req.dispatched_ns, req.executed_batch = p.enqueue_ns, start, elements
         return start, _concat(batch)
 
     def _results(self, batch: list[Pending], outputs: dict[str, np.ndarray], elements: int, input_ns: int,
                  infer_ns: int) -> list[tuple[Pending, InferenceResponse | EngineError]]:
         out_start = time.perf_counter_ns()
         results = self._split(batch, outputs)
-        output_ns = time.perf_counter_ns() - out_start
+        end = time.perf_counter_ns()
+        output_ns = end - out_start
         self._stats.record_execution(elements, len(batch), input_ns, infer_ns, output_ns)
+        if observe.STATE.active:
+            for p in batch:
+                p.request.computed_ns = end
         if self.adaptive is not None:
             self.adaptive.on_execution(elements, input_ns + infer_ns + output_ns)
             self.policy.delay_ns = self.adaptive.window_ns
@@ -229,6 +243,8 @@ class Batcher(InflightBatcher):
     def _failed(self, batch: list[Pending], error: Exception
                 ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
         failure = self._execution_error(error)
+        log.warning("a batch of model '%s' failed (request ids %s): %s", self.config.name,
+                    ", ".join(p.request.id or "-" for p in batch), failure.message)
         return [(p, failure) for p in batch]
 
     def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray]

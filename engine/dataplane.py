@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import __version__, client_shm, shm_requests
+from . import __version__, client_shm, logs, observe, shm_requests
 from .client_shm import SystemSharedMemory
-from .errors import EngineError, ErrorCode, not_found
+from .errors import EngineError, ErrorCode, invalid, not_found
 from .model import Model
 from .names import check_model_name
 from .repository import ModelRepository
@@ -32,12 +32,12 @@ log = logging.getLogger("hubserve")
 
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
 # built: cuda_shared_memory (no GPU path: its endpoints refuse registration), parameters (custom request
-# parameters reach no model: no backend reads them), trace, logging. schedule_policy: the request parameters
-# `priority` and `timeout` of the dynamic batcher. system_shared_memory is added when the server was started
-# with --allow-client-shm (`SHM_EXTENSION`).
+# parameters reach no model: no backend reads them). schedule_policy: the request parameters `priority` and
+# `timeout` of the dynamic batcher. system_shared_memory is added when the server was started with
+# --allow-client-shm (`SHM_EXTENSION`).
 EXTENSIONS = ("classification", "binary_tensor_data", "model_repository",
               "model_repository(unload_dependents)", "schedule_policy", "model_configuration", "statistics",
-              "sequence")
+              "sequence", "logging", "trace")
 SHM_EXTENSION = "system_shared_memory"
 
 
@@ -113,6 +113,8 @@ class DataPlane:
         request (success, failure, or cancelled: the frontend cancels it when the client is gone or its
         deadline passed) and then calls `on_done` with it, the frontend's answer (Batcher.enqueue)."""
         start = start_ns or time.perf_counter_ns()
+        if not request.id and logs.SETTINGS.access:  # the access line names it: the answer echoes it
+            request.id = logs.new_request_id()
         try:
             model = self.repository.get(request.model_name, request.model_version)
         except EngineError:
@@ -185,6 +187,30 @@ class DataPlane:
         """The request's responses as they come: one for a non-decoupled model, 0..N and a final one for a
         decoupled model; leaving early cancels the request (engine/streaming.py)."""
         return infer_stream(self.submit, request, start_ns)
+
+    # ------------------------------------------------------------------ logging and trace extensions
+
+    def log_settings(self, changes: dict[str, Any] | None = None, http: bool = True) -> dict[str, Any]:
+        """Triton's logging extension: apply `changes` (Python values, each protocol's types already checked
+        by its frontend; engine/logs.py `update`), then answer every setting."""
+        if changes:
+            logs.update(changes, http)
+            observe.refresh()
+        return logs.SETTINGS.as_json()
+
+    def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Triton's trace extension: the server-wide setting, or a model's (`model`, which must be ready, in
+        Triton's words); `changes` parsed by engine/tracing/settings.py (None: only read)."""
+        trace = observe.STATE.trace
+        if trace is None:
+            trace = observe.STATE.trace = observe.default_tracing()
+        if model and not self.repository.is_ready(model, ""):
+            check_model_name(model)
+            raise invalid(f"Request for unknown model : {model}")
+        if changes:
+            trace.update(model, changes)
+            observe.refresh()
+        return trace.as_json(model)
 
     # ------------------------------------------------------------------ statistics
 

@@ -32,7 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from . import classification
+from . import classification, observe
 from .config_types import ModelConfig
 from .ensemble_plan import EnsemblePlan, PlanProgress
 from .errors import EngineError, ErrorCode
@@ -111,7 +111,7 @@ class EnsembleModel(Model):
     def _begin(self, run: _Run) -> None:
         self._running += 1
         run.started_ns = time.perf_counter_ns()
-        self.stats.queue.add(run.started_ns - run.enqueue_ns)
+        self.stats.record_queue(run.started_ns - run.enqueue_ns)
         run.begin()
 
     def _completed(self, run: _Run, received_ns: int, on_done: Completion | None,
@@ -123,9 +123,9 @@ class EnsembleModel(Model):
         if future.cancelled():
             stats.cancelled.add(now - received_ns)
         elif future.exception() is not None:
-            stats.fail.add(now - received_ns)
+            stats.record_request(stats.fail, now - received_ns)
         else:
-            stats.success.add(now - received_ns)
+            stats.record_request(stats.success, now - received_ns)
             batch = request_batch(run.request, self.config.max_batch_size > 0)
             stats.record_execution(batch, 1, 0, now - run.started_ns, 0)
         run.cancel_steps()
@@ -137,6 +137,15 @@ class EnsembleModel(Model):
             self._begin(self._waiting.popleft())
         if not self._running and not self._waiting:
             self._idle.set()
+        if observe.STATE.active:  # the ensemble's own access line and spans (its steps have theirs)
+            request = run.request
+            if run.started_ns:
+                request.queued_ns, request.dispatched_ns = run.enqueue_ns, run.started_ns
+                request.computed_ns = now
+            request.executed_batch = request_batch(request, self.config.max_batch_size > 0)
+            cancelled = future.cancelled()
+            observe.finished(self.name, self.version_str, request, None if cancelled else future.exception(),
+                             cancelled, received_ns, now)
         if on_done is not None:
             on_done(future)
 

@@ -13,10 +13,11 @@ import asyncio
 import time
 from typing import Any
 
+from . import observe
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode
 from .stats import ModelStats
-from .types import Completion, InferenceResponse
+from .types import Completion, InferenceRequest, InferenceResponse
 
 
 class InflightBatcher:
@@ -25,6 +26,7 @@ class InflightBatcher:
 
     config: ModelConfig
     _stats: ModelStats
+    _version: str
 
     def __init__(self) -> None:
         self._inflight = 0
@@ -36,24 +38,31 @@ class InflightBatcher:
         if self._inflight == 0:
             self._idle.set()
 
-    def _accept(self, future: asyncio.Future[InferenceResponse], token: Any, received_ns: int,
-                on_done: Completion | None) -> None:
+    def _accept(self, future: asyncio.Future[InferenceResponse], token: Any, request: InferenceRequest,
+                received_ns: int, on_done: Completion | None) -> None:
         """Count an accepted request in flight and give its future the one done-callback: it accounts the
         request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is first taken
-        back from the batcher with `_withdraw(token)`) and then calls `on_done`, the frontend's answer."""
+        back from the batcher with `_withdraw(token)`), observes it (its access line and spans, while those
+        are on: engine/observe.py) and then calls `on_done`, the frontend's answer."""
         self._inflight += 1
         self._idle.clear()
         stats = self._stats
+        version = self._version
 
         def completed(f: asyncio.Future[InferenceResponse]) -> None:
-            elapsed = time.perf_counter_ns() - received_ns
-            if f.cancelled():
+            end = time.perf_counter_ns()
+            elapsed = end - received_ns
+            cancelled = f.cancelled()
+            error = None
+            if cancelled:
                 self._withdraw(token)
                 stats.cancelled.add(elapsed)
-            elif f.exception() is not None:
-                stats.fail.add(elapsed)
+            elif (error := f.exception()) is not None:
+                stats.record_request(stats.fail, elapsed)
             else:
-                stats.success.add(elapsed)
+                stats.record_request(stats.success, elapsed)
+            if observe.STATE.active:
+                observe.finished(self.config.name, version, request, error, cancelled, received_ns, end)
             if on_done is not None:
                 on_done(f)
 

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from .canary import CanaryRecord
 from .generate.driver import EngineDriver
 from .generate.latency import Histogram
+from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .model import Model
 from .stats import ModelStats
 
@@ -72,6 +73,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
     lines.extend(_sequence_lines(models))
     lines.extend(_canary_lines(models))
     lines.extend(_generation_lines(list(generation)))
+    lines.extend(_histogram_lines(models))
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
@@ -181,6 +183,33 @@ def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
             lines.extend(f'{name}_bucket{{{labels},le="{le}"}} {count}' for le, count in h.cumulative())
             lines.append(f"{name}_sum{{{labels}}} {h.sum}")
             lines.append(f"{name}_count{{{labels}}} {h.count}")
+    return lines
+
+
+def _bound(b: float) -> str:
+    return str(int(b)) if b == int(b) else repr(b)
+
+
+def _histogram_lines(models: list[Model]) -> list[str]:
+    """The latency histograms (engine/histograms.py) in Prometheus' form: cumulative `_bucket{le}`, `_sum`
+    and `_count` per model version, in microseconds."""
+    shown = [m for m in models if m.stats.histograms is not None]
+    if not shown:
+        return []
+    lines = []
+    for attr, name, help_text in HISTOGRAM_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} histogram")
+        for m in shown:
+            hists = m.stats.histograms
+            assert hists is not None
+            hist = getattr(hists, attr)
+            labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
+            bounds = [_bound(b) for b in hists.buckets_us] + ["+Inf"]
+            for le, count in zip(bounds, hist.cumulative(), strict=True):
+                lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
+            lines.append(f"{name}_sum{{{labels}}} {hist.sum_ns / 1000}")
+            lines.append(f"{name}_count{{{labels}}} {hist.count}")
     return lines
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import observe
 from .config_types import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
@@ -85,7 +86,7 @@ class SequenceBatcher(InflightBatcher):
         received = received_ns or now
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         item.future = future
-        self._accept(future, entry, received, on_done)
+        self._accept(future, entry, request, received, on_done)
         self._dispatch()
         return future
 
@@ -225,7 +226,11 @@ class SequenceBatcher(InflightBatcher):
         rows = batch.rows
         real = [e for e in rows if e is not None]
         for e in real:
-            self._stats.queue.add(start - e.item.enqueue_ns)
+            self._stats.record_queue(start - e.item.enqueue_ns)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+            for e in real:
+                req = e.item.request
+                req.queued_ns, req.dispatched_ns, req.executed_batch = e.item.enqueue_ns, start, len(real)
         first = real[0].item.inputs
         if not self._batching:
             inputs = dict(first)
@@ -273,10 +278,15 @@ class SequenceBatcher(InflightBatcher):
                  else e.sequence.state[spec.input_name] for e in rows]
         return np.stack(parts) if self._batching else parts[0]
 
-    def _record(self, answered: int, input_ns: int, infer_ns: int, out_start_ns: int) -> None:
-        """One sequence batch executed, answering `answered` requests."""
-        output_ns = time.perf_counter_ns() - out_start_ns
-        self._stats.record_execution(answered, answered, input_ns, infer_ns, output_ns)
+    def _record(self, results: list[tuple[Entry, Result]], input_ns: int, infer_ns: int, out_start_ns: int
+                ) -> None:
+        """One sequence batch executed, answering `results`' requests."""
+        end = time.perf_counter_ns()
+        answered = len(results)
+        self._stats.record_execution(answered, answered, input_ns, infer_ns, end - out_start_ns)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+            for entry, _ in results:
+                entry.item.request.computed_ns = end
         reasons = self._stats.dispatch_reasons
         reasons["sequence"] = reasons.get("sequence", 0) + 1
 
@@ -309,7 +319,7 @@ class SequenceBatcher(InflightBatcher):
                 arr = outputs[out][i:i + 1] if self._batching else outputs[out]
                 tensors.append(Tensor(out, self._output_types[out], arr.shape, arr))
             results.append((entry, InferenceResponse(req.model_name, self._version, tensors, req.id)))
-        self._record(len(results), input_ns, infer_ns, out_start)
+        self._record(results, input_ns, infer_ns, out_start)
         return results
 
     def _failed(self, batch: Batch, error: Exception) -> list[tuple[Entry, Result]]:

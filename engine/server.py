@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from . import histograms, observe
 from .access import AccessConfig, access_config, policies
 from .canary import CanaryOptions, CanaryRunner
 from .dataplane import DataPlane
@@ -28,10 +29,13 @@ from .frontend.http_routes import HttpRoutes
 from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.registry import GenerationRegistry
+from .histograms import parse_metrics_config
 from .metrics import process_registry, render
 from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
+from .tracing.otlp import OtlpExporter
+from .tracing.settings import TraceSettings, parse_trace_config
 from .watcher import RepositoryWatcher
 from .workers.control import ControlRunner
 from .workers.supervisor import FrontendPool
@@ -65,7 +69,16 @@ class ServerOptions:
     # statistics, metrics) and N frontend processes do the HTTP and gRPC work (engine/workers/).
     workers: int = 1
     worker_arena_bytes: int = 16 << 20  # each frontend's request arena and its response arena (shared memory)
-    log_verbose: int = 0
+    log_verbose: int = 0  # Triton's --log-verbose: 1 or more writes an access line per inference
+    log_file: str = ""  # "" = standard error
+    log_format: str = "text"  # text | json (and Triton's default | ISO8601, which read as text)
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    # Triton's --metrics-config <setting>=<value> (engine/histograms.py) and --trace-config
+    # [<mode>,]<setting>=<value> (engine/tracing/settings.py), as given.
+    metrics_config: tuple[str, ...] = ()
+    trace_config: tuple[str, ...] = ()
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
     canary_interval_secs: float = 10.0  # a synthetic inference per instance this often (canary.py); 0: off
     canary_timeout_secs: float = 5.0  # a canary unanswered this long fails, and the version is not ready
@@ -96,6 +109,11 @@ class ServerOptions:
 class Server:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        config = parse_metrics_config(list(options.metrics_config))  # before any model's stats exist
+        histograms.CONFIG.enabled, histograms.CONFIG.buckets_us = config.enabled, config.buckets_us
+        values, mode, exporter = parse_trace_config(list(options.trace_config))
+        self.trace = TraceSettings(values, mode, exporter)
+        self._exporter: OtlpExporter | None = None
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
@@ -120,6 +138,8 @@ class Server:
 
     async def start(self) -> None:
         opts = self.options
+        self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
+        self._exporter.start()
         if opts.model_control_mode == "explicit":
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
@@ -219,6 +239,10 @@ class Server:
                         "grpc": opts.grpc_tls.to_spec() if opts.grpc_tls else None,
                         "handshake_timeout_secs": handshake_timeout_secs(opts.client_timeout_secs)},
                 "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
+                "log": {"log_file": opts.log_file, "log_format": opts.log_format,
+                        "log_verbose": opts.log_verbose,
+                        "log_info": opts.log_info, "log_warning": opts.log_warning,
+                        "log_error": opts.log_error},
                 "tensor_limits": dataclasses.asdict(self.tensor_limits()),
                 "connection_limits": dataclasses.asdict(self.connection_limits()),
                 "frontends": opts.workers,
@@ -265,6 +289,8 @@ class Server:
             await self._control.close()
         await self.generation.close()
         await self.repository.close()
+        if self._exporter is not None:
+            await self._exporter.close()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
         log.info("stopped")

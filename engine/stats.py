@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from .histograms import LatencyHistograms, new_histograms
+
 
 @dataclass(slots=True)
 class Duration:
@@ -72,6 +74,21 @@ class ModelStats:
         if kind == "success":
             stats.compute_output.add(0)
 
+    # Request, queue and compute latency histograms (engine/histograms.py); None when switched off.
+    histograms: LatencyHistograms | None = field(default_factory=new_histograms)
+
+    def record_request(self, outcome: Duration, elapsed_ns: int) -> None:
+        """An answered request (`outcome` is `success` or `fail`), into the request histogram too."""
+        outcome.add(elapsed_ns)
+        if self.histograms is not None:
+            self.histograms.request.observe(elapsed_ns)
+
+    def record_queue(self, wait_ns: int) -> None:
+        """One request's time in the queue, into the queue histogram too."""
+        self.queue.add(wait_ns)
+        if self.histograms is not None:
+            self.histograms.queue.observe(wait_ns)
+
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:
         """One backend execution of `requests` requests totalling `batch_size` elements. Each request is
@@ -87,4 +104,6 @@ class ModelStats:
         batch.compute_input.add(input_ns)
         batch.compute_infer.add(infer_ns)
         batch.compute_output.add(output_ns)
+        if self.histograms is not None:
+            self.histograms.compute.observe(input_ns + infer_ns + output_ns, requests)
         self.last_inference_ms = time.time_ns() // 1_000_000

@@ -157,6 +157,13 @@ class InferenceRequest:
     # error response, after which more may follow). None: the request wants exactly one response, and a
     # decoupled model refuses it.
     stream: StreamSink | None = None
+    # When it met the batcher (perf_counter ns; 0 = not reached), set only while an access line or a trace
+    # may want them (engine/observe.py): entered the queue, its batch left it, its batch's outputs were
+    # split; and the elements of the batch it ran in.
+    queued_ns: int = 0
+    dispatched_ns: int = 0
+    computed_ns: int = 0
+    executed_batch: int = 0
 
     @property
     def batch_size(self) -> int:

@@ -10,7 +10,6 @@ Where a point is Triton's wording, the comment names the Triton source it comes 
 
 from __future__ import annotations
 
-import json
 import queue
 import urllib.error
 import urllib.request
@@ -210,7 +209,8 @@ def test_extensions_are_exactly_what_is_served(client):
     meta = as_json(client, "get_server_metadata")
     assert sorted(meta["extensions"]) == sorted(["classification", "binary_tensor_data", "model_repository",
                                                  "model_repository(unload_dependents)", "schedule_policy",
-                                                 "model_configuration", "statistics", "sequence"])
+                                                 "model_configuration", "statistics", "sequence", "logging",
+                                                 "trace"])
 
 
 # ================================================================ issue 11, the frontends' half
@@ -245,36 +245,14 @@ def test_raw_and_typed_contents_together_are_refused(parity_server):
 
 # 8 ------------------------------------------------------------------------- extensions we don't serve
 
-def unserved_calls(client) -> list:
-    """(extension, call) for every client method of an extension hubserve does not serve."""
-    return [
-        ("trace", lambda: client.get_trace_settings()),
-        ("trace", lambda: client.get_trace_settings(model_name="simple")),
-        ("trace", lambda: client.update_trace_settings(settings={"trace_level": ["OFF"]})),
-        ("logging", lambda: client.get_log_settings()),
-        ("logging", lambda: client.update_log_settings({"log_info": True})),
-    ]
-
-
-def test_unserved_extensions_are_unimplemented_on_both_protocols(client):
-    for extension, call in unserved_calls(client):
-        e = error_of(call)
-        assert e.status() == status(client, "501", "StatusCode.UNIMPLEMENTED"), (extension, e)
-        assert f"hubserve does not implement the {extension} extension" in e.message(), e.message()
-
-
-@pytest.mark.parametrize("method, path, extension", [
-    ("POST", "trace/setting", "trace"), ("GET", "models/simple/versions/1/trace/setting", "trace"),
-    ("GET", "logging", "logging"),
-])
-def test_unserved_http_endpoints_answer_501_in_json(parity_server, method, path, extension):
-    request = urllib.request.Request(f"http://{parity_server.http_url}/v2/{path}", method=method,
-                                     data=b"{}" if method == "POST" else None)
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(request, timeout=10)
-    assert e.value.code == 501
-    assert json.loads(e.value.read())["error"] == \
-        f"hubserve does not implement the {extension} extension ({method} /v2/{path})"
+def test_every_protocol_extension_is_served(client):
+    """Trace, logging and both shared memories answer on both protocols (they answered 501 / UNIMPLEMENTED
+    before they were built); the shared-memory status is empty with no region registered."""
+    assert client.get_trace_settings() is not None
+    assert client.get_log_settings() is not None
+    status = client.get_system_shared_memory_status()
+    assert not (status if isinstance(status, list) else list(status.regions))
+    assert client.get_cuda_shared_memory_status() is not None
 
 
 def test_paths_that_are_no_endpoint_stay_404(parity_server):

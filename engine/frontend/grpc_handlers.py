@@ -20,6 +20,7 @@ from google.protobuf import json_format
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
+from ..tracing import settings as trace_settings
 from ..types import EMPTY_FINAL, Completion, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
 
@@ -68,7 +69,7 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
 # (http_routes.py _UNSERVED).
-UNIMPLEMENTED_RPCS = {"TraceSetting": "trace", "LogSettings": "logging"}
+UNIMPLEMENTED_RPCS: dict[str, str] = {}  # every RPC of the protocol is served
 HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 # How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
@@ -172,15 +173,20 @@ class GrpcHandlers:
         self.dp.shm_unregister(True, request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None
-                          ) -> asyncio.Future[InferenceResponse]:
+    def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None,
+                          header_id: bytes | None = None) -> asyncio.Future[InferenceResponse]:
         """ModelInfer, first half: decode the serialized request and queue it. Raises at once for a bad
         request (EngineError), or DecodeError for bytes that are not a ModelInferRequest; the future resolves
         with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
-        with it once it is done, right after the request is accounted. Cancelling it drops the request."""
-        return self.dp.submit(self.wire.decode(message), start_ns or time.perf_counter_ns(), on_done)
+        with it once it is done, right after the request is accounted. Cancelling it drops the request.
+        `header_id` is the call's `x-request-id` metadata: the request's id when its message has none."""
+        request = self.wire.decode(message)
+        if header_id and not request.id:
+            request.id = header_id.decode("latin-1")
+        return self.dp.submit(request, start_ns or time.perf_counter_ns(), on_done)
 
-    def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None
+    def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
+                          header_id: bytes | None = None
                           ) -> asyncio.Future[InferenceResponse]:
         """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
         returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
@@ -223,6 +229,8 @@ class GrpcHandlers:
 
         try:
             request = self.wire.decode(message)
+            if header_id and not request.id:
+                request.id = header_id.decode("latin-1")
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             return self.dp.submit(request, time.perf_counter_ns(), done)
@@ -231,6 +239,45 @@ class GrpcHandlers:
             future.set_exception(e)
             future.add_done_callback(done)
             return future
+
+    def LogSettings(self, request: Any) -> Any:
+        """Triton's logging extension: each setting's oneof must be of its type (Triton's words)."""
+        changes: dict[str, Any] = {}
+        for name, value in request.settings.items():
+            kind = value.WhichOneof("parameter_choice")
+            if name == "log_file":
+                changes[name] = value.string_param or "-"  # any log_file setting is refused, as Triton does
+            elif name in ("log_info", "log_warning", "log_error"):
+                if kind != "bool_param":
+                    raise invalid(f"expect boolean for '{name}'")
+                changes[name] = value.bool_param
+            elif name == "log_verbose_level":
+                if kind != "uint32_param":
+                    raise invalid(f"expect int32 for '{name}'")
+                changes[name] = value.uint32_param
+            elif name == "log_format":
+                if kind != "string_param":
+                    raise invalid(f"expect string for '{name}'")
+                changes[name] = value.string_param
+        settings = self.dp.log_settings(changes, http=False)
+        response = pb.LogSettingsResponse()
+        for name, setting in settings.items():
+            if isinstance(setting, bool):
+                response.settings[name].bool_param = setting
+            elif isinstance(setting, int):
+                response.settings[name].uint32_param = setting
+            else:
+                response.settings[name].string_param = setting
+        return response
+
+    def TraceSetting(self, request: Any) -> Any:
+        """Triton's trace extension, server-wide or for `model_name`; no value clears a setting."""
+        changes = trace_settings.changes_from_lists({k: list(v.value) for k, v in request.settings.items()})
+        settings = self.dp.trace_setting(request.model_name, changes)
+        response = pb.TraceSettingResponse()
+        for name, setting in settings.items():
+            response.settings[name].value.extend(setting if isinstance(setting, list) else [setting])
+        return response
 
     # ------------------------------------------------------------------ grpc.health.v1.Health
 

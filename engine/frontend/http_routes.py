@@ -5,9 +5,8 @@ events through the connection's `ResponseStream` while that task runs.
 
 Routing splits the path, no routing table. Inference creates no task: the connection's `on_done` becomes
 the data plane's one done-callback, and `_Infer` answers from that future. Errors leave as
-`{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP; endpoints of
-extensions we lack answer 501 (`_UNSERVED`). The connections that call `handle()` are http_connection.py's,
-owned by `HttpApp` (http.py).
+`{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP. The connections
+that call `handle()` are http_connection.py's, owned by `HttpApp` (http.py).
 """
 
 from __future__ import annotations
@@ -15,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import orjson
 
 from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found, unserved_extension
+from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
+from ..tracing import settings as trace_settings
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
 from .generate import MetadataSource, answer_generate
@@ -55,6 +56,7 @@ STATUS = {
 }
 _HEADER_LENGTH_LOWER = HEADER_LENGTH.lower().encode()
 _JSON = b"application/json"
+_UNSAFE_IN_HEADER = re.compile(rb"[^\x20-\x7e]")  # what a request id may not carry into a header
 
 
 class Deferred:
@@ -178,9 +180,6 @@ class HttpRoutes:
         rest = parts[1:]
         if rest and rest[0] in _SHM_KINDS:
             return self._shared_memory(req, rest, path)
-        extension = _unserved(rest)
-        if extension is not None:
-            raise unserved_extension(extension, f"{method.decode()} {path.decode('utf-8', 'replace')}")
         if method in (b"GET", b"HEAD"):
             if not rest or rest == [""]:
                 return _json(self.dp.server_metadata())
@@ -191,6 +190,10 @@ class HttpRoutes:
         if rest and rest[0] == "models" and len(rest) >= 2:
             name, version, action = _model_path(rest[1:], path)
             return self._model_route(req, method, name, version, action, on_done)
+        if rest == ["logging"]:
+            return self._logging(req, method)
+        if rest == ["trace", "setting"]:
+            return self._trace(req, method, "")
         if method == b"POST" and rest and rest[0] == "repository":
             if rest[1:] == ["index"]:
                 return self._index(req)
@@ -203,6 +206,8 @@ class HttpRoutes:
 
     def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str,
                      on_done: OnDone) -> Answer | Pending:
+        if action == "trace/setting":
+            return self._trace(req, method, name)
         if action == "infer":
             if method != b"POST":
                 return _error(405, "infer needs POST")
@@ -237,6 +242,10 @@ class HttpRoutes:
         request = decode_request(name, version, body,
                                  header_length.decode("latin-1") if header_length is not None else None,
                                  self.header_cache)
+        if not request.id:
+            header_id = req.headers.get(b"x-request-id")
+            if header_id:
+                request.id = header_id.decode("latin-1")
         accept = req.headers.get(b"accept-encoding")
         encoding = compression.accepted(accept.decode("latin-1")) if accept else None
         if encoding is None:
@@ -280,6 +289,25 @@ class HttpRoutes:
         self.dp.shm_register(name, doc["key"], doc.get("offset", 0), doc["byte_size"])
         return 200, b"", _JSON, b""
 
+    def _logging(self, req: HttpRequest, method: bytes) -> Answer:
+        """Triton's logging extension: GET reads the settings, POST changes those it names (null: left as
+        is), each checked for its JSON type first."""
+        if method not in (b"GET", b"POST"):
+            return _error(405, "Method Not Allowed")
+        changes = None
+        if method == b"POST":
+            changes = _log_changes(_json_body(req, self.limits.max_body_bytes))
+        return _json(self.dp.log_settings(changes, http=True))
+
+    def _trace(self, req: HttpRequest, method: bytes, model: str) -> Answer:
+        """Triton's trace extension, server-wide (`model` "") or for one model."""
+        if method not in (b"GET", b"POST"):
+            return _error(405, "Method Not Allowed")
+        changes = None
+        if method == b"POST":
+            changes = trace_settings.changes_from_json(_json_body(req, self.limits.max_body_bytes))
+        return _json(self.dp.trace_setting(model, changes))
+
     def _index(self, req: HttpRequest) -> Answer:
         doc = _json_body(req, self.limits.max_body_bytes)
         ready = doc.get("ready", False)
@@ -319,6 +347,29 @@ class HttpRoutes:
 _GENERATE = ("generate", "generate_stream")  # the generate extension (frontend/generate.py)
 
 
+def _log_changes(doc: dict[str, Any]) -> dict[str, Any]:
+    """A logging POST body's settings as Python values; a value of the wrong JSON type is refused."""
+    changes: dict[str, Any] = {}
+    for name, value in doc.items():
+        if value is None:
+            continue
+        if name == "log_file":
+            changes[name] = value
+        elif name in ("log_info", "log_warning", "log_error"):
+            if not isinstance(value, bool):
+                raise invalid(f"expect boolean for '{name}'")
+            changes[name] = value
+        elif name == "log_verbose_level":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise invalid(f"expect unsigned integer for '{name}'")
+            changes[name] = value
+        elif name == "log_format":
+            if not isinstance(value, str):
+                raise invalid(f"expect string for '{name}'")
+            changes[name] = value
+    return changes
+
+
 def _base64(key: str, value: Any) -> bytes:
     """A `file:` load parameter: the file's bytes, base64-encoded in the JSON (Triton's protocol)."""
     try:
@@ -333,6 +384,8 @@ def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:
     version = ""
     if len(rest) >= 2 and rest[0] == "versions":
         version, rest = rest[1], rest[2:]
+    if rest == ["trace", "setting"]:
+        return name, version, "trace/setting"
     if len(rest) > 1:
         raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
     return name, version, rest[0] if rest else ""
@@ -348,33 +401,9 @@ def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
     return compression.decode(encoding.decode("latin-1"), body, limit)
 
 
-# Triton's HTTP endpoints of extensions hubserve does not serve (server src/http_server.cc; docs/protocol/
-# extension_*.md), by first path segment after /v2: each answers 501 naming its extension (as the gRPC
-# RPCs answer UNIMPLEMENTED), not 404 as if it were no endpoint at all.
-_UNSERVED = {"trace": "trace", "logging": "logging"}
+# The shared-memory extensions' endpoints (server src/http_server.cc): /v2/<kind>[/region/<name>]/<action>.
 _SHM_KINDS = ("systemsharedmemory", "cudasharedmemory")
 _SHM_ACTIONS = ("status", "register", "unregister")
-
-
-def _unserved(rest: list[str]) -> str | None:
-    """The extension of an endpoint we don't serve at /v2/<rest>, or None."""
-    if not rest:
-        return None
-    extension = _UNSERVED.get(rest[0])
-    if extension is not None:
-        tail = rest[1:]
-        if extension == "logging":
-            return extension if not tail else None
-        if extension == "trace":
-            return extension if tail == ["setting"] else None
-        return None
-    if rest[0] == "models" and len(rest) >= 3:
-        tail = rest[2:]
-        if len(tail) >= 2 and tail[0] == "versions":
-            tail = tail[2:]
-        if tail == ["trace", "setting"]:
-            return "trace"
-    return None
 
 
 async def _compressed_answer(future: asyncio.Future[InferenceResponse], request: InferenceRequest,
@@ -387,6 +416,8 @@ async def _compressed_answer(future: asyncio.Future[InferenceResponse], request:
     else:
         body = await asyncio.to_thread(compression.encode, encoding, parts)
     content_type, extra = _infer_head(header_length)
+    if request.id:
+        extra += b"X-Request-ID: %s\r\n" % _header_safe(request.id)
     return 200, body, content_type, extra + b"Content-Encoding: %s\r\n" % encoding.encode()
 
 
@@ -394,7 +425,14 @@ def _infer_answer(response: InferenceResponse, request: InferenceRequest) -> Ans
     """An inference's answer, its body as the codec's parts: the tensor bytes are not copied on the way."""
     parts, _, header_length = encode_response_parts(response, request)
     content_type, extra = _infer_head(header_length)
+    if response.id:
+        extra += b"X-Request-ID: %s\r\n" % _header_safe(response.id)
     return 200, parts[0] if len(parts) == 1 else parts, content_type, extra
+
+
+def _header_safe(value: str) -> bytes:
+    """A request id as a header value: control characters (a CR LF would split the head) become '_'."""
+    return _UNSAFE_IN_HEADER.sub(b"_", value.encode("utf-8", "replace"))
 
 
 def _infer_head(header_length: int | None) -> tuple[bytes, bytes]:

@@ -105,7 +105,7 @@ class PythonSequenceBatcher(SequenceBatcher):
         for entry, answer in zip(batch.rows, answers, strict=True):
             if entry is not None:
                 results.append((entry, self._row_result(entry, answer)))
-        self._record(len(results), input_ns, infer_ns, out_start)
+        self._record(results, input_ns, infer_ns, out_start)
         return results
 
     def _row_result(self, entry: Entry, answer: Answer) -> Result:

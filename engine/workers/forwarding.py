@@ -31,7 +31,7 @@ FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "
                   "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
                   "Check", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
                   "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
-                  "CudaSharedMemoryUnregister")
+                  "CudaSharedMemoryUnregister", "LogSettings", "TraceSetting")
 HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports (grpc_handlers.HEALTH_POLL_S)
 
 

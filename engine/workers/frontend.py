@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import logs
 from ..access import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend import wire
@@ -115,8 +116,12 @@ async def serve(spec: dict[str, Any]) -> int:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    logging.basicConfig(level=logging.DEBUG if spec.get("log_verbose", 0) > 0 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    log_spec = spec.get("log")
+    if log_spec is not None:  # the engine's settings at start (the logging extension changes the engine's)
+        logs.configure(**log_spec)
+    else:
+        logging.basicConfig(level=logging.DEBUG if spec.get("log_verbose", 0) > 0 else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     run = asyncio.run
     try:
         import uvloop  # as the engine: a faster loop where installed

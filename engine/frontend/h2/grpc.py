@@ -40,7 +40,7 @@ from .connection import H2Connection
 from .frames import H2Error
 from .grpc_messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
 from .guard import MemoryReturn
-from .headers import RequestHead
+from .headers import RequestHead, literal
 from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
 from .streams import H2Stream, Limits
 
@@ -86,8 +86,8 @@ class Call:
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
     __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
-                 "need", "pending", "remote_done", "request", "reserved", "response_encoding", "rpc",
-                 "start_ns", "stream", "timer", "work")
+                 "need", "pending", "remote_done", "request", "request_id", "reserved", "response_encoding",
+                 "rpc", "start_ns", "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -108,6 +108,7 @@ class Call:
         self.timer: asyncio.TimerHandle | None = None
         self.admission: Admission | None = None  # what the access policy let this call hold
         fields = head.fields
+        self.request_id = fields.get(b"x-request-id")  # a request without an `id` takes it (ModelInfer)
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
@@ -288,7 +289,8 @@ class Call:
         try:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
-                self.work = rpc.handler(message, self.start_ns, self._infer_done)  # its one done-callback
+                # its one done-callback
+                self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id)
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
@@ -306,8 +308,9 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            # its one done-callback, and where a decoupled model's responses before its last go
-            future = self.rpc.handler(message, self._stream_answered, self._stream_partial)
+            # its one done-callback, where a decoupled model's responses before its last go, and the call's
+            # x-request-id
+            future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
@@ -383,7 +386,14 @@ class Call:
         if self.admission is not None:
             self._release_access()
         encoding = self.response_encoding
-        self.conn.send(self.stream, response_head(encoding), frame(parts, size, encoding), OK_TRAILERS)
+        self.conn.send(self.stream, self._head(), frame(parts, size, encoding), OK_TRAILERS)
+
+    def _head(self) -> bytes:
+        """The response headers: cached, plus the client's x-request-id echoed when it sent one."""
+        head = response_head(self.response_encoding)
+        if self.request_id is not None:
+            head += literal(b"x-request-id", self.request_id)
+        return head
 
     def _send_message(self, body: bytes) -> None:
         self._send_message_parts([body], len(body))
@@ -394,7 +404,7 @@ class Call:
             self.finish(S.RESOURCE_EXHAUSTED, f"response message larger than max ({size} vs. "
                                               f"{self.app.max_message_bytes})")
             return
-        head = None if self.headers_sent else response_head(self.response_encoding)
+        head = None if self.headers_sent else self._head()
         self.headers_sent = True
         self.conn.send(self.stream, head, frame(parts, size, self.response_encoding), None)
 

@@ -1,0 +1,78 @@
+"""What happens when an inference is answered, beyond statistics: its access line (engine/logs.py) and, when
+sampled, its spans (engine/tracing/). Called from the batchers' one done-callback (inflight.py), after the
+request is accounted and before the frontend answers.
+
+`STATE.active` is the hot path's one check: False while access lines are off and nothing traces, so a
+request then pays one attribute read here and none of the stamping in the batchers. Only the engine process
+observes (with --workers N the batchers live there), so one process writes every access line and exports
+every span.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import logs
+from .errors import EngineError
+from .tracing.otlp import OtlpExporter
+from .tracing.settings import TraceSettings, TraceValues
+from .types import InferenceRequest
+
+
+@dataclass(slots=True)
+class ObserveState:
+    active: bool = False  # access lines on, or some trace setting traces
+    trace: TraceSettings | None = None
+    exporter: OtlpExporter | None = None
+
+
+STATE = ObserveState()
+
+
+def install_tracing(settings: TraceSettings) -> OtlpExporter:
+    """The engine's trace settings and their exporter (Server.start); the exporter's task is the caller's to
+    start and close."""
+    STATE.trace = settings
+    STATE.exporter = OtlpExporter(settings.exporter)
+    refresh()
+    return STATE.exporter
+
+
+def default_tracing() -> TraceSettings:
+    return TraceSettings(TraceValues())
+
+
+def refresh() -> None:
+    """Called whenever the log or trace settings change."""
+    trace = STATE.trace
+    STATE.active = logs.SETTINGS.access or (trace is not None and trace.active)
+
+
+def status_of(error: BaseException | None, cancelled: bool) -> str:
+    if cancelled:
+        return "CANCELLED"
+    if error is None:
+        return "OK"
+    return error.code.name if isinstance(error, EngineError) else "INTERNAL"
+
+
+def finished(model: str, version: str, request: InferenceRequest, error: BaseException | None,
+             cancelled: bool, received_ns: int, end_ns: int) -> None:
+    """One answered request (`error` None on success): its spans if sampled, its access line if on. A request
+    without an id gets one here only if a line or a span will carry it."""
+    request_id = request.id
+    trace = STATE.trace
+    if trace is not None and trace.active and trace.sample(model) and STATE.exporter is not None:
+        if not request_id:
+            request_id = request.id = logs.new_request_id()
+        message = "" if error is None and not cancelled else ("cancelled" if cancelled else str(error))
+        STATE.exporter.add((model, version, request_id, message, received_ns, request.queued_ns,
+                            request.dispatched_ns, request.computed_ns, end_ns))
+    if logs.SETTINGS.access:
+        if not request_id:
+            request_id = request.id = logs.new_request_id()
+        dispatched = request.dispatched_ns
+        queue_ns = dispatched - request.queued_ns if dispatched else 0
+        compute_ns = request.computed_ns - dispatched if request.computed_ns else 0
+        logs.access_line(model, version, request_id, status_of(error, cancelled), queue_ns, compute_ns,
+                         end_ns - received_ns, request.executed_batch)
