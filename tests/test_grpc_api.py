@@ -383,15 +383,3 @@ def test_concurrent_sync_clients_from_threads(server):
     for t in threads:
         t.join(60)
     assert not errors, errors
-
-
-# --------------------------------------------------------------------------------------------- unimplemented
-
-def test_unimplemented_rpc(client):
-    with pytest.raises(InferenceServerException) as e:
-        client.get_trace_settings()
-    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
-    assert "hubserve does not implement" in e.value.message()
-    with pytest.raises(InferenceServerException) as e:
-        client.get_log_settings()
-    assert e.value.status() == "StatusCode.UNIMPLEMENTED"
