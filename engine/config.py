@@ -111,12 +111,29 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
         data["parameters"] = {
             k: v if isinstance(v, dict) else {"string_value": str(v)} for k, v in params.items()
         }
+    _check_field_names(data, where)
     try:
         json_format.ParseDict(data, msg)
     except json_format.ParseError as e:
         raise invalid(f"{where}: {e}") from None
     for key, value in extra.items():
         msg.parameters[key].string_value = str(value)
+
+
+def _check_field_names(data: Any, where: str) -> None:
+    """Every key of the document must be text protobuf can look up: a lone surrogate (YAML's `"\\ud800"`
+    escape) makes its field lookup fail with SystemError, not ParseError. Values are checked by protobuf."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(key, str) and not key.isascii():
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise invalid(f"{where}: field name {key!r} is not valid Unicode text") from None
+            _check_field_names(value, where)
+    elif isinstance(data, list):
+        for item in data:
+            _check_field_names(item, where)
 
 
 # --------------------------------------------------------------------------------------------- 2. complete

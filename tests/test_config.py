@@ -567,3 +567,12 @@ def test_example_simple_uses_the_triton_platform_spelling() -> None:
     assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert [s.name for s in config.inputs] == ["INPUT0", "INPUT1"]
     assert all(s.datatype is DataType.INT32 and s.dims == (16,) for s in config.inputs + config.outputs)
+
+
+@pytest.mark.parametrize("text", ['"\\ud800": 1', 'input: [{"\\udc00": 1}]'], ids=["top level", "nested"])
+def test_yaml_field_names_that_are_not_unicode_text_are_refused(text: str) -> None:
+    """Found by tests/test_fuzz.py: a lone surrogate in a field name (YAML's escape gives one) made
+    protobuf's field lookup raise SystemError, which no caller expects."""
+    with pytest.raises(EngineError) as info:
+        cfg.parse_yaml(text, pb.ModelConfig())
+    assert info.value.code is ErrorCode.INVALID_ARG and "not valid Unicode text" in info.value.message
