@@ -576,3 +576,13 @@ def test_yaml_field_names_that_are_not_unicode_text_are_refused(text: str) -> No
     with pytest.raises(EngineError) as info:
         cfg.parse_yaml(text, pb.ModelConfig())
     assert info.value.code is ErrorCode.INVALID_ARG and "not valid Unicode text" in info.value.message
+
+
+def test_a_model_folder_whose_yaml_has_such_a_field_name_is_refused_not_raised(tmp_path: Path) -> None:
+    """The same through the repository's reader: before, the SystemError escaped the start-up scan and the
+    server exited."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.yaml").write_text('backend: identity\n"\\ud800": 1\n')
+    with pytest.raises(EngineError) as info:
+        cfg.read_config_proto(tmp_path / "m")
+    assert info.value.message == "m/config.yaml: field name '\\ud800' is not valid Unicode text"
