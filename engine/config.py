@@ -111,7 +111,7 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
         data["parameters"] = {
             k: v if isinstance(v, dict) else {"string_value": str(v)} for k, v in params.items()
         }
-    _check_field_names(data, where)
+    _check_text(data, where)
     try:
         json_format.ParseDict(data, msg)
     except json_format.ParseError as e:
@@ -120,20 +120,23 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
         msg.parameters[key].string_value = str(value)
 
 
-def _check_field_names(data: Any, where: str) -> None:
-    """Every key of the document must be text protobuf can look up: a lone surrogate (YAML's `"\\ud800"`
-    escape) makes its field lookup fail with SystemError, not ParseError. Values are checked by protobuf."""
-    if isinstance(data, dict):
+def _check_text(data: Any, where: str) -> None:
+    """Every string of the document must be Unicode text protobuf can encode: a lone surrogate (YAML's
+    `"\\ud800"` escape) in a field name, or in a list where a message belongs (whose items protobuf then
+    reads as field names), makes its field lookup fail with SystemError, not ParseError."""
+    if isinstance(data, str):
+        if not data.isascii():
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(f"{where}: {data!r} is not valid Unicode text") from None
+    elif isinstance(data, dict):
         for key, value in data.items():
-            if isinstance(key, str) and not key.isascii():
-                try:
-                    key.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise invalid(f"{where}: field name {key!r} is not valid Unicode text") from None
-            _check_field_names(value, where)
+            _check_text(key, where)
+            _check_text(value, where)
     elif isinstance(data, list):
         for item in data:
-            _check_field_names(item, where)
+            _check_text(item, where)
 
 
 # --------------------------------------------------------------------------------------------- 2. complete
