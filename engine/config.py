@@ -111,12 +111,32 @@ def parse_dict(data: dict[str, Any], msg: pb.ModelConfig, where: str) -> None:
         data["parameters"] = {
             k: v if isinstance(v, dict) else {"string_value": str(v)} for k, v in params.items()
         }
+    _check_text(data, where)
     try:
         json_format.ParseDict(data, msg)
     except json_format.ParseError as e:
         raise invalid(f"{where}: {e}") from None
     for key, value in extra.items():
         msg.parameters[key].string_value = str(value)
+
+
+def _check_text(data: Any, where: str) -> None:
+    """Every string of the document must be Unicode text protobuf can encode: a lone surrogate (YAML's
+    `"\\ud800"` escape) in a field name, or in a list where a message belongs (whose items protobuf then
+    reads as field names), makes its field lookup fail with SystemError, not ParseError."""
+    if isinstance(data, str):
+        if not data.isascii():
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError:
+                raise invalid(f"{where}: {data!r} is not valid Unicode text") from None
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            _check_text(key, where)
+            _check_text(value, where)
+    elif isinstance(data, list):
+        for item in data:
+            _check_text(item, where)
 
 
 # --------------------------------------------------------------------------------------------- 2. complete

@@ -87,3 +87,12 @@ def client(request: pytest.FixtureRequest, server):
     c.module = module
     yield c
     c.close()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """One line per suite that counts its cases (tests/case_counts.py), e.g. "fuzz: 1200 cases tried", so
+    CI's log says how much each suite tried, with or without `-s`."""
+    from case_counts import COUNTS
+
+    for suite, n in sorted(COUNTS.items()):
+        terminalreporter.write_line(f"{suite}: {n} cases tried")

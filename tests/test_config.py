@@ -569,3 +569,25 @@ def test_example_simple_uses_the_triton_platform_spelling() -> None:
     assert (config.platform, config.backend) == ("onnxruntime_onnx", "onnxruntime")
     assert [s.name for s in config.inputs] == ["INPUT0", "INPUT1"]
     assert all(s.datatype is DataType.INT32 and s.dims == (16,) for s in config.inputs + config.outputs)
+
+
+@pytest.mark.parametrize("text", ['"\\ud800": 1', 'input: [{"\\udc00": 1}]',
+                                  'version_policy: ["\\ud800\\udc00"]'],
+                         ids=["top level", "nested", "a list for a message"])
+def test_yaml_field_names_that_are_not_unicode_text_are_refused(text: str) -> None:
+    """Found by tests/test_fuzz.py: a lone surrogate in a field name (YAML's escape gives one; protobuf also
+    reads the items of a list given for a message as names) made protobuf's field lookup raise SystemError,
+    which no caller expects."""
+    with pytest.raises(EngineError) as info:
+        cfg.parse_yaml(text, pb.ModelConfig())
+    assert info.value.code is ErrorCode.INVALID_ARG and "not valid Unicode text" in info.value.message
+
+
+def test_a_model_folder_whose_yaml_has_such_a_field_name_is_refused_not_raised(tmp_path: Path) -> None:
+    """The same through the repository's reader: before, the SystemError escaped the start-up scan and the
+    server exited."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.yaml").write_text('backend: identity\n"\\ud800": 1\n')
+    with pytest.raises(EngineError) as info:
+        cfg.read_config_proto(tmp_path / "m")
+    assert info.value.message == "m/config.yaml: '\\ud800' is not valid Unicode text"

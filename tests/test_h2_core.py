@@ -574,6 +574,40 @@ def test_an_idle_connection_gets_goaway_no_error():
     assert peer.closed == (False, None, "")
 
 
+@pytest.mark.parametrize("split", ["in one frame", "across CONTINUATIONs"])
+def test_a_header_block_trickled_past_the_client_timeout_ends_the_connection(split):
+    """Slowloris over HTTP/2: one byte of a header block per second keeps reads coming (no stall) and opens
+    no stream (not busy), so only the block's own deadline ends it; a block that completes in time resets
+    the count, and a slow body does not count (only its pauses do)."""
+    peer = server(Limits(client_timeout_secs=5))
+    block = request_block()
+    wire = (frame(HEADERS, END_HEADERS | END_STREAM, 1, block) if split == "in one frame" else
+            frame(HEADERS, END_STREAM, 1, block[:3]) + b"".join(
+                frame(CONTINUATION, END_HEADERS if i + 1 >= len(block) else 0, 1, block[i:i + 1])
+                for i in range(3, len(block))))
+    for second in range(12):
+        peer.core.receive(wire[second:second + 1])
+        peer.core.tick(float(second))
+        if peer.closed is not None:
+            break
+    assert 1 not in peer.handlers
+    assert second == 3 + 5  # the frame's type is known from its 4th byte; then 5 s
+    assert goaway_code(peer.frames()) == H2Error.NO_ERROR
+    assert peer.closed is not None and "header block not complete" in peer.closed[2]
+
+
+def test_header_blocks_that_complete_in_time_do_not_add_up():
+    peer = server(Limits(client_timeout_secs=5))
+    for second in range(20):  # a new request head every second, each half there at the tick
+        sid = 2 * second + 1
+        wire = frame(HEADERS, END_HEADERS | END_STREAM, sid, request_block())
+        peer.core.receive(wire[:5])
+        peer.core.tick(float(second))
+        peer.core.receive(wire[5:])
+        answer_at_once(peer, peer.streams[sid], None)
+    assert peer.closed is None and len(peer.handlers) == 20
+
+
 def test_answers_left_unread_end_the_connection():
     peer = server(Limits(client_timeout_secs=5), initial_window=0)
     peer.core.receive(ENDED)

@@ -102,6 +102,17 @@ def test_a_partial_frame_without_reads_stalls():
         assert clock_check(clock, float(second), partial_frame=True, reads=second, busy=True) is None
 
 
+def test_a_header_block_must_complete_within_the_client_timeout():
+    clock = ConnectionClock(client_timeout_secs=5, idle_timeout_secs=300, now=0.0)
+    for second in range(1, 6):  # reads keep coming, but the same block is still arriving
+        assert clock_check(clock, float(second), heading=True, reads=second, partial_frame=True) is None
+    assert clock_check(clock, 6.0, heading=True, reads=6, partial_frame=True) is Expiry.HEAD
+    clock = ConnectionClock(client_timeout_secs=5, idle_timeout_secs=300, now=0.0)
+    for second in range(1, 20):  # a block in progress at every check, but a different one each time
+        assert clock_check(clock, float(second), heading=True, heads=second, reads=second) is None
+    assert clock_check(clock, 20.0, heading=False, heads=19) is None
+
+
 def test_answers_waiting_without_progress_are_unread():
     clock = ConnectionClock(client_timeout_secs=5, idle_timeout_secs=300, now=0.0)
     assert clock_check(clock, 1.0, busy=True, waiting=True, buffered=1000) is None

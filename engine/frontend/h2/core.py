@@ -85,6 +85,7 @@ class H2Core(Control, Lifecycle):
         self._guard = FloodGuard(limits, now)
         self._clock = ConnectionClock(limits.client_timeout_secs, limits.idle_timeout_secs, now)
         self._reads = 0  # receive calls, for the timeouts
+        self._heads = 0  # header blocks completed, for the timeouts
         self._opened = False  # a stream opened since the last tick
         self._closed_at: float | None = None  # first tick after we closed, for a close that never completes
         self._shutting_down = False
@@ -314,6 +315,7 @@ class H2Core(Control, Lifecycle):
             self._field_block(stream_id, head_flags, block)
 
     def _field_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        self._heads += 1
         try:
             head = self._decoder.decode(block)  # always, to keep HPACK state in step (§4.3)
         except hpack.HPACKError as e:

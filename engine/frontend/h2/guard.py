@@ -89,6 +89,7 @@ class Expiry(enum.Enum):
     PREFACE = "no client preface and SETTINGS within the client timeout"
     IDLE = "no request for the idle timeout"
     STALLED = "a frame left incomplete for the client timeout"
+    HEAD = "a request's header block not complete within the client timeout"
     UNREAD = "answers left unread for the client timeout"
 
 
@@ -97,8 +98,8 @@ class ConnectionClock:
     the connection only keeps counters, and `check` compares them with what it saw last time). A timeout of
     0 or less is off."""
 
-    __slots__ = ("_buffered", "_busy_at", "_client", "_drains", "_idle", "_read_at", "_reads", "_started",
-                 "_waiting_since")
+    __slots__ = ("_buffered", "_busy_at", "_client", "_drains", "_heading_since", "_heads", "_idle",
+                 "_read_at", "_reads", "_started", "_waiting_since")
 
     def __init__(self, client_timeout_secs: float, idle_timeout_secs: float, now: float) -> None:
         self._client = client_timeout_secs if client_timeout_secs > 0 else float("inf")
@@ -108,15 +109,31 @@ class ConnectionClock:
         self._drains = 0
         self._buffered = 0
         self._waiting_since: float | None = None
+        self._heads = 0
+        self._heading_since: float | None = None
 
     def check(self, now: float, *, handshaken: bool, busy: bool, reads: int, partial_frame: bool,
-              waiting: bool, drains: int, buffered: int) -> Expiry | None:
+              waiting: bool, drains: int, buffered: int, heading: bool = False, heads: int = 0
+              ) -> Expiry | None:
         """`handshaken`: preface and first SETTINGS received; `busy`: a stream is open or was opened since
         the last check; `reads`: data_received calls so far; `partial_frame`: part of a frame is buffered;
         `waiting`: answers wait for the peer (a paused transport or a flow-control window); `drains`: times
-        waiting answers moved so far; `buffered`: bytes in the transport's write buffer."""
+        waiting answers moved so far; `buffered`: bytes in the transport's write buffer; `heading`: a header
+        block is arriving (a HEADERS or CONTINUATION frame in part, or a block awaiting its END_HEADERS);
+        `heads`: header blocks completed so far.
+
+        A header block is a request's head: like an HTTP/1.1 head it must arrive whole within the client
+        timeout, however steadily its bytes trickle (a slowloris sends one byte at a time, which keeps
+        `reads` moving and so never stalls). Bodies are timed as in HTTP/1.1: only a pause ends them."""
         if not handshaken:
             return Expiry.PREFACE if now - self._started >= self._client else None
+        if not heading or heads != self._heads:
+            self._heads = heads
+            self._heading_since = now if heading else None
+        elif self._heading_since is None:
+            self._heading_since = now
+        elif now - self._heading_since >= self._client:
+            return Expiry.HEAD
         if busy:
             self._busy_at = now
         elif now - self._busy_at >= self._idle:

@@ -41,6 +41,7 @@ class Lifecycle:
     _preface_done: bool
     _expect_settings: bool
     _reads: int
+    _heads: int
     _opened: bool
     _handlers: tuple[Any, ...]
 
@@ -89,7 +90,10 @@ class Lifecycle:
         expiry = self._clock.check(
             now, handshaken=self._preface_done and not self._expect_settings,
             busy=self._opened or bool(self._streams), reads=self._reads, partial_frame=bool(self._buffer),
-            waiting=out.paused or bool(out.blocked), drains=out.drains, buffered=buffered)
+            waiting=out.paused or bool(out.blocked), drains=out.drains, buffered=buffered,
+            heading=bool(self._block.stream_id) or (len(self._buffer) > 3
+                                                    and self._buffer[3] in (f.HEADERS, f.CONTINUATION)),
+            heads=self._heads)
         self._opened = False
         if expiry is Expiry.PREFACE:  # nothing of HTTP/2 spoken yet: no GOAWAY (§3.4)
             self._mark_closed()
