@@ -33,7 +33,8 @@ perf-analyzer: install
 WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_completion.py tests/test_parity.py \
 	tests/test_perf_analyzer.py tests/test_sequence_batcher.py tests/test_ensemble.py tests/test_classification.py \
 	tests/test_python_sequence.py tests/test_sequence_clients.py tests/test_decoupled.py tests/test_client_shm.py \
-	tests/test_access_server.py tests/test_canary.py tests/test_openai_api.py tests/test_openai_errors.py
+	tests/test_access_server.py tests/test_canary.py tests/test_openai_api.py tests/test_openai_errors.py \
+	tests/test_observability.py tests/test_abuse.py tests/test_faults.py
 
 test: models perf-analyzer
 	$(PY) -m pytest -q tests
