@@ -46,6 +46,23 @@ def test_a_frame_that_is_not_one_is_refused() -> None:
         FrameReader().feed(HEAD.pack(3, 3) + b"\x00\x01\x02")  # not a pickle
 
 
+def test_a_declared_size_costs_only_the_bytes_that_arrive() -> None:
+    """A head declaring 1 GiB, then a little of it: the reader holds what came, not the 1 GiB declared (a
+    broken or hostile peer, a Python model's process, must not make the engine allocate at its word)."""
+    import tracemalloc
+
+    reader = FrameReader()
+    tracemalloc.start()
+    try:
+        assert reader.feed(HEAD.pack(1 << 30, 10) + b"x" * 1000) == []
+        for _ in range(100):
+            assert reader.feed(b"y" * 1000) == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
 class _Gadget:
     def __reduce__(self) -> tuple:
         return (os.getpid, ())  # what a hostile pickle does: call something on the reader's side

@@ -78,11 +78,14 @@ class FrameReader:
     where `inline` is a memoryview of the frame's inline bytes (valid as long as anything references it).
     Raises FrameError for a broken frame; the stream is then out of step and the channel must close."""
 
-    __slots__ = ("_buf", "_filled", "_in_head")
+    __slots__ = ("_buf", "_in_head", "_want")
 
     def __init__(self) -> None:
-        self._buf: bytearray | None = None  # a frame being collected: its head, then head + payload in full
-        self._filled = 0
+        # A frame being collected: its head, then head + payload. It grows with the bytes that arrive, never
+        # to the size a head declares before they do: a broken or hostile peer declaring 1 GiB costs only
+        # what it really sends.
+        self._buf: bytearray | None = None
+        self._want = 0  # the bytes `_buf` must reach
         self._in_head = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[tuple[Any, memoryview]]:
@@ -98,26 +101,20 @@ class FrameReader:
                         frames.append(parse_frame(view, pos))
                         pos += HEAD.size + size
                         continue
-                    buf = self._buf = bytearray(HEAD.size + size)
-                    self._in_head = False
+                    self._want, self._in_head = HEAD.size + size, False
                 else:
-                    buf = self._buf = bytearray(HEAD.size)
-                    self._in_head = True
-                self._filled = 0
-            take = min(len(buf) - self._filled, end - pos)
-            buf[self._filled:self._filled + take] = view[pos:pos + take]
-            self._filled += take
+                    self._want, self._in_head = HEAD.size, True
+                buf = self._buf = bytearray()
+            take = min(self._want - len(buf), end - pos)
+            buf += view[pos:pos + take]
             pos += take
-            if self._filled < len(buf):
+            if len(buf) < self._want:
                 break
-            if self._in_head:  # the head is complete: collect head + payload in one buffer of full size
+            if self._in_head:  # the head is complete: go on collecting its payload in the same buffer
                 size, _ = HEAD.unpack_from(buf)
-                whole = bytearray(HEAD.size + size)
-                whole[:HEAD.size] = buf
-                self._buf, self._in_head = whole, False
+                self._want, self._in_head = HEAD.size + size, False
                 if size:
                     continue
-                buf = whole
             self._buf = None
             frames.append(parse_frame(memoryview(buf), 0))
         return frames
