@@ -31,7 +31,7 @@ from tritonclient.utils import (
 )
 
 from conftest import start_server
-from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer_settled
 
 FLAG = "--allow-client-shm"
 
@@ -337,7 +337,7 @@ def test_perf_analyzer_shared_memory_system(shm_server, protocol):
         pytest.fail("perf_analyzer is not installed: run `make perf-analyzer`", pytrace=False)
     url = shm_server.grpc_url if protocol == "grpc" else shm_server.http_url
     extra = ("--concurrency-range", "2", "--shared-memory", "system", "--stability-percentage", "100")
-    result = run_perf_analyzer("simple", url, protocol, *extra, timeout_s=90)
+    result = run_perf_analyzer_settled("simple", url, protocol, *extra, timeout_s=90)
     assert result.returncode == 0, f"command: {' '.join(result.command)}\n{result.output}"
     assert result.throughput > 0, result.output
 

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 import ensemble_repository as repo
 from conftest import start_server
-from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer_settled
 
 CLIENTS = (httpclient, grpcclient)
 
@@ -307,7 +307,7 @@ def test_unload_dependents_must_be_a_boolean(server) -> None:
 def test_perf_analyzer_measures_an_ensemble(server, http, protocol: str) -> None:
     http.load_model("diamond")
     url = server.grpc_url if protocol == "grpc" else server.http_url
-    result = run_perf_analyzer("diamond", url, protocol, "--concurrency-range", "2")
+    result = run_perf_analyzer_settled("diamond", url, protocol, "--concurrency-range", "2")
     assert result.ok, result.output
     assert result.throughput > 0
     assert "Composing models" in result.output and "simple" in result.output, result.output

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import (
+    PERF_ANALYZER,
+    perf_analyzer_available,
+    run_perf_analyzer_settled,
+)
 
 MODEL = "simple"
 CONCURRENCY = "2"
@@ -31,12 +35,7 @@ def test_perf_analyzer_measures_simple(server, protocol: str, mode: str) -> None
         extra.append("--async")
     elif mode == "batch2":
         extra += ["-b", "2"]
-    result = run_perf_analyzer(MODEL, url, protocol, *extra, timeout_s=60)
-    if result.returncode == 2:
-        # Exit 2 is "no stable measurement": the shared machine's noise, not our protocol (that is 99).
-        # One rerun with a looser stability rule; any protocol problem still fails it.
-        result = run_perf_analyzer(MODEL, url, protocol, *extra, "--stability-percentage", "100",
-                                   "--max-trials", "20", timeout_s=90)
+    result = run_perf_analyzer_settled(MODEL, url, protocol, *extra, timeout_s=60)
     if not result.ok or result.throughput <= 0:
         print(" ".join(result.command))
         print(result.output)
