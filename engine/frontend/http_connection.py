@@ -42,8 +42,8 @@ import httptools
 import orjson
 
 from ..access import HTTP_STATUS, Refusal, RefusalKind
-from .admission import client_of, close_refused
 from .api_groups import http_group
+from .connections import client_of, close_refused
 from .http_types import Answer, HttpRequest, Pending, Streaming
 from .sse import LAST_CHUNK, chunk
 
@@ -84,7 +84,7 @@ class HttpProtocol(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
-        self._admitted: str | None = None  # the client address the admission counted this connection under
+        self._admitted: str | None = None  # the client address the counter counted this connection under
         self._current: HttpRequest | None = None  # being parsed
         self._in_head = False  # between the first byte of a request and its headers' end
         self._in_body = False  # between the headers' end and the message's end
@@ -121,16 +121,16 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"
-        admission = self._owner.admission
-        if admission is not None:
+        counter = self._owner.counter
+        if counter is not None:
             client = client_of(peer)
-            refused = admission.admit(client)
+            refused = counter.admit(client)
             if refused:  # answered and closed at once: a refused connection holds nothing while it lingers
                 log.warning("HTTP %s: refused: %s", self._peer, refused)
                 self._done = True
                 self._parser = None
                 transport.write(_refusal(refused))  # type: ignore[attr-defined]
-                close_refused(transport, admission)
+                close_refused(transport, counter)
                 return
             self._admitted = client
         self._owner.connections.add(self)
@@ -138,8 +138,8 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
         self._owner.connections.discard(self)
-        if self._admitted is not None and self._owner.admission is not None:
-            self._owner.admission.release(self._admitted)
+        if self._admitted is not None and self._owner.counter is not None:
+            self._owner.counter.release(self._admitted)
             self._admitted = None
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
