@@ -110,8 +110,11 @@ def _metric(server: RunningServer, name: str) -> float:
     return server.metric(name, MODEL)
 
 
-def test_an_http10_client_gets_a_close_delimited_chat_stream(server: RunningServer):
-    sock = _request(server, "/v1/chat/completions", _chat(12), version=b"HTTP/1.0")
+@pytest.mark.parametrize("connection", [b"", b"Connection: keep-alive\r\n"], ids=["plain", "keep-alive"])
+def test_an_http10_client_gets_a_close_delimited_chat_stream(server: RunningServer, connection: bytes):
+    """HTTP/1.0 has no chunks (RFC 9112 §7.1): even one that asked to keep the connection gets the stream
+    close-delimited, and the connection closed after it."""
+    sock = _request(server, "/v1/chat/completions", _chat(12), version=b"HTTP/1.0", extra=connection)
     got = b""
     while piece := sock.recv(65536):  # the body ends with our FIN
         got += piece

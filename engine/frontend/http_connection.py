@@ -234,6 +234,8 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(431, self._head_too_large())
         req.method = parser.get_method()
         req.keep_alive = parser.should_keep_alive()
+        if req.keep_alive and b"connection" in req.headers:  # HTTP/1.0 keeps alive only when it asks
+            req.http10 = parser.get_http_version() == "1.0"
         length = req.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
             self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
@@ -377,11 +379,12 @@ class HttpProtocol(asyncio.Protocol):
 
     def start(self, status: int, content_type: bytes, extra: bytes = b"") -> None:
         """The head of the in-flight request's streamed answer, once. Chunked when the connection stays open
-        after it; close-delimited (no length, no chunks: the body ends at our FIN) when it does not."""
+        after it; close-delimited (no length, no chunks: the body ends at our FIN) when it does not, and
+        for an HTTP/1.0 client, which may not understand chunks."""
         req, transport = self._inflight_req, self._transport
         if req is None or transport is None or self._streamed is not None:
             return
-        keep = self._keep(req)
+        keep = self._keep(req) and not req.http10
         self._streamed, self._streamed_keep = keep, keep  # chunked only when the connection stays open
         framing = b"Transfer-Encoding: chunked\r\n" if keep else b"Connection: close\r\n"
         transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s\r\n" % (

@@ -54,10 +54,12 @@ class HttpRequest:
     """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
     is the connection's, set when the request is dispatched. `admission` is what the access policy
     (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
-    body is then discarded as it arrives, and it is answered in its turn without being routed)."""
+    body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
+    an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
+    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header."""
 
-    __slots__ = ("admission", "body", "headers", "keep_alive", "method", "refusal", "start_ns", "stream",
-                 "url")
+    __slots__ = ("admission", "body", "headers", "http10", "keep_alive", "method", "refusal", "start_ns",
+                 "stream", "url")
 
     def __init__(self) -> None:
         self.method = b""
@@ -65,6 +67,7 @@ class HttpRequest:
         self.headers: dict[bytes, bytes] = {}
         self.body: bytes | bytearray = b""
         self.keep_alive = True
+        self.http10 = False
         self.admission: Admission | None = None
         self.refusal: Refusal | None = None
         self.start_ns = time.perf_counter_ns()
