@@ -20,8 +20,8 @@ A streamed answer (generate_stream, the OpenAI API's server-sent events; http_ty
 one way a route streams) goes out as it is produced, through the connection's `start`, `send` and `drain`,
 while the request is in flight; it ends when the request's future resolves (`_end_stream`), and only then is
 the request's admission released. It is chunked (RFC 9112 §7.1) when the connection stays open; to a client
-that asked for `Connection: close` (every HTTP/1.0 client without keep-alive) it is close-delimited instead
-(§6.3), which needs no chunked decoding.
+that asked for `Connection: close`, and to every HTTP/1.0 client (chunks are HTTP/1.1's), it is
+close-delimited instead (§6.3), which needs no chunked decoding.
 - get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
   with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
   discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
