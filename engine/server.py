@@ -22,7 +22,7 @@ from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend import wire
-from .frontend.admission import ConnectionCounter, ConnectionLimits
+from .frontend.connections import ConnectionCounter, ConnectionLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
 from .frontend.http_routes import HttpRoutes
@@ -83,7 +83,7 @@ class ServerOptions:
     canary_interval_secs: float = 10.0  # a synthetic inference per instance this often (canary.py); 0: off
     canary_timeout_secs: float = 5.0  # a canary unanswered this long fails, and the version is not ready
     # What one request may hold (frontend/wire.py TensorLimits) and how many connections the server takes
-    # (frontend/admission.py); 0 = no limit for the connection counts.
+    # (frontend/connections.py); 0 = no limit for the connection counts.
     max_tensor_elements: int = 1 << 31
     max_bytes_element_bytes: int = 16 << 20
     max_json_depth: int = 32
@@ -195,11 +195,11 @@ class Server:
         """One process: HTTP and gRPC served here."""
         opts = self.options
         handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
-        admission = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
+        counter = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
         http_access, grpc_access = policies(opts.access())
         limits = self._http_limits()
         routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai))
-        self._http = http_frontend.HttpApp(self.dataplane, limits, routes, admission=admission,
+        self._http = http_frontend.HttpApp(self.dataplane, limits, routes, counter=counter,
                                            access=http_access)
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
@@ -209,7 +209,7 @@ class Server:
         grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
                                   ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
-                                  admission=admission, access=grpc_access)
+                                  counter=counter, access=grpc_access)
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 

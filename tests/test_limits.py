@@ -1,6 +1,6 @@
 """Limits that hold, each configurable and each with a clear error in its protocol's form: JSON nesting depth,
 elements per tensor, BYTES element size, HTTP/2 concurrent streams, connections in all and per client address
-(engine/frontend/wire.py TensorLimits, engine/frontend/admission.py).
+(engine/frontend/wire.py TensorLimits, engine/frontend/connections.py).
 
 One server with every limit set low, driven with tritonclient over both protocols and raw sockets; after
 each refusal the server answers a correct inference. The connection limits are counted exactly with one
@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import build_test_repository, start_server
-from engine.frontend.admission import ConnectionCounter, ConnectionLimits
+from engine.frontend.connections import ConnectionCounter, ConnectionLimits
 from h2_client import RawClient
 
 LOW = ("--max-json-depth", "6", "--max-tensor-elements", "1000", "--max-bytes-element-size", "1024",

@@ -189,9 +189,10 @@ def test_duplicate_request_ids_in_flight_are_409_and_leave_the_running_one_alone
     status, doc, _ = call(server, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2},
                           headers={"X-Request-ID": "same"})
     assert_error(status, doc, 409, None, "request_id_in_use")
-    while not got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):
-        piece = sock.recv(65536)
-        assert piece, got[-300:]
+    # Connection: close: the stream is close-delimited (RFC 9112 §6.3), it ends with our FIN
+    while piece := sock.recv(65536):
         got += piece
+    assert got.endswith(b"data: [DONE]\n\n") and b"Transfer-Encoding" not in got.split(b"\r\n\r\n")[0], \
+        got[-300:]
     sock.close()
     assert b'"finish_reason":"length"' in got

@@ -51,10 +51,11 @@ def test_unload_lets_the_stream_finish_then_refuses_and_a_load_serves_again(serv
     assert post(server, f"/v2/repository/models/{MODEL}/unload", {})[0] == 200
     status, doc = post(server, "/v1/chat/completions", chat())
     assert status in (404, 503) and doc["error"]["param"] == "model", doc
-    while not got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):  # the stream in flight runs to its end
-        piece = sock.recv(65536)
-        assert piece, got[-300:]
+    # the stream in flight runs to its end (Connection: close: close-delimited, RFC 9112 §6.3)
+    while piece := sock.recv(65536):
         got += piece
+    assert got.endswith(b"data: [DONE]\n\n") and b"Transfer-Encoding" not in got.split(b"\r\n\r\n")[0], \
+        got[-300:]
     sock.close()
     events = [json.loads(line[6:]) for line in got.split(b"\n") if line.startswith(b"data: {")]
     finished = [c for e in events for c in e["choices"] if c["finish_reason"]]

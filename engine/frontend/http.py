@@ -26,7 +26,7 @@ from typing import Protocol
 from ..access import AccessPolicy
 from ..dataplane import DataPlane
 from ..memory import release_freed_memory
-from .admission import ConnectionCounter
+from .connections import ConnectionCounter
 from .http_connection import HttpProtocol
 from .http_routes import HttpRoutes
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
@@ -46,13 +46,13 @@ class HttpApp:
     connections, their sweeper and the release of freed request memory."""
 
     def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None,
-                 admission: ConnectionCounter | None = None, access: AccessPolicy | None = None) -> None:
+                 counter: ConnectionCounter | None = None, access: AccessPolicy | None = None) -> None:
         """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `admission`
-        counts the process's connections against its limits (admission.py; shared with gRPC). `access`,
+        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `counter`
+        counts the process's connections against its limits (connections.py; shared with gRPC). `access`,
         when keys, restrictions or a byte budget are configured, is asked by each connection about each
         request before its body is read (engine/access.py)."""
-        self.admission = admission
+        self.counter = counter
         self.routes: Routes = routes or HttpRoutes(dataplane, limits)
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits

@@ -13,12 +13,15 @@ What one client cannot do through it (the limits are `HttpLimits`):
   (408); answers left unread that long abort the connection; `idle_timeout_secs` with nothing in flight closes
   it. The owner's one sweeper calls `sweep()`: no timer per request;
 - pile up pipelined requests: with one in flight and another complete one waiting, reading pauses;
-- buffer a streamed answer (generate_stream) it does not read: the route awaits `drain()` after each piece,
-  which waits while the transport is paused.
+- buffer a streamed answer it does not read: the route awaits `drain()` after each piece, which waits while
+  the transport is paused (and one that stops reading is dropped after `client_timeout_secs`).
 
-A streamed answer goes out as it is produced, through the connection's `ResponseStream` methods (`start`,
-`send`, `drain`), chunked (RFC 9112 §7.1); to a client that asked for `Connection: close` (every HTTP/1.0
-client without keep-alive) it is close-delimited instead, which needs no chunked decoding.
+A streamed answer (generate_stream, the OpenAI API's server-sent events; http_types.py `ResponseStream`, the
+one way a route streams) goes out as it is produced, through the connection's `start`, `send` and `drain`,
+while the request is in flight; it ends when the request's future resolves (`_end_stream`), and only then is
+the request's admission released. It is chunked (RFC 9112 §7.1) when the connection stays open; to a client
+that asked for `Connection: close`, and to every HTTP/1.0 client (chunks are HTTP/1.1's), it is
+close-delimited instead (§6.3), which needs no chunked decoding.
 - get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
   with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
   discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
@@ -42,9 +45,9 @@ import httptools
 import orjson
 
 from ..access import HTTP_STATUS, Refusal, RefusalKind
-from .admission import client_of, close_refused
 from .api_groups import http_group
-from .http_types import Answer, HttpRequest, Pending, Streaming
+from .connections import client_of, close_refused
+from .http_types import Answer, HttpRequest, Pending
 from .sse import LAST_CHUNK, chunk
 
 if TYPE_CHECKING:
@@ -84,7 +87,7 @@ class HttpProtocol(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
-        self._admitted: str | None = None  # the client address the admission counted this connection under
+        self._admitted: str | None = None  # the client address the counter counted this connection under
         self._current: HttpRequest | None = None  # being parsed
         self._in_head = False  # between the first byte of a request and its headers' end
         self._in_body = False  # between the headers' end and the message's end
@@ -96,9 +99,8 @@ class HttpProtocol(asyncio.Protocol):
         self._queue: deque[HttpRequest] = deque()  # parsed, waiting for the one in flight
         self._inflight: Pending | None = None
         self._inflight_req: HttpRequest | None = None
-        self._stream: Streaming | None = None  # an answer being streamed: it owns the output until it ends
         self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
-        self._streamed: bool | None = None  # a streamed answer's head is out: whether it is chunked
+        self._streamed: bool | None = None  # the in-flight request's streamed answer is out: whether chunked
         self._streamed_keep = False  # and whether the connection stays open after it
         self._drained: asyncio.Future[None] | None = None  # a streaming route waiting in drain()
         self._done = False  # no more answers on this connection (closing, lingering or gone)
@@ -121,16 +123,16 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"
-        admission = self._owner.admission
-        if admission is not None:
+        counter = self._owner.counter
+        if counter is not None:
             client = client_of(peer)
-            refused = admission.admit(client)
+            refused = counter.admit(client)
             if refused:  # answered and closed at once: a refused connection holds nothing while it lingers
                 log.warning("HTTP %s: refused: %s", self._peer, refused)
                 self._done = True
                 self._parser = None
                 transport.write(_refusal(refused))  # type: ignore[attr-defined]
-                close_refused(transport, admission)
+                close_refused(transport, counter)
                 return
             self._admitted = client
         self._owner.connections.add(self)
@@ -138,18 +140,15 @@ class HttpProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
         self._owner.connections.discard(self)
-        if self._admitted is not None and self._owner.admission is not None:
-            self._owner.admission.release(self._admitted)
+        if self._admitted is not None and self._owner.counter is not None:
+            self._owner.counter.release(self._admitted)
             self._admitted = None
         inflight = self._inflight
         if inflight is not None and not inflight.future.done():
-            inflight.future.cancel()  # the batcher drops it from its queue; a streaming route's task ends
-        elif inflight is not None:  # done, but its answer not yet taken: a stream must learn nobody reads it
-            _drop(inflight)
+            # the batcher drops it from its queue; a streaming route's task is cancelled (a generation frees
+            # its KV blocks, a decoupled request is cancelled, a forwarded stream is cancelled in the engine)
+            inflight.future.cancel()
         self._wake_drain()
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.cancel()  # a generation stops and frees its KV blocks
         held = (self._current, self._inflight_req, *self._queue)
         large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES for r in held)
         if self._access is not None:
@@ -235,6 +234,8 @@ class HttpProtocol(asyncio.Protocol):
             self._reject(431, self._head_too_large())
         req.method = parser.get_method()
         req.keep_alive = parser.should_keep_alive()
+        if req.keep_alive and b"connection" in req.headers:  # HTTP/1.0 keeps alive only when it asks
+            req.http10 = parser.get_http_version() == "1.0"
         length = req.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
             self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
@@ -300,8 +301,6 @@ class HttpProtocol(asyncio.Protocol):
     def _next(self) -> None:
         """Dispatch waiting requests in order while none is in flight. Called when a request has been parsed,
         an answer written, or writing resumed. Stops while the client leaves answers unread."""
-        if self._stream is not None:
-            return  # the streaming answer dispatches the next request when it ends
         while self._queue and not self._done and not self._write_paused_at:
             req = self._queue.popleft()
             if req.refusal is not None:
@@ -330,8 +329,8 @@ class HttpProtocol(asyncio.Protocol):
             return  # the connection went away (it cancelled the request): nobody to answer
         self._inflight = self._inflight_req = None
         if req is None or self._done:
+            self._streamed = None
             self._release(req)
-            _drop(pending)
             return
         if self._streamed is not None:
             self._end_stream(req, fut)
@@ -339,12 +338,8 @@ class HttpProtocol(asyncio.Protocol):
             self._respond(req, pending.answer())
         self._next()
 
-    def _respond(self, req: HttpRequest, answer: Answer | Streaming) -> None:
-        keep = self._keep(req)
-        if isinstance(answer, tuple):
-            self._write(answer, keep)
-        else:  # an OpenAI stream: what the access policy let it hold goes back as it starts
-            self._start_stream(answer, keep)
+    def _respond(self, req: HttpRequest, answer: Answer) -> None:
+        self._write(answer, self._keep(req))
         if req.admission is not None:
             self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
@@ -382,16 +377,18 @@ class HttpProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ streamed answers (ResponseStream)
 
-    def start(self, status: int, content_type: bytes) -> None:
-        """The head of the in-flight request's streamed answer, once."""
+    def start(self, status: int, content_type: bytes, extra: bytes = b"") -> None:
+        """The head of the in-flight request's streamed answer, once. Chunked when the connection stays open
+        after it; close-delimited (no length, no chunks: the body ends at our FIN) when it does not, and
+        for an HTTP/1.0 client, which may not understand chunks."""
         req, transport = self._inflight_req, self._transport
         if req is None or transport is None or self._streamed is not None:
             return
-        keep = self._keep(req)
+        keep = self._keep(req) and not req.http10
         self._streamed, self._streamed_keep = keep, keep  # chunked only when the connection stays open
         framing = b"Transfer-Encoding: chunked\r\n" if keep else b"Connection: close\r\n"
-        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s\r\n" % (
-            status, REASONS.get(status, b"Unknown"), content_type, framing))
+        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s\r\n" % (
+            status, REASONS.get(status, b"Unknown"), content_type, extra, framing))
         self._last_tx = _monotonic()
 
     def send(self, data: bytes) -> None:
@@ -431,39 +428,6 @@ class HttpProtocol(asyncio.Protocol):
         if len(req.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
 
-    def _start_stream(self, stream: Streaming, keep: bool) -> None:
-        """Write a streaming answer's head (chunked: the length is not known), then hand it the output."""
-        transport = self._transport
-        if transport is None:
-            stream.cancel()
-            return
-        transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n"
-                        b"Cache-Control: no-cache\r\n%s%s\r\n" % (
-                            stream.status, REASONS.get(stream.status, b"Unknown"), stream.content_type,
-                            stream.extra, b"" if keep else b"Connection: close\r\n"))
-        self._last_tx = _monotonic()
-        self._stream = stream
-        stream.start(_ChunkedSink(self, stream, keep))
-
-    def _stream_piece(self, stream: Streaming, data: bytes) -> None:
-        transport = self._transport
-        if self._stream is not stream or transport is None or not data:
-            return
-        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self._last_tx = _monotonic()
-
-    def _stream_end(self, stream: Streaming, keep: bool) -> None:
-        transport = self._transport
-        if self._stream is not stream or transport is None:
-            return
-        self._stream = None
-        transport.write(b"0\r\n\r\n")
-        self._last_tx = _monotonic()
-        if not keep:
-            self._close_gracefully()
-        else:
-            self._next()
-
     def _fail(self, status: int, message: str) -> None:
         """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after
         the requests before it."""
@@ -478,7 +442,7 @@ class HttpProtocol(asyncio.Protocol):
             self._owner.large_body_dropped()
         if self._done:
             return
-        if self._inflight is not None or self._stream is not None or self._queue:
+        if self._inflight is not None or self._queue:
             self._final = (status, message)
         else:
             self._send_error(status, message)
@@ -561,33 +525,8 @@ class HttpProtocol(asyncio.Protocol):
             self._transport.close()
 
     def _idle(self) -> bool:
-        return (self._inflight is None and self._stream is None and not self._queue and not self._in_head
+        return (self._inflight is None and not self._queue and not self._in_head
                 and not self._in_body and self._final is None)
-
-
-class _ChunkedSink:
-    """A streaming answer's way out: one HTTP chunk per `send`, the last chunk on `end`. Bound to the stream
-    it was made for, so nothing it sends after the connection moved on (or went away) is written."""
-
-    __slots__ = ("_conn", "_keep", "_stream")
-
-    def __init__(self, conn: HttpProtocol, stream: Streaming, keep: bool) -> None:
-        self._conn = conn
-        self._stream = stream
-        self._keep = keep
-
-    def send(self, data: bytes) -> None:
-        self._conn._stream_piece(self._stream, data)
-
-    def end(self) -> None:
-        self._conn._stream_end(self._stream, self._keep)
-
-
-def _drop(pending: Pending) -> None:
-    """An answer nobody will read: a streaming one is cancelled (a generation then stops)."""
-    answer = pending.answer()
-    if not isinstance(answer, tuple):
-        answer.cancel()
 
 
 def refusal_answer(refusal: Refusal) -> Answer:

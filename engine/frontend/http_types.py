@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from ..access import Admission, Refusal
 
@@ -31,13 +31,19 @@ class HttpLimits:
 
 
 class ResponseStream(Protocol):
-    """A streamed answer (generate_stream), written while its `Pending` is in flight: `start` once (the
-    head, chunked transfer encoding), then `send` each piece as it is produced, `drain` awaited between them
-    (it returns once the client has read enough, so a slow reader holds at most a few pieces). The Pending's
-    future then resolves with None, and the connection ends the body. Every call is a no-op once the client
-    is gone: the connection cancels the future then."""
+    """The one way a route streams an answer over HTTP/1.1 (generate_stream, the OpenAI API's server-sent
+    events, a /v1 stream forwarded from the engine with --workers N). The route's task writes it while its
+    `Pending` is in flight: `start` once (the head: status, content type, extra header lines), then `send`
+    each piece as it is produced, awaiting `drain` between pieces (it returns once the client has read
+    enough, so a slow reader holds at most a few pieces and the task waits instead of buffering). The
+    stream ENDS when the Pending's future resolves: the connection then writes the body's end (the last
+    chunk, or the close of a close-delimited body) and releases what the access policy let the request
+    hold, so a key's concurrency slot is held for the stream's life. The connection chooses the framing
+    (RFC 9112 §6.3, §7.1): chunked when the connection stays open, close-delimited for a client that asked
+    for `Connection: close` (HTTP/1.0 without keep-alive). Every call is a no-op once the client is gone:
+    the connection cancels the future then, which cancels the route's task."""
 
-    def start(self, status: int, content_type: bytes) -> None: ...
+    def start(self, status: int, content_type: bytes, extra: bytes = b"") -> None: ...
 
     def send(self, data: bytes) -> None: ...
 
@@ -48,10 +54,12 @@ class HttpRequest:
     """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
     is the connection's, set when the request is dispatched. `admission` is what the access policy
     (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
-    body is then discarded as it arrives, and it is answered in its turn without being routed)."""
+    body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
+    an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
+    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header."""
 
-    __slots__ = ("admission", "body", "headers", "keep_alive", "method", "refusal", "start_ns", "stream",
-                 "url")
+    __slots__ = ("admission", "body", "headers", "http10", "keep_alive", "method", "refusal", "start_ns",
+                 "stream", "url")
 
     def __init__(self) -> None:
         self.method = b""
@@ -59,6 +67,7 @@ class HttpRequest:
         self.headers: dict[bytes, bytes] = {}
         self.body: bytes | bytearray = b""
         self.keep_alive = True
+        self.http10 = False
         self.admission: Admission | None = None
         self.refusal: Refusal | None = None
         self.start_ns = time.perf_counter_ns()
@@ -69,42 +78,16 @@ class HttpRequest:
 OnDone = Callable[[asyncio.Future[Any]], None]
 
 
-class StreamSink(Protocol):
-    """Where a `Streaming` answer writes its body, piece by piece: the connection (one HTTP chunk per
-    `send`). `end()` once, after the last piece; nothing is sent after it."""
-
-    def send(self, data: bytes) -> None: ...
-
-    def end(self) -> None: ...
-
-
-@runtime_checkable
-class Streaming(Protocol):
-    """An answer whose body is written as it is produced (server-sent events): what a `Pending`'s `answer()`
-    may return instead of an `Answer`. The connection writes the head (`status`, `content_type`, `extra`,
-    chunked transfer coding), then calls `start(sink)` once; the stream then owns the connection's output
-    until it calls `sink.end()`, and no other request is answered meanwhile. `cancel()` is called instead,
-    once, when the client goes away first."""
-
-    status: int
-    content_type: bytes
-    extra: bytes
-
-    def start(self, sink: StreamSink) -> None: ...
-
-    def cancel(self) -> None: ...
-
-
 class Pending(Protocol):
     """An answer still being computed. The routes' `handle()` has arranged for the connection's `on_done`
     to be called with `future` once it is done (cancelled included), and the connection then calls
     `answer()`: an inference passes it to the data plane, whose one done-callback accounts the request and
-    then answers, so no second callback is attached here."""
+    then answers, so no second callback is attached here. A route that streamed its answer (through
+    `req.stream`) resolves the future once the stream is over, and `answer()` is not called."""
 
     future: asyncio.Future[Any]
 
-    def answer(self) -> Answer | Streaming: ...
+    def answer(self) -> Answer: ...
 
 
-__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "ResponseStream", "StreamSink",
-           "Streaming"]
+__all__ = ["Answer", "HttpLimits", "HttpRequest", "OnDone", "Pending", "ResponseStream"]

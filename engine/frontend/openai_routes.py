@@ -6,15 +6,18 @@
 
 A generation request runs as one task: the engine's work is on its own thread (engine/generate/driver.py),
 the task only waits for its events. Without `stream` the task's result is the JSON answer; with it, the
-task ends at the first event and its result is an `SseStream` (openai_stream.py), which the connection
-then feeds to the client as the engine produces it. A client that leaves cancels the task, or the stream:
-either aborts the generation. Errors leave as OpenAI's error object (engine/openai/errors.py).
+task writes the events through the request's `ResponseStream` from the first event on
+(openai_stream.py `stream_generation`) and ends when the stream does, so the request's admission (a key's
+concurrency slot) is held for the stream's life. A client that leaves cancels the task, which aborts the
+generation. Errors leave as OpenAI's error object (engine/openai/errors.py); an error before the first
+event is a plain JSON answer.
 
 The request id is the client's `X-Request-ID`, or one made here (`chatcmpl-…`, `cmpl-…`): it is the answer's
 `id`, its `X-Request-ID` header, and the engine's id for the request (its log lines name it).
 
 With `--workers N` these routes run in the engine process, where the engines are: a frontend forwards each
-/v1 request there, and a stream comes back to it in pieces (engine/workers/streams.py).
+/v1 request there, and a stream comes back to it in pieces (engine/workers/streams.py): the request's
+`stream` there is the engine's end of the channel.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from ..openai.errors import NOT_FOUND, OpenAIError, bad_request, from_engine
 from ..openai.generation import Generation
 from ..openai.protocol import ApiRequest, parse_body, parse_request
 from ..openai.service import OpenAIService
-from .http_types import Answer, HttpRequest, OnDone, Pending, Streaming
-from .openai_stream import SseStream
+from .http_types import Answer, HttpRequest, OnDone, Pending, ResponseStream
+from .openai_stream import stream_generation
 
 log = logging.getLogger("hubserve.openai")
 
@@ -50,22 +53,27 @@ def _json(doc: Any, extra: bytes = b"") -> Answer:
 
 
 class _Task:
-    """A generation request in flight (a `Pending`): the task's result is the answer."""
+    """A generation request in flight (a `Pending`): the task's result is the answer (None once it has
+    streamed it: the connection does not ask then)."""
 
     __slots__ = ("extra", "future")
 
-    def __init__(self, future: asyncio.Future[Answer | Streaming], extra: bytes) -> None:
+    def __init__(self, future: asyncio.Future[Answer | None], extra: bytes) -> None:
         self.future = future
         self.extra = extra
 
-    def answer(self) -> Answer | Streaming:
+    def answer(self) -> Answer:
         fut = self.future
         if fut.cancelled():
             return _error_answer(OpenAIError(503, "The request was cancelled: the server is stopping.",
                                              "service_unavailable_error"), self.extra)
         exc = fut.exception()
         if exc is None:
-            return fut.result()
+            result = fut.result()
+            if result is None:  # streamed: only a caller that does not know it asks (an internal error)
+                return _error_answer(OpenAIError(500, "internal error: the answer was streamed",
+                                                 "server_error"), self.extra)
+            return result
         if isinstance(exc, OpenAIError):
             return _error_answer(exc, self.extra)
         log.error("OpenAI request failed: %r", exc)
@@ -115,14 +123,15 @@ class OpenAIRoutes:
             return _error_answer(e, extra)
         auth = req.headers.get(b"authorization", b"")
         key = auth[7:].decode("latin-1") if auth[:7].lower() == b"bearer " else None
-        task = asyncio.ensure_future(self._run(api, request_id, key, extra))
+        task = asyncio.ensure_future(self._run(api, request_id, key, extra, req.stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(on_done)
         return _Task(task, extra)
 
-    async def _run(self, api: ApiRequest, request_id: str, api_key: str | None,
-                   extra: bytes) -> Answer | Streaming:
+    async def _run(self, api: ApiRequest, request_id: str, api_key: str | None, extra: bytes,
+                   stream: ResponseStream | None) -> Answer | None:
+        """The request's task: the JSON answer, or None once the events were written to `stream`."""
         created = int(time.time())
         gen: Generation = await self.service.start(api, request_id, api_key)
         try:
@@ -130,10 +139,13 @@ class OpenAIRoutes:
                 await gen.first
                 if gen.error is not None and not any(c.text for c in gen.choices):
                     return _error_answer(from_engine(gen.error), extra)
-                return SseStream(gen, api, created, extra)
+                if stream is None:  # a caller with no connection to stream to (none does today)
+                    raise OpenAIError(500, "internal error: no stream to write to", "server_error")
+                await stream_generation(gen, api, created, extra, stream)
+                return None
             await gen.done
-        except asyncio.CancelledError:
-            gen.abort()  # the client left before the answer: the engine frees its blocks
+        except BaseException:
+            gen.abort()  # the client left (or a bug) before the end: the engine frees its blocks
             raise
         return _json(self.service.answer(gen, api, created), extra)
 

@@ -20,12 +20,15 @@ from ..frontend.http_routes import HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
 from ..frontend.openai_routes import OpenAIRoutes
 from .messages import GRPC, HEALTH, HTTP, error_payload
+from .streams import StreamHead, StreamOut
 
 log = logging.getLogger("hubserve.workers")
 
 # How a control request is answered: (cid, ok, result or error payload), once. An HTTP result is the route's
-# `Answer`, or a `Streaming` one (the OpenAI API's server-sent events), which the session then streams.
+# `Answer`, or None for the end of an answer the route streamed (the OpenAI API's server-sent events), whose
+# head and pieces went out through `Piece` before it (streams.py).
 Reply = Callable[[int, bool, Any], None]
+Piece = Callable[[int, "StreamHead | bytes"], None]
 
 
 class ControlRunner:
@@ -39,13 +42,14 @@ class ControlRunner:
                        if rpc.kind is Kind.UNARY}
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def run(self, control: tuple[int, int, Any], reply: Reply) -> Pending | None:
-        """Returns an HTTP request's `Pending` while it is being answered, so the session can cancel it
-        (its client left); None when it was answered at once or is not HTTP."""
+    def run(self, control: tuple[int, int, Any], reply: Reply, piece: Piece) -> Pending | None:
+        """Returns an HTTP request's `Pending` while it is being answered (or streamed, through `piece`),
+        so the session can cancel it (its client left); None when it was answered at once or is not
+        HTTP."""
         cid, kind, args = control
         try:
             if kind == HTTP:
-                return self._http(cid, args, reply)
+                return self._http(cid, args, reply, piece)
             if kind == GRPC:
                 self._grpc(cid, args, reply)
             elif kind == HEALTH:
@@ -56,15 +60,19 @@ class ControlRunner:
             reply(cid, False, error_payload(e))
         return None
 
-    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply
-              ) -> Pending | None:
+    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply,
+              piece: Piece) -> Pending | None:
         req = HttpRequest()
         req.method, req.url, req.headers, req.body = args
+        stream = StreamOut(cid, piece)
+        req.stream = stream
         held: list[Pending] = []
 
         def done(_: asyncio.Future[Any]) -> None:  # never called before handle() returns: it is a callback
-            answer = held[0].answer()
-            reply(cid, True, _flat(answer) if isinstance(answer, tuple) else answer)
+            if stream.started:  # the answer went out in pieces: this is its end
+                reply(cid, True, None)
+                return
+            reply(cid, True, _flat(held[0].answer()))
 
         answer = self.http.handle(req, done)
         if isinstance(answer, tuple):

@@ -55,9 +55,12 @@ class FrontendRoutes:
         if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_LOCAL_SUFFIXES):
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
-        # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream.
-        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body),
-                                      cancellable=cancellable(req.url))
+        # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream:
+        # then its head and pieces are written to the connection (req.stream) as they come, and the future
+        # resolves at the stream's end.
+        generation = cancellable(req.url)
+        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body), cancellable=generation,
+                                      stream=req.stream if generation else None)
         future.add_done_callback(on_done)
         return _Forwarded(future)
 

@@ -28,7 +28,7 @@ from .. import logs
 from ..access import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend import wire
-from ..frontend.admission import ConnectionCounter, ConnectionLimits
+from ..frontend.connections import ConnectionCounter, ConnectionLimits
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
@@ -70,7 +70,7 @@ async def serve(spec: dict[str, Any]) -> int:
 
     wire.configure(wire.TensorLimits(**spec["tensor_limits"]))
     # This process's share of the server's connection limits, for HTTP and gRPC together.
-    admission = ConnectionCounter(ConnectionLimits(**spec["connection_limits"]), spec["frontends"])
+    counter = ConnectionCounter(ConnectionLimits(**spec["connection_limits"]), spec["frontends"])
     a = spec["access"]
     config = access_config(tuple(a["http_restricted_apis"]), tuple(a["grpc_restricted_protocols"]),
                            Path(a["api_keys_file"]) if a["api_keys_file"] else None, a["max_inflight_bytes"])
@@ -79,7 +79,7 @@ async def serve(spec: dict[str, Any]) -> int:
     http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
                              h["client_timeout_secs"], h["idle_timeout_secs"])
     app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits),  # type: ignore[arg-type]
-                                admission=admission, access=http_access)
+                                counter=counter, access=http_access)
     g = spec["grpc"]
     limits = Limits(max_concurrent_streams=g["max_concurrent_streams"],
                     max_header_list_bytes=g["max_header_list_bytes"],
@@ -87,7 +87,7 @@ async def serve(spec: dict[str, Any]) -> int:
                     max_queued_response_bytes=g["max_queued_response_bytes"],
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
     grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
-                        handlers=FrontendGrpcHandlers(client), admission=admission, access=grpc_access)
+                        handlers=FrontendGrpcHandlers(client), counter=counter, access=grpc_access)
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
+from ..frontend.http_types import ResponseStream
 from ..ipc.frames import FrameReader, encode_frame
 from ..ipc.tensors import Inline, PeerBlocks, place, wire_chunks
 from ..shm import Arena, Region
@@ -38,7 +39,7 @@ from ..types import (
     Tensor,
 )
 from .messages import CANCELLED, OK, STREAMED, datatype, error_from_payload, outputs_header
-from .streams import RemoteStream, is_stream_head
+from .streams import is_stream_head
 
 log = logging.getLogger("hubserve.workers")
 
@@ -68,7 +69,7 @@ class EngineClient(asyncio.Protocol):
         # rid → (future, input block or -1)
         self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
         self._controls: dict[int, asyncio.Future[Any]] = {}
-        self._control_streams: dict[int, RemoteStream] = {}  # forwarded answers in pieces (streams.py)
+        self._control_streams: dict[int, ResponseStream] = {}  # where forwarded answers in pieces go
         self._plans: dict[RequestPlan, int] = {}
         self._next_plan = 1
         self._plans_reset = False
@@ -141,10 +142,12 @@ class EngineClient(asyncio.Protocol):
         """DataPlane.infer_stream's shape: the responses cross the channel as they come."""
         return infer_stream(self.submit, request, start_ns)
 
-    def forward(self, kind: int, args: Any, cancellable: bool = False) -> asyncio.Future[Any]:
+    def forward(self, kind: int, args: Any, cancellable: bool = False,
+                stream: ResponseStream | None = None) -> asyncio.Future[Any]:
         """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH). Its
-        future resolves with the answer; an HTTP answer that streams resolves it with a `RemoteStream`.
-        `cancellable`: cancelling the future cancels the request in the engine too (a generation)."""
+        future resolves with the answer; an HTTP answer that streams (streams.py) is written to `stream` as
+        its head and pieces come, and resolves the future with None at its end. `cancellable`: cancelling
+        the future cancels the request in the engine too (a generation)."""
         future: asyncio.Future[Any] = self._loop.create_future()
         if self.lost:
             future.set_exception(_engine_gone())
@@ -153,6 +156,8 @@ class EngineClient(asyncio.Protocol):
         self._next_id = cid + 1
         self._controls[cid] = future
         self._control_out.append((cid, kind, args))
+        if stream is not None:
+            self._control_streams[cid] = stream
         if cancellable:
             future.add_done_callback(functools.partial(self._control_settled, cid))
         self._schedule()
@@ -256,23 +261,24 @@ class EngineClient(asyncio.Protocol):
             else:
                 future.set_exception(error_from_payload(payload))
         for cid, ok, result in control_answers:
-            stream = self._control_streams.get(cid)
-            if stream is not None:  # the next piece of a streamed answer, or its end (None)
-                if result is None:
-                    del self._control_streams[cid]
-                    stream.end()
-                else:
-                    stream.piece(result)
-                continue
-            control = self._controls.pop(cid, None)
+            control = self._controls.get(cid)
             if control is None or control.done():
+                self._controls.pop(cid, None)
+                self._control_streams.pop(cid, None)
+                continue  # cancelled here: the engine stops it and sends nothing more
+            stream = self._control_streams.get(cid)
+            if ok and stream is not None and result is not None and \
+                    (type(result) is bytes or is_stream_head(result)):
+                if type(result) is bytes:  # the next piece of a streamed answer
+                    stream.send(result)
+                else:  # its head
+                    status, _, content_type, extra = result
+                    stream.start(status, content_type, extra)
                 continue
+            del self._controls[cid]  # the answer, or a streamed answer's end (None)
+            self._control_streams.pop(cid, None)
             if not ok:
                 control.set_exception(error_from_payload(result))
-            elif is_stream_head(result):
-                remote = RemoteStream(result, functools.partial(self._cancel_control, cid))
-                self._control_streams[cid] = remote
-                control.set_result(remote)
             else:
                 control.set_result(result)
 
@@ -304,9 +310,7 @@ class EngineClient(asyncio.Protocol):
         self._pending.clear()
         self._streams.clear()
         self._controls.clear()
-        for stream in list(self._control_streams.values()):
-            stream.end()  # cut short: the client sees its stream end without [DONE]
-        self._control_streams.clear()
+        self._control_streams.clear()  # a stream cut short: its connection ends it, and closes
         self._on_lost()
 
     def close(self) -> None:

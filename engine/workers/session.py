@@ -22,7 +22,7 @@ from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import EngineError
-from ..frontend.http_types import Pending, Streaming
+from ..frontend.http_types import Pending
 from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, place, read_arrays, wire_chunks
 from ..shm import Arena, Region
@@ -38,7 +38,7 @@ from .messages import (
     error_payload,
     outputs_from_header,
 )
-from .streams import StreamOut, cancellable
+from .streams import StreamHead, cancellable
 
 log = logging.getLogger("hubserve.workers")
 
@@ -78,8 +78,8 @@ class FrontendSession(asyncio.Protocol):
         self._plans: dict[int, _Plan] = {}
         self._answers: list[Any] = []
         self._control_answers: list[Any] = []
-        self._control_pending: dict[int, Pending] = {}  # forwarded generations being answered, by cid
-        self._streams: dict[int, Streaming] = {}  # answers streaming to the frontend (streams.py), by cid
+        # forwarded generations being answered, by cid, streaming ones (streams.py) until their end
+        self._control_pending: dict[int, Pending] = {}
         self._inline = Inline()
         self._flush_scheduled = False
         self.closed = False
@@ -114,11 +114,8 @@ class FrontendSession(asyncio.Protocol):
             future.cancel()  # out of the queue, or its result dropped: nobody is left to answer
         self._pending.clear()
         for pending in list(self._control_pending.values()):
-            pending.future.cancel()  # a generation waiting for its first token stops
-        for stream in list(self._streams.values()):
-            stream.cancel()  # a generation streaming stops and frees its KV blocks
+            pending.future.cancel()  # a generation stops (streaming or not) and frees its KV blocks
         self._control_pending.clear()
-        self._streams.clear()
         self._plans.clear()
         self._answers.clear()
         self._inline.take()
@@ -170,7 +167,7 @@ class FrontendSession(asyncio.Protocol):
             else:
                 self._cancel_control(rid)
         for control in controls:
-            pending = self._control.run(control, self._control_answered)
+            pending = self._control.run(control, self._control_answered, self._stream_piece)
             if pending is not None and cancellable(control[2][1]):
                 self._control_pending[control[0]] = pending
 
@@ -178,10 +175,7 @@ class FrontendSession(asyncio.Protocol):
         """The frontend's client left a forwarded request (streams.py): stop it, and answer nothing more."""
         pending = self._control_pending.pop(cid, None)
         if pending is not None:
-            pending.future.cancel()
-        stream = self._streams.pop(cid, None)
-        if stream is not None:
-            stream.cancel()
+            pending.future.cancel()  # the route's task is cancelled: a streaming generation stops too
 
     def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
         rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
@@ -254,29 +248,19 @@ class FrontendSession(asyncio.Protocol):
         return response.model_name, response.model_version, response.id, response.parameters, specs, placement
 
     def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
-        answered = self._control_pending.pop(cid, None)
-        if ok and isinstance(result, Streaming):
-            if self.closed or answered is None:  # the client left meanwhile (it was cancelled)
-                result.cancel()
-                return
-            self._streams[cid] = result
-            head = (result.status, None, result.content_type, result.extra)  # streams.py: the body follows
-            self._control_answers.append((cid, True, head))
-            self._schedule()
-            result.start(StreamOut(cid, self._stream_piece))
-            return
+        """A control's answer, or a streamed answer's end (`result` None, streams.py), once."""
+        self._control_pending.pop(cid, None)
         if self.closed:
             return
         self._control_answers.append((cid, ok, result))
         self._schedule()
 
-    def _stream_piece(self, cid: int, data: bytes | None) -> None:
-        """A streaming answer's next piece, or its end (None), out with this round's frame."""
-        if self.closed or cid not in self._streams:
+    def _stream_piece(self, cid: int, item: StreamHead | bytes) -> None:
+        """A streaming answer's head or next piece (its end is `_control_answered`'s), out with this round's
+        frame; nothing once the frontend cancelled it."""
+        if self.closed or cid not in self._control_pending:
             return
-        if data is None:
-            del self._streams[cid]
-        self._control_answers.append((cid, True, data))
+        self._control_answers.append((cid, True, item))
         self._schedule()
 
     def _queue_answer(self, answer: tuple[int, int, Any]) -> None:

@@ -1,22 +1,25 @@
-"""Streaming HTTP answers across the channel (`--workers N`): the OpenAI API's server-sent events are made in
+"""Streamed HTTP answers across the channel (`--workers N`): the OpenAI API's server-sent events are made in
 the engine process, where the generation engines are, and written by the frontend that holds the client.
 
 On the wire (messages.py) a streamed answer is a forwarded HTTP control whose answer comes in pieces, all
 under the control's id: first the head, `(status, None, content type, extra header lines)` (an answer with
 no body: the body follows), then each piece as bytes, then None for the end. A frontend whose client leaves
-sends the control's id with its cancels; the engine then cancels the stream (the generation stops and frees
-its KV blocks) and sends nothing more for it.
+sends the control's id with its cancels; the engine then cancels the route's task (the generation stops and
+frees its KV blocks) and sends nothing more for it.
 
-`StreamOut` is the engine's sink for one stream (pieces into the session's next frame); `RemoteStream` is the
-frontend's `Streaming` answer, fed by the session's frames and written by the HTTP connection.
+The route writes the one `ResponseStream` interface (http_types.py) on both sides: in the engine, the
+request's stream is a `StreamOut` (pieces into the session's next frame); in the frontend, remote.py hands
+the head and the pieces to the client's connection (`start`, `send`) and resolves the forwarded request's
+future at the end, so the connection ends the body and releases the request's admission then. Back-pressure
+stops at the frontend: `StreamOut.drain` returns at once (the engine does not learn how fast the client
+reads), so a slow reader's frontend holds the rest of its generation (bounded by its max_tokens); a client
+that stops reading is dropped after --client-timeout-secs, which cancels the stream in the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-from ..frontend.http_types import StreamSink
 
 StreamHead = tuple[int, None, bytes, bytes]
 _CANCELLABLE_PREFIX = b"/v1/"
@@ -35,56 +38,25 @@ def is_stream_head(result: Any) -> bool:
 
 
 class StreamOut:
-    """Engine side: a `StreamSink` whose pieces go out with the session's next frame under `cid`."""
+    """Engine side: the `ResponseStream` of a forwarded request, whose head and pieces go out with the
+    session's next frame under `cid` (`piece(cid, item)`); the session sends the end when the route's task
+    is done. `started` tells the control runner that the answer went out this way."""
 
-    __slots__ = ("_cid", "_piece")
+    __slots__ = ("_cid", "_piece", "started")
 
-    def __init__(self, cid: int, piece: Callable[[int, bytes | None], None]) -> None:
+    def __init__(self, cid: int, piece: Callable[[int, StreamHead | bytes], None]) -> None:
         self._cid = cid
         self._piece = piece
+        self.started = False
+
+    def start(self, status: int, content_type: bytes, extra: bytes = b"") -> None:
+        if not self.started:
+            self.started = True
+            self._piece(self._cid, (status, None, content_type, extra))
 
     def send(self, data: bytes) -> None:
-        self._piece(self._cid, bytes(data))
+        if self.started and data:
+            self._piece(self._cid, bytes(data))
 
-    def end(self) -> None:
-        self._piece(self._cid, None)
-
-
-class RemoteStream:
-    """Frontend side: a `Streaming` answer whose pieces arrive from the engine. Pieces that arrive before the
-    connection has written the head are kept until `start`."""
-
-    def __init__(self, head: StreamHead, cancel: Callable[[], None]) -> None:
-        self.status, _, self.content_type, self.extra = head
-        self._cancel = cancel
-        self._sink: StreamSink | None = None
-        self._early: list[bytes] = []
-        self._ended = False
-
-    def start(self, sink: StreamSink) -> None:
-        self._sink = sink
-        for piece in self._early:
-            sink.send(piece)
-        self._early.clear()
-        if self._ended:
-            sink.end()
-
-    def cancel(self) -> None:
-        """The client left (the connection calls this): the engine is told to stop the stream."""
-        if not self._ended:
-            self._ended = True
-            self._cancel()
-
-    def piece(self, data: bytes) -> None:
-        if self._sink is not None:
-            self._sink.send(data)
-        elif not self._ended:
-            self._early.append(data)
-
-    def end(self) -> None:
-        """The engine ended the stream (or the engine is gone: the client sees it cut short)."""
-        if self._ended and self._sink is None:
-            return
-        self._ended = True
-        if self._sink is not None:
-            self._sink.end()
+    async def drain(self) -> None:
+        """At once: the frontend's connection holds what its client has not read (see the module's note)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...quotas import ByteBudget
-from ..admission import ConnectionCounter, client_of, close_refused
+from ..connections import ConnectionCounter, client_of, close_refused
 from .core import H2Core
 from .frames import H2Error
 from .headers import RequestHead
@@ -62,15 +62,15 @@ class H2Connection(asyncio.Protocol):
     output_ready: Callable[[], None]
 
     def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None, on_open: Any = None,
-                 admission: ConnectionCounter | None = None) -> None:
+                 counter: ConnectionCounter | None = None) -> None:
         """`on_open(self)` is called when the transport connects (after the TLS handshake, if any);
-        `on_close(self)` when it is lost. A connection whose handshake fails sees neither. `admission`
-        counts the process's connections against its limits (frontend/admission.py)."""
+        `on_close(self)` when it is lost. A connection whose handshake fails sees neither. `counter`
+        counts the process's connections against its limits (frontend/connections.py)."""
         self._app = app
         self._on_open = on_open
         self._on_close = on_close
-        self._admission = admission
-        self._admitted: str | None = None  # the client address the admission counted this connection under
+        self._counter = counter
+        self._admitted: str | None = None  # the client address the counter counted this connection under
         self._refused = False
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
@@ -98,9 +98,9 @@ class H2Connection(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # frames go out as written
         self._core.initiate()
-        if self._admission is not None:
+        if self._counter is not None:
             client = client_of(transport.get_extra_info("peername"))
-            refused = self._admission.admit(client)
+            refused = self._counter.admit(client)
             if refused:  # the preface, then GOAWAY ENHANCE_YOUR_CALM with the reason, and the close
                 log.warning("gRPC connection refused: %s", refused)
                 self._refused = True
@@ -111,8 +111,8 @@ class H2Connection(asyncio.Protocol):
         self._flush()  # the server preface goes at once
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._admitted is not None and self._admission is not None:
-            self._admission.release(self._admitted)
+        if self._admitted is not None and self._counter is not None:
+            self._counter.release(self._admitted)
             self._admitted = None
         self._core.connection_lost()
         if self._on_close is not None:
@@ -158,7 +158,7 @@ class H2Connection(asyncio.Protocol):
         self._flush()
         if abort:
             self._transport.abort()
-        elif self._refused and self._admission is not None:
-            close_refused(self._transport, self._admission)
+        elif self._refused and self._counter is not None:
+            close_refused(self._transport, self._counter)
         else:
             self._transport.close()  # after what is buffered has been written

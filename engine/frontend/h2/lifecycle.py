@@ -57,7 +57,7 @@ class Lifecycle:
         self._out.write(f.goaway(f.MAX_WINDOW, H2Error.NO_ERROR) + f.ping(SHUTDOWN_PING))
 
     def refuse(self, message: str) -> None:
-        """A connection over the server's connection limits (frontend/admission.py): GOAWAY with
+        """A connection over the server's connection limits (frontend/connections.py): GOAWAY with
         ENHANCE_YOUR_CALM and why, then close."""
         self._fail(H2Error.ENHANCE_YOUR_CALM, message)
 

@@ -20,7 +20,7 @@ from typing import Any
 from ...access import AccessPolicy
 from ...dataplane import DataPlane
 from ...memory import release_freed_memory
-from ..admission import ConnectionCounter
+from ..connections import ConnectionCounter
 from ..grpc_handlers import GrpcHandlers
 from .connection import H2Connection
 from .grpc import GrpcApp
@@ -58,14 +58,14 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
                  handlers: GrpcHandlers | None = None, ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout_secs: float | None = None, admission: ConnectionCounter | None = None,
+                 handshake_timeout_secs: float | None = None, counter: ConnectionCounter | None = None,
                  access: AccessPolicy | None = None) -> None:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
         `ssl_context`: the sockets this server listens on speak TLS (ALPN h2), each handshake bounded by
-        `handshake_timeout_secs`. `admission` counts the process's connections against its limits (shared
+        `handshake_timeout_secs`. `counter` counts the process's connections against its limits (shared
         with HTTP)."""
-        self._admission = admission
+        self._counter = counter
         self._limits = limits = limits or Limits()
         self._tls: dict[str, Any] = ({"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_secs}
                                      if ssl_context is not None else {})
@@ -115,7 +115,7 @@ class H2GrpcServer:
     def _connection(self) -> H2Connection:
         """A protocol for a connection being accepted. It counts as open only once connected
         (`_opened`): over TLS a failed handshake never connects it, and it must not stay in the set."""
-        return H2Connection(self._app, self._limits, self._closed, self._opened, self._admission)
+        return H2Connection(self._app, self._limits, self._closed, self._opened, self._counter)
 
     def _opened(self, conn: H2Connection) -> None:
         self._connections.add(conn)
