@@ -42,6 +42,8 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 def _error_answer(error: OpenAIError, extra: bytes = b"") -> Answer:
+    if error.retry_after_secs:
+        extra += b"Retry-After: %d\r\n" % error.retry_after_secs
     return error.status, error.json(), _JSON, extra
 
 
