@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="largest batch input file an upload may send (default 32)")
     serve.add_argument("--batch-max-requests", type=int, default=50_000, metavar="N",
                        help="most requests (lines) in one batch input file (default 50000, OpenAI's)")
+    serve.add_argument("--batch-requests-in-flight", type=int, default=16, metavar="N",
+                       help="batch jobs' requests in the generation engines at once, over all jobs; they run "
+                            "at low priority, behind every interactive request (default 16)")
     serve.add_argument("--log-verbose", type=int, default=0,
                        help="0: one line per model state change and errors; 1 or more: debug detail")
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
@@ -296,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_dir=args.batch_dir.resolve() if args.batch_dir is not None else None,
             batch_max_file_bytes=max(1, args.batch_max_file_mb) << 20,
             batch_max_requests=max(1, args.batch_max_requests),
+            batch_requests_in_flight=max(1, args.batch_requests_in_flight),
         )
         try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
             policies(options.access(), options.workers)

@@ -93,6 +93,7 @@ class ServerOptions:
     batch_dir: Path | None = None
     batch_max_file_bytes: int = 32 << 20
     batch_max_requests: int = 50_000
+    batch_requests_in_flight: int = 16  # the jobs' requests in the engines at once
 
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
@@ -114,8 +115,8 @@ class Server:
         self.generation = GenerationRegistry(self.repository)
         self.openai = OpenAIService(self.generation, options.access().keys)
         limits = FileLimits(options.batch_max_file_bytes, options.batch_max_requests)
-        self.batches = None if options.batch_dir is None else BatchRunner(options.batch_dir, self.openai,
-                                                                          limits)
+        self.batches = None if options.batch_dir is None else BatchRunner(
+            options.batch_dir, self.openai, limits, options.batch_requests_in_flight)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None

@@ -3,8 +3,9 @@ N`, the engine process, where /v1 requests are forwarded). Every method but the 
 loop by the routes (engine/frontend/openai_batch_routes.py).
 
 A job is one task: validate the input file (on a worker thread) → in_progress → each request through
-`OpenAIService.start` at `Priority.BATCH`, at most `REQUESTS_IN_FLIGHT` at once over all jobs, so the
-scheduler serves every interactive request first and the job fills what is left → each result appended to
+`OpenAIService.start` at `Priority.BATCH`, at most `requests_in_flight` (`--batch-requests-in-flight`) at
+once over all jobs; the scheduler serves every interactive request first (preempting a job's request for
+its seat or blocks), so the job fills what interactive traffic leaves → each result appended to
 the job's result files (jobs.py) → the output and error files → completed.
 
 Restarts: the state and each finished result are on disk as they happen. `resume()` (at start, once the
@@ -45,18 +46,20 @@ from .store import new_id
 
 log = logging.getLogger("hubserve.batch")
 
-REQUESTS_IN_FLIGHT = 8   # a job's requests in the engine at once, over all jobs
+REQUESTS_IN_FLIGHT = 16  # the default: the jobs' requests in the engine at once, over all jobs
 SAVE_EVERY_SECS = 1.0    # the job's counts on disk at most this often while it runs (and at every change)
 
 
 class BatchRunner:
-    def __init__(self, root: Path, service: OpenAIService, limits: FileLimits) -> None:
+    def __init__(self, root: Path, service: OpenAIService, limits: FileLimits,
+                 requests_in_flight: int = REQUESTS_IN_FLIGHT) -> None:
         self.files = FileStore(root, limits)
         self.jobs = JobStore(root)
         self.service = service
         self._docs: dict[str, dict[str, Any]] = {}  # the jobs not yet ended, by id (the loop's copy)
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self.requests_in_flight = requests_in_flight
+        self._slots = asyncio.Semaphore(requests_in_flight)
         self._saved_at: dict[str, float] = {}
         self._closing = False
 
@@ -185,7 +188,7 @@ class BatchRunner:
                 for line in pending:
                     await self._one(doc, line, chat, out, err)
 
-            tasks = [asyncio.ensure_future(worker()) for _ in range(min(REQUESTS_IN_FLIGHT, len(todo)))]
+            tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, len(todo)))]
             try:
                 await asyncio.gather(*tasks)
             finally:
