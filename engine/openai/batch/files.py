@@ -85,4 +85,4 @@ class FileStore:
 
 def not_found(kind: str, object_id: str) -> OpenAIError:
     """OpenAI's 404 for an unknown id (`No such File object: file-…`)."""
-    return OpenAIError(404, f"No such {kind} object: {object_id}", "invalid_request_error", "id")
+    return OpenAIError(404, f"No such {kind} object: {object_id[:80]}", "invalid_request_error", "id")
