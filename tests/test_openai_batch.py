@@ -190,9 +190,13 @@ def test_the_batch_api_is_off_without_a_folder(repo: Path, tmp_path: Path):
         srv.stop()
 
 
-def test_a_job_survives_a_restart_and_runs_only_what_was_left(repo: Path, tmp_path: Path):
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_job_survives_a_restart_and_runs_only_what_was_left(repo: Path, tmp_path: Path, how: str):
+    """`stop`: SIGTERM, the server aborts the job's requests and exits; `kill`: SIGKILL mid-job (one
+    process, so nothing is left behind), which may leave a torn result line."""
     jobs = tmp_path / "jobs"
-    flags = ("--batch-dir", str(jobs))
+    flags = ("--batch-dir", str(jobs), "--batch-requests-in-flight", "4") + (
+        ("--workers", "1") if how == "kill" else ())
     requests = [line(f"r{i}", f"restart {i}", max_tokens=200, ignore_eos=True) for i in range(16)]
     srv = start_server(repo, tmp_path / "first.log", *flags)
     try:
@@ -205,7 +209,11 @@ def test_a_job_survives_a_restart_and_runs_only_what_was_left(repo: Path, tmp_pa
             assert time.monotonic() < deadline
             time.sleep(0.05)
     finally:
-        srv.stop()
+        if how == "kill":
+            srv.process.kill()
+            srv.process.wait(timeout=30)
+        else:
+            srv.stop()
     on_disk = json.loads((jobs / "batches" / f"{batch.id}.json").read_text())
     partial = (jobs / "batches" / f"{batch.id}.output.jsonl").read_bytes().splitlines()
     assert on_disk["status"] == "in_progress" and 2 <= len(partial) < 16
