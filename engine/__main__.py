@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="YAML file of API keys (README \"Security\"): every API but health then needs "
                             "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
-                            "whose groups include it; per-key requests_per_second and max_concurrent")
+                            "whose groups include it; per-key requests_per_second, max_concurrent and "
+                            "tokens_per_minute (the OpenAI API)")
     serve.add_argument("--max-inflight-bytes", type=_byte_count, default=0, metavar="BYTES",
                        help="server-wide budget of request bytes received and not yet answered; a request "
                             "that does not fit is refused at once (HTTP 429 + Retry-After, gRPC "
