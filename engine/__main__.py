@@ -180,11 +180,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="YAML file of API keys (README \"Security\"): every API but health then needs "
                             "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
-                            "whose groups include it; per-key requests_per_second and max_concurrent")
+                            "whose groups include it; per-key requests_per_second, max_concurrent and "
+                            "tokens_per_minute (the OpenAI API)")
     serve.add_argument("--max-inflight-bytes", type=_byte_count, default=0, metavar="BYTES",
                        help="server-wide budget of request bytes received and not yet answered; a request "
                             "that does not fit is refused at once (HTTP 429 + Retry-After, gRPC "
                             "RESOURCE_EXHAUSTED) before its body is read (0 = no budget)")
+    serve.add_argument("--batch-dir", type=Path, default=None, metavar="PATH",
+                       help="turns on the OpenAI Batch API (/v1/files, /v1/batches): its files and jobs "
+                            "live in this folder, and jobs left unfinished resume when the server starts "
+                            "with it again (default: off)")
+    serve.add_argument("--batch-max-file-mb", type=int, default=32, metavar="MB",
+                       help="largest batch input file an upload may send (default 32)")
+    serve.add_argument("--batch-max-requests", type=int, default=50_000, metavar="N",
+                       help="most requests (lines) in one batch input file (default 50000, OpenAI's)")
+    serve.add_argument("--batch-requests-in-flight", type=int, default=16, metavar="N",
+                       help="batch jobs' requests in the generation engines at once, over all jobs; they run "
+                            "at low priority, behind every interactive request (default 16)")
     serve.add_argument("--log-verbose", type=_verbose, default=0, metavar="N",
                        help="Triton's verbose level: 0 none; 1 or more: an access line per inference (model, "
                             "version, request id, status, queue, compute and total time, batch size) and "
@@ -326,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
             grpc_restricted_protocols=tuple(args.grpc_restricted_protocol),
             api_keys_file=args.api_keys.resolve() if args.api_keys is not None else None,
             max_inflight_bytes=args.max_inflight_bytes,
+            batch_dir=args.batch_dir.resolve() if args.batch_dir is not None else None,
+            batch_max_file_bytes=max(1, args.batch_max_file_mb) << 20,
+            batch_max_requests=max(1, args.batch_max_requests),
+            batch_requests_in_flight=max(1, args.batch_requests_in_flight),
         )
         try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
             policies(options.access(), options.workers)

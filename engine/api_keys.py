@@ -8,7 +8,7 @@
         groups: [inference, metadata, health]
         requests_per_second: 50            # token bucket, burst = one second's worth
         max_concurrent: 4                  # requests in flight at once
-        tokens_per_minute: 20000           # kept for the generative API to come
+        tokens_per_minute: 20000           # OpenAI API tokens (engine/openai/token_quotas.py)
 
 A field we do not know is refused rather than ignored: a misspelt `max_concurent` must not leave a key
 unlimited. Errors name the key by its position (`keys[1]`), never by its secret.

@@ -37,6 +37,41 @@ class TokenBucket:
         self.tokens = min(self.capacity, self.tokens + 1.0)
 
 
+class TokenQuota:
+    """A key's generated-API tokens a minute (`tokens_per_minute`): a bucket of one minute's worth that
+    refills continuously. A request reserves its cost up front (`take`); what it did not use goes back when
+    it finishes (`give_back`)."""
+
+    __slots__ = ("capacity", "rate", "stamp", "tokens")
+
+    def __init__(self, per_minute: int, now: float) -> None:
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.tokens = self.capacity
+        self.stamp = now
+
+    def take(self, amount: int, now: float) -> float:
+        """Reserve `amount` tokens: 0.0 if they were there, else the seconds until they will be (nothing
+        taken); math.inf when `amount` is more than a minute's worth, which never fits."""
+        if now > self.stamp:
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+        if amount <= self.tokens:
+            self.tokens -= amount
+            return 0.0
+        if amount > self.capacity:
+            return math.inf
+        return (amount - self.tokens) / self.rate
+
+    @property
+    def used(self) -> int:
+        """Tokens reserved within the last minute, as of the last `take` (for the refusal's message)."""
+        return int(self.capacity - self.tokens)
+
+    def give_back(self, amount: int) -> None:
+        self.tokens = min(self.capacity, self.tokens + amount)
+
+
 class Concurrency:
     """Requests of one key in flight at once, at most `limit`."""
 
@@ -84,4 +119,4 @@ def retry_after_secs(wait: float) -> int:
     return max(1, math.ceil(wait))
 
 
-__all__ = ["Concurrency", "ByteBudget", "TokenBucket", "retry_after_secs"]
+__all__ = ["ByteBudget", "Concurrency", "TokenBucket", "TokenQuota", "retry_after_secs"]

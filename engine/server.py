@@ -31,6 +31,8 @@ from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_s
 from .generate.registry import GenerationRegistry
 from .histograms import parse_metrics_config
 from .metrics import process_registry, render
+from .openai.batch.files import FileLimits
+from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
@@ -99,6 +101,12 @@ class ServerOptions:
     grpc_restricted_protocols: tuple[str, ...] = ()
     api_keys_file: Path | None = None
     max_inflight_bytes: int = 0
+    # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
+    # and the most requests in one.
+    batch_dir: Path | None = None
+    batch_max_file_bytes: int = 32 << 20
+    batch_max_requests: int = 50_000
+    batch_requests_in_flight: int = 16  # the jobs' requests in the engines at once
 
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
@@ -123,7 +131,10 @@ class Server:
         # The generative models' engines (one per version, built on first use), for the OpenAI API on the
         # HTTP port; here, in the process that holds the repository, whatever --workers says.
         self.generation = GenerationRegistry(self.repository)
-        self.openai = OpenAIService(self.generation)
+        self.openai = OpenAIService(self.generation, options.access().keys)
+        limits = FileLimits(options.batch_max_file_bytes, options.batch_max_requests)
+        self.batches = None if options.batch_dir is None else BatchRunner(
+            options.batch_dir, self.openai, limits, options.batch_requests_in_flight)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None
@@ -144,6 +155,8 @@ class Server:
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
         else:
             await self.repository.load_all()
+        if self.batches is not None:  # the models are loaded: jobs the last run left unfinished go on
+            self.batches.resume()
         if opts.workers > 1:
             await self._start_frontends()
         else:
@@ -198,7 +211,7 @@ class Server:
         counter = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
         http_access, grpc_access = policies(opts.access())
         limits = self._http_limits()
-        routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai))
+        routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai, self.batches))
         self._http = http_frontend.HttpApp(self.dataplane, limits, routes, counter=counter,
                                            access=http_access)
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
@@ -254,7 +267,7 @@ class Server:
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
         # (workers/streams.py)
-        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai))
+        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai, self.batches))
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
                                        grpc_sockets, spec, opts.worker_arena_bytes)
         await self._frontends.start()
@@ -272,6 +285,8 @@ class Server:
 
     async def stop(self) -> None:
         self.dataplane.accepting = False
+        if self.batches is not None:  # first: the jobs' requests must not fail as their engines close
+            await self.batches.close()
         for task in (self._poller, self._canaries):
             if task is not None:
                 task.cancel()

@@ -280,3 +280,14 @@ def test_every_grpc_method_has_a_group() -> None:
     assert grpc_group(b"/inference.GRPCInferenceService/ModelInfer") is G.INFERENCE
     assert grpc_group(b"/grpc.health.v1.Health/Check") is G.HEALTH
     assert grpc_group(b"/inference.GRPCInferenceService/RepositoryModelLoad") is G.MODEL_REPOSITORY
+
+
+def test_token_quota_reserves_refills_over_a_minute_and_takes_back_the_unused():
+    from engine.quotas import TokenQuota
+    q = TokenQuota(600, now=0.0)  # 10 a second
+    assert q.take(500, 0.0) == 0.0 and q.used == 500
+    assert q.take(200, 0.0) == 10.0  # 100 short: ten seconds, nothing taken
+    assert q.take(200, 10.0) == 0.0  # refilled
+    q.give_back(150)  # a request stopped early
+    assert q.take(150, 10.0) == 0.0
+    assert q.take(601, 100.0) == float("inf")  # more than a minute's worth never fits

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.generate.kv_manager import KVCacheManager
-from engine.generate.request import FinishReason, Request, RequestState, SamplingParams
+from engine.generate.request import FinishReason, Priority, Request, RequestState, SamplingParams
 from engine.generate.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 
@@ -107,3 +107,77 @@ def test_a_shared_prefix_is_not_computed_again():
     plan = step(s)
     assert work(plan) == {"a": 1, "b": 2} and b.num_cached_tokens == 8
     assert s.kv.block_table("b")[:2] == s.kv.block_table("a")[:2]
+
+
+# ---------------------------------------------------------------------- priorities (batch jobs go last)
+
+def batch_request(rid: str, prompt_len: int, first: int = 0) -> Request:
+    return Request(rid, list(range(first, first + prompt_len)),
+                   SamplingParams(max_tokens=100, priority=Priority.BATCH), np.random.default_rng(0))
+
+
+def test_interactive_requests_are_admitted_before_earlier_batch_requests():
+    s = make(seqs=2, budget=8)
+    job = [batch_request(f"job{i}", 6, first=10 * i) for i in range(3)]
+    for r in job:
+        s.add(r)
+    chat = request("chat", 4, first=200)
+    s.add(chat)
+    plan = step(s)
+    assert work(plan) == {"chat": 4, "job0": 4}  # the budget goes to the interactive prompt first
+    assert [c.request.request_id for c in plan.chunks][0] == "chat"
+    assert [r.request_id for r in s.running] == ["chat", "job0"]
+    assert [r.request_id for r in s.waiting] == ["job1", "job2"]
+
+
+def test_running_interactive_requests_take_the_budget_before_batch_ones():
+    s = make(budget=3)
+    job = batch_request("job", 2)
+    s.add(job)
+    step(s)  # the job is decoding
+    chats = [request(f"c{i}", 1, first=50 + i) for i in range(3)]
+    for c in chats:
+        s.add(c)
+    step(s)
+    plan = step(s)
+    assert work(plan) == {"c0": 1, "c1": 1, "c2": 1}  # the job's decode waits a step; nobody is preempted
+    assert job.state is RequestState.RUNNING and not plan.preempted
+
+
+def test_an_interactive_request_preempts_a_batch_request_for_its_seat():
+    s = make(seqs=2)
+    jobs = [batch_request("j0", 3), batch_request("j1", 3, first=20)]
+    for r in jobs:
+        s.add(r)
+    step(s)
+    chat = request("chat", 3, first=40)
+    s.add(chat)
+    plan = step(s)
+    assert plan.preempted == ["j1"] and work(plan) == {"chat": 3, "j0": 1}
+    assert jobs[1].state is RequestState.PREEMPTED and s.waiting == [jobs[1]]
+    assert jobs[1].output_token_ids == [7]  # nothing lost: recomputed once a seat frees
+    s.finish(chat, FinishReason.STOP)
+    assert work(step(s)) == {"j0": 1, "j1": 4}
+
+
+def test_an_interactive_request_preempts_batch_requests_for_blocks():
+    s = make(num_blocks=4, block_size=4, seqs=8)
+    job = batch_request("job", 12)  # three of the four blocks
+    s.add(job)
+    step(s)
+    chat = request("chat", 8, first=100)  # needs two
+    s.add(chat)
+    plan = step(s)
+    assert plan.preempted == ["job"] and work(plan) == {"chat": 8}
+    assert job.state is RequestState.PREEMPTED
+
+
+def test_a_batch_request_never_preempts_an_interactive_one():
+    s = make(num_blocks=4, block_size=4, seqs=1)
+    chat = request("chat", 12)
+    s.add(chat)
+    step(s)
+    job = batch_request("job", 8, first=100)
+    s.add(job)
+    plan = step(s)
+    assert not plan.preempted and work(plan) == {"chat": 1} and job.state is RequestState.WAITING

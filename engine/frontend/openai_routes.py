@@ -3,6 +3,7 @@
     GET  /v1/models, /v1/models/{model}      the generative models that serve now
     POST /v1/completions                     text completion
     POST /v1/chat/completions                chat, through the model folder's chat template
+    /v1/files, /v1/batches                   the Batch API (openai_batch_routes.py)
 
 A generation request runs as one task: the engine's work is on its own thread (engine/generate/driver.py),
 the task only waits for its events. Without `stream` the task's result is the JSON answer; with it, the
@@ -31,11 +32,13 @@ from typing import Any
 
 import orjson
 
+from ..openai.batch.runner import BatchRunner
 from ..openai.errors import NOT_FOUND, OpenAIError, bad_request, from_engine
 from ..openai.generation import Generation
 from ..openai.protocol import ApiRequest, parse_body, parse_request
 from ..openai.service import OpenAIService
 from .http_types import Answer, HttpRequest, OnDone, Pending, ResponseStream
+from .openai_batch_routes import BatchRoutes
 from .openai_stream import stream_generation
 
 log = logging.getLogger("hubserve.openai")
@@ -45,6 +48,8 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 
 def _error_answer(error: OpenAIError, extra: bytes = b"") -> Answer:
+    if error.retry_after_secs:
+        extra += b"Retry-After: %d\r\n" % error.retry_after_secs
     return error.status, error.json(), _JSON, extra
 
 
@@ -83,8 +88,9 @@ class _Task:
 class OpenAIRoutes:
     """One per server, beside HttpRoutes (which calls `handle` for /v1 paths)."""
 
-    def __init__(self, service: OpenAIService) -> None:
+    def __init__(self, service: OpenAIService, batches: BatchRunner | None = None) -> None:
         self.service = service
+        self.batches = BatchRoutes(batches)
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def handle(self, req: HttpRequest, parts: list[str], on_done: OnDone) -> Answer | Pending:
@@ -111,6 +117,15 @@ class OpenAIRoutes:
                 raise OpenAIError(405, f"{method.decode()} is not allowed on /v1/{'/'.join(parts)}; "
                                        "use POST.")
             return self._generate(req, chat, on_done)
+        if parts and parts[0] in ("files", "batches"):
+            reply = self.batches.handle(req, parts)
+            if isinstance(reply, tuple):
+                return reply
+            batch_task: asyncio.Future[Answer | None] = asyncio.ensure_future(reply)
+            self._tasks.add(batch_task)
+            batch_task.add_done_callback(self._tasks.discard)
+            batch_task.add_done_callback(on_done)
+            return _Task(batch_task, b"")
         raise OpenAIError(404, f"Unknown request URL: {method.decode()} /v1/{'/'.join(parts)}.", NOT_FOUND,
                           code="unknown_url")
 

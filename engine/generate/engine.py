@@ -128,7 +128,7 @@ class GenerationEngine:
         pool = self.kv.pool
         queried = self.kv.prefix_queries
         return EngineStats(
-            running=len(self.scheduler.running), waiting=len(self.scheduler.waiting),
+            running=len(self.scheduler.running), waiting=self.scheduler.num_waiting,
             kv_blocks_used=pool.num_blocks - pool.num_free, kv_blocks_free=pool.num_free,
             prefix_cache_hit_rate=self.kv.prefix_hits / queried if queried else 0.0,
             preemptions=self.scheduler.num_preemptions)

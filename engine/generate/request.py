@@ -28,6 +28,14 @@ class RequestState(enum.Enum):
     FINISHED = "finished"    # done; `finish_reason` says why, its blocks are freed
 
 
+class Priority(enum.IntEnum):
+    """Which requests the scheduler serves first (lower first): interactive API requests before offline batch
+    jobs (engine/openai/batch_runner.py), so a job running never delays an interactive stream's tokens."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
 class FinishReason(enum.Enum):
     STOP = "stop"        # a stop token, the end-of-sequence token or a stop string (OpenAI's "stop")
     LENGTH = "length"    # max_tokens, or the model's context is full (OpenAI's "length")
@@ -52,6 +60,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()            # stop strings: the text ends before the first one
     stop_token_ids: tuple[int, ...] = ()  # stop tokens: generated, then generation stops
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
+    priority: Priority = Priority.INTERACTIVE  # the scheduling class (scheduler.py), not a sampling knob
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

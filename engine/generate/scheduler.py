@@ -13,6 +13,12 @@ Each step (vLLM v1's order):
    blocks allow: admission by free blocks, never by preempting. A prompt's cached prefix is shared, not
    computed; a prompt longer than the remaining budget is admitted with a first chunk (chunked prefill),
    so a long prompt never stalls the running streams for a whole step.
+
+Priorities (`SamplingParams.priority`): steps 1 and 2 run once per class, interactive first, so interactive
+requests are scheduled and admitted before any batch-job request takes budget. `running` is kept ordered by
+class, then admission, so "the newest running" (the preemption victim) is the newest batch-job request while
+there is one; and an interactive request waiting for a seat or blocks preempts running batch-job requests to
+get them (the job's work is kept and recomputed later, as any preemption).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .kv_manager import KVCacheManager
-from .request import FinishReason, Request, RequestState
+from .request import FinishReason, Priority, Request, RequestState
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,25 +70,41 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.queues: dict[Priority, deque[Request]] = {p: deque() for p in Priority}  # waiting, by class
+        self.running: list[Request] = []  # ordered by class, then admission
         self.num_preemptions = 0
         self._arrivals = 0
 
     def add(self, request: Request) -> None:
         request.arrival = self._arrivals
         self._arrivals += 1
-        self.waiting.append(request)
+        self.queues[request.params.priority].append(request)
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Every waiting request, in the order admission looks at them (a copy: for tests and inspection)."""
+        return [r for p in Priority for r in self.queues[p]]
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self.queues.values())
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.running) or any(self.queues.values())
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        # 1. running requests, oldest first; preempt the newest when blocks run out
-        index = 0
-        while index < len(self.running) and budget > 0:
+        for priority in Priority:
+            budget = self._schedule_running(out, budget, priority)
+            budget = self._admit(out, budget, priority)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, priority: Priority) -> int:
+        """1. the running requests of this class, oldest first; preempt the newest when blocks run out
+        (the list is ordered, so the victim is never one already scheduled this step)."""
+        index = sum(1 for r in self.running if r.params.priority < priority)
+        while index < len(self.running) and budget > 0 and self.running[index].params.priority == priority:
             request = self.running[index]
             count = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv.allocate(request.request_id, request.num_computed_tokens, count):
@@ -95,9 +117,18 @@ class Scheduler:
                 out.chunks.append(self._chunk(request, count))
                 budget -= count
                 index += 1
-        # 2. waiting requests, in order, while budget, seats and free blocks allow
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        return budget
+
+    def _admit(self, out: SchedulerOutput, budget: int, priority: Priority) -> int:
+        """2. the waiting requests of this class, in order, while budget, seats and free blocks allow; a
+        seat or blocks held by a lower class (not yet scheduled this step) are taken by preempting it."""
+        waiting = self.queues[priority]
+        while waiting and budget > 0:
+            if len(self.running) >= self.config.max_num_seqs:
+                if not self._preempt_lower(out, priority):
+                    break
+                continue
+            request = waiting[0]
             prefix, cached = self.kv.computed_prefix(request.request_id, request.all_token_ids)
             count = request.num_tokens - cached
             if count > budget:
@@ -105,15 +136,27 @@ class Scheduler:
                     break
                 count = budget
             if not self.kv.allocate(request.request_id, cached, count, prefix):
-                break
-            self.waiting.popleft()
+                if not self._preempt_lower(out, priority):
+                    break
+                continue
+            waiting.popleft()
             self.kv.count_prefix(request.num_tokens, cached)
             request.state = RequestState.RUNNING
             request.num_computed_tokens = request.num_cached_tokens = cached
-            self.running.append(request)
+            at = sum(1 for r in self.running if r.params.priority <= priority)
+            self.running.insert(at, request)
             out.chunks.append(self._chunk(request, count))
             budget -= count
-        return out
+        return budget
+
+    def _preempt_lower(self, out: SchedulerOutput, priority: Priority) -> bool:
+        """Preempt the newest running request of a lower class than `priority`, if there is one."""
+        if not self.running or self.running[-1].params.priority <= priority:
+            return False
+        victim = self.running.pop()
+        self._preempt(victim)
+        out.preempted.append(victim.request_id)
+        return True
 
     def _chunk(self, request: Request, count: int) -> ScheduledChunk:
         start = request.num_computed_tokens
@@ -129,7 +172,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.queues[request.params.priority].appendleft(request)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> Iterator[tuple[Request, int | None]]:
         """Advance each scheduled request by its computed tokens and append its sampled token (`sampled`,
@@ -151,8 +194,8 @@ class Scheduler:
             return
         if request.state is RequestState.RUNNING:
             self.running.remove(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
+        elif request in self.queues[request.params.priority]:
+            self.queues[request.params.priority].remove(request)
         self.kv.free(request.request_id)
         request.state = RequestState.FINISHED
         request.finish_reason = reason

@@ -22,8 +22,9 @@ NOT_IMPLEMENTED = "not_implemented_error"
 
 class OpenAIError(Exception):
     def __init__(self, status: int, message: str, type_: str = INVALID_REQUEST, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, retry_after_secs: int = 0) -> None:
         super().__init__(message)
+        self.retry_after_secs = retry_after_secs  # > 0: answered with a Retry-After header
         self.status = status
         self.message = message
         self.type = type_

@@ -11,14 +11,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
 from ..generate.chat_template import ChatTemplate
 from ..generate.registry import GenerationRegistry, GenerativeVersion
-from ..generate.request import SamplingParams
+from ..generate.request import Priority, SamplingParams
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
 from .protocol import ApiRequest
+from .token_quotas import TokenQuotas
 
 # A prompt longer than this many characters per token of context is refused before it is tokenized: no
 # tokenizer in use packs more characters into a token on average, and the bound keeps a huge prompt from
@@ -29,8 +31,9 @@ MAX_PROMPT_CHARS_PER_TOKEN = 32
 class OpenAIService:
     """One per server, in the process that holds the repository and the engines."""
 
-    def __init__(self, registry: GenerationRegistry) -> None:
+    def __init__(self, registry: GenerationRegistry, keys: tuple[ApiKey, ...] = ()) -> None:
         self.registry = registry
+        self.quotas = TokenQuotas(keys)
         self._created: dict[str, int] = {}
 
     # ------------------------------------------------------------------ models
@@ -51,21 +54,29 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ generation
 
-    async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None) -> Generation:
+    async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None,
+                    priority: Priority = Priority.INTERACTIVE) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
-        ready); the engine's events then flow into the returned Generation."""
+        ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
+        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last."""
         try:
             version = await self.registry.version(api.model)
         except EngineError as e:
             raise _model_error(api.model, e) from None
         prompts = self._prompts(api, version)
-        params = self._params(api, version, max(len(p) for p in prompts))
-        check_quota(api_key, api, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
+        params = self._params(api, version, max(len(p) for p in prompts), priority)
+        reservation = self.quotas.charge(
+            api_key, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
         gen = Generation(version.driver, request_id, prompts, api.n, params)
         try:
             gen.start()
         except EngineError as e:
+            if reservation is not None:
+                reservation.settle(0)
             raise from_engine(e) from None
+        if reservation is not None:  # settled with what it used, once every choice finished
+            gen.done.add_done_callback(
+                lambda _: reservation.settle(gen.prompt_tokens + gen.completion_tokens))
         return gen
 
     def answer(self, gen: Generation, api: ApiRequest, created: int) -> dict[str, Any]:
@@ -98,7 +109,8 @@ class OpenAIService:
             out.append(ids)
         return out
 
-    def _params(self, api: ApiRequest, version: GenerativeVersion, prompt_tokens: int) -> SamplingParams:
+    def _params(self, api: ApiRequest, version: GenerativeVersion, prompt_tokens: int,
+                priority: Priority) -> SamplingParams:
         limit = version.driver.engine.cache_config.max_model_len
         param = "messages" if api.chat else "prompt"
         max_tokens = api.max_tokens
@@ -115,16 +127,10 @@ class OpenAIService:
             return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
                                   top_k=api.top_k, seed=None if api.seed is None else api.seed % 2**64,
                                   stop=tuple(dict.fromkeys(stop)),
-                                  stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos)
+                                  stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos,
+                                  priority=priority)
         except EngineError as e:
             raise from_engine(e) from None
-
-
-def check_quota(api_key: str | None, api: ApiRequest, tokens: int) -> None:
-    """Where a per-key token quota is charged, once the request's cost is known (its prompt tokens plus the
-    most it may generate), before it reaches the engine: the API-key work (issue 17's per-key quotas) raises
-    OpenAIError(429, ..., "rate_limit_error", code="insufficient_quota") here. Nothing is charged yet."""
-    return None
 
 
 def _render(template: ChatTemplate, api: ApiRequest) -> str:

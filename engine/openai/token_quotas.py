@@ -1,0 +1,75 @@
+"""Per-key `tokens_per_minute` for the OpenAI API (README "Security"): the one place it is charged.
+
+`OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine. The
+cost reserved is what the request may use at most: its prompt tokens plus `max_tokens` for every choice
+(when `max_tokens` is not given, what the context leaves). When it finishes, the tokens it did not use (it
+stopped early) go back to the key; a request whose client left keeps its whole reservation.
+
+The keys are the `--api-keys` file's; the key is the request's bearer secret, which the frontend's access
+policy (engine/access.py) has already checked in constant time, so here it is only looked up by its digest.
+This runs in the process that holds the engines (with `--workers N`, the engine process, where every /v1
+request is forwarded), so one bucket per key serves every frontend and the limit holds server-wide exactly,
+with no share to split.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..api_keys import ApiKey, digest
+from ..quotas import TokenQuota, retry_after_secs
+from .errors import OpenAIError
+
+# OpenAI's own answer to a request over a tokens-per-minute limit: 429, type "tokens".
+RATE_LIMIT_TYPE = "tokens"
+RATE_LIMIT_CODE = "rate_limit_exceeded"
+
+
+class Reservation:
+    """What one request holds of its key's minute: `settle` gives back what it did not use."""
+
+    __slots__ = ("quota", "tokens")
+
+    def __init__(self, quota: TokenQuota, tokens: int) -> None:
+        self.quota = quota
+        self.tokens = tokens
+
+    def settle(self, used: int) -> None:
+        """The request finished having used `used` tokens (prompt + generated); called at most once."""
+        if used < self.tokens:
+            self.quota.give_back(self.tokens - used)
+        self.tokens = 0
+
+
+class TokenQuotas:
+    """One per OpenAIService. Keys without `tokens_per_minute` are not counted."""
+
+    def __init__(self, keys: tuple[ApiKey, ...], now: float | None = None) -> None:
+        start = time.monotonic() if now is None else now
+        self._quotas = {k.digest: (k, TokenQuota(k.tokens_per_minute, start))
+                        for k in keys if k.tokens_per_minute is not None}
+
+    def charge(self, api_key: str | None, tokens: int, now: float | None = None) -> Reservation | None:
+        """Reserve `tokens` of the key's minute, or raise OpenAIError 429 with a Retry-After. None when the
+        key has no token limit (or there is no key)."""
+        if api_key is None or not self._quotas:
+            return None
+        entry = self._quotas.get(digest(api_key.strip().encode("latin-1")))
+        if entry is None:
+            return None
+        key, quota = entry
+        wait = quota.take(tokens, time.monotonic() if now is None else now)
+        if not wait:
+            return Reservation(quota, tokens)
+        limit = key.tokens_per_minute
+        if math.isinf(wait):
+            raise OpenAIError(429, "Request too large for tokens per min (TPM) on this API key: "
+                                   f"Limit {limit}, Requested {tokens}. The input or output tokens must be "
+                                   "reduced (lower max_tokens or n, or shorten the prompt) in order to run "
+                                   "successfully.",
+                              RATE_LIMIT_TYPE, None, RATE_LIMIT_CODE, retry_after_secs=60)
+        secs = retry_after_secs(wait)
+        raise OpenAIError(429, f"Rate limit reached for tokens per min (TPM) on this API key: Limit {limit}, "
+                               f"Used {quota.used}, Requested {tokens}. Please try again in {secs}s.",
+                          RATE_LIMIT_TYPE, None, RATE_LIMIT_CODE, retry_after_secs=secs)
