@@ -105,6 +105,7 @@ class Server:
         # The generative models' engines (one per version, built on first use), for the OpenAI API on the
         # HTTP port; here, in the process that holds the repository, whatever --workers says.
         self.generation = GenerationRegistry(self.repository)
+        self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         self.openai = OpenAIService(self.generation)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..backends.onnxruntime import describe_onnx, session_options
+from ..backends.onnxruntime import session_options
 from ..config import autocomplete, read_config_proto, validate
 from ..config_types import ModelConfig
 from ..errors import invalid
@@ -30,6 +30,7 @@ from .engine import CacheConfig, GenerationEngine
 from .runner import DecoderRunner
 from .scheduler import SchedulerConfig
 from .tokenizer import load_tokenizer
+from .triton_signature import complete_generative
 
 GENERATION_FORMS = ("decoder_with_past",)
 
@@ -57,7 +58,8 @@ def read_model_config(folder: Path, version: int = 1) -> tuple[ModelConfig, Path
     where = f"model '{name}'"
     msg = read_config_proto(folder, name)
     model_path = folder / str(version) / (msg.default_model_filename or "model.onnx")
-    autocomplete(msg, describe_onnx(model_path, name), name)
+    complete_generative(msg, where)  # its Triton signature, as the repository completes it
+    autocomplete(msg, None, name)
     config = validate(msg, where)
     form = config.parameters.get("generation")
     if form not in GENERATION_FORMS:
