@@ -11,6 +11,9 @@ The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/m
     max_num_seqs            running sequences at most (default 32)
     max_num_batched_tokens  tokens computed per step at most (default 256)
     enable_prefix_caching   "true" (default) or "false"
+    lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
+                            graph takes LoRA inputs (lora.py)
+    max_loras               adapters kept loaded at most, least recently used evicted (default 4)
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
 session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
@@ -27,6 +30,7 @@ from ..config import autocomplete, read_config_proto, validate
 from ..config_types import ModelConfig
 from ..errors import invalid
 from .engine import CacheConfig, GenerationEngine
+from .lora import AdapterStore
 from .runner import DecoderRunner
 from .scheduler import SchedulerConfig
 from .tokenizer import load_tokenizer
@@ -94,4 +98,8 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
     options = session_options(config)
     runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where)
-    return GenerationEngine(runner, tokenizer, cache, scheduler, seed)
+    adapters = None
+    if runner.lora is not None:
+        adapters = AdapterStore(folder / params.get("lora_adapters", "adapters"), runner.lora,
+                                _int(params, "max_loras", 4, where), config.name)
+    return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters)

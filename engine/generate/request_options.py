@@ -9,7 +9,8 @@ Where the sampling options come from, in the order Triton's LLM backends read th
 3. the `max_tokens` input (TensorRT-LLM's ensemble spelling).
 Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM), max_tokens (default 16, vLLM's),
 seed, stop (a string or a list of them), stop_token_ids, ignore_eos. `stream` and `exclude_input_in_output`
-are inputs, or parameters of those names when the input is absent.
+are inputs, or parameters of those names when the input is absent. The parameter `lora` (a string) names
+the LoRA adapter to run with (lora.py).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ def read_options(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
         raw.update(doc)
     if MAX_TOKENS in inputs:
         raw["max_tokens"] = int(inputs[MAX_TOKENS].reshape(-1)[0])
+    lora = parameters.get("lora")
+    if lora is not None and (not isinstance(lora, str) or not lora):
+        raise invalid(f"parameter 'lora' must name an adapter (a string), got {lora!r}")
+    raw["lora"] = lora
     return RequestOptions(prompt, _flag(inputs, parameters, STREAM), _flag(inputs, parameters, EXCLUDE_INPUT),
                           sampling_params(raw))
 
@@ -86,7 +91,7 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
                               temperature=_number(raw, "temperature", float, 0.0),
                               top_p=_number(raw, "top_p", float, 1.0), top_k=0 if top_k == -1 else top_k,
                               seed=None if seed is None else seed % 2**64, stop=tuple(dict.fromkeys(stop)),
-                              stop_token_ids=tuple(ids), ignore_eos=ignore_eos)
+                              stop_token_ids=tuple(ids), ignore_eos=ignore_eos, lora=raw.get("lora"))
     except EngineError as e:
         raise invalid(f"sampling parameters: {e.message}") from None
 

@@ -33,7 +33,7 @@ from ..errors import EngineError, decoupled_unary, invalid
 from ..model import Model, ModelState
 from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 from .driver import TokenEvent
-from .registry import GenerativeVersion
+from .registry import GenerativeVersion, check_adapter
 from .request import SamplingParams
 from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
 from .triton_signature import TEXT_OUTPUT
@@ -126,6 +126,8 @@ class GenerativeModel(Model):
         if not ids:
             raise invalid("text_input is empty after tokenizing: send at least one token")
         params = options.sampling
+        if params.lora is not None:
+            check_adapter(version, params.lora)
         if len(ids) + params.max_tokens > limit:
             raise invalid(f"model '{self.name}' has a context of {limit} tokens; the prompt's {len(ids)} "
                           f"tokens plus max_tokens {params.max_tokens} exceed it")

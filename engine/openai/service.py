@@ -8,12 +8,13 @@ millisecond; every model step runs on its engine's thread (engine/generate/drive
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
 from ..generate.chat_template import ChatTemplate
-from ..generate.registry import GenerationRegistry, GenerativeVersion
+from ..generate.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..generate.request import SamplingParams
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
@@ -41,7 +42,7 @@ class OpenAIService:
 
     def retrieve_model(self, name: str) -> dict[str, Any]:
         try:
-            self.registry.model(name)
+            self.registry.model(name.partition(":")[0])
         except EngineError as e:
             raise _model_error(name, e) from None
         return responses.model_object(name, self._created_at(name))
@@ -54,12 +55,17 @@ class OpenAIService:
     async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready); the engine's events then flow into the returned Generation."""
+        base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:
-            version = await self.registry.version(api.model)
+            version = await self.registry.version(base)
+            if adapter:
+                check_adapter(version, adapter)
         except EngineError as e:
             raise _model_error(api.model, e) from None
         prompts = self._prompts(api, version)
         params = self._params(api, version, max(len(p) for p in prompts))
+        if adapter:
+            params = dataclasses.replace(params, lora=adapter)
         check_quota(api_key, api, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
         gen = Generation(version.driver, request_id, prompts, api.n, params)
         try:
