@@ -235,7 +235,10 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
 
     scheduling = msg.WhichOneof("scheduling_choice")
     decoupled = msg.model_transaction_policy.decoupled
-    if decoupled and backend != "python":  # only a Python model can send responses apart from execute
+    # Only a Python model can send responses apart from execute, or a generative model's engine (its
+    # requests never reach the backend: engine/generate/triton_model.py).
+    generative = "generation" in msg.parameters
+    if decoupled and backend != "python" and not generative:
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} is not supported by the "
                       f"{backend} backend, which answers each request with exactly one response; decoupled "
                       "models must be Python models (`backend: \"python\"`)")

@@ -42,6 +42,9 @@ from .ensemble import EnsembleModel
 from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
+from .generate.model_folder import is_generative
+from .generate.triton_model import GenerationSource, GenerativeModel
+from .generate.triton_signature import complete_generative, is_generative_config
 from .load_errors import load_failure_text
 from .memory import release_freed_memory
 from .model import Model, ModelState
@@ -76,6 +79,9 @@ class ModelRepository(RoutingTable):
         # Folders as they were when the repository API unloaded their model: the watcher leaves those models
         # unloaded until the folder changes (the same rule as for an API load).
         self._unloaded: dict[str, Fingerprint | None] = {}
+        # Where a generative model's requests go (engine/generate/registry.py); set by the server, which makes
+        # the registry over this repository. None: such a model fails to load.
+        self.generation: GenerationSource | None = None
 
     async def load_all(self) -> None:
         await asyncio.gather(*(self.load(name) for name in self._on_disk()))
@@ -286,7 +292,9 @@ class ModelRepository(RoutingTable):
         filename = msg.default_model_filename or default_filename(backend)
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
-        if latest_file.exists() and backend != ENSEMBLE_PLATFORM:
+        if is_generative_config(msg):  # a Triton LLM signature, not its ONNX tensors (triton_signature.py)
+            complete_generative(msg, where)
+        elif latest_file.exists() and backend != ENSEMBLE_PLATFORM:
             try:
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
@@ -313,6 +321,11 @@ class ModelRepository(RoutingTable):
         log.info("model %s version %d LOADING", config.name, version)
         if plan is not None:  # an ensemble: its version folder holds nothing, its steps run on other models
             model: Model = EnsembleModel(config, version, model_dir / str(version), plan, self)
+        elif is_generative(config):  # its requests go to the generation engine (generate/triton_model.py)
+            if self.generation is None:
+                raise invalid(f"{where}: generative models are served only by a server with a generation "
+                              "registry")
+            model = GenerativeModel(config, version, path, self.generation)
         else:
             model = Model(config, version, path, self._gpus, self._limiter, router=self)
         await model.start()

@@ -131,6 +131,7 @@ class Server:
         # The generative models' engines (one per version, built on first use), for the OpenAI API on the
         # HTTP port; here, in the process that holds the repository, whatever --workers says.
         self.generation = GenerationRegistry(self.repository)
+        self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         self.openai = OpenAIService(self.generation, options.access().keys)
         limits = FileLimits(options.batch_max_file_bytes, options.batch_max_requests)
         self.batches = None if options.batch_dir is None else BatchRunner(

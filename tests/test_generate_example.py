@@ -1,6 +1,7 @@
 """The generative example model (model_repository/tiny_decoder, built by engine/generate/tiny_decoder.py):
 it is a valid ONNX model in Optimum's decoder_with_past form, stepping it token by token agrees with one
-prefill, and the repository loads it as a plain tensor model beside the others, with the server ready."""
+prefill, and the repository loads it beside the others, with the server ready, as a decoupled model with
+the LLM signature (test_generate_triton.py serves it)."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_stepping_with_past_matches_one_prefill():
         past = {name: out[name.replace("past_key_values", "present")] for name in KV_NAMES}
 
 
-def test_the_repository_serves_it_as_a_tensor_model_and_stays_ready(tmp_path: Path):
+def test_the_repository_serves_it_with_the_llm_signature_and_stays_ready(tmp_path: Path):
     repo = tmp_path / "repo"
     for name in ("simple", "tiny_decoder"):
         (repo / name).mkdir(parents=True)
@@ -75,17 +76,9 @@ def test_the_repository_serves_it_as_a_tensor_model_and_stays_ready(tmp_path: Pa
     try:
         with httpclient.InferenceServerClient(server.http_url, network_timeout=30.0) as client:
             assert client.is_model_ready("tiny_decoder")
-            ids = [256, *b"hi"]
-            feed = prefill_feed(ids)
-            inputs = []
-            for name, arr in feed.items():
-                datatype = "INT64" if arr.dtype == np.int64 else "FP32"
-                tensor = httpclient.InferInput(name, list(arr.shape), datatype)
-                tensor.set_data_from_numpy(arr)
-                inputs.append(tensor)
-            result = client.infer("tiny_decoder", inputs)
-            want = session().run(["logits"], feed)[0]
-            np.testing.assert_allclose(result.as_numpy("logits"), want, atol=1e-5)
-            assert result.as_numpy("present.1.value").shape == (1, SHAPE.heads, len(ids), SHAPE.head_dim)
+            meta = client.get_model_metadata("tiny_decoder")
+            assert meta["inputs"][0] == {"name": "text_input", "datatype": "BYTES", "shape": [1]}
+            assert [o["name"] for o in meta["outputs"]] == ["text_output"]
+            assert client.get_model_config("tiny_decoder")["model_transaction_policy"]["decoupled"]
     finally:
         server.stop()

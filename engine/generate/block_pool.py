@@ -30,10 +30,11 @@ class BlockHash:
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int,
-                 known: Sequence[BlockHash] = ()) -> list[BlockHash]:
-    """The hashes of every full block of `token_ids`, extending `known` (the hashes of its first blocks)."""
+                 known: Sequence[BlockHash] = (), root: int = 0) -> list[BlockHash]:
+    """The hashes of every full block of `token_ids`, extending `known` (the hashes of its first blocks).
+    `root` is the first block's parent: what else its keys and values depend on (a LoRA adapter: lora.py)."""
     hashes = list(known)
-    parent = hash(hashes[-1]) if hashes else 0
+    parent = hash(hashes[-1]) if hashes else root
     for start in range(len(hashes) * block_size, len(token_ids) - block_size + 1, block_size):
         h = BlockHash(parent, tuple(token_ids[start:start + block_size]))
         hashes.append(h)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import EngineError, ErrorCode, invalid
 from .kv_manager import KVCacheManager
+from .lora import AdapterStore
 from .request import FinishReason, Request, RequestOutput, SamplingParams
 from .runner import DecoderRunner
 from .sampler import sample
@@ -46,8 +47,9 @@ class EngineStats:
 
 class GenerationEngine:
     def __init__(self, runner: DecoderRunner, tokenizer: Tokenizer, cache: CacheConfig,
-                 scheduler: SchedulerConfig, seed: int = 0) -> None:
+                 scheduler: SchedulerConfig, seed: int = 0, adapters: AdapterStore | None = None) -> None:
         self.runner = runner
+        self.adapters = adapters  # the model's LoRA adapters (lora.py), when its graph takes them
         self.tokenizer = tokenizer
         self.cache_config = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
@@ -75,8 +77,14 @@ class GenerationEngine:
         if total > capacity:
             raise invalid(f"the prompt's {len(token_ids)} tokens plus max_tokens {params.max_tokens} exceed "
                           f"the KV cache's {capacity} token slots; lower max_tokens")
+        adapter = None
+        if params.lora is not None:
+            if self.adapters is None:
+                raise invalid(f"LoRA adapter '{params.lora}' asked of a model whose graph takes no adapter "
+                              "inputs")
+            adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
-        request = Request(request_id, token_ids, params, np.random.default_rng(seed))
+        request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter)
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request

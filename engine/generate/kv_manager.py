@@ -37,13 +37,14 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def computed_prefix(self, request_id: str, token_ids: Sequence[int]) -> tuple[list[int], int]:
+    def computed_prefix(self, request_id: str, token_ids: Sequence[int], salt: int = 0
+                        ) -> tuple[list[int], int]:
         """The cached blocks that hold the longest prefix of `token_ids` (a sequence not yet holding any
         blocks), and how many tokens they cover."""
         if not self.enable_prefix_caching:
             return [], 0
         usable = (len(token_ids) - 1) // self.block_size  # leave a token to compute
-        hashes = block_hashes(token_ids[:usable * self.block_size], self.block_size)
+        hashes = block_hashes(token_ids[:usable * self.block_size], self.block_size, root=salt)
         found: list[int] = []
         for h in hashes:
             block_id = self.pool.lookup(h)
@@ -86,8 +87,10 @@ class KVCacheManager:
             out.append(h)
         return out
 
-    def cache_computed(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Register the sequence's blocks that are now full and computed, so later prompts can share them."""
+    def cache_computed(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int,
+                       salt: int = 0) -> None:
+        """Register the sequence's blocks that are now full and computed, so later prompts can share them
+        (only prompts with the same `salt`: see block_hashes)."""
         if not self.enable_prefix_caching:
             return
         table = self._tables[request_id]
@@ -95,7 +98,7 @@ class KVCacheManager:
         full = num_computed_tokens // self.block_size
         if full <= len(known):
             return
-        hashes = block_hashes(token_ids[:full * self.block_size], self.block_size, known)
+        hashes = block_hashes(token_ids[:full * self.block_size], self.block_size, known, salt)
         for index in range(len(known), full):
             self.pool.cache(table[index], hashes[index])
         self._hashes[request_id] = hashes

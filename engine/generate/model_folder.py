@@ -11,6 +11,9 @@ The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/m
     max_num_seqs            running sequences at most (default 32)
     max_num_batched_tokens  tokens computed per step at most (default 256)
     enable_prefix_caching   "true" (default) or "false"
+    lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
+                            graph takes LoRA inputs (lora.py)
+    max_loras               adapters kept loaded at most, least recently used evicted (default 4)
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
 session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
@@ -22,14 +25,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..backends.onnxruntime import describe_onnx, session_options
+from ..backends.onnxruntime import session_options
 from ..config import autocomplete, read_config_proto, validate
 from ..config_types import ModelConfig
 from ..errors import invalid
 from .engine import CacheConfig, GenerationEngine
+from .lora import AdapterStore
 from .runner import DecoderRunner
 from .scheduler import SchedulerConfig
 from .tokenizer import load_tokenizer
+from .triton_signature import complete_generative
 
 GENERATION_FORMS = ("decoder_with_past",)
 
@@ -57,7 +62,8 @@ def read_model_config(folder: Path, version: int = 1) -> tuple[ModelConfig, Path
     where = f"model '{name}'"
     msg = read_config_proto(folder, name)
     model_path = folder / str(version) / (msg.default_model_filename or "model.onnx")
-    autocomplete(msg, describe_onnx(model_path, name), name)
+    complete_generative(msg, where)  # its Triton signature, as the repository completes it
+    autocomplete(msg, None, name)
     config = validate(msg, where)
     form = config.parameters.get("generation")
     if form not in GENERATION_FORMS:
@@ -92,4 +98,8 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
     options = session_options(config)
     runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where)
-    return GenerationEngine(runner, tokenizer, cache, scheduler, seed)
+    adapters = None
+    if runner.lora is not None:
+        adapters = AdapterStore(folder / params.get("lora_adapters", "adapters"), runner.lora,
+                                _int(params, "max_loras", 4, where), config.name)
+    return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters)

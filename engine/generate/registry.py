@@ -129,3 +129,13 @@ class GenerationRegistry:
             if model.state is ModelState.UNLOADING or id(model) not in loaded:
                 del self._versions[name]
                 self._retire(future)
+
+
+def check_adapter(version: GenerativeVersion, name: str) -> None:
+    """On the loop, before a request queues: INVALID_ARG for a model that takes no adapters, NOT_FOUND for
+    an adapter it does not have (the engine thread loads it: lora.py)."""
+    adapters = version.driver.engine.adapters
+    if adapters is None:
+        raise EngineError(ErrorCode.INVALID_ARG, f"model '{version.model.name}' takes no LoRA adapters (its "
+                                                 "graph has no lora_a/lora_b inputs)")
+    adapters.check(name)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import invalid
+from .lora import LoraAdapter
 
 
 class RequestState(enum.Enum):
@@ -61,6 +62,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # stop tokens: generated, then generation stops
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
     priority: Priority = Priority.INTERACTIVE  # the scheduling class (scheduler.py), not a sampling knob
+    lora: str | None = None               # the LoRA adapter to run with (lora.py), None: the base model
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -95,6 +97,12 @@ class Request:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     output_text: str = ""                    # the decoded output, cut before a stop string
+    adapter: LoraAdapter | None = None       # params.lora's matrices (set by the engine at add_request)
+
+    @property
+    def prefix_salt(self) -> int:
+        """What its blocks' hashes start from: an adapter changes the keys and values of the same tokens."""
+        return 0 if self.adapter is None else self.adapter.salt
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -43,6 +43,7 @@ import onnxruntime as ort
 
 from ..errors import invalid
 from .decode_group import DecodeGroup
+from .lora import LoraShape, lora_feed
 from .scheduler import ScheduledChunk
 
 _KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -111,6 +112,7 @@ class DecoderRunner:
             raise invalid(f"{where}: a merged decoder (input use_cache_branch) is not supported; export "
                           "the model with past (Optimum's decoder_with_past, or one taking an empty past)")
         self.has_mask, self.has_positions = "attention_mask" in inputs, "position_ids" in inputs
+        self.lora = _lora_shape(inputs, layers, where)  # None: the model takes no adapters (lora.py)
         self.output_names = ["logits", *(present for _, present in self.kv_names)]
         self.stats = RunnerStats()
         self.decode_group = DecodeGroup()
@@ -151,8 +153,10 @@ class DecoderRunner:
         return np.take(self._rows, past_rows, axis=0)
 
     def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
-              pasts: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+              pasts: Sequence[np.ndarray], rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
         feed: dict[str, np.ndarray] = {"input_ids": input_ids}
+        if self.lora is not None:  # each row's adapter (None: a free row, or no adapter)
+            feed.update(lora_feed(self.lora, [None if c is None else c.request.adapter for c in rows]))
         if self.has_mask:
             feed["attention_mask"] = mask
         if self.has_positions:
@@ -175,7 +179,8 @@ class DecoderRunner:
         input_ids[live, 0] = [c.token_ids[0] for c in rows]
         past = pasts[0].shape[2]
         mask = (np.arange(past + 1)[None, :] >= (past - starts)[:, None]).astype(np.int64)
-        feed = self._feed(input_ids, mask, starts[:, None], pasts)
+        feed = self._feed(input_ids, mask, starts[:, None], pasts,
+                          [group[i] if i >= 0 else None for i in order])
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
@@ -211,7 +216,7 @@ class DecoderRunner:
             input_ids[row, :count] = c.token_ids
             position_ids[row, :count] = np.arange(c.start, c.start + count)
             mask[row, past - c.start:past + count] = 1
-        feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)))
+        feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
@@ -236,6 +241,24 @@ class DecoderRunner:
         s.gather_ns += t1 - t0
         s.run_ns += t2 - t1
         s.scatter_ns += t3 - t2
+
+
+def _lora_shape(inputs: dict, layers: int, where: str) -> LoraShape | None:
+    """The adapter inputs' shape (`lora_a.{i}` [batch, hidden, r], `lora_b.{i}` [batch, r, hidden] for
+    every layer), or None when the model has none."""
+    if "lora_a.0" not in inputs:
+        return None
+    _, hidden, rank = inputs["lora_a.0"].shape
+    for i in range(layers):
+        a, b = inputs.get(f"lora_a.{i}"), inputs.get(f"lora_b.{i}")
+        if a is None or b is None or list(a.shape[1:]) != [hidden, rank] \
+                or list(b.shape[1:]) != [rank, hidden]:
+            raise invalid(f"{where}: LoRA inputs need lora_a.{{i}} [batch, hidden, r] and lora_b.{{i}} "
+                          f"[batch, r, hidden] with fixed hidden and r for each of the {layers} layers")
+    if not (isinstance(hidden, int) and isinstance(rank, int)):
+        raise invalid(f"{where}: lora_a.0 must have fixed hidden and rank dims, got "
+                      f"{inputs['lora_a.0'].shape}")
+    return LoraShape(layers, hidden, rank)
 
 
 def prefill_groups(chunks: Sequence[ScheduledChunk], indices: Sequence[int],

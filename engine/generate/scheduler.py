@@ -129,7 +129,8 @@ class Scheduler:
                     break
                 continue
             request = waiting[0]
-            prefix, cached = self.kv.computed_prefix(request.request_id, request.all_token_ids)
+            prefix, cached = self.kv.computed_prefix(request.request_id, request.all_token_ids,
+                                                     request.prefix_salt)
             count = request.num_tokens - cached
             if count > budget:
                 if not self.config.enable_chunked_prefill:
@@ -182,7 +183,8 @@ class Scheduler:
             if request.finished:  # aborted between schedule and update
                 continue
             request.num_computed_tokens += len(chunk.token_ids)
-            self.kv.cache_computed(request.request_id, request.all_token_ids, request.num_computed_tokens)
+            self.kv.cache_computed(request.request_id, request.all_token_ids, request.num_computed_tokens,
+                                   request.prefix_salt)
             token = sampled.get(request.request_id) if chunk.sample else None
             if token is not None:
                 request.output_token_ids.append(token)

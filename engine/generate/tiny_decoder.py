@@ -13,6 +13,10 @@ The interface is Optimum's (the names and layouts the engine's runner expects of
     outputs  logits                     FP32  [batch, seq, vocab]
              present.{i}.key            FP32  [batch, heads, past + seq, head_dim]   (and .value)
 
+With `lora_rank` r > 0 the graph also takes, per layer, `lora_a.{i}` FP32 [batch, hidden, r] and
+`lora_b.{i}` FP32 [batch, r, hidden]: the query projection becomes `x @ Wq + bq + (x @ A) @ B`, each row with
+its own matrices (zeros: no adapter), so one batch can carry requests of different adapters.
+
 `present` is `past` with this call's keys and values appended (a Concat along the sequence axis), which is
 what a step-by-step loop feeds back as the next `past`. Attention is causal by slot: the query in slot
 `past + j` sees key slots `<= past + j` whose mask is 1. The vocabulary is 256 bytes plus BOS and EOS
@@ -43,6 +47,7 @@ class TinyDecoderShape:
     head_dim: int = 16
     ffn: int = 256
     max_positions: int = 512
+    lora_rank: int = 0  # > 0: the graph takes LoRA matrices for each layer's query projection (module doc)
 
     @property
     def hidden(self) -> int:
@@ -125,6 +130,8 @@ def _layer(g: _Graph, shape: TinyDecoderShape, i: int, x: str, bias: str) -> str
 
     def project(name: str) -> str:  # [b, s, d] -> [b, h, s, hd]
         y = g.op("Add", g.op("MatMul", normed, f"l{i}.w{name}"), f"l{i}.b{name}")
+        if name == "q" and shape.lora_rank:  # + (normed @ A) @ B, per row: [b, s, d] [b, d, r] [b, r, d]
+            y = g.op("Add", y, g.op("MatMul", g.op("MatMul", normed, f"lora_a.{i}"), f"lora_b.{i}"))
         return g.op("Transpose", g.op("Reshape", y, split_heads), perm=[0, 2, 1, 3])
 
     q, k, v = project("q"), project("k"), project("v")
@@ -167,6 +174,10 @@ def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) ->
         for part in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{part}", f32, kv_in))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{part}", f32, kv_out))
+    d, r = shape.hidden, shape.lora_rank
+    for i in range(shape.layers if r else 0):
+        inputs.append(helper.make_tensor_value_info(f"lora_a.{i}", f32, ["batch", d, r]))
+        inputs.append(helper.make_tensor_value_info(f"lora_b.{i}", f32, ["batch", r, d]))
     initializers = [numpy_helper.from_array(value, name) for name, value in weights.items()]
     graph = helper.make_graph(g.nodes, "tiny_decoder", inputs, outputs, initializer=initializers + g.consts)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,

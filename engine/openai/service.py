@@ -8,13 +8,14 @@ millisecond; every model step runs on its engine's thread (engine/generate/drive
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
 from ..generate.chat_template import ChatTemplate
-from ..generate.registry import GenerationRegistry, GenerativeVersion
+from ..generate.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..generate.request import Priority, SamplingParams
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
@@ -44,7 +45,7 @@ class OpenAIService:
 
     def retrieve_model(self, name: str) -> dict[str, Any]:
         try:
-            self.registry.model(name)
+            self.registry.model(name.partition(":")[0])
         except EngineError as e:
             raise _model_error(name, e) from None
         return responses.model_object(name, self._created_at(name))
@@ -59,12 +60,17 @@ class OpenAIService:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
         Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last."""
+        base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:
-            version = await self.registry.version(api.model)
+            version = await self.registry.version(base)
+            if adapter:
+                check_adapter(version, adapter)
         except EngineError as e:
             raise _model_error(api.model, e) from None
         prompts = self._prompts(api, version)
         params = self._params(api, version, max(len(p) for p in prompts), priority)
+        if adapter:
+            params = dataclasses.replace(params, lora=adapter)
         reservation = self.quotas.charge(
             api_key, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
         gen = Generation(version.driver, request_id, prompts, api.n, params)

@@ -1,0 +1,182 @@
+"""A generative model version as Triton's clients see it: a decoupled model over the generation engine.
+
+The repository makes one `GenerativeModel` per version of a folder whose config declares `generation`
+(triton_signature.py gives it its tensors). It has no instances of its own: a request goes to the version's
+`EngineDriver` (driver.py), the same one the OpenAI API uses (registry.py), so one KV cache serves both APIs.
+Like every decoupled model it takes only requests with a stream (`request.stream`: gRPC ModelStreamInfer,
+HTTP generate and generate_stream, a frontend process's session with --workers N); unary ModelInfer and HTTP
+infer get Triton's decoupled refusal, as Triton answers its vLLM backend's models.
+
+One request, on the loop (`submit`):
+1. the inputs are checked against the config, the prompt and sampling options read (request_options.py);
+2. a task awaits the version's engine (built on first use), tokenizes, checks the context and submits;
+3. each step's `TokenEvent` becomes a response: with `stream` true one per new text piece (the last piece
+   carries the final flag, or the flag comes alone), otherwise one response with the whole text at the end;
+4. the future resolves with the final response; cancelling it (the client left) aborts the generation,
+   whose KV blocks the engine thread frees before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+import uuid
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ..config_types import ModelConfig
+from ..errors import EngineError, decoupled_unary, invalid
+from ..model import Model, ModelState
+from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
+from .driver import TokenEvent
+from .registry import GenerativeVersion, check_adapter
+from .request import SamplingParams
+from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
+from .triton_signature import TEXT_OUTPUT
+
+log = logging.getLogger("hubserve.generate")
+
+
+class GenerationSource(Protocol):
+    """Where a version's engine comes from: registry.py's GenerationRegistry."""
+
+    async def version(self, name: str) -> GenerativeVersion: ...
+
+
+class _Run:
+    """One request in flight: its options, where it stands in the engine, and its future."""
+
+    __slots__ = ("engine_id", "future", "options", "pieces", "request", "started_ns", "submitted", "task",
+                 "version")
+
+    def __init__(self, request: InferenceRequest, options: RequestOptions,
+                 future: asyncio.Future[InferenceResponse]) -> None:
+        self.request = request
+        self.options = options
+        self.future = future
+        self.engine_id = f"triton-{uuid.uuid4().hex[:16]}"
+        self.pieces: list[str] = []
+        self.started_ns = time.perf_counter_ns()
+        self.submitted = False
+        self.task: asyncio.Task[None] | None = None
+        self.version: GenerativeVersion | None = None
+
+
+class GenerativeModel(Model):
+    def __init__(self, config: ModelConfig, version: int, model_path: Path, source: GenerationSource) -> None:
+        self._init_version(config, version, model_path)
+        self.source = source
+        self._runs: set[_Run] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        self.state = ModelState.READY  # the engine is built by the registry on the first request
+
+    async def stop(self) -> None:
+        """Wait for the requests accepted (their engine finishes them). Called once, after routing moved."""
+        self.state = ModelState.UNLOADING
+        await self._idle.wait()
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._runs)
+
+    def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
+        """Check the request and start its generation (module docstring). Raises at once for a request
+        without a stream (UNIMPLEMENTED / 501, Triton's words) or with bad inputs."""
+        if request.stream is None:
+            raise decoupled_unary()
+        options = read_options(self.prepare(request), request.parameters)
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        run = _Run(request, options, future)
+        future.add_done_callback(functools.partial(self._completed, run, received_ns or run.started_ns,
+                                                   on_done))
+        self._runs.add(run)
+        self._idle.clear()
+        run.task = asyncio.ensure_future(self._start(run))
+        return future
+
+    async def _start(self, run: _Run) -> None:
+        try:
+            version = run.version = await self.source.version(self.name)
+            ids, params = self._prompt(run.options, version)
+            version.driver.submit(run.engine_id, ids, params, functools.partial(self._on_event, run))
+            run.submitted = True
+            self.stats.queue.add(time.perf_counter_ns() - run.started_ns)  # the wait for the engine's build
+            log.debug("request %s (Triton id %r): generating for model '%s'", run.engine_id, run.request.id,
+                      self.name)
+        except EngineError as e:
+            if not run.future.done():
+                run.future.set_exception(e)
+
+    def _prompt(self, options: RequestOptions, version: GenerativeVersion
+                ) -> tuple[list[int], SamplingParams]:
+        engine = version.driver.engine
+        limit = engine.cache_config.max_model_len
+        if len(options.prompt) > MAX_PROMPT_CHARS_PER_TOKEN * limit:
+            raise invalid(f"text_input of {len(options.prompt)} characters is far longer than model "
+                          f"'{self.name}''s context of {limit} tokens")
+        ids = engine.tokenizer.encode(options.prompt)
+        if not ids:
+            raise invalid("text_input is empty after tokenizing: send at least one token")
+        params = options.sampling
+        if params.lora is not None:
+            check_adapter(version, params.lora)
+        if len(ids) + params.max_tokens > limit:
+            raise invalid(f"model '{self.name}' has a context of {limit} tokens; the prompt's {len(ids)} "
+                          f"tokens plus max_tokens {params.max_tokens} exceed it")
+        return ids, params
+
+    def _on_event(self, run: _Run, event: TokenEvent) -> None:
+        """A step's news for this request, on the loop (driver.py `_deliver`)."""
+        future = run.future
+        if future.done():
+            return
+        if event.error is not None:
+            future.set_exception(event.error)
+            return
+        if run.options.stream:
+            if event.text and not event.finished:
+                assert run.request.stream is not None
+                run.request.stream(self._response(run, event.text))
+            elif event.finished:
+                future.set_result(self._response(run, event.text) if event.text else EMPTY_FINAL)
+            return
+        if event.text:
+            run.pieces.append(event.text)
+        if event.finished:
+            prefix = "" if run.options.exclude_input else run.options.prompt
+            future.set_result(self._response(run, prefix + "".join(run.pieces)))
+
+    def _response(self, run: _Run, text: str) -> InferenceResponse:
+        data = np.array([text.encode()], dtype=object)
+        output = Tensor(TEXT_OUTPUT, DataType.BYTES, (1,), data)
+        return InferenceResponse(self.name, self.version_str, [output], id=run.request.id)
+
+    def _completed(self, run: _Run, received_ns: int, on_done: Completion | None,
+                   future: asyncio.Future[InferenceResponse]) -> None:
+        """The future's one done-callback: abort what still runs (a cancel), account, then answer."""
+        now = time.perf_counter_ns()
+        if future.cancelled() or future.exception() is not None:
+            if run.task is not None and not run.task.done():
+                run.task.cancel()
+            if run.submitted and run.version is not None:
+                run.version.driver.abort(run.engine_id)
+        if future.cancelled():
+            self.stats.cancelled.add(now - received_ns)
+        elif future.exception() is not None:
+            self.stats.fail.add(now - received_ns)
+        else:
+            self.stats.success.add(now - received_ns)
+            self.stats.record_execution(1, 1, 0, now - run.started_ns, 0)
+        self._runs.discard(run)
+        if not self._runs:
+            self._idle.set()
+        if on_done is not None:
+            on_done(future)
