@@ -7,6 +7,7 @@ from __future__ import annotations
 from engine.inline_policy import (
     INLINE_BELOW_NS,
     INLINE_SAMPLE_CAP_NS,
+    INLINE_STRIKE_SHARE,
     INLINE_STRIKES,
     INLINE_WALL_LIMIT_NS,
     InlinePolicy,
@@ -98,6 +99,38 @@ def test_the_third_strike_ends_inlining_for_good() -> None:
         assert policy.inline_elements == (0 if strike < INLINE_STRIKES else -1)
     for _ in range(100):
         policy.ran_on_thread(1, 0)
+    assert policy.inline_elements == -1 and not policy.runs_inline(1)
+
+
+def _strike_once(policy: InlinePolicy) -> None:
+    """Bring size 1 back inline with fast thread runs, then one long inline run that gave up the CPU."""
+    while not policy.runs_inline(1):
+        policy.ran_on_thread(1, FAST_NS)
+    policy.ran_inline(1, LONG_NS, FAST_NS, gave_up_cpu=True)
+
+
+def test_clean_inline_runs_forgive_strikes() -> None:
+    """A fast backend on a machine shared with other work strikes now and then (a GIL wait behind a preempted
+    thread), sometimes several times in a few hundred runs: strikes leak away with clean inline runs, so it
+    stays inline for good while a strike is more than INLINE_STRIKE_SHARE clean runs apart."""
+    policy = InlinePolicy()
+    for _ in range(10 * INLINE_STRIKES):
+        _strike_once(policy)
+        for _ in range(INLINE_STRIKE_SHARE):
+            policy.ran_inline(1, FAST_NS, FAST_NS, gave_up_cpu=None)
+        assert policy.strikes == 0 and policy.runs_inline(1)
+
+
+def test_a_backend_that_blocks_often_is_struck_out_despite_clean_runs_between() -> None:
+    """Blocking on one inline run in a few is still blocking: strikes outgrow what the clean runs forgive."""
+    policy = InlinePolicy()
+    for _ in range(10 * INLINE_STRIKES):
+        if policy.inline_elements < 0:
+            break
+        _strike_once(policy)
+        for _ in range(INLINE_STRIKE_SHARE // 2):
+            if policy.runs_inline(1):
+                policy.ran_inline(1, FAST_NS, FAST_NS, gave_up_cpu=None)
     assert policy.inline_elements == -1 and not policy.runs_inline(1)
 
 
