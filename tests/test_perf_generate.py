@@ -37,7 +37,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 def test_concurrency_sweep_over_chat_reports_every_percentile(server: RunningServer, tmp_path: Path) -> None:
     out = tmp_path / "gen.json"
     result = hubserve_perf("-m", MODEL, "-u", server.http_url, "--concurrency-range", "1:3:2",
-                           "--prompt-tokens", "24", "--max-tokens", "8", "--ignore-eos",
+                           "--prompt-tokens", "24", "--max-tokens", "8", "--ignore-eos", "--temperature", "0",
                            "--request-count", "6", "-f", str(out))
     assert result.returncode == 0, result.stderr
     assert "TTFT p95" in result.stdout and "out tok/s" in result.stdout

@@ -151,6 +151,8 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     gen.add_argument("--prompt-tokens-stddev", type=float, default=0.0, metavar="S",
                      help="standard deviation of the prompt length (default 0)")
     gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="max_tokens of each request")
+    gen.add_argument("--temperature", type=float, default=None, metavar="T",
+                     help="temperature of each request (default: not sent, the server's default; 0: greedy)")
     gen.add_argument("--ignore-eos", action="store_true",
                      help="ask for max_tokens every time (vLLM's ignore_eos, which hubserve accepts)")
     gen.add_argument("--request-count", type=int, default=0, metavar="N",
@@ -209,7 +211,7 @@ def run_generate_command(args: argparse.Namespace, run_loop: Any) -> int:
     options = GenOptions(
         host=host, port=int(port), model=args.model, endpoint=args.endpoint,
         prompt_tokens=args.prompt_tokens, prompt_tokens_stddev=args.prompt_tokens_stddev,
-        max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+        max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
         request_count=args.request_count or max(10, 4 * largest),
         warmup_request_count=args.warmup_request_count, max_duration_s=args.max_duration_s, seed=args.seed)
     return int(run_loop(run_generate(options, points, args.json)))

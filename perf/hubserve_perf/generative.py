@@ -46,6 +46,7 @@ class GenOptions:
     prompt_tokens: int           # characters of synthetic text (one token each with a byte-level tokenizer)
     prompt_tokens_stddev: float
     max_tokens: int
+    temperature: float | None    # None: the server's default (OpenAI's is 1)
     ignore_eos: bool
     request_count: int           # per point
     warmup_request_count: int    # per point, sent first, not measured
@@ -91,6 +92,8 @@ def request_body(options: GenOptions, prompt: str) -> dict[str, Any]:
         body["prompt"] = prompt
     if options.ignore_eos:
         body["ignore_eos"] = True
+    if options.temperature is not None:
+        body["temperature"] = options.temperature
     return body
 
 
