@@ -79,6 +79,9 @@ class Run:
     tokens: int = 0
     seconds: float = 0.0
     ttft: list[float] = field(default_factory=list)
+    step_cpu_ns: int = 0    # the engine thread's CPU time in step() (ONNX Runtime runs on it: one intra-op
+    step_wall_ns: int = 0   # thread), robust to other processes' load where wall time is not
+    steps: int = 0
     decode_batch: list[int] = field(default_factory=list)  # decode rows per step
     context: list[int] = field(default_factory=list)       # the longest context of each step's decode group
 
@@ -116,7 +119,11 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
 
     admit_batch()
     while engine.has_unfinished():
+        wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         stepped = engine.step()
+        out.step_cpu_ns += time.thread_time_ns() - cpu
+        out.step_wall_ns += time.perf_counter_ns() - wall
+        out.steps += 1
         now = time.perf_counter()
         decodes = [o for o in stepped if o.new_token_ids and len(o.output_token_ids) > 1]
         if decodes:
@@ -164,12 +171,14 @@ def main() -> None:
           "| TTFT p50/p95 ms static | mean decode batch | mean context | ceiling tok/s | cont./ceiling |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     breakdown = []
+    cpu_rows = []
     for c in (int(x) for x in args.concurrency.split(",")):
         jobs = workload(c * args.requests_per_client, args.seed + c)
         engine = make_engine()
         cont = run(engine, jobs, c, "continuous")
         stats = engine.runner.stats
         breakdown.append(dataclasses.replace(stats))
+        cpu_rows.append((c, cont))
         stat = run(make_engine(), jobs, c, "static")
         leave = run(make_engine(), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
@@ -191,6 +200,16 @@ def main() -> None:
               f"{s.scatter_ns / steps / 1e3:.0f} | {s.padded_slots / max(s.past_slots, 1):.0%} | "
               f"{s.gathered_rows / max(s.decode_rows, 1):.0%} | {s.free_rows / max(s.decode_rows, 1):.0%} | "
               f"{s.rebuilds} |")
+
+    print()
+    print("| c | step CPU µs (continuous) | step wall µs | of which ONNX Runtime wall µs | "
+          "CPU µs per token |")
+    print("|---|---|---|---|---|")
+    for (c, cont), s in zip(cpu_rows, breakdown, strict=True):
+        print(f"| {c} | {cont.step_cpu_ns / cont.steps / 1e3:.0f} | "
+              f"{cont.step_wall_ns / cont.steps / 1e3:.0f} | {s.run_ns / s.steps / 1e3:.0f} | "
+              f"{cont.step_cpu_ns / cont.tokens / 1e3:.1f} |")
+
 
 if __name__ == "__main__":
     main()

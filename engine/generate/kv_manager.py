@@ -64,6 +64,8 @@ class KVCacheManager:
         being admitted, are the ones `prefix_blocks` cover). False, changing nothing, when the pool has
         too few free blocks."""
         table = self._tables.get(request_id, [])
+        if not prefix_blocks and num_computed_tokens + num_new_tokens <= len(table) * self.block_size:
+            return True  # fits in the blocks it holds (most decode steps): nothing to take or rebuild
         if prefix_blocks and table:
             raise RuntimeError(f"request {request_id!r} holds blocks; prefix blocks come at admission")
         have = len(table) + len(prefix_blocks)
@@ -86,6 +88,12 @@ class KVCacheManager:
             assert h is not None  # found by lookup, and shared before anything could evict it
             out.append(h)
         return out
+
+    def fills_a_block(self, request_id: str, num_computed_tokens: int) -> bool:
+        """Whether `num_computed_tokens` completes a block not yet registered: only then has
+        `cache_computed` anything to do (the scheduler asks first, to skip building the token list)."""
+        return self.enable_prefix_caching and \
+            num_computed_tokens // self.block_size > len(self._hashes.get(request_id, ()))
 
     def cache_computed(self, request_id: str, token_ids: Sequence[int], num_computed_tokens: int,
                        salt: int = 0) -> None:

@@ -160,8 +160,11 @@ class Scheduler:
         return True
 
     def _chunk(self, request: Request, count: int) -> ScheduledChunk:
-        start = request.num_computed_tokens
-        tokens = request.all_token_ids[start:start + count]
+        start, prompt = request.num_computed_tokens, len(request.prompt_token_ids)
+        if start >= prompt:  # decoding, or recomputing output: no need to join prompt and output
+            tokens = request.output_token_ids[start - prompt:start - prompt + count]
+        else:
+            tokens = request.all_token_ids[start:start + count]
         return ScheduledChunk(request, start, tuple(tokens), tuple(self.kv.block_table(request.request_id)),
                               sample=start + count == request.num_tokens)
 
@@ -183,8 +186,9 @@ class Scheduler:
             if request.finished:  # aborted between schedule and update
                 continue
             request.num_computed_tokens += len(chunk.token_ids)
-            self.kv.cache_computed(request.request_id, request.all_token_ids, request.num_computed_tokens,
-                                   request.prefix_salt)
+            if self.kv.fills_a_block(request.request_id, request.num_computed_tokens):
+                self.kv.cache_computed(request.request_id, request.all_token_ids,
+                                       request.num_computed_tokens, request.prefix_salt)
             token = sampled.get(request.request_id) if chunk.sample else None
             if token is not None:
                 request.output_token_ids.append(token)

@@ -39,7 +39,11 @@ class ByteTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         # a multi-byte character cut by the end of the output shows as U+FFFD until its last byte arrives
-        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+        try:
+            raw = bytes(token_ids)  # the usual case, all bytes: one C call (the driver decodes every step)
+        except ValueError:  # BOS or EOS among them: dropped
+            raw = bytes(t for t in token_ids if 0 <= t < 256)
+        return raw.decode("utf-8", errors="replace")
 
 
 class JsonTokenizer:

@@ -14,6 +14,12 @@ The request path of one run, one module per stage:
     report.py    table, perf_analyzer's CSV, JSON, latency–throughput plot
     tune.py      sweep max_queue_delay_microseconds through the repository API and recommend a window
 
+and `hubserve perf generate`, the generative mode (OpenAI streamed completions, as genai-perf measures them):
+
+    generative.py  synthetic seeded prompts, closed- or open-loop load, TTFT / inter-token / end-to-end
+                   percentiles and tokens/s per point, table and JSON
+    sse_client.py  the hot path: one streamed request on a raw HTTP/1.1 keep-alive connection, timestamped
+
 A package of its own, beside the server rather than inside it: it is a client and talks to any server of the
 protocol (hubserve or Triton). From the server package it takes only what describes the wire, never a stage
 of the request path: the sans-I/O HTTP/2 core the server runs on (engine/frontend/h2/core.py, in the client

@@ -11,6 +11,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .types import Distribution, ExitCode, LoadPlan, PerfError
 
@@ -105,7 +106,7 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
     _add_load_flags(perf, sweep=True)
     perf.add_argument("-f", "--latency-report-file", dest="csv", type=Path, metavar="OUT.csv",
                       help="write perf_analyzer's CSV report")
-    tune_sub = perf.add_subparsers(dest="perf_command", metavar="tune-window")
+    tune_sub = perf.add_subparsers(dest="perf_command", metavar="{tune-window,generate}")
     tune = tune_sub.add_parser(
         "tune-window", help="find the batching window (max_queue_delay_microseconds) for a p95 budget",
         description="Reload the model with each max_queue_delay_microseconds through the repository API (a "
@@ -124,7 +125,45 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
     tune.add_argument("--metrics-url", metavar="HOST:PORT",
                       help="hubserve's Prometheus port: count end-of-window flushes exactly from "
                            "hubserve_batch_dispatch_total (default: estimate them from batch sizes)")
+    _add_generate_parser(tune_sub)
     return perf
+
+
+def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    gen = sub.add_parser(
+        "generate", help="streamed OpenAI completions: TTFT, inter-token latency, tokens/s",
+        description="Load an OpenAI-compatible server (/v1/chat/completions or /v1/completions, "
+                    "stream: true) with synthetic seeded prompts, at each concurrency or request rate, and "
+                    "report TTFT, inter-token and end-to-end latency percentiles (p50/p90/p95/p99), "
+                    "output tokens/s and requests/s per point, as a table and JSON (-f). Exit 99 when a "
+                    "request fails.")
+    gen.add_argument("-m", "--model-name", dest="model", help="the model, as /v1/models lists it (required)")
+    gen.add_argument("-u", "--url", default="localhost:8000",
+                     help="server HOST:PORT (default localhost:8000)")
+    gen.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                     help="/v1/chat/completions (default) or /v1/completions")
+    gen.add_argument("--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP",
+                     help="closed-loop load: streams in flight at each point (default 1)")
+    _add_load_flags(gen, sweep=True)
+    gen.add_argument("--prompt-tokens", type=int, default=64, metavar="N",
+                     help="synthetic prompt length in characters (one token each with a byte-level "
+                          "tokenizer; the JSON has the server's count, usage.prompt_tokens) (default 64)")
+    gen.add_argument("--prompt-tokens-stddev", type=float, default=0.0, metavar="S",
+                     help="standard deviation of the prompt length (default 0)")
+    gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="max_tokens of each request")
+    gen.add_argument("--temperature", type=float, default=None, metavar="T",
+                     help="temperature of each request (default: not sent, the server's default; 0: greedy)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="ask for max_tokens every time (vLLM's ignore_eos, which hubserve accepts)")
+    gen.add_argument("--request-count", type=int, default=0, metavar="N",
+                     help="measured requests per point (default: max(10, 4 x concurrency))")
+    gen.add_argument("--warmup-request-count", type=int, default=0, metavar="N",
+                     help="requests sent first at each point and not measured")
+    gen.add_argument("--max-duration-s", type=float, default=120.0, metavar="S",
+                     help="a point stops sending after this long (default 120)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the prompts and of Poisson arrivals")
+    gen.add_argument("-f", "--profile-export-file", dest="json", type=Path, metavar="OUT.json",
+                     help="write every point's numbers as JSON")
 
 
 def main(argv: list[str] | None = None, prog: str = "hubserve perf") -> int:
@@ -140,12 +179,42 @@ def main(argv: list[str] | None = None, prog: str = "hubserve perf") -> int:
             from .tune import run_tune
 
             return int(run_loop(run_tune(args)))
+        if args.perf_command == "generate":
+            return run_generate_command(args, run_loop)
         return int(run_loop(run_sweep(args)))
     except PerfError as e:
         print(f"hubserve perf: {e.message}", file=sys.stderr)
         return int(e.exit_code)
     except KeyboardInterrupt:
         return 130
+
+
+def run_generate_command(args: argparse.Namespace, run_loop: Any) -> int:
+    """`hubserve perf generate`: check the flags, then one point per concurrency or request rate."""
+    from .generative import GenOptions, GenPoint, run_generate
+
+    if args.request_rate is not None and args.concurrency_range is not None:
+        raise PerfError("give --concurrency-range or --request-rate-range, not both", ExitCode.USAGE)
+    if args.request_rate is not None:
+        poisson = args.request_distribution == "poisson"
+        points = [GenPoint(request_rate=r, poisson=poisson) for r in args.request_rate.values()]
+    else:
+        points = [GenPoint(concurrency=int(c)) for c in (args.concurrency_range or Range(1, 1, 1)).values()]
+    if min(args.prompt_tokens, args.max_tokens) < 1 or args.max_duration_s <= 0 \
+            or min(args.request_count, args.warmup_request_count, args.prompt_tokens_stddev) < 0:
+        raise PerfError("--prompt-tokens and --max-tokens must be positive, --max-duration-s above 0, and "
+                        "the counts and --prompt-tokens-stddev not negative", ExitCode.USAGE)
+    host, _, port = args.url.rpartition(":")
+    if not host or not port.isdigit():
+        raise PerfError(f"-u wants HOST:PORT, got '{args.url}'", ExitCode.USAGE)
+    largest = max(p.concurrency for p in points)
+    options = GenOptions(
+        host=host, port=int(port), model=args.model, endpoint=args.endpoint,
+        prompt_tokens=args.prompt_tokens, prompt_tokens_stddev=args.prompt_tokens_stddev,
+        max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
+        request_count=args.request_count or max(10, 4 * largest),
+        warmup_request_count=args.warmup_request_count, max_duration_s=args.max_duration_s, seed=args.seed)
+    return int(run_loop(run_generate(options, points, args.json)))
 
 
 def sweep_plans(args: argparse.Namespace) -> list[LoadPlan]:

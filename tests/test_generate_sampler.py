@@ -1,0 +1,52 @@
+"""The sampler (engine/generate/sampler.py), pure: its draw is `Generator.choice`'s, draw for draw, so a
+seeded request gives the tokens it gave before the sampler drew without `choice`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.generate.request import SamplingParams
+from engine.generate.sampler import sample, sample_row
+
+
+def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """The sampler as it was: temperature → top-k → top-p → `rng.choice` over the kept tokens."""
+    scaled = logits.astype(np.float64) / params.temperature
+    order = np.argsort(-scaled, kind="stable")
+    if 0 < params.top_k < len(order):
+        order = order[:params.top_k]
+    kept = scaled[order]
+    probs = np.exp(kept - kept[0])
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
+        order, probs = order[:cut], probs[:cut] / probs[:cut].sum()
+    return int(order[rng.choice(len(order), p=probs)])
+
+
+class _Req:
+    def __init__(self, params: SamplingParams, seed: int) -> None:
+        self.params, self.rng = params, np.random.default_rng(seed)
+
+
+def test_batched_draws_equal_generator_choice() -> None:
+    gen = np.random.default_rng(7)
+    for _ in range(300):
+        rows, vocab = int(gen.integers(1, 12)), int(gen.choice([3, 258, 700]))
+        logits = (gen.normal(size=(rows, vocab)) * gen.choice([0.1, 1.0, 10.0])).astype(np.float32)
+        logits[:, 1] = logits[:, 0]  # ties: the order is by token id
+        params = [SamplingParams(max_tokens=1, temperature=float(gen.choice([0.0, 0.5, 1.0, 2.0])),
+                                 top_p=float(gen.choice([1.0, 0.9, 0.3])), top_k=int(gen.choice([0, 1, 4])))
+                  for _ in range(rows)]
+        seeds = [int(s) for s in gen.integers(2**62, size=rows)]
+        want = [int(logits[i].argmax()) if p.greedy else reference_row(logits[i], p, np.random.default_rng(s))
+                for i, (p, s) in enumerate(zip(params, seeds, strict=True))]
+        got = sample(logits, [_Req(p, s) for p, s in zip(params, seeds, strict=True)])  # type: ignore[misc]
+        assert got == want
+
+
+def test_one_row_alone_draws_the_same_as_in_a_batch() -> None:
+    logits = np.random.default_rng(3).normal(size=(1, 258)).astype(np.float32)
+    params = SamplingParams(max_tokens=1, temperature=0.8, top_p=0.95, seed=11)
+    alone = [sample_row(logits[0], params, np.random.default_rng(11)) for _ in range(3)]
+    assert alone == [reference_row(logits[0], params, np.random.default_rng(11))] * 3
