@@ -43,21 +43,25 @@ FAMILIES = (
 
 
 class Histogram:
-    """Cumulative counts are made at scrape time; here each bucket counts its own observations (the last
-    one, +Inf, those above every bound)."""
+    """A Prometheus histogram's state, in the unit its observations come in (`unit` of them make the unit
+    it is shown in: 1000 for nanoseconds shown as microseconds, 1 for seconds). One class for every
+    histogram the server exports: these latency ones and the generation engine's (generate/latency.py).
+    Each bucket counts its own observations (the last one, +Inf, those above every bound); cumulative counts
+    are made at scrape time (engine/metrics.py)."""
 
-    __slots__ = ("bounds_ns", "counts", "sum_ns", "count")
+    __slots__ = ("bounds", "counts", "sum", "count", "unit")
 
-    def __init__(self, buckets_us: tuple[float, ...]) -> None:
-        self.bounds_ns = [int(b * 1000) for b in buckets_us]
-        self.counts = [0] * (len(buckets_us) + 1)
-        self.sum_ns = 0
+    def __init__(self, bounds: tuple[float, ...], unit: float = 1) -> None:
+        self.bounds = tuple(b * unit for b in bounds)
+        self.unit = unit
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum: float = 0
         self.count = 0
 
-    def observe(self, ns: int, n: int = 1) -> None:
-        """`n` observations of `ns` each (a batch charges its compute time to each of its requests)."""
-        self.counts[bisect_left(self.bounds_ns, ns)] += n
-        self.sum_ns += ns * n
+    def observe(self, value: float, n: int = 1) -> None:
+        """`n` observations of `value` each (a batch charges its compute time to each of its requests)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
         self.count += n
 
     def cumulative(self) -> list[int]:
@@ -69,13 +73,14 @@ class Histogram:
 
 
 class LatencyHistograms:
-    __slots__ = ("request", "queue", "compute", "buckets_us")
+    """A model version's request, queue and compute histograms: observed in nanoseconds, shown in µs."""
+
+    __slots__ = ("request", "queue", "compute")
 
     def __init__(self, buckets_us: tuple[float, ...]) -> None:
-        self.buckets_us = buckets_us
-        self.request = Histogram(buckets_us)
-        self.queue = Histogram(buckets_us)
-        self.compute = Histogram(buckets_us)
+        self.request = Histogram(buckets_us, 1000)
+        self.queue = Histogram(buckets_us, 1000)
+        self.compute = Histogram(buckets_us, 1000)
 
 
 def new_histograms() -> LatencyHistograms | None:

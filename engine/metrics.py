@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from .canary import CanaryRecord
 from .generate.driver import EngineDriver
-from .generate.latency import Histogram
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
+from .histograms import Histogram
 from .model import Model
 from .stats import ModelStats
 
@@ -176,13 +176,7 @@ def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
         for reason, count in sorted(d.metrics.finished.items()):
             lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
     for name, help_text, histogram in _HISTOGRAMS:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} histogram")
-        for d, labels in labelled:
-            h = histogram(d)
-            lines.extend(f'{name}_bucket{{{labels},le="{le}"}} {count}' for le, count in h.cumulative())
-            lines.append(f"{name}_sum{{{labels}}} {h.sum}")
-            lines.append(f"{name}_count{{{labels}}} {h.count}")
+        lines.extend(_histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled]))
     return lines
 
 
@@ -190,26 +184,27 @@ def _bound(b: float) -> str:
     return str(int(b)) if b == int(b) else repr(b)
 
 
+def _histogram_family(name: str, help_text: str, series: list[tuple[str, Histogram]]) -> list[str]:
+    """One histogram family in Prometheus' form: cumulative `_bucket{le}`, `_sum` and `_count` per series
+    (its labels), in the unit each histogram is shown in."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    for labels, hist in series:
+        bounds = [_bound(b / hist.unit) for b in hist.bounds] + ["+Inf"]
+        for le, count in zip(bounds, hist.cumulative(), strict=True):
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
+        lines.append(f"{name}_sum{{{labels}}} {hist.sum / hist.unit}")
+        lines.append(f"{name}_count{{{labels}}} {hist.count}")
+    return lines
+
+
 def _histogram_lines(models: list[Model]) -> list[str]:
-    """The latency histograms (engine/histograms.py) in Prometheus' form: cumulative `_bucket{le}`, `_sum`
-    and `_count` per model version, in microseconds."""
-    shown = [m for m in models if m.stats.histograms is not None]
-    if not shown:
-        return []
-    lines = []
-    for attr, name, help_text in HISTOGRAM_FAMILIES:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} histogram")
-        for m in shown:
-            hists = m.stats.histograms
-            assert hists is not None
-            hist = getattr(hists, attr)
-            labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
-            bounds = [_bound(b) for b in hists.buckets_us] + ["+Inf"]
-            for le, count in zip(bounds, hist.cumulative(), strict=True):
-                lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
-            lines.append(f"{name}_sum{{{labels}}} {hist.sum_ns / 1000}")
-            lines.append(f"{name}_count{{{labels}}} {hist.count}")
+    """The latency histograms (engine/histograms.py), in microseconds, per model version."""
+    shown = [(m, m.stats.histograms) for m in models if m.stats.histograms is not None]
+    lines: list[str] = []
+    for attr, name, help_text in HISTOGRAM_FAMILIES if shown else ():
+        lines.extend(_histogram_family(name, help_text, [
+            (f'model="{_escape(m.name)}",version="{m.version_str}"', getattr(hists, attr))
+            for m, hists in shown]))
     return lines
 
 

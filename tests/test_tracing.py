@@ -134,7 +134,7 @@ def test_exporter_drops_rather_than_grows_when_the_collector_is_down() -> None:
 
 
 def test_histogram_buckets() -> None:
-    h = Histogram((100, 1000))
+    h = Histogram((100, 1000), 1000)  # bounds in µs, observations in ns
     for ns in (50_000, 100_000, 100_001, 5_000_000):
         h.observe(ns)
     h.observe(500_000, 3)
