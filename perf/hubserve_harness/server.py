@@ -104,7 +104,26 @@ def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: f
     TLS (`--http-use-ssl`); the client context the wait connects with.
 
     The process layout is `--workers` from `extra` if given, else HUBSERVE_TEST_WORKERS (default 1, one
-    process), so a suite can be run against the multi-process server unchanged."""
+    process), so a suite can be run against the multi-process server unchanged.
+
+    The ports are free ones picked here, so another process can take one before the server binds it: a
+    server that exits for a port already in use is started again on new ports (three tries)."""
+    for attempt in range(3):
+        try:
+            return _start_server(repository, log_path, *extra, ready_timeout=ready_timeout,
+                                 wait_ready=wait_ready, env=env, https=https)
+        except _PortTaken:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float, wait_ready: bool,
+                  env: dict[str, str] | None, https: ssl.SSLContext | None) -> RunningServer:
     http, grpc_port, metrics = free_port(), free_port(), free_port()
     workers = () if "--workers" in extra else ("--workers", os.environ.get("HUBSERVE_TEST_WORKERS", "1"))
     cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
@@ -118,7 +137,10 @@ def start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: f
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()}")
+            log = server.log()
+            if "address already in use" in log.lower():  # EADDRINUSE, in uvloop's words or the OS's
+                raise _PortTaken(f"server exited with {proc.returncode}:\n{log}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log}")
         try:
             scheme = "https" if https is not None else "http"
             with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http}{path}", timeout=1,
