@@ -89,6 +89,22 @@ def client(request: pytest.FixtureRequest, server):
     c.close()
 
 
+def assert_simple_over_grpc(server: RunningServer, client_timeout: float = 30.0) -> None:
+    """A correct inference of the example `simple` over gRPC on a fresh connection: what the abuse, fault
+    and limit suites ask of the server after each case."""
+    import numpy as np
+
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        inputs = []
+        for name in ("INPUT0", "INPUT1"):
+            tensor = grpcclient.InferInput(name, [1, 16], "INT32")
+            tensor.set_data_from_numpy(x)
+            inputs.append(tensor)
+        result = c.infer("simple", inputs, client_timeout=client_timeout)
+    assert result.as_numpy("OUTPUT0").tolist() == (x + x).tolist()
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """One line per suite that counts its cases (tests/case_counts.py), e.g. "fuzz: 1200 cases tried", so
     CI's log says how much each suite tried, with or without `-s`."""

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
 from case_counts import tried
-from conftest import RunningServer, start_server
+from conftest import RunningServer, assert_simple_over_grpc, start_server
 from engine.proto import grpc_service_pb2 as gpb
 from h2_client import (
     DATA,
@@ -72,21 +71,10 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     srv.stop()
 
 
-def grpc_inference(server: RunningServer) -> None:
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = grpcclient.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-            inputs.append(tensor)
-        result = c.infer("simple", inputs, client_timeout=30)
-    assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
-
-
 def both_serve(server: RunningServer) -> None:
     assert server.process.poll() is None, server.log()[-3000:]
     assert_good_inference(server)
-    grpc_inference(server)
+    assert_simple_over_grpc(server)
 
 
 @pytest.fixture(autouse=True)

@@ -37,7 +37,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from case_counts import tried
-from conftest import RunningServer, start_server
+from conftest import RunningServer, assert_simple_over_grpc, start_server
 from engine.proto import grpc_service_pb2 as gpb
 from h2_client import DATA, RawClient, frame, grpc_message
 from python_models import add_simple, write_model
@@ -97,17 +97,6 @@ def none_pending(server: RunningServer) -> bool:
     return bool(counts) and all(int(c) == 0 for c in counts)
 
 
-def grpc_simple(server: RunningServer) -> None:
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = grpcclient.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-            inputs.append(tensor)
-        result = c.infer("simple", inputs, client_timeout=BOUND_S)
-    assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
-
-
 @pytest.fixture(autouse=True)
 def still_serves(server):
     """After each case: nothing left pending, and a correct inference over each protocol."""
@@ -115,7 +104,7 @@ def still_serves(server):
     assert server.process.poll() is None, server.log()[-3000:]
     wait_until(lambda: none_pending(server), "no request left pending")
     assert_good_inference(server)
-    grpc_simple(server)
+    assert_simple_over_grpc(server, BOUND_S)
 
 
 def infer_flagged(module, url: str, x: np.ndarray, **options) -> np.ndarray:

@@ -14,9 +14,8 @@ import time
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 
-from conftest import start_server
+from conftest import assert_simple_over_grpc, start_server
 from h2_client import (
     CANCEL,
     CONTINUATION,
@@ -58,14 +57,7 @@ def server(tmp_path_factory, repository):
 def still_serves(server):
     """After each attack: a correct inference on `simple` from a fresh connection."""
     yield
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        inputs = []
-        for name in ("INPUT0", "INPUT1"):
-            tensor = grpcclient.InferInput(name, [1, 16], "INT32")
-            tensor.set_data_from_numpy(np.arange(16, dtype=np.int32).reshape(1, 16))
-            inputs.append(tensor)
-        result = c.infer("simple", inputs, client_timeout=30)
-    assert result.as_numpy("OUTPUT0").tolist() == [list(range(0, 32, 2))]
+    assert_simple_over_grpc(server)
 
 
 def wait_for(condition, seconds: float, what: str) -> None:

@@ -23,7 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import build_test_repository, start_server
+from conftest import assert_simple_over_grpc, build_test_repository, start_server
 from engine.frontend.connections import ConnectionCounter, ConnectionLimits
 from h2_client import RawClient
 
@@ -67,18 +67,6 @@ def _post(server, path: str, doc: object) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def _still_serving(server) -> None:
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    x = np.arange(16, dtype=np.int32).reshape(1, 16)
-    inputs = []
-    for name in ("INPUT0", "INPUT1"):
-        inp = grpcclient.InferInput(name, [1, 16], "INT32")
-        inp.set_data_from_numpy(x)
-        inputs.append(inp)
-    np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), x + x)
-    client.close()
-
-
 def _identity(data: object, shape: list[int], datatype: str = "INT32", model: str = "identity_int32",
               parameters: dict | None = None) -> dict:
     doc: dict = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": shape, "data": data}]}
@@ -97,7 +85,7 @@ def test_json_depth_counts_data_nesting(server) -> None:
     too_deep = _identity([[[[1, 2, 3, 4]]]], [1, 1, 1, 4])  # rank 4: depth 7
     status, body = _post(server, "/v2/models/identity_int32/infer", too_deep)
     assert status == 400 and "nested deeper than" in body and "6 (--max-json-depth)" in body, body
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 def test_json_depth_counts_parameters_and_other_endpoints(server) -> None:
@@ -107,7 +95,7 @@ def test_json_depth_counts_parameters_and_other_endpoints(server) -> None:
     assert status == 400 and "(--max-json-depth)" in body, body
     status, body = _post(server, "/v2/repository/index", {"x": [[[[[[1]]]]]]})
     assert status == 400 and "(--max-json-depth)" in body, body
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 # ----------------------------------------------------------------------------------- tensor elements
@@ -122,7 +110,7 @@ def test_elements_per_tensor_over_both_protocols(server) -> None:
         client.infer("identity_int32", [inp])
     assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "--max-tensor-elements" in e.value.message()
     client.close()
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 # ----------------------------------------------------------------------------------- BYTES elements
@@ -147,7 +135,7 @@ def test_bytes_element_size(server, protocol: str) -> None:
     assert "BYTES element 0 is 1025 bytes, more than the limit of 1024 (--max-bytes-element-size)" \
         in e.value.message()
     client.close()
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 # ------------------------------------------------------------------------------ HTTP/2 stream limit
@@ -161,7 +149,7 @@ def test_concurrent_streams_per_connection(server) -> None:
     got = c.read_until(RST_STREAM)
     assert got[2] == 9 and int.from_bytes(got[3], "big") == REFUSED_STREAM
     c.close()
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 # ------------------------------------------------------------------------------------- connections
@@ -239,7 +227,7 @@ def test_connections_per_client_and_in_all(few) -> None:
         for sock in held:
             sock.close()
     _wait_open(server)
-    _still_serving(server)
+    assert_simple_over_grpc(server)
 
 
 def test_a_flood_of_connections_is_refused_and_costs_nothing_after(few) -> None:
@@ -257,7 +245,7 @@ def test_a_flood_of_connections_is_refused_and_costs_nothing_after(few) -> None:
         sock.close()
     assert refused == 300
     _wait_open(server)
-    _still_serving(server)
+    assert_simple_over_grpc(server)
     assert server.rss_bytes() < before + (32 << 20)
 
 
