@@ -21,7 +21,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
 from ..tracing import settings as trace_settings
-from ..types import EMPTY_FINAL, Completion, InferenceResponse
+from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
 
 log = logging.getLogger("hubserve.grpc")
@@ -173,6 +173,14 @@ class GrpcHandlers:
         self.dp.shm_unregister(True, request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
+    def _decode(self, message: Any, header_id: bytes | None) -> InferenceRequest:
+        """The serialized request decoded; the call's `x-request-id` metadata is its id when its message
+        has none."""
+        request = self.wire.decode(message)
+        if header_id and not request.id:
+            request.id = header_id.decode("latin-1")
+        return request
+
     def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None,
                           header_id: bytes | None = None) -> asyncio.Future[InferenceResponse]:
         """ModelInfer, first half: decode the serialized request and queue it. Raises at once for a bad
@@ -180,9 +188,7 @@ class GrpcHandlers:
         with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
         with it once it is done, right after the request is accounted. Cancelling it drops the request.
         `header_id` is the call's `x-request-id` metadata: the request's id when its message has none."""
-        request = self.wire.decode(message)
-        if header_id and not request.id:
-            request.id = header_id.decode("latin-1")
+        request = self._decode(message, header_id)
         return self.dp.submit(request, start_ns or time.perf_counter_ns(), on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
@@ -228,9 +234,7 @@ class GrpcHandlers:
             answered(f, answer)
 
         try:
-            request = self.wire.decode(message)
-            if header_id and not request.id:
-                request.id = header_id.decode("latin-1")
+            request = self._decode(message, header_id)
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             return self.dp.submit(request, time.perf_counter_ns(), done)
