@@ -286,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, EngineError) as e:
             print(f"hubserve: cannot log to '{args.log_file}': {e}", file=sys.stderr)
             return 2
+        if args.load_model and args.model_control_mode != "explicit":  # Triton's refusal, in its words
+            print("hubserve: Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
+                  file=sys.stderr)
+            return 2
         if not args.model_repository.is_dir():
             print(f"hubserve: model repository '{args.model_repository}' is not a folder", file=sys.stderr)
             return 2

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import build_test_repository, start_server
+from conftest import ROOT, build_test_repository, start_server
 
 BAD_PBTXT = 'name: "bad_config"\nbackend: "onnxruntime"\nmax_batch_size: 8\ninput [ { name: "INPUT0" \n'
 
@@ -391,3 +393,11 @@ def test_load_and_unload_are_refused_outside_explicit_mode(closed_server):
             infer_simple(client, httpclient if client is http_client else grpcclient)
         assert http_client.get_model_config("simple")["max_batch_size"] == 8
 
+
+def test_load_model_at_start_needs_explicit_mode(repository: Path):
+    """`--load-model` without explicit mode would be ignored: refused at start, as Triton refuses it."""
+    result = subprocess.run([sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
+                             "--model-control-mode", "poll", "--load-model", "simple"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert "Use of '--load-model' requires setting '--model-control-mode=explicit' as well." in result.stderr
