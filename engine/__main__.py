@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="poll",
                        help="none: load every model at start, never rescan; poll: load every model at start "
                             "and pick up added, changed and removed model folders; explicit: load only "
-                            "--load-model at start, then only through the repository API")
+                            "--load-model at start, then only through the repository API (its load and "
+                            "unload are refused in none and poll, as in Triton)")
     serve.add_argument("--repository-poll-secs", type=float, default=2.0,
                        help="poll mode: seconds between full repository scans (with file-system events on, "
                             "the safety net for missed events)")
@@ -284,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                            args.log_error)
         except (OSError, EngineError) as e:
             print(f"hubserve: cannot log to '{args.log_file}': {e}", file=sys.stderr)
+            return 2
+        if args.load_model and args.model_control_mode != "explicit":  # Triton's refusal, in its words
+            print("hubserve: Use of '--load-model' requires setting '--model-control-mode=explicit' as well.",
+                  file=sys.stderr)
             return 2
         if not args.model_repository.is_dir():
             print(f"hubserve: model repository '{args.model_repository}' is not a folder", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import __version__, client_shm, logs, observe, shm_requests
 from .client_shm import SystemSharedMemory
-from .errors import EngineError, ErrorCode, invalid, not_found
+from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model
 from .names import check_model_name
 from .repository import ModelRepository
@@ -40,6 +40,14 @@ EXTENSIONS = ("classification", "binary_tensor_data", "model_repository",
               "sequence", "logging", "trace")
 SHM_EXTENSION = "system_shared_memory"
 
+# Triton's answer to a repository load or unload in the `none` and `poll` model-control modes (core
+# src/model_repository_manager/model_repository_manager.cc LoadUnloadModel: UNAVAILABLE, whatever the mode),
+# then what to do about it.
+MODEL_CONTROL_OFF = ("explicit model load / unload is not allowed if polling is enabled: this server runs in "
+                     "'{mode}' model-control mode; start it with --model-control-mode explicit (and "
+                     "--load-model NAME for the models to serve at start) to load and unload models through "
+                     "the repository API")
+
 
 @dataclass(slots=True)
 class ServerInfo:
@@ -50,8 +58,12 @@ class ServerInfo:
 
 class DataPlane:
     def __init__(self, repository: ModelRepository, strict_readiness: bool = True,
-                 allow_client_shm: bool = False, max_tensor_bytes: int = 64 << 20) -> None:
+                 allow_client_shm: bool = False, max_tensor_bytes: int = 64 << 20,
+                 model_control_mode: str = "none") -> None:
         self.repository = repository
+        # Only `explicit` lets the repository API load and unload (`_require_model_control`): in `none` and
+        # `poll` the repository folder alone decides what serves, as in Triton.
+        self.model_control_mode = model_control_mode
         extensions = EXTENSIONS + ((SHM_EXTENSION,) if allow_client_shm else ())
         self.info = ServerInfo(extensions=extensions)
         self.strict_readiness = strict_readiness
@@ -234,6 +246,7 @@ class DataPlane:
     async def load(self, name: str, config: Any = None, files: dict[str, bytes] | None = None) -> None:
         """A repository load. `config` is the request's `config` parameter as it came (None when absent):
         the model config override as a JSON string, parsed here, once for both protocols."""
+        self._require_model_control()
         check_model_name(name)
         await self.repository.load(name, None if config is None else config_override(name, config), files)
         failure = self.repository.load_failure(name)  # a failed load (or reload) is an error to the caller
@@ -243,10 +256,19 @@ class DataPlane:
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """A repository unload; `unload_dependents` (the request's parameter of that name) also unloads an
         ensemble's composing models that no other loaded ensemble uses."""
+        self._require_model_control()
         check_model_name(name)
         if name not in {e.name for e in self.repository.index()}:
             raise not_found(f"unknown model '{name}'")
         await self.repository.unload(name, unload_dependents=unload_dependents)
+
+    def _require_model_control(self) -> None:
+        """Loads and unloads are an admin API, opt-in as in Triton: allowed only in explicit model-control
+        mode; in `none` and `poll` they are UNAVAILABLE (HTTP 503), checked before anything else about the
+        request (the name included), as Triton's core does. Here, so that both protocols and every process
+        layout (with --workers N the engine answers forwarded loads through this object) refuse alike."""
+        if self.model_control_mode != "explicit":
+            raise unavailable(MODEL_CONTROL_OFF.format(mode=self.model_control_mode))
 
 
 def config_override(name: str, config: Any) -> dict[str, Any]:

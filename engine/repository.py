@@ -76,9 +76,6 @@ class ModelRepository(RoutingTable):
         # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
         # model is code the server runs, so by default only the operator's repository folder may hold one.
         self._allow_python_uploads = allow_python_uploads
-        # Folders as they were when the repository API unloaded their model: the watcher leaves those models
-        # unloaded until the folder changes (the same rule as for an API load).
-        self._unloaded: dict[str, Fingerprint | None] = {}
         # Where a generative model's requests go (engine/generate/registry.py); set by the server, which makes
         # the registry over this repository. None: such a model fails to load.
         self.generation: GenerationSource | None = None
@@ -87,8 +84,9 @@ class ModelRepository(RoutingTable):
         await asyncio.gather(*(self.load(name) for name in self._on_disk()))
 
     def loaded_fingerprints(self) -> dict[str, Fingerprint | None]:
-        """For the watcher: each model's folder as it was at its last load or API unload (None: no folder)."""
-        return {**self._unloaded, **{name: entry.fingerprint for name, entry in self._models.items()}}
+        """For the watcher: each loaded model's folder as it was at its last load (None: no folder). The
+        repository API cannot load or unload in poll mode (dataplane.py), so the folders alone decide."""
+        return {name: entry.fingerprint for name, entry in self._models.items()}
 
     def folder_names(self) -> set[str]:
         """Every name the watcher looks at: folders on disk and models known here."""
@@ -102,9 +100,8 @@ class ModelRepository(RoutingTable):
             if self.folder_problem(name) is None and (self.root / name).is_dir():
                 await self.load(name)
             else:
-                self._unloaded.pop(name, None)
                 if name in self._models:
-                    await self.unload(name, by_api=False)
+                    await self.unload(name)
                 self._retired.pop(name, None)  # the index lists only folders on disk and loaded models
         except EngineError as e:
             log.error("model %s: %s", name, e.message)
@@ -169,7 +166,6 @@ class ModelRepository(RoutingTable):
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
         override folder)."""
-        self._unloaded.pop(name, None)
         await ensemble_loading.load_composing(self, name, model_dir, config_json)
         while True:
             entry = self._models.setdefault(name, ModelEntry(name))
@@ -343,26 +339,23 @@ class ModelRepository(RoutingTable):
         await model.stop()
         log.info("model %s version %d unloaded", model.name, model.version)
 
-    async def unload(self, name: str, by_api: bool = True, unload_dependents: bool = False) -> None:
-        """Stop routing to every version of the model, then drain and free them. Unloaded `by_api`, it stays
-        unloaded in poll mode until its folder changes. With `unload_dependents` (the repository API's
-        parameter), an ensemble's composing models that no other loaded ensemble uses are unloaded too."""
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Stop routing to every version of the model, then drain and free them. With `unload_dependents`
+        (the repository API's parameter), an ensemble's composing models that no other loaded ensemble uses
+        are unloaded too."""
         entry = self._models.get(name)
         if entry is None:
             raise not_found(f"unknown model '{name}'")
         if unload_dependents:
             composing = ensemble_loading.dependents(self, name)
-            await self.unload(name, by_api)
+            await self.unload(name)
             for other in composing:
                 if other in self._models:
-                    await self.unload(other, by_api)
+                    await self.unload(other)
             return
-        folder = await asyncio.to_thread(self.folder_fingerprint, name) if by_api else None
         async with entry.lock:
             if self._models.get(name) is not entry:
                 return  # unloaded by another call while this one waited
-            if by_api:
-                self._unloaded[name] = folder
             retired = list(entry.versions.values())
             for model in retired:
                 model.state = ModelState.UNLOADING
@@ -371,7 +364,7 @@ class ModelRepository(RoutingTable):
         await self._retire_all(retired)
 
     async def close(self) -> None:
-        await asyncio.gather(*(self.unload(name, by_api=False) for name in list(self._models)),
+        await asyncio.gather(*(self.unload(name) for name in list(self._models)),
                              return_exceptions=True)
 
 

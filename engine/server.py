@@ -126,7 +126,7 @@ class Server:
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload)
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
-                                   options.max_message_bytes)
+                                   options.max_message_bytes, options.model_control_mode)
         wire.configure(self.tensor_limits())
         # The generative models' engines (one per version, built on first use), for the OpenAI API on the
         # HTTP port; here, in the process that holds the repository, whatever --workers says.

@@ -321,26 +321,28 @@ def test_each_mechanism_alone_picks_up_changes(tmp_path: Path, flags: tuple[str,
         srv.stop()
 
 
-def test_api_loads_and_unloads_hold_until_the_folder_changes(lifecycle, http):
-    """In poll mode the folder is the source of truth, but not a tyrant: an API load with a config override,
-    or an API unload, holds until the folder changes."""
+def test_the_folder_alone_decides_api_loads_and_unloads_are_refused(lifecycle, http):
+    """In poll mode the folder is the one source of truth, as in Triton: the repository API's load (with a
+    config override or model files) and unload are refused with UNAVAILABLE and change nothing; the index
+    stays available. test_repository_api.py covers the refusal's words in none mode too."""
     root, staging = lifecycle.repository, lifecycle.staging
-    drop(root, "override", {"config.pbtxt": simple_config("override"), "1/model.onnx": SIMPLE}, staging)
-    wait_until(lambda: http.is_model_ready("override"), "'override' READY")
-    http.load_model("override", config=json.dumps({"name": "override", "backend": "onnxruntime",
-                                                   "max_batch_size": 2}))
-    assert http.get_model_config("override")["max_batch_size"] == 2
-    (root / "override" / "config.pbtxt").write_text(simple_config("override", "# edited"))
-    wait_until(lambda: http.get_model_config("override")["max_batch_size"] == 8, "the folder's config back")
-
-    http.unload_model("override")
-    # A folder dropped after the unload is picked up by a later watcher pass; 'override' stays unloaded.
-    drop(root, "marker", {"config.pbtxt": simple_config("marker"), "1/model.onnx": SIMPLE}, staging)
-    wait_until(lambda: http.is_model_ready("marker"), "'marker' READY")
-    assert not http.is_model_ready("override")
-    (root / "override" / "config.pbtxt").write_text(simple_config("override", "# edited again"))
-    wait_until(lambda: http.is_model_ready("override"), "'override' back once its folder changed")
-    for name in ("override", "marker"):
-        shutil.rmtree(root / name)
-    wait_until(lambda: not rows(http, "override") and not rows(http, "marker"),
-               "'override' and 'marker' gone")
+    drop(root, "held", {"config.pbtxt": simple_config("held"), "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("held"), "'held' READY")
+    override = json.dumps({"name": "held", "backend": "onnxruntime", "max_batch_size": 2})
+    files = {"file:2/model.onnx": SIMPLE}
+    with grpcclient.InferenceServerClient(lifecycle.grpc_url) as grpc:
+        for client, code in ((http, "503"), (grpc, "StatusCode.UNAVAILABLE")):
+            for call, kwargs in ((client.load_model, {"config": override}),
+                                 (client.load_model, {"config": override, "files": files}),
+                                 (client.unload_model, {})):
+                with pytest.raises(InferenceServerException) as e:
+                    call("held", **kwargs)
+                assert e.value.status() == code, (e.value.status(), e.value.message())
+                assert e.value.message().startswith("explicit model load / unload is not allowed"), e.value
+                assert "--model-control-mode explicit" in e.value.message()
+        assert infer_simple(grpc, grpcclient, "held") == "1"
+    assert http.get_model_config("held")["max_batch_size"] == 8
+    assert [row[:2] for row in rows(http, "held")] == [("1", "READY")]
+    assert infer_simple(http, httpclient, "held") == "1"
+    shutil.rmtree(root / "held")  # the folder still decides
+    wait_until(lambda: not rows(http, "held"), "'held' gone")

@@ -141,3 +141,16 @@ def test_tune_window_recommends_a_window(explicit_server: RunningServer, tmp_pat
     assert all(p["throughput_infer_per_s"] > 0 and p["executions"] > 0 for p in doc["curve"])
     # The original window is back.
     assert model_config(explicit_server)["dynamic_batching"]["max_queue_delay_microseconds"] == original
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tune_window_needs_explicit_mode(server: RunningServer, protocol: str) -> None:
+    """Against a server in none mode (the session's) the first reload is refused: the run stops with the
+    server's answer, which says what to do, and the model is untouched."""
+    original = model_config(server)["dynamic_batching"]["max_queue_delay_microseconds"]
+    result = hubserve_perf("tune-window", "-m", "simple", "-u", url(server, protocol), "-i", protocol,
+                           "--windows-us", "0", "--p95-budget-ms", "1000", *QUICK, timeout_s=60)
+    assert result.returncode == 99, result.stdout + result.stderr
+    assert "explicit model load / unload is not allowed" in result.stderr, result.stderr
+    assert "--model-control-mode explicit" in result.stderr and "restoring" not in result.stderr
+    assert model_config(server)["dynamic_batching"]["max_queue_delay_microseconds"] == original

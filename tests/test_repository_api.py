@@ -5,8 +5,12 @@ index) through both of Triton's clients, against a server of its own started in 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -16,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import build_test_repository, start_server
+from conftest import ROOT, build_test_repository, start_server
 
 BAD_PBTXT = 'name: "bad_config"\nbackend: "onnxruntime"\nmax_batch_size: 8\ninput [ { name: "INPUT0" \n'
 
@@ -341,3 +345,59 @@ def test_a_failed_version_is_triton_worded_and_listed_beside_the_serving_one(
     http.unload_model("half_broken")
     for client in (http, grpc_client):
         assert index_rows(client, "half_broken") == [("1", "UNAVAILABLE", "unloaded")]
+
+
+# ------------------------------------------------------------------ refused outside explicit mode
+
+REFUSED = "explicit model load / unload is not allowed if polling is enabled"  # Triton's words, in any mode
+
+
+@pytest.fixture(scope="module", params=["none", "poll"])
+def closed_server(request: pytest.FixtureRequest, repository: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A server of its own serving only `simple`, in `none` or `poll` mode, where the repository folder alone
+    decides what serves: load and unload are an admin API these modes do not open (Triton's rule)."""
+    repo = tmp_path_factory.mktemp(f"{request.param}_repository")
+    shutil.copytree(repository / "simple", repo / "simple")
+    srv = start_server(repo, tmp_path_factory.mktemp(f"{request.param}_server") / "server.log",
+                       "--model-control-mode", request.param)
+    yield request.param, srv
+    srv.stop()
+
+
+def test_load_and_unload_are_refused_outside_explicit_mode(closed_server):
+    """Over both protocols, UNAVAILABLE (HTTP 503, as Triton's HTTP frontend answers it) in Triton's words
+    with what to do, before anything else about the request is looked at (an unknown or invalid name, model
+    files); nothing changes, and the index stays available."""
+    mode, server = closed_server
+    onnx = (server.repository / "simple" / "1" / "model.onnx").read_bytes()
+    config = json.dumps({**SIMPLE_OVERRIDE, "max_batch_size": 2})
+    with httpclient.InferenceServerClient(server.http_url) as http_client, \
+            grpcclient.InferenceServerClient(server.grpc_url) as grpc_c:
+        for client, code, bad_name in ((http_client, "503", "no_such_model"),
+                                       (grpc_c, "StatusCode.UNAVAILABLE", "../outside")):
+            for call, name, kwargs in ((client.load_model, "simple", {}),
+                                       (client.load_model, "simple", {"config": config}),
+                                       (client.load_model, "from_files",
+                                        {"config": config, "files": {"file:1/model.onnx": onnx}}),
+                                       (client.load_model, bad_name, {}),
+                                       (client.unload_model, "simple", {"unload_dependents": True}),
+                                       (client.unload_model, bad_name, {})):
+                with pytest.raises(InferenceServerException) as e:
+                    call(name, **kwargs)
+                message = e.value.message()
+                assert e.value.status() == code and message.startswith(REFUSED), (call, name, message)
+                assert f"'{mode}' model-control mode" in message, message
+                assert "--model-control-mode explicit" in message, message
+            assert index_rows(client, "simple") == [("1", "READY", "")]
+            assert not index_rows(client, "from_files")
+            infer_simple(client, httpclient if client is http_client else grpcclient)
+        assert http_client.get_model_config("simple")["max_batch_size"] == 8
+
+
+def test_load_model_at_start_needs_explicit_mode(repository: Path):
+    """`--load-model` without explicit mode would be ignored: refused at start, as Triton refuses it."""
+    result = subprocess.run([sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
+                             "--model-control-mode", "poll", "--load-model", "simple"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result
+    assert "Use of '--load-model' requires setting '--model-control-mode=explicit' as well." in result.stderr

@@ -110,7 +110,8 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
     tune = tune_sub.add_parser(
         "tune-window", help="find the batching window (max_queue_delay_microseconds) for a p95 budget",
         description="Reload the model with each max_queue_delay_microseconds through the repository API (a "
-                    "config override; the server must allow it, e.g. --model-control-mode explicit), measure "
+                    "config override, so the server must run with --model-control-mode explicit, as Triton "
+                    "must too), measure "
                     "each, recommend the highest-throughput window whose p95 meets the budget, and put the "
                     "original config back. Exits 1 when no window meets the budget.")
     _add_target_flags(tune)

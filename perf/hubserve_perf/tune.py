@@ -3,7 +3,8 @@
 For each candidate `max_queue_delay_microseconds` it
   1. reloads the model through the repository API with its current config (as the server reports it) and
      only the window changed — `POST /v2/repository/models/{m}/load` with `parameters.config`, or gRPC's
-     RepositoryModelLoad — and waits until the model is ready;
+     RepositoryModelLoad — and waits until the model is ready (the server must run in explicit model-control
+     mode, as Triton must: in none and poll modes the first load is refused, UNAVAILABLE);
   2. measures one step (measure.py: windows until stable) under the same load;
   3. reads how the batches left: the average batch size, and the end-of-window flushes — batches sent
      because the window ran out. With `--metrics-url` (hubserve's Prometheus port) these are counted exactly
@@ -128,10 +129,12 @@ async def run_tune(args: argparse.Namespace) -> int:
         plan = tune_plan(args, model)
         original = model.config
         points: list[TunePoint] = []
+        reloaded = False  # until a load succeeds nothing changed, and its error is the one to report
         try:
             for window_us in windows:
                 session.progress(f"--- max_queue_delay_microseconds {window_us}: reloading '{model.name}'")
                 await session.control.load(model.name, with_window(original, window_us))
+                reloaded = True
                 await wait_ready(session.control, model.name, args.version, READY_TIMEOUT_S)
                 before = await dispatch_counts(args.metrics_url, model.name) if args.metrics_url else {}
                 step = await measure_step(session.load, session.control, model.name, args.version, plan,
@@ -147,9 +150,10 @@ async def run_tune(args: argparse.Namespace) -> int:
                 else:
                     points.append(TunePoint(window_us, step, *flushed(model, step), "batch sizes"))
         finally:
-            session.progress(f"--- restoring the original config of '{model.name}'")
-            await session.control.load(model.name, original)
-            await wait_ready(session.control, model.name, args.version, READY_TIMEOUT_S)
+            if reloaded:
+                session.progress(f"--- restoring the original config of '{model.name}'")
+                await session.control.load(model.name, original)
+                await wait_ready(session.control, model.name, args.version, READY_TIMEOUT_S)
     best = recommend(points, args.p95_budget_ms)
     print_curve(points, best, args.p95_budget_ms)
     if args.csv:
