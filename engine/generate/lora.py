@@ -34,6 +34,16 @@ log = logging.getLogger("hubserve.generate")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def adapter_names(root: Path) -> list[str]:
+    """The adapters a model folder declares: the subfolders of its adapters' folder whose names an adapter
+    may have, sorted (what GET /v1/models lists; nothing is read or loaded). No folder: none."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    return sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir())
+
+
 @dataclass(frozen=True, slots=True)
 class LoraShape:
     layers: int
