@@ -79,6 +79,11 @@ class AdapterStore:
             raise EngineError(ErrorCode.NOT_FOUND, f"model '{self.model}' has no LoRA adapter '{name}'")
 
     @property
+    def num_loaded(self) -> int:
+        """How many adapters are in memory (read by a scrape on the loop while the engine thread loads)."""
+        return len(self._loaded)
+
+    @property
     def loaded(self) -> list[str]:
         """The adapters in memory, least recently used first."""
         return list(self._loaded)
