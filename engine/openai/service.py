@@ -15,6 +15,7 @@ from typing import Any
 
 from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
+from ..generate.accounting import RequestAccount
 from ..generate.chat_template import ChatTemplate
 from ..generate.lora import adapter_names
 from ..generate.model_folder import adapters_folder
@@ -79,7 +80,10 @@ class OpenAIService:
                     priority: Priority = Priority.INTERACTIVE) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
-        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last."""
+        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last.
+        The request counts in its model version's Triton statistics from here (its queue time is the wait
+        for the engine: engine/generate/accounting.py)."""
+        received_ns = time.perf_counter_ns()
         base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:
             version = await self.registry.version(base)
@@ -93,7 +97,8 @@ class OpenAIService:
             params = dataclasses.replace(params, lora=adapter)
         reservation = self.quotas.charge(
             api_key, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
-        gen = Generation(version.driver, request_id, prompts, api.n, params)
+        gen = Generation(version.driver, request_id, prompts, api.n, params,
+                         RequestAccount(version.model.stats, received_ns))
         try:
             gen.start()
         except EngineError as e:
