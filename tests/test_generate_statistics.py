@@ -3,7 +3,8 @@ HTTP (they must agree), against a real server (also run with HUBSERVE_TEST_WORKE
 ModelStreamInfer or generate counts as Triton counts a decoupled model's (success / fail, queue, one
 execution, compute_infer) and each of its responses by index in `response_stats` (success, empty_response,
 fail, and cancel where the client left); a /v1 request counts in the same inference statistics, without
-response_stats. Every test compares two snapshots, so the tests' order does not matter."""
+response_stats, and in the model's pending count while it runs. Every test compares two snapshots, so the
+tests' order does not matter."""
 
 from __future__ import annotations
 
@@ -174,9 +175,11 @@ def test_a_client_leaving_mid_stream_counts_a_cancel(server: RunningServer):
     for _ in range(3):
         _, error = results.get(timeout=60)
         assert error is None, error
+    assert server.metric("nv_inference_pending_request_count", MODEL) == 1
     client.stop_stream(cancel_requests=True)
     client.close()
     _wait_for(lambda: _cancels(snapshot(server)) == _cancels(before) + 1, "no cancel counted")
+    assert server.metric("nv_inference_pending_request_count", MODEL) == 0
     change = delta(before, snapshot(server))
     responses = change.pop("responses")
     assert change == requests(executions=1)  # it reached the engine; neither a success nor a failure
@@ -201,9 +204,11 @@ def test_openai_requests_count_in_the_model_statistics(server: RunningServer):
     stream = client.completions.create(model=MODEL, prompt="Hello", max_tokens=480, stream=True,
                                        extra_body={"ignore_eos": True})
     next(iter(stream))
+    assert server.metric("nv_inference_pending_request_count", MODEL) == 1  # one of the model's requests
     stream.close()
     _wait_for(lambda: server.metric("hubserve_inference_request_cancelled_total", MODEL) == cancelled + 1,
               "the closed stream was not counted cancelled")
+    assert server.metric("nv_inference_pending_request_count", MODEL) == 0
     assert delta(before, snapshot(server)) == {**requests(executions=1), "responses": {}}
 
     before = snapshot(server)

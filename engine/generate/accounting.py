@@ -12,8 +12,9 @@ request does:
   counts whatever its responses did;
 - its outcome once: `success`, `fail` (an error, before or during generation) or `cancelled` (its client
   left), each with the time since its arrival.
-Per-response statistics (`response_stats`) are the Triton path's own (triton_model.py): an OpenAI stream's
-chunks are not Triton responses.
+While it is open the request counts in `ModelStats.generating`, the version's pending count (the
+`nv_inference_pending_request_count` gauge). Per-response statistics (`response_stats`) are the Triton
+path's own (triton_model.py): an OpenAI stream's chunks are not Triton responses.
 
 Made and used on the loop only.
 """
@@ -33,7 +34,8 @@ class Outcome(enum.Enum):
 
 
 class RequestAccount:
-    """One request's times; `finish` records it (once; later calls do nothing)."""
+    """One request's times; `finish` records it, `drop` forgets one refused before it started (either once;
+    later calls do nothing)."""
 
     __slots__ = ("finished", "received_ns", "stats", "submitted_ns")
 
@@ -42,6 +44,7 @@ class RequestAccount:
         self.received_ns = received_ns
         self.submitted_ns = 0  # 0: not (yet) in the engine
         self.finished = False
+        stats.generating += 1
 
     def submitted(self) -> int:
         """The request was handed to the engine's driver: its queue time ends. Returns the time (ns)."""
@@ -49,11 +52,18 @@ class RequestAccount:
         self.stats.record_queue(now - self.received_ns)
         return now
 
+    def drop(self) -> None:
+        """The request was refused before it started (a /v1 request id still running): it counts nowhere."""
+        if not self.finished:
+            self.finished = True
+            self.stats.generating -= 1
+
     def finish(self, outcome: Outcome) -> None:
         if self.finished:
             return
         self.finished = True
         stats, now = self.stats, time.perf_counter_ns()
+        stats.generating -= 1
         if self.submitted_ns:
             stats.record_execution(1, 1, 0, now - self.submitted_ns, 0)
         elapsed = now - self.received_ns

@@ -93,7 +93,8 @@ class GenerativeModel(Model):
 
     @property
     def pending_count(self) -> int:
-        return len(self._runs)
+        """Requests of either API in flight (accounting.py): a /v1 request is one of this version's too."""
+        return self.stats.generating
 
     def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
                ) -> asyncio.Future[InferenceResponse]:

@@ -89,6 +89,8 @@ class Generation:
                 choice.submitted = True
         except EngineError:
             self.abort()
+            if self.account is not None:
+                self.account.drop()
             raise
         self._started = True
         if self.account is not None:
