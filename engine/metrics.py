@@ -177,6 +177,49 @@ def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
             lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
     for name, help_text, histogram in _HISTOGRAMS:
         lines.extend(_histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled]))
+    lines.extend(_lora_lines([(d, labels) for d, labels in labelled if d.engine.adapters is not None]))
+    return lines
+
+
+# LoRA adapters (engine/generate/lora.py), for versions whose graph takes them: per adapter (label `adapter`),
+# then per version, what sizing the adapter cache (`max_loras`) needs. Counts of the loop's (driver.py) and
+# of the engine thread's store (plain integers, read as they are).
+_LORA_PER_ADAPTER: list[tuple[str, str, Callable[[EngineDriver], dict[str, int]]]] = [
+    ("hubserve_generation_lora_requests_total", "Generation requests taken that run with the LoRA adapter "
+     "(each choice counts)", lambda d: d.metrics.lora_requests),
+    ("hubserve_generation_lora_tokens_total", "Tokens generated with the LoRA adapter",
+     lambda d: d.metrics.lora_tokens),
+]
+_LORA_FAMILIES: list[tuple[str, str, str, Callable[[EngineDriver], int]]] = [
+    ("hubserve_generation_lora_adapters_loaded", "gauge", "LoRA adapters resident in memory",
+     lambda d: d.engine.adapters.num_loaded if d.engine.adapters else 0),
+    ("hubserve_generation_lora_adapters_max", "gauge",
+     "LoRA adapters kept resident at most (max_loras; the least recently used is evicted)",
+     lambda d: d.engine.adapters.max_loaded if d.engine.adapters else 0),
+    ("hubserve_generation_lora_adapters_in_flight", "gauge",
+     "Distinct LoRA adapters of the requests queued or running", lambda d: d.adapters_in_flight()),
+    ("hubserve_generation_lora_loads_total", "counter", "LoRA adapters read from disk (first use, or again "
+     "after an eviction)", lambda d: d.engine.adapters.loads if d.engine.adapters else 0),
+    ("hubserve_generation_lora_evictions_total", "counter",
+     "LoRA adapters evicted to stay within max_loras", lambda d: d.engine.adapters.evictions
+     if d.engine.adapters else 0),
+]
+
+
+def _lora_lines(labelled: list[tuple[EngineDriver, str]]) -> list[str]:
+    if not labelled:
+        return []
+    lines = []
+    for name, help_text, counts in _LORA_PER_ADAPTER:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} counter")
+        for d, labels in labelled:
+            for adapter, count in sorted(counts(d).items()):
+                lines.append(f'{name}{{{labels},adapter="{_escape(adapter)}"}} {count}')
+    for name, kind, help_text, value in _LORA_FAMILIES:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in labelled)
     return lines
 
 

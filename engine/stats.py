@@ -34,7 +34,8 @@ class BatchStats:
 class ResponseStats:
     """A decoupled model's responses at one index (0 = each request's first, ...), as Triton keeps them:
     each response's time since the previous one (or since its execute began) as compute_infer, and as
-    success, fail (an error response) or empty_response (the final flag sent alone)."""
+    success, fail (an error response) or empty_response (the final flag sent alone); and cancel, where a
+    request was cancelled (its client left)."""
 
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
@@ -62,14 +63,19 @@ class ModelStats:
     # Why each batch left the queue (full, preferred, window, immediate, early): what the window is doing.
     dispatch_reasons: dict[str, int] = field(default_factory=dict)
     responses: dict[int, ResponseStats] = field(default_factory=dict)  # decoupled models only
+    # Generative models: requests of either API between arrival and answer (engine/generate/accounting.py),
+    # the model's pending count (a /v1 request is one of its requests too).
+    generating: int = 0
 
     def record_response(self, index: int, ns: int, kind: str) -> None:
         """A decoupled model's response number `index` of its request, `ns` after the one before; `kind` is
-        "success", "fail" or "empty_response"."""
+        "success", "fail", "empty_response" or "cancel" (the request was cancelled there: `ns` is the
+        clean-up's, and it computed nothing, so compute_infer is not counted, as in Triton)."""
         stats = self.responses.get(index)
         if stats is None:
             stats = self.responses[index] = ResponseStats()
-        stats.compute_infer.add(ns)
+        if kind != "cancel":
+            stats.compute_infer.add(ns)
         getattr(stats, kind).add(ns)
         if kind == "success":
             stats.compute_output.add(0)

@@ -1,6 +1,7 @@
 """The OpenAI-compatible endpoints on the HTTP port, under /v1 (HttpRoutes hands every /v1 path here):
 
-    GET  /v1/models, /v1/models/{model}      the generative models that serve now
+    GET  /v1/models, /v1/models/{model}      the generative models that serve now, and their LoRA adapters
+                                             (`model:adapter`)
     POST /v1/completions                     text completion
     POST /v1/chat/completions                chat, through the model folder's chat template
     /v1/files, /v1/batches                   the Batch API (openai_batch_routes.py)

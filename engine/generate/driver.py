@@ -54,6 +54,7 @@ class _Client:
     on_event: OnEvent
     num_prompt_tokens: int
     arrival_s: float
+    adapter: str | None
     last_token_s: float = 0.0
     num_tokens: int = 0
 
@@ -113,6 +114,11 @@ class EngineDriver:
     def in_flight(self) -> int:
         return len(self._clients)
 
+    def adapters_in_flight(self) -> int:
+        """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
+        many adapters the work needs resident at once. On the loop (a scrape)."""
+        return len({c.adapter for c in self._clients.values() if c.adapter is not None})
+
     # ------------------------------------------------------------------ the loop's side
 
     def submit(self, request_id: str, token_ids: Sequence[int], params: SamplingParams,
@@ -125,8 +131,12 @@ class EngineDriver:
             raise EngineError(ErrorCode.ALREADY_EXISTS, f"a request with id '{request_id}' is still running; "
                                                         "request ids (X-Request-ID) must be unique")
         now = time.perf_counter()
-        self._clients[request_id] = _Client(on_event, len(token_ids), now)
+        adapter = params.lora
+        self._clients[request_id] = _Client(on_event, len(token_ids), now, adapter)
         self.metrics.prompt_tokens += len(token_ids)
+        if adapter is not None:
+            counts = self.metrics.lora_requests
+            counts[adapter] = counts.get(adapter, 0) + 1
         log.debug("request %s: queued for model '%s' (%d prompt tokens, max_tokens %d)", request_id,
                   self.model_name, len(token_ids), params.max_tokens)
         with self._lock:
@@ -173,6 +183,9 @@ class EngineDriver:
                 client.num_tokens += event.num_tokens
                 client.last_token_s = now
                 metrics.generation_tokens += event.num_tokens
+                if client.adapter is not None:
+                    tokens = metrics.lora_tokens
+                    tokens[client.adapter] = tokens.get(client.adapter, 0) + event.num_tokens
             if event.finished:
                 del self._clients[request_id]
                 self._count_finish("error" if event.error is not None else event.finish_reason or "stop")

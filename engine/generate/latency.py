@@ -1,5 +1,6 @@
 """What a generative model's serving counts for its metrics: time to first token and inter-token latency as
-histograms, tokens generated and prompt tokens taken, requests finished by reason.
+histograms, tokens generated and prompt tokens taken, requests finished by reason, and requests and tokens
+per LoRA adapter.
 
 Written only on the event loop (engine/generate/driver.py records as it hands each step's tokens to their
 clients, so the times are what a client sees, not what the engine thread saw), read at scrape time by
@@ -26,3 +27,5 @@ class GenerationMetrics:
     generation_tokens: int = 0
     prompt_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason: stop, length, abort, error
+    lora_requests: dict[str, int] = field(default_factory=dict)  # requests taken, by LoRA adapter
+    lora_tokens: dict[str, int] = field(default_factory=dict)    # tokens generated, by LoRA adapter

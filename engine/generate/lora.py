@@ -34,6 +34,16 @@ log = logging.getLogger("hubserve.generate")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def adapter_names(root: Path) -> list[str]:
+    """The adapters a model folder declares: the subfolders of its adapters' folder whose names an adapter
+    may have, sorted (what GET /v1/models lists; nothing is read or loaded). No folder: none."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    return sorted(e.name for e in entries if _NAME.fullmatch(e.name) and e.is_dir())
+
+
 @dataclass(frozen=True, slots=True)
 class LoraShape:
     layers: int
@@ -67,6 +77,11 @@ class AdapterStore:
         can never reach outside the adapters' folder)."""
         if not _NAME.fullmatch(name) or not (self.root / name).is_dir():
             raise EngineError(ErrorCode.NOT_FOUND, f"model '{self.model}' has no LoRA adapter '{name}'")
+
+    @property
+    def num_loaded(self) -> int:
+        """How many adapters are in memory (read by a scrape on the loop while the engine thread loads)."""
+        return len(self._loaded)
 
     @property
     def loaded(self) -> list[str]:

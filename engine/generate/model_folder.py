@@ -77,6 +77,11 @@ def load_engine(folder: Path, version: int = 1, seed: int = 0) -> GenerationEngi
     return build_engine(config, model_path, folder, seed)
 
 
+def adapters_folder(config: ModelConfig, folder: Path) -> Path:
+    """Where a generative model folder keeps its LoRA adapters (the `lora_adapters` parameter)."""
+    return folder / config.parameters.get("lora_adapters", "adapters")
+
+
 def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int = 0) -> GenerationEngine:
     """The engine for a validated config (the repository's, for a served version: registry.py) whose model
     file is `model_path`; `folder` holds its tokenizer. Blocking (it makes the ONNX Runtime session)."""
@@ -100,6 +105,6 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where)
     adapters = None
     if runner.lora is not None:
-        adapters = AdapterStore(folder / params.get("lora_adapters", "adapters"), runner.lora,
+        adapters = AdapterStore(adapters_folder(config, folder), runner.lora,
                                 _int(params, "max_loras", 4, where), config.name)
     return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters)

@@ -14,6 +14,11 @@ One request, on the loop (`submit`):
    carries the final flag, or the flag comes alone), otherwise one response with the whole text at the end;
 4. the future resolves with the final response; cancelling it (the client left) aborts the generation,
    whose KV blocks the engine thread frees before its next step.
+
+Statistics: the request's own as accounting.py says (queue, one execution, its outcome), and each response
+by its index (`response_stats`, as Triton keeps them for a decoupled model): success with the time since the
+previous response (or since the hand-off to the engine), empty_response for a final flag sent alone, fail
+for an error, cancel for a client that left.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ..config_types import ModelConfig
 from ..errors import EngineError, decoupled_unary, invalid
 from ..model import Model, ModelState
 from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
+from .accounting import Outcome, RequestAccount
 from .driver import TokenEvent
 from .registry import GenerativeVersion, check_adapter
 from .request import SamplingParams
@@ -48,19 +54,22 @@ class GenerationSource(Protocol):
 
 
 class _Run:
-    """One request in flight: its options, where it stands in the engine, and its future."""
+    """One request in flight: its options, where it stands in the engine, its future, and its statistics
+    (`account`; `sent` responses so far, the last at `last_ns`)."""
 
-    __slots__ = ("engine_id", "future", "options", "pieces", "request", "started_ns", "submitted", "task",
-                 "version")
+    __slots__ = ("account", "engine_id", "future", "last_ns", "options", "pieces", "request", "sent",
+                 "submitted", "task", "version")
 
     def __init__(self, request: InferenceRequest, options: RequestOptions,
-                 future: asyncio.Future[InferenceResponse]) -> None:
+                 future: asyncio.Future[InferenceResponse], account: RequestAccount) -> None:
         self.request = request
         self.options = options
         self.future = future
+        self.account = account
         self.engine_id = f"triton-{uuid.uuid4().hex[:16]}"
         self.pieces: list[str] = []
-        self.started_ns = time.perf_counter_ns()
+        self.sent = 0
+        self.last_ns = account.received_ns
         self.submitted = False
         self.task: asyncio.Task[None] | None = None
         self.version: GenerativeVersion | None = None
@@ -84,7 +93,8 @@ class GenerativeModel(Model):
 
     @property
     def pending_count(self) -> int:
-        return len(self._runs)
+        """Requests of either API in flight (accounting.py): a /v1 request is one of this version's too."""
+        return self.stats.generating
 
     def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
                ) -> asyncio.Future[InferenceResponse]:
@@ -94,9 +104,9 @@ class GenerativeModel(Model):
             raise decoupled_unary()
         options = read_options(self.prepare(request), request.parameters)
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-        run = _Run(request, options, future)
-        future.add_done_callback(functools.partial(self._completed, run, received_ns or run.started_ns,
-                                                   on_done))
+        account = RequestAccount(self.stats, received_ns or time.perf_counter_ns())
+        run = _Run(request, options, future, account)
+        future.add_done_callback(functools.partial(self._completed, run, on_done))
         self._runs.add(run)
         self._idle.clear()
         run.task = asyncio.ensure_future(self._start(run))
@@ -108,7 +118,7 @@ class GenerativeModel(Model):
             ids, params = self._prompt(run.options, version)
             version.driver.submit(run.engine_id, ids, params, functools.partial(self._on_event, run))
             run.submitted = True
-            self.stats.queue.add(time.perf_counter_ns() - run.started_ns)  # the wait for the engine's build
+            run.last_ns = run.account.submitted()  # its queue time: the wait for the engine's build
             log.debug("request %s (Triton id %r): generating for model '%s'", run.engine_id, run.request.id,
                       self.name)
         except EngineError as e:
@@ -145,6 +155,7 @@ class GenerativeModel(Model):
             if event.text and not event.finished:
                 assert run.request.stream is not None
                 run.request.stream(self._response(run, event.text))
+                self._responded(run, "success", time.perf_counter_ns() - run.last_ns)
             elif event.finished:
                 future.set_result(self._response(run, event.text) if event.text else EMPTY_FINAL)
             return
@@ -159,9 +170,17 @@ class GenerativeModel(Model):
         output = Tensor(TEXT_OUTPUT, DataType.BYTES, (1,), data)
         return InferenceResponse(self.name, self.version_str, [output], id=run.request.id)
 
-    def _completed(self, run: _Run, received_ns: int, on_done: Completion | None,
+    def _responded(self, run: _Run, kind: str, ns: int) -> None:
+        """Response number `run.sent` of the request, `kind` as Triton's response statistics count it."""
+        self.stats.record_response(run.sent, ns, kind)
+        run.sent += 1
+        run.last_ns = time.perf_counter_ns()
+
+    def _completed(self, run: _Run, on_done: Completion | None,
                    future: asyncio.Future[InferenceResponse]) -> None:
-        """The future's one done-callback: abort what still runs (a cancel), account, then answer."""
+        """The future's one done-callback: abort what still runs (a cancel), account, then answer. The last
+        response is counted here: success, empty_response (the final flag alone), fail (an error), or
+        cancel (the client left: its duration is the clean-up's, as Triton's)."""
         now = time.perf_counter_ns()
         if future.cancelled() or future.exception() is not None:
             if run.task is not None and not run.task.done():
@@ -169,12 +188,15 @@ class GenerativeModel(Model):
             if run.submitted and run.version is not None:
                 run.version.driver.abort(run.engine_id)
         if future.cancelled():
-            self.stats.cancelled.add(now - received_ns)
+            self._responded(run, "cancel", time.perf_counter_ns() - now)
+            run.account.finish(Outcome.CANCELLED)
         elif future.exception() is not None:
-            self.stats.fail.add(now - received_ns)
+            self._responded(run, "fail", now - run.last_ns)
+            run.account.finish(Outcome.FAIL)
         else:
-            self.stats.success.add(now - received_ns)
-            self.stats.record_execution(1, 1, 0, now - run.started_ns, 0)
+            kind = "empty_response" if future.result() is EMPTY_FINAL else "success"
+            self._responded(run, kind, now - run.last_ns)
+            run.account.finish(Outcome.SUCCESS)
         self._runs.discard(run)
         if not self._runs:
             self._idle.set()

@@ -4,6 +4,11 @@ Made and used on the loop by service.py. Each choice's events come from the driv
 through `_on_event`; the request is done when every choice finished, or at the first error (the others are
 then aborted). A listener (the SSE stream) sees each event as it comes; without one, the events only
 accumulate, for the one JSON answer.
+
+It also counts as one request of its model version in Triton's statistics (`account`,
+engine/generate/accounting.py): handed to the engine when every choice is submitted; success when every
+choice finished, fail at an error, cancelled when it is aborted before that (its client left, its job was
+cancelled, the server stopped).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import EngineError
+from ..generate.accounting import Outcome, RequestAccount
 from ..generate.driver import EngineDriver, TokenEvent
 from ..generate.request import SamplingParams
 
@@ -39,8 +45,10 @@ Listener = Callable[[Choice, TokenEvent], None]
 
 class Generation:
     def __init__(self, driver: EngineDriver, request_id: str, prompts: list[list[int]], n: int,
-                 params: SamplingParams) -> None:
+                 params: SamplingParams, account: RequestAccount | None = None) -> None:
         self.driver = driver
+        self.account = account
+        self._started = False
         self.request_id = request_id
         self.params = params
         self.choices: list[Choice] = []
@@ -81,10 +89,17 @@ class Generation:
                 choice.submitted = True
         except EngineError:
             self.abort()
+            if self.account is not None:
+                self.account.drop()
             raise
+        self._started = True
+        if self.account is not None:
+            self.account.submitted()
 
     def abort(self) -> None:
         """Stop every choice still running (the client left, or another choice failed)."""
+        if self.error is None and self._left:
+            self._account(Outcome.CANCELLED)
         for choice in self.choices:
             if not choice.finished:
                 choice.finish_reason = "abort"
@@ -97,6 +112,7 @@ class Generation:
         if event.error is not None:
             self.error = event.error
             choice.finish_reason = "error"
+            self._account(Outcome.FAIL)
             self.abort()
             self._settle(self.first)
             self._settle(self.done)
@@ -111,9 +127,14 @@ class Generation:
             self._left -= 1
         self._settle(self.first)
         if self._left == 0:
+            self._account(Outcome.SUCCESS)
             self._settle(self.done)
         if self.listener is not None:  # after `done`: the listener's last event sees the generation done
             self.listener(choice, event)
+
+    def _account(self, outcome: Outcome) -> None:
+        if self._started and self.account is not None:
+            self.account.finish(outcome)  # once: later calls do nothing
 
     @staticmethod
     def _settle(future: asyncio.Future[None]) -> None:

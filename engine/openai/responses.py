@@ -67,5 +67,9 @@ def usage_chunk(gen: Generation, chat: bool, model: str, created: int) -> dict[s
     return out
 
 
-def model_object(name: str, created: int) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY}
+def model_object(name: str, created: int, root: str | None, parent: str | None = None) -> dict[str, Any]:
+    """OpenAI's model object, with vLLM's lineage fields: `parent` is the base model's id for a LoRA adapter
+    (null for a base), `root` where its weights are (a base: its folder in the repository; an adapter: its
+    folder there, `base/adapters/name`)."""
+    return {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY, "root": root,
+            "parent": parent}

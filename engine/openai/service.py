@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import PurePosixPath
 from typing import Any
 
 from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
+from ..generate.accounting import RequestAccount
 from ..generate.chat_template import ChatTemplate
+from ..generate.lora import adapter_names
+from ..generate.model_folder import adapters_folder
 from ..generate.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..generate.request import Priority, SamplingParams
+from ..model import Model
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
@@ -40,15 +45,31 @@ class OpenAIService:
     # ------------------------------------------------------------------ models
 
     def list_models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [responses.model_object(m.name, self._created_at(m.name))
-                                           for m in self.registry.models()]}
+        """Every generative model that serves, each followed by the LoRA adapters its folder declares, as
+        `base:adapter` (what a request's `model` names to run with one)."""
+        data = []
+        for model in self.registry.models():
+            data.append(self._object(model, None))
+            data.extend(self._object(model, adapter) for adapter in _declared_adapters(model))
+        return {"object": "list", "data": data}
 
     def retrieve_model(self, name: str) -> dict[str, Any]:
+        base, colon, adapter = name.partition(":")
         try:
-            self.registry.model(name.partition(":")[0])
+            model = self.registry.model(base)
         except EngineError as e:
             raise _model_error(name, e) from None
-        return responses.model_object(name, self._created_at(name))
+        if not colon:
+            return self._object(model, None)
+        if adapter not in _declared_adapters(model):
+            raise model_not_found(name, f"model '{base}' has no LoRA adapter '{adapter}'")
+        return self._object(model, adapter)
+
+    def _object(self, model: Model, adapter: str | None) -> dict[str, Any]:
+        if adapter is None:
+            return responses.model_object(model.name, self._created_at(model.name), model.name)
+        name = f"{model.name}:{adapter}"
+        return responses.model_object(name, self._created_at(name), _adapter_root(model, adapter), model.name)
 
     def _created_at(self, name: str) -> int:
         return self._created.setdefault(name, int(time.time()))
@@ -59,7 +80,10 @@ class OpenAIService:
                     priority: Priority = Priority.INTERACTIVE) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
-        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last."""
+        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last.
+        The request counts in its model version's Triton statistics from here (its queue time is the wait
+        for the engine: engine/generate/accounting.py)."""
+        received_ns = time.perf_counter_ns()
         base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:
             version = await self.registry.version(base)
@@ -73,7 +97,8 @@ class OpenAIService:
             params = dataclasses.replace(params, lora=adapter)
         reservation = self.quotas.charge(
             api_key, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
-        gen = Generation(version.driver, request_id, prompts, api.n, params)
+        gen = Generation(version.driver, request_id, prompts, api.n, params,
+                         RequestAccount(version.model.stats, received_ns))
         try:
             gen.start()
         except EngineError as e:
@@ -137,6 +162,20 @@ class OpenAIService:
                                   priority=priority)
         except EngineError as e:
             raise from_engine(e) from None
+
+
+def _declared_adapters(model: Model) -> list[str]:
+    """The adapters the model's folder holds (lora.py `adapter_names`: a scan, nothing loaded)."""
+    return adapter_names(adapters_folder(model.config, model.model_dir))
+
+
+def _adapter_root(model: Model, adapter: str) -> str | None:
+    """An adapter's folder inside the repository (`base/adapters/name`); None when `lora_adapters` points
+    outside the model's folder: a server path is never shown."""
+    folder = PurePosixPath(model.config.parameters.get("lora_adapters", "adapters")) / adapter
+    if folder.is_absolute() or ".." in folder.parts:
+        return None
+    return f"{model.name}/{folder}"
 
 
 def _render(template: ChatTemplate, api: ApiRequest) -> str:
