@@ -14,6 +14,7 @@ or the session's below.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -103,6 +104,16 @@ def assert_simple_over_grpc(server: RunningServer, client_timeout: float = 30.0)
             inputs.append(tensor)
         result = c.infer("simple", inputs, client_timeout=client_timeout)
     assert result.as_numpy("OUTPUT0").tolist() == (x + x).tolist()
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `condition` until it holds; AssertionError naming `what` after `timeout_s`. For state the server
+    updates after the answer the client already has (statistics recorded once a model's execute returns)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what}")
+        time.sleep(0.02)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import start_server, wait_until
 from hubserve_harness import EXAMPLES
 from python_models import DECOUPLED_MISUSE as MISUSE
 from python_models import DECOUPLED_MISUSE_CONFIG as MISUSE_CONFIG
@@ -225,6 +225,9 @@ def test_statistics_count_the_request_once_and_each_response_by_index(server) ->
         assert all(e is None for _, e in stream.take(8))
     finally:
         stream.close()
+    # The execution is recorded once the model's execute returns, which may be after its last response
+    # reached the client.
+    wait_until(lambda: stats()["execution_count"] == before["execution_count"] + 1, "the execution recorded")
     after = stats()
     assert after["inference_stats"]["success"]["count"] == before["inference_stats"]["success"]["count"] + 1
     assert after["execution_count"] == before["execution_count"] + 1
