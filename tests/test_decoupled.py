@@ -195,11 +195,17 @@ def test_misuse_errors_in_tritons_words(server, model: str) -> None:
 
 @pytest.mark.parametrize("model", ["misuse", "misuse_in_process"])
 def test_client_cancel_is_seen_by_the_model_and_frees_the_instance(server, model: str) -> None:
+    def cancels() -> int:  # Triton's response_stats: a cancel at the index of the response not delivered
+        stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics(model)
+        return stats.model_stats[0].response_stats["1"].cancel.count
+
+    before = cancels()
     stream = Stream(server.grpc_url)
     stream.client.async_stream_infer(model, mode_inputs(7))
     [(result, error)] = stream.take(1)
     assert error is None and text_of(result) == "waiting"
     stream.close(cancel=True)  # the client leaves: the model's execute ends, its instance takes the next
+    wait_until(lambda: cancels() == before + 1, "a cancel counted at response 1")
     stream = Stream(server.grpc_url)
     try:
         stream.client.async_stream_infer(model, mode_inputs(4))

@@ -87,6 +87,8 @@ class Relay:
         if self.finished:
             return
         self.finished = True
-        if future.cancelled() and self._cancel is not None:
-            self._cancel()
+        if future.cancelled():  # the client left: Triton counts a cancel at the response it did not get
+            self._stats.record_response(self._sent, time.perf_counter_ns() - self._last_ns, "cancel")
+            if self._cancel is not None:
+                self._cancel()
         self._on_finished()
