@@ -38,7 +38,9 @@ nothing written to disk or downloaded):
   still tiny next to a real model, but a step costs milliseconds, as a real model's does.
 
 TTFT is from a client sending a request to its first token. The runner's breakdown (blocks → dense past,
-ONNX Runtime, present → blocks) is per engine step of the continuous run. No sockets: the HTTP API is not
+ONNX Runtime, present → blocks) is per engine step of the continuous run; the last table splits a
+continuous token's wall time into ONNX Runtime's decode and prefill runs, that mapping, the rest of `step()`
+and this loop, beside the ceiling's time per token. No sockets: the HTTP API is not
 part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 
     PYTHONPATH=. .venv/bin/python perf/bench_generate.py [--concurrency 1,4,16,32] [--requests-per-client 3]
