@@ -1,7 +1,7 @@
 """The generation engine in process: continuous vs static batching, against the model's own ceiling.
 
 Closed loop at each concurrency c: c clients, each sending its next request when its last one finished, over
-the same workload (prompts of 8–96 bytes, outputs of 16–128 tokens, greedy, EOS ignored) for every mode:
+the same workload (prompts of 8–96 bytes, greedy, EOS ignored; output lengths per `--lengths`) for every mode:
 
 - continuous: the engine as built; a request joins the running batch at the next step;
 - static: static batching of whole requests, as the issue means it: a batch of c is admitted together and
@@ -14,11 +14,37 @@ the same workload (prompts of 8–96 bytes, outputs of 16–128 tokens, greedy, 
   batch size and context length the continuous run formed on average (no gather, no scatter, no
   scheduling, no sampling).
 
+**bound** = the static run's computed output tokens / its useful ones (Σ over the batches it formed of
+batch size × longest member, over Σ lengths). A static batch runs as many steps as its longest member and
+every step computes all its rows; continuous batching at best keeps c useful rows in every step. So when a
+step's cost depends on its rows (not on which requests they are), continuous / static is at most about this
+bound, whatever the model: a ratio near the bound means continuous batching wasted little else. It depends
+only on the workload: E[max of c lengths] / E[length] in expectation.
+
+Output lengths (`--lengths`, seeded by `--seed` + c, the same for every mode):
+- `uniform` (the default, what every earlier table used): 16–128 tokens, uniform;
+- `lognormal`: long-tailed, the shape of answer lengths in real chat traffic (ShareGPT-style traces: most
+  answers short, a few many times longer); a lognormal rather than an exponential (whose likeliest length
+  is zero) because such traces peak at a short, non-zero length and then tail off to the right. Median 64
+  tokens, σ = 1, rounded, at least 4 and capped at 384 (prompt + output stays within the example's 512
+  positions; ~4 % of draws hit the cap), mean ≈ 97. Its bound is ≈ 2.1 at c = 4, 3.3 at c = 16 and 3.7 at
+  c = 32 (uniform: 1.5, 1.7, 1.7).
+
+Model (`--model`), built at bench time in memory with engine/generate/tiny_decoder.py (random fixed weights,
+nothing written to disk or downloaded):
+- `tiny` (the default): the example `tiny_decoder`, 2 layers, hidden 64 (4 × 16 heads), 1 KiB of cache per
+  token; one decode step is ~0.1–0.4 ms in ONNX Runtime, the same order as the engine's Python per step;
+- `l4h256`: the same builder at 4 layers, hidden 256 (8 × 32 heads), FFN 1024, 8 KiB of cache per token:
+  still tiny next to a real model, but a step costs milliseconds, as a real model's does.
+
 TTFT is from a client sending a request to its first token. The runner's breakdown (blocks → dense past,
-ONNX Runtime, present → blocks) is per engine step of the continuous run. No sockets: the HTTP API is not
+ONNX Runtime, present → blocks) is per engine step of the continuous run; the last table splits a
+continuous token's wall time into ONNX Runtime's decode and prefill runs, that mapping, the rest of `step()`
+and this loop, beside the ceiling's time per token. No sockets: the HTTP API is not
 part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 
     PYTHONPATH=. .venv/bin/python perf/bench_generate.py [--concurrency 1,4,16,32] [--requests-per-client 3]
+        [--lengths uniform|lognormal] [--model tiny|l4h256] [--seed 0]
 """
 
 from __future__ import annotations
@@ -36,10 +62,25 @@ from engine.generate.engine import CacheConfig, GenerationEngine
 from engine.generate.request import SamplingParams
 from engine.generate.runner import DecoderRunner
 from engine.generate.scheduler import SchedulerConfig
-from engine.generate.tiny_decoder import tiny_decoder_model
+from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from engine.generate.tokenizer import ByteTokenizer
 
-MODEL = examples.model_bytes(tiny_decoder_model())
+MODELS = {"tiny": TinyDecoderShape(),
+          "l4h256": TinyDecoderShape(layers=4, heads=8, head_dim=32, ffn=1024)}
+LENGTHS = ("uniform", "lognormal")
+LOGNORMAL_MEDIAN, LOGNORMAL_SIGMA, LOGNORMAL_MIN, LOGNORMAL_CAP = 64, 1.0, 4, 384
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    shape: TinyDecoderShape
+    onnx: bytes  # the serialized model, built here, never written out
+
+
+def build_model(name: str) -> Model:
+    shape = MODELS[name]
+    return Model(name, shape, examples.model_bytes(tiny_decoder_model(shape)))
 
 
 def options() -> ort.SessionOptions:
@@ -51,20 +92,27 @@ def options() -> ort.SessionOptions:
     return opts
 
 
-def workload(count: int, seed: int) -> list[tuple[list[int], int]]:
+def workload(count: int, seed: int, lengths: str = "uniform") -> list[tuple[list[int], int]]:
+    """(prompt, output length) per request; `uniform` draws exactly what earlier versions of this
+    benchmark drew for the same seed."""
     rng = np.random.default_rng(seed)
     jobs = []
     for _ in range(count):
         prompt = [256, *rng.integers(32, 127, size=int(rng.integers(8, 97))).tolist()]
-        jobs.append((prompt, int(rng.integers(16, 129))))
+        if lengths == "uniform":
+            length = int(rng.integers(16, 129))
+        else:
+            draw = rng.lognormal(np.log(LOGNORMAL_MEDIAN), LOGNORMAL_SIGMA)
+            length = int(np.clip(round(draw), LOGNORMAL_MIN, LOGNORMAL_CAP))
+        jobs.append((prompt, length))
     return jobs
 
 
-def make_engine() -> GenerationEngine:
+def make_engine(model: Model) -> GenerationEngine:
     """The example's settings (model_repository/tiny_decoder/config.pbtxt), warmed up: ONNX Runtime's first
     runs at new shapes are slow, and would land in the first TTFTs."""
     cache = CacheConfig(block_size=16, num_blocks=1024, max_model_len=512)
-    runner = DecoderRunner(MODEL, cache.num_blocks, cache.block_size, options())
+    runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options())
     engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(max_num_seqs=32,
                                                                               max_num_batched_tokens=256))
     for i, (prompt, max_tokens) in enumerate(workload(8, seed=12345)):
@@ -84,6 +132,8 @@ class Run:
     steps: int = 0
     decode_batch: list[int] = field(default_factory=list)  # decode rows per step
     context: list[int] = field(default_factory=list)       # the longest context of each step's decode group
+    computed: int = 0  # output tokens the static batches compute: Σ batch size × longest member ("static")
+    useful: int = 0    # output tokens asked for: Σ lengths
 
     def tps(self) -> float:
         return self.tokens / self.seconds
@@ -113,7 +163,11 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
 
     def admit_batch() -> None:
         batch = queue[:clients]
-        longest = max(m for _, (_, m) in batch) if mode == "static" else 0
+        longest = max(m for _, (_, m) in batch)
+        out.computed += len(batch) * longest
+        out.useful += sum(m for _, (_, m) in batch)
+        if mode != "static":
+            longest = 0
         for client in range(len(batch)):
             submit(client, longest)
 
@@ -145,11 +199,12 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
     return out
 
 
-def ceiling(batch: int, context: int, steps: int = 200) -> float:
+def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     """Tokens/s of the bare model decoding `batch` rows over `context` past tokens, inputs prebuilt."""
-    sess = ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
-    past = {f"past_key_values.{i}.{p}": np.zeros((batch, 4, context, 16), np.float32)
-            for i in range(2) for p in ("key", "value")}
+    sess = ort.InferenceSession(model.onnx, options(), providers=["CPUExecutionProvider"])
+    shape = model.shape
+    past = {f"past_key_values.{i}.{p}": np.zeros((batch, shape.heads, context, shape.head_dim), np.float32)
+            for i in range(shape.layers) for p in ("key", "value")}
     feed = {"input_ids": np.zeros((batch, 1), np.int64),
             "attention_mask": np.ones((batch, context + 1), np.int64),
             "position_ids": np.full((batch, 1), context, np.int64), **past}
@@ -166,26 +221,34 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16,32")
     parser.add_argument("--requests-per-client", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lengths", choices=LENGTHS, default="uniform", help="output lengths (module doc)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="decoder size (module doc)")
     args = parser.parse_args()
-    print("| c | continuous tok/s | static tok/s | cont./static | static-leave tok/s | TTFT p50/p95 ms cont. "
-          "| TTFT p50/p95 ms static | mean decode batch | mean context | ceiling tok/s | cont./ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    model = build_model(args.model)
+    shape = model.shape
+    print(f"model {model.name}: {shape.layers} layers, hidden {shape.hidden} "
+          f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}; output lengths {args.lengths}; "
+          f"{args.requests_per_client} requests per client; seed {args.seed}\n")
+    print("| c | continuous tok/s | static tok/s | cont./static | bound | static-leave tok/s "
+          "| TTFT p50/p95 ms cont. | TTFT p50/p95 ms static | mean decode batch | mean context "
+          "| ceiling tok/s | cont./ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    concurrencies = [int(x) for x in args.concurrency.split(",")]
     breakdown = []
-    cpu_rows = []
-    for c in (int(x) for x in args.concurrency.split(",")):
-        jobs = workload(c * args.requests_per_client, args.seed + c)
-        engine = make_engine()
+    rows = []
+    for c in concurrencies:
+        jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
+        engine = make_engine(model)
         cont = run(engine, jobs, c, "continuous")
-        stats = engine.runner.stats
-        breakdown.append(dataclasses.replace(stats))
-        cpu_rows.append((c, cont))
-        stat = run(make_engine(), jobs, c, "static")
-        leave = run(make_engine(), jobs, c, "static-leave")
+        breakdown.append(dataclasses.replace(engine.runner.stats))
+        stat = run(make_engine(model), jobs, c, "static")
+        leave = run(make_engine(model), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
         context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
-        top = ceiling(batch, context)
+        top = ceiling(model, batch, context)
+        rows.append((c, cont, top))
         print(f"| {c} | {cont.tps():.0f} | {stat.tps():.0f} | {cont.tps() / stat.tps():.2f} | "
-              f"{leave.tps():.0f} | "
+              f"{stat.computed / stat.useful:.2f} | {leave.tps():.0f} | "
               f"{cont.ttft_ms(50):.1f} / {cont.ttft_ms(95):.1f} | "
               f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
               f"{context} | {top:.0f} | {cont.tps() / top:.0%} |", flush=True)
@@ -193,7 +256,7 @@ def main() -> None:
     print("| c | steps | runs/step | blocks → dense past µs/step | ONNX Runtime µs/step (decode) | "
           "present → blocks µs/step | padding in past | decode rows gathered | free rows run | rebuilds |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for c, s in zip((int(x) for x in args.concurrency.split(",")), breakdown, strict=True):
+    for c, s in zip(concurrencies, breakdown, strict=True):
         steps = s.steps
         print(f"| {c} | {steps} | {s.runs / steps:.2f} | {s.gather_ns / steps / 1e3:.0f} | "
               f"{s.run_ns / steps / 1e3:.0f} ({s.decode_run_ns / steps / 1e3:.0f}) | "
@@ -205,10 +268,25 @@ def main() -> None:
     print("| c | step CPU µs (continuous) | step wall µs | of which ONNX Runtime wall µs | "
           "CPU µs per token |")
     print("|---|---|---|---|---|")
-    for (c, cont), s in zip(cpu_rows, breakdown, strict=True):
+    for (c, cont, _), s in zip(rows, breakdown, strict=True):
         print(f"| {c} | {cont.step_cpu_ns / cont.steps / 1e3:.0f} | "
               f"{cont.step_wall_ns / cont.steps / 1e3:.0f} | {s.run_ns / s.steps / 1e3:.0f} | "
               f"{cont.step_cpu_ns / cont.tokens / 1e3:.1f} |")
+
+    print()
+    print("Where a continuous token's time goes against the ceiling's (wall µs per counted token; the five "
+          "parts after the ceiling add up to 1 / continuous tok/s):\n")
+    print("| c | ceiling | ONNX Runtime, decode runs | ONNX Runtime, prefill runs | blocks ↔ dense past | "
+          "rest of step() (schedule, sample, update, stop) | outside step() (this loop) |")
+    print("|---|---|---|---|---|---|---|")
+    for (c, cont, top), s in zip(rows, breakdown, strict=True):
+        per = 1e3 * cont.tokens  # ns → µs per token
+        mapping = s.gather_ns + s.scatter_ns
+        rest = cont.step_wall_ns - s.run_ns - mapping
+        outside = cont.seconds * 1e9 - cont.step_wall_ns
+        prefill_ns = s.run_ns - s.decode_run_ns
+        print(f"| {c} | {1e6 / top:.1f} | {s.decode_run_ns / per:.1f} | {prefill_ns / per:.1f} "
+              f"| {mapping / per:.1f} | {rest / per:.1f} | {outside / per:.1f} |")
 
 
 if __name__ == "__main__":

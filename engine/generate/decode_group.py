@@ -78,6 +78,8 @@ class DecodeGroup:
         if (not self._pasts or len(fresh) > len(free) or len(free) - len(fresh) > len(order) // 4
                 or any(chunks[i].start > width for i in fresh) or shared_pad > max(8, width // 4)):
             return self._rebuild(chunks, order, fresh, gather)
+        for row in free:  # a leaver's row (or one free already) stays free unless a joiner takes it
+            self._rows[row] = None
         if fresh:
             joined = gather([chunks[i] for i in fresh], width)
             slots = free[:len(fresh)]
@@ -85,7 +87,7 @@ class DecodeGroup:
                 past[slots] = joined[t]
             for row, index in zip(slots, fresh, strict=True):
                 order[row] = index
-        self._place(chunks, order)
+                self._rows[row] = _Row(chunks[index].request, chunks[index].request.num_preemptions, 0)
         return order, self._pasts, len(fresh)
 
     def _place(self, chunks: Sequence[ScheduledChunk], order: Sequence[int]) -> None:

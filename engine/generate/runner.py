@@ -126,6 +126,8 @@ class DecoderRunner:
         `sample`, one row each in chunk order ([n, vocab])."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        if len(decodes) == len(chunks) and all(c.sample for c in chunks):
+            return self._decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
         rows: dict[int, np.ndarray] = {}
         if decodes:
@@ -167,39 +169,50 @@ class DecoderRunner:
 
     def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
         """One token for each of `group`, over the decode group's kept past (decode_group.py); the logits
-        in `group`'s order."""
+        in `group`'s order. Built from plain lists in one pass over the rows, and with basic slices where
+        no row is free (the usual step), because at tens of rows numpy's per-call cost is what adds up."""
         t0 = time.perf_counter_ns()
         rebuilds = self.decode_group.rebuilds
         order, pasts, gathered = self.decode_group.prepare(group, self._gather)
-        live = np.array([row for row, i in enumerate(order) if i >= 0], np.int64)
-        rows = [group[order[row]] for row in live]
-        starts = np.zeros(len(order), np.int64)
-        input_ids = np.zeros((len(order), 1), np.int64)
-        starts[live] = [c.start for c in rows]
-        input_ids[live, 0] = [c.token_ids[0] for c in rows]
+        batch = len(order)
+        starts, token_ids = [0] * batch, [0] * batch  # a free row: token 0 at position 0, attending itself
+        live: list[int] = []
+        for row, index in enumerate(order):
+            if index >= 0:
+                chunk = group[index]
+                starts[row], token_ids[row] = chunk.start, chunk.token_ids[0]
+                live.append(row)
+        picked = [order[row] for row in live]  # each live row's chunk
         past = pasts[0].shape[2]
-        mask = (np.arange(past + 1)[None, :] >= (past - starts)[:, None]).astype(np.int64)
-        feed = self._feed(input_ids, mask, starts[:, None], pasts,
+        start_array = np.array(starts, np.int64)
+        mask = (np.arange(past + 1) >= (past - start_array)[:, None]).astype(np.int64)
+        feed = self._feed(np.array(token_ids, np.int64).reshape(batch, 1), mask, start_array[:, None], pasts,
                           [group[i] if i >= 0 else None for i in order])
         t1 = time.perf_counter_ns()
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         self.decode_group.advance(group, order, presents)
         bs = self.block_size
-        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in rows], np.int64)
+        chunks = [group[i] for i in picked]
+        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in chunks], np.int64)
         targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
+        full = len(live) == batch  # no free row
+        rows: slice | np.ndarray = slice(None) if full else np.array(live, np.int64)
         for i, present in enumerate(presents):
-            self._rows[targets[i]] = present[live, :, past]
-        last = np.empty((len(group), logits.shape[2]), logits.dtype)
-        last[[order[row] for row in live]] = logits[live, 0]
+            self._rows[targets[i]] = present[rows, :, past]
+        if full and picked == list(range(batch)):  # rows in chunk order: the logits as they are
+            last = logits[:, 0]
+        else:
+            last = np.empty((len(group), logits.shape[2]), logits.dtype)
+            last[picked] = logits[rows, 0]
         t3 = time.perf_counter_ns()
         s = self.stats
-        s.decode_rows += len(rows)
-        s.free_rows += len(order) - len(rows)
+        s.decode_rows += len(live)
+        s.free_rows += batch - len(live)
         s.gathered_rows += gathered
         s.rebuilds += self.decode_group.rebuilds - rebuilds
         s.decode_run_ns += t2 - t1
-        self._count(len(order), len(rows), len(order) * past, int(starts.sum()), t0, t1, t2, t3)
+        self._count(batch, len(live), batch * past, sum(starts), t0, t1, t2, t3)
         return last
 
     def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
