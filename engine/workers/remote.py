@@ -135,9 +135,8 @@ class EngineClient(asyncio.Protocol):
         if request.stream is not None:
             self._streams[rid] = request.stream
             self._streaming.append(rid)
-        if on_done is not None:
-            future.add_done_callback(on_done)
-        future.add_done_callback(functools.partial(self._settled, rid))
+        # one done-callback, not two: each is a handle on the loop's ready queue when the future is done
+        future.add_done_callback(functools.partial(self._settled, rid, on_done))
         self._schedule()
         return future
 
@@ -177,10 +176,16 @@ class EngineClient(asyncio.Protocol):
             self._cancels.append(cid)
             self._schedule()
 
-    def _settled(self, rid: int, future: asyncio.Future[Any]) -> None:
-        if future.cancelled() and rid in self._pending and not self.lost:
-            self._cancels.append(rid)  # the client left: the engine drops it, then answers CANCELLED
-            self._schedule()
+    def _settled(self, rid: int, on_done: Completion | None, future: asyncio.Future[Any]) -> None:
+        """The request's done-callback: the caller's `on_done` first, then, if the future was cancelled here,
+        the cancel for the engine."""
+        try:
+            if on_done is not None:
+                on_done(future)
+        finally:
+            if future.cancelled() and rid in self._pending and not self.lost:
+                self._cancels.append(rid)  # the client left: the engine drops it, then answers CANCELLED
+                self._schedule()
 
     # ------------------------------------------------------------------ frames out
 
