@@ -12,10 +12,11 @@ Every (tree, --workers) server is started at once, from its tree (`python -m eng
 as the working directory, so `engine` and its frontends' `engine` are that tree's), serving the tree's own
 `model_repository/` (`--model-control-mode explicit --load-model` each model). Then for each round, model,
 protocol and concurrency, perf_analyzer runs against each server in turn (`-b 1 --input-data zero`,
-stability 50 %), so drift on a shared machine hits all of them alike. Around each run, utime+stime of the
-engine process and of each of its children (the frontends; /proc/<pid>/stat) and the model's inference
-and execution counts (the statistics extension) are read: CPU per inference is each process's CPU delta
-over the inference delta. `--workers 1` has no frontends: its engine column is the whole server.
+stability 50 %; every other round in reverse order), so drift on a shared machine hits all of them alike.
+Around each run, utime+stime of the engine process and of each of its children (the frontends;
+/proc/<pid>/stat) and the model's inference and execution counts (the statistics extension) are read: CPU
+per inference is each process's CPU delta over the inference delta. `--workers 1` has no frontends: its
+engine column is the whole server.
 
 The report (markdown on stdout) has one row per point and server: infer/s, the engine's, the frontends'
 and the total CPU µs per inference, and the average batch.
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -153,6 +155,24 @@ def report(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[Row]) -> str:
+    """The median over the rounds of each point and server (what the rounds' drift leaves)."""
+    groups: dict[tuple[str, str, int, str], list[Row]] = {}
+    for r in rows:
+        if not r.error:
+            groups.setdefault((r.model, r.protocol, r.concurrency, r.server), []).append(r)
+    lines = ["| model | proto | conc | server | rounds | infer/s | engine µs/infer | frontends µs/infer | "
+             "total µs/infer |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for (model, protocol, concurrency, server), group in groups.items():
+        engine = statistics.median(r.engine_us for r in group)
+        frontends = statistics.median(r.frontends_us for r in group)
+        total = statistics.median(r.engine_us + r.frontends_us for r in group)
+        lines.append(f"| {model} | {protocol} | {concurrency} | {server} | {len(group)} | "
+                     f"{statistics.median(r.infer_per_s for r in group):,.0f} | {engine:,.0f} | "
+                     f"{f'{frontends:,.0f}' if frontends else '—'} | {total:,.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,7 +204,8 @@ def main() -> int:
             for model in models:
                 for protocol in args.protocols.split(","):
                     for concurrency in args.concurrency.split(","):
-                        for server in servers:
+                        # every other round in reverse: the first at a point is not always the same one
+                        for server in servers if rnd % 2 else reversed(servers):
                             row = measure(server, model, protocol, int(concurrency), args, rnd)
                             rows.append(row)
                             print(f"[{rnd}] {model} {protocol} c={concurrency} {server.name}: "
@@ -195,6 +216,9 @@ def main() -> int:
             server.stop()
     print(f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end\n")
     print(report(rows))
+    if args.rounds > 1:
+        print("\nMedians over the rounds:\n")
+        print(summary(rows))
     return 0
 
 
