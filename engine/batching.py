@@ -42,6 +42,9 @@ class Batcher(InflightBatcher):
         self._pool = pool
         self._stats = stats
         self.policy = BatchPolicy(config.max_batch_size, config.dynamic_batching)
+        # the queue level and policy of a request that names neither a priority nor a timeout, for `_pending`
+        default_level = self.policy.level_of(0)
+        self._default_queue = (default_level, self.policy.queue_policy(default_level))
         self._timer: asyncio.TimerHandle | None = None
         self._precise: PreciseTimer | None = None  # created on first sub-2 ms wait
         self._precise_token: int | None = None
@@ -97,12 +100,17 @@ class Batcher(InflightBatcher):
         first = next(iter(inputs.values()))
         batch_size = int(first.shape[0]) if batching and first.ndim else 1
         shape_key = tuple(a.shape[1:] for a in inputs.values()) if batching else ()
-        level = policy.level_of(_int_param(request, "priority"))
-        qp = policy.queue_policy(level)
-        timeout_us = qp.default_timeout_us
-        override = _int_param(request, "timeout")
-        if override and qp.allow_timeout_override:
-            timeout_us = override
+        params = request.parameters
+        if "priority" in params or "timeout" in params:
+            level = policy.level_of(_int_param(request, "priority"))
+            qp = policy.queue_policy(level)
+            timeout_us = qp.default_timeout_us
+            override = _int_param(request, "timeout")
+            if override and qp.allow_timeout_override:
+                timeout_us = override
+        else:  # no priority, no timeout (most requests): the model's defaults, worked out once
+            level, qp = self._default_queue
+            timeout_us = qp.default_timeout_us
         now = time.perf_counter_ns()
         return Pending(request, inputs, batch_size, shape_key, now, level,
                        now + timeout_us * 1000 if timeout_us else 0, qp.timeout_action)

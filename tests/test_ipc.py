@@ -12,8 +12,9 @@ import pickle
 import numpy as np
 import pytest
 
+from engine.errors import EngineError
 from engine.ipc.frames import HEAD, FrameError, FrameReader, encode_frame
-from engine.ipc.tensors import Inline, PeerBlocks, place, read_arrays, wire_chunks
+from engine.ipc.tensors import Inline, PeerBlocks, Reads, place, read_arrays, wire_chunks
 from engine.shm import Arena, Region
 from engine.types import DataType, Tensor
 
@@ -106,6 +107,69 @@ def test_tensors_round_trip_through_a_block_or_inline(inline_below: int) -> None
     if placement[0] >= 0:
         arena.free(placement[0])
     assert arena.live_blocks == 0
+
+
+def _fixed_size_tensors() -> list[Tensor]:
+    fp = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ints = np.arange(16, dtype=np.int32).reshape(1, 16)
+    flags = np.array([True, False, True], dtype=np.bool_)
+    return [Tensor("FP", DataType.FP32, fp.shape, fp), Tensor("INT", DataType.INT32, ints.shape, ints),
+            Tensor("FLAGS", DataType.BOOL, flags.shape, flags)]
+
+
+@pytest.mark.parametrize("inline_below", [0, 1 << 20])
+def test_reads_worked_out_once_read_every_message_of_their_header(inline_below: int) -> None:
+    """`Reads` (what the engine keeps per plan and a frontend per answer header) reads fixed-size tensors
+    message after message as the general path does: same values, dtypes, shapes and writability."""
+    region = Region.create(1 << 16)
+    arena = Arena(region)
+    tensors = _fixed_size_tensors()
+    reads = Reads([(t.name, t.datatype, t.shape) for t in tensors])
+    for _ in range(3):
+        inline = Inline()
+        placement = place(wire_chunks(tensors), arena, region, inline, inline_below)
+        raw = memoryview(b"".join(bytes(p) for p in inline.take()))
+        got = read_arrays(reads, placement, region, raw)
+        general = read_arrays([(t.name, t.datatype, t.shape) for t in tensors], placement, region, raw)
+        for array, other, want in zip(got, general, tensors, strict=True):
+            assert array.shape == want.shape and array.dtype == want.data.dtype
+            assert array.tolist() == want.data.tolist() == other.tolist()
+            assert array.flags.writeable == (placement[0] >= 0)  # a region's views are writable, bytes not
+        if placement[0] >= 0:
+            arena.free(placement[0])
+
+
+def test_a_message_that_does_not_match_its_reads_gets_the_general_error() -> None:
+    reads = Reads([("INPUT0", DataType.INT32, (1, 16))])
+    raw = memoryview(bytes(128))
+    with pytest.raises(EngineError, match=r"input 'INPUT0': shape \[1, 16\] of INT32 needs 64 bytes, got 60"):
+        read_arrays(reads, (-1, ((0, 60),)), None, raw)
+    with pytest.raises(EngineError, match="needs 64 bytes, got 28"):  # runs past the frame's bytes
+        read_arrays(reads, (-1, ((100, 64),)), None, raw)
+
+
+def test_an_array_read_from_a_region_keeps_its_mapping_after_close() -> None:
+    region = Region.create(1 << 16)
+    arena = Arena(region)
+    tensors = _fixed_size_tensors()
+    placement = place(wire_chunks(tensors), arena, region, Inline(), 0)
+    reader = Region.attach(os.dup(region.fd), region.size)
+    arrays = read_arrays(Reads([(t.name, t.datatype, t.shape) for t in tensors]), placement, reader,
+                         memoryview(b""))
+    reader.close()  # the unmap waits for the arrays (shm.py): reading them must not fault
+    gc.collect()
+    assert [a.tolist() for a in arrays] == [t.data.tolist() for t in tensors]
+
+
+def test_a_small_frame_is_one_buffer_and_a_large_one_is_gathered() -> None:
+    small = encode_frame(("m",), [memoryview(bytes(64)), b"xy"])
+    assert len(small) == 1 and isinstance(small[0], bytes)
+    big_part = memoryview(bytes(1 << 17))
+    big = encode_frame(("m",), [big_part])
+    assert len(big) == 3 and big[2] is big_part  # not copied
+    for frame, inline in ((small, bytes(64) + b"xy"), (big, bytes(1 << 17))):
+        [(meta, got)] = FrameReader().feed(_stream(frame))
+        assert meta == ("m",) and bytes(got) == inline
 
 
 def test_a_full_arena_sends_the_bytes_inline() -> None:

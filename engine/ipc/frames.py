@@ -26,6 +26,7 @@ from typing import Any
 
 HEAD = struct.Struct(">II")  # payload length (metadata + inline bytes), metadata length
 MAX_FRAME_BYTES = (1 << 32) - 1  # the u32 length field; a larger message goes in pieces or is refused
+JOIN_BELOW_BYTES = 65536  # a frame smaller than this leaves `encode_frame` as one bytes object
 
 
 class FrameError(Exception):
@@ -54,13 +55,17 @@ def load_meta(data: bytes | bytearray | memoryview) -> Any:
 
 def encode_frame(meta: Any, inline: Sequence[Any] = ()) -> list[Any]:
     """A frame as buffers for one gathered write: head, pickled `meta`, then the `inline` buffers as they
-    are (not copied here). `meta` refers to inline bytes by their offset from the first inline buffer."""
+    are (not copied here). `meta` refers to inline bytes by their offset from the first inline buffer.
+    A frame under JOIN_BELOW_BYTES is one bytes object instead: copying a few KiB costs less than handing
+    the transport and the kernel a buffer per small tensor (`simple`'s answers: 2 × 64 bytes each)."""
     body = dump_meta(meta)
     size = len(body)
     for part in inline:
         size += part.nbytes if isinstance(part, memoryview) else len(part)
     if size > MAX_FRAME_BYTES:
         raise FrameError(f"a frame of {size} bytes exceeds the limit of {MAX_FRAME_BYTES}")
+    if size < JOIN_BELOW_BYTES:
+        return [b"".join([HEAD.pack(size, len(body)), body, *inline])]
     return [HEAD.pack(size, len(body)), body, *inline]
 
 

@@ -8,10 +8,11 @@ addressed by their offset there, block -1. BYTES tensors travel in their wire fo
 length, then the bytes, per element; `array_to_bytes`), so numpy object arrays are never pickled.
 
 The receiver reads the arrays back as views (`read_arrays`, `PeerBlocks.read`), their sizes checked again
-by `array_from_bytes`. Who frees a block is the channel's business: the engine frees a frontend's request
-blocks by protocol (every request is answered once); a frontend's answers and a Python instance's messages
-are read through `PeerBlocks`, whose arrays are all views of one `BlockOwner` per block, so the block is
-reported freed exactly when the last view is gone, in whatever thread or task held it.
+(`Reads`, worked out once where a header repeats: the engine's plans, a frontend's answers). Who frees a
+block is the channel's business: the engine frees a frontend's request blocks by protocol (every request is
+answered once); a frontend's answers and a Python instance's messages are read through `PeerBlocks`, whose
+arrays are all views of one `BlockOwner` per block, so the block is reported freed exactly when the last
+view is gone, in whatever thread or task held it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 
 from ..frontend.wire import array_from_bytes, array_to_bytes
 from ..shm import Arena, Region
-from ..types import DataType, Tensor
+from ..types import DataType, Tensor, element_count
 
 ALIGN = 64  # each tensor's offset inside a block: every numpy dtype's alignment, and a cache line
 
@@ -64,10 +65,13 @@ def place(chunks: Sequence[Any], arena: Arena | None, region: Region | None, inl
           inline_below: int) -> Placement:
     """Put `chunks` where the reader will find them: one block of `arena` (over `region`) for all of them
     when it has room and they are not all under `inline_below` bytes, else inline. Returns (block offset or
-    -1, locations). Not thread-safe: a channel written from several threads holds its lock around it."""
-    sizes = [len(c) for c in chunks]
+    -1, locations). Not thread-safe: a channel written from several threads holds its lock around it.
+    Runs for every message: one pass for the sizes, and the inline case appends to `inline` directly."""
+    sizes = []
     total = 0
-    for n in sizes:
+    for chunk in chunks:
+        n = len(chunk)
+        sizes.append(n)
         total = (total + ALIGN - 1) // ALIGN * ALIGN + n
     if arena is not None and region is not None and total >= inline_below and total > 0:
         block = arena.alloc(total)
@@ -81,7 +85,52 @@ def place(chunks: Sequence[Any], arena: Arena | None, region: Region | None, inl
                 locations.append((offset, n))
                 offset += n
             return block, tuple(locations)
-    return -1, tuple((inline.add(c), n) for c, n in zip(chunks, sizes, strict=True))
+    parts, offset = inline.parts, inline.size
+    inline_locations = []
+    for chunk, n in zip(chunks, sizes, strict=True):
+        inline_locations.append((offset, n))
+        if n:
+            parts.append(chunk)
+            offset += n
+    inline.size = offset
+    return -1, tuple(inline_locations)
+
+
+class Reads:
+    """What a receiver makes of one message's located tensors (`specs`), worked out once where the same
+    header repeats (the engine keeps one per request plan; a frontend one per answer header): each tensor's
+    numpy dtype and byte size, so reading it is a size check and one `np.frombuffer`. A message that does not
+    match (another size, a location outside the bytes) and BYTES tensors take the general path
+    (`array_from_bytes`), which raises the error a client sees."""
+
+    __slots__ = ("_fixed", "specs")
+
+    def __init__(self, specs: Sequence[Spec]) -> None:
+        self.specs = tuple(specs)
+        fixed: list[tuple[np.dtype, tuple[int, ...], int, int, bool]] = []
+        for _, datatype, shape in self.specs:
+            count = element_count(shape)
+            if datatype is DataType.BYTES or count <= 0:
+                break
+            fixed.append((datatype.numpy_dtype, shape, count, count * datatype.itemsize, len(shape) != 1))
+        self._fixed = fixed if len(fixed) == len(self.specs) else None
+
+    def arrays(self, locations: Sequence[Location], base: Any) -> list[np.ndarray]:
+        """The arrays at `locations` in `base` (a memoryview, or a uint8 array over a block), as views.
+        `np.frombuffer` keeps its buffer (the memoryview, or the array) as the array's base, so the mapping
+        under it stays mapped while the array lives (shm.py)."""
+        fixed = self._fixed
+        if fixed is not None and len(locations) == len(fixed):
+            size = len(base)
+            arrays = []
+            for (dtype, shape, count, nbytes, reshape), (offset, n) in zip(fixed, locations, strict=True):
+                if n != nbytes or offset < 0 or offset + n > size:
+                    break
+                array = np.frombuffer(base, dtype, count, offset)
+                arrays.append(array.reshape(shape) if reshape else array)
+            else:
+                return arrays
+        return _arrays(self.specs, locations, base)
 
 
 def _arrays(specs: Sequence[Spec], locations: Sequence[Location], base: Any) -> list[np.ndarray]:
@@ -93,17 +142,18 @@ def _end(locations: Sequence[Location]) -> int:
     return max((o + n for o, n in locations), default=0)
 
 
-def read_arrays(specs: Sequence[Spec], placement: Placement, region: Region | None,
+def read_arrays(specs: Reads | Sequence[Spec], placement: Placement, region: Region | None,
                 inline: memoryview) -> list[np.ndarray]:
     """The arrays of `specs` at `placement`, as views over `region` (the peer's, for a block) or the frame's
     inline bytes, for a receiver that frees blocks by protocol rather than by the views' lifetime."""
+    reads = specs if isinstance(specs, Reads) else Reads(specs)
     block, locations = placement
     base: Any = inline
     if block >= 0:
         if region is None:
             raise ValueError("a tensor in shared memory, but this side maps no peer region")
         base = region.view(block, _end(locations))  # checks the range
-    return _arrays(specs, locations, base)
+    return reads.arrays(locations, base)
 
 
 class BlockOwner:
@@ -142,10 +192,12 @@ class PeerBlocks:
             raise ValueError(f"block {offset}+{nbytes} is outside the peer region of {self._pin.size} bytes")
         return np.asarray(BlockOwner(self._pin, self._address, offset, nbytes, self._read_only, self._freed))
 
-    def read(self, specs: Sequence[Spec], placement: Placement, inline: memoryview) -> list[np.ndarray]:
+    def read(self, specs: Reads | Sequence[Spec], placement: Placement, inline: memoryview
+             ) -> list[np.ndarray]:
         block, locations = placement
         base: Any = self.block(block, _end(locations)) if block >= 0 else inline
-        return _arrays(specs, locations, base)
+        reads = specs if isinstance(specs, Reads) else Reads(specs)
+        return reads.arrays(locations, base)
 
     @property
     def has_freed(self) -> bool:

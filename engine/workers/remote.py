@@ -26,7 +26,7 @@ from typing import Any
 from ..errors import EngineError, ErrorCode
 from ..frontend.http_types import ResponseStream
 from ..ipc.frames import FrameReader, encode_frame
-from ..ipc.tensors import Inline, PeerBlocks, place, wire_chunks
+from ..ipc.tensors import Inline, PeerBlocks, Reads, place, wire_chunks
 from ..shm import Arena, Region
 from ..streaming import StreamedResponse, infer_stream
 from ..types import (
@@ -45,6 +45,7 @@ log = logging.getLogger("hubserve.workers")
 
 INLINE_BELOW_BYTES = 32768  # inputs smaller than this travel in the frame (session.INLINE_BELOW_BYTES: why)
 MAX_PLANS = 4096  # plan numbers kept; past it the table restarts and the engine is told (session.MAX_PLANS)
+MAX_ANSWER_HEADERS = 1024  # answers' output headers kept worked out (`Reads`); past it the table restarts
 FREE_FLUSH_SECS = 0.05  # blocks freed while no request is going out are sent after at most this long
 REPORT_SECS = 1.0  # an idle frontend tells the engine about connections closed at most this late
 
@@ -71,6 +72,8 @@ class EngineClient(asyncio.Protocol):
         self._controls: dict[int, asyncio.Future[Any]] = {}
         self._control_streams: dict[int, ResponseStream] = {}  # where forwarded answers in pieces go
         self._plans: dict[RequestPlan, int] = {}
+        # an answer's output header ((name, datatype, shape), ...) → how to read it: the same few repeat
+        self._answer_reads: dict[Any, Reads] = {}
         self._next_plan = 1
         self._plans_reset = False
         self._requests: list[Any] = []
@@ -132,9 +135,8 @@ class EngineClient(asyncio.Protocol):
         if request.stream is not None:
             self._streams[rid] = request.stream
             self._streaming.append(rid)
-        if on_done is not None:
-            future.add_done_callback(on_done)
-        future.add_done_callback(functools.partial(self._settled, rid))
+        # one done-callback, not two: each is a handle on the loop's ready queue when the future is done
+        future.add_done_callback(functools.partial(self._settled, rid, on_done))
         self._schedule()
         return future
 
@@ -174,10 +176,16 @@ class EngineClient(asyncio.Protocol):
             self._cancels.append(cid)
             self._schedule()
 
-    def _settled(self, rid: int, future: asyncio.Future[Any]) -> None:
-        if future.cancelled() and rid in self._pending and not self.lost:
-            self._cancels.append(rid)  # the client left: the engine drops it, then answers CANCELLED
-            self._schedule()
+    def _settled(self, rid: int, on_done: Completion | None, future: asyncio.Future[Any]) -> None:
+        """The request's done-callback: the caller's `on_done` first, then, if the future was cancelled here,
+        the cancel for the engine."""
+        try:
+            if on_done is not None:
+                on_done(future)
+        finally:
+            if future.cancelled() and rid in self._pending and not self.lost:
+                self._cancels.append(rid)  # the client left: the engine drops it, then answers CANCELLED
+                self._schedule()
 
     # ------------------------------------------------------------------ frames out
 
@@ -284,8 +292,29 @@ class EngineClient(asyncio.Protocol):
 
     def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
         model_name, model_version, response_id, params, specs, placement = payload
+        try:
+            reads = self._answer_reads[specs]
+        except KeyError:
+            if any(len(spec) != 3 for spec in specs):
+                return self._placed_response(payload, inline)
+            reads = self._answer_reads_for(specs)
+        except TypeError:  # an output in a client's shared-memory region: its parameters (a dict) are in it
+            return self._placed_response(payload, inline)
+        arrays = self._responses.read(reads, placement, inline)
+        outputs = [Tensor(name, dt, shape, array)
+                   for (name, dt, shape), array in zip(reads.specs, arrays, strict=True)]
+        return InferenceResponse(model_name, model_version, outputs, response_id, params)
+
+    def _answer_reads_for(self, specs: Any) -> Reads:
+        if len(self._answer_reads) >= MAX_ANSWER_HEADERS:
+            self._answer_reads.clear()
+        reads = self._answer_reads[specs] = Reads([(name, datatype(dt), shape) for name, dt, shape in specs])
+        return reads
+
+    def _placed_response(self, payload: Any, inline: memoryview) -> InferenceResponse:
+        """An answer with outputs written to a client's shared-memory region, which crossed with no bytes."""
+        model_name, model_version, response_id, params, specs, placement = payload
         typed = [(spec[0], datatype(spec[1]), spec[2]) for spec in specs]
-        # an output in a client's shared-memory region (its parameters say which) crossed with no bytes
         reads = [t if len(spec) == 3 else (t[0], t[1], (0,)) for t, spec in zip(typed, specs, strict=True)]
         arrays = self._responses.read(reads, placement, inline)
         outputs = [Tensor(name, dt, shape, array) if len(spec) == 3 else

@@ -23,8 +23,9 @@ from typing import Any
 from ..dataplane import DataPlane
 from ..errors import EngineError
 from ..frontend.http_types import Pending
+from ..frontend.wire import array_to_bytes
 from ..ipc.frames import FrameError, FrameReader, encode_frame
-from ..ipc.tensors import Inline, place, read_arrays, wire_chunks
+from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm import Arena, Region
 from ..types import EMPTY_FINAL, InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
@@ -48,10 +49,10 @@ log = logging.getLogger("hubserve.workers")
 INLINE_BELOW_BYTES = 32768
 MAX_PLANS = 4096  # a frontend numbers at most this many plans before it resets (remote.py MAX_PLANS)
 
-# A plan as the engine keeps it: what to read (name, DataType, shape of the bytes sent), the tensors to make
-# (name, DataType, declared shape, parameters), requested outputs, request parameters, and the RequestPlan
-# that holds the model's validation verdict.
-_Plan = tuple[list[Any], list[Any], Any, dict[str, Any], RequestPlan | None]
+# A plan as the engine keeps it: what to read (name, DataType, shape of the bytes sent, worked out once:
+# `Reads`), the tensors to make (name, DataType, declared shape, parameters), requested outputs, request
+# parameters, and the RequestPlan that holds the model's validation verdict.
+_Plan = tuple[Reads, list[Any], Any, dict[str, Any], RequestPlan | None]
 
 
 class FrontendSession(asyncio.Protocol):
@@ -239,13 +240,16 @@ class FrontendSession(asyncio.Protocol):
             self._queue_answer((rid, STREAMED_ERROR, error_payload(e)))
 
     def _payload(self, response: InferenceResponse) -> Any:
-        outputs = response.outputs
-        placement = place(wire_chunks(outputs), self._arena, self._responses, self._inline,
-                          INLINE_BELOW_BYTES)
-        # an output written to a client's shared-memory region has no bytes: its parameters say where
-        specs = tuple((t.name, t.datatype.value, t.shape) if not t.parameters else
-                      (t.name, t.datatype.value, t.shape, t.parameters) for t in outputs)
-        return response.model_name, response.model_version, response.id, response.parameters, specs, placement
+        chunks = []
+        specs = []
+        for t in response.outputs:  # one pass: each output's bytes in wire form and its header
+            chunks.append(array_to_bytes(t.data, t.datatype))
+            # an output written to a client's shared-memory region has no bytes: its parameters say where
+            specs.append((t.name, t.datatype.value, t.shape) if not t.parameters else
+                         (t.name, t.datatype.value, t.shape, t.parameters))
+        placement = place(chunks, self._arena, self._responses, self._inline, INLINE_BELOW_BYTES)
+        return (response.model_name, response.model_version, response.id, response.parameters, tuple(specs),
+                placement)
 
     def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
         """A control's answer, or a streamed answer's end (`result` None, streams.py), once."""
@@ -288,5 +292,5 @@ def _plan(header: Any, plan_no: int) -> _Plan:
     tensors = [(name, datatype(dt), tuple(shape), p) for name, dt, shape, p in inputs]
     # An input placed in a client's shared-memory region has no bytes here (the codecs give it none): the
     # DataPlane reads it from the region, as in a single process.
-    reads = [(name, dt, (0,) if in_shared_memory(p) else shape) for name, dt, shape, p in tensors]
+    reads = Reads([(name, dt, (0,) if in_shared_memory(p) else shape) for name, dt, shape, p in tensors])
     return reads, tensors, outputs_from_header(outputs), params, RequestPlan() if plan_no else None
