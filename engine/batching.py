@@ -45,6 +45,7 @@ class Batcher(InflightBatcher):
         self._timer: asyncio.TimerHandle | None = None
         # Sub-2 ms waits: a timerfd on the loop where there is one, else a timer thread; created on first use
         self._fd_timer: FdTimer | None = None
+        self._use_fd = FdTimer.available()
         self._fd_armed = False
         self._precise: PreciseTimer | None = None
         self._precise_token: int | None = None
@@ -150,15 +151,20 @@ class Batcher(InflightBatcher):
         if self._timer_at > now and self._timer_at <= when:
             return
         self._timer_at = when
-        if delay_s < THRESHOLD_S and FdTimer.available():
+        if delay_s < THRESHOLD_S and self._use_fd:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             if self._fd_timer is None:
-                self._fd_timer = FdTimer(asyncio.get_running_loop(), self._on_timer)
-            self._fd_timer.arm(delay_s)  # replaces an armed deadline: no cancel needed
-            self._fd_armed = True
-            return
+                try:
+                    self._fd_timer = FdTimer(asyncio.get_running_loop(), self._on_timer)
+                except OSError as e:  # out of descriptors, say: the timer thread still works
+                    log.warning("model '%s' times its batching window with a thread: %s", self.config.name, e)
+                    self._use_fd = False
+            if self._fd_timer is not None:
+                self._fd_timer.arm(delay_s)  # replaces an armed deadline: no cancel needed
+                self._fd_armed = True
+                return
         self._cancel_timer()
         if delay_s < THRESHOLD_S:
             if self._precise is None:

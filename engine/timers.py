@@ -108,12 +108,17 @@ _CLOCK_MONOTONIC = 1
 _TFD_NONBLOCK = os.O_NONBLOCK
 _TFD_CLOEXEC = os.O_CLOEXEC
 _libc: ctypes.CDLL | None = None
+_probed = False
 
 
 def _timerfd_libc() -> ctypes.CDLL | None:
-    """libc with timerfd_create/timerfd_settime typed, or None where there is no timerfd (not Linux)."""
-    global _libc
-    if _libc is None and sys.platform.startswith("linux"):
+    """libc with timerfd_create/timerfd_settime typed, or None where there is no timerfd (not Linux).
+    Looked up once."""
+    global _libc, _probed
+    if not _probed:
+        _probed = True
+        if not sys.platform.startswith("linux"):
+            return None
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
             libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
