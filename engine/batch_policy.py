@@ -69,6 +69,12 @@ class BatchPolicy:
         self._only_queue = self._queues[1]
         self._size = 0
         self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
+        # For `peek`'s wait in O(1): batch elements queued, how many queued requests have each shape key,
+        # and whether the queue is in arrival order (its head is then the oldest)
+        self._elements = 0
+        self._keys: dict[tuple[Any, ...], int] = {}
+        self._ordered = True
+        self._simple = self._single and self.batching and not self.preferred
         self._executing = 0  # taken by `take` and not yet `finished`
         self.forecast = JoinForecast() if self.batching and self.config.early_dispatch else None
 
@@ -100,8 +106,11 @@ class BatchPolicy:
                 f"model '{pending.request.model_name}' queue is full ({policy.max_queue_size} requests "
                 f"at priority {pending.level}); retry later",
             )
+        if queue and pending.enqueue_ns < queue[-1].enqueue_ns:
+            self._ordered = False
         queue.append(pending)
         self._size += 1
+        self._count(pending, 1)
         if pending.deadline_ns:
             self._with_deadline += 1
         if self.forecast is not None:
@@ -120,10 +129,22 @@ class BatchPolicy:
             except ValueError:
                 continue
             self._size -= 1
+            self._count(pending, -1)
             if pending.deadline_ns:
                 self._with_deadline -= 1
             return True
         return False
+
+    def _count(self, pending: Pending, sign: int) -> None:
+        self._elements += sign * pending.batch_size
+        key = pending.shape_key
+        left = self._keys.get(key, 0) + sign
+        if left:
+            self._keys[key] = left
+        else:
+            del self._keys[key]
+        if not self._keys:
+            self._ordered = True  # empty: the next arrival starts an ordered queue
 
     # ------------------------------------------------------------------ timeouts
 
@@ -145,6 +166,7 @@ class BatchPolicy:
                     else:
                         rejected.append(p)
                         self._size -= 1
+                        self._count(p, -1)
                 else:
                     keep.append(p)
             if len(keep) != len(queue):
@@ -174,6 +196,9 @@ class BatchPolicy:
         """The batch to send now, without removing it; or how long to wait before asking again."""
         if not self._size:
             return Decision([], None)
+        if (self._simple and self.delay_ns and self._ordered and not self._delayed
+                and self._elements < self.max_batch_size and len(self._keys) == 1):
+            return self._peek_whole_queue(now_ns)
         batch: list[Pending] = []
         total = 0
         preferred_prefix = 0
@@ -205,6 +230,19 @@ class BatchPolicy:
             return Decision(batch, None, "early")
         return Decision([], remaining)
 
+    def _peek_whole_queue(self, now_ns: int) -> Decision:
+        """`peek` when the whole queue is the batch and it is not full (one level, nothing delayed, one
+        shape, fewer elements than max_batch_size, no preferred sizes, in arrival order): only the window or
+        early dispatch can send it. Deciding to wait is then O(1) instead of a walk of the queue, which ran
+        on every arrival: at 32 clients and a 1 ms window ~13 requests queue up behind each batch."""
+        queue = self._only_queue
+        remaining = queue[0].enqueue_ns + self.delay_ns - now_ns
+        if remaining <= 0:
+            return Decision(list(queue), None, "window")
+        if self.forecast is not None and self.forecast.none_can_join(self.delay_ns, self.in_flight):
+            return Decision(list(queue), None, "early")
+        return Decision([], remaining)
+
     def take(self, batch: list[Pending]) -> None:
         """Remove a batch returned by `peek` (always a prefix of the walk order)."""
         for p in batch:
@@ -215,6 +253,7 @@ class BatchPolicy:
                 self._delayed.remove(p)
             if p.deadline_ns:
                 self._with_deadline -= 1
+            self._count(p, -1)
         self._size -= len(batch)
         self._executing += len(batch)
 

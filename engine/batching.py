@@ -26,7 +26,7 @@ from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
 from .stats import ModelStats
-from .timers import THRESHOLD_S, PreciseTimer
+from .timers import THRESHOLD_S, FdTimer, PreciseTimer
 from .types import Completion, InferenceRequest, InferenceResponse, Tensor
 
 log = logging.getLogger("hubserve.batching")
@@ -46,7 +46,11 @@ class Batcher(InflightBatcher):
         default_level = self.policy.level_of(0)
         self._default_queue = (default_level, self.policy.queue_policy(default_level))
         self._timer: asyncio.TimerHandle | None = None
-        self._precise: PreciseTimer | None = None  # created on first sub-2 ms wait
+        # Sub-2 ms waits: a timerfd on the loop where there is one, else a timer thread; created on first use
+        self._fd_timer: FdTimer | None = None
+        self._use_fd = FdTimer.available()
+        self._fd_armed = False
+        self._precise: PreciseTimer | None = None
         self._precise_token: int | None = None
         self._timer_at = 0.0  # perf_counter seconds of the pending timer, 0 when none
         self._preserve = bool(config.dynamic_batching and config.dynamic_batching.preserve_ordering)
@@ -154,8 +158,22 @@ class Batcher(InflightBatcher):
         when = now + delay_s
         if self._timer_at > now and self._timer_at <= when:
             return
-        self._cancel_timer()
         self._timer_at = when
+        if delay_s < THRESHOLD_S and self._use_fd:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._fd_timer is None:
+                try:
+                    self._fd_timer = FdTimer(asyncio.get_running_loop(), self._on_timer)
+                except OSError as e:  # out of descriptors, say: the timer thread still works
+                    log.warning("model '%s' times its batching window with a thread: %s", self.config.name, e)
+                    self._use_fd = False
+            if self._fd_timer is not None:
+                self._fd_timer.arm(delay_s)  # replaces an armed deadline: no cancel needed
+                self._fd_armed = True
+                return
+        self._cancel_timer()
         if delay_s < THRESHOLD_S:
             if self._precise is None:
                 self._precise = PreciseTimer(asyncio.get_running_loop(), self.config.name)
@@ -164,6 +182,9 @@ class Batcher(InflightBatcher):
             self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def _cancel_timer(self) -> None:
+        if self._fd_armed and self._fd_timer is not None:
+            self._fd_timer.disarm()
+            self._fd_armed = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -173,6 +194,7 @@ class Batcher(InflightBatcher):
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._fd_armed = False
         self._precise_token = None
         self._timer_at = 0.0
         self._dispatch()
@@ -312,6 +334,9 @@ class Batcher(InflightBatcher):
 
     def close(self) -> None:
         self._cancel_timer()
+        if self._fd_timer is not None:
+            self._fd_timer.close()
+            self._fd_timer = None
         if self._precise is not None:
             self._precise.close()
             self._precise = None

@@ -366,3 +366,52 @@ def test_without_early_dispatch_a_known_population_changes_nothing() -> None:
     pol.enqueue(pending(now, tag="a"))
     assert pol.peek(now + 1).batch == []
     assert pol.forecast is None
+
+
+# ------------------------------------------------------------------ the window's wait, whatever led to it
+
+def test_window_runs_from_the_oldest_even_when_requests_were_queued_out_of_order() -> None:
+    pol = policy(max_queue_delay_us=100)
+    pol.enqueue(pending(50_000, tag="b"))
+    pol.enqueue(pending(1_000, tag="a"))  # older than the request before it
+    assert pol.peek(60_000).wait_ns == 1_000 + 100_000 - 60_000
+    assert tags(pol.peek(101_000).batch) == ["b", "a"]
+
+
+def test_window_moves_to_the_next_oldest_when_the_oldest_leaves() -> None:
+    pol = policy(max_queue_delay_us=100)
+    first = pending(1_000, tag="a")
+    pol.enqueue(first)
+    pol.enqueue(pending(30_000, tag="b"))
+    assert pol.remove(first)
+    assert pol.peek(60_000).wait_ns == 30_000 + 100_000 - 60_000
+    decision = pol.peek(130_000)
+    assert tags(decision.batch) == ["b"] and decision.reason == "window"
+
+
+def test_requests_of_several_elements_fill_a_batch_and_a_new_shape_closes_it() -> None:
+    pol = policy(max_batch_size=8, max_queue_delay_us=100)
+    pol.enqueue(pending(0, batch_size=3, tag="a"))
+    pol.enqueue(pending(1, batch_size=4, tag="b"))
+    assert pol.peek(10).batch == []  # 7 of 8: waits
+    pol.enqueue(pending(2, batch_size=1, tag="c"))
+    full = pol.peek(10)
+    assert tags(full.batch) == ["a", "b", "c"] and full.reason == "full"
+    pol.take(full.batch)
+    pol.enqueue(pending(20, tag="d"))
+    pol.enqueue(pending(21, shape_key=((5,),), tag="e"))
+    closed = pol.peek(30)
+    assert tags(closed.batch) == ["d"] and closed.reason == "full"
+    pol.take(closed.batch)
+    # what is left is one shape again, and waits for its own window
+    assert pol.peek(40).wait_ns == 21 + 100_000 - 40
+
+
+def test_after_timeouts_and_a_drained_queue_the_wait_is_measured_afresh() -> None:
+    pol = policy(max_queue_delay_us=100, default_queue_policy=QueuePolicy(default_timeout_us=10))
+    stale = pending(0, deadline_ns=10_000, tag="stale")
+    pol.enqueue(stale)
+    assert tags(pol.expire(10_000)) == ["stale"]
+    assert pol.peek(10_000).batch == [] and pol.peek(10_000).wait_ns is None
+    pol.enqueue(pending(20_000, tag="x"))
+    assert pol.peek(25_000).wait_ns == 20_000 + 100_000 - 25_000
