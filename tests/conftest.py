@@ -14,23 +14,29 @@ or the session's below.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from engine import config as cfg
+from engine import examples
 from engine.config_types import ModelConfig
 from engine.proto import model_config_pb2 as pb
 from engine.rate_limiter import RateLimiter
 from engine.repository import ModelRepository
 from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
 
+if TYPE_CHECKING:
+    import openai
+
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "config_from_pbtxt", "free_port",
-           "run_repository", "start_server"]
+           "openai_client", "run_repository", "start_example_server", "start_server", "wait_until"]
 
 
 def config_from_pbtxt(text: str, name: str = "m") -> ModelConfig:
@@ -114,6 +120,24 @@ def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 30
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s}s: {what}")
         time.sleep(0.02)
+
+
+def openai_client(server: RunningServer) -> openai.OpenAI:
+    """The official `openai` client on the server's /v1, as the OpenAI suites use it (no retries, so a
+    refusal is seen as it came)."""
+    import openai  # only the OpenAI suites need it
+
+    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
+                         timeout=60.0)
+
+
+def start_example_server(tmp_path_factory: pytest.TempPathFactory, label: str, model: str) -> RunningServer:
+    """A server on a repository holding one example model: its committed config, its model built here."""
+    root = tmp_path_factory.mktemp(label) / "repo"
+    (root / model).mkdir(parents=True)
+    shutil.copy(EXAMPLES / model / "config.pbtxt", root / model / "config.pbtxt")
+    examples.build_repository(root, [model])
+    return start_server(root, tmp_path_factory.mktemp(f"{label}_log") / "server.log")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

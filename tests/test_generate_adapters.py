@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 import urllib.request
 
 import openai
 import pytest
 
-from conftest import EXAMPLES, RunningServer, start_server
+from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
 from engine.examples import write_model
 from engine.generate.tiny_decoder import tiny_decoder_model
 from test_generate_lora import ADAPTERS, MODEL, build_model
@@ -39,8 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60.0)
+    return openai_client(server)
 
 
 def test_models_list_each_adapter_after_its_base(client: openai.OpenAI):
@@ -90,14 +88,6 @@ def _complete(client: openai.OpenAI, model: str, max_tokens: int) -> int:
     return out.usage.completion_tokens
 
 
-def _wait_for(condition, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(what)
-        time.sleep(0.05)  # polling a condition, bounded
-
-
 def test_metrics_count_requests_and_tokens_per_adapter_and_the_cache(server: RunningServer,
                                                                       client: openai.OpenAI):
     assert _complete(client, f"{MODEL}:beta", 5) == 5
@@ -136,7 +126,7 @@ def test_metrics_count_requests_and_tokens_per_adapter_and_the_cache(server: Run
     assert _sample(text, "hubserve_generation_lora_evictions_total") == 1
     assert _sample(text, "hubserve_generation_lora_adapters_loaded") == 2
     stream.close()
-    _wait_for(lambda: _sample(_metrics(server), "hubserve_generation_lora_adapters_in_flight") == 0,
+    wait_until(lambda: _sample(_metrics(server), "hubserve_generation_lora_adapters_in_flight") == 0,
               "the closed stream's adapter is still in flight")
     assert _complete(client, f"{MODEL}:beta", 1) == 1  # evicted: read again, gamma goes
     text = _metrics(server)

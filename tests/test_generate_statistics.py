@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
-import time
 import urllib.request
 from typing import Any
 
@@ -21,8 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import EXAMPLES, RunningServer, start_server
-from engine import examples
+from conftest import RunningServer, start_example_server, wait_until
 
 MODEL = "tiny_decoder"
 KINDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
@@ -31,11 +28,7 @@ REQUEST = ("success", "fail", "queue", "compute_input", "compute_infer", "comput
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("gen_stats") / "repo"
-    (root / MODEL).mkdir(parents=True)
-    shutil.copy(EXAMPLES / MODEL / "config.pbtxt", root / MODEL / "config.pbtxt")
-    examples.build_repository(root, [MODEL])
-    running = start_server(root, tmp_path_factory.mktemp("gen_stats_log") / "server.log")
+    running = start_example_server(tmp_path_factory, "gen_stats", MODEL)
     yield running
     running.stop()
 
@@ -153,14 +146,6 @@ def test_an_error_is_a_failed_request_and_a_failed_response(server: RunningServe
                                                                                      "fail": 1}}}
 
 
-def _wait_for(condition, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(what)
-        time.sleep(0.05)  # polling a condition, bounded
-
-
 def _cancels(stats: dict[str, Any]) -> int:
     return sum(r["cancel"] for r in stats["responses"].values())
 
@@ -178,7 +163,7 @@ def test_a_client_leaving_mid_stream_counts_a_cancel(server: RunningServer):
     assert server.metric("nv_inference_pending_request_count", MODEL) == 1
     client.stop_stream(cancel_requests=True)
     client.close()
-    _wait_for(lambda: _cancels(snapshot(server)) == _cancels(before) + 1, "no cancel counted")
+    wait_until(lambda: _cancels(snapshot(server)) == _cancels(before) + 1, "no cancel counted")
     assert server.metric("nv_inference_pending_request_count", MODEL) == 0
     change = delta(before, snapshot(server))
     responses = change.pop("responses")
@@ -206,7 +191,7 @@ def test_openai_requests_count_in_the_model_statistics(server: RunningServer):
     next(iter(stream))
     assert server.metric("nv_inference_pending_request_count", MODEL) == 1  # one of the model's requests
     stream.close()
-    _wait_for(lambda: server.metric("hubserve_inference_request_cancelled_total", MODEL) == cancelled + 1,
+    wait_until(lambda: server.metric("hubserve_inference_request_cancelled_total", MODEL) == cancelled + 1,
               "the closed stream was not counted cancelled")
     assert server.metric("nv_inference_pending_request_count", MODEL) == 0
     assert delta(before, snapshot(server)) == {**requests(executions=1), "responses": {}}

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import queue
-import shutil
 import socket
-import time
 import urllib.error
 import urllib.request
 
@@ -18,8 +16,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, RunningServer, start_server
-from engine import examples
+from conftest import RunningServer, start_example_server, wait_until
 
 MODEL = "tiny_decoder"
 PROMPT = "Once upon a time"
@@ -27,11 +24,7 @@ PROMPT = "Once upon a time"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("gen_triton") / "repo"
-    (root / MODEL).mkdir(parents=True)
-    shutil.copy(EXAMPLES / MODEL / "config.pbtxt", root / MODEL / "config.pbtxt")
-    examples.build_repository(root, [MODEL])
-    running = start_server(root, tmp_path_factory.mktemp("gen_triton_log") / "server.log")
+    running = start_example_server(tmp_path_factory, "gen_triton", MODEL)
     yield running
     running.stop()
 
@@ -204,14 +197,6 @@ def _metric(server: RunningServer, name: str) -> float:
     raise AssertionError(f"no metric {name}")
 
 
-def _wait_for(condition, what: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(what)
-        time.sleep(0.05)  # polling a condition, bounded
-
-
 def test_a_client_leaving_generate_stream_frees_its_kv_blocks(server: RunningServer):
     openai_greedy(server, "warm", 1)  # the engine exists, so its gauges do
     free_before = _metric(server, "hubserve_generation_kv_blocks_free")
@@ -228,8 +213,8 @@ def test_a_client_leaving_generate_stream_frees_its_kv_blocks(server: RunningSer
     assert got.startswith(b"HTTP/1.1 200 OK\r\n")
     assert _metric(server, "hubserve_generation_kv_blocks_used") > 0
     sock.close()
-    _wait_for(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
-    _wait_for(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
+    wait_until(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
+    wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
               "blocks not freed")
 
 
@@ -243,8 +228,8 @@ def test_a_grpc_stream_cancelled_mid_generation_frees_its_kv_blocks(server: Runn
         result, error = stream.results.get(timeout=60)
         assert error is None
     stream.close(cancel=True)
-    _wait_for(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
-    _wait_for(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
+    wait_until(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
+    wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
               "blocks not freed")
 
 

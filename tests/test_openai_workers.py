@@ -9,8 +9,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from conftest import RunningServer, start_server
-from test_openai_api import MODEL, _metric, _open_stream, _wait_for, build_repository, server_aborts
+from conftest import RunningServer, openai_client, start_server, wait_until
+from test_openai_api import MODEL, _metric, _open_stream, build_repository, server_aborts
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60.0)
+    return openai_client(server)
 
 
 def test_answers_and_streams_through_either_frontend(client: openai.OpenAI, server: RunningServer):
@@ -59,8 +58,8 @@ def test_a_client_leaving_a_stream_at_a_frontend_frees_the_engines_blocks(server
         got += piece
     assert _metric(server, "hubserve_generation_kv_blocks_used") > 0
     sock.close()
-    _wait_for(lambda: server_aborts(server) == aborted + 1, "not aborted")
-    _wait_for(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
+    wait_until(lambda: server_aborts(server) == aborted + 1, "not aborted")
+    wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
     assert _metric(server, "hubserve_generation_running_sequences") == 0
 
 
