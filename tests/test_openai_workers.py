@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from conftest import RunningServer, openai_client, start_server, wait_until
-from test_openai_api import MODEL, _metric, _open_stream, build_repository, server_aborts
+from test_openai_api import MODEL, _metric, build_repository, leave_while_running
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +49,7 @@ def test_answers_and_streams_through_either_frontend(client: openai.OpenAI, serv
 
 
 def test_a_client_leaving_a_stream_at_a_frontend_frees_the_engines_blocks(server: RunningServer):
-    aborted = server_aborts(server)
-    sock = _open_stream(server, 450)
-    got = b""
-    while got.count(b"data: ") < 5:
-        piece = sock.recv(65536)
-        assert piece, "the stream ended early"
-        got += piece
-    assert _metric(server, "hubserve_generation_kv_blocks_used") > 0
-    sock.close()
-    wait_until(lambda: server_aborts(server) == aborted + 1, "not aborted")
+    leave_while_running(server, 450)
     wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
     assert _metric(server, "hubserve_generation_running_sequences") == 0
 
