@@ -18,7 +18,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -34,6 +34,8 @@ from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repositor
 
 if TYPE_CHECKING:
     import openai
+
+T = TypeVar("T")
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "config_from_pbtxt", "free_port",
            "openai_client", "run_repository", "start_example_server", "start_server", "wait_until"]
@@ -112,14 +114,16 @@ def assert_simple_over_grpc(server: RunningServer, client_timeout: float = 30.0)
     assert result.as_numpy("OUTPUT0").tolist() == (x + x).tolist()
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
-    """Poll `condition` until it holds; AssertionError naming `what` after `timeout_s`. For state the server
-    updates after the answer the client already has (statistics recorded once a model's execute returns)."""
+def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 30.0) -> T:
+    """Poll `condition` until it returns something true, and return that; AssertionError naming `what` after
+    `timeout_s`. For state the server updates after the answer the client already has (statistics recorded
+    once a model's execute returns, a log line, a span at a collector)."""
     deadline = time.monotonic() + timeout_s
-    while not condition():
+    while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout_s}s: {what}")
         time.sleep(0.02)
+    return value
 
 
 def openai_client(server: RunningServer) -> openai.OpenAI:

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import start_server, wait_until
 from engine import config as config_module
 from engine.canary import sample, verdict
 from engine.errors import EngineError, ErrorCode
@@ -104,16 +104,6 @@ def _get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def _wait(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _metric(server, name: str, model: str) -> float | None:
     _, text = _get(server.metrics_url)
     for line in text.splitlines():
@@ -148,10 +138,11 @@ def _index(server, model: str) -> dict:
 
 def test_a_hung_instance_turns_the_version_not_ready_and_back(server) -> None:
     folder = server.repository / "hangs"
-    _wait(lambda: _metric(server, "hubserve_model_canary_healthy", "hangs") == 1, "a first passing canary")
+    wait_until(lambda: _metric(server, "hubserve_model_canary_healthy", "hangs") == 1,
+               "a first passing canary")
     (folder / "hang").touch()
     try:
-        status, body = _wait(lambda: (r := _ready(server, "hangs"))[0] != 200 and r, "not ready")
+        status, body = wait_until(lambda: (r := _ready(server, "hangs"))[0] != 200 and r, "not ready")
         assert status == 503 and "canary failed" in body and "has not answered" in body, body
         row = _index(server, "hangs")
         assert row["state"] == "UNAVAILABLE" and "canary failed" in row["reason"], row
@@ -162,8 +153,8 @@ def test_a_hung_instance_turns_the_version_not_ready_and_back(server) -> None:
         assert failures is not None and failures >= 1
     finally:
         (folder / "hang").unlink()
-    _wait(lambda: _ready(server, "hangs")[0] == 200, "ready again")
-    _wait(lambda: _get(f"http://{server.http_url}/v2/health/ready")[0] == 200, "server ready again")
+    wait_until(lambda: _ready(server, "hangs")[0] == 200, "ready again")
+    wait_until(lambda: _get(f"http://{server.http_url}/v2/health/ready")[0] == 200, "server ready again")
     client = grpcclient.InferenceServerClient(server.grpc_url)
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     inp = grpcclient.InferInput("IN", [1, 4], "FP32")
@@ -176,7 +167,7 @@ def test_model_errors_on_generated_inputs_do_not_fail_the_canary(server) -> None
     (folder / "fail").touch()
     try:
         before = _metric(server, "hubserve_model_canary_runs_total", "raises") or 0
-        _wait(lambda: (_metric(server, "hubserve_model_canary_runs_total", "raises") or 0) >= before + 3,
+        wait_until(lambda: (_metric(server, "hubserve_model_canary_runs_total", "raises") or 0) >= before + 3,
               "three canaries")
         assert _ready(server, "raises")[0] == 200
         assert _metric(server, "hubserve_model_canary_healthy", "raises") == 1
@@ -188,7 +179,7 @@ def test_with_warm_up_data_a_model_error_fails_the_canary(server) -> None:
     folder = server.repository / "raises_warm"
     (folder / "fail").touch()
     try:
-        status, body = _wait(lambda: (r := _ready(server, "raises_warm"))[0] != 200 and r, "not ready")
+        status, body = wait_until(lambda: (r := _ready(server, "raises_warm"))[0] != 200 and r, "not ready")
         assert status == 503 and "the weights went bad" in body, body
         client = grpcclient.InferenceServerClient(server.grpc_url)
         with pytest.raises(InferenceServerException) as e:
@@ -198,11 +189,11 @@ def test_with_warm_up_data_a_model_error_fails_the_canary(server) -> None:
         assert "canary failed" in e.value.message()  # refused while not ready, saying why
     finally:
         (folder / "fail").unlink()
-    _wait(lambda: _ready(server, "raises_warm")[0] == 200, "ready again")
+    wait_until(lambda: _ready(server, "raises_warm")[0] == 200, "ready again")
 
 
 def test_canaries_are_not_counted_in_statistics(server) -> None:
-    _wait(lambda: (_metric(server, "hubserve_model_canary_runs_total", "simple") or 0) >= 3, "canaries")
+    wait_until(lambda: (_metric(server, "hubserve_model_canary_runs_total", "simple") or 0) >= 3, "canaries")
     _, body = _get(f"http://{server.http_url}/v2/models/simple/stats")
     stats = json.loads(body)["model_stats"][0]
     assert stats["inference_count"] == 0 and stats["execution_count"] == 0, stats

@@ -12,7 +12,7 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import tritonclient.http as httpclient
 from aiohttp import web
 from tritonclient.utils import InferenceServerException
 
-from conftest import free_port, start_server
+from conftest import free_port, start_server, wait_until
 
 ACCESS_KEYS = ["model", "version", "request_id", "status", "queue_us", "compute_us", "total_us", "batch_size"]
 
@@ -96,16 +96,6 @@ def server(repository: Path, tmp_path_factory: pytest.TempPathFactory, collector
     srv.stop()
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def simple_inputs(module: Any) -> list[Any]:
     a = np.arange(16, dtype=np.int32).reshape(1, 16)
     inputs = [module.InferInput("INPUT0", [1, 16], "INT32"), module.InferInput("INPUT1", [1, 16], "INT32")]
@@ -126,7 +116,7 @@ def access_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def line_for(path: Path, request_id: str) -> dict[str, Any]:
-    return wait_for(lambda: next((d for d in access_lines(path) if d["request_id"] == request_id), None),
+    return wait_until(lambda: next((d for d in access_lines(path) if d["request_id"] == request_id), None),
                     f"the access line of {request_id}")
 
 
@@ -347,7 +337,7 @@ def test_spans_reach_the_collector(server, collector: Collector) -> None:
                 by_id.setdefault(attrs["request_id"], []).append(span)
         return by_id if sum(map(len, by_id.values())) >= 9 else {}
 
-    by_id = wait_for(traced, "nine spans at the collector")
+    by_id = wait_until(traced, "nine spans at the collector")
     assert sorted(by_id) == ["traced-0", "traced-1", "traced-2"]
     for spans in by_id.values():
         named = {s["name"]: s for s in spans}
@@ -386,7 +376,7 @@ def test_an_ensemble_and_its_steps_log_under_one_id(tmp_path: Path) -> None:
             found = [d for d in access_lines(log_file) if d["request_id"] == "ens-1"]
             return found if len(found) >= 4 else None
 
-        lines = wait_for(four, "the ensemble's and its three steps' access lines")
+        lines = wait_until(four, "the ensemble's and its three steps' access lines")
         assert sorted(d["model"] for d in lines) == ["diamond", "simple", "simple", "simple"]
         assert all(d["status"] == "OK" for d in lines)
     finally:
