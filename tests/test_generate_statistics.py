@@ -60,9 +60,13 @@ def _from_http(server: RunningServer) -> dict[str, Any]:
 
 
 def snapshot(server: RunningServer) -> dict[str, Any]:
-    over_grpc, over_http = _from_grpc(server), _from_http(server)
-    assert over_grpc == over_http
-    return over_http
+    """The statistics as both protocols report them. A request finishing between the two reads tears one
+    pair (CI saw it while a test waited for a cancel), so a pair is read again until the two agree; two
+    that never agree fail."""
+    def agreed() -> dict[str, Any] | None:
+        over_grpc, over_http = _from_grpc(server), _from_http(server)
+        return over_http if over_grpc == over_http else None
+    return wait_until(agreed, "gRPC and HTTP report different statistics")
 
 
 def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
