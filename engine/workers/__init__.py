@@ -8,6 +8,8 @@
     session.py     the engine's end of one frontend's channel: requests into the DataPlane, answers out
     control.py     the engine's answers to forwarded non-inference requests (the single-process handlers)
     messages.py    what the two sides say to each other (in the frames and tensor placement of engine/ipc/)
+    streams.py     a forwarded HTTP answer that streams (the OpenAI API's events): made in the engine
+    credit.py      a streamed answer's window of pieces, and the credit the frontend gives back as it reads
 
 docs/architecture.md ("Processes") has the layout, the message flow, and the measurements behind it.
 """

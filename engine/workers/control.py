@@ -19,6 +19,7 @@ from ..frontend.h2.rpcs import Kind, rpc_table
 from ..frontend.http_routes import HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
 from ..frontend.openai_routes import OpenAIRoutes
+from .credit import SendWindow
 from .messages import GRPC, HEALTH, HTTP, error_payload
 from .streams import StreamHead, StreamOut
 
@@ -42,14 +43,15 @@ class ControlRunner:
                        if rpc.kind is Kind.UNARY}
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def run(self, control: tuple[int, int, Any], reply: Reply, piece: Piece) -> Pending | None:
-        """Returns an HTTP request's `Pending` while it is being answered (or streamed, through `piece`),
-        so the session can cancel it (its client left); None when it was answered at once or is not
-        HTTP."""
+    def run(self, control: tuple[int, int, Any], reply: Reply, piece: Piece,
+            window: SendWindow | None = None) -> Pending | None:
+        """Returns an HTTP request's `Pending` while it is being answered (or streamed, through `piece`,
+        paced by `window`: credit.py), so the session can cancel it (its client left); None when it was
+        answered at once or is not HTTP."""
         cid, kind, args = control
         try:
             if kind == HTTP:
-                return self._http(cid, args, reply, piece)
+                return self._http(cid, args, reply, piece, window)
             if kind == GRPC:
                 self._grpc(cid, args, reply)
             elif kind == HEALTH:
@@ -61,10 +63,10 @@ class ControlRunner:
         return None
 
     def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply,
-              piece: Piece) -> Pending | None:
+              piece: Piece, window: SendWindow | None) -> Pending | None:
         req = HttpRequest()
         req.method, req.url, req.headers, req.body = args
-        stream = StreamOut(cid, piece)
+        stream = StreamOut(cid, piece, window)
         req.stream = stream
         held: list[Pending] = []
 

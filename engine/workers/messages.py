@@ -2,7 +2,7 @@
 (engine/ipc/frames.py), whose reader refuses every class: plain values only. One frame per loop round and
 direction carries everything of that round.
 
-Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections, streaming)`
+Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections, streaming, credits)`
 - a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
   request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
   plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
@@ -17,6 +17,9 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
   HTTP `(method, url, headers, body)`, gRPC `(method name, serialized request)`, HEALTH `service` (what
   gRPC's Health/Watch polls).
+- credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
+  written to its client's connection and the connection took them (credit.py); the engine sends a stream at
+  most a window of pieces ahead of its credit.
 
 Engine → frontend: `(answers, control_answers)`
 - an answer: `(rid, OK, (model_name, model_version, response_id, parameters, outputs, placement))` with

@@ -38,6 +38,7 @@ from ..types import (
     StreamSink,
     Tensor,
 )
+from .credit import CreditReturns
 from .messages import CANCELLED, OK, STREAMED, datatype, error_from_payload, outputs_header
 from .streams import is_stream_head
 
@@ -71,6 +72,7 @@ class EngineClient(asyncio.Protocol):
         self._pending: dict[int, tuple[asyncio.Future[Any], int]] = {}
         self._controls: dict[int, asyncio.Future[Any]] = {}
         self._control_streams: dict[int, ResponseStream] = {}  # where forwarded answers in pieces go
+        self._credit = CreditReturns(self._schedule)  # what those connections took, for the engine
         self._plans: dict[RequestPlan, int] = {}
         # an answer's output header ((name, datatype, shape), ...) → how to read it: the same few repeat
         self._answer_reads: dict[Any, Reads] = {}
@@ -172,6 +174,7 @@ class EngineClient(asyncio.Protocol):
     def _cancel_control(self, cid: int) -> None:
         """Tell the engine that nobody waits for this control's answer (or the rest of its stream)."""
         self._control_streams.pop(cid, None)
+        self._credit.forget(cid)
         if not self.lost:
             self._cancels.append(cid)
             self._schedule()
@@ -199,7 +202,7 @@ class EngineClient(asyncio.Protocol):
         transport = self._transport
         if transport is None or self.lost:
             return
-        if not (self._requests or self._cancels or self._control_out):
+        if not (self._requests or self._cancels or self._control_out or self._credit.pending):
             if self._responses.has_freed and self._free_timer is None:
                 self._free_timer = self._loop.call_later(FREE_FLUSH_SECS, self._flush_freed)
             return
@@ -211,11 +214,12 @@ class EngineClient(asyncio.Protocol):
 
     def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool,
               streaming: list[int] | None = None) -> None:
-        """One frame: these, the blocks freed so far and the connection count; the inline bytes are those of
-        `requests` (submit() adds them and schedules the round's flush, so without one there are none)."""
+        """One frame: these, the blocks freed so far, the streams' credit and the connection count; the
+        inline bytes are those of `requests` (submit() adds them and schedules the round's flush, so without
+        one there are none)."""
         blocks = self._responses.take_freed()
         self._reported = connections = self._count_connections()
-        meta = (requests, cancels, blocks, controls, reset, connections, streaming or [])
+        meta = (requests, cancels, blocks, controls, reset, connections, streaming or [], self._credit.take())
         self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
 
     def _flush_freed(self) -> None:
@@ -273,18 +277,21 @@ class EngineClient(asyncio.Protocol):
             if control is None or control.done():
                 self._controls.pop(cid, None)
                 self._control_streams.pop(cid, None)
+                self._credit.forget(cid)
                 continue  # cancelled here: the engine stops it and sends nothing more
             stream = self._control_streams.get(cid)
             if ok and stream is not None and result is not None and \
                     (type(result) is bytes or is_stream_head(result)):
                 if type(result) is bytes:  # the next piece of a streamed answer
                     stream.send(result)
+                    self._credit.written(cid, stream)
                 else:  # its head
                     status, _, content_type, extra = result
                     stream.start(status, content_type, extra)
                 continue
             del self._controls[cid]  # the answer, or a streamed answer's end (None)
-            self._control_streams.pop(cid, None)
+            if self._control_streams.pop(cid, None) is not None:
+                self._credit.forget(cid)
             if not ok:
                 control.set_exception(error_from_payload(result))
             else:
@@ -340,6 +347,7 @@ class EngineClient(asyncio.Protocol):
         self._streams.clear()
         self._controls.clear()
         self._control_streams.clear()  # a stream cut short: its connection ends it, and closes
+        self._credit.close()
         self._on_lost()
 
     def close(self) -> None:

@@ -29,9 +29,11 @@ from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm import Arena, Region
 from ..types import EMPTY_FINAL, InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
+from .credit import SendWindow
 from .messages import (
     CANCELLED,
     FAILED,
+    HTTP,
     OK,
     STREAMED,
     STREAMED_ERROR,
@@ -79,8 +81,10 @@ class FrontendSession(asyncio.Protocol):
         self._plans: dict[int, _Plan] = {}
         self._answers: list[Any] = []
         self._control_answers: list[Any] = []
-        # forwarded generations being answered, by cid, streaming ones (streams.py) until their end
+        # forwarded generations being answered, by cid, streaming ones (streams.py) until their end, and
+        # the pieces of each the frontend has not yet given back (credit.py)
         self._control_pending: dict[int, Pending] = {}
+        self._windows: dict[int, SendWindow] = {}
         self._inline = Inline()
         self._flush_scheduled = False
         self.closed = False
@@ -117,6 +121,7 @@ class FrontendSession(asyncio.Protocol):
         for pending in list(self._control_pending.values()):
             pending.future.cancel()  # a generation stops (streaming or not) and frees its KV blocks
         self._control_pending.clear()
+        self._windows.clear()
         self._plans.clear()
         self._answers.clear()
         self._inline.take()
@@ -149,7 +154,7 @@ class FrontendSession(asyncio.Protocol):
     # ------------------------------------------------------------------ requests in
 
     def _frame(self, meta: Any, inline: memoryview) -> None:
-        requests, cancels, freed, controls, plans_reset, connections, streaming = meta
+        requests, cancels, freed, controls, plans_reset, connections, streaming, credits = meta
         if connections >= 0:
             self._reported_connections, self._handed_since = connections, 0
         arena = self._arena
@@ -167,13 +172,24 @@ class FrontendSession(asyncio.Protocol):
                 future.cancel()  # its done-callback answers CANCELLED
             else:
                 self._cancel_control(rid)
+        for cid, pieces in credits:
+            window = self._windows.get(cid)
+            if window is not None:
+                window.grant(pieces)
         for control in controls:
-            pending = self._control.run(control, self._control_answered, self._stream_piece)
-            if pending is not None and cancellable(control[2][1]):
-                self._control_pending[control[0]] = pending
+            cid, kind, args = control
+            if kind != HTTP or not cancellable(args[1]):
+                self._control.run(control, self._control_answered, self._stream_piece)
+                continue
+            window = SendWindow()
+            pending = self._control.run(control, self._control_answered, self._stream_piece, window)
+            if pending is not None:
+                self._control_pending[cid] = pending
+                self._windows[cid] = window
 
     def _cancel_control(self, cid: int) -> None:
         """The frontend's client left a forwarded request (streams.py): stop it, and answer nothing more."""
+        self._windows.pop(cid, None)
         pending = self._control_pending.pop(cid, None)
         if pending is not None:
             pending.future.cancel()  # the route's task is cancelled: a streaming generation stops too
@@ -254,6 +270,7 @@ class FrontendSession(asyncio.Protocol):
     def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
         """A control's answer, or a streamed answer's end (`result` None, streams.py), once."""
         self._control_pending.pop(cid, None)
+        self._windows.pop(cid, None)
         if self.closed:
             return
         self._control_answers.append((cid, ok, result))

@@ -11,8 +11,9 @@ The route writes the one `ResponseStream` interface (http_types.py) on both side
 request's stream is a `StreamOut` (pieces into the session's next frame); in the frontend, remote.py hands
 the head and the pieces to the client's connection (`start`, `send`) and resolves the forwarded request's
 future at the end, so the connection ends the body and releases the request's admission then. Back-pressure
-stops at the frontend: `StreamOut.drain` returns at once (the engine does not learn how fast the client
-reads), so a slow reader's frontend holds the rest of its generation (bounded by its max_tokens); a client
+crosses with the pieces (credit.py): `StreamOut.drain` waits while a window of pieces is out that the
+frontend's connection has not taken, so a client that stops reading leaves the rest of its generation in
+the route's queue in the engine, as in one process, and its frontend holds at most that window; a client
 that stops reading is dropped after --client-timeout-secs, which cancels the stream in the engine.
 """
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from .credit import SendWindow
 
 StreamHead = tuple[int, None, bytes, bytes]
 _CANCELLABLE_PREFIX = b"/v1/"
@@ -40,13 +43,16 @@ def is_stream_head(result: Any) -> bool:
 class StreamOut:
     """Engine side: the `ResponseStream` of a forwarded request, whose head and pieces go out with the
     session's next frame under `cid` (`piece(cid, item)`); the session sends the end when the route's task
-    is done. `started` tells the control runner that the answer went out this way."""
+    is done. `started` tells the control runner that the answer went out this way. `window` is the session's
+    count of the pieces the frontend has not yet given back (None: a request that is never streamed)."""
 
-    __slots__ = ("_cid", "_piece", "started")
+    __slots__ = ("_cid", "_piece", "_window", "started")
 
-    def __init__(self, cid: int, piece: Callable[[int, StreamHead | bytes], None]) -> None:
+    def __init__(self, cid: int, piece: Callable[[int, StreamHead | bytes], None],
+                 window: SendWindow | None = None) -> None:
         self._cid = cid
         self._piece = piece
+        self._window = window
         self.started = False
 
     def start(self, status: int, content_type: bytes, extra: bytes = b"") -> None:
@@ -57,6 +63,11 @@ class StreamOut:
     def send(self, data: bytes) -> None:
         if self.started and data:
             self._piece(self._cid, bytes(data))
+            if self._window is not None:
+                self._window.sent()
 
     async def drain(self) -> None:
-        """At once: the frontend's connection holds what its client has not read (see the module's note)."""
+        """At once while the frontend's connection keeps up; otherwise once it has taken enough of what was
+        sent (credit.py)."""
+        if self._window is not None:
+            await self._window.wait()
