@@ -50,10 +50,12 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     writer = _Writer(gen, api, created, stream)
     stream.start(200, CONTENT_TYPE, _NO_CACHE + extra)
     try:
-        for choice in gen.choices:  # what the engine produced before the listener was set
-            text = "".join(choice.text)
-            if text or choice.finished or api.chat:
-                writer.write(choice, text, choice.finished and choice.finish_reason != "error")
+        for choice in gen.choices:  # what the engine produced before the listener was set: a chunk per
+            pieces = choice.text or [""]  # event, as if it had been listening (a busy loop changes nothing)
+            finished = choice.finished and choice.finish_reason != "error"
+            for i, text in enumerate(pieces, 1):
+                if text or (i == len(pieces) and (choice.finished or api.chat)):
+                    writer.write(choice, text, finished and i == len(pieces))
         await stream.drain()
         while not gen.done.done() or events:
             if not events:
