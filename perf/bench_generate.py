@@ -78,8 +78,8 @@ class Model:
     onnx: bytes  # the serialized model, built here, never written out
 
 
-def build_model(name: str) -> Model:
-    shape = MODELS[name]
+def build_model(name: str, kv: str = "dense") -> Model:
+    shape = dataclasses.replace(MODELS[name], shared_kv=kv == "shared")
     return Model(name, shape, examples.model_bytes(tiny_decoder_model(shape)))
 
 
@@ -112,7 +112,8 @@ def make_engine(model: Model) -> GenerationEngine:
     """The example's settings (model_repository/tiny_decoder/config.pbtxt), warmed up: ONNX Runtime's first
     runs at new shapes are slow, and would land in the first TTFTs."""
     cache = CacheConfig(block_size=16, num_blocks=1024, max_model_len=512)
-    runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options())
+    runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options(),
+                           shared_kv=model.shape.shared_kv, max_len=cache.max_model_len, max_rows=32)
     engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(max_num_seqs=32,
                                                                               max_num_batched_tokens=256))
     for i, (prompt, max_tokens) in enumerate(workload(8, seed=12345)):
@@ -203,16 +204,29 @@ def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     """Tokens/s of the bare model decoding `batch` rows over `context` past tokens, inputs prebuilt."""
     sess = ort.InferenceSession(model.onnx, options(), providers=["CPUExecutionProvider"])
     shape = model.shape
-    past = {f"past_key_values.{i}.{p}": np.zeros((batch, shape.heads, context, shape.head_dim), np.float32)
+    width = 512 if shape.shared_kv else context  # a shared-KV model reads its buffer up to each row's length
+    past = {f"past_key_values.{i}.{p}": np.zeros((batch, shape.heads, width, shape.head_dim), np.float32)
             for i in range(shape.layers) for p in ("key", "value")}
     feed = {"input_ids": np.zeros((batch, 1), np.int64),
             "attention_mask": np.ones((batch, context + 1), np.int64),
-            "position_ids": np.full((batch, 1), context, np.int64), **past}
+            "position_ids": np.full((batch, 1), context, np.int64)}
+    binding = sess.io_binding()
+    for name, value in feed.items():
+        binding.bind_cpu_input(name, value)
+    binding.bind_output("logits")
+    for name, value in past.items():  # the shared form writes its past in place; the dense one returns it
+        kept = ort.OrtValue.ortvalue_from_numpy(value)
+        binding.bind_ortvalue_input(name, kept)
+        present = name.replace("past_key_values", "present")
+        if shape.shared_kv:
+            binding.bind_ortvalue_output(present, kept)
+        else:
+            binding.bind_output(present)
     for _ in range(10):
-        sess.run(None, feed)
+        sess.run_with_iobinding(binding)
     t0 = time.perf_counter()
     for _ in range(steps):
-        sess.run(None, feed)
+        sess.run_with_iobinding(binding)
     return batch * steps / (time.perf_counter() - t0)
 
 
@@ -223,11 +237,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lengths", choices=LENGTHS, default="uniform", help="output lengths (module doc)")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="decoder size (module doc)")
+    parser.add_argument("--kv", choices=("dense", "shared"), default="dense", help="KV layout (module doc)")
     args = parser.parse_args()
-    model = build_model(args.model)
+    model = build_model(args.model, args.kv)
     shape = model.shape
     print(f"model {model.name}: {shape.layers} layers, hidden {shape.hidden} "
-          f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}; output lengths {args.lengths}; "
+          f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}, {args.kv} KV; output lengths "
+          f"{args.lengths}; "
           f"{args.requests_per_client} requests per client; seed {args.seed}\n")
     print("| c | continuous tok/s | static tok/s | cont./static | bound | static-leave tok/s "
           "| TTFT p50/p95 ms cont. | TTFT p50/p95 ms static | mean decode batch | mean context "
