@@ -28,6 +28,7 @@ from test_generate_engine import (
     SHARED_MODEL,
     TOKENIZER,
     assert_no_leaks,
+    generate,
     make_engine,
     options,
     prompts,
@@ -187,3 +188,31 @@ def test_a_server_answers_the_openai_client_alike_with_either_layout(
         assert texts["tiny_decoder batch"] == texts["tiny_shared batch"]
     finally:
         server.stop()
+
+
+def test_a_row_that_skips_a_step_keeps_its_unwritten_tokens(reference_session):
+    """A token budget below the running decodes: some skip each step, leave the group with tokens the
+    blocks don't have yet (they are written as the row leaves), and rejoin gathered from the blocks."""
+    batch = prompts(8, seed=81)
+    engine = make_engine(budget=5, seqs=8, kv="shared")
+    done = generate(engine, batch)
+    for prompt, tokens in zip(batch, done, strict=True):
+        assert list(tokens) == reference_greedy(reference_session, prompt, GREEDY.max_tokens)
+    assert engine.runner.stats.gathered_rows > len(batch)  # rows rejoined after skipping
+    assert_no_leaks(engine)
+
+
+def test_a_prompt_sharing_generated_blocks_reads_what_the_decodes_wrote(reference_session):
+    """Blocks filled by decode steps are written to the blocks as they fill, so a later prompt that
+    repeats a generated answer shares them (a prefix hit) and computes from the right keys and values."""
+    engine = make_engine(block_size=8, kv="shared")
+    first = [256, *b"Tell me"]
+    engine.add_request("a", first, SamplingParams(max_tokens=40, ignore_eos=True))
+    answer = list(engine.run_to_completion()["a"].output_token_ids)
+    follow = first + answer[:33]  # 41 tokens: five full blocks, the last four of them written by decodes
+    engine.add_request("b", follow, GREEDY)
+    hits_before = engine.kv.prefix_hits
+    got = engine.run_to_completion()["b"].output_token_ids
+    assert engine.kv.prefix_hits - hits_before == 40
+    assert list(got) == reference_greedy(reference_session, follow, GREEDY.max_tokens)
+    assert_no_leaks(engine)

@@ -73,6 +73,16 @@ class RunnerStats:
             setattr(self, name, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class RunShape:
+    """One session run as the runner made it: input_ids' [batch, seq], the mask's width, and each row's
+    ones in the mask (its context plus new tokens, padding left out)."""
+
+    ids: tuple[int, ...]
+    width: int
+    lengths: list[int]
+
+
 class DecoderRunner:
     """One ONNX Runtime session plus the KV blocks' storage. `options`: the session options (one intra-op
     thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
@@ -128,9 +138,11 @@ class DecoderRunner:
         # their views as both past and present, remade only if the buffers are (shared_group.grown)
         self.shared_kv = shared_kv
         self.shared_group = SharedDecodeGroup((len(self.kv_names), heads, head_dim), dtype, max_len,
-                                              max_rows)
+                                              max_rows, block_size, self._flush_row)
         self._bindings: dict[int, ort.IOBinding] = {}
         self._bound = 0
+        # set to a list, each session run is recorded in it (RunShape), for perf/bench_generate.py's ceiling
+        self.trace: list[RunShape] | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -199,6 +211,8 @@ class DecoderRunner:
             binding.bind_cpu_input("position_ids", positions)
         logits = np.empty((*input_ids.shape, self.vocab), self._logits_dtype)
         binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+        if self.trace is not None:
+            self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
         self.session.run_with_iobinding(binding)
         return logits
 
@@ -246,6 +260,8 @@ class DecoderRunner:
         feed = self._feed(np.array(token_ids, np.int64).reshape(batch, 1), mask, start_array[:, None], pasts,
                           [group[i] if i >= 0 else None for i in order])
         t1 = time.perf_counter_ns()
+        if self.trace is not None:
+            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         self.decode_group.advance(group, order, presents)
@@ -288,6 +304,8 @@ class DecoderRunner:
             mask[row, past - c.start:past + count] = 1
         feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
         t1 = time.perf_counter_ns()
+        if self.trace is not None:
+            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         counts = [len(c.token_ids) for c in group]
@@ -329,19 +347,12 @@ class DecoderRunner:
         logits = self._run_bound(binding, np.array(token_ids, np.int64).reshape(batch, 1), mask,
                                  start_array[:, None], rows)
         t2 = time.perf_counter_ns()
-        shared.advance(group, order)
-        bs = self.block_size
-        chunks = [group[i] for i in picked]
-        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in chunks], np.int64)
-        targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
-        live_rows, live_starts = np.array(live, np.int64), start_array[live]
-        for i, buffer in enumerate(shared.views()):
-            self._rows[targets[i]] = buffer[live_rows, :, live_starts]  # [B, heads, head_dim]
+        shared.advance(group, order)  # writes the blocks this step filled (the rest wait in the buffers)
         if len(live) == batch and picked == list(range(batch)):
             last = logits[:, 0]
         else:
             last = np.empty((len(group), logits.shape[2]), logits.dtype)
-            last[picked] = logits[live_rows, 0]
+            last[picked] = logits[np.array(live, np.int64), 0]
         t3 = time.perf_counter_ns()
         s = self.stats
         s.decode_rows += len(live)
@@ -352,6 +363,19 @@ class DecoderRunner:
         context = sum(starts)
         self._count(batch, len(live), context, context, t0, t1, t2, t3)
         return last
+
+    def _flush_row(self, row: int, table: Sequence[int], first: int, end: int) -> None:
+        """Write slots [first, end) of the shared group's `row` into the blocks `table` names: one copy per
+        KV tensor and block, of [heads, slots, head_dim] (a block's slots are contiguous on both sides)."""
+        bs = self.block_size
+        buffers = self.shared_group.buffers
+        position = first
+        while position < end:
+            count = min(end, (position // bs + 1) * bs) - position
+            slot = table[position // bs] * bs + position % bs
+            for t, buffer in enumerate(buffers):
+                self.cache[t, :, slot:slot + count] = buffer[row, :, position:position + count]
+            position += count
 
     def _run_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
         """`_run` for a shared-KV model: the chunks' contexts gathered left-aligned into a buffer as wide as
