@@ -24,6 +24,7 @@ from engine.generate.scheduler import SchedulerConfig
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from test_generate_engine import (
     GREEDY,
+    KV,
     MODEL,
     SHARED_MODEL,
     TOKENIZER,
@@ -190,11 +191,13 @@ def test_a_server_answers_the_openai_client_alike_with_either_layout(
         server.stop()
 
 
-def test_a_row_that_skips_a_step_keeps_its_unwritten_tokens(reference_session):
+@KV
+def test_a_row_that_skips_a_step_keeps_its_unwritten_tokens(reference_session, kv):
     """A token budget below the running decodes: some skip each step, leave the group with tokens the
-    blocks don't have yet (they are written as the row leaves), and rejoin gathered from the blocks."""
+    blocks don't have yet (they are written as the row leaves), and rejoin gathered from the blocks. Both
+    layouts' decode groups write blocks this way (decode_group.py, shared_group.py)."""
     batch = prompts(8, seed=81)
-    engine = make_engine(budget=5, seqs=8, kv="shared")
+    engine = make_engine(budget=5, seqs=8, kv=kv)
     done = generate(engine, batch)
     for prompt, tokens in zip(batch, done, strict=True):
         assert list(tokens) == reference_greedy(reference_session, prompt, GREEDY.max_tokens)
@@ -202,10 +205,11 @@ def test_a_row_that_skips_a_step_keeps_its_unwritten_tokens(reference_session):
     assert_no_leaks(engine)
 
 
-def test_a_prompt_sharing_generated_blocks_reads_what_the_decodes_wrote(reference_session):
+@KV
+def test_a_prompt_sharing_generated_blocks_reads_what_the_decodes_wrote(reference_session, kv):
     """Blocks filled by decode steps are written to the blocks as they fill, so a later prompt that
     repeats a generated answer shares them (a prefix hit) and computes from the right keys and values."""
-    engine = make_engine(block_size=8, kv="shared")
+    engine = make_engine(block_size=8, kv=kv)
     first = [256, *b"Tell me"]
     engine.add_request("a", first, SamplingParams(max_tokens=40, ignore_eos=True))
     answer = list(engine.run_to_completion()["a"].output_token_ids)

@@ -5,6 +5,9 @@ The model (Hugging Face Optimum's `decoder_with_past` form, like tiny_decoder.py
 tokens appended. The engine keeps keys and values in fixed-size blocks instead, so that sequences grow,
 share prefixes and leave without moving each other's memory. This runner maps one onto the other:
 
+- **Shared-KV models** (`shared_kv`, shared_group.py) instead read and write one buffer per KV tensor in
+  place (ONNX Runtime's GroupQueryAttention), contexts left-aligned and each row attending over its own
+  length: no padding and no Concat copy; the rest below (storage, prefill gathers, groups) is the same.
 - **Storage.** One array [2 * layers, heads, num_blocks * block_size + 1, head_dim] (keys and values of
   every layer): token `t` of a sequence is slot `table[t // block_size] * block_size + t % block_size`. The
   extra last slot stays zero: it is what padding reads.
@@ -15,7 +18,9 @@ share prefixes and leave without moving each other's memory. This runner maps on
 - **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
   causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
 - **Scatter (present → blocks).** Only the new tokens' rows of `present` are written back into their blocks;
-  the block tables stay the truth for admission, preemption and prefix sharing.
+  the block tables stay the truth for admission, preemption and prefix sharing. A prefill's tokens are
+  written at once; a decode's wait in the decode group's tensors until they fill a block or the row leaves
+  (decode_group.py, shared_group.py).
 - **Groups.** Dense tensors pad every row to the longest: a 256-token prefill chunk batched with decodes
   would make every decode compute 256 positions. So the decodes (one token each) run as one batch, and the
   prefill chunks in batches of similar length (`prefill_groups`), each batch one session run.
@@ -24,8 +29,8 @@ share prefixes and leave without moving each other's memory. This runner maps on
   feeds ONNX Runtime its own output back; when they change, the continuing rows are copied over (trimmed to
   the new longest context) and only the joining rows are gathered from blocks.
 
-Per step this costs, besides the model: for a steady decode group, the new tokens' keys and values written
-to their blocks (the model's own Concat copies the past into `present`, which is what is kept); on a
+Per step this costs, besides the model: for a steady decode group, a block's worth of keys and values written
+per row every block_size steps (the model's own Concat copies the past into `present`, which is kept); on a
 membership change, one copy of the continuing rows plus a gather of the joining ones; for prefill chunks, a
 gather of their cached context (usually none) and a write of their tokens. `RunnerStats` counts the time,
 and perf/bench_generate.py prints it. Called on the engine's thread.
@@ -133,12 +138,12 @@ class DecoderRunner:
         self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else 0
         self._logits_dtype = _KV_DTYPES.get(logits.type, np.float32)
         self.stats = RunnerStats()
-        self.decode_group = DecodeGroup()
+        self.decode_group = DecodeGroup(block_size, self._flush_rows)
         # a shared-KV model (shared_group.py): its decode buffers, and per run height (rows) a binding of
         # their views as both past and present, remade only if the buffers are (shared_group.grown)
         self.shared_kv = shared_kv
         self.shared_group = SharedDecodeGroup((len(self.kv_names), heads, head_dim), dtype, max_len,
-                                              max_rows, block_size, self._flush_row)
+                                              max_rows, block_size, self._flush_rows)
         self._bindings: dict[int, ort.IOBinding] = {}
         self._bound = 0
         # set to a list, each session run is recorded in it (RunShape), for perf/bench_generate.py's ceiling
@@ -264,20 +269,13 @@ class DecoderRunner:
             self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
-        self.decode_group.advance(group, order, presents)
-        bs = self.block_size
-        chunks = [group[i] for i in picked]
-        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in chunks], np.int64)
-        targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
+        self.decode_group.advance(group, order, presents)  # writes the blocks this step filled
         full = len(live) == batch  # no free row
-        rows: slice | np.ndarray = slice(None) if full else np.array(live, np.int64)
-        for i, present in enumerate(presents):
-            self._rows[targets[i]] = present[rows, :, past]
         if full and picked == list(range(batch)):  # rows in chunk order: the logits as they are
             last = logits[:, 0]
         else:
             last = np.empty((len(group), logits.shape[2]), logits.dtype)
-            last[picked] = logits[rows, 0]
+            last[picked] = logits[slice(None) if full else np.array(live, np.int64), 0]
         t3 = time.perf_counter_ns()
         s = self.stats
         s.decode_rows += len(live)
@@ -364,17 +362,19 @@ class DecoderRunner:
         self._count(batch, len(live), context, context, t0, t1, t2, t3)
         return last
 
-    def _flush_row(self, row: int, table: Sequence[int], first: int, end: int) -> None:
-        """Write slots [first, end) of the shared group's `row` into the blocks `table` names: one copy per
-        KV tensor and block, of [heads, slots, head_dim] (a block's slots are contiguous on both sides)."""
+    def _flush_rows(self, arrays: Sequence[np.ndarray], row: int, offset: int, table: Sequence[int],
+                    first: int, end: int) -> None:
+        """Write positions [first, end) of a decode group's `row` (position p at column offset + p of each
+        KV tensor's array) into the blocks `table` names: one copy per tensor and block of [heads, slots,
+        head_dim] (a block's slots are contiguous on both sides)."""
         bs = self.block_size
-        buffers = self.shared_group.buffers
         position = first
         while position < end:
             count = min(end, (position // bs + 1) * bs) - position
             slot = table[position // bs] * bs + position % bs
-            for t, buffer in enumerate(buffers):
-                self.cache[t, :, slot:slot + count] = buffer[row, :, position:position + count]
+            column = offset + position
+            for t, array in enumerate(arrays):
+                self.cache[t, :, slot:slot + count] = array[row, :, column:column + count]
             position += count
 
     def _run_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:

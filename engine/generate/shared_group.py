@@ -38,13 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .decode_group import Flush
 from .request import Request, RequestState
 from .scheduler import ScheduledChunk
 
 # (chunks, width) → [tensors, len(chunks), heads, width, head_dim], each context left-aligned
 GatherLeft = Callable[[Sequence[ScheduledChunk], int], np.ndarray]
-# (buffer row, block table, first slot, end slot): write the row's slots [first, end) into their blocks
-Flush = Callable[[int, Sequence[int], int, int], None]
 
 
 @dataclass(slots=True)
@@ -101,7 +100,7 @@ class SharedDecodeGroup:
         """A row's request leaves the group: if it still owns its blocks (it only skipped this step), the
         tokens not yet written there are; a finished or preempted one's blocks are no longer its own."""
         if row.synced < row.length and row.holds_blocks():
-            self._flush(index, row.table, row.synced, row.length)
+            self._flush(self._buffers, index, 0, row.table, row.synced, row.length)
 
     def prepare(self, chunks: Sequence[ScheduledChunk], gather: GatherLeft) -> tuple[list[int], int]:
         """Place this step's decode chunks in rows, each joiner's context in its row's slots. Returns, per
@@ -185,5 +184,5 @@ class SharedDecodeGroup:
                 chunk = chunks[index]
                 row.length, row.table = chunk.start + 1, chunk.block_table
                 if row.length % bs == 0:
-                    self._flush(i, row.table, row.synced, row.length)
+                    self._flush(self._buffers, i, 0, row.table, row.synced, row.length)
                     row.synced = row.length
