@@ -122,7 +122,7 @@ def test_more_decoding_requests_than_rows_grow_the_buffers(reference_session):
     done = engine.run_to_completion()
     for i, prompt in enumerate(batch):
         assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
-    assert runner.shared_group.grown >= 1
+    assert runner.shared_group is not None and runner.shared_group.grown >= 1
 
 
 def test_lora_rows_in_a_shared_group_match_the_dense_model():
@@ -220,3 +220,16 @@ def test_a_prompt_sharing_generated_blocks_reads_what_the_decodes_wrote(referenc
     assert engine.kv.prefix_hits - hits_before == 40
     assert list(got) == reference_greedy(reference_session, follow, GREEDY.max_tokens)
     assert_no_leaks(engine)
+
+
+def test_a_model_is_refused_for_the_wrong_layout_when_it_loads(tmp_path: Path):
+    """Either mismatch would answer wrongly (or fail every request), so the runner probes the model once as
+    it loads: the dense model cannot write its past buffer in place; the GQA model misreads right-aligned
+    contexts behind masked padding, which the dense layout gives it."""
+    with pytest.raises(EngineError, match="must write its present into its past buffer"):
+        DecoderRunner(MODEL, 64, 8, options(), shared_kv=True)
+    with pytest.raises(EngineError, match="does not ignore past slots its attention_mask marks 0"):
+        DecoderRunner(SHARED_MODEL, 64, 8, options(), shared_kv=False)
+    folder = shared_folder(tmp_path, "gqa_said_dense", "false")  # the folder's parameter decides
+    with pytest.raises(EngineError, match="past_present_share_buffer true"):
+        load_engine(folder)

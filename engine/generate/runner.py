@@ -142,12 +142,46 @@ class DecoderRunner:
         # a shared-KV model (shared_group.py): its decode buffers, and per run height (rows) a binding of
         # their views as both past and present, remade only if the buffers are (shared_group.grown)
         self.shared_kv = shared_kv
-        self.shared_group = SharedDecodeGroup((len(self.kv_names), heads, head_dim), dtype, max_len,
-                                              max_rows, block_size, self._flush_rows)
+        self.shared_group = SharedDecodeGroup(
+            (len(self.kv_names), heads, head_dim), dtype, max_len, max_rows, block_size, self._flush_rows,
+        ) if shared_kv else None
         self._bindings: dict[int, ort.IOBinding] = {}
         self._bound = 0
         # set to a list, each session run is recorded in it (RunShape), for perf/bench_generate.py's ceiling
         self.trace: list[RunShape] | None = None
+        self._check_layout(where)
+
+    def _check_layout(self, where: str) -> None:
+        """Refuse a model whose attention does not take its past the way this runner will give it, before
+        it answers anything wrongly: a shared-KV runner must be able to bind one buffer as past and present;
+        a dense one right-aligns contexts behind masked padding, which a length-based attention (ONNX
+        Runtime's GroupQueryAttention counts the mask's ones) would misread. Two or three one-token runs."""
+        kv = self.cache.dtype
+        rng = np.random.default_rng(0)
+        rows: list[ScheduledChunk | None] = [None]
+        ids, positions = np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64)
+        if self.shared_kv:
+            buffers = [np.zeros((1, self.heads, 2, self.head_dim), kv) for _ in self.kv_names]
+            try:
+                self._run_bound(self._bind_kv(buffers), ids, np.ones((1, 2), np.int64), positions, rows)
+            except Exception as e:
+                raise invalid(f"{where}: with past_present_share_buffer true the model must write its "
+                              f"present into its past buffer (GroupQueryAttention); it could not: "
+                              f"{str(e).splitlines()[0][:300]}. Set it to false for a model that returns "
+                              "past + new as present (Optimum's form)") from None
+            return
+        if not self.has_mask:
+            return
+        past = [rng.standard_normal((1, self.heads, 1, self.head_dim)).astype(kv) for _ in self.kv_names]
+        padded = [np.concatenate([np.zeros_like(p), p], axis=2) for p in past]
+        plain = self.session.run(["logits"], self._feed(ids, np.ones((1, 2), np.int64), positions, past,
+                                                        rows))[0]
+        behind = self.session.run(["logits"], self._feed(ids, np.array([[0, 1, 1]], np.int64), positions,
+                                                         padded, rows))[0]
+        if not np.allclose(plain, behind, rtol=1e-3, atol=1e-3):
+            raise invalid(f"{where}: the model does not ignore past slots its attention_mask marks 0 (the "
+                          "dense layout pads shorter contexts that way); a model with GroupQueryAttention "
+                          "and a shared past/present buffer is served with past_present_share_buffer true")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -167,7 +201,8 @@ class DecoderRunner:
             rows.update(zip(decodes, decode([chunks[i] for i in decodes]), strict=True))
         else:  # nobody is decoding: let go of the kept tensors
             self.decode_group.clear()
-            self.shared_group.clear()
+            if self.shared_group is not None:
+                self.shared_group.clear()
         groups = prefill_groups(chunks, prefills)
         if self.shared_kv:  # ONNX Runtime's GroupQueryAttention batches several new tokens only from slot 0
             groups = [part for g in groups for part in _fresh_together(chunks, g)]
@@ -322,6 +357,7 @@ class DecoderRunner:
         present both; each row's mask counts its own length, so nothing is padded and nothing copied."""
         t0 = time.perf_counter_ns()
         shared = self.shared_group
+        assert shared is not None  # made with shared_kv
         moves = shared.moves
         order, gathered = shared.prepare(group, self._gather_left)
         if self._bound != shared.grown:
