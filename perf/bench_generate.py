@@ -12,7 +12,12 @@ the same workload (prompts of 8–96 bytes, greedy, EOS ignored; output lengths 
   called static before: no joins, but no compute on finished rows either; kept to show the difference);
 - ceiling: the ONNX model alone, stepped in a loop with dense past tensors already in place, at the decode
   batch size and context length the continuous run formed on average (no gather, no scatter, no
-  scheduling, no sampling).
+  scheduling, no sampling);
+- runs replayed: the ONNX model alone over exactly the runs the continuous run made (the runner records
+  each: its batch, width and each row's length), back to back, every input built before its run and only
+  the runs timed. This is the ceiling "at the batch sizes formed": prefills included, each decode at the
+  batch and context it had, so cont./replayed is the share of the model's own time in the engine's; for the
+  dense form the replayed runs keep the padding the engine's grouping made, the first ceiling has none.
 
 **bound** = the static run's computed output tokens / its useful ones (Σ over the batches it formed of
 batch size × longest member, over Σ lengths). A static batch runs as many steps as its longest member and
@@ -37,6 +42,10 @@ nothing written to disk or downloaded):
 - `l4h256`: the same builder at 4 layers, hidden 256 (8 × 32 heads), FFN 1024, 8 KiB of cache per token:
   still tiny next to a real model, but a step costs milliseconds, as a real model's does.
 
+KV layout (`--kv`): `dense` (the default; Optimum's form, `present` = past + new, the runner's decode group
+in decode_group.py) or `shared` (the same weights with ONNX Runtime's GroupQueryAttention over one buffer
+per KV tensor that the model writes in place, each row attending over its own length: shared_group.py).
+
 TTFT is from a client sending a request to its first token. The runner's breakdown (blocks → dense past,
 ONNX Runtime, present → blocks) is per engine step of the continuous run; the last table splits a
 continuous token's wall time into ONNX Runtime's decode and prefill runs, that mapping, the rest of `step()`
@@ -44,7 +53,7 @@ and this loop, beside the ceiling's time per token. No sockets: the HTTP API is 
 part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 
     PYTHONPATH=. .venv/bin/python perf/bench_generate.py [--concurrency 1,4,16,32] [--requests-per-client 3]
-        [--lengths uniform|lognormal] [--model tiny|l4h256] [--seed 0]
+        [--lengths uniform|lognormal] [--model tiny|l4h256] [--kv dense|shared] [--seed 0]
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ import onnxruntime as ort
 from engine import examples
 from engine.generate.engine import CacheConfig, GenerationEngine
 from engine.generate.request import SamplingParams
-from engine.generate.runner import DecoderRunner
+from engine.generate.runner import DecoderRunner, RunShape
 from engine.generate.scheduler import SchedulerConfig
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from engine.generate.tokenizer import ByteTokenizer
@@ -78,8 +87,8 @@ class Model:
     onnx: bytes  # the serialized model, built here, never written out
 
 
-def build_model(name: str) -> Model:
-    shape = MODELS[name]
+def build_model(name: str, kv: str = "dense") -> Model:
+    shape = dataclasses.replace(MODELS[name], shared_kv=kv == "shared")
     return Model(name, shape, examples.model_bytes(tiny_decoder_model(shape)))
 
 
@@ -112,7 +121,8 @@ def make_engine(model: Model) -> GenerationEngine:
     """The example's settings (model_repository/tiny_decoder/config.pbtxt), warmed up: ONNX Runtime's first
     runs at new shapes are slow, and would land in the first TTFTs."""
     cache = CacheConfig(block_size=16, num_blocks=1024, max_model_len=512)
-    runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options())
+    runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options(),
+                           shared_kv=model.shape.shared_kv, max_len=cache.max_model_len, max_rows=32)
     engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(max_num_seqs=32,
                                                                               max_num_batched_tokens=256))
     for i, (prompt, max_tokens) in enumerate(workload(8, seed=12345)):
@@ -203,17 +213,74 @@ def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     """Tokens/s of the bare model decoding `batch` rows over `context` past tokens, inputs prebuilt."""
     sess = ort.InferenceSession(model.onnx, options(), providers=["CPUExecutionProvider"])
     shape = model.shape
-    past = {f"past_key_values.{i}.{p}": np.zeros((batch, shape.heads, context, shape.head_dim), np.float32)
+    width = 512 if shape.shared_kv else context  # a shared-KV model reads its buffer up to each row's length
+    past = {f"past_key_values.{i}.{p}": np.zeros((batch, shape.heads, width, shape.head_dim), np.float32)
             for i in range(shape.layers) for p in ("key", "value")}
     feed = {"input_ids": np.zeros((batch, 1), np.int64),
             "attention_mask": np.ones((batch, context + 1), np.int64),
-            "position_ids": np.full((batch, 1), context, np.int64), **past}
+            "position_ids": np.full((batch, 1), context, np.int64)}
+    binding = sess.io_binding()
+    for name, value in feed.items():
+        binding.bind_cpu_input(name, value)
+    binding.bind_output("logits")
+    for name, value in past.items():  # the shared form writes its past in place; the dense one returns it
+        kept = ort.OrtValue.ortvalue_from_numpy(value)
+        binding.bind_ortvalue_input(name, kept)
+        present = name.replace("past_key_values", "present")
+        if shape.shared_kv:
+            binding.bind_ortvalue_output(present, kept)
+        else:
+            binding.bind_output(present)
     for _ in range(10):
-        sess.run(None, feed)
+        sess.run_with_iobinding(binding)
     t0 = time.perf_counter()
     for _ in range(steps):
-        sess.run(None, feed)
+        sess.run_with_iobinding(binding)
     return batch * steps / (time.perf_counter() - t0)
+
+
+def replay(model: Model, trace: list[RunShape], max_len: int = 512, max_rows: int = 32) -> float:
+    """Seconds the bare model takes for exactly the runs a continuous run made (`trace`: every decode and
+    prefill run, at its batch, width and, for the shared form, each row's length), stepped back to back
+    with every input built before its run and only the runs timed: the ceiling at the batches formed."""
+    sess = ort.InferenceSession(model.onnx, options(), providers=["CPUExecutionProvider"])
+    shape = model.shape
+    names = [(f"past_key_values.{i}.{p}", f"present.{i}.{p}") for i in range(shape.layers)
+             for p in ("key", "value")]
+    outputs = ["logits", *(present for _, present in names)]
+    arena = [np.ones((max_rows, shape.heads, max_len, shape.head_dim), np.float32) for _ in names]  # touched
+    total = 0
+    for run in trace:
+        batch, seq = run.ids
+        ids, positions = np.zeros((batch, seq), np.int64), np.zeros((batch, seq), np.int64)
+        if shape.shared_kv:  # as the runner: past and present one buffer, each row's length in the mask
+            mask = (np.arange(run.width) < np.array(run.lengths)[:, None]).astype(np.int64)
+            width = max_len if seq == 1 else run.width
+            binding = sess.io_binding()
+            binding.bind_cpu_input("input_ids", ids)
+            binding.bind_cpu_input("position_ids", positions)
+            binding.bind_cpu_input("attention_mask", mask)
+            binding.bind_output("logits")
+            for (past, present), buffer in zip(names, arena, strict=True):
+                value = ort.OrtValue.ortvalue_from_numpy(
+                    buffer[:batch] if seq == 1 else buffer.reshape(-1)[:batch * shape.heads * width
+                                                                        * shape.head_dim].reshape(
+                        batch, shape.heads, width, shape.head_dim))
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            t0 = time.perf_counter_ns()
+            sess.run_with_iobinding(binding)
+        else:  # as the runner: dense past [batch, heads, width - seq, head_dim], present returned
+            past = run.width - seq
+            feed = {"input_ids": ids, "position_ids": positions,
+                    "attention_mask": np.ones((batch, run.width), np.int64)}
+            for (name, _), buffer in zip(names, arena, strict=True):
+                feed[name] = buffer.reshape(-1)[:batch * shape.heads * past * shape.head_dim].reshape(
+                    batch, shape.heads, past, shape.head_dim)
+            t0 = time.perf_counter_ns()
+            sess.run(outputs, feed)
+        total += time.perf_counter_ns() - t0
+    return total / 1e9
 
 
 def main() -> None:
@@ -223,23 +290,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lengths", choices=LENGTHS, default="uniform", help="output lengths (module doc)")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="decoder size (module doc)")
+    parser.add_argument("--kv", choices=("dense", "shared"), default="dense", help="KV layout (module doc)")
     args = parser.parse_args()
-    model = build_model(args.model)
+    model = build_model(args.model, args.kv)
     shape = model.shape
     print(f"model {model.name}: {shape.layers} layers, hidden {shape.hidden} "
-          f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}; output lengths {args.lengths}; "
+          f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}, {args.kv} KV; output lengths "
+          f"{args.lengths}; "
           f"{args.requests_per_client} requests per client; seed {args.seed}\n")
     print("| c | continuous tok/s | static tok/s | cont./static | bound | static-leave tok/s "
           "| TTFT p50/p95 ms cont. | TTFT p50/p95 ms static | mean decode batch | mean context "
-          "| ceiling tok/s | cont./ceiling |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| ceiling tok/s | cont./ceiling | runs replayed tok/s | cont./replayed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     breakdown = []
     rows = []
     for c in concurrencies:
         jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
         engine = make_engine(model)
+        engine.runner.trace = []
         cont = run(engine, jobs, c, "continuous")
+        replayed = cont.tokens / replay(model, engine.runner.trace)
         breakdown.append(dataclasses.replace(engine.runner.stats))
         stat = run(make_engine(model), jobs, c, "static")
         leave = run(make_engine(model), jobs, c, "static-leave")
@@ -251,7 +322,8 @@ def main() -> None:
               f"{stat.computed / stat.useful:.2f} | {leave.tps():.0f} | "
               f"{cont.ttft_ms(50):.1f} / {cont.ttft_ms(95):.1f} | "
               f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
-              f"{context} | {top:.0f} | {cont.tps() / top:.0%} |", flush=True)
+              f"{context} | {top:.0f} | {cont.tps() / top:.0%} | {replayed:.0f} | "
+              f"{cont.tps() / replayed:.0%} |", flush=True)
     print()
     print("| c | steps | runs/step | blocks → dense past µs/step | ONNX Runtime µs/step (decode) | "
           "present → blocks µs/step | padding in past | decode rows gathered | free rows run | rebuilds |")

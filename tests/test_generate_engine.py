@@ -1,6 +1,9 @@
 """The generation engine end to end over the tiny decoder (engine/generate/engine.py), in process: no
 sockets, no event loop. The oracle is a plain step-by-step loop over the same ONNX model, one sequence at a
-time with dense past tensors, written here without any engine code."""
+time with dense past tensors, written here without any engine code. The tests marked with `kv` run for both
+KV layouts the runner takes: `dense` (Optimum's form, `present` = past + new) and `shared` (the same weights
+as GroupQueryAttention over a buffer written in place: shared_group.py); the oracle is the dense model for
+both, so the shared form must give the same tokens as another graph of the same weights."""
 
 from __future__ import annotations
 
@@ -17,10 +20,12 @@ from engine.generate.model_folder import load_engine
 from engine.generate.request import FinishReason, SamplingParams
 from engine.generate.runner import DecoderRunner
 from engine.generate.scheduler import SchedulerConfig
-from engine.generate.tiny_decoder import tiny_decoder_model
+from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from engine.generate.tokenizer import ByteTokenizer
 
 MODEL = examples.model_bytes(tiny_decoder_model())
+SHARED_MODEL = examples.model_bytes(tiny_decoder_model(TinyDecoderShape(shared_kv=True)))
+KV = pytest.mark.parametrize("kv", ["dense", "shared"])
 TOKENIZER = ByteTokenizer()
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 
@@ -34,8 +39,11 @@ def options() -> ort.SessionOptions:
 
 
 def make_engine(num_blocks: int = 256, block_size: int = 8, seqs: int = 16, budget: int = 64,
-                chunked: bool = True, prefix: bool = True, max_model_len: int = 512) -> GenerationEngine:
-    runner = DecoderRunner(MODEL, num_blocks, block_size, options())
+                chunked: bool = True, prefix: bool = True, max_model_len: int = 512,
+                kv: str = "dense") -> GenerationEngine:
+    shared = kv == "shared"
+    runner = DecoderRunner(SHARED_MODEL if shared else MODEL, num_blocks, block_size, options(),
+                           shared_kv=shared, max_len=max_model_len, max_rows=seqs)
     return GenerationEngine(runner, TOKENIZER, CacheConfig(block_size, num_blocks, max_model_len, prefix),
                             SchedulerConfig(seqs, budget, chunked))
 
@@ -85,9 +93,10 @@ def assert_no_leaks(engine: GenerationEngine) -> None:
 
 # ------------------------------------------------------------------------------------------ correctness
 
-def test_greedy_equals_a_step_by_step_loop_for_many_concurrent_sequences(reference_session):
+@KV
+def test_greedy_equals_a_step_by_step_loop_for_many_concurrent_sequences(reference_session, kv):
     batch = prompts(20)
-    engine = make_engine()
+    engine = make_engine(kv=kv)
     got = generate(engine, batch)
     for prompt, tokens in zip(batch, got, strict=True):
         assert list(tokens) == reference_greedy(reference_session, prompt, GREEDY.max_tokens)
@@ -95,9 +104,10 @@ def test_greedy_equals_a_step_by_step_loop_for_many_concurrent_sequences(referen
     assert_no_leaks(engine)
 
 
-def test_sequences_arriving_while_others_run_get_the_same_tokens(reference_session):
+@KV
+def test_sequences_arriving_while_others_run_get_the_same_tokens(reference_session, kv):
     batch = prompts(12, seed=5)
-    engine = make_engine(seqs=4)
+    engine = make_engine(seqs=4, kv=kv)
     done = {}
     for i, prompt in enumerate(batch):  # one new request every step: joins mid-flight
         engine.add_request(f"r{i}", prompt, GREEDY)
@@ -107,22 +117,24 @@ def test_sequences_arriving_while_others_run_get_the_same_tokens(reference_sessi
         assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
 
 
-def test_preemption_under_kv_exhaustion_loses_nothing():
+@KV
+def test_preemption_under_kv_exhaustion_loses_nothing(kv):
     batch = prompts(10, seed=7)
     roomy = generate(make_engine(num_blocks=256), batch)
-    tight = make_engine(num_blocks=24, block_size=4)  # 96 slots for 10 sequences of up to ~85 tokens
+    tight = make_engine(num_blocks=24, block_size=4, kv=kv)  # 96 slots for 10 sequences of up to ~85 tokens
     assert generate(tight, batch) == roomy
     assert tight.stats().preemptions > 0
     assert_no_leaks(tight)
 
 
-def test_prefix_sharing_gives_identical_outputs_with_fewer_blocks():
+@KV
+def test_prefix_sharing_gives_identical_outputs_with_fewer_blocks(kv):
     system = [256, *b"You are a helpful assistant. Answer briefly and politely."]  # 58 tokens
     batch = [system + list(q) for q in (b"Hi", b"What is 2+2?", b"Name a color.", b"Bye")]
     peaks = {}
     outputs = {}
     for prefix in (False, True):
-        engine = make_engine(block_size=8, prefix=prefix)
+        engine = make_engine(block_size=8, prefix=prefix, kv=kv)
         engine.add_request("first", batch[0], GREEDY)
         engine.step()  # the shared prefix is computed and cached
         for i, prompt in enumerate(batch[1:], 1):
@@ -140,10 +152,11 @@ def test_prefix_sharing_gives_identical_outputs_with_fewer_blocks():
     assert peaks[True] <= peaks[False] - 2 * (len(system) // 8)  # sharers skip 7 full blocks each
 
 
-def test_chunked_prefill_equals_unchunked():
+@KV
+def test_chunked_prefill_equals_unchunked(kv):
     batch = prompts(8, seed=11) + [[256, *range(40, 240)]]  # one 201-token prompt
     unchunked = generate(make_engine(budget=512, chunked=False), batch)
-    engine = make_engine(budget=16)
+    engine = make_engine(budget=16, kv=kv)
     assert generate(engine, batch) == unchunked
     assert_no_leaks(engine)
 
@@ -172,10 +185,11 @@ def test_top_k_one_is_greedy():
 
 # ------------------------------------------------------------------------------------------ stopping
 
-def test_stop_tokens_stop_strings_and_max_tokens(reference_session):
+@KV
+def test_stop_tokens_stop_strings_and_max_tokens(reference_session, kv):
     prompt = [256, *b"Hello"]
     want = reference_greedy(reference_session, prompt, 30)
-    engine = make_engine()
+    engine = make_engine(kv=kv)
     engine.add_request("len", prompt, SamplingParams(max_tokens=5, ignore_eos=True))
     stop_token = want[9]
     engine.add_request("tok", prompt, SamplingParams(max_tokens=30, stop_token_ids=(stop_token,),
@@ -194,8 +208,9 @@ def test_stop_tokens_stop_strings_and_max_tokens(reference_session):
     assert_no_leaks(engine)
 
 
-def test_the_context_limit_ends_a_request_with_length():
-    engine = make_engine(max_model_len=40)
+@KV
+def test_the_context_limit_ends_a_request_with_length(kv):
+    engine = make_engine(max_model_len=40, kv=kv)
     engine.add_request("r", [256] * 30, SamplingParams(max_tokens=10, ignore_eos=True))
     done = engine.run_to_completion()["r"]
     assert done.finish_reason is FinishReason.LENGTH and len(done.output_token_ids) == 10

@@ -6,6 +6,7 @@ tests pick the adapter by OpenAI's `model: "base:adapter"` and by the Triton req
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import queue
 import shutil
@@ -38,13 +39,17 @@ def write_adapter(folder: Path, seed: int, rank: int = 4) -> None:
         np.save(folder / f"lora_b.{i}.npy", rng.standard_normal((rank, SHAPE.hidden), dtype=np.float32) * 0.5)
 
 
-def build_model(root: Path, max_loras: int = 2) -> Path:
+def build_model(root: Path, max_loras: int = 2, shared_kv: bool = False) -> Path:
+    """The LoRA model folder; `shared_kv`: the same weights in the shared-KV form (shared_group.py)."""
     folder = root / MODEL
     (folder / "1").mkdir(parents=True)
     config = (EXAMPLES / "tiny_decoder" / "config.pbtxt").read_text().replace('"tiny_decoder"', f'"{MODEL}"')
     config += f'parameters {{ key: "max_loras" value {{ string_value: "{max_loras}" }} }}\n'
+    if shared_kv:
+        config += 'parameters { key: "past_present_share_buffer" value { string_value: "true" } }\n'
     (folder / "config.pbtxt").write_text(config)
-    write_model(tiny_decoder_model(SHAPE), folder / "1" / "model.onnx")
+    write_model(tiny_decoder_model(dataclasses.replace(SHAPE, shared_kv=shared_kv)),
+                folder / "1" / "model.onnx")
     for n, name in enumerate(ADAPTERS):
         write_adapter(folder / "adapters" / name, 100 + n, rank=4 if n else 2)  # alpha: rank 2, padded
     return folder
@@ -82,8 +87,14 @@ def reference(folder: Path, token_ids: list[int], adapter: str | None, max_token
     return out
 
 
-def test_mixed_adapters_in_one_batch_equal_the_reference_loop(folder: Path):
-    engine = load_engine(folder)
+@pytest.fixture(scope="module")
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("lora_shared") / "repo", shared_kv=True)
+
+
+@pytest.mark.parametrize("kv", ["dense", "shared"])
+def test_mixed_adapters_in_one_batch_equal_the_reference_loop(folder: Path, shared_folder: Path, kv: str):
+    engine = load_engine(shared_folder if kv == "shared" else folder)  # the reference: the dense model
     prompts = {"base": ("The quick brown fox jumps over the lazy dog, twice.", None),
                "a": ("The quick brown fox jumps over the lazy dog, twice.", "alpha"),  # same prompt
                "b": ("Once upon a time", "beta"), "g": ("Hello there", "gamma")}

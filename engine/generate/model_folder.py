@@ -11,6 +11,10 @@ The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/m
     max_num_seqs            running sequences at most (default 32)
     max_num_batched_tokens  tokens computed per step at most (default 256)
     enable_prefix_caching   "true" (default) or "false"
+    past_present_share_buffer  "false" (default): the model returns `present` = past + new (Optimum's
+                            form); "true": it reads `past` as a buffer [batch, heads, capacity, head_dim] and
+                            writes the new keys and values into it in place at each row's length
+                            (GroupQueryAttention, as onnxruntime-genai exports; shared_group.py)
     lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
                             graph takes LoRA inputs (lora.py)
     max_loras               adapters kept loaded at most, least recently used evicted (default 4)
@@ -102,7 +106,12 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     )
     tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
     options = session_options(config)
-    runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where)
+    share = params.get("past_present_share_buffer", "false").lower()
+    if share not in ("true", "false"):
+        raise invalid(f"{where}: parameter past_present_share_buffer must be true or false, got {share!r}")
+    runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where,
+                           shared_kv=share == "true", max_len=cache.max_model_len,
+                           max_rows=scheduler.max_num_seqs)
     adapters = None
     if runner.lora is not None:
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,

@@ -5,6 +5,9 @@ The model (Hugging Face Optimum's `decoder_with_past` form, like tiny_decoder.py
 tokens appended. The engine keeps keys and values in fixed-size blocks instead, so that sequences grow,
 share prefixes and leave without moving each other's memory. This runner maps one onto the other:
 
+- **Shared-KV models** (`shared_kv`, shared_group.py) instead read and write one buffer per KV tensor in
+  place (ONNX Runtime's GroupQueryAttention), contexts left-aligned and each row attending over its own
+  length: no padding and no Concat copy; the rest below (storage, prefill gathers, groups) is the same.
 - **Storage.** One array [2 * layers, heads, num_blocks * block_size + 1, head_dim] (keys and values of
   every layer): token `t` of a sequence is slot `table[t // block_size] * block_size + t % block_size`. The
   extra last slot stays zero: it is what padding reads.
@@ -15,7 +18,9 @@ share prefixes and leave without moving each other's memory. This runner maps on
 - **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
   causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
 - **Scatter (present → blocks).** Only the new tokens' rows of `present` are written back into their blocks;
-  the block tables stay the truth for admission, preemption and prefix sharing.
+  the block tables stay the truth for admission, preemption and prefix sharing. A prefill's tokens are
+  written at once; a decode's wait in the decode group's tensors until they fill a block or the row leaves
+  (decode_group.py, shared_group.py).
 - **Groups.** Dense tensors pad every row to the longest: a 256-token prefill chunk batched with decodes
   would make every decode compute 256 positions. So the decodes (one token each) run as one batch, and the
   prefill chunks in batches of similar length (`prefill_groups`), each batch one session run.
@@ -24,8 +29,8 @@ share prefixes and leave without moving each other's memory. This runner maps on
   feeds ONNX Runtime its own output back; when they change, the continuing rows are copied over (trimmed to
   the new longest context) and only the joining rows are gathered from blocks.
 
-Per step this costs, besides the model: for a steady decode group, the new tokens' keys and values written
-to their blocks (the model's own Concat copies the past into `present`, which is what is kept); on a
+Per step this costs, besides the model: for a steady decode group, a block's worth of keys and values written
+per row every block_size steps (the model's own Concat copies the past into `present`, which is kept); on a
 membership change, one copy of the continuing rows plus a gather of the joining ones; for prefill chunks, a
 gather of their cached context (usually none) and a write of their tokens. `RunnerStats` counts the time,
 and perf/bench_generate.py prints it. Called on the engine's thread.
@@ -45,6 +50,7 @@ from ..errors import invalid
 from .decode_group import DecodeGroup
 from .lora import LoraShape, lora_feed
 from .scheduler import ScheduledChunk
+from .shared_group import SharedDecodeGroup
 
 _KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
@@ -72,12 +78,23 @@ class RunnerStats:
             setattr(self, name, 0)
 
 
+@dataclass(frozen=True, slots=True)
+class RunShape:
+    """One session run as the runner made it: input_ids' [batch, seq], the mask's width, and each row's
+    ones in the mask (its context plus new tokens, padding left out)."""
+
+    ids: tuple[int, ...]
+    width: int
+    lengths: list[int]
+
+
 class DecoderRunner:
     """One ONNX Runtime session plus the KV blocks' storage. `options`: the session options (one intra-op
     thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
 
     def __init__(self, model: Path | bytes, num_blocks: int, block_size: int, options: ort.SessionOptions,
-                 providers: Sequence[str] = ("CPUExecutionProvider",), where: str = "model") -> None:
+                 providers: Sequence[str] = ("CPUExecutionProvider",), where: str = "model",
+                 shared_kv: bool = False, max_len: int = 512, max_rows: int = 32) -> None:
         source = str(model) if isinstance(model, Path) else model
         self.session = ort.InferenceSession(source, options, providers=list(providers))
         inputs = {a.name: a for a in self.session.get_inputs()}
@@ -114,8 +131,57 @@ class DecoderRunner:
         self.has_mask, self.has_positions = "attention_mask" in inputs, "position_ids" in inputs
         self.lora = _lora_shape(inputs, layers, where)  # None: the model takes no adapters (lora.py)
         self.output_names = ["logits", *(present for _, present in self.kv_names)]
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        if shared_kv and (not isinstance(logits.shape[-1], int) or logits.type not in _KV_DTYPES):
+            raise invalid(f"{where}: with past_present_share_buffer, logits must be float or float16 [batch, "
+                          f"seq, vocab] with a fixed vocab, got {logits.type} {logits.shape}")
+        self.vocab = logits.shape[-1] if isinstance(logits.shape[-1], int) else 0
+        self._logits_dtype = _KV_DTYPES.get(logits.type, np.float32)
         self.stats = RunnerStats()
-        self.decode_group = DecodeGroup()
+        self.decode_group = DecodeGroup(block_size, self._flush_rows)
+        # a shared-KV model (shared_group.py): its decode buffers, and per run height (rows) a binding of
+        # their views as both past and present, remade only if the buffers are (shared_group.grown)
+        self.shared_kv = shared_kv
+        self.shared_group = SharedDecodeGroup(
+            (len(self.kv_names), heads, head_dim), dtype, max_len, max_rows, block_size, self._flush_rows,
+        ) if shared_kv else None
+        self._bindings: dict[int, ort.IOBinding] = {}
+        self._bound = 0
+        # set to a list, each session run is recorded in it (RunShape), for perf/bench_generate.py's ceiling
+        self.trace: list[RunShape] | None = None
+        self._check_layout(where)
+
+    def _check_layout(self, where: str) -> None:
+        """Refuse a model whose attention does not take its past the way this runner will give it, before
+        it answers anything wrongly: a shared-KV runner must be able to bind one buffer as past and present;
+        a dense one right-aligns contexts behind masked padding, which a length-based attention (ONNX
+        Runtime's GroupQueryAttention counts the mask's ones) would misread. Two or three one-token runs."""
+        kv = self.cache.dtype
+        rng = np.random.default_rng(0)
+        rows: list[ScheduledChunk | None] = [None]
+        ids, positions = np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64)
+        if self.shared_kv:
+            buffers = [np.zeros((1, self.heads, 2, self.head_dim), kv) for _ in self.kv_names]
+            try:
+                self._run_bound(self._bind_kv(buffers), ids, np.ones((1, 2), np.int64), positions, rows)
+            except Exception as e:
+                raise invalid(f"{where}: with past_present_share_buffer true the model must write its "
+                              f"present into its past buffer (GroupQueryAttention); it could not: "
+                              f"{str(e).splitlines()[0][:300]}. Set it to false for a model that returns "
+                              "past + new as present (Optimum's form)") from None
+            return
+        if not self.has_mask:
+            return
+        past = [rng.standard_normal((1, self.heads, 1, self.head_dim)).astype(kv) for _ in self.kv_names]
+        padded = [np.concatenate([np.zeros_like(p), p], axis=2) for p in past]
+        plain = self.session.run(["logits"], self._feed(ids, np.ones((1, 2), np.int64), positions, past,
+                                                        rows))[0]
+        behind = self.session.run(["logits"], self._feed(ids, np.array([[0, 1, 1]], np.int64), positions,
+                                                         padded, rows))[0]
+        if not np.allclose(plain, behind, rtol=1e-3, atol=1e-3):
+            raise invalid(f"{where}: the model does not ignore past slots its attention_mask marks 0 (the "
+                          "dense layout pads shorter contexts that way); a model with GroupQueryAttention "
+                          "and a shared past/present buffer is served with past_present_share_buffer true")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -126,16 +192,22 @@ class DecoderRunner:
         `sample`, one row each in chunk order ([n, vocab])."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
+        decode, run = (self._decode_shared, self._run_shared) if self.shared_kv else (self._decode, self._run)
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
-            return self._decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
+            return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
         rows: dict[int, np.ndarray] = {}
         if decodes:
-            rows.update(zip(decodes, self._decode([chunks[i] for i in decodes]), strict=True))
-        else:
-            self.decode_group.clear()  # nobody is decoding: let go of the kept tensors
-        for group in prefill_groups(chunks, prefills):
-            rows.update(zip(group, self._run([chunks[i] for i in group]), strict=True))
+            rows.update(zip(decodes, decode([chunks[i] for i in decodes]), strict=True))
+        else:  # nobody is decoding: let go of the kept tensors
+            self.decode_group.clear()
+            if self.shared_group is not None:
+                self.shared_group.clear()
+        groups = prefill_groups(chunks, prefills)
+        if self.shared_kv:  # ONNX Runtime's GroupQueryAttention batches several new tokens only from slot 0
+            groups = [part for g in groups for part in _fresh_together(chunks, g)]
+        for group in groups:
+            rows.update(zip(group, run([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
         return np.stack(wanted) if wanted else np.empty((0, 0), np.float32)
 
@@ -153,6 +225,45 @@ class DecoderRunner:
                 index[row, past - c.start:] = self._slots(c.block_table, 0, c.start)
         past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
         return np.take(self._rows, past_rows, axis=0)
+
+    def _gather_left(self, group: Sequence[ScheduledChunk], width: int) -> np.ndarray:
+        """As `_gather`, but each context left-aligned (slots 0 … start - 1), as a shared-KV model reads it:
+        [tensors, B, heads, width, head_dim]."""
+        index = np.full((len(group), width), self.zero_slot, np.int64)
+        for row, c in enumerate(group):
+            if c.start:
+                index[row, :c.start] = self._slots(c.block_table, 0, c.start)
+        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]
+        return np.take(self._rows, past_rows, axis=0)
+
+    def _run_bound(self, binding: ort.IOBinding, input_ids: np.ndarray, mask: np.ndarray,
+                   positions: np.ndarray, rows: Sequence[ScheduledChunk | None]) -> np.ndarray:
+        """One run of a shared-KV model whose KV buffers `binding` already holds (past and present bound to
+        the same values); the other inputs bound here. Returns the logits [batch, seq, vocab]."""
+        binding.bind_cpu_input("input_ids", input_ids)
+        if self.lora is not None:
+            for name, value in lora_feed(self.lora, [None if c is None else c.request.adapter
+                                                     for c in rows]).items():
+                binding.bind_cpu_input(name, value)
+        if self.has_mask:
+            binding.bind_cpu_input("attention_mask", mask)
+        if self.has_positions:
+            binding.bind_cpu_input("position_ids", positions)
+        logits = np.empty((*input_ids.shape, self.vocab), self._logits_dtype)
+        binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
+        if self.trace is not None:
+            self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
+        self.session.run_with_iobinding(binding)
+        return logits
+
+    def _bind_kv(self, buffers: Sequence[np.ndarray]) -> ort.IOBinding:
+        """A binding whose past and present are the same buffers, so the model writes them in place."""
+        binding = self.session.io_binding()
+        for (past, present), buffer in zip(self.kv_names, buffers, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        return binding
 
     def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
               pasts: Sequence[np.ndarray], rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
@@ -189,22 +300,17 @@ class DecoderRunner:
         feed = self._feed(np.array(token_ids, np.int64).reshape(batch, 1), mask, start_array[:, None], pasts,
                           [group[i] if i >= 0 else None for i in order])
         t1 = time.perf_counter_ns()
+        if self.trace is not None:
+            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
-        self.decode_group.advance(group, order, presents)
-        bs = self.block_size
-        chunks = [group[i] for i in picked]
-        slots = np.array([c.block_table[c.start // bs] * bs + c.start % bs for c in chunks], np.int64)
-        targets = self._bases[:, None, :] + slots[None, :, None]  # [tensors, B, heads]
+        self.decode_group.advance(group, order, presents)  # writes the blocks this step filled
         full = len(live) == batch  # no free row
-        rows: slice | np.ndarray = slice(None) if full else np.array(live, np.int64)
-        for i, present in enumerate(presents):
-            self._rows[targets[i]] = present[rows, :, past]
         if full and picked == list(range(batch)):  # rows in chunk order: the logits as they are
             last = logits[:, 0]
         else:
             last = np.empty((len(group), logits.shape[2]), logits.dtype)
-            last[picked] = logits[rows, 0]
+            last[picked] = logits[slice(None) if full else np.array(live, np.int64), 0]
         t3 = time.perf_counter_ns()
         s = self.stats
         s.decode_rows += len(live)
@@ -231,6 +337,8 @@ class DecoderRunner:
             mask[row, past - c.start:past + count] = 1
         feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
         t1 = time.perf_counter_ns()
+        if self.trace is not None:
+            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         counts = [len(c.token_ids) for c in group]
@@ -242,6 +350,100 @@ class DecoderRunner:
         last = logits[np.arange(batch), np.asarray(counts) - 1]
         t3 = time.perf_counter_ns()
         self._count(batch, len(rows), batch * past, sum(c.start for c in group), t0, t1, t2, t3)
+        return last
+
+    def _decode_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        """`_decode` for a shared-KV model: the rows' buffers (shared_group.py) are the model's past and
+        present both; each row's mask counts its own length, so nothing is padded and nothing copied."""
+        t0 = time.perf_counter_ns()
+        shared = self.shared_group
+        assert shared is not None  # made with shared_kv
+        moves = shared.moves
+        order, gathered = shared.prepare(group, self._gather_left)
+        if self._bound != shared.grown:
+            self._bindings, self._bound = {}, shared.grown
+        batch = len(order)
+        binding = self._bindings.get(batch)
+        if binding is None:
+            binding = self._bindings[batch] = self._bind_kv(shared.views())
+        starts, token_ids = [0] * batch, [0] * batch  # a free row: token 0 at slot 0, its output dropped
+        live: list[int] = []
+        for row, index in enumerate(order):
+            if index >= 0:
+                chunk = group[index]
+                starts[row], token_ids[row] = chunk.start, chunk.token_ids[0]
+                live.append(row)
+        picked = [order[row] for row in live]
+        start_array = np.array(starts, np.int64)
+        mask = (np.arange(max(starts) + 1) <= start_array[:, None]).astype(np.int64)
+        rows = [group[i] if i >= 0 else None for i in order]
+        t1 = time.perf_counter_ns()
+        logits = self._run_bound(binding, np.array(token_ids, np.int64).reshape(batch, 1), mask,
+                                 start_array[:, None], rows)
+        t2 = time.perf_counter_ns()
+        shared.advance(group, order)  # writes the blocks this step filled (the rest wait in the buffers)
+        if len(live) == batch and picked == list(range(batch)):
+            last = logits[:, 0]
+        else:
+            last = np.empty((len(group), logits.shape[2]), logits.dtype)
+            last[picked] = logits[np.array(live, np.int64), 0]
+        t3 = time.perf_counter_ns()
+        s = self.stats
+        s.decode_rows += len(live)
+        s.free_rows += batch - len(live)
+        s.gathered_rows += gathered
+        s.rebuilds += shared.moves - moves  # rows moved (a shared group is never rebuilt whole)
+        s.decode_run_ns += t2 - t1
+        context = sum(starts)
+        self._count(batch, len(live), context, context, t0, t1, t2, t3)
+        return last
+
+    def _flush_rows(self, arrays: Sequence[np.ndarray], row: int, offset: int, table: Sequence[int],
+                    first: int, end: int) -> None:
+        """Write positions [first, end) of a decode group's `row` (position p at column offset + p of each
+        KV tensor's array) into the blocks `table` names: one copy per tensor and block of [heads, slots,
+        head_dim] (a block's slots are contiguous on both sides)."""
+        bs = self.block_size
+        position = first
+        while position < end:
+            count = min(end, (position // bs + 1) * bs) - position
+            slot = table[position // bs] * bs + position % bs
+            column = offset + position
+            for t, array in enumerate(arrays):
+                self.cache[t, :, slot:slot + count] = array[row, :, column:column + count]
+            position += count
+
+    def _run_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        """`_run` for a shared-KV model: the chunks' contexts gathered left-aligned into a buffer as wide as
+        the longest context plus the widest chunk; every row's mask counts its start plus the full width, so
+        a shorter chunk's padding tokens land after its real ones (never read: they are not written back,
+        and the next token overwrites the first)."""
+        t0 = time.perf_counter_ns()
+        batch = len(group)
+        past = max(c.start for c in group)
+        width = max(len(c.token_ids) for c in group)
+        input_ids = np.zeros((batch, width), np.int64)
+        position_ids = np.zeros((batch, width), np.int64)
+        mask = np.zeros((batch, past + width), np.int64)
+        for row, c in enumerate(group):
+            count = len(c.token_ids)
+            input_ids[row, :count] = c.token_ids
+            position_ids[row, :count] = np.arange(c.start, c.start + count)
+            mask[row, :c.start + width] = 1
+        buffers = self._gather_left(group, past + width)
+        t1 = time.perf_counter_ns()
+        logits = self._run_bound(self._bind_kv(list(buffers)), input_ids, mask, position_ids, group)
+        t2 = time.perf_counter_ns()
+        counts = [len(c.token_ids) for c in group]
+        rows = np.repeat(np.arange(batch), counts)
+        cols = np.concatenate([np.arange(c.start, c.start + n) for c, n in zip(group, counts, strict=True)])
+        slots = np.concatenate([self._slots(c.block_table, c.start, len(c.token_ids)) for c in group])
+        for i, buffer in enumerate(buffers):
+            self._rows[self._bases[i][None, :] + slots[:, None]] = buffer[rows, :, cols, :]  # [N, heads, d]
+        last = logits[np.arange(batch), np.asarray(counts) - 1]
+        t3 = time.perf_counter_ns()
+        context = sum(c.start for c in group)
+        self._count(batch, len(rows), context, context, t0, t1, t2, t3)
         return last
 
     def _count(self, batch: int, tokens: int, past_slots: int, context: int,
@@ -272,6 +474,14 @@ def _lora_shape(inputs: dict, layers: int, where: str) -> LoraShape | None:
         raise invalid(f"{where}: lora_a.0 must have fixed hidden and rank dims, got "
                       f"{inputs['lora_a.0'].shape}")
     return LoraShape(layers, hidden, rank)
+
+
+def _fresh_together(chunks: Sequence[ScheduledChunk], group: list[int]) -> list[list[int]]:
+    """A prefill group as a shared-KV model can run it: the chunks starting at slot 0 together, each chunk
+    with cached context alone (its CPU kernel takes a batch of several new tokens over a past only at batch
+    size 1)."""
+    fresh = [i for i in group if chunks[i].start == 0]
+    return ([fresh] if fresh else []) + [[i] for i in group if chunks[i].start]
 
 
 def prefill_groups(chunks: Sequence[ScheduledChunk], indices: Sequence[int],

@@ -48,6 +48,7 @@ class TinyDecoderShape:
     ffn: int = 256
     max_positions: int = 512
     lora_rank: int = 0  # > 0: the graph takes LoRA matrices for each layer's query projection (module doc)
+    shared_kv: bool = False  # True: attention by GroupQueryAttention over a shared past/present buffer
 
     @property
     def hidden(self) -> int:
@@ -121,18 +122,29 @@ def _attention_bias(g: _Graph) -> str:
     return g.op("Where", allowed, g.const(np.array(0.0, np.float32)), g.const(np.array(-1e9, np.float32)))
 
 
-def _layer(g: _Graph, shape: TinyDecoderShape, i: int, x: str, bias: str) -> str:
-    """Pre-norm block: x + attention(ln1(x)), then + mlp(ln2(x)); writes present.{i}.key/value."""
+def _project(g: _Graph, shape: TinyDecoderShape, i: int, normed: str, name: str) -> str:
+    """[b, s, d]: the layer's query, key or value projection (the query with its LoRA term, if any)."""
+    y = g.op("Add", g.op("MatMul", normed, f"l{i}.w{name}"), f"l{i}.b{name}")
+    if name == "q" and shape.lora_rank:  # + (normed @ A) @ B, per row: [b, s, d] [b, d, r] [b, r, d]
+        y = g.op("Add", y, g.op("MatMul", g.op("MatMul", normed, f"lora_a.{i}"), f"lora_b.{i}"))
+    return y
+
+
+def _layer(g: _Graph, shape: TinyDecoderShape, i: int, x: str, bias: Any) -> str:
+    """Pre-norm block: x + attention(ln1(x)), then + mlp(ln2(x)); writes present.{i}.key/value. `bias` is
+    the dense attention's mask bias, or the shared-KV form's (seqlens_k, total_sequence_length)."""
+    if shape.shared_kv:
+        normed = g.op("LayerNormalization", x, f"l{i}.ln1.g", f"l{i}.ln1.b", axis=-1, epsilon=1e-5)
+        context = _shared_attention(g, shape, i, normed, bias)
+        return _mlp(g, shape, i, g.op("Add", x, g.op("Add", g.op("MatMul", context, f"l{i}.wo"), f"l{i}.bo")))
     d, h, hd = shape.hidden, shape.heads, shape.head_dim
     split_heads = g.const(np.array([0, 0, h, hd], np.int64))
     merge_heads = g.const(np.array([0, 0, d], np.int64))
     normed = g.op("LayerNormalization", x, f"l{i}.ln1.g", f"l{i}.ln1.b", axis=-1, epsilon=1e-5)
 
     def project(name: str) -> str:  # [b, s, d] -> [b, h, s, hd]
-        y = g.op("Add", g.op("MatMul", normed, f"l{i}.w{name}"), f"l{i}.b{name}")
-        if name == "q" and shape.lora_rank:  # + (normed @ A) @ B, per row: [b, s, d] [b, d, r] [b, r, d]
-            y = g.op("Add", y, g.op("MatMul", g.op("MatMul", normed, f"lora_a.{i}"), f"lora_b.{i}"))
-        return g.op("Transpose", g.op("Reshape", y, split_heads), perm=[0, 2, 1, 3])
+        return g.op("Transpose", g.op("Reshape", _project(g, shape, i, normed, name), split_heads),
+                    perm=[0, 2, 1, 3])
 
     q, k, v = project("q"), project("k"), project("v")
     keys = g.named("Concat", f"present.{i}.key", f"past_key_values.{i}.key", k, axis=2)
@@ -142,10 +154,39 @@ def _layer(g: _Graph, shape: TinyDecoderShape, i: int, x: str, bias: str) -> str
     probs = g.op("Softmax", g.op("Add", scores, bias), axis=-1)
     heads_first = g.op("MatMul", probs, values)  # [b, h, s, hd]
     context = g.op("Reshape", g.op("Transpose", heads_first, perm=[0, 2, 1, 3]), merge_heads)
-    x = g.op("Add", x, g.op("Add", g.op("MatMul", context, f"l{i}.wo"), f"l{i}.bo"))
+    return _mlp(g, shape, i, g.op("Add", x, g.op("Add", g.op("MatMul", context, f"l{i}.wo"), f"l{i}.bo")))
+
+
+def _mlp(g: _Graph, shape: TinyDecoderShape, i: int, x: str) -> str:
     normed2 = g.op("LayerNormalization", x, f"l{i}.ln2.g", f"l{i}.ln2.b", axis=-1, epsilon=1e-5)
     hidden = g.op("Relu", g.op("Add", g.op("MatMul", normed2, f"l{i}.w1"), f"l{i}.b1"))
     return g.op("Add", x, g.op("Add", g.op("MatMul", hidden, f"l{i}.w2"), f"l{i}.b2"))
+
+
+def _shared_lengths(g: _Graph) -> tuple[str, str]:
+    """GroupQueryAttention's `seqlens_k` (each row's past + new tokens, minus one: INT32 [batch]) and
+    `total_sequence_length` (INT32 scalar), from `attention_mask` [batch, total]: the rows' counts of ones."""
+    ones = g.op("ReduceSum", "attention_mask", g.const(np.array([1], np.int64)), keepdims=0)
+    seqlens = g.op("Cast", g.op("Sub", ones, g.const(np.array(1, np.int64))), to=TensorProto.INT32)
+    total = g.op("Cast", g.op("Gather", g.op("Shape", "attention_mask"), g.const(np.array(1, np.int64)),
+                              axis=0), to=TensorProto.INT32)
+    return seqlens, total
+
+
+def _shared_attention(g: _Graph, shape: TinyDecoderShape, i: int, normed: str,
+                      lengths: tuple[str, str]) -> str:
+    """Attention by ONNX Runtime's GroupQueryAttention (com.microsoft): it writes this call's keys and values
+    into the past buffer at each row's own length and attends each row over its own length only, so rows of
+    different lengths pay for no padding, and bound to the same buffer as `present` it copies no past."""
+    seqlens, total = lengths
+    out = f"attention_{i}"
+    q, k, v = (_project(g, shape, i, normed, name) for name in ("q", "k", "v"))
+    g.nodes.append(helper.make_node(
+        "GroupQueryAttention",
+        [q, k, v, f"past_key_values.{i}.key", f"past_key_values.{i}.value", seqlens, total],
+        [out, f"present.{i}.key", f"present.{i}.value"], name=out, domain="com.microsoft",
+        num_heads=shape.heads, kv_num_heads=shape.heads, scale=1 / math.sqrt(shape.head_dim)))
+    return out
 
 
 def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) -> onnx.ModelProto:
@@ -153,7 +194,7 @@ def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) ->
     shape = shape or TinyDecoderShape()
     weights = _weights(shape, seed)
     g = _Graph()
-    bias = _attention_bias(g)
+    bias: Any = _shared_lengths(g) if shape.shared_kv else _attention_bias(g)
     x = g.op("Add", g.op("Gather", "tok_emb", "input_ids", axis=0),
              g.op("Gather", "pos_emb", "position_ids", axis=0))
     for i in range(shape.layers):
@@ -163,7 +204,9 @@ def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) ->
 
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     kv_in: list[str | int | None] = ["batch", shape.heads, "past_sequence_length", shape.head_dim]
-    kv_out: list[str | int | None] = ["batch", shape.heads, "total_sequence_length", shape.head_dim]
+    kv_out: list[str | int | None] = ["batch", shape.heads,
+                                      "past_sequence_length" if shape.shared_kv else "total_sequence_length",
+                                      shape.head_dim]
     inputs = [
         helper.make_tensor_value_info("input_ids", i64, ["batch", "sequence_length"]),
         helper.make_tensor_value_info("attention_mask", i64, ["batch", "total_sequence_length"]),
@@ -180,7 +223,9 @@ def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) ->
         inputs.append(helper.make_tensor_value_info(f"lora_b.{i}", f32, ["batch", r, d]))
     initializers = [numpy_helper.from_array(value, name) for name, value in weights.items()]
     graph = helper.make_graph(g.nodes, "tiny_decoder", inputs, outputs, initializer=initializers + g.consts)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                              producer_name=PRODUCER)
+    opsets = [helper.make_opsetid("", OPSET)]
+    if shape.shared_kv:
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION, producer_name=PRODUCER)
     onnx.checker.check_model(model)
     return model
