@@ -217,7 +217,8 @@ def leave_while_running(server: RunningServer, max_tokens: int, stream: bool = T
                          f"{max_tokens} tokens generated before the scrape or the close each time?)")
 
 
-def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server: RunningServer):
+def test_a_client_leaving_mid_stream_frees_its_kv_blocks(client: openai.OpenAI, server: RunningServer):
+    client.completions.create(model=MODEL, prompt="warm", max_tokens=1)  # the engine exists, so its gauges do
     free_before = _metric(server, "hubserve_generation_kv_blocks_free")
     leave_while_running(server, 400)
     wait_until(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
@@ -226,7 +227,8 @@ def test_a_client_leaving_mid_stream_frees_its_kv_blocks(server: RunningServer):
     assert _metric(server, "hubserve_generation_kv_blocks_used") == 0
 
 
-def test_a_client_leaving_before_a_whole_answer_aborts_it(server: RunningServer):
+def test_a_client_leaving_before_a_whole_answer_aborts_it(client: openai.OpenAI, server: RunningServer):
+    client.completions.create(model=MODEL, prompt="warm", max_tokens=1)  # the engine exists, so its gauges do
     leave_while_running(server, 450, stream=False)
     wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
 
