@@ -36,6 +36,7 @@ class RawClient:
 
     def __init__(self, port: int, settings: dict[int, int] | None = None, preface: bytes = PREFACE) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each frame leaves as sent
         self.rest = b""
         self.encoder = hpack.Encoder()
         self.encoder.header_table_size = 0  # the server advertises 0; the first block says so (RFC 7541 §4.2)

@@ -153,16 +153,20 @@ def test_bad_ensemble_load_over_grpc_is_invalid_argument(server) -> None:
 
 
 def test_independent_steps_run_concurrently(http) -> None:
-    # Each step sleeps 300 ms in its own model: one after the other would take at least 600 ms.
+    # Each step sleeps 300 ms in its own model: one after the other would take at least 600 ms, so no try
+    # can beat 0.55 s unless they overlap; a loaded machine may slow one try past it, so the best of three
+    # counts.
     http.load_model("parallel")
     data = np.arange(4, dtype=np.float32).reshape(1, 4)
     http.infer("parallel", fp_input(httpclient, data))  # warm the path
-    start = time.perf_counter()
-    result = http.infer("parallel", fp_input(httpclient, data))
-    elapsed = time.perf_counter() - start
-    np.testing.assert_array_equal(result.as_numpy("A"), data)
-    np.testing.assert_array_equal(result.as_numpy("B"), data)
-    assert elapsed < 0.55, f"two 300 ms steps took {elapsed:.3f} s"
+    tries = []
+    while len(tries) < 3 and (not tries or min(tries) >= 0.55):
+        start = time.perf_counter()
+        result = http.infer("parallel", fp_input(httpclient, data))
+        tries.append(time.perf_counter() - start)
+        np.testing.assert_array_equal(result.as_numpy("A"), data)
+        np.testing.assert_array_equal(result.as_numpy("B"), data)
+    assert min(tries) < 0.55, f"two 300 ms steps took {', '.join(f'{t:.3f}' for t in tries)} s"
 
 
 def test_max_inflight_requests_holds_requests_back(http) -> None:

@@ -198,24 +198,31 @@ def _metric(server: RunningServer, name: str) -> float:
 
 
 def test_a_client_leaving_generate_stream_frees_its_kv_blocks(server: RunningServer):
+    """A client leaves a stream that holds KV blocks: they are all free again. The tiny model makes the
+    450 tokens in ~190 ms, so on a loaded machine the generation can end before the scrape that should see
+    its blocks; such a try shows nothing and is made again (at most five)."""
     openai_greedy(server, "warm", 1)  # the engine exists, so its gauges do
     free_before = _metric(server, "hubserve_generation_kv_blocks_free")
     body = json.dumps({"text_input": PROMPT, "stream": True,
                        "parameters": {"max_tokens": 450, "ignore_eos": True}}).encode()
-    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
-    sock.sendall(b"POST /v2/models/%s/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
-                 % (MODEL.encode(), len(body), body))
-    got = b""
-    while got.count(b"data: ") < 5:
-        piece = sock.recv(65536)
-        assert piece, "the stream ended early"
-        got += piece
-    assert got.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert _metric(server, "hubserve_generation_kv_blocks_used") > 0
-    sock.close()
-    wait_until(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
-    wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
-              "blocks not freed")
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+        sock.sendall(b"POST /v2/models/%s/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                     % (MODEL.encode(), len(body), body))
+        got = b""
+        while got.count(b"data: ") < 5:
+            piece = sock.recv(65536)
+            assert piece, "the stream ended early"
+            got += piece
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n")
+        held = _metric(server, "hubserve_generation_kv_blocks_used") > 0  # (0 once it ended: a void try)
+        sock.close()
+        wait_until(lambda: _metric(server, "hubserve_generation_running_sequences") == 0, "still running")
+        wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_free") == free_before,
+                   "blocks not freed")
+        if held:
+            return
+    raise AssertionError("no try was seen holding KV blocks: each generation ended before the scrape")
 
 
 def test_a_grpc_stream_cancelled_mid_generation_frees_its_kv_blocks(server: RunningServer):

@@ -27,7 +27,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from conftest import start_server
+from conftest import start_server, wait_until
 from h2_client import (
     ACK,
     CANCEL,
@@ -486,7 +486,9 @@ def test_graceful_shutdown_two_step_goaway(h2_repository, tmp_path):
         c = RawClient(server.grpc_port)
         c.handshake()
         c.call(1, echo_request(np.arange(4, dtype=np.float32), model="slow_echo"))
-        time.sleep(0.1)  # let the request reach the server; the answer takes 400 ms
+        # the request is the server's before the signal (else the final GOAWAY rightly names stream 0)
+        wait_until(lambda: server.metric("nv_inference_pending_request_count", "slow_echo") == 1,
+                   "the request pending in the server")
         server.process.send_signal(signal.SIGTERM)
         _, _, _, first = c.read_until(GOAWAY)
         assert struct.unpack(">II", first[:8]) == (0x7FFFFFFF, 0)  # §6.8: "2^31-1 and NO_ERROR" first

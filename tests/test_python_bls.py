@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import start_server, wait_until
 from python_models import ASYNC_CALLER, CALLER, CALLER_CONFIG, add_simple, write_model
 
 TWO = "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
@@ -58,6 +58,13 @@ def executions(server, model: str) -> int:
         return int(c.get_inference_statistics(model)["model_stats"][0]["execution_count"])
 
 
+def batches_started(server, model: str) -> int:
+    """The model's queue count: it grows when a batch leaves the queue for an instance."""
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        stats = c.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_stats"]["queue"].get("count", 0))
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_bls_to_an_onnx_model_goes_through_its_batcher(server, protocol: str) -> None:
     before = executions(server, "simple")
@@ -88,8 +95,10 @@ def test_a_call_waits_for_a_busy_instance_and_its_timeout_applies(server) -> Non
     """`adder` has one instance, kept busy for a second by another client: a call without timeout waits
     and is answered; one with a 200 ms timeout gets an error response when it passes."""
     with ThreadPoolExecutor(2) as pool:
+        before = batches_started(server, "adder")
         busy = pool.submit(infer, server, "adder", sleep_s=1.0)
-        time.sleep(0.2)  # not synchronisation: the call below is right either way, this only makes it wait
+        # the instance is busy before the call (had the call reached it first, it would be answered at once)
+        wait_until(lambda: batches_started(server, "adder") > before, "adder's instance busy")
         started = time.monotonic()
         with pytest.raises(InferenceServerException, match="BLS: BLS request to model 'adder' timed out "
                                                            "after 200000 us"):

@@ -36,7 +36,10 @@ MODELS = {
     "acc_oldest": _variant("acc_oldest", max_batch=4, instances=2,
                            strategy="oldest { max_candidate_sequences: 6 "
                                     "max_queue_delay_microseconds: 200 }"),
-    "acc_one_slot": _variant("acc_one_slot", max_batch=1, idle_us=300_000),
+    # One slot; idle sequences released after 1 s (Triton's default), long enough that a sequence holding
+    # the slot while the test sets up the next is not released meanwhile on a loaded machine.
+    "acc_one_slot": _variant("acc_one_slot", max_batch=1, idle_us=1_000_000),
+    "acc_one_slot_held": _variant("acc_one_slot_held", max_batch=1),  # and one whose sequences stay 5 s
 }
 
 
@@ -165,7 +168,7 @@ def test_bad_sequence_parameters_are_invalid_argument(server):
 
 
 def test_backlog_waits_for_the_slot_and_idle_release_frees_it(server):
-    """acc_one_slot has one slot and a 300 ms idle limit. A second sequence waits in the backlog until the
+    """acc_one_slot has one slot and a 1 s idle limit. A second sequence waits in the backlog until the
     first ends; a sequence left idle is released, its id then needs START, and its slot serves the next."""
     model = "acc_one_slot"
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
@@ -176,11 +179,11 @@ def test_backlog_waits_for_the_slot_and_idle_release_frees_it(server):
                         sequence_id=2, sequence_start=True)
     _wait_for(lambda: server.metric("hubserve_sequence_backlog", model) == 1, "the backlog")
     assert answers.empty()
+    released = server.metric("hubserve_sequence_idle_released_total", model)  # before 2 can be released
     assert _grpc_infer(grpc, model, 6, 1, end=True) == 11
     result, error = answers.get(timeout=20)
     assert error is None and int(result.as_numpy("OUTPUT")[0, 0]) == 7  # sequence 2 got the slot
-    # Sequence 2 is left idle: released after 300 ms, and a new sequence takes its slot.
-    released = server.metric("hubserve_sequence_idle_released_total", model)
+    # Sequence 2 is left idle: released after 1 s, and a new sequence takes its slot.
     _wait_for(lambda: server.metric("hubserve_sequence_idle_released_total", model) == released + 1,
               "the idle release")
     assert server.metric("hubserve_sequence_active", model) == 0
@@ -190,10 +193,10 @@ def test_backlog_waits_for_the_slot_and_idle_release_frees_it(server):
 
 
 def test_a_stream_that_disappears_leaves_no_sequence_behind(server):
-    """Sequence 1 holds acc_one_slot's only slot; a stream starts sequence 2 (backlogged, requests queued)
-    and is cancelled. Its requests leave the queue, sequence 2 leaves the backlog, and the slot is usable by
-    the next sequence at once after sequence 1 ends."""
-    model = "acc_one_slot"
+    """Sequence 1 holds acc_one_slot_held's only slot (no idle release within the test); a stream starts
+    sequence 2 (backlogged, requests queued) and is cancelled. Its requests leave the queue, sequence 2
+    leaves the backlog, and the slot is usable by the next sequence at once after sequence 1 ends."""
+    model = "acc_one_slot_held"
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     assert _grpc_infer(grpc, model, 1, 101, start=True) == 1
     stream = grpcclient.InferenceServerClient(server.grpc_url)

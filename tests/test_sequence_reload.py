@@ -19,22 +19,35 @@ from conftest import EXAMPLES, start_server
 from engine import examples
 
 NAME = "acc_reload"
-# One slot (max_batch_size 1, one instance) and a short idle limit, so a second sequence waits in the backlog
-# until the first is released idle.
+# One slot (max_batch_size 1, one instance), so a second sequence waits in the backlog until the first is
+# released. The example's idle limit is 5 s: a sequence outlives whatever a test does between its requests
+# (a reload) however loaded the machine; the backlog test's server has 1 s, which it waits out once.
 CONFIG = (EXAMPLES / "sequence_accumulator" / "config.pbtxt").read_text() \
     .replace('name: "sequence_accumulator"', f'name: "{NAME}"') \
-    .replace("max_batch_size: 8", "max_batch_size: 1") \
-    .replace("max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 400000")
+    .replace("max_batch_size: 8", "max_batch_size: 1")
+SHORT_IDLE = CONFIG.replace("max_sequence_idle_microseconds: 5000000",
+                            "max_sequence_idle_microseconds: 1000000")
+
+
+def _serve(tmp_path, config: str):
+    root = tmp_path / "repo"
+    (root / NAME).mkdir(parents=True)
+    (root / NAME / "config.pbtxt").write_text(config)
+    examples.write_model(examples.accumulator_model(), root / NAME / "1" / "model.onnx")
+    return start_server(root, tmp_path / "server.log", "--model-control-mode", "explicit",
+                        "--load-model", NAME)
 
 
 @pytest.fixture()
 def server(tmp_path):
-    root = tmp_path / "repo"
-    (root / NAME).mkdir(parents=True)
-    (root / NAME / "config.pbtxt").write_text(CONFIG)
-    examples.write_model(examples.accumulator_model(), root / NAME / "1" / "model.onnx")
-    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "explicit",
-                       "--load-model", NAME)
+    srv = _serve(tmp_path, CONFIG)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture()
+def short_idle_server(tmp_path):
+    srv = _serve(tmp_path, SHORT_IDLE)
     yield srv
     srv.stop()
 
@@ -61,7 +74,8 @@ def _wait_for(predicate, what: str, timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
-def test_a_changed_reload_finishes_accepted_requests_and_the_new_version_needs_a_start(server):
+def test_a_changed_reload_finishes_accepted_requests_and_the_new_version_needs_a_start(short_idle_server):
+    server = short_idle_server
     http = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     assert [_infer(http, httpclient, v, 11, start=i == 0) for i, v in enumerate((3, 4))] == [3, 7]
@@ -73,7 +87,7 @@ def test_a_changed_reload_finishes_accepted_requests_and_the_new_version_needs_a
     inp.set_data_from_numpy(np.full((1, 1), 5, dtype=np.int32))
     grpc.async_stream_infer(NAME, [inp], sequence_id=12, sequence_start=True)
     _wait_for(lambda: server.metric("hubserve_sequence_backlog", NAME) == 1, "sequence 12 in the backlog")
-    http.load_model(NAME, config=_changed_config(http, 300_000))  # returns once the old version is unloaded
+    http.load_model(NAME, config=_changed_config(http, 3_000_000))  # returns once the old version is unloaded
     result, error = answers.get(timeout=20)
     assert error is None and int(result.as_numpy("OUTPUT")[0, 0]) == 5
     grpc.stop_stream()
@@ -85,7 +99,7 @@ def test_a_changed_reload_finishes_accepted_requests_and_the_new_version_needs_a
         assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
     # Started again, a sequence gets a fresh state on the new version.
     assert [_infer(grpc, grpcclient, v, 11, start=i == 0, end=i == 1) for i, v in enumerate((6, 1))] == [6, 7]
-    assert http.get_model_config(NAME)["sequence_batching"]["max_sequence_idle_microseconds"] == 300_000
+    assert http.get_model_config(NAME)["sequence_batching"]["max_sequence_idle_microseconds"] == 3_000_000
 
 
 def test_a_reload_that_changes_nothing_keeps_the_sequences(server):
