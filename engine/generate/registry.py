@@ -97,9 +97,13 @@ class GenerationRegistry:
             log.exception("%s: building its generation engine failed", where)
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e}") from None
         driver = EngineDriver(engine, model.name, model.version_str)
-        cache = engine.cache_config
-        log.info("%s version %s: generation engine ready (%d KV blocks of %d tokens, context %d)",
-                 model.name, model.version_str, cache.num_blocks, cache.block_size, cache.max_model_len)
+        cache, runner = engine.cache_config, engine.runner
+        shared = runner.shared_group
+        layout = "dense KV" if shared is None else \
+            f"shared KV buffers {shared.nbytes / 2**20:.0f} MiB ({len(shared.buffers[0])} rows)"
+        log.info("%s version %s: generation engine ready (%d KV blocks of %d tokens, %.0f MiB; %s; "
+                 "context %d)", model.name, model.version_str, cache.num_blocks, cache.block_size,
+                 runner.cache.nbytes / 2**20, layout, cache.max_model_len)
         return GenerativeVersion(model, driver, template)
 
     def _retire(self, future: asyncio.Future[GenerativeVersion]) -> None:

@@ -80,6 +80,11 @@ class SharedDecodeGroup:
         return self.hi
 
     @property
+    def nbytes(self) -> int:
+        """The memory the buffers take (all of it resident: `_allocate`)."""
+        return sum(buffer.nbytes for buffer in self._buffers)
+
+    @property
     def buffers(self) -> list[np.ndarray]:
         """One buffer per KV tensor, every row: [max_rows, heads, max_len, head_dim]."""
         return self._buffers
