@@ -1,5 +1,6 @@
 """The runner's step-loop savings (engine/generate/runner.py, decode_group.py): a decode group's past kept
-between steps, leavers' rows reused by joiners in place, and prefill chunks batched by length. Every test
+between steps, leavers' rows reused by joiners in place, and prefill chunks batched by length (the tests
+marked `kv` also for the shared-KV layout: test_generate_shared_kv.py has its own). Every test
 checks the tokens against the plain step-by-step loop of test_generate_engine.py, and the savings through
 the runner's public statistics."""
 
@@ -14,6 +15,7 @@ from engine.generate.runner import prefill_groups
 from engine.generate.scheduler import ScheduledChunk
 from test_generate_engine import (
     GREEDY,
+    KV,
     MODEL,
     assert_no_leaks,
     make_engine,
@@ -94,8 +96,9 @@ def test_members_leaving_and_joining_at_other_lengths_keep_every_token(reference
     assert_no_leaks(engine)
 
 
-def test_a_recycled_request_id_is_gathered_afresh(reference_session):
-    engine = make_engine()
+@KV
+def test_a_recycled_request_id_is_gathered_afresh(reference_session, kv):
+    engine = make_engine(kv=kv)
     first, second = prompts(2, seed=31)
     engine.add_request("a", first, SamplingParams(max_tokens=50, ignore_eos=True))
     engine.add_request("b", first, SamplingParams(max_tokens=10, ignore_eos=True))
@@ -109,9 +112,10 @@ def test_a_recycled_request_id_is_gathered_afresh(reference_session):
     assert_no_leaks(engine)
 
 
-def test_preempted_rows_are_recomputed_not_reused(reference_session):
+@KV
+def test_preempted_rows_are_recomputed_not_reused(reference_session, kv):
     batch = prompts(10, seed=37)
-    tight = make_engine(num_blocks=24, block_size=4)  # 96 slots for 10 sequences of up to ~85 tokens
+    tight = make_engine(num_blocks=24, block_size=4, kv=kv)  # 96 slots for 10 sequences of up to ~85 tokens
     for i, prompt in enumerate(batch):
         tight.add_request(f"r{i}", prompt, GREEDY)
     done = tight.run_to_completion()

@@ -89,30 +89,6 @@ def test_joins_leaves_and_moves_keep_every_token(reference_session):
     assert_no_leaks(engine)
 
 
-def test_a_recycled_request_id_and_preempted_rows_are_gathered_afresh(reference_session):
-    engine = make_engine(kv="shared")
-    first, second = prompts(2, seed=31)
-    engine.add_request("a", first, SamplingParams(max_tokens=50, ignore_eos=True))
-    engine.add_request("b", first, SamplingParams(max_tokens=10, ignore_eos=True))
-    for _ in range(5):
-        engine.step()
-    engine.abort_request("a")
-    engine.add_request("a", second, GREEDY)  # same id, other tokens, at another position
-    done = engine.run_to_completion()
-    assert list(done["a"].output_token_ids) == reference_greedy(reference_session, second, 24)
-    assert list(done["b"].output_token_ids) == reference_greedy(reference_session, first, 10)
-
-    tight = make_engine(num_blocks=24, block_size=4, kv="shared")  # 96 slots for 10 sequences of ≤ ~85
-    batch = prompts(10, seed=37)
-    for i, prompt in enumerate(batch):
-        tight.add_request(f"r{i}", prompt, GREEDY)
-    done = tight.run_to_completion()
-    assert tight.stats().preemptions > 0
-    for i, prompt in enumerate(batch):
-        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
-    assert_no_leaks(tight)
-
-
 def test_more_decoding_requests_than_rows_grow_the_buffers(reference_session):
     runner = DecoderRunner(SHARED_MODEL, 256, 8, options(), shared_kv=True, max_len=512, max_rows=2)
     engine = GenerationEngine(runner, TOKENIZER, CacheConfig(8, 256, 512, True), SchedulerConfig(8, 256))

@@ -46,24 +46,52 @@ Flush = Callable[[Sequence[np.ndarray], int, int, Sequence[int], int, int], None
 
 
 @dataclass(slots=True)
-class _Row:
+class Row:
+    """One decoding request's row in a decode group (this module's, or shared_group.py's)."""
+
     request: Request
     preemptions: int
     length: int   # context tokens the tensors hold for this row (the next decode's start)
     synced: int   # of those, the first `synced` are in the blocks too
     table: Sequence[int] = ()  # the request's block table at its last decode
 
+    @classmethod
+    def joining(cls, chunk: ScheduledChunk) -> Row:
+        """A joiner's row: its context, gathered from its blocks, is all in them."""
+        return cls(chunk.request, chunk.request.num_preemptions, chunk.start, chunk.start)
+
     def holds_blocks(self) -> bool:
         """Whether the request still owns the blocks its table names (running, not preempted since)."""
         return self.request.state is RequestState.RUNNING and \
             self.request.num_preemptions == self.preemptions
+
+    def decoded(self, chunk: ScheduledChunk, block_size: int) -> bool:
+        """After a decode run wrote `chunk`'s token: one longer; True when that filled a block."""
+        self.length, self.table = chunk.start + 1, chunk.block_table
+        return self.length % block_size == 0
+
+
+def match_rows(rows: Sequence[Row | None], chunks: Sequence[ScheduledChunk]) -> tuple[list[int], list[int]]:
+    """Per row, the index of the chunk that continues it (-1: none), and the chunks that continue no row.
+    A row continues only for the same request object, not preempted since, at the position it expects."""
+    by_id = {id(row.request): (i, row) for i, row in enumerate(rows) if row is not None}
+    order = [-1] * len(rows)
+    fresh: list[int] = []
+    for index, chunk in enumerate(chunks):
+        hit = by_id.get(id(chunk.request))
+        if hit is not None and hit[1].length == chunk.start \
+                and hit[1].preemptions == chunk.request.num_preemptions:
+            order[hit[0]] = index
+        else:
+            fresh.append(index)
+    return order, fresh
 
 
 class DecodeGroup:
     """The rows of the last decode run (None: a free row) and their `present` tensors (one per KV tensor)."""
 
     def __init__(self, block_size: int, flush: Flush) -> None:
-        self._rows: list[_Row | None] = []
+        self._rows: list[Row | None] = []
         self._pasts: list[np.ndarray] = []
         self._block_size = block_size
         self._flush = flush
@@ -79,7 +107,7 @@ class DecodeGroup:
                 self._leave(index, row)
         self._rows, self._pasts = [], []
 
-    def _leave(self, index: int, row: _Row) -> None:
+    def _leave(self, index: int, row: Row) -> None:
         """A row's request leaves the group: the tokens its blocks lack are written if it still owns them."""
         if row.synced < row.length and row.holds_blocks():
             width = self._pasts[0].shape[2]
@@ -90,16 +118,7 @@ class DecodeGroup:
         """Place this step's decode chunks in rows and build their past tensors. Returns, per row, the
         index of its chunk in `chunks` (-1: a free row); one past array per KV tensor [rows, heads, P,
         head_dim]; and how many rows were gathered from blocks (the rest came from the kept tensors)."""
-        by_id = {id(row.request): (i, row) for i, row in enumerate(self._rows) if row is not None}
-        order = [-1] * len(self._rows)
-        fresh: list[int] = []
-        for index, chunk in enumerate(chunks):
-            hit = by_id.get(id(chunk.request))
-            if hit is not None and hit[1].length == chunk.start \
-                    and hit[1].preemptions == chunk.request.num_preemptions:
-                order[hit[0]] = index
-            else:
-                fresh.append(index)
+        order, fresh = match_rows(self._rows, chunks)
         for row, index in enumerate(order):
             left = self._rows[row]
             if index < 0 and left is not None:
@@ -119,7 +138,7 @@ class DecodeGroup:
                 past[slots] = joined[t]
             for row, index in zip(slots, fresh, strict=True):
                 order[row] = index
-                self._rows[row] = _joined(chunks[index])
+                self._rows[row] = Row.joining(chunks[index])
         return order, self._pasts, len(fresh)
 
     def _rebuild(self, chunks: Sequence[ScheduledChunk], order: list[int], fresh: list[int],
@@ -138,7 +157,7 @@ class DecodeGroup:
             old_rows = np.array([row for row, _ in kept], np.int64)
             pasts = [_copy_rows(old, old_rows, width, None if joined is None else joined[t])
                      for t, old in enumerate(self._pasts)]
-        self._rows = [self._rows[row] for row, _ in kept] + [_joined(chunks[i]) for i in fresh]
+        self._rows = [self._rows[row] for row, _ in kept] + [Row.joining(chunks[i]) for i in fresh]
         self._pasts = pasts
         return new_order, pasts, len(fresh)
 
@@ -149,17 +168,9 @@ class DecodeGroup:
         self._pasts = presents
         width, bs = presents[0].shape[2], self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=True)):
-            if row is not None:
-                chunk = chunks[index]
-                row.length, row.table = chunk.start + 1, chunk.block_table
-                if row.length % bs == 0:
-                    self._flush(presents, i, width - row.length, row.table, row.synced, row.length)
-                    row.synced = row.length
-
-
-def _joined(chunk: ScheduledChunk) -> _Row:
-    """A joiner's row: its context, gathered from its blocks, is all in them."""
-    return _Row(chunk.request, chunk.request.num_preemptions, chunk.start, chunk.start)
+            if row is not None and row.decoded(chunks[index], bs):
+                self._flush(presents, i, width - row.length, row.table, row.synced, row.length)
+                row.synced = row.length
 
 
 def _copy_rows(old: np.ndarray, rows: np.ndarray, width: int, joined: np.ndarray | None) -> np.ndarray:

@@ -192,7 +192,7 @@ class DecoderRunner:
         `sample`, one row each in chunk order ([n, vocab])."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-        decode, run = (self._decode_shared, self._run_shared) if self.shared_kv else (self._decode, self._run)
+        decode = self._decode_shared if self.shared_kv else self._decode
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
             return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
@@ -207,7 +207,7 @@ class DecoderRunner:
         if self.shared_kv:  # ONNX Runtime's GroupQueryAttention batches several new tokens only from slot 0
             groups = [part for g in groups for part in _fresh_together(chunks, g)]
         for group in groups:
-            rows.update(zip(group, run([chunks[i] for i in group]), strict=True))
+            rows.update(zip(group, self._run([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
         return np.stack(wanted) if wanted else np.empty((0, 0), np.float32)
 
@@ -286,14 +286,7 @@ class DecoderRunner:
         rebuilds = self.decode_group.rebuilds
         order, pasts, gathered = self.decode_group.prepare(group, self._gather)
         batch = len(order)
-        starts, token_ids = [0] * batch, [0] * batch  # a free row: token 0 at position 0, attending itself
-        live: list[int] = []
-        for row, index in enumerate(order):
-            if index >= 0:
-                chunk = group[index]
-                starts[row], token_ids[row] = chunk.start, chunk.token_ids[0]
-                live.append(row)
-        picked = [order[row] for row in live]  # each live row's chunk
+        starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at position 0
         past = pasts[0].shape[2]
         start_array = np.array(starts, np.int64)
         mask = (np.arange(past + 1) >= (past - start_array)[:, None]).astype(np.int64)
@@ -305,26 +298,21 @@ class DecoderRunner:
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         self.decode_group.advance(group, order, presents)  # writes the blocks this step filled
-        full = len(live) == batch  # no free row
-        if full and picked == list(range(batch)):  # rows in chunk order: the logits as they are
-            last = logits[:, 0]
-        else:
-            last = np.empty((len(group), logits.shape[2]), logits.dtype)
-            last[picked] = logits[slice(None) if full else np.array(live, np.int64), 0]
+        last = _decode_logits(logits, len(group), live, picked)
         t3 = time.perf_counter_ns()
-        s = self.stats
-        s.decode_rows += len(live)
-        s.free_rows += batch - len(live)
-        s.gathered_rows += gathered
-        s.rebuilds += self.decode_group.rebuilds - rebuilds
-        s.decode_run_ns += t2 - t1
+        self._count_decode(batch, len(live), gathered, self.decode_group.rebuilds - rebuilds, t2 - t1)
         self._count(batch, len(live), batch * past, sum(starts), t0, t1, t2, t3)
         return last
 
     def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
-        """Prefill chunks, batched, over past gathered from their blocks; the last position's logits."""
+        """Prefill chunks, batched, over their cached context gathered from their blocks; the last position's
+        logits. Dense: each context right-aligned before the group's longest, the new tokens in slots P …
+        P+S-1. Shared-KV: each context left-aligned in a buffer as wide as the longest context plus the
+        widest chunk, bound as past and present, and every row's mask counting its start plus the full width,
+        so a shorter chunk's padding tokens land after its real ones (never read: they are not written back,
+        and the next token overwrites the first). Only the real new tokens are written to their blocks."""
         t0 = time.perf_counter_ns()
-        batch = len(group)
+        batch, shared = len(group), self.shared_kv
         past = max(c.start for c in group)
         width = max(len(c.token_ids) for c in group)
         input_ids = np.zeros((batch, width), np.int64)
@@ -334,22 +322,34 @@ class DecoderRunner:
             count = len(c.token_ids)
             input_ids[row, :count] = c.token_ids
             position_ids[row, :count] = np.arange(c.start, c.start + count)
-            mask[row, past - c.start:past + count] = 1
-        feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
-        t1 = time.perf_counter_ns()
-        if self.trace is not None:
-            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
-        logits, *presents = self.session.run(self.output_names, feed)
+            if shared:
+                mask[row, :c.start + width] = 1
+            else:
+                mask[row, past - c.start:past + count] = 1
+        outs: Sequence[np.ndarray]
+        if shared:
+            outs = list(self._gather_left(group, past + width))
+            t1 = time.perf_counter_ns()
+            logits = self._run_bound(self._bind_kv(outs), input_ids, mask, position_ids, group)
+            firsts = [c.start for c in group]  # the column of each row's first new token
+        else:
+            feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
+            t1 = time.perf_counter_ns()
+            if self.trace is not None:
+                self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
+            logits, *outs = self.session.run(self.output_names, feed)
+            firsts = [past] * batch
         t2 = time.perf_counter_ns()
         counts = [len(c.token_ids) for c in group]
         rows = np.repeat(np.arange(batch), counts)
-        cols = past + np.concatenate([np.arange(n) for n in counts])
+        cols = np.concatenate([np.arange(first, first + n) for first, n in zip(firsts, counts, strict=True)])
         slots = np.concatenate([self._slots(c.block_table, c.start, len(c.token_ids)) for c in group])
-        for i, present in enumerate(presents):
-            self._rows[self._bases[i][None, :] + slots[:, None]] = present[rows, :, cols, :]  # [N, heads, d]
+        for i, out in enumerate(outs):
+            self._rows[self._bases[i][None, :] + slots[:, None]] = out[rows, :, cols, :]  # [N, heads, d]
         last = logits[np.arange(batch), np.asarray(counts) - 1]
         t3 = time.perf_counter_ns()
-        self._count(batch, len(rows), batch * past, sum(c.start for c in group), t0, t1, t2, t3)
+        context = sum(c.start for c in group)
+        self._count(batch, len(rows), context if shared else batch * past, context, t0, t1, t2, t3)
         return last
 
     def _decode_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
@@ -366,14 +366,7 @@ class DecoderRunner:
         binding = self._bindings.get(batch)
         if binding is None:
             binding = self._bindings[batch] = self._bind_kv(shared.views())
-        starts, token_ids = [0] * batch, [0] * batch  # a free row: token 0 at slot 0, its output dropped
-        live: list[int] = []
-        for row, index in enumerate(order):
-            if index >= 0:
-                chunk = group[index]
-                starts[row], token_ids[row] = chunk.start, chunk.token_ids[0]
-                live.append(row)
-        picked = [order[row] for row in live]
+        starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at slot 0
         start_array = np.array(starts, np.int64)
         mask = (np.arange(max(starts) + 1) <= start_array[:, None]).astype(np.int64)
         rows = [group[i] if i >= 0 else None for i in order]
@@ -382,18 +375,10 @@ class DecoderRunner:
                                  start_array[:, None], rows)
         t2 = time.perf_counter_ns()
         shared.advance(group, order)  # writes the blocks this step filled (the rest wait in the buffers)
-        if len(live) == batch and picked == list(range(batch)):
-            last = logits[:, 0]
-        else:
-            last = np.empty((len(group), logits.shape[2]), logits.dtype)
-            last[picked] = logits[np.array(live, np.int64), 0]
+        last = _decode_logits(logits, len(group), live, picked)
         t3 = time.perf_counter_ns()
-        s = self.stats
-        s.decode_rows += len(live)
-        s.free_rows += batch - len(live)
-        s.gathered_rows += gathered
-        s.rebuilds += shared.moves - moves  # rows moved (a shared group is never rebuilt whole)
-        s.decode_run_ns += t2 - t1
+        # rows moved count as rebuilds: a shared group is never rebuilt whole
+        self._count_decode(batch, len(live), gathered, shared.moves - moves, t2 - t1)
         context = sum(starts)
         self._count(batch, len(live), context, context, t0, t1, t2, t3)
         return last
@@ -413,38 +398,13 @@ class DecoderRunner:
                 self.cache[t, :, slot:slot + count] = array[row, :, column:column + count]
             position += count
 
-    def _run_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
-        """`_run` for a shared-KV model: the chunks' contexts gathered left-aligned into a buffer as wide as
-        the longest context plus the widest chunk; every row's mask counts its start plus the full width, so
-        a shorter chunk's padding tokens land after its real ones (never read: they are not written back,
-        and the next token overwrites the first)."""
-        t0 = time.perf_counter_ns()
-        batch = len(group)
-        past = max(c.start for c in group)
-        width = max(len(c.token_ids) for c in group)
-        input_ids = np.zeros((batch, width), np.int64)
-        position_ids = np.zeros((batch, width), np.int64)
-        mask = np.zeros((batch, past + width), np.int64)
-        for row, c in enumerate(group):
-            count = len(c.token_ids)
-            input_ids[row, :count] = c.token_ids
-            position_ids[row, :count] = np.arange(c.start, c.start + count)
-            mask[row, :c.start + width] = 1
-        buffers = self._gather_left(group, past + width)
-        t1 = time.perf_counter_ns()
-        logits = self._run_bound(self._bind_kv(list(buffers)), input_ids, mask, position_ids, group)
-        t2 = time.perf_counter_ns()
-        counts = [len(c.token_ids) for c in group]
-        rows = np.repeat(np.arange(batch), counts)
-        cols = np.concatenate([np.arange(c.start, c.start + n) for c, n in zip(group, counts, strict=True)])
-        slots = np.concatenate([self._slots(c.block_table, c.start, len(c.token_ids)) for c in group])
-        for i, buffer in enumerate(buffers):
-            self._rows[self._bases[i][None, :] + slots[:, None]] = buffer[rows, :, cols, :]  # [N, heads, d]
-        last = logits[np.arange(batch), np.asarray(counts) - 1]
-        t3 = time.perf_counter_ns()
-        context = sum(c.start for c in group)
-        self._count(batch, len(rows), context, context, t0, t1, t2, t3)
-        return last
+    def _count_decode(self, batch: int, live: int, gathered: int, regrouped: int, run_ns: int) -> None:
+        s = self.stats
+        s.decode_rows += live
+        s.free_rows += batch - live
+        s.gathered_rows += gathered
+        s.rebuilds += regrouped
+        s.decode_run_ns += run_ns
 
     def _count(self, batch: int, tokens: int, past_slots: int, context: int,
                t0: int, t1: int, t2: int, t3: int) -> None:
@@ -474,6 +434,32 @@ def _lora_shape(inputs: dict, layers: int, where: str) -> LoraShape | None:
         raise invalid(f"{where}: lora_a.0 must have fixed hidden and rank dims, got "
                       f"{inputs['lora_a.0'].shape}")
     return LoraShape(layers, hidden, rank)
+
+
+def _decode_rows(group: Sequence[ScheduledChunk], order: Sequence[int],
+                 ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """A decode run's rows from a decode group's order (-1: a free row): each row's start and token (0 and
+    0 for a free row), the live rows, and each live row's chunk. Plain lists, one pass: at tens of rows
+    numpy's per-call cost is what adds up."""
+    batch = len(order)
+    starts, token_ids = [0] * batch, [0] * batch
+    live: list[int] = []
+    for row, index in enumerate(order):
+        if index >= 0:
+            chunk = group[index]
+            starts[row], token_ids[row] = chunk.start, chunk.token_ids[0]
+            live.append(row)
+    return starts, token_ids, live, [order[row] for row in live]
+
+
+def _decode_logits(logits: np.ndarray, chunks: int, live: list[int], picked: list[int]) -> np.ndarray:
+    """The decode run's logits [chunks, vocab] in chunk order: as they are when every row is live and in
+    order (the usual step), else the live rows picked out."""
+    if len(live) == logits.shape[0] and picked == list(range(chunks)):
+        return logits[:, 0]
+    last = np.empty((chunks, logits.shape[2]), logits.dtype)
+    last[picked] = logits[np.array(live, np.int64), 0]
+    return last
 
 
 def _fresh_together(chunks: Sequence[ScheduledChunk], group: list[int]) -> list[list[int]]:

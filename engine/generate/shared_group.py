@@ -34,30 +34,14 @@ stays dense. Nothing is ever rebuilt whole.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from .decode_group import Flush
-from .request import Request, RequestState
+from .decode_group import Flush, Row, match_rows
 from .scheduler import ScheduledChunk
 
 # (chunks, width) → [tensors, len(chunks), heads, width, head_dim], each context left-aligned
 GatherLeft = Callable[[Sequence[ScheduledChunk], int], np.ndarray]
-
-
-@dataclass(slots=True)
-class _Row:
-    request: Request
-    preemptions: int
-    length: int   # context tokens the buffer holds for this row (the next decode's start)
-    synced: int   # of those, the first `synced` are in the blocks too
-    table: Sequence[int] = ()  # the request's block table at its last decode
-
-    def holds_blocks(self) -> bool:
-        """Whether the request still owns the blocks its table names (running, not preempted since)."""
-        return self.request.state is RequestState.RUNNING and \
-            self.request.num_preemptions == self.preemptions
 
 
 class SharedDecodeGroup:
@@ -70,7 +54,7 @@ class SharedDecodeGroup:
         self.max_len = max_len
         self._block_size = block_size
         self._flush = flush
-        self._rows: list[_Row | None] = [None] * max_rows
+        self._rows: list[Row | None] = [None] * max_rows
         self._buffers = self._allocate(max_rows)
         self.hi = 0        # rows a run takes: one past the highest row in use
         self.moves = 0     # rows moved down to keep the run dense
@@ -101,7 +85,7 @@ class SharedDecodeGroup:
         self._rows = [None] * len(self._rows)
         self.hi = 0
 
-    def _leave(self, index: int, row: _Row) -> None:
+    def _leave(self, index: int, row: Row) -> None:
         """A row's request leaves the group: if it still owns its blocks (it only skipped this step), the
         tokens not yet written there are; a finished or preempted one's blocks are no longer its own."""
         if row.synced < row.length and row.holds_blocks():
@@ -113,16 +97,7 @@ class SharedDecodeGroup:
         were gathered from blocks."""
         if len(chunks) > len(self._rows):
             self._grow(len(chunks))
-        by_id = {id(row.request): (i, row) for i, row in enumerate(self._rows) if row is not None}
-        order = [-1] * len(self._rows)
-        fresh: list[int] = []
-        for index, chunk in enumerate(chunks):
-            hit = by_id.get(id(chunk.request))
-            if hit is not None and hit[1].length == chunk.start \
-                    and hit[1].preemptions == chunk.request.num_preemptions:
-                order[hit[0]] = index
-            else:
-                fresh.append(index)
+        order, fresh = match_rows(self._rows, chunks)
         for row, index in enumerate(order):
             if index < 0:
                 left = self._rows[row]
@@ -133,8 +108,7 @@ class SharedDecodeGroup:
         slots = free[:len(fresh)]  # the lowest free rows
         for row, index in zip(slots, fresh, strict=True):
             order[row] = index
-            chunk = chunks[index]
-            self._rows[row] = _Row(chunk.request, chunk.request.num_preemptions, chunk.start, chunk.start)
+            self._rows[row] = Row.joining(chunks[index])
         width = max((chunks[i].start for i in fresh), default=0)
         if width:
             joined = gather([chunks[i] for i in fresh], width)
@@ -185,9 +159,6 @@ class SharedDecodeGroup:
         prefill of this step, or a prompt sharing it once the scheduler registers it after the step)."""
         bs = self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=False)):
-            if row is not None:
-                chunk = chunks[index]
-                row.length, row.table = chunk.start + 1, chunk.block_table
-                if row.length % bs == 0:
-                    self._flush(self._buffers, i, 0, row.table, row.synced, row.length)
-                    row.synced = row.length
+            if row is not None and row.decoded(chunks[index], bs):
+                self._flush(self._buffers, i, 0, row.table, row.synced, row.length)
+                row.synced = row.length
