@@ -38,7 +38,8 @@ import numpy as np
 from .request import Request, RequestState
 from .scheduler import ScheduledChunk
 
-# (chunks, past width) → [tensors, len(chunks), heads, past width, head_dim], each context right-aligned
+# (chunks, width) → [tensors, len(chunks), heads, width, head_dim]: each context from its blocks, aligned as
+# the model reads it (right-aligned for this module's dense past, left-aligned for shared_group.py's buffers)
 Gather = Callable[[Sequence[ScheduledChunk], int], np.ndarray]
 # (arrays, row, column of position 0, block table, first, end): write positions [first, end) of `row`,
 # position p at column offset + p of each array [rows, heads, width, head_dim], into their blocks
@@ -69,6 +70,13 @@ class Row:
         """After a decode run wrote `chunk`'s token: one longer; True when that filled a block."""
         self.length, self.table = chunk.start + 1, chunk.block_table
         return self.length % block_size == 0
+
+    def write_back(self, flush: Flush, arrays: Sequence[np.ndarray], index: int, offset: int) -> None:
+        """Write the positions its blocks lack, [synced, length), from row `index` of `arrays` (position p at
+        column offset + p), and count them written."""
+        if self.synced < self.length:
+            flush(arrays, index, offset, self.table, self.synced, self.length)
+            self.synced = self.length
 
 
 def match_rows(rows: Sequence[Row | None], chunks: Sequence[ScheduledChunk]) -> tuple[list[int], list[int]]:
@@ -109,9 +117,8 @@ class DecodeGroup:
 
     def _leave(self, index: int, row: Row) -> None:
         """A row's request leaves the group: the tokens its blocks lack are written if it still owns them."""
-        if row.synced < row.length and row.holds_blocks():
-            width = self._pasts[0].shape[2]
-            self._flush(self._pasts, index, width - row.length, row.table, row.synced, row.length)
+        if row.holds_blocks():
+            row.write_back(self._flush, self._pasts, index, self._pasts[0].shape[2] - row.length)
 
     def prepare(self, chunks: Sequence[ScheduledChunk], gather: Gather,
                 ) -> tuple[list[int], list[np.ndarray], int]:
@@ -169,8 +176,7 @@ class DecodeGroup:
         width, bs = presents[0].shape[2], self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=True)):
             if row is not None and row.decoded(chunks[index], bs):
-                self._flush(presents, i, width - row.length, row.table, row.synced, row.length)
-                row.synced = row.length
+                row.write_back(self._flush, presents, i, width - row.length)
 
 
 def _copy_rows(old: np.ndarray, rows: np.ndarray, width: int, joined: np.ndarray | None) -> np.ndarray:

@@ -216,45 +216,33 @@ class DecoderRunner:
         return np.asarray(table, np.int64)[positions // self.block_size] * self.block_size \
             + positions % self.block_size
 
-    def _gather(self, group: Sequence[ScheduledChunk], past: int) -> np.ndarray:
-        """Every KV tensor's past for `group`, `past` slots wide, each context right-aligned and the
-        padding read from the zero slot: [tensors, B, heads, past, head_dim]."""
-        index = np.full((len(group), past), self.zero_slot, np.int64)
-        for row, c in enumerate(group):
-            if c.start:
-                index[row, past - c.start:] = self._slots(c.block_table, 0, c.start)
-        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, P]
-        return np.take(self._rows, past_rows, axis=0)
-
-    def _gather_left(self, group: Sequence[ScheduledChunk], width: int) -> np.ndarray:
-        """As `_gather`, but each context left-aligned (slots 0 … start - 1), as a shared-KV model reads it:
-        [tensors, B, heads, width, head_dim]."""
+    def _gather(self, group: Sequence[ScheduledChunk], width: int) -> np.ndarray:
+        """Every KV tensor's context for `group` from its blocks, `width` slots wide, the rest read from the
+        zero slot: [tensors, B, heads, width, head_dim]. Each context is right-aligned for a dense model (its
+        padding first, masked out) and left-aligned for a shared-KV one (slots 0 … start - 1)."""
         index = np.full((len(group), width), self.zero_slot, np.int64)
         for row, c in enumerate(group):
             if c.start:
-                index[row, :c.start] = self._slots(c.block_table, 0, c.start)
-        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]
+                at = slice(0, c.start) if self.shared_kv else slice(width - c.start, width)
+                index[row, at] = self._slots(c.block_table, 0, c.start)
+        past_rows = self._bases[:, None, :, None] + index[None, :, None, :]  # [tensors, B, heads, width]
         return np.take(self._rows, past_rows, axis=0)
 
     def _run_bound(self, binding: ort.IOBinding, input_ids: np.ndarray, mask: np.ndarray,
                    positions: np.ndarray, rows: Sequence[ScheduledChunk | None]) -> np.ndarray:
         """One run of a shared-KV model whose KV buffers `binding` already holds (past and present bound to
         the same values); the other inputs bound here. Returns the logits [batch, seq, vocab]."""
-        binding.bind_cpu_input("input_ids", input_ids)
-        if self.lora is not None:
-            for name, value in lora_feed(self.lora, [None if c is None else c.request.adapter
-                                                     for c in rows]).items():
-                binding.bind_cpu_input(name, value)
-        if self.has_mask:
-            binding.bind_cpu_input("attention_mask", mask)
-        if self.has_positions:
-            binding.bind_cpu_input("position_ids", positions)
+        for name, value in self._feed(input_ids, mask, positions, (), rows).items():
+            binding.bind_cpu_input(name, value)
         logits = np.empty((*input_ids.shape, self.vocab), self._logits_dtype)
         binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(logits))
-        if self.trace is not None:
-            self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
+        self._record(input_ids, mask)
         self.session.run_with_iobinding(binding)
         return logits
+
+    def _record(self, input_ids: np.ndarray, mask: np.ndarray) -> None:
+        if self.trace is not None:
+            self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
 
     def _bind_kv(self, buffers: Sequence[np.ndarray]) -> ort.IOBinding:
         """A binding whose past and present are the same buffers, so the model writes them in place."""
@@ -267,6 +255,7 @@ class DecoderRunner:
 
     def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
               pasts: Sequence[np.ndarray], rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
+        """A run's inputs by name; `pasts` empty when they are bound instead (a shared-KV run)."""
         feed: dict[str, np.ndarray] = {"input_ids": input_ids}
         if self.lora is not None:  # each row's adapter (None: a free row, or no adapter)
             feed.update(lora_feed(self.lora, [None if c is None else c.request.adapter for c in rows]))
@@ -274,8 +263,8 @@ class DecoderRunner:
             feed["attention_mask"] = mask
         if self.has_positions:
             feed["position_ids"] = positions
-        for (name, _), past in zip(self.kv_names, pasts, strict=True):
-            feed[name] = past
+        if pasts:
+            feed.update(zip((name for name, _ in self.kv_names), pasts, strict=True))
         return feed
 
     def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
@@ -293,8 +282,7 @@ class DecoderRunner:
         feed = self._feed(np.array(token_ids, np.int64).reshape(batch, 1), mask, start_array[:, None], pasts,
                           [group[i] if i >= 0 else None for i in order])
         t1 = time.perf_counter_ns()
-        if self.trace is not None:
-            self.trace.append(RunShape(feed["input_ids"].shape, mask.shape[1], mask.sum(axis=1).tolist()))
+        self._record(feed["input_ids"], mask)
         logits, *presents = self.session.run(self.output_names, feed)
         t2 = time.perf_counter_ns()
         self.decode_group.advance(group, order, presents)  # writes the blocks this step filled
@@ -328,15 +316,14 @@ class DecoderRunner:
                 mask[row, past - c.start:past + count] = 1
         outs: Sequence[np.ndarray]
         if shared:
-            outs = list(self._gather_left(group, past + width))
+            outs = list(self._gather(group, past + width))
             t1 = time.perf_counter_ns()
             logits = self._run_bound(self._bind_kv(outs), input_ids, mask, position_ids, group)
             firsts = [c.start for c in group]  # the column of each row's first new token
         else:
             feed = self._feed(input_ids, mask, position_ids, list(self._gather(group, past)), group)
             t1 = time.perf_counter_ns()
-            if self.trace is not None:
-                self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
+            self._record(input_ids, mask)
             logits, *outs = self.session.run(self.output_names, feed)
             firsts = [past] * batch
         t2 = time.perf_counter_ns()
@@ -359,7 +346,7 @@ class DecoderRunner:
         shared = self.shared_group
         assert shared is not None  # made with shared_kv
         moves = shared.moves
-        order, gathered = shared.prepare(group, self._gather_left)
+        order, gathered = shared.prepare(group, self._gather)
         if self._bound != shared.grown:
             self._bindings, self._bound = {}, shared.grown
         batch = len(order)

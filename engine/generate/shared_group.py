@@ -33,15 +33,12 @@ stays dense. Nothing is ever rebuilt whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from .decode_group import Flush, Row, match_rows
+from .decode_group import Flush, Gather, Row, match_rows
 from .scheduler import ScheduledChunk
-
-# (chunks, width) → [tensors, len(chunks), heads, width, head_dim], each context left-aligned
-GatherLeft = Callable[[Sequence[ScheduledChunk], int], np.ndarray]
 
 
 class SharedDecodeGroup:
@@ -88,10 +85,10 @@ class SharedDecodeGroup:
     def _leave(self, index: int, row: Row) -> None:
         """A row's request leaves the group: if it still owns its blocks (it only skipped this step), the
         tokens not yet written there are; a finished or preempted one's blocks are no longer its own."""
-        if row.synced < row.length and row.holds_blocks():
-            self._flush(self._buffers, index, 0, row.table, row.synced, row.length)
+        if row.holds_blocks():
+            row.write_back(self._flush, self._buffers, index, 0)
 
-    def prepare(self, chunks: Sequence[ScheduledChunk], gather: GatherLeft) -> tuple[list[int], int]:
+    def prepare(self, chunks: Sequence[ScheduledChunk], gather: Gather) -> tuple[list[int], int]:
         """Place this step's decode chunks in rows, each joiner's context in its row's slots. Returns, per
         row of the run (the first `hi`), the index of its chunk in `chunks` (-1: free), and how many rows
         were gathered from blocks."""
@@ -160,5 +157,4 @@ class SharedDecodeGroup:
         bs = self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=False)):
             if row is not None and row.decoded(chunks[index], bs):
-                self._flush(self._buffers, i, 0, row.table, row.synced, row.length)
-                row.synced = row.length
+                row.write_back(self._flush, self._buffers, i, 0)
