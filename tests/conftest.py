@@ -126,13 +126,13 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 30.0) -
     return value
 
 
-def openai_client(server: RunningServer) -> openai.OpenAI:
+def openai_client(server: RunningServer, timeout_s: float = 60.0) -> openai.OpenAI:
     """The official `openai` client on the server's /v1, as the OpenAI suites use it (no retries, so a
     refusal is seen as it came)."""
     import openai  # only the OpenAI suites need it
 
     return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60.0)
+                         timeout=timeout_s)
 
 
 def start_example_server(tmp_path_factory: pytest.TempPathFactory, label: str, model: str) -> RunningServer:

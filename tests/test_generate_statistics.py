@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import RunningServer, start_example_server, wait_until
+from conftest import RunningServer, openai_client, start_example_server, wait_until
 
 MODEL = "tiny_decoder"
 KINDS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
@@ -200,8 +200,7 @@ def test_a_client_leaving_mid_stream_counts_a_cancel(server: RunningServer):
 
 
 def test_openai_requests_count_in_the_model_statistics(server: RunningServer):
-    client = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                           timeout=60.0)
+    client = openai_client(server)
     before = snapshot(server)
     succeeded = server.metric("nv_inference_request_success", MODEL)
     out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, n=2, temperature=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from conftest import RunningServer, start_server
+from conftest import RunningServer, openai_client, start_server
 from test_openai_api import MODEL, build_repository
 
 
@@ -33,8 +33,7 @@ def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
 
 
 def client_of(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60.0)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from conftest import RunningServer, start_server
+from conftest import RunningServer, openai_client, start_server
 from test_openai_api import MODEL, build_repository
 
 
@@ -156,8 +156,7 @@ def test_the_server_keeps_serving_after_every_refusal(server: RunningServer):
 
 
 def test_the_openai_client_raises_its_own_error_classes(server: RunningServer):
-    client = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                           timeout=30.0)
+    client = openai_client(server, timeout_s=30.0)
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     assert missing.value.code == "model_not_found"

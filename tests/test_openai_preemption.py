@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import openai
 import pytest
 
-from conftest import EXAMPLES, RunningServer, start_server
+from conftest import EXAMPLES, RunningServer, openai_client, start_server
 from engine import examples
 from test_openai_api import MODEL, _metric
 
@@ -31,8 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_streams_preempted_for_blocks_lose_nothing(server: RunningServer):
-    client = openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                           timeout=120.0)
+    client = openai_client(server, timeout_s=120.0)
     ask = {"model": MODEL, "max_tokens": 150, "temperature": 0, "extra_body": {"ignore_eos": True}}
     prompts = [f"prompt number {i} " * 3 for i in range(8)]  # 8 x ~200 tokens: far over 40 blocks of 16
     alone = [client.completions.create(prompt=p, **ask).choices[0].text for p in prompts]

@@ -31,8 +31,7 @@ def test_answers_and_streams_through_either_frontend(client: openai.OpenAI, serv
     messages = [{"role": "user", "content": "hi"}]
     whole, streamed = set(), set()
     for _ in range(3):  # new connections each time: spread over both frontends
-        with openai.OpenAI(base_url=f"http://{server.http_url}/v1", api_key="unused", max_retries=0,
-                           timeout=60.0) as fresh:
+        with openai_client(server) as fresh:
             out = fresh.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
             assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 16
             whole.add(out.choices[0].message.content)
