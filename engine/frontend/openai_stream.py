@@ -51,11 +51,11 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     stream.start(200, CONTENT_TYPE, _NO_CACHE + extra)
     try:
         for choice in gen.choices:  # what the engine produced before the listener was set: a chunk per
-            pieces = choice.text or [""]  # event, as if it had been listening (a busy loop changes nothing)
-            finished = choice.finished and choice.finish_reason != "error"
-            for i, text in enumerate(pieces, 1):
-                if text or (i == len(pieces) and (choice.finished or api.chat)):
-                    writer.write(choice, text, finished and i == len(pieces))
+            *earlier, last = choice.text or [""]  # event (each non-empty), as if it had been listening
+            for text in earlier:
+                writer.write(choice, text, False)
+            if last or choice.finished or api.chat:
+                writer.write(choice, last, choice.finished and choice.finish_reason != "error")
         await stream.drain()
         while not gen.done.done() or events:
             if not events:
