@@ -249,23 +249,27 @@ def replay(model: Model, trace: list[RunShape], max_len: int = 512, max_rows: in
              for p in ("key", "value")]
     outputs = ["logits", *(present for _, present in names)]
     arena = [np.ones((max_rows, shape.heads, max_len, shape.head_dim), np.float32) for _ in names]  # touched
+
+    def past_of(buffer: np.ndarray, batch: int, width: int) -> np.ndarray:
+        """A contiguous [batch, heads, width, head_dim] at the start of an arena buffer (its pages warm)."""
+        size = batch * shape.heads * width * shape.head_dim
+        return buffer.reshape(-1)[:size].reshape(batch, shape.heads, width, shape.head_dim)
+
     total = 0
     for run in trace:
         batch, seq = run.ids
         ids, positions = np.zeros((batch, seq), np.int64), np.zeros((batch, seq), np.int64)
         if shape.shared_kv:  # as the runner: past and present one buffer, each row's length in the mask
             mask = (np.arange(run.width) < np.array(run.lengths)[:, None]).astype(np.int64)
-            width = max_len if seq == 1 else run.width
             binding = sess.io_binding()
             binding.bind_cpu_input("input_ids", ids)
             binding.bind_cpu_input("position_ids", positions)
             binding.bind_cpu_input("attention_mask", mask)
             binding.bind_output("logits")
             for (past, present), buffer in zip(names, arena, strict=True):
-                value = ort.OrtValue.ortvalue_from_numpy(
-                    buffer[:batch] if seq == 1 else buffer.reshape(-1)[:batch * shape.heads * width
-                                                                        * shape.head_dim].reshape(
-                        batch, shape.heads, width, shape.head_dim))
+                # a decode reads the decode group's rows (max_len wide), a prefill a buffer of its width
+                value = ort.OrtValue.ortvalue_from_numpy(buffer[:batch] if seq == 1 else
+                                                         past_of(buffer, batch, run.width))
                 binding.bind_ortvalue_input(past, value)
                 binding.bind_ortvalue_output(present, value)
             t0 = time.perf_counter_ns()
@@ -275,8 +279,7 @@ def replay(model: Model, trace: list[RunShape], max_len: int = 512, max_rows: in
             feed = {"input_ids": ids, "position_ids": positions,
                     "attention_mask": np.ones((batch, run.width), np.int64)}
             for (name, _), buffer in zip(names, arena, strict=True):
-                feed[name] = buffer.reshape(-1)[:batch * shape.heads * past * shape.head_dim].reshape(
-                    batch, shape.heads, past, shape.head_dim)
+                feed[name] = past_of(buffer, batch, past)
             t0 = time.perf_counter_ns()
             sess.run(outputs, feed)
         total += time.perf_counter_ns() - t0
