@@ -117,14 +117,14 @@ def workload(count: int, seed: int, lengths: str = "uniform") -> list[tuple[list
     return jobs
 
 
-def make_engine(model: Model) -> GenerationEngine:
+def make_engine(model: Model, steps: int = 1) -> GenerationEngine:
     """The example's settings (model_repository/tiny_decoder/config.pbtxt), warmed up: ONNX Runtime's first
     runs at new shapes are slow, and would land in the first TTFTs."""
     cache = CacheConfig(block_size=16, num_blocks=1024, max_model_len=512)
     runner = DecoderRunner(model.onnx, cache.num_blocks, cache.block_size, options(),
                            shared_kv=model.shape.shared_kv, max_len=cache.max_model_len, max_rows=32)
-    engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(max_num_seqs=32,
-                                                                              max_num_batched_tokens=256))
+    engine = GenerationEngine(runner, ByteTokenizer(), cache, SchedulerConfig(
+        max_num_seqs=32, max_num_batched_tokens=256, num_scheduler_steps=steps))
     for i, (prompt, max_tokens) in enumerate(workload(8, seed=12345)):
         engine.add_request(f"warm{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     engine.run_to_completion()
@@ -189,16 +189,18 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
         out.step_wall_ns += time.perf_counter_ns() - wall
         out.steps += 1
         now = time.perf_counter()
-        decodes = [o for o in stepped if o.new_token_ids and len(o.output_token_ids) > 1]
+        decodes = [o for o in stepped if o.new_token_ids and len(o.output_token_ids) > len(o.new_token_ids)]
         if decodes:
             out.decode_batch.append(len(decodes))
         for o in stepped:
-            if o.new_token_ids and len(o.output_token_ids) <= wanted[o.request_id]:
-                out.tokens += len(o.new_token_ids)
-            if o.new_token_ids and len(o.output_token_ids) == 1:
-                out.ttft.append(now - sent[o.request_id])
-            if o.new_token_ids and len(o.output_token_ids) == wanted[o.request_id]:
-                client_free_at[int(o.request_id.split(":")[0])] = now  # its answer is complete
+            new, have = len(o.new_token_ids), len(o.output_token_ids)  # a multi-step decode gives several
+            before = have - new
+            if new:
+                out.tokens += max(0, min(have, wanted[o.request_id]) - before)
+                if before == 0:
+                    out.ttft.append(now - sent[o.request_id])
+                if before < wanted[o.request_id] <= have:
+                    client_free_at[int(o.request_id.split(":")[0])] = now  # its answer is complete
             if o.finished:
                 client = int(o.request_id.split(":")[0])
                 if queue and mode == "continuous":
@@ -294,12 +296,14 @@ def main() -> None:
     parser.add_argument("--lengths", choices=LENGTHS, default="uniform", help="output lengths (module doc)")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="decoder size (module doc)")
     parser.add_argument("--kv", choices=("dense", "shared"), default="dense", help="KV layout (module doc)")
+    parser.add_argument("--steps", type=int, default=1,
+                        help="num_scheduler_steps: decode steps per schedule (module doc)")
     args = parser.parse_args()
     model = build_model(args.model, args.kv)
     shape = model.shape
     print(f"model {model.name}: {shape.layers} layers, hidden {shape.hidden} "
           f"({shape.heads} × {shape.head_dim} heads), FFN {shape.ffn}, {args.kv} KV; output lengths "
-          f"{args.lengths}; "
+          f"{args.lengths}; {args.steps} decode steps per schedule; "
           f"{args.requests_per_client} requests per client; seed {args.seed}\n")
     print("| c | continuous tok/s | static tok/s | cont./static | bound | static-leave tok/s "
           "| TTFT p50/p95 ms cont. | TTFT p50/p95 ms static | mean decode batch | mean context "
@@ -310,13 +314,13 @@ def main() -> None:
     rows = []
     for c in concurrencies:
         jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
-        engine = make_engine(model)
+        engine = make_engine(model, args.steps)
         engine.runner.trace = []
         cont = run(engine, jobs, c, "continuous")
         replayed = cont.tokens / replay(model, engine.runner.trace)
         breakdown.append(dataclasses.replace(engine.runner.stats))
-        stat = run(make_engine(model), jobs, c, "static")
-        leave = run(make_engine(model), jobs, c, "static-leave")
+        stat = run(make_engine(model, args.steps), jobs, c, "static")
+        leave = run(make_engine(model, args.steps), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
         context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
         top = ceiling(model, batch, context)

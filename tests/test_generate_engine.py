@@ -40,12 +40,12 @@ def options() -> ort.SessionOptions:
 
 def make_engine(num_blocks: int = 256, block_size: int = 8, seqs: int = 16, budget: int = 64,
                 chunked: bool = True, prefix: bool = True, max_model_len: int = 512,
-                kv: str = "dense") -> GenerationEngine:
+                kv: str = "dense", steps: int = 1) -> GenerationEngine:
     shared = kv == "shared"
     runner = DecoderRunner(SHARED_MODEL if shared else MODEL, num_blocks, block_size, options(),
                            shared_kv=shared, max_len=max_model_len, max_rows=seqs)
     return GenerationEngine(runner, TOKENIZER, CacheConfig(block_size, num_blocks, max_model_len, prefix),
-                            SchedulerConfig(seqs, budget, chunked))
+                            SchedulerConfig(seqs, budget, chunked, steps))
 
 
 @pytest.fixture(scope="module")

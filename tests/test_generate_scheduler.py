@@ -22,7 +22,7 @@ def request(rid: str, prompt_len: int, first: int = 0) -> Request:
 
 def step(s: Scheduler, token: int = 7) -> SchedulerOutput:
     out = s.schedule()
-    sampled = {c.request.request_id: token for c in out.chunks if c.sample}
+    sampled = {c.request.request_id: (token,) for c in out.chunks if c.sample}
     list(s.update(out, sampled))
     return out
 

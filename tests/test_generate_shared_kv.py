@@ -119,13 +119,16 @@ def test_lora_rows_in_a_shared_group_match_the_dense_model():
     assert outs[0] == outs[1]
 
 
-def shared_folder(root: Path, name: str = "tiny_shared", share: str = "true") -> Path:
-    """The example tiny_decoder's folder with the shared-KV model and the parameter that declares it."""
+def shared_folder(root: Path, name: str = "tiny_shared", share: str = "true", steps: int = 1) -> Path:
+    """The example tiny_decoder's folder with the shared-KV model and the parameter that declares it (and
+    `steps` decode steps per schedule: num_scheduler_steps)."""
     folder = root / name
     (folder / "1").mkdir(parents=True)
     config = (EXAMPLES / "tiny_decoder" / "config.pbtxt").read_text().replace(
         'name: "tiny_decoder"', f'name: "{name}"')
     config += f'parameters {{ key: "past_present_share_buffer" value {{ string_value: "{share}" }} }}\n'
+    if steps != 1:
+        config += f'parameters {{ key: "num_scheduler_steps" value {{ string_value: "{steps}" }} }}\n'
     (folder / "config.pbtxt").write_text(config)
     (folder / "1" / "model.onnx").write_bytes(SHARED_MODEL)
     return folder
@@ -142,18 +145,19 @@ def test_the_folder_parameter_declares_the_layout(tmp_path: Path, reference_sess
         load_engine(shared_folder(tmp_path, "bad", "yes"))
 
 
-def test_a_server_answers_the_openai_client_alike_with_either_layout(
+def test_a_server_answers_the_openai_client_alike_with_either_layout_and_multi_step(
         tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("shared_kv") / "repo"
     (root / "tiny_decoder").mkdir(parents=True)
     shutil.copy(EXAMPLES / "tiny_decoder" / "config.pbtxt", root / "tiny_decoder" / "config.pbtxt")
     examples.build_repository(root, ["tiny_decoder"])
     shared_folder(root)
+    shared_folder(root, "tiny_steps", steps=8)  # a multi-step decode: several tokens per event
     server = start_server(root, tmp_path_factory.mktemp("shared_kv_log") / "server.log")
     try:
         client = openai_client(server)
         texts = {}
-        for model in ("tiny_decoder", "tiny_shared"):
+        for model in ("tiny_decoder", "tiny_shared", "tiny_steps"):
             chunks = client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=40,
                 temperature=0, stream=True, extra_body={"ignore_eos": True})
@@ -161,8 +165,8 @@ def test_a_server_answers_the_openai_client_alike_with_either_layout(
             several = client.completions.create(model=model, prompt=["Once", "upon a time", "x"],
                                                 max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
             texts[model + " batch"] = [c.text for c in sorted(several.choices, key=lambda c: c.index)]
-        assert texts["tiny_decoder"] and texts["tiny_decoder"] == texts["tiny_shared"]
-        assert texts["tiny_decoder batch"] == texts["tiny_shared batch"]
+        assert texts["tiny_decoder"] and texts["tiny_decoder"] == texts["tiny_shared"] == texts["tiny_steps"]
+        assert texts["tiny_decoder batch"] == texts["tiny_shared batch"] == texts["tiny_steps batch"]
     finally:
         server.stop()
 

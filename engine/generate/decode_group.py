@@ -66,17 +66,20 @@ class Row:
         return self.request.state is RequestState.RUNNING and \
             self.request.num_preemptions == self.preemptions
 
-    def decoded(self, chunk: ScheduledChunk, block_size: int) -> bool:
-        """After a decode run wrote `chunk`'s token: one longer; True when that filled a block."""
-        self.length, self.table = chunk.start + 1, chunk.block_table
-        return self.length % block_size == 0
+    def decoded(self, chunk: ScheduledChunk, block_size: int, steps: int = 1) -> bool:
+        """After the decode runs that wrote `chunk`'s token and the `steps - 1` fed back after it: that much
+        longer; True when a block not yet in the blocks is now full."""
+        self.length, self.table = chunk.start + steps, chunk.block_table
+        return self.length // block_size * block_size > self.synced
 
-    def write_back(self, flush: Flush, arrays: Sequence[np.ndarray], index: int, offset: int) -> None:
-        """Write the positions its blocks lack, [synced, length), from row `index` of `arrays` (position p at
-        column offset + p), and count them written."""
-        if self.synced < self.length:
-            flush(arrays, index, offset, self.table, self.synced, self.length)
-            self.synced = self.length
+    def write_back(self, flush: Flush, arrays: Sequence[np.ndarray], index: int, offset: int,
+                   end: int | None = None) -> None:
+        """Write the positions its blocks lack, [synced, end) (end: all it holds), from row `index` of
+        `arrays` (position p at column offset + p), and count them written."""
+        end = self.length if end is None else end
+        if self.synced < end:
+            flush(arrays, index, offset, self.table, self.synced, end)
+            self.synced = end
 
 
 def match_rows(rows: Sequence[Row | None], chunks: Sequence[ScheduledChunk]) -> tuple[list[int], list[int]]:
@@ -169,14 +172,14 @@ class DecodeGroup:
         return new_order, pasts, len(fresh)
 
     def advance(self, chunks: Sequence[ScheduledChunk], order: Sequence[int],
-                presents: list[np.ndarray]) -> None:
-        """After the run: `present` is the next step's past, each live row one token longer; a block this
-        step filled is written to the blocks now."""
+                presents: list[np.ndarray], steps: int = 1) -> None:
+        """After the run (or the `steps` runs of a multi-step decode): the last `present` is the next
+        step's past, each live row `steps` tokens longer; the blocks these filled are written now."""
         self._pasts = presents
         width, bs = presents[0].shape[2], self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=True)):
-            if row is not None and row.decoded(chunks[index], bs):
-                row.write_back(self._flush, presents, i, width - row.length)
+            if row is not None and row.decoded(chunks[index], bs, steps):
+                row.write_back(self._flush, presents, i, width - row.length, row.length // bs * bs)
 
 
 def _copy_rows(old: np.ndarray, rows: np.ndarray, width: int, joined: np.ndarray | None) -> np.ndarray:

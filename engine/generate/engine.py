@@ -18,7 +18,7 @@ from .lora import AdapterStore
 from .request import FinishReason, Request, RequestOutput, SamplingParams
 from .runner import DecoderRunner
 from .sampler import sample
-from .scheduler import Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .stopping import check_stop
 from .tokenizer import Tokenizer
 
@@ -103,23 +103,66 @@ class GenerationEngine:
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return []
-        # 2. execute: the model over the chunks, then the next token of each request that samples
-        logits = self.runner.execute(plan.chunks)
+        # 2. execute: the model over the chunks, then the next token of each request that samples (or,
+        # in a multi-step decode, `steps` tokens of each, every one fed back but the last)
         samplers = [c.request for c in plan.chunks if c.sample]
-        sampled = dict(zip((r.request_id for r in samplers), sample(logits, samplers), strict=True))
+        steps = self._steps(plan)
+        sampled: dict[str, Sequence[int]]
+        if steps > 1:
+            tokens = self.runner.execute_steps(plan.chunks, steps, lambda logits: sample(logits, samplers))
+            sampled = dict(zip((r.request_id for r in samplers), tokens.tolist(), strict=True))
+        else:
+            logits = self.runner.execute(plan.chunks)
+            sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in sample(logits, samplers)),
+                               strict=True))
         # 3. update: advance every request, stop the finished ones and free their blocks
         outputs = []
-        for request, token in self.scheduler.update(plan, sampled):
+        for request, new in self.scheduler.update(plan, sampled):
             reason = None
-            if token is not None:
-                reason = check_stop(request, self.tokenizer, self.cache_config.max_model_len)
+            if new:
+                reason, new = self._check_stop(request, new)
                 if reason is not None:
                     self.scheduler.finish(request, reason)
                     del self._requests[request.request_id]
             outputs.append(RequestOutput(
-                request.request_id, () if token is None else (token,), reason is not None, reason,
+                request.request_id, tuple(new), reason is not None, reason,
                 tuple(request.output_token_ids), request.output_text))
         return outputs
+
+    def _steps(self, plan: SchedulerOutput) -> int:
+        """How many decode steps this plan runs before the next schedule (vLLM's multi-step scheduling):
+        `num_scheduler_steps` when every chunk is one decode token (so nobody waiting could be admitted
+        now: the schedule would have given it a prefill chunk), each has the context left, and the pool has
+        the blocks; else 1. It runs the scheduler, the stop checks and the outputs, and hands the API layer
+        its events, once for several tokens: on a small model that is most of a token's cost
+        (perf/README.md). Its price: a request ending inside it computes up to steps - 1 tokens that are
+        dropped, and a request arriving, or waiting for a seat it frees, is admitted when it ends."""
+        steps = self.scheduler.config.num_scheduler_steps
+        if steps == 1:
+            return 1
+        room = self.cache_config.max_model_len
+        for chunk in plan.chunks:
+            if len(chunk.token_ids) != 1 or not chunk.sample:
+                return 1
+            room = min(room, self.cache_config.max_model_len - chunk.start)
+        steps = min(steps, room)
+        return steps if steps > 1 and self.scheduler.reserve(plan, steps) else 1
+
+    def _check_stop(self, request: Request, new: Sequence[int]) -> tuple[FinishReason | None, Sequence[int]]:
+        """check_stop after each of a step's new tokens; tokens after the one that ends the request are
+        dropped (a multi-step decode computed them), so what it returns is what one step at a time would."""
+        limit = self.cache_config.max_model_len
+        if len(new) == 1:
+            return check_stop(request, self.tokenizer, limit), new
+        tokens = request.output_token_ids
+        base = len(tokens) - len(new)
+        del tokens[base:]
+        for count, token in enumerate(new, 1):
+            tokens.append(token)
+            reason = check_stop(request, self.tokenizer, limit)
+            if reason is not None:
+                return reason, new[:count]
+        return None, new
 
     def run_to_completion(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:
         """Step until every request finished; the last output of each, by request id."""

@@ -15,6 +15,8 @@ The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/m
                             form); "true": it reads `past` as a buffer [batch, heads, capacity, head_dim] and
                             writes the new keys and values into it in place at each row's length
                             (GroupQueryAttention, as onnxruntime-genai exports; shared_group.py)
+    num_scheduler_steps     decode steps per schedule when every running request decodes (default 1:
+                            engine.py's multi-step decode)
     lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
                             graph takes LoRA inputs (lora.py)
     max_loras               adapters kept loaded at most, least recently used evicted (default 4)
@@ -103,6 +105,7 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     scheduler = SchedulerConfig(
         max_num_seqs=_int(params, "max_num_seqs", 32, where),
         max_num_batched_tokens=_int(params, "max_num_batched_tokens", 256, where),
+        num_scheduler_steps=_int(params, "num_scheduler_steps", 1, where),
     )
     tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
     options = session_options(config)

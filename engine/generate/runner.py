@@ -39,7 +39,7 @@ and perf/bench_generate.py prints it. Called on the engine's thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,7 +192,7 @@ class DecoderRunner:
         `sample`, one row each in chunk order ([n, vocab])."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
-        decode = self._decode_shared if self.shared_kv else self._decode
+        decode = self._decode
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
             return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
@@ -267,31 +267,6 @@ class DecoderRunner:
             feed.update(zip((name for name, _ in self.kv_names), pasts, strict=True))
         return feed
 
-    def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
-        """One token for each of `group`, over the decode group's kept past (decode_group.py); the logits
-        in `group`'s order. Built from plain lists in one pass over the rows, and with basic slices where
-        no row is free (the usual step), because at tens of rows numpy's per-call cost is what adds up."""
-        t0 = time.perf_counter_ns()
-        rebuilds = self.decode_group.rebuilds
-        order, pasts, gathered = self.decode_group.prepare(group, self._gather)
-        batch = len(order)
-        starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at position 0
-        past = pasts[0].shape[2]
-        start_array = np.array(starts, np.int64)
-        mask = (np.arange(past + 1) >= (past - start_array)[:, None]).astype(np.int64)
-        feed = self._feed(np.array(token_ids, np.int64).reshape(batch, 1), mask, start_array[:, None], pasts,
-                          [group[i] if i >= 0 else None for i in order])
-        t1 = time.perf_counter_ns()
-        self._record(feed["input_ids"], mask)
-        logits, *presents = self.session.run(self.output_names, feed)
-        t2 = time.perf_counter_ns()
-        self.decode_group.advance(group, order, presents)  # writes the blocks this step filled
-        last = _decode_logits(logits, len(group), live, picked)
-        t3 = time.perf_counter_ns()
-        self._count_decode(batch, len(live), gathered, self.decode_group.rebuilds - rebuilds, t2 - t1)
-        self._count(batch, len(live), batch * past, sum(starts), t0, t1, t2, t3)
-        return last
-
     def _run(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
         """Prefill chunks, batched, over their cached context gathered from their blocks; the last position's
         logits. Dense: each context right-aligned before the group's longest, the new tokens in slots P …
@@ -339,36 +314,101 @@ class DecoderRunner:
         self._count(batch, len(rows), context if shared else batch * past, context, t0, t1, t2, t3)
         return last
 
-    def _decode_shared(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
-        """`_decode` for a shared-KV model: the rows' buffers (shared_group.py) are the model's past and
-        present both; each row's mask counts its own length, so nothing is padded and nothing copied."""
+    def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
+        """One decode step: a token for each of `group` over the decode group's kept past (decode_group.py,
+        or shared_group.py's buffers); the logits in `group`'s order."""
+        logits: list[np.ndarray] = []
+
+        def keep(last: np.ndarray) -> list[int]:
+            logits.append(last)
+            return []  # nothing is fed back after the last step
+
+        self._decode_steps(group, 1, keep)
+        return logits[0]
+
+    def execute_steps(self, chunks: Sequence[ScheduledChunk], steps: int,
+                      pick: Callable[[np.ndarray], list[int]]) -> np.ndarray:
+        """A multi-step decode (engine.py): `steps` decode runs over `chunks` (each one token that samples,
+        with blocks for `steps` tokens), each run's logits [chunks, vocab] handed to `pick` (the engine's
+        sampler) and the tokens it picks fed back as the next run's input, with no schedule in between.
+        Returns the picked tokens, [chunks, steps]."""
+        self.stats.steps += 1
+        tokens = np.empty((len(chunks), steps), np.int64)
+        step = 0
+
+        def feed_back(last: np.ndarray) -> list[int]:
+            nonlocal step
+            picked = pick(last)
+            tokens[:, step] = picked
+            step += 1
+            return picked
+
+        self._decode_steps(chunks, steps, feed_back)
+        return tokens
+
+    def _decode_steps(self, group: Sequence[ScheduledChunk], steps: int,
+                      pick: Callable[[np.ndarray], list[int]]) -> None:
+        """`steps` decode runs, the rows placed once: after each run every live row is one longer and takes
+        the token `pick` returns for its chunk (unused after the last). Built from plain lists once, then
+        numpy in place per run: at tens of rows numpy's per-call cost and per-row Python are what add up.
+        Dense: each run's `present` is the next run's past (right-aligned, one slot wider each run). Shared:
+        the buffers are past and present both, each row's mask counting its own length, so nothing is
+        padded and nothing copied. The blocks these runs filled are written after the last."""
         t0 = time.perf_counter_ns()
         shared = self.shared_group
-        assert shared is not None  # made with shared_kv
-        moves = shared.moves
-        order, gathered = shared.prepare(group, self._gather)
-        if self._bound != shared.grown:
-            self._bindings, self._bound = {}, shared.grown
+        dense = self.decode_group
+        regrouped = dense.rebuilds if shared is None else shared.moves
+        binding: ort.IOBinding | None = None
+        pasts: list[np.ndarray] = []
+        if shared is not None:
+            order, gathered = shared.prepare(group, self._gather)
+            if self._bound != shared.grown:
+                self._bindings, self._bound = {}, shared.grown
+            binding = self._bindings.get(len(order))
+            if binding is None:
+                binding = self._bindings[len(order)] = self._bind_kv(shared.views())
+        else:
+            order, pasts, gathered = dense.prepare(group, self._gather)
         batch = len(order)
-        binding = self._bindings.get(batch)
-        if binding is None:
-            binding = self._bindings[batch] = self._bind_kv(shared.views())
         starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at slot 0
-        start_array = np.array(starts, np.int64)
-        mask = (np.arange(max(starts) + 1) <= start_array[:, None]).astype(np.int64)
+        positions = np.array(starts, np.int64)[:, None]
+        input_ids = np.array(token_ids, np.int64).reshape(batch, 1)
+        live_rows, chunk_rows = np.array(live, np.int64), np.array(picked, np.int64)
+        rows_of_chunks = _rows_of_chunks(batch, len(group), live, picked)
         rows = [group[i] if i >= 0 else None for i in order]
-        t1 = time.perf_counter_ns()
-        logits = self._run_bound(binding, np.array(token_ids, np.int64).reshape(batch, 1), mask,
-                                 start_array[:, None], rows)
-        t2 = time.perf_counter_ns()
-        shared.advance(group, order)  # writes the blocks this step filled (the rest wait in the buffers)
-        last = _decode_logits(logits, len(group), live, picked)
-        t3 = time.perf_counter_ns()
-        # rows moved count as rebuilds: a shared group is never rebuilt whole
-        self._count_decode(batch, len(live), gathered, shared.moves - moves, t2 - t1)
-        context = sum(starts)
-        self._count(batch, len(live), context, context, t0, t1, t2, t3)
-        return last
+        for step in range(steps):
+            context = sum(starts) + step * len(live)
+            if binding is not None:
+                past_slots = context
+                mask = (np.arange(int(positions.max()) + 1) <= positions).astype(np.int64)
+                t1 = time.perf_counter_ns()
+                logits = self._run_bound(binding, input_ids, mask, positions, rows)
+            else:
+                width = pasts[0].shape[2]
+                past_slots = batch * width
+                mask = (np.arange(width + 1) >= width - positions).astype(np.int64)
+                feed = self._feed(input_ids, mask, positions, pasts, rows)
+                t1 = time.perf_counter_ns()
+                self._record(input_ids, mask)
+                logits, *pasts = self.session.run(self.output_names, feed)
+            t2 = time.perf_counter_ns()
+            last = _decode_logits(logits, rows_of_chunks)
+            if step == steps - 1:  # writes the blocks these runs filled (the rest wait in the group)
+                if shared is not None:
+                    shared.advance(group, order, steps)
+                else:
+                    dense.advance(group, order, pasts, steps)
+            fed = pick(last)
+            if step < steps - 1:
+                input_ids[live_rows, 0] = np.asarray(fed, np.int64)[chunk_rows]
+                positions[live_rows] += 1
+            t3 = time.perf_counter_ns()
+            # a shared group's rows moved count as rebuilds: it is never rebuilt whole
+            now = dense.rebuilds if shared is None else shared.moves
+            self._count_decode(batch, len(live), gathered if step == 0 else 0,
+                               now - regrouped if step == 0 else 0, t2 - t1)
+            self._count(batch, len(live), past_slots, context, t0, t1, t2, t3)
+            t0 = t3
 
     def _flush_rows(self, arrays: Sequence[np.ndarray], row: int, offset: int, table: Sequence[int],
                     first: int, end: int) -> None:
@@ -439,14 +479,19 @@ def _decode_rows(group: Sequence[ScheduledChunk], order: Sequence[int],
     return starts, token_ids, live, [order[row] for row in live]
 
 
-def _decode_logits(logits: np.ndarray, chunks: int, live: list[int], picked: list[int]) -> np.ndarray:
-    """The decode run's logits [chunks, vocab] in chunk order: as they are when every row is live and in
-    order (the usual step), else the live rows picked out."""
-    if len(live) == logits.shape[0] and picked == list(range(chunks)):
-        return logits[:, 0]
-    last = np.empty((chunks, logits.shape[2]), logits.dtype)
-    last[picked] = logits[np.array(live, np.int64), 0]
-    return last
+def _rows_of_chunks(batch: int, chunks: int, live: list[int], picked: list[int]) -> np.ndarray | None:
+    """Each chunk's row in a decode run, or None when row i is chunk i for every row (no free rows, in
+    order): what `_decode_logits` takes, worked out once for the runs of a multi-step decode."""
+    if len(live) == batch and picked == list(range(chunks)):
+        return None
+    rows = np.empty(chunks, np.int64)
+    rows[picked] = live
+    return rows
+
+
+def _decode_logits(logits: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    """The decode run's logits [chunks, vocab] in chunk order (`rows`: `_rows_of_chunks`)."""
+    return logits[:, 0] if rows is None else logits[rows, 0]
 
 
 def _fresh_together(chunks: Sequence[ScheduledChunk], group: list[int]) -> list[list[int]]:

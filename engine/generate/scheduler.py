@@ -24,8 +24,8 @@ get them (the job's work is kept and recomputed later, as any preemption).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 from .kv_manager import KVCacheManager
 from .request import FinishReason, Priority, Request, RequestState
@@ -36,10 +36,11 @@ class SchedulerConfig:
     max_num_seqs: int = 32              # running requests at most
     max_num_batched_tokens: int = 256   # tokens computed per step at most (the budget)
     enable_chunked_prefill: bool = True  # False: a prompt is admitted only when all of it fits the budget
+    num_scheduler_steps: int = 1        # decode steps per schedule when a step is decodes only (engine.py)
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if min(self.max_num_seqs, self.max_num_batched_tokens, self.num_scheduler_steps) < 1:
+            raise ValueError("max_num_seqs, max_num_batched_tokens and num_scheduler_steps must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,21 +179,35 @@ class Scheduler:
         self.num_preemptions += 1
         self.queues[request.params.priority].appendleft(request)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> Iterator[tuple[Request, int | None]]:
-        """Advance each scheduled request by its computed tokens and append its sampled token (`sampled`,
-        by request id, for the chunks with `sample`). Yields (request, new token or None)."""
+    def reserve(self, out: SchedulerOutput, steps: int) -> bool:
+        """Room for `steps` tokens for each chunk of a plan of decodes (the engine's multi-step decode: each
+        chunk's sampled token is fed back `steps - 1` times before the next schedule). On success the
+        chunks carry their grown block tables; False when the pool lacks the blocks (then the plan runs one
+        step, as scheduled: what was taken is the blocks those requests need next anyway)."""
+        for chunk in out.chunks:
+            request = chunk.request
+            if not self.kv.allocate(request.request_id, request.num_computed_tokens, steps):
+                return False
+        out.chunks = [replace(c, block_table=tuple(self.kv.block_table(c.request.request_id)))
+                      for c in out.chunks]
+        return True
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, Sequence[int]],
+               ) -> Iterator[tuple[Request, Sequence[int]]]:
+        """Advance each scheduled request by its computed tokens and append its sampled tokens (`sampled`,
+        by request id, for the chunks with `sample`: one token, or one per step of a multi-step decode,
+        where every token but the last was also fed back and computed). Yields (request, new tokens)."""
         for chunk in out.chunks:
             request = chunk.request
             if request.finished:  # aborted between schedule and update
                 continue
-            request.num_computed_tokens += len(chunk.token_ids)
+            tokens = sampled.get(request.request_id, ()) if chunk.sample else ()
+            request.num_computed_tokens += len(chunk.token_ids) + max(len(tokens) - 1, 0)
+            request.output_token_ids.extend(tokens)
             if self.kv.fills_a_block(request.request_id, request.num_computed_tokens):
                 self.kv.cache_computed(request.request_id, request.all_token_ids,
                                        request.num_computed_tokens, request.prefix_salt)
-            token = sampled.get(request.request_id) if chunk.sample else None
-            if token is not None:
-                request.output_token_ids.append(token)
-            yield request, token
+            yield request, tokens
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """End a request (stopped, at its length, or aborted) and free its blocks at once."""

@@ -150,11 +150,12 @@ class SharedDecodeGroup:
         tensors, heads, head_dim = self._shape
         return [np.full((rows, heads, self.max_len, head_dim), 0, self._dtype) for _ in range(tensors)]
 
-    def advance(self, chunks: Sequence[ScheduledChunk], order: Sequence[int]) -> None:
-        """After the run: the model wrote each live row's new token in place; each is one token longer. A
-        row whose block this filled writes it to the blocks now, before anything can read it there (a
-        prefill of this step, or a prompt sharing it once the scheduler registers it after the step)."""
+    def advance(self, chunks: Sequence[ScheduledChunk], order: Sequence[int], steps: int = 1) -> None:
+        """After the run (or the `steps` runs of a multi-step decode): the model wrote each live row's new
+        tokens in place; each is `steps` longer. A row whose blocks these filled writes them now, before
+        anything can read them there (a prefill of this step, or a prompt sharing them once the scheduler
+        registers them after the step)."""
         bs = self._block_size
         for i, (row, index) in enumerate(zip(self._rows, order, strict=False)):
-            if row is not None and row.decoded(chunks[index], bs):
-                row.write_back(self._flush, self._buffers, i, 0)
+            if row is not None and row.decoded(chunks[index], bs, steps):
+                row.write_back(self._flush, self._buffers, i, 0, row.length // bs * bs)
