@@ -92,9 +92,12 @@ def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("lora_shared") / "repo", shared_kv=True)
 
 
+@pytest.mark.parametrize("steps", [1, 4])  # 4: a multi-step decode (engine.py), each run fed its adapters
 @pytest.mark.parametrize("kv", ["dense", "shared"])
-def test_mixed_adapters_in_one_batch_equal_the_reference_loop(folder: Path, shared_folder: Path, kv: str):
+def test_mixed_adapters_in_one_batch_equal_the_reference_loop(folder: Path, shared_folder: Path, kv: str,
+                                                              steps: int):
     engine = load_engine(shared_folder if kv == "shared" else folder)  # the reference: the dense model
+    engine.scheduler.config = dataclasses.replace(engine.scheduler.config, num_scheduler_steps=steps)
     prompts = {"base": ("The quick brown fox jumps over the lazy dog, twice.", None),
                "a": ("The quick brown fox jumps over the lazy dog, twice.", "alpha"),  # same prompt
                "b": ("Once upon a time", "beta"), "g": ("Hello there", "gamma")}

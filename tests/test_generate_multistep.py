@@ -1,9 +1,9 @@
 """The multi-step decode (engine.py `_steps`, runner.py `execute_steps`; `num_scheduler_steps`): a plan of
 decodes runs several steps with each sampled token fed back and no schedule between, and every request gets
-exactly what one step at a time gives it, in either KV layout: the dense step-by-step oracle's tokens when greedy, the same draws
-when seeded, the same end (stop token, stop string, max_tokens, context) with the tokens computed past it
-dropped, and the same blocks for prefix sharing. In process; the server's side is in
-test_generate_shared_kv.py (a folder with num_scheduler_steps answering the `openai` client)."""
+exactly what one step at a time gives it, in either KV layout: the dense step-by-step oracle's tokens when
+greedy, the same draws when seeded, the same end (stop token, stop string, max_tokens, context) with the
+tokens computed past it dropped, and the same blocks for prefix sharing. In process; the server's side is
+in test_generate_shared_kv.py (a folder with num_scheduler_steps answering the `openai` client)."""
 
 from __future__ import annotations
 
