@@ -382,7 +382,13 @@ class DecoderRunner:
                 past_slots = context
                 mask = (np.arange(int(positions.max()) + 1) <= positions).astype(np.int64)
                 t1 = time.perf_counter_ns()
-                logits = self._run_bound(binding, input_ids, mask, positions, rows)
+                if step == 0:
+                    logits = self._run_bound(binding, input_ids, mask, positions, rows)
+                else:  # the other inputs and the logits stay bound: their arrays change in place
+                    if self.has_mask:
+                        binding.bind_cpu_input("attention_mask", mask)
+                    self._record(input_ids, mask)
+                    self.session.run_with_iobinding(binding)
             else:
                 width = pasts[0].shape[2]
                 past_slots = batch * width
