@@ -53,7 +53,14 @@ and this loop, beside the ceiling's time per token. No sockets: the HTTP API is 
 part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 
     PYTHONPATH=. .venv/bin/python perf/bench_generate.py [--concurrency 1,4,16,32] [--requests-per-client 3]
-        [--lengths uniform|lognormal] [--model tiny|l4h256] [--kv dense|shared] [--seed 0]
+        [--lengths uniform|lognormal] [--model tiny|l4h256] [--kv dense|shared] [--steps 1] [--rounds 1]
+        [--seed 0]
+
+`--steps`: the engine's num_scheduler_steps (docs/architecture.md "Multi-step decode"), in every mode.
+`--rounds R`: the continuous run (with its replay) and the static run alternate R times per point, and the
+round with the median cont./static is the one printed (every round's figures follow the tables): on a shared
+machine the speed drifts by tens of percent within minutes, and a ratio of two runs minutes apart carries
+that drift; alternating puts it on both sides.
 """
 
 from __future__ import annotations
@@ -298,6 +305,9 @@ def main() -> None:
     parser.add_argument("--kv", choices=("dense", "shared"), default="dense", help="KV layout (module doc)")
     parser.add_argument("--steps", type=int, default=1,
                         help="num_scheduler_steps: decode steps per schedule (module doc)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="continuous and static runs alternated this many times per point; the round "
+                             "with the median cont./static is printed, every round after the tables")
     args = parser.parse_args()
     model = build_model(args.model, args.kv)
     shape = model.shape
@@ -312,14 +322,21 @@ def main() -> None:
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     breakdown = []
     rows = []
+    rounds: list[tuple[int, list[tuple[float, float, float]]]] = []
     for c in concurrencies:
         jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
-        engine = make_engine(model, args.steps)
-        engine.runner.trace = []
-        cont = run(engine, jobs, c, "continuous")
-        replayed = cont.tokens / replay(model, engine.runner.trace)
-        breakdown.append(dataclasses.replace(engine.runner.stats))
-        stat = run(make_engine(model, args.steps), jobs, c, "static")
+        pairs = []  # (continuous, static, replayed tok/s, the continuous engine's runner stats) per round
+        for _ in range(args.rounds):  # alternated, so the machine's drift lands on both modes alike
+            engine = make_engine(model, args.steps)
+            engine.runner.trace = []
+            cont_run = run(engine, jobs, c, "continuous")
+            replay_tps = cont_run.tokens / replay(model, engine.runner.trace)
+            pairs.append((cont_run, run(make_engine(model, args.steps), jobs, c, "static"), replay_tps,
+                          dataclasses.replace(engine.runner.stats)))
+        rounds.append((c, [(a.tps(), b.tps(), r) for a, b, r, _ in pairs]))
+        # the round whose cont./static is the median stands for the point (its TTFTs and breakdown too)
+        cont, stat, replayed, stats = sorted(pairs, key=lambda p: p[0].tps() / p[1].tps())[len(pairs) // 2]
+        breakdown.append(stats)
         leave = run(make_engine(model, args.steps), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
         context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
@@ -366,6 +383,13 @@ def main() -> None:
         prefill_ns = s.run_ns - s.decode_run_ns
         print(f"| {c} | {1e6 / top:.1f} | {s.decode_run_ns / per:.1f} | {prefill_ns / per:.1f} "
               f"| {mapping / per:.1f} | {rest / per:.1f} | {outside / per:.1f} |")
+    if args.rounds > 1:
+        print("\nEvery round (continuous · static tok/s, cont./static, cont./replayed):\n")
+        print("| c | round | continuous tok/s | static tok/s | cont./static | cont./replayed |")
+        print("|---|---|---|---|---|---|")
+        for c, results in rounds:
+            for i, (a, b, r) in enumerate(results, 1):
+                print(f"| {c} | {i} | {a:.0f} | {b:.0f} | {a / b:.2f} | {a / r:.0%} |")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from engine.generate.model_folder import load_engine
 from engine.generate.request import FinishReason, SamplingParams
 from test_generate_engine import (
     GREEDY,
+    KV,
     MODEL,
     TOKENIZER,
     assert_no_leaks,
@@ -30,7 +31,6 @@ from test_generate_engine import (
 from test_generate_shared_kv import run_with_joins, shared_folder
 
 STEPS = pytest.mark.parametrize("steps", [3, 8])
-KV = pytest.mark.parametrize("kv", ["dense", "shared"])
 
 
 @pytest.fixture(scope="module")
