@@ -78,8 +78,9 @@ def test_seeded_sampling_draws_the_same_tokens_as_one_step_at_a_time():
 
 
 def test_stops_inside_a_multi_step_decode_end_where_one_step_would():
-    """A stop token, a stop string and max_tokens each land mid-way through the steps of one schedule;
-    what was computed past them is dropped: tokens, text and reason are one step at a time's."""
+    """A stop token and a stop string land mid-way through the steps of one schedule, and what was computed
+    past them is dropped; max_tokens caps the steps instead, so nothing is computed past it. Tokens, text and
+    reason are one step at a time's."""
     prompt = [256, *b"Once upon"]
     free = generate(engine_with(1), [prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
     text = TOKENIZER.decode(list(free[:15]))
@@ -101,6 +102,8 @@ def test_stops_inside_a_multi_step_decode_end_where_one_step_would():
         assert got[0] == got[1]
         assert len(got[1][0]) < 16  # it ended early, inside the second schedule's steps
     assert got[1][2] is FinishReason.LENGTH and len(got[1][0]) == 11
+    # the prompt, then one token fed back per token generated but the last: not one more
+    assert engine.runner.stats.tokens == len(prompt) + 11 - 1
 
 
 def test_the_context_limit_caps_the_steps(reference_session):

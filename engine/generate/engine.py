@@ -132,20 +132,22 @@ class GenerationEngine:
     def _steps(self, plan: SchedulerOutput) -> int:
         """How many decode steps this plan runs before the next schedule (vLLM's multi-step scheduling):
         `num_scheduler_steps` when every chunk is one decode token (so nobody waiting could be admitted
-        now: the schedule would have given it a prefill chunk), each has the context left, and the pool has
-        the blocks; else 1. It runs the scheduler, the stop checks and the outputs, and hands the API layer
-        its events, once for several tokens: on a small model that is most of a token's cost
-        (perf/README.md). Its price: a request ending inside it computes up to steps - 1 tokens that are
-        dropped, and a request arriving, or waiting for a seat it frees, is admitted when it ends."""
+        now: the schedule would have given it a prefill chunk) and the pool has the blocks, but no more
+        than any of them has tokens left (max_tokens, the context): a request that ends at a known length
+        ends with the steps, computes nothing past it, and its seat is free at the next schedule. It runs
+        the scheduler, the stop checks and the outputs, and hands the API layer its events, once for
+        several tokens: on a small model that is most of a token's cost (perf/README.md). Its price: a
+        request ending inside it on a stop token or string computes up to steps - 1 tokens that are
+        dropped, and a request arriving is admitted when the steps end."""
         steps = self.scheduler.config.num_scheduler_steps
         if steps == 1:
             return 1
-        room = self.cache_config.max_model_len
+        limit = self.cache_config.max_model_len
         for chunk in plan.chunks:
             if len(chunk.token_ids) != 1 or not chunk.sample:
                 return 1
-            room = min(room, self.cache_config.max_model_len - chunk.start)
-        steps = min(steps, room)
+            request = chunk.request
+            steps = min(steps, limit - chunk.start, request.params.max_tokens - len(request.output_token_ids))
         return steps if steps > 1 and self.scheduler.reserve(plan, steps) else 1
 
     def _check_stop(self, request: Request, new: Sequence[int]) -> tuple[FinishReason | None, Sequence[int]]:
