@@ -165,8 +165,10 @@ def test_a_server_answers_the_openai_client_alike_with_either_layout_and_multi_s
             several = client.completions.create(model=model, prompt=["Once", "upon a time", "x"],
                                                 max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
             texts[model + " batch"] = [c.text for c in sorted(several.choices, key=lambda c: c.index)]
+            texts[model + " usage"] = several.usage.completion_tokens if several.usage else None
         assert texts["tiny_decoder"] and texts["tiny_decoder"] == texts["tiny_shared"] == texts["tiny_steps"]
         assert texts["tiny_decoder batch"] == texts["tiny_shared batch"] == texts["tiny_steps batch"]
+        assert texts["tiny_decoder usage"] == texts["tiny_shared usage"] == texts["tiny_steps usage"] == 90
     finally:
         server.stop()
 
