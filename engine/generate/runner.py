@@ -357,7 +357,7 @@ class DecoderRunner:
         t0 = time.perf_counter_ns()
         shared = self.shared_group
         dense = self.decode_group
-        regrouped = dense.rebuilds if shared is None else shared.moves
+        before = dense.rebuilds if shared is None else shared.moves
         binding: ort.IOBinding | None = None
         pasts: list[np.ndarray] = []
         if shared is not None:
@@ -369,12 +369,14 @@ class DecoderRunner:
                 binding = self._bindings[len(order)] = self._bind_kv(shared.views())
         else:
             order, pasts, gathered = dense.prepare(group, self._gather)
+        # rows moved count as rebuilds: a shared group is never rebuilt whole
+        regrouped = (dense.rebuilds if shared is None else shared.moves) - before
         batch = len(order)
         starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at slot 0
         positions = np.array(starts, np.int64)[:, None]
         input_ids = np.array(token_ids, np.int64).reshape(batch, 1)
-        live_rows, chunk_rows = np.array(live, np.int64), np.array(picked, np.int64)
         rows_of_chunks = _rows_of_chunks(batch, len(group), live, picked)
+        fed_rows = slice(None) if rows_of_chunks is None else rows_of_chunks  # each chunk's row
         rows = [group[i] if i >= 0 else None for i in order]
         for step in range(steps):
             context = sum(starts) + step * len(live)
@@ -406,15 +408,12 @@ class DecoderRunner:
                     dense.advance(group, order, pasts, steps)
             fed = pick(last)
             if step < steps - 1:
-                input_ids[live_rows, 0] = np.asarray(fed, np.int64)[chunk_rows]
-                positions[live_rows] += 1
+                input_ids[fed_rows, 0] = fed
+                positions[fed_rows] += 1
             t3 = time.perf_counter_ns()
-            # a shared group's rows moved count as rebuilds: it is never rebuilt whole
-            now = dense.rebuilds if shared is None else shared.moves
-            self._count_decode(batch, len(live), gathered if step == 0 else 0,
-                               now - regrouped if step == 0 else 0, t2 - t1)
+            self._count_decode(batch, len(live), gathered, regrouped, t2 - t1)
             self._count(batch, len(live), past_slots, context, t0, t1, t2, t3)
-            t0 = t3
+            t0, gathered, regrouped = t3, 0, 0  # the rows were placed once, before the first run
 
     def _flush_rows(self, arrays: Sequence[np.ndarray], row: int, offset: int, table: Sequence[int],
                     first: int, end: int) -> None:
