@@ -89,6 +89,16 @@ def grpc(server):
         yield c
 
 
+@pytest.fixture(scope="module")
+def reference_session():
+    """The dense example decoder in ONNX Runtime: the session test_generate_engine.reference_greedy steps,
+    the generation tests' oracle (one per test module, as each module's own copy was)."""
+    import onnxruntime as ort
+
+    from test_generate_engine import MODEL, options
+    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
+
+
 @pytest.fixture(params=[httpclient, grpcclient], ids=["http", "grpc"])
 def client(request: pytest.FixtureRequest, server):
     module = request.param

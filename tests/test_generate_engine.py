@@ -48,11 +48,6 @@ def make_engine(num_blocks: int = 256, block_size: int = 8, seqs: int = 16, budg
                             SchedulerConfig(seqs, budget, chunked, steps))
 
 
-@pytest.fixture(scope="module")
-def reference_session() -> ort.InferenceSession:
-    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
-
-
 def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: int) -> list[int]:
     """Prefill the whole prompt, then feed each argmax back with `present` as the next `past`."""
     names = [o.name for o in sess.get_outputs()]

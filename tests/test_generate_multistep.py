@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnxruntime as ort
 import pytest
 
 from engine.errors import EngineError
@@ -19,23 +18,16 @@ from engine.generate.request import FinishReason, SamplingParams
 from test_generate_engine import (
     GREEDY,
     KV,
-    MODEL,
     TOKENIZER,
     assert_no_leaks,
     generate,
     make_engine,
-    options,
     prompts,
     reference_greedy,
 )
 from test_generate_shared_kv import run_with_joins, shared_folder
 
 STEPS = pytest.mark.parametrize("steps", [3, 8])
-
-
-@pytest.fixture(scope="module")
-def reference_session() -> ort.InferenceSession:
-    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
 
 
 def engine_with(steps: int, kv: str = "shared", **kwargs: int) -> GenerationEngine:

@@ -7,8 +7,6 @@ the runner's public statistics."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
-import pytest
 
 from engine.generate.request import Request, SamplingParams
 from engine.generate.runner import prefill_groups
@@ -16,18 +14,11 @@ from engine.generate.scheduler import ScheduledChunk
 from test_generate_engine import (
     GREEDY,
     KV,
-    MODEL,
     assert_no_leaks,
     make_engine,
-    options,
     prompts,
     reference_greedy,
 )
-
-
-@pytest.fixture(scope="module")
-def reference_session() -> ort.InferenceSession:
-    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
 
 
 def same_length_prompts(count: int, length: int, seed: int) -> list[list[int]]:

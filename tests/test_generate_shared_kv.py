@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from conftest import EXAMPLES, openai_client, start_server
@@ -35,11 +34,6 @@ from test_generate_engine import (
     prompts,
     reference_greedy,
 )
-
-
-@pytest.fixture(scope="module")
-def reference_session() -> ort.InferenceSession:
-    return ort.InferenceSession(MODEL, options(), providers=["CPUExecutionProvider"])
 
 
 def run_with_joins(engine: GenerationEngine, jobs: list[tuple[list[int], int]], every: int = 2,
