@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import queue
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -165,13 +166,26 @@ def _ended(server: RunningServer, before: dict[str, Any], cancelled: float) -> s
     return "success" if snapshot(server)["success"] == before["success"] + 1 else None
 
 
+def until_cancelled(server: RunningServer, cancel: Callable[[], int], what: str,
+                    ) -> tuple[dict[str, Any], float, int]:
+    """`cancel` starts a 480-token request and leaves it, returning the pending count it read meanwhile; a
+    try whose tokens were all made before the cancel arrived counts a success and is made again (at most
+    five). Returns the snapshot and cancelled count from before the try that counted a cancel, and its
+    pending count."""
+    for _ in range(5):
+        before, cancelled = snapshot(server), server.metric(CANCELLED, MODEL)
+        pending = cancel()
+        if wait_until(lambda b=before, c=cancelled: _ended(server, b, c),
+                      f"the {what} neither cancelled nor done") == "cancel":
+            return before, cancelled, pending
+    raise AssertionError(f"all 480 tokens were made before each of 5 {what} cancels arrived")
+
+
 def test_a_client_leaving_mid_stream_counts_a_cancel(server: RunningServer):
     """A stream cancelled after three responses counts a cancel. The tiny model makes the 480 tokens in
     ~200 ms, so on a loaded machine the cancel can arrive after the last (counted a success): such a try
     shows nothing and is made again (at most five)."""
-    for _ in range(5):
-        before = snapshot(server)
-        cancelled = server.metric(CANCELLED, MODEL)
+    def cancel_a_stream() -> int:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         results: queue.Queue = queue.Queue()
         client.start_stream(callback=lambda result, error, got=results: got.put((result, error)))
@@ -182,11 +196,9 @@ def test_a_client_leaving_mid_stream_counts_a_cancel(server: RunningServer):
         pending = server.metric("nv_inference_pending_request_count", MODEL)
         client.stop_stream(cancel_requests=True)
         client.close()
-        if wait_until(lambda b=before, c=cancelled: _ended(server, b, c), "the stream neither cancelled nor "
-                      "done") == "cancel":
-            break
-    else:
-        raise AssertionError("all 480 tokens were made before each of 5 cancels arrived")
+        return pending
+
+    before, cancelled, pending = until_cancelled(server, cancel_a_stream, "stream")
     assert pending == 1  # read while it ran (it was cancelled later)
     wait_until(lambda: _cancels(snapshot(server)) == _cancels(before) + 1, "no cancel counted")
     assert server.metric("nv_inference_pending_request_count", MODEL) == 0
@@ -209,18 +221,15 @@ def test_openai_requests_count_in_the_model_statistics(server: RunningServer):
     assert delta(before, snapshot(server)) == {**requests(success=1, executions=1), "responses": {}}
     assert server.metric("nv_inference_request_success", MODEL) == succeeded + 1
 
-    for _ in range(5):  # a try whose 480 tokens were all made before the close arrived is made again
-        before, cancelled = snapshot(server), server.metric(CANCELLED, MODEL)
+    def close_a_stream() -> int:
         stream = client.completions.create(model=MODEL, prompt="Hello", max_tokens=480, stream=True,
                                            extra_body={"ignore_eos": True})
         next(iter(stream))
         pending = server.metric("nv_inference_pending_request_count", MODEL)
         stream.close()
-        if wait_until(lambda b=before, c=cancelled: _ended(server, b, c), "the closed stream neither "
-                      "cancelled nor done") == "cancel":
-            break
-    else:
-        raise AssertionError("all 480 tokens were made before each of 5 closes arrived")
+        return pending
+
+    before, _, pending = until_cancelled(server, close_a_stream, "closed stream")
     assert pending == 1  # one of the model's requests, read while it ran (it was cancelled later)
     assert server.metric("nv_inference_pending_request_count", MODEL) == 0
     assert delta(before, snapshot(server)) == {**requests(executions=1), "responses": {}}
