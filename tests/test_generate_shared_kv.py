@@ -83,6 +83,33 @@ def test_joins_leaves_and_moves_keep_every_token(reference_session):
     assert_no_leaks(engine)
 
 
+@pytest.mark.parametrize("kv", ["dense", "shared"])
+def test_the_logits_a_step_returns_stay_the_callers(reference_session, kv):
+    """A shared-KV decode run writes its logits into an array its binding keeps for the next run at that
+    height; what `execute` hands back must not be that array. Every step's logits, copied when returned,
+    still equal what was returned once all the steps ran (a steady group: the same height every step)."""
+    engine = make_engine(budget=256, kv=kv)
+    runner = engine.runner
+    returned: list[tuple[np.ndarray, np.ndarray]] = []
+    execute = runner.execute
+
+    def recording(chunks):
+        logits = execute(chunks)
+        returned.append((logits, logits.copy()))
+        return logits
+
+    runner.execute = recording  # type: ignore[method-assign]
+    batch = prompts(4, seed=67)
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    done = engine.run_to_completion()
+    for i, prompt in enumerate(batch):
+        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
+    assert len(returned) == GREEDY.max_tokens
+    for logits, copy in returned:
+        np.testing.assert_array_equal(logits, copy)
+
+
 def test_more_decoding_requests_than_rows_grow_the_buffers(reference_session):
     runner = DecoderRunner(SHARED_MODEL, 256, 8, options(), shared_kv=True, max_len=512, max_rows=2)
     engine = GenerationEngine(runner, TOKENIZER, CacheConfig(8, 256, 512, True), SchedulerConfig(8, 256))

@@ -88,6 +88,21 @@ class RunShape:
     lengths: list[int]
 
 
+@dataclass(slots=True)
+class _DecodeBinding:
+    """A shared-KV decode run at one height (rows): its buffers' views bound as past and present, and
+    input_ids, position_ids and logits bound once to arrays kept here, which each schedule fills in place.
+    Only the mask is bound per run (its width is the longest row's length), from `mask`'s memory. The Python
+    right after an ONNX Runtime run finds its caches cold (each array made and bound there cost several
+    times what it costs alone), so a decode run makes as few as it can."""
+
+    binding: ort.IOBinding
+    input_ids: np.ndarray   # [rows, 1]
+    positions: np.ndarray   # [rows, 1]
+    logits: np.ndarray      # [rows, 1, vocab]
+    mask: np.ndarray        # [rows * max_len]: each run's [rows, width] mask is its first rows × width
+
+
 class DecoderRunner:
     """One ONNX Runtime session plus the KV blocks' storage. `options`: the session options (one intra-op
     thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
@@ -145,8 +160,9 @@ class DecoderRunner:
         self.shared_group = SharedDecodeGroup(
             (len(self.kv_names), heads, head_dim), dtype, max_len, max_rows, block_size, self._flush_rows,
         ) if shared_kv else None
-        self._bindings: dict[int, ort.IOBinding] = {}
+        self._bindings: dict[int, _DecodeBinding] = {}
         self._bound = 0
+        self._columns = np.arange(max_len)  # a mask's column indices, compared with each row's position
         # set to a list, each session run is recorded in it (RunShape), for perf/bench_generate.py's ceiling
         self.trace: list[RunShape] | None = None
         self._check_layout(where)
@@ -253,6 +269,19 @@ class DecoderRunner:
             binding.bind_ortvalue_output(present, value)
         return binding
 
+    def _decode_binding(self, views: Sequence[np.ndarray]) -> _DecodeBinding:
+        """A shared-KV decode binding for the rows of `views` (the group's buffers' first rows, each as
+        wide as the context). The binding holds a reference to every array bound to it."""
+        rows, width = len(views[0]), views[0].shape[2]
+        ids, positions = np.zeros((rows, 1), np.int64), np.zeros((rows, 1), np.int64)
+        logits = np.empty((rows, 1, self.vocab), self._logits_dtype)
+        kept = _DecodeBinding(self._bind_kv(views), ids, positions, logits, np.zeros(rows * width, np.int64))
+        kept.binding.bind_cpu_input("input_ids", kept.input_ids)
+        if self.has_positions:
+            kept.binding.bind_cpu_input("position_ids", kept.positions)
+        kept.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(kept.logits))
+        return kept
+
     def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
               pasts: Sequence[np.ndarray], rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
         """A run's inputs by name; `pasts` empty when they are bound instead (a shared-KV run)."""
@@ -324,7 +353,7 @@ class DecoderRunner:
             return []  # nothing is fed back after the last step
 
         self._decode_steps(group, 1, keep)
-        return logits[0]
+        return logits[0].copy()  # a shared-KV run's logits are kept and bound: the next run overwrites them
 
     def execute_steps(self, chunks: Sequence[ScheduledChunk], steps: int,
                       pick: Callable[[np.ndarray], list[int]]) -> np.ndarray:
@@ -358,39 +387,47 @@ class DecoderRunner:
         shared = self.shared_group
         dense = self.decode_group
         before = dense.rebuilds if shared is None else shared.moves
-        binding: ort.IOBinding | None = None
+        kept: _DecodeBinding | None = None
         pasts: list[np.ndarray] = []
         if shared is not None:
             order, gathered = shared.prepare(group, self._gather)
             if self._bound != shared.grown:
                 self._bindings, self._bound = {}, shared.grown
-            binding = self._bindings.get(len(order))
-            if binding is None:
-                binding = self._bindings[len(order)] = self._bind_kv(shared.views())
+            kept = self._bindings.get(len(order))
+            if kept is None:
+                kept = self._bindings[len(order)] = self._decode_binding(shared.views())
         else:
             order, pasts, gathered = dense.prepare(group, self._gather)
         # rows moved count as rebuilds: a shared group is never rebuilt whole
         regrouped = (dense.rebuilds if shared is None else shared.moves) - before
         batch = len(order)
         starts, token_ids, live, picked = _decode_rows(group, order)  # a free row: token 0 at slot 0
-        positions = np.array(starts, np.int64)[:, None]
-        input_ids = np.array(token_ids, np.int64).reshape(batch, 1)
+        rows = [group[i] if i >= 0 else None for i in order]
+        if kept is not None:  # filled in place: the binding holds these arrays
+            input_ids, positions = kept.input_ids, kept.positions
+            input_ids[:, 0], positions[:, 0] = token_ids, starts
+            if self.lora is not None:  # each row's adapter, once for the schedule's runs
+                for name, value in lora_feed(self.lora, [None if c is None else c.request.adapter
+                                                         for c in rows]).items():
+                    kept.binding.bind_cpu_input(name, value)
+        else:
+            positions = np.array(starts, np.int64)[:, None]
+            input_ids = np.array(token_ids, np.int64).reshape(batch, 1)
         rows_of_chunks = _rows_of_chunks(batch, len(group), live, picked)
         fed_rows = slice(None) if rows_of_chunks is None else rows_of_chunks  # each chunk's row
-        rows = [group[i] if i >= 0 else None for i in order]
         for step in range(steps):
             context = sum(starts) + step * len(live)
-            if binding is not None:
+            if kept is not None:
                 past_slots = context
-                mask = (np.arange(int(positions.max()) + 1) <= positions).astype(np.int64)
+                width = int(positions.max()) + 1
+                mask = kept.mask[:batch * width].reshape(batch, width)  # row r: ones in 0 … its position
+                np.less_equal(self._columns[:width], positions, out=mask, casting="unsafe")
                 t1 = time.perf_counter_ns()
-                if step == 0:
-                    logits = self._run_bound(binding, input_ids, mask, positions, rows)
-                else:  # the other inputs and the logits stay bound: their arrays change in place
-                    if self.has_mask:
-                        binding.bind_cpu_input("attention_mask", mask)
-                    self._record(input_ids, mask)
-                    self.session.run_with_iobinding(binding)
+                if self.has_mask:
+                    kept.binding.bind_cpu_input("attention_mask", mask)
+                self._record(input_ids, mask)
+                self.session.run_with_iobinding(kept.binding)
+                logits = kept.logits
             else:
                 width = pasts[0].shape[2]
                 past_slots = batch * width
