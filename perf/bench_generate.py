@@ -18,6 +18,11 @@ the same workload (prompts of 8–96 bytes, greedy, EOS ignored; output lengths 
   the runs timed. This is the ceiling "at the batch sizes formed": prefills included, each decode at the
   batch and context it had, so cont./replayed is the share of the model's own time in the engine's; for the
   dense form the replayed runs keep the padding the engine's grouping made, the first ceiling has none.
+  The runs are replayed just before the continuous run and just after it, and the two times averaged: this
+  machine's speed drifts by several percent from one second to the next (two replays of the same runs,
+  back to back, differed by up to 8 %), and a ceiling measured only after the run carried that drift
+  into cont./replayed. Every continuous run of the same jobs makes the same runs (`traced_run`), so the
+  replay before a run is of the runs it is about to make.
 
 **bound** = the static run's computed output tokens / its useful ones (Σ over the batches it formed of
 batch size × longest member, over Σ lengths). A static batch runs as many steps as its longest member and
@@ -57,7 +62,7 @@ part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
         [--seed 0]
 
 `--steps`: the engine's num_scheduler_steps (docs/architecture.md "Multi-step decode"), in every mode.
-`--rounds R`: the continuous run (with its replay) and the static run alternate R times per point, and the
+`--rounds R`: the continuous run (with its replays) and the static run alternate R times per point, and the
 round with the median cont./static is the one printed (every round's figures follow the tables): on a shared
 machine the speed drifts by tens of percent within minutes, and a ratio of two runs minutes apart carries
 that drift; alternating puts it on both sides.
@@ -76,7 +81,7 @@ import onnxruntime as ort
 from engine import examples
 from engine.generate.engine import CacheConfig, GenerationEngine
 from engine.generate.request import SamplingParams
-from engine.generate.runner import DecoderRunner, RunShape
+from engine.generate.runner import DecoderRunner, RunnerStats, RunShape
 from engine.generate.scheduler import SchedulerConfig
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from engine.generate.tokenizer import ByteTokenizer
@@ -248,6 +253,17 @@ def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     return batch * steps / (time.perf_counter() - t0)
 
 
+def traced_run(model: Model, jobs: list[tuple[list[int], int]], clients: int, steps: int,
+               ) -> tuple[Run, list[RunShape], RunnerStats]:
+    """A continuous run on a fresh engine, with the runs it made (its trace) and its runner's stats. The run
+    is driven by steps, not by the clock (a client sends when a step finished its last request), so every
+    such run of the same jobs makes the same runs: `main` replays a trace before the run and after it."""
+    engine = make_engine(model, steps)
+    engine.runner.trace = []
+    out = run(engine, jobs, clients, "continuous")
+    return out, engine.runner.trace, dataclasses.replace(engine.runner.stats)
+
+
 def replay(model: Model, trace: list[RunShape], max_len: int = 512, max_rows: int = 32) -> float:
     """Seconds the bare model takes for exactly the runs a continuous run made (`trace`: every decode and
     prefill run, at its batch, width and, for the shared form, each row's length), stepped back to back
@@ -326,13 +342,13 @@ def main() -> None:
     for c in concurrencies:
         jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
         pairs = []  # (continuous, static, replayed tok/s, the continuous engine's runner stats) per round
+        trace = traced_run(model, jobs, c, args.steps)[1]
         for _ in range(args.rounds):  # alternated, so the machine's drift lands on both modes alike
-            engine = make_engine(model, args.steps)
-            engine.runner.trace = []
-            cont_run = run(engine, jobs, c, "continuous")
-            replay_tps = cont_run.tokens / replay(model, engine.runner.trace)
-            pairs.append((cont_run, run(make_engine(model, args.steps), jobs, c, "static"), replay_tps,
-                          dataclasses.replace(engine.runner.stats)))
+            before = replay(model, trace)
+            cont_run, trace, stats = traced_run(model, jobs, c, args.steps)
+            replay_tps = cont_run.tokens / ((before + replay(model, trace)) / 2)
+            static_run = run(make_engine(model, args.steps), jobs, c, "static")
+            pairs.append((cont_run, static_run, replay_tps, stats))
         rounds.append((c, [(a.tps(), b.tps(), r) for a, b, r, _ in pairs]))
         # the round whose cont./static is the median stands for the point (its TTFTs and breakdown too)
         cont, stat, replayed, stats = sorted(pairs, key=lambda p: p[0].tps() / p[1].tps())[len(pairs) // 2]

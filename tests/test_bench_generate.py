@@ -24,3 +24,20 @@ def test_the_loop_counts_the_tokens_asked_for(model: bench_generate.Model, mode:
     assert len(out.ttft) == len(jobs)
     if mode == "static":  # every batch member computes to the batch's longest
         assert out.computed > out.useful == out.tokens
+
+
+@pytest.mark.parametrize("kv", ["dense", "shared"])
+def test_continuous_runs_of_the_same_jobs_make_the_same_runs(kv: str):
+    """What lets the benchmark replay a trace recorded earlier as the ceiling of the run it is about to
+    make: the loop is driven by steps, not by the clock. Equal traces of two fresh engines, and a trace
+    that depends on the jobs (so the comparison can fail)."""
+    model = bench_generate.build_model("tiny", kv)
+    jobs = bench_generate.workload(12, seed=4, lengths="lognormal")
+    first, trace, _ = bench_generate.traced_run(model, jobs, 4, 1)
+    again = bench_generate.traced_run(model, jobs, 4, 1)[1]
+    others = bench_generate.workload(12, seed=5, lengths="lognormal")
+    other = bench_generate.traced_run(model, others, 4, 1)[1]
+    assert first.tokens == sum(length for _, length in jobs)
+    assert len(trace) > len(jobs)
+    assert again == trace
+    assert other != trace
