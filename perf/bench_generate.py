@@ -62,10 +62,11 @@ part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
         [--seed 0]
 
 `--steps`: the engine's num_scheduler_steps (docs/architecture.md "Multi-step decode"), in every mode.
-`--rounds R`: the continuous run (with its replays) and the static run alternate R times per point, and the
+`--rounds R`: R rounds per point (`Round`: replay, continuous, replay, static, continuous again), and the
 round with the median cont./static is the one printed (every round's figures follow the tables): on a shared
 machine the speed drifts by tens of percent within minutes, and a ratio of two runs minutes apart carries
-that drift; alternating puts it on both sides.
+that drift; alternating puts it on both sides, and the continuous runs either side of the static one (their
+mean is the continuous tok/s of a round) cancel a steady drift over the round.
 """
 
 from __future__ import annotations
@@ -253,6 +254,25 @@ def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     return batch * steps / (time.perf_counter() - t0)
 
 
+@dataclass
+class Round:
+    """One round of a point: replay, continuous, replay, static, continuous again. cont./replayed is the
+    first continuous run against the mean of the replays either side of it; cont./static is the mean of both
+    continuous runs against the static run between them, so drift over the round falls on both sides."""
+
+    cont: Run
+    again: float            # tok/s of the continuous run after the static one
+    static: Run
+    replayed: float         # tok/s of the first continuous run's tokens over its runs replayed
+    stats: RunnerStats      # the first continuous engine's runner
+
+    def cont_tps(self) -> float:
+        return (self.cont.tps() + self.again) / 2
+
+    def cont_static(self) -> float:
+        return self.cont_tps() / self.static.tps()
+
+
 def traced_run(model: Model, jobs: list[tuple[list[int], int]], clients: int, steps: int,
                ) -> tuple[Run, list[RunShape], RunnerStats]:
     """A continuous run on a fresh engine, with the runs it made (its trace) and its runner's stats. The run
@@ -338,31 +358,33 @@ def main() -> None:
     concurrencies = [int(x) for x in args.concurrency.split(",")]
     breakdown = []
     rows = []
-    rounds: list[tuple[int, list[tuple[float, float, float]]]] = []
+    rounds: list[tuple[int, list[Round]]] = []
     for c in concurrencies:
         jobs = workload(c * args.requests_per_client, args.seed + c, args.lengths)
-        pairs = []  # (continuous, static, replayed tok/s, the continuous engine's runner stats) per round
         trace = traced_run(model, jobs, c, args.steps)[1]
+        results = []
         for _ in range(args.rounds):  # alternated, so the machine's drift lands on both modes alike
             before = replay(model, trace)
             cont_run, trace, stats = traced_run(model, jobs, c, args.steps)
             replay_tps = cont_run.tokens / ((before + replay(model, trace)) / 2)
             static_run = run(make_engine(model, args.steps), jobs, c, "static")
-            pairs.append((cont_run, static_run, replay_tps, stats))
-        rounds.append((c, [(a.tps(), b.tps(), r) for a, b, r, _ in pairs]))
+            again = run(make_engine(model, args.steps), jobs, c, "continuous").tps()
+            results.append(Round(cont_run, again, static_run, replay_tps, stats))
+        rounds.append((c, results))
         # the round whose cont./static is the median stands for the point (its TTFTs and breakdown too)
-        cont, stat, replayed, stats = sorted(pairs, key=lambda p: p[0].tps() / p[1].tps())[len(pairs) // 2]
-        breakdown.append(stats)
+        middle = sorted(results, key=Round.cont_static)[len(results) // 2]
+        cont, stat, replayed = middle.cont, middle.static, middle.replayed
+        breakdown.append(middle.stats)
         leave = run(make_engine(model, args.steps), jobs, c, "static-leave")
         batch = max(1, round(float(np.mean(cont.decode_batch))))
         context = int(np.mean([len(p) + m / 2 for p, m in jobs]))
         top = ceiling(model, batch, context)
         rows.append((c, cont, top))
-        print(f"| {c} | {cont.tps():.0f} | {stat.tps():.0f} | {cont.tps() / stat.tps():.2f} | "
+        print(f"| {c} | {middle.cont_tps():.0f} | {stat.tps():.0f} | {middle.cont_static():.2f} | "
               f"{stat.computed / stat.useful:.2f} | {leave.tps():.0f} | "
               f"{cont.ttft_ms(50):.1f} / {cont.ttft_ms(95):.1f} | "
               f"{stat.ttft_ms(50):.1f} / {stat.ttft_ms(95):.1f} | {np.mean(cont.decode_batch):.1f} | "
-              f"{context} | {top:.0f} | {cont.tps() / top:.0%} | {replayed:.0f} | "
+              f"{context} | {top:.0f} | {middle.cont_tps() / top:.0%} | {replayed:.0f} | "
               f"{cont.tps() / replayed:.0%} |", flush=True)
     print()
     print("| c | steps | runs/step | blocks → dense past µs/step | ONNX Runtime µs/step (decode) | "
@@ -387,7 +409,7 @@ def main() -> None:
 
     print()
     print("Where a continuous token's time goes against the ceiling's (wall µs per counted token; the five "
-          "parts after the ceiling add up to 1 / continuous tok/s):\n")
+          "parts after the ceiling add up to 1 / the first continuous run's tok/s):\n")
     print("| c | ceiling | ONNX Runtime, decode runs | ONNX Runtime, prefill runs | blocks ↔ dense past | "
           "rest of step() (schedule, sample, update, stop) | outside step() (this loop) |")
     print("|---|---|---|---|---|---|---|")
@@ -400,12 +422,15 @@ def main() -> None:
         print(f"| {c} | {1e6 / top:.1f} | {s.decode_run_ns / per:.1f} | {prefill_ns / per:.1f} "
               f"| {mapping / per:.1f} | {rest / per:.1f} | {outside / per:.1f} |")
     if args.rounds > 1:
-        print("\nEvery round (continuous · static tok/s, cont./static, cont./replayed):\n")
-        print("| c | round | continuous tok/s | static tok/s | cont./static | cont./replayed |")
+        print("\nEvery round (the continuous runs before and after the static one, cont./static with their "
+              "mean, cont./replayed with the first):\n")
+        print("| c | round | continuous tok/s, before · after | static tok/s | cont./static "
+              "| cont./replayed |")
         print("|---|---|---|---|---|---|")
         for c, results in rounds:
-            for i, (a, b, r) in enumerate(results, 1):
-                print(f"| {c} | {i} | {a:.0f} | {b:.0f} | {a / b:.2f} | {a / r:.0%} |")
+            for i, r in enumerate(results, 1):
+                print(f"| {c} | {i} | {r.cont.tps():.0f} · {r.again:.0f} | {r.static.tps():.0f} | "
+                      f"{r.cont_static():.2f} | {r.cont.tps() / r.replayed:.0%} |")
 
 
 if __name__ == "__main__":
