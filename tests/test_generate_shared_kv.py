@@ -53,14 +53,20 @@ def run_with_joins(engine: GenerationEngine, jobs: list[tuple[list[int], int]], 
     return done
 
 
-def test_a_steady_group_is_gathered_once_and_then_written_in_place(reference_session):
-    batch = [[256, *range(40, 59)] for _ in range(4)]
-    engine = make_engine(budget=256, kv="shared")
+def assert_greedy(engine: GenerationEngine, batch: list[list[int]], reference_session) -> None:
+    """Run `batch` together, greedy, to the end: every request's tokens are the dense oracle's."""
     for i, prompt in enumerate(batch):
         engine.add_request(f"r{i}", prompt, GREEDY)
     done = engine.run_to_completion()
     for i, prompt in enumerate(batch):
-        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
+        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt,
+                                                                        GREEDY.max_tokens), i
+
+
+def test_a_steady_group_is_gathered_once_and_then_written_in_place(reference_session):
+    batch = [[256, *range(40, 59)] for _ in range(4)]
+    engine = make_engine(budget=256, kv="shared")
+    assert_greedy(engine, batch, reference_session)
     stats = engine.runner.stats
     assert stats.decode_rows == 4 * (GREEDY.max_tokens - 1)
     assert stats.gathered_rows == 4 and stats.rebuilds == 0  # gathered on joining; no row ever moved
@@ -99,12 +105,7 @@ def test_the_logits_a_step_returns_stay_the_callers(reference_session, kv):
         return logits
 
     runner.execute = recording  # type: ignore[method-assign]
-    batch = prompts(4, seed=67)
-    for i, prompt in enumerate(batch):
-        engine.add_request(f"r{i}", prompt, GREEDY)
-    done = engine.run_to_completion()
-    for i, prompt in enumerate(batch):
-        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
+    assert_greedy(engine, prompts(4, seed=67), reference_session)
     assert len(returned) == GREEDY.max_tokens
     for logits, copy in returned:
         np.testing.assert_array_equal(logits, copy)
@@ -113,12 +114,7 @@ def test_the_logits_a_step_returns_stay_the_callers(reference_session, kv):
 def test_more_decoding_requests_than_rows_grow_the_buffers(reference_session):
     runner = DecoderRunner(SHARED_MODEL, 256, 8, options(), shared_kv=True, max_len=512, max_rows=2)
     engine = GenerationEngine(runner, TOKENIZER, CacheConfig(8, 256, 512, True), SchedulerConfig(8, 256))
-    batch = prompts(6, seed=61)
-    for i, prompt in enumerate(batch):
-        engine.add_request(f"r{i}", prompt, GREEDY)
-    done = engine.run_to_completion()
-    for i, prompt in enumerate(batch):
-        assert list(done[f"r{i}"].output_token_ids) == reference_greedy(reference_session, prompt, 24)
+    assert_greedy(engine, prompts(6, seed=61), reference_session)
     assert runner.shared_group is not None and runner.shared_group.grown >= 1
 
 
