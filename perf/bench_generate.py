@@ -238,8 +238,8 @@ def ceiling(model: Model, batch: int, context: int, steps: int = 200) -> float:
     for name, value in feed.items():
         binding.bind_cpu_input(name, value)
     binding.bind_output("logits")
-    for name, value in past.items():  # the shared form writes its past in place; the dense one returns it
-        kept = ort.OrtValue.ortvalue_from_numpy(value)
+    for name, buffer in past.items():  # the shared form writes its past in place; the dense one returns it
+        kept = ort.OrtValue.ortvalue_from_numpy(buffer)
         binding.bind_ortvalue_input(name, kept)
         present = name.replace("past_key_values", "present")
         if shape.shared_kv:
@@ -320,11 +320,11 @@ def replay(model: Model, trace: list[RunShape], max_len: int = 512, max_rows: in
             t0 = time.perf_counter_ns()
             sess.run_with_iobinding(binding)
         else:  # as the runner: dense past [batch, heads, width - seq, head_dim], present returned
-            past = run.width - seq
+            context = run.width - seq
             feed = {"input_ids": ids, "position_ids": positions,
                     "attention_mask": np.ones((batch, run.width), np.int64)}
             for (name, _), buffer in zip(names, arena, strict=True):
-                feed[name] = past_of(buffer, batch, past)
+                feed[name] = past_of(buffer, batch, context)
             t0 = time.perf_counter_ns()
             sess.run(outputs, feed)
         total += time.perf_counter_ns() - t0
@@ -342,7 +342,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1,
                         help="num_scheduler_steps: decode steps per schedule (module doc)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="continuous and static runs alternated this many times per point; the round "
+                        help="rounds per point (replay, continuous, replay, static, continuous); the round "
                              "with the median cont./static is printed, every round after the tables")
     args = parser.parse_args()
     model = build_model(args.model, args.kv)
