@@ -127,6 +127,10 @@ def test_a_stalled_stream_waits_in_the_engine_and_arrives_whole_when_read(server
     assert _metric(server, "hubserve_generation_kv_blocks_used") == 0
 
 
+ENGINE_GAUGES = ["hubserve_generation_running_sequences", "hubserve_generation_waiting_sequences",
+                 "hubserve_generation_kv_blocks_used"]
+
+
 @pytest.fixture(scope="module")
 def impatient(server: RunningServer, repo: Path,
               tmp_path_factory: pytest.TempPathFactory):
@@ -146,8 +150,12 @@ def test_a_stalled_stream_past_the_client_timeout_is_dropped_and_its_blocks_free
     # 1024 choices of 480 tokens: far more than generates before the timeout (tens of seconds on 2 cores)
     with _open_stalled(server, _body(64, 16, 480)) as sock:
         wait_until(lambda: finished(server, "abort") > aborts, "the stalled stream was never aborted")
-        wait_until(lambda: _metric(server, "hubserve_generation_kv_blocks_used") == 0, "blocks not freed")
-        assert _metric(server, "hubserve_generation_running_sequences") == 0
+        # the loop hands the engine thread the 1024 choices' aborts one by one, and the thread may wake
+        # between two: it then admits waiting choices whose aborts are still to come, so the blocks can be
+        # all free for a moment while seats fill again. What must hold is where it ends: nothing running,
+        # nothing waiting, no block held, read together
+        wait_until(lambda: set(server.metric_values(ENGINE_GAUGES, MODEL).values()) == {0.0},
+                   "the dropped stream's choices still hold seats, places in line or blocks")
         assert _metric(server, "hubserve_generation_tokens_total") - tokens < 64 * 16 * 480
         rest = bytearray()  # the server dropped us: what the kernel held, then the end, cut short
         while piece := sock.recv(1 << 20):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,12 +71,20 @@ class RunningServer:
 
     def metric(self, name: str, model: str, version: str = "1") -> float:
         """One model's value of a Prometheus family, read from /metrics."""
+        return self.metric_values([name], model, version)[name]
+
+    def metric_values(self, names: Sequence[str], model: str, version: str = "1") -> dict[str, float]:
+        """One model's values of several families from one read of /metrics, so they agree with each other
+        (each `metric` call is its own read, and the server moves on between two)."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as r:
             assert r.status == 200
             text = r.read().decode()
-        match = re.search(rf'^{name}\{{model="{model}",version="{version}"\}} (\S+)$', text, re.MULTILINE)
-        assert match, f"{name} for {model} v{version} missing from /metrics:\n{text[:2000]}"
-        return float(match.group(1))
+        values = {}
+        for name in names:
+            match = re.search(rf'^{name}\{{model="{model}",version="{version}"\}} (\S+)$', text, re.MULTILINE)
+            assert match, f"{name} for {model} v{version} missing from /metrics:\n{text[:2000]}"
+            values[name] = float(match.group(1))
+        return values
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.process.poll() is None:
