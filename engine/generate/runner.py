@@ -282,12 +282,17 @@ class DecoderRunner:
         kept.binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(kept.logits))
         return kept
 
+    def _adapter_inputs(self, rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
+        """The LoRA inputs for a run's rows: each row's adapter (None: a free row, or no adapter)."""
+        assert self.lora is not None
+        return lora_feed(self.lora, [None if c is None else c.request.adapter for c in rows])
+
     def _feed(self, input_ids: np.ndarray, mask: np.ndarray, positions: np.ndarray,
               pasts: Sequence[np.ndarray], rows: Sequence[ScheduledChunk | None]) -> dict[str, np.ndarray]:
         """A run's inputs by name; `pasts` empty when they are bound instead (a shared-KV run)."""
         feed: dict[str, np.ndarray] = {"input_ids": input_ids}
-        if self.lora is not None:  # each row's adapter (None: a free row, or no adapter)
-            feed.update(lora_feed(self.lora, [None if c is None else c.request.adapter for c in rows]))
+        if self.lora is not None:
+            feed.update(self._adapter_inputs(rows))
         if self.has_mask:
             feed["attention_mask"] = mask
         if self.has_positions:
@@ -406,9 +411,8 @@ class DecoderRunner:
         if kept is not None:  # filled in place: the binding holds these arrays
             input_ids, positions = kept.input_ids, kept.positions
             input_ids[:, 0], positions[:, 0] = token_ids, starts
-            if self.lora is not None:  # each row's adapter, once for the schedule's runs
-                for name, value in lora_feed(self.lora, [None if c is None else c.request.adapter
-                                                         for c in rows]).items():
+            if self.lora is not None:  # once for the schedule's runs
+                for name, value in self._adapter_inputs(rows).items():
                     kept.binding.bind_cpu_input(name, value)
         else:
             positions = np.array(starts, np.int64)[:, None]
