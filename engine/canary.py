@@ -5,7 +5,10 @@ A version whose canary fails or misses its deadline (a hung instance, a dead Pyt
 started raising) turns UNAVAILABLE with the reason, in its ready endpoint, the repository index and the
 `hubserve_model_canary_healthy` metric; server readiness follows in strict mode. It turns READY again when a
 canary passes. Requests are refused while it is UNAVAILABLE, as for any version that is not ready: a
-Kubernetes readiness probe then moves traffic to replicas that answer.
+Kubernetes readiness probe then moves traffic to replicas that answer. A canary that failed while one of the
+version's instances was down (a Python instance killed or crashed, then restarted) is run again as soon as
+that instance serves: it judged the process that is gone, and would keep a working version UNAVAILABLE
+until the next round.
 
 Why canaries go to the instances directly, as warm-up does (InstancePool.canary), and not through the queue:
 - a canary stuck behind a long queue would turn a replica not-ready exactly when it is loaded, and a
@@ -43,6 +46,7 @@ from .types import DataType
 log = logging.getLogger("hubserve.canary")
 
 SOURCE = "canary"  # the Model health source the canary reports under (Model.set_health)
+RECHECK_S = 0.25  # how often, between rounds, the runner looks for versions whose instances came back
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ class CanaryRecord:
     runs: int = 0
     failures: int = 0
     failing: str = ""  # why the last canary failed; "" when it passed (or has not run yet)
+    started: float = 0.0  # time.monotonic() when the last canary began
     last_ms: float = 0.0  # how long the last passing canary took (its slowest instance, within a loop turn)
 
 
@@ -112,14 +117,27 @@ class CanaryRunner:
         self._outstanding: dict[tuple[int, int], tuple[asyncio.Future[Any], float]] = {}
 
     async def run(self) -> None:
+        """A round every `interval_secs`; between rounds, every RECHECK_S, a version whose last canary failed
+        while one of its instances was down and has served again since (a Python instance restarted:
+        Model.instances_back) is checked again at once: that failure judged the process that is gone, and
+        the version would otherwise stay UNAVAILABLE for the rest of the interval with a working instance."""
         interval = self._options.interval_secs
+        next_round = time.monotonic() + interval
         while True:
-            await asyncio.sleep(interval)
-            models = [m for m in self._repository.loaded_models() if self._due(m)]
-            live = {id(m) for m in self._repository.loaded_models()}
+            await asyncio.sleep(max(min(RECHECK_S, next_round - time.monotonic()), 0))
+            loaded = self._repository.loaded_models()
+            if time.monotonic() < next_round:
+                stale = [m for m in loaded if m.canary.failing and self._due(m)
+                         and getattr(m, "instances_back", 0.0) > m.canary.started]
+                if stale:
+                    await asyncio.gather(*(self.check(m) for m in stale), return_exceptions=True)
+                continue
+            models = [m for m in loaded if self._due(m)]
+            live = {id(m) for m in loaded}
             for key in [k for k in self._samples if k not in live]:
                 del self._samples[key]
             await asyncio.gather(*(self.check(m) for m in models), return_exceptions=True)
+            next_round = time.monotonic() + interval
 
     def _due(self, model: Any) -> bool:
         """READY versions, and those the canary itself turned UNAVAILABLE (to see them recover)."""
@@ -130,6 +148,7 @@ class CanaryRunner:
     async def check(self, model: Any) -> str:
         """One canary of `model` on each of its instances; reports the verdict to the model and returns it."""
         record: CanaryRecord = model.canary
+        record.started = time.monotonic()
         try:
             picked = self._samples.get(id(model))
             if picked is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ class Model:
         self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
         self._unhealthy: dict[str, str] = {}  # health source -> why it says the version cannot serve
         self.canary = CanaryRecord()  # engine/canary.py; read by the metrics
+        self.instances_back = 0.0  # time.monotonic() when its instances last served again after one went down
         self.stats = ModelStats()
         self._inputs = {spec.name: spec for spec in config.inputs}
         self._outputs = {spec.name: spec for spec in config.outputs}
@@ -93,7 +95,11 @@ class Model:
         self.state = ModelState.READY
 
     def _instances_health(self, reason: str) -> None:
-        """An instance went down (`reason`) or every instance serves again ("")."""
+        """An instance went down (`reason`) or every instance serves again (""). A canary that failed while it
+        was down judged the process that is gone: the canary runner checks again at once (`instances_back`)
+        rather than leaving the version UNAVAILABLE until its next round."""
+        if not reason and "instances" in self._unhealthy:
+            self.instances_back = time.monotonic()
         self.set_health("instances", reason)
 
     def set_health(self, source: str, reason: str) -> None:

@@ -200,6 +200,32 @@ def test_canaries_are_not_counted_in_statistics(server) -> None:
     assert _metric(server, "nv_inference_count", "simple") == 0
 
 
+def test_a_canary_failed_by_a_killed_instance_is_run_again_once_it_serves(tmp_path: Path) -> None:
+    """The first canary (6 s after the start) hangs in the instance, which its execute_timeout_secs kills:
+    the canary fails with the kill's reason. Once the restarted instance serves, the version is checked again
+    at once and READY, not at the next round 6 s later (the failure judged the process that is gone)."""
+    repo = tmp_path / "repo"
+    timeout = 'parameters { key: "execute_timeout_secs" value: { string_value: "1" } }\n'
+    write_model(repo, "killed", FLAGGED, IO + timeout)
+    (repo / "killed" / "hang").touch()
+    # explicit: the flag's removal changes the folder, which polling would reload as a new version
+    srv = start_server(repo, tmp_path / "server.log", "--canary-interval-secs", "6", "--canary-timeout-secs",
+                       "30", "--model-control-mode", "explicit", "--load-model", "killed", ready_timeout=120)
+    try:
+        status, body = wait_until(lambda: (r := _ready(srv, "killed"))[0] != 200 and r, "the kill",
+                                  timeout_s=60)
+        killed = time.monotonic()
+        assert status == 503 and "execute_timeout_secs" in body, body
+        (repo / "killed" / "hang").unlink()
+        wait_until(lambda: _metric(srv, "hubserve_model_canary_failures_total", "killed") == 1,
+                   "the canary failed by the kill", timeout_s=30)
+        wait_until(lambda: _ready(srv, "killed")[0] == 200, "ready again", timeout_s=30)
+        assert time.monotonic() - killed < 5, "ready again only at the next round"
+        assert _metric(srv, "hubserve_model_canary_runs_total", "killed") == 2  # the first, and the one again
+    finally:
+        srv.stop()
+
+
 def test_interval_zero_turns_canaries_off(tmp_path: Path) -> None:
     add_simple(tmp_path / "repo")
     srv = start_server(tmp_path / "repo", tmp_path / "server.log", "--canary-interval-secs", "0")
