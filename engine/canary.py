@@ -127,8 +127,7 @@ class CanaryRunner:
             await asyncio.sleep(max(min(RECHECK_S, next_round - time.monotonic()), 0))
             loaded = self._repository.loaded_models()
             if time.monotonic() < next_round:
-                stale = [m for m in loaded if m.canary.failing and self._due(m)
-                         and getattr(m, "instances_back", 0.0) > m.canary.started]
+                stale = [m for m in loaded if self._stale(m)]
                 if stale:
                     await asyncio.gather(*(self.check(m) for m in stale), return_exceptions=True)
                 continue
@@ -138,6 +137,10 @@ class CanaryRunner:
                 del self._samples[key]
             await asyncio.gather(*(self.check(m) for m in models), return_exceptions=True)
             next_round = time.monotonic() + interval
+
+    def _stale(self, model: Any) -> bool:
+        """Due, its last canary failed, and one of its instances came back since that canary began."""
+        return self._due(model) and bool(model.canary.failing) and model.instances_back > model.canary.started
 
     def _due(self, model: Any) -> bool:
         """READY versions, and those the canary itself turned UNAVAILABLE (to see them recover)."""
