@@ -67,6 +67,33 @@ def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: 
     return out
 
 
+def reference_penalized(sess: ort.InferenceSession, prompt: list[int], max_tokens: int, presence: float,
+                        frequency: float, repetition: float) -> list[int]:
+    """`reference_greedy` with the penalties applied to each step's logits: the repetition penalty over the
+    prompt and the output (a positive logit divided, a negative one multiplied), then OpenAI's
+    logit[j] -= count[j] × frequency + (count[j] > 0) × presence over the output."""
+    names = [o.name for o in sess.get_outputs()]
+    past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
+            for i in range(2) for p in ("key", "value")}
+    out: list[int] = []
+    feed_ids, position = prompt, 0
+    while len(out) < max_tokens:
+        n = len(feed_ids)
+        result = dict(zip(names, sess.run(None, {
+            "input_ids": np.array([feed_ids], np.int64),
+            "attention_mask": np.ones((1, position + n), np.int64),
+            "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
+        logits = [float(x) for x in result["logits"][0, -1]]
+        for token in set(prompt) | set(out):
+            logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
+        for token in set(out):
+            logits[token] -= out.count(token) * frequency + presence
+        out.append(max(range(len(logits)), key=lambda j: (logits[j], -j)))
+        past = {name: result[name.replace("past_key_values", "present")] for name in past}
+        position, feed_ids = position + n, [out[-1]]
+    return out
+
+
 def prompts(count: int, seed: int = 3) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[256, *rng.integers(32, 127, size=int(rng.integers(1, 60))).tolist()] for _ in range(count)]
@@ -96,6 +123,30 @@ def test_greedy_equals_a_step_by_step_loop_for_many_concurrent_sequences(referen
     for prompt, tokens in zip(batch, got, strict=True):
         assert list(tokens) == reference_greedy(reference_session, prompt, GREEDY.max_tokens)
     assert engine.runner.stats.runs > engine.runner.stats.steps  # prefills ran beside decodes
+    assert_no_leaks(engine)
+
+
+@KV
+@pytest.mark.parametrize("steps", [1, 4])
+def test_penalties_equal_a_step_by_step_loop_that_applies_them(reference_session, kv, steps):
+    """Penalized and plain requests in one batch, with multi-step decode on or off: a penalized request's
+    logits depend on its tokens so far, so a plan holding one runs one step (engine.py `_steps`)."""
+    batch = prompts(12, seed=8)
+    engine = make_engine(kv=kv, steps=steps)
+    penalties = [(0.0, 1.5, 1.0), (0.8, 0.0, 1.0), (0.0, 0.0, 1.6), (0.3, 0.4, 1.2)]
+    for i, prompt in enumerate(batch):
+        presence, frequency, repetition = penalties[i % 4] if i % 3 else (0.0, 0.0, 1.0)
+        engine.add_request(f"r{i}", prompt, SamplingParams(
+            max_tokens=24, ignore_eos=True, presence_penalty=presence, frequency_penalty=frequency,
+            repetition_penalty=repetition))
+    done = engine.run_to_completion()
+    changed = 0
+    for i, prompt in enumerate(batch):
+        presence, frequency, repetition = penalties[i % 4] if i % 3 else (0.0, 0.0, 1.0)
+        want = reference_penalized(reference_session, prompt, 24, presence, frequency, repetition)
+        assert list(done[f"r{i}"].output_token_ids) == want, f"r{i}"
+        changed += want != reference_greedy(reference_session, prompt, 24)
+    assert changed >= 6  # the penalties changed most of the penalized answers: the test can tell
     assert_no_leaks(engine)
 
 

@@ -1,12 +1,15 @@
 """The sampler (engine/generate/sampler.py), pure: its draw is `Generator.choice`'s, draw for draw, so a
-seeded request gives the tokens it gave before the sampler drew without `choice`."""
+seeded request gives the tokens it gave before the sampler drew without `choice`; the penalties are OpenAI's
+formula and vLLM's repetition penalty, worked by hand."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from engine.generate.request import SamplingParams
-from engine.generate.sampler import sample, sample_row
+from engine.errors import EngineError
+from engine.generate.request import Request, SamplingParams
+from engine.generate.sampler import penalize, sample, sample_row
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -50,3 +53,41 @@ def test_one_row_alone_draws_the_same_as_in_a_batch() -> None:
     params = SamplingParams(max_tokens=1, temperature=0.8, top_p=0.95, seed=11)
     alone = [sample_row(logits[0], params, np.random.default_rng(11)) for _ in range(3)]
     assert alone == [reference_row(logits[0], params, np.random.default_rng(11))] * 3
+
+
+def penalized_request(prompt: list[int], output: list[int], **penalties: float) -> Request:
+    request = Request("r", prompt, SamplingParams(max_tokens=8, **penalties), np.random.default_rng(0))
+    request.output_token_ids = list(output)
+    return request
+
+
+def test_penalties_are_openais_formula_after_the_repetition_penalty() -> None:
+    logits = np.array([1.0, -1.0, 2.0, 0.5, -0.5, 3.0], np.float32)
+    request = penalized_request([0, 1], [2, 3, 3], frequency_penalty=0.5, presence_penalty=0.25,
+                                repetition_penalty=2.0)
+    row = logits.copy()
+    penalize(row, request)
+    # seen (prompt or output): 0 1 2 3, a positive logit halved, a negative one doubled; then the output's
+    # counts (2: once, 3: twice) times 0.5, plus 0.25 for each of them
+    want = [0.5, -2.0, 1.0 - 0.5 - 0.25, 0.25 - 1.0 - 0.25, -0.5, 3.0]
+    np.testing.assert_allclose(row, want, rtol=1e-6)
+    only_openai = logits.copy()
+    penalize(only_openai, penalized_request([0, 1], [2, 3, 3], frequency_penalty=-1.0))
+    np.testing.assert_allclose(only_openai, [1.0, -1.0, 3.0, 2.5, -0.5, 3.0])  # the prompt is not counted
+
+
+def test_a_penalty_moves_greedy_and_leaves_the_runners_logits_alone() -> None:
+    logits = np.array([[0.0, 5.0, 4.5], [0.0, 5.0, 4.5]], np.float32)
+    kept = logits.copy()
+    plain = penalized_request([0], [1, 1])
+    plain.params = SamplingParams(max_tokens=8)
+    tokens = sample(logits, [penalized_request([0], [1, 1], frequency_penalty=0.5), plain])
+    assert tokens == [2, 1]  # 5 - 2 × 0.5 < 4.5; the unpenalized row beside it keeps its argmax
+    np.testing.assert_array_equal(logits, kept)
+
+
+@pytest.mark.parametrize("bad", [{"presence_penalty": 2.5}, {"frequency_penalty": -3.0},
+                                 {"repetition_penalty": 0.0}])
+def test_the_penalties_are_checked(bad: dict[str, float]) -> None:
+    with pytest.raises(EngineError, match=next(iter(bad))):
+        SamplingParams(**bad)

@@ -39,10 +39,10 @@ def _post(server: RunningServer, path: str, doc: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def openai_greedy(server: RunningServer, prompt: str, max_tokens: int) -> str:
+def openai_greedy(server: RunningServer, prompt: str, max_tokens: int, **extra: float) -> str:
     status, doc = _post(server, "/v1/completions", {"model": MODEL, "prompt": prompt,
                                                     "max_tokens": max_tokens, "temperature": 0,
-                                                    "ignore_eos": True})
+                                                    "ignore_eos": True, **extra})
     assert status == 200, doc
     return doc["choices"][0]["text"]
 
@@ -145,6 +145,20 @@ def test_unary_infer_is_triton_decoupled_refusal(server: RunningServer):
     assert "StatusCode.UNIMPLEMENTED" in str(e.value.status())
     assert "doesn't support models with decoupled transaction policy" in e.value.message()
     client.close()
+
+
+def test_penalties_in_sampling_parameters_give_the_openai_apis_answer(server: RunningServer):
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5, "repetition_penalty": 1.3}
+    expected = openai_greedy(server, PROMPT, 24, **penalties)
+    assert expected != openai_greedy(server, PROMPT, 24)  # the penalties change this answer
+    stream = Stream(server.grpc_url)
+    try:
+        sampling = GREEDY | penalties | {"max_tokens": 24}
+        stream.client.async_stream_infer(MODEL, inputs(PROMPT, sampling=sampling, exclude=True))
+        got = stream.until_final()
+    finally:
+        stream.close()
+    assert texts(got) == [expected]
 
 
 def test_bad_sampling_parameters_are_invalid_argument_and_the_stream_goes_on(server: RunningServer):

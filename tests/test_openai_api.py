@@ -1,7 +1,8 @@
 """The OpenAI-compatible API (/v1) against a real server serving the tiny_decoder example, with the official
-`openai` package as the client, unmodified: completions, chat, streaming, usage, stop, n and seed; greedy
-answers equal the generation engine's own greedy run in this process over the same model folder. Errors,
-request ids and disconnects are checked over raw HTTP (test_openai_errors.py has the bad inputs)."""
+`openai` package as the client, unmodified: completions, chat, streaming, usage, stop, penalties, n and
+seed; greedy answers equal the generation engine's own greedy run in this process over the same model
+folder. Errors, request ids and disconnects are checked over raw HTTP (test_openai_errors.py has the bad
+inputs)."""
 
 from __future__ import annotations
 
@@ -53,8 +54,9 @@ def reference(repo: Path):
     """The engine in this process, over the same folder: what greedy decoding must give."""
     engine = load_engine(repo / MODEL)
 
-    def run(prompt: str, max_tokens: int, stop: tuple[str, ...] = ()) -> tuple[str, int, int]:
-        engine.add_request("ref", prompt, SamplingParams(max_tokens=max_tokens, stop=stop))
+    def run(prompt: str, max_tokens: int, stop: tuple[str, ...] = (), **penalties: float,
+            ) -> tuple[str, int, int]:
+        engine.add_request("ref", prompt, SamplingParams(max_tokens=max_tokens, stop=stop, **penalties))
         out = engine.run_to_completion()["ref"]
         return out.output_text, len(out.output_token_ids), len(engine.tokenizer.encode(prompt))
 
@@ -129,6 +131,20 @@ def test_streaming_completion_and_stop_string(client: openai.OpenAI, reference):
                                             temperature=0, stop=stop, stream=True))
     assert "".join(p.choices[0].text for p in pieces) == want
     assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+def test_penalties_change_the_answer_as_the_engine_does(client: openai.OpenAI, reference):
+    penalties = {"presence_penalty": 0.5, "frequency_penalty": 1.5}
+    plain, _, _ = reference("ab ab ab ab", 32)
+    text, _, _ = reference("ab ab ab ab", 32, repetition_penalty=1.3, **penalties)
+    assert text != plain  # so the comparisons below can tell penalties served from penalties dropped
+    out = client.completions.create(model=MODEL, prompt="ab ab ab ab", max_tokens=32, temperature=0,
+                                    extra_body={"repetition_penalty": 1.3}, **penalties)
+    assert out.choices[0].text == text
+    pieces = list(client.completions.create(model=MODEL, prompt="ab ab ab ab", max_tokens=32, temperature=0,
+                                            extra_body={"repetition_penalty": 1.3}, stream=True,
+                                            **penalties))
+    assert "".join(p.choices[0].text for p in pieces) == text
 
 
 def test_n_choices_with_a_seed_are_reproducible(client: openai.OpenAI):

@@ -138,15 +138,16 @@ class GenerationEngine:
         the scheduler, the stop checks and the outputs, and hands the API layer its events, once for
         several tokens: on a small model that is most of a token's cost (perf/README.md). Its price: a
         request ending inside it on a stop token or string computes up to steps - 1 tokens that are
-        dropped, and a request arriving is admitted when the steps end."""
+        dropped, and a request arriving is admitted when the steps end. A plan with a penalized request
+        runs one step: its penalties count the tokens so far, and the runs in between record none."""
         steps = self.scheduler.config.num_scheduler_steps
         if steps == 1:
             return 1
         limit = self.cache_config.max_model_len
         for chunk in plan.chunks:
-            if len(chunk.token_ids) != 1 or not chunk.sample:
-                return 1
             request = chunk.request
+            if len(chunk.token_ids) != 1 or not chunk.sample or request.params.penalized:
+                return 1  # a penalized row's logits depend on its tokens so far, which update() records
             steps = min(steps, limit - chunk.start, request.params.max_tokens - len(request.output_token_ids))
         return steps if steps > 1 and self.scheduler.reserve(plan, steps) else 1
 

@@ -47,10 +47,13 @@ class FinishReason(enum.Enum):
 class SamplingParams:
     """How to pick each next token, and when to stop. Checked once, when the request is made.
 
-    temperature 0 is greedy (argmax). Otherwise logits are divided by the temperature, then cut to the
-    `top_k` most likely tokens (0: all), then to the smallest set whose probability reaches `top_p`, and
-    one token is drawn with the request's own generator, seeded by `seed` (None: a fresh seed from the
-    engine's generator), so a seeded request gives the same tokens whatever else runs beside it.
+    First the penalties change the logits (sampler.py `penalize`, vLLM's order): `repetition_penalty`
+    (vLLM's extension, 1: off) over the prompt's and the generated tokens, then OpenAI's
+    `frequency_penalty` and `presence_penalty` (0: off) over the generated ones. temperature 0 is greedy
+    (argmax of those logits). Otherwise logits are divided by the temperature, then cut to the `top_k` most
+    likely tokens (0: all), then to the smallest set whose probability reaches `top_p`, and one token is
+    drawn with the request's own generator, seeded by `seed` (None: a fresh seed from the engine's
+    generator), so a seeded request gives the same tokens whatever else runs beside it.
     """
 
     max_tokens: int = 16
@@ -61,6 +64,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()            # stop strings: the text ends before the first one
     stop_token_ids: tuple[int, ...] = ()  # stop tokens: generated, then generation stops
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
+    presence_penalty: float = 0.0         # OpenAI's, in [-2, 2]: once for each token generated at least once
+    frequency_penalty: float = 0.0        # OpenAI's, in [-2, 2]: per time a token was generated
+    repetition_penalty: float = 1.0       # vLLM's (CTRL's), > 0: for each token of the prompt or the output
     priority: Priority = Priority.INTERACTIVE  # the scheduling class (scheduler.py), not a sampling knob
     lora: str | None = None               # the LoRA adapter to run with (lora.py), None: the base model
 
@@ -75,10 +81,20 @@ class SamplingParams:
             raise invalid(f"top_k must be 0 (all tokens) or positive, got {self.top_k}")
         if any(not s for s in self.stop):
             raise invalid("stop strings must not be empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise invalid(f"{name} must be between -2 and 2, got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise invalid(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Its logits depend on the tokens so far, not only on the model."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 @dataclass(slots=True)

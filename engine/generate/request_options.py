@@ -8,7 +8,8 @@ Where the sampling options come from, in the order Triton's LLM backends read th
 2. the `sampling_parameters` input, a JSON object (vLLM's): every key must be known;
 3. the `max_tokens` input (TensorRT-LLM's ensemble spelling).
 Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM), max_tokens (default 16, vLLM's),
-seed, stop (a string or a list of them), stop_token_ids, ignore_eos. `stream` and `exclude_input_in_output`
+seed, stop (a string or a list of them), stop_token_ids, ignore_eos, presence_penalty, frequency_penalty,
+repetition_penalty. `stream` and `exclude_input_in_output`
 are inputs, or parameters of those names when the input is absent. The parameter `lora` (a string) names
 the LoRA adapter to run with (lora.py).
 """
@@ -31,7 +32,7 @@ from .triton_signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, ST
 MAX_PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_TOKENS = 16
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids",
-                 "ignore_eos")
+                 "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,10 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
                               temperature=_number(raw, "temperature", float, 0.0),
                               top_p=_number(raw, "top_p", float, 1.0), top_k=0 if top_k == -1 else top_k,
                               seed=None if seed is None else seed % 2**64, stop=tuple(dict.fromkeys(stop)),
-                              stop_token_ids=tuple(ids), ignore_eos=ignore_eos, lora=raw.get("lora"))
+                              stop_token_ids=tuple(ids), ignore_eos=ignore_eos, lora=raw.get("lora"),
+                              presence_penalty=_number(raw, "presence_penalty", float, 0.0),
+                              frequency_penalty=_number(raw, "frequency_penalty", float, 0.0),
+                              repetition_penalty=_number(raw, "repetition_penalty", float, 1.0))
     except EngineError as e:
         raise invalid(f"sampling parameters: {e.message}") from None
 

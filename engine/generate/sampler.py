@@ -1,6 +1,8 @@
 """The next token of each request from its logits: greedy, or temperature → top-k → top-p → a draw.
 
 Called by the engine once per step with the logits of the requests that sample this step, one row each.
+A penalized request's row is first changed by its penalties (`penalize`), over its tokens so far: the
+engine runs such a request one step per schedule, so that its tokens so far are all in `output_token_ids`.
 Greedy rows are one vectorised argmax. A sampled row draws from its request's own generator only, so a
 seeded request gives the same tokens whatever runs beside it, and a preempted request, which samples nothing
 while it is recomputed, continues exactly where it was.
@@ -20,6 +22,11 @@ def sample(logits: np.ndarray, requests: Sequence[Request]) -> list[int]:
     sorted together (one numpy call each for the whole step, not one per row); each then draws alone."""
     if len(requests) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(requests)} requests")
+    penalized = [row for row, request in enumerate(requests) if request.params.penalized]
+    if penalized:
+        logits = logits.copy()  # the runner's array is not ours to change
+        for row in penalized:
+            penalize(logits[row], requests[row])
     tokens = logits.argmax(axis=1).tolist()
     rows = [row for row, request in enumerate(requests) if not request.params.greedy]
     if rows:
@@ -30,6 +37,25 @@ def sample(logits: np.ndarray, requests: Sequence[Request]) -> list[int]:
             request = requests[row]
             tokens[row] = _draw(scaled[i], orders[i], request.params, request.rng)
     return tokens
+
+
+def penalize(row: np.ndarray, request: Request) -> None:
+    """The request's penalties applied to its logits `row` in place, in vLLM's order. First the repetition
+    penalty (CTRL's, as vLLM serves it) over every token of the prompt and the output: a positive logit is
+    divided by it, a negative one multiplied, so > 1 makes a seen token less likely either way. Then
+    OpenAI's formula over the generated tokens only: logit[j] -= count[j] × frequency_penalty +
+    (count[j] > 0) × presence_penalty. Token ids the logits do not have (a tokenizer's added tokens) are
+    left out."""
+    params, vocab = request.params, row.shape[0]
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.asarray(request.all_token_ids, np.int64))
+        seen = seen[seen < vocab]
+        values = row[seen]
+        factor = params.repetition_penalty
+        row[seen] = np.where(values > 0, values / factor, values * factor)
+    if (params.frequency_penalty or params.presence_penalty) and request.output_token_ids:
+        counts = np.bincount(np.asarray(request.output_token_ids, np.int64), minlength=vocab)[:vocab]
+        row -= (params.frequency_penalty * counts + params.presence_penalty * (counts > 0)).astype(row.dtype)
 
 
 def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

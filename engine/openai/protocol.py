@@ -2,9 +2,10 @@
 
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
 field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (logprobs,
-tools, penalties, ...) are refused rather than silently ignored; other unknown fields are ignored, as
-OpenAI-compatible servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in
-vLLM's names (the `openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`.
+tools, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
+servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names (the
+`openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`,
+`repetition_penalty`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class ApiRequest:
     stop: tuple[str, ...]
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool
+    presence_penalty: float
+    frequency_penalty: float
+    repetition_penalty: float
     n: int
     stream: bool
     include_usage: bool
@@ -88,6 +92,10 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
     top_p = _number(doc, "top_p", 0.0, 1.0)
     if top_p is not None and top_p == 0.0:
         top_p = 1e-9  # OpenAI accepts 0: only the most likely token remains
+    repetition = _number(doc, "repetition_penalty", 0.0, 100.0)
+    if repetition == 0.0:
+        raise bad_request("Invalid 'repetition_penalty': 0; it must be greater than 0 (1: no penalty).",
+                          "repetition_penalty", "invalid_value")
     return ApiRequest(
         chat=chat, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -97,14 +105,16 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         stop=_stop(doc.get("stop")),
         stop_token_ids=tuple(_int_list(doc.get("stop_token_ids"), "stop_token_ids")),
         ignore_eos=_bool(doc, "ignore_eos", False),
+        presence_penalty=_number(doc, "presence_penalty", -2.0, 2.0) or 0.0,
+        frequency_penalty=_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
+        repetition_penalty=1.0 if repetition is None else repetition,
         n=_int(doc, "n", 1, MAX_N) or 1,
         stream=stream, include_usage=include_usage)
 
 
 # Fields whose value would change the answer in ways we do not serve: (field, what may be sent).
 _UNSERVED = ("logprobs", "top_logprobs", "logit_bias", "tools", "functions", "tool_choice", "function_call",
-             "suffix", "response_format", "echo", "best_of", "presence_penalty", "frequency_penalty", "audio",
-             "prediction")
+             "suffix", "response_format", "echo", "best_of", "audio", "prediction")
 
 
 def _refuse_unserved(doc: dict[str, Any], chat: bool) -> None:

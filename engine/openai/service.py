@@ -159,7 +159,9 @@ class OpenAIService:
                                   top_k=api.top_k, seed=None if api.seed is None else api.seed % 2**64,
                                   stop=tuple(dict.fromkeys(stop)),
                                   stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos,
-                                  priority=priority)
+                                  presence_penalty=api.presence_penalty,
+                                  frequency_penalty=api.frequency_penalty,
+                                  repetition_penalty=api.repetition_penalty, priority=priority)
         except EngineError as e:
             raise from_engine(e) from None
 
