@@ -44,7 +44,7 @@ test: models perf-analyzer
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine perf
 
 protos: install
 	$(PY) protos/generate.py

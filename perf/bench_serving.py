@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from numpy.typing import DTypeLike
 
 from engine import examples
 from hubserve_harness import ROOT, start_server  # the same server start-up the tests use
 from hubserve_harness.perf_analyzer import run_perf_analyzer
 
-MODEL_INPUTS = {
+MODEL_INPUTS: dict[str, dict[str, tuple[tuple[int, ...], DTypeLike]]] = {
     "simple": {"INPUT0": ((16,), np.int32), "INPUT1": ((16,), np.int32)},
     "mlp": {"INPUT0": ((256,), np.float32)},
     "mlp_large": {"INPUT0": ((1024,), np.float32)},

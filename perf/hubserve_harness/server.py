@@ -146,10 +146,10 @@ def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: 
     deadline = time.monotonic() + ready_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            log = server.log()
-            if "address already in use" in log.lower():  # EADDRINUSE, in uvloop's words or the OS's
-                raise _PortTaken(f"server exited with {proc.returncode}:\n{log}")
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log}")
+            text = server.log()
+            if "address already in use" in text.lower():  # EADDRINUSE, in uvloop's words or the OS's
+                raise _PortTaken(f"server exited with {proc.returncode}:\n{text}")
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{text}")
         try:
             scheme = "https" if https is not None else "http"
             with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http}{path}", timeout=1,

@@ -138,10 +138,12 @@ def _sequence_batching(sb: SequenceBatchingConfig, out: pb.ModelSequenceBatching
         out.direct.minimum_slot_utilization = sb.minimum_slot_utilization
     for control in sb.controls:
         kind = pb.ModelSequenceBatching.Control.Kind.Value(control.kind.value)
-        c = out.control_input.add(name=control.name).control.add(kind=kind)
-        if control.kind is ControlKind.CORRID:
-            c.data_type = pb.DataType.Value(_type_name(control.datatype))
-        elif control.datatype is DataType.FP32:
+        corrid = control.kind is ControlKind.CORRID  # the correlation id's control has a type, no values
+        c = out.control_input.add(name=control.name).control.add(
+            kind=kind, data_type=_type_name(control.datatype) if corrid else None)
+        if corrid:
+            continue
+        if control.datatype is DataType.FP32:
             c.fp32_false_true.extend(control.false_true)
         elif control.datatype is DataType.BOOL:
             c.bool_false_true.extend(control.false_true)

@@ -72,9 +72,10 @@ class _ModelConfigHandler(grpc.GenericRpcHandler):
     async def _answer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         name = _model_name(request)
         response = self._responses.get(name)
-        if response is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'")
-        return response
+        if response is not None:
+            return response
+        await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model '{name}'")
+        raise AssertionError("abort() raises")  # grpc's stubs do not say so
 
 
 def _model_name(request: bytes) -> str:
