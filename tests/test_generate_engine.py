@@ -150,6 +150,55 @@ def test_penalties_equal_a_step_by_step_loop_that_applies_them(reference_session
     assert_no_leaks(engine)
 
 
+def reference_logprobs(sess: ort.InferenceSession, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """The log-softmax of the dense model's logits before each of `tokens`, fed one by one after the
+    prompt (each row: the distribution the token was picked from)."""
+    names = [o.name for o in sess.get_outputs()]
+    past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
+            for i in range(2) for p in ("key", "value")}
+    rows = []
+    feed_ids, position = prompt, 0
+    for token in tokens:
+        n = len(feed_ids)
+        result = dict(zip(names, sess.run(None, {
+            "input_ids": np.array([feed_ids], np.int64),
+            "attention_mask": np.ones((1, position + n), np.int64),
+            "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
+        x = result["logits"][0, -1].astype(np.float64)
+        rows.append(x - np.log(np.exp(x - x.max()).sum()) - x.max())
+        past = {name: result[name.replace("past_key_values", "present")] for name in past}
+        position, feed_ids = position + n, [token]
+    return rows
+
+
+@KV
+@pytest.mark.parametrize("steps", [1, 4])
+def test_logprobs_are_the_models_for_every_token_sampled_or_greedy(reference_session, kv, steps):
+    batch = prompts(6, seed=9)
+    engine = make_engine(kv=kv, steps=steps)
+    for i, prompt in enumerate(batch):  # greedy and sampled, asking for 0 or 3 most likely, beside plain
+        params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0 if i % 2 else 1.0, seed=i,
+                                logprobs=None if i == 5 else 3 * (i % 2))
+        engine.add_request(f"r{i}", prompt, params)
+    seen: dict[str, list] = {f"r{i}": [] for i in range(6)}
+    while engine.has_unfinished():
+        for out in engine.step():
+            assert len(out.logprobs) == (len(out.new_token_ids) if out.request_id != "r5" else 0)
+            seen[out.request_id].extend(out.logprobs)
+    for i, prompt in enumerate(batch[:5]):
+        got = seen[f"r{i}"]
+        rows = reference_logprobs(reference_session, prompt, [lp.token_id for lp in got])
+        assert len(got) == 12
+        for lp, row in zip(got, rows, strict=True):
+            assert abs(lp.logprob - row[lp.token_id]) < 1e-4
+            assert len(lp.top) == 3 * (i % 2)
+            for token, logprob in lp.top:
+                assert abs(logprob - row[token]) < 1e-4
+            if lp.top:  # greedy: the token is the most likely, and the top are the three largest
+                assert lp.top[0][0] == lp.token_id == int(row.argmax())
+                assert sorted(row, reverse=True)[2] == pytest.approx(lp.top[2][1], abs=1e-4)
+
+
 @KV
 def test_sequences_arriving_while_others_run_get_the_same_tokens(reference_session, kv):
     batch = prompts(12, seed=5)

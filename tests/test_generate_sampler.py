@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import EngineError
 from engine.generate.request import Request, SamplingParams
-from engine.generate.sampler import penalize, sample, sample_row
+from engine.generate.sampler import penalize, sample, sample_row, token_logprob
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -91,3 +91,14 @@ def test_a_penalty_moves_greedy_and_leaves_the_runners_logits_alone() -> None:
 def test_the_penalties_are_checked(bad: dict[str, float]) -> None:
     with pytest.raises(EngineError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def test_a_tokens_logprob_is_the_log_softmax_of_the_raw_logits() -> None:
+    logits = np.array([2.0, -1.0, 0.5, 3.0, 0.5], np.float32)
+    want = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    got = token_logprob(logits, 2, 3)
+    assert got.token_id == 2 and abs(got.logprob - want[2]) < 1e-12
+    assert [t for t, _ in got.top] == [3, 0, 2] or [t for t, _ in got.top] == [3, 0, 4]  # 2 and 4 tie
+    np.testing.assert_allclose([p for _, p in got.top], [want[3], want[0], want[2]])
+    assert token_logprob(logits, 1, 0).top == ()
+    assert len(token_logprob(logits, 1, 20).top) == 5  # never more than the vocabulary

@@ -147,6 +147,47 @@ def test_penalties_change_the_answer_as_the_engine_does(client: openai.OpenAI, r
     assert "".join(p.choices[0].text for p in pieces) == text
 
 
+def test_chat_logprobs_whole_and_streamed(client: openai.OpenAI, reference):
+    messages = [{"role": "user", "content": "Count"}]
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                         logprobs=True, top_logprobs=3)
+    choice = out.choices[0]
+    text, _, _ = reference(chat_prompt("Count"), 16, CHAT_STOPS)
+    assert choice.message.content == text
+    content = choice.logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for entry in content:  # greedy: the token is the most likely of its top three, in order
+        assert entry.logprob <= 0 and [t.logprob for t in entry.top_logprobs] == \
+            sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].logprob == entry.logprob
+    if choice.finish_reason == "length":  # no stop string cut the text: the tokens' bytes are the text
+        assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == text
+    streamed = [e for chunk in client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3,
+        stream=True) if chunk.choices and chunk.choices[0].logprobs
+        for e in chunk.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in content]
+    plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI):
+    out = client.completions.create(model=MODEL, prompt="ab", max_tokens=10, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 10
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(10)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob and max(top.values()) == logprob and 1 <= len(top) <= 3
+    pieces = list(client.completions.create(model=MODEL, prompt="ab", max_tokens=10, temperature=0,
+                                            logprobs=2, stream=True, extra_body={"ignore_eos": True}))
+    chunks = [p.choices[0].logprobs for p in pieces if p.choices and p.choices[0].logprobs]
+    assert [t for c in chunks for t in c.tokens] == lp.tokens
+    assert [o for c in chunks for o in c.text_offset] == lp.text_offset  # offsets run on across chunks
+
+
 def test_n_choices_with_a_seed_are_reproducible(client: openai.OpenAI):
     def ask() -> list[str]:
         out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}],

@@ -88,18 +88,31 @@ class _Writer:
     def write(self, choice: Choice, text: str, finished: bool) -> None:
         chat, send = self.api.chat, self.stream.send
         first = choice.index not in self.started
+        if not (text or first or finished):
+            return
         self.started.add(choice.index)
         if chat and first and text:  # OpenAI's first chunk: the role and empty content
             send(self._chunk(responses.chunk_choice(choice, chat, "", first=True)))
             first = False
+        logprobs = self._logprobs(choice)  # on the chunk with the text (or the last): what has come since
         if chat and finished and text:  # the text, then an empty delta with the finish reason
-            send(self._chunk(responses.chunk_choice(choice, chat, text, first=first)))
-            text, first = "", False
+            send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
+            text, first, logprobs = "", False, None
         if finished:
             send(self._chunk(responses.chunk_choice(choice, chat, None if chat else text, first=first,
-                                                    finished=True)))
-        elif text or first:
-            send(self._chunk(responses.chunk_choice(choice, chat, text, first=first)))
+                                                    finished=True, logprobs=logprobs)))
+        else:
+            send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
+
+    def _logprobs(self, choice: Choice) -> dict[str, Any] | None:
+        """The logprobs of the choice's tokens no chunk has carried yet (a token whose text is held back,
+        a possible stop string's start, has its logprobs carried by the chunk that shows it or the last)."""
+        if self.api.logprobs is None:
+            return None
+        entries = choice.logprobs[choice.logprobs_sent:]
+        choice.logprobs_sent = len(choice.logprobs)
+        out, choice.text_offset = responses.logprobs_object(entries, self.api.chat, choice.text_offset)
+        return out
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         return _event(responses.chunk(self.gen, self.api.chat, self.api.model, self.created, [choice],

@@ -42,9 +42,20 @@ class TokenEvent:
     finished: bool = False
     finish_reason: str | None = None  # "stop" or "length" (OpenAI's); "abort" is never delivered
     error: EngineError | None = None
+    logprobs: tuple[ShownLogprob, ...] = ()  # one per token of this event, when the request asked for them
 
 
 OnEvent = Callable[[TokenEvent], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ShownLogprob:
+    """A generated token's log-probability as its client is shown it (request.py `TokenLogprob`, with each
+    token id turned into its bytes): the token, and the most likely tokens as (bytes, log-probability)."""
+
+    token: bytes
+    logprob: float
+    top: tuple[tuple[bytes, float], ...] = ()
 
 
 @dataclass(slots=True)
@@ -265,8 +276,13 @@ class EngineDriver:
         else:
             text = self.engine.tokenizer.decode(out.output_token_ids)
         reason = out.finish_reason.value if out.finish_reason is not None else None
+        shown: tuple[ShownLogprob, ...] = ()
+        if out.logprobs:
+            piece = self.engine.tokenizer.token_bytes
+            shown = tuple(ShownLogprob(piece(lp.token_id), lp.logprob,
+                                       tuple((piece(t), p) for t, p in lp.top)) for lp in out.logprobs)
         return out.request_id, TokenEvent(state.delta(text, out.finished), len(out.new_token_ids),
-                                          out.finished, reason)
+                                          out.finished, reason, logprobs=shown)
 
     def _post(self, events: list[tuple[str, TokenEvent]]) -> None:
         if not events:

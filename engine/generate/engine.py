@@ -15,9 +15,9 @@ import numpy as np
 from ..errors import EngineError, ErrorCode, invalid
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
-from .request import FinishReason, Request, RequestOutput, SamplingParams
+from .request import FinishReason, Request, RequestOutput, SamplingParams, TokenLogprob
 from .runner import DecoderRunner
-from .sampler import sample
+from .sampler import sample, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .stopping import check_stop
 from .tokenizer import Tokenizer
@@ -108,13 +108,18 @@ class GenerationEngine:
         samplers = [c.request for c in plan.chunks if c.sample]
         steps = self._steps(plan)
         sampled: dict[str, Sequence[int]]
+        logprobs: dict[str, TokenLogprob] = {}
         if steps > 1:
             tokens = self.runner.execute_steps(plan.chunks, steps, lambda logits: sample(logits, samplers))
             sampled = dict(zip((r.request_id for r in samplers), tokens.tolist(), strict=True))
         else:
             logits = self.runner.execute(plan.chunks)
-            sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in sample(logits, samplers)),
-                               strict=True))
+            picked = sample(logits, samplers)
+            sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in picked), strict=True))
+            for row, request in enumerate(samplers):  # a plan with such a request runs one step (`_steps`)
+                if request.params.logprobs is not None:
+                    logprobs[request.request_id] = token_logprob(logits[row], picked[row],
+                                                                 request.params.logprobs)
         # 3. update: advance every request, stop the finished ones and free their blocks
         outputs = []
         for request, new in self.scheduler.update(plan, sampled):
@@ -124,9 +129,10 @@ class GenerationEngine:
                 if reason is not None:
                     self.scheduler.finish(request, reason)
                     del self._requests[request.request_id]
+            shown = logprobs.get(request.request_id) if new else None
             outputs.append(RequestOutput(
                 request.request_id, tuple(new), reason is not None, reason,
-                tuple(request.output_token_ids), request.output_text))
+                tuple(request.output_token_ids), request.output_text, () if shown is None else (shown,)))
         return outputs
 
     def _steps(self, plan: SchedulerOutput) -> int:
@@ -138,16 +144,17 @@ class GenerationEngine:
         the scheduler, the stop checks and the outputs, and hands the API layer its events, once for
         several tokens: on a small model that is most of a token's cost (perf/README.md). Its price: a
         request ending inside it on a stop token or string computes up to steps - 1 tokens that are
-        dropped, and a request arriving is admitted when the steps end. A plan with a penalized request
-        runs one step: its penalties count the tokens so far, and the runs in between record none."""
+        dropped, and a request arriving is admitted when the steps end. A plan with a request that has
+        penalties or asks for logprobs runs one step: its penalties count the tokens so far, and the runs
+        in between record none; its logprobs come from each run's logits."""
         steps = self.scheduler.config.num_scheduler_steps
         if steps == 1:
             return 1
         limit = self.cache_config.max_model_len
         for chunk in plan.chunks:
             request = chunk.request
-            if len(chunk.token_ids) != 1 or not chunk.sample or request.params.penalized:
-                return 1  # a penalized row's logits depend on its tokens so far, which update() records
+            if len(chunk.token_ids) != 1 or not chunk.sample or request.params.stepwise:
+                return 1  # penalties count the tokens so far, which update() records; logprobs are per run
             steps = min(steps, limit - chunk.start, request.params.max_tokens - len(request.output_token_ids))
         return steps if steps > 1 and self.scheduler.reserve(plan, steps) else 1
 

@@ -37,6 +37,9 @@ class Priority(enum.IntEnum):
     BATCH = 1
 
 
+MAX_LOGPROBS = 20  # most likely tokens reported per generated token (OpenAI's top_logprobs limit)
+
+
 class FinishReason(enum.Enum):
     STOP = "stop"        # a stop token, the end-of-sequence token or a stop string (OpenAI's "stop")
     LENGTH = "length"    # max_tokens, or the model's context is full (OpenAI's "length")
@@ -69,6 +72,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0       # vLLM's (CTRL's), > 0: for each token of the prompt or the output
     priority: Priority = Priority.INTERACTIVE  # the scheduling class (scheduler.py), not a sampling knob
     lora: str | None = None               # the LoRA adapter to run with (lora.py), None: the base model
+    logprobs: int | None = None           # report each token's log-probability and this many most likely
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -86,6 +90,8 @@ class SamplingParams:
                 raise invalid(f"{name} must be between -2 and 2, got {getattr(self, name)}")
         if not 0.0 < self.repetition_penalty <= 100.0:
             raise invalid(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise invalid(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:
@@ -95,6 +101,12 @@ class SamplingParams:
     def penalized(self) -> bool:
         """Its logits depend on the tokens so far, not only on the model."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
+
+    @property
+    def stepwise(self) -> bool:
+        """Each token must be recorded before the next is computed: its penalties count the tokens so far,
+        or it reports each token's log-probabilities (engine.py `_steps`: one step per schedule)."""
+        return self.penalized or self.logprobs is not None
 
 
 @dataclass(slots=True)
@@ -134,6 +146,17 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model: the log-softmax of the raw logits it was
+    picked from (before penalties, temperature, top-k and top-p, as vLLM reports by default), and the `top`
+    most likely tokens' (id, log-probability), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     """What one step did for one request: the tokens it generated this step (none during a prefill chunk)
     and, once it finished, why. Returned by `GenerationEngine.step()` for every request that advanced."""
@@ -144,3 +167,4 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     output_token_ids: tuple[int, ...] = ()  # all of them, so far
     output_text: str = ""                   # set when finished
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when its params ask for them

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .request import Request, SamplingParams
+from .request import Request, SamplingParams, TokenLogprob
 
 
 def sample(logits: np.ndarray, requests: Sequence[Request]) -> list[int]:
@@ -56,6 +56,21 @@ def penalize(row: np.ndarray, request: Request) -> None:
     if (params.frequency_penalty or params.presence_penalty) and request.output_token_ids:
         counts = np.bincount(np.asarray(request.output_token_ids, np.int64), minlength=vocab)[:vocab]
         row -= (params.frequency_penalty * counts + params.presence_penalty * (counts > 0)).astype(row.dtype)
+
+
+def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """`token`'s log-probability under the raw logits `row`, and the `top` most likely tokens', most likely
+    first, in float64 (one partition, not a sort of the whole vocabulary)."""
+    x = row.astype(np.float64)
+    peak = x.max()
+    logz = peak + np.log(np.exp(x - peak).sum())
+    best: tuple[tuple[int, float], ...] = ()
+    if top:
+        k = min(top, x.shape[0])
+        ids = np.argpartition(-x, k - 1)[:k] if k < x.shape[0] else np.arange(x.shape[0])
+        ids = ids[np.lexsort((ids, -x[ids]))]
+        best = tuple((int(j), float(x[j] - logz)) for j in ids)
+    return TokenLogprob(token, float(x[token] - logz), best)
 
 
 def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

@@ -28,6 +28,11 @@ class Tokenizer(Protocol):
         """Text of generated ids; special tokens are left out."""
         ...
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes as it adds them to the text (OpenAI's logprobs show them): b"" for a special
+        token."""
+        ...
+
 
 class ByteTokenizer:
     vocab_size = 258
@@ -44,6 +49,9 @@ class ByteTokenizer:
         except ValueError:  # BOS or EOS among them: dropped
             raw = bytes(t for t in token_ids if 0 <= t < 256)
         return raw.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes((token_id,)) if 0 <= token_id < 256 else b""
 
 
 class JsonTokenizer:
@@ -65,6 +73,11 @@ class JsonTokenizer:
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        # the token decoded alone: exact for a token of whole characters; a byte-level BPE token holding part
+        # of a multi-byte character shows as U+FFFD (its raw bytes are not asked of `tokenizers` here)
+        return self.decode((token_id,)).encode()
 
 
 def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:

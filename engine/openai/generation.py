@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import EngineError
 from ..generate.accounting import Outcome, RequestAccount
-from ..generate.driver import EngineDriver, TokenEvent
+from ..generate.driver import EngineDriver, ShownLogprob, TokenEvent
 from ..generate.request import SamplingParams
 
 
@@ -34,6 +34,9 @@ class Choice:
     completion_tokens: int = 0
     finish_reason: str | None = None
     submitted: bool = False  # in the engine: only then may it be aborted (its id is ours)
+    logprobs: list[ShownLogprob] = field(default_factory=list)  # when asked for: one per token
+    logprobs_sent: int = 0   # of those, how many a stream's chunks carried
+    text_offset: int = 0     # completions' text_offset: the characters of the tokens those chunks carried
 
     @property
     def finished(self) -> bool:
@@ -121,6 +124,8 @@ class Generation:
             return
         if event.text:
             choice.text.append(event.text)
+        if event.logprobs:
+            choice.logprobs.extend(event.logprobs)
         choice.completion_tokens += event.num_tokens
         if event.finished:
             choice.finish_reason = event.finish_reason or "stop"

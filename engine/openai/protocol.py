@@ -1,8 +1,8 @@
 """The request bodies of `POST /v1/completions` and `POST /v1/chat/completions`, checked into `ApiRequest`.
 
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
-field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (logprobs,
-tools, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
+field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (tools,
+`echo`, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
 servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names (the
 `openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`,
 `repetition_penalty`.
@@ -15,11 +15,13 @@ from typing import Any
 
 import orjson
 
+from ..generate.request import MAX_LOGPROBS
 from .errors import bad_request
 
 MAX_N = 16          # choices per request
 MAX_STOP = 4        # stop strings per request (OpenAI's limit)
 MAX_PROMPTS = 64    # prompts in one completions request
+MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs` (OpenAI's limit); chat's `top_logprobs` goes to 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class ApiRequest:
     n: int
     stream: bool
     include_usage: bool
+    logprobs: int | None = None      # each token's log-probability and this many most likely; None: none
 
 
 def parse_body(body: bytes | bytearray) -> dict[str, Any]:
@@ -72,11 +75,17 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         max_tokens = _int(doc, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _int(doc, "max_tokens", 1)
+        wanted = _bool(doc, "logprobs", False)
+        top = _int(doc, "top_logprobs", 0, MAX_LOGPROBS)
+        if top and not wanted:
+            raise bad_request("'top_logprobs' needs 'logprobs' set to true.", "top_logprobs")
+        logprobs = (top or 0) if wanted else None
     else:
         prompts = _prompts(doc.get("prompt"))
         max_tokens = _int(doc, "max_tokens", 1)
         if max_tokens is None and "max_tokens" not in doc:
             max_tokens = 16  # OpenAI's default for completions
+        logprobs = _int(doc, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
     stream = _bool(doc, "stream", False)
     options = doc.get("stream_options")
     include_usage = False
@@ -109,11 +118,11 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         frequency_penalty=_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
         repetition_penalty=1.0 if repetition is None else repetition,
         n=_int(doc, "n", 1, MAX_N) or 1,
-        stream=stream, include_usage=include_usage)
+        stream=stream, include_usage=include_usage, logprobs=logprobs)
 
 
 # Fields whose value would change the answer in ways we do not serve: (field, what may be sent).
-_UNSERVED = ("logprobs", "top_logprobs", "logit_bias", "tools", "functions", "tool_choice", "function_call",
+_UNSERVED = ("logit_bias", "tools", "functions", "tool_choice", "function_call",
              "suffix", "response_format", "echo", "best_of", "audio", "prediction")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..generate.driver import ShownLogprob
 from .generation import Choice, Generation
 
 OWNED_BY = "hubserve"
@@ -20,15 +21,50 @@ def _finish(choice: Choice) -> str | None:
     return choice.finish_reason if choice.finish_reason in ("stop", "length") else None
 
 
+def _text(token: bytes) -> str:
+    return token.decode("utf-8", errors="replace")  # part of a multi-byte character shows as U+FFFD
+
+
+def logprobs_object(entries: list[ShownLogprob], chat: bool, offset: int = 0) -> tuple[dict[str, Any], int]:
+    """OpenAI's `logprobs` of a choice (or of a stream chunk's tokens), and the text offset after them.
+    Chat: `content`, one entry per token with its `bytes` and `top_logprobs`. Completions (the legacy
+    shape): `tokens`, `token_logprobs`, `top_logprobs` (a dict per token: the most likely, and the sampled
+    token's own, so up to logprobs + 1 entries, as OpenAI documents) and `text_offset` (each token's start
+    in the completion's text, counting from `offset`)."""
+    if chat:
+        content = [{"token": _text(e.token), "logprob": e.logprob, "bytes": list(e.token),
+                    "top_logprobs": [{"token": _text(t), "logprob": p, "bytes": list(t)} for t, p in e.top]}
+                   for e in entries]
+        return {"content": content, "refusal": None}, offset
+    tokens, offsets, tops = [], [], []
+    for e in entries:
+        text = _text(e.token)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        top: dict[str, float] = {}
+        for t, p in e.top:  # two tokens can show as the same text (U+FFFD): the likelier one is kept
+            top.setdefault(_text(t), p)
+        top.setdefault(text, e.logprob)
+        tops.append(top)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}, offset
+
+
 def completion(gen: Generation, chat: bool, model: str, created: int) -> dict[str, Any]:
     """The one JSON answer of a request that did not stream."""
+    wanted = gen.params.logprobs is not None
+
+    def logprobs(c: Choice) -> dict[str, Any] | None:
+        return logprobs_object(c.logprobs, chat)[0] if wanted else None
+
     if chat:
         choices = [{"index": c.index, "message": {"role": "assistant", "content": "".join(c.text),
                                                   "refusal": None},
-                    "logprobs": None, "finish_reason": _finish(c)} for c in gen.choices]
+                    "logprobs": logprobs(c), "finish_reason": _finish(c)} for c in gen.choices]
     else:
-        choices = [{"index": c.index, "text": "".join(c.text), "logprobs": None, "finish_reason": _finish(c)}
-                   for c in gen.choices]
+        choices = [{"index": c.index, "text": "".join(c.text), "logprobs": logprobs(c),
+                    "finish_reason": _finish(c)} for c in gen.choices]
     return {"id": gen.request_id, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model, "system_fingerprint": None, "choices": choices,
             "usage": usage(gen)}
@@ -47,18 +83,18 @@ def chunk(gen: Generation, chat: bool, model: str, created: int, choices: Iterab
 
 
 def chunk_choice(choice: Choice, chat: bool, text: str | None, first: bool = False,
-                 finished: bool = False) -> dict[str, Any]:
+                 finished: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """One choice's part of a chunk: its new text, the assistant role on a chat's first chunk, the finish
-    reason on its last."""
+    reason on its last, and (`logprobs_object`) the logprobs of the tokens not yet carried."""
     reason = _finish(choice) if finished else None
     if not chat:
-        return {"index": choice.index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {"index": choice.index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     delta: dict[str, Any] = {}
     if first:
         delta["role"] = "assistant"
     if text is not None:
         delta["content"] = text
-    return {"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": reason}
+    return {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
 
 def usage_chunk(gen: Generation, chat: bool, model: str, created: int) -> dict[str, Any]:

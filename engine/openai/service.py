@@ -161,7 +161,8 @@ class OpenAIService:
                                   stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos,
                                   presence_penalty=api.presence_penalty,
                                   frequency_penalty=api.frequency_penalty,
-                                  repetition_penalty=api.repetition_penalty, priority=priority)
+                                  repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
+                                  priority=priority)
         except EngineError as e:
             raise from_engine(e) from None
 
