@@ -19,7 +19,7 @@ Each instance has at most one canary outstanding: a hung instance is not handed 
 answered, until the outstanding run comes back.
 
 The inputs are the first warm-up sample when the config has `model_warmup` (the operator's own valid data:
-any error fails the canary), else generated from the signature (zeros, empty strings, variable dims as 1):
+any error fails the canary), else generated from the signature (zeros, strings "0", variable dims as 1):
 such inputs may be meaningless to the model, so an error the model raises on them still shows a live path
 and passes; only a missed deadline or an instance that cannot run at all (UNAVAILABLE) fails.
 
@@ -88,7 +88,9 @@ def sample(config: ModelConfig, model_dir: Any) -> Sample:
             continue
         shape = lead + tuple(1 if d < 0 else d for d in spec.dims)
         if spec.datatype is DataType.BYTES:
-            inputs[spec.name] = np.full(shape, b"", dtype=object)
+            # zero as text: a model that parses numbers from strings (Triton's simple_string) takes it, where
+            # an empty string made ONNX Runtime log a failed Cast every round
+            inputs[spec.name] = np.full(shape, b"0", dtype=object)
         else:
             inputs[spec.name] = np.zeros(shape, dtype=spec.datatype.numpy_dtype)
     return Sample(inputs, strict=False)

@@ -75,7 +75,7 @@ def test_generated_inputs_follow_the_signature() -> None:
     picked = sample(cfg, Path("/nonexistent"))
     assert not picked.strict and set(picked.inputs) == {"A", "S"}  # optional inputs are left out
     assert picked.inputs["A"].shape == (1, 1, 3) and picked.inputs["A"].dtype == np.int64
-    assert picked.inputs["S"].shape == (1, 2) and picked.inputs["S"][0, 0] == b""
+    assert picked.inputs["S"].shape == (1, 2) and picked.inputs["S"][0, 0] == b"0"
 
 
 def test_warm_up_data_is_preferred_and_strict(tmp_path: Path) -> None:
