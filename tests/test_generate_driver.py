@@ -85,6 +85,31 @@ def test_streamed_text_adds_up_to_the_engines_answer(model_path):
     asyncio.run(run())
 
 
+def test_logprobs_come_with_the_text_they_belong_to(model_path):
+    """A stop string holds the last characters back, and each token's logprobs with them: an event carries
+    the logprobs of exactly the tokens whose text it hands out, and the last one the rest."""
+    prompt = [256, *b"hello there"]
+    plain = SamplingParams(max_tokens=40, ignore_eos=True)
+    full = reference(model_path, prompt, plain)
+    params = SamplingParams(max_tokens=40, ignore_eos=True, stop=("never in the text", full[30:33]),
+                            logprobs=2)
+
+    async def run() -> list[TokenEvent]:
+        driver = EngineDriver(make_engine(model_path), "tiny", "1")
+        events = await collect(driver, "r", prompt, params)
+        await driver.close()
+        return events
+
+    events = asyncio.run(run())
+    assert "".join(e.text for e in events) == full[:full.find(full[30:33])]
+    assert sum(len(e.logprobs) for e in events) == sum(e.num_tokens for e in events)
+    held = [e for e in events[:-1] if e.num_tokens and not e.logprobs]
+    assert held, "the stop string held some text (and its logprobs) back"
+    for e in events[:-1]:
+        assert b"".join(lp.token for lp in e.logprobs).decode("utf-8", "replace") == e.text
+        assert all(len(lp.top) == 2 for lp in e.logprobs)
+
+
 def test_an_abort_frees_the_blocks_and_ends_the_events(model_path):
     async def run() -> None:
         driver = EngineDriver(make_engine(model_path), "tiny", "1")

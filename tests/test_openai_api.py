@@ -163,12 +163,16 @@ def test_chat_logprobs_whole_and_streamed(client: openai.OpenAI, reference):
         assert entry.top_logprobs[0].logprob == entry.logprob
     if choice.finish_reason == "length":  # no stop string cut the text: the tokens' bytes are the text
         assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == text
-    streamed = [e for chunk in client.chat.completions.create(
+    chunks = [c.choices[0] for c in client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3,
-        stream=True) if chunk.choices and chunk.choices[0].logprobs
-        for e in chunk.choices[0].logprobs.content]
+        stream=True) if c.choices and c.choices[0].logprobs]
+    streamed = [e for c in chunks for e in c.logprobs.content]
     assert [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in streamed] == \
         [(e.token, e.logprob, [t.token for t in e.top_logprobs]) for e in content]
+    if choice.finish_reason == "length":  # each chunk carries the tokens whose text it shows (the chat
+        for c in chunks:                  # template's stop strings hold the last characters back)
+            shown = b"".join(bytes(e.bytes) for e in c.logprobs.content).decode("utf-8", "replace")
+            assert shown == (c.delta.content or "")
     plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None
 

@@ -51,7 +51,8 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     stream.start(200, CONTENT_TYPE, _NO_CACHE + extra)
     try:
         for choice in gen.choices:  # what the engine produced before the listener was set: a chunk per
-            *earlier, last = choice.text or [""]  # event (each non-empty), as if it had been listening
+            writer.due[choice.index] = len(choice.logprobs)  # event (each non-empty), as if it had been
+            *earlier, last = choice.text or [""]  # listening (their logprobs go with the first)
             for text in earlier:
                 writer.write(choice, text, False)
             if last or choice.finished or api.chat:
@@ -65,6 +66,7 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
             choice, event = events.popleft()
             if event.error is not None:
                 break
+            writer.due[choice.index] += len(event.logprobs)
             if event.text or event.finished:
                 writer.write(choice, event.text, event.finished)
                 await stream.drain()
@@ -76,7 +78,7 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
 class _Writer:
     """OpenAI's chunks for one generation: the chat role first, a finish reason on its own delta."""
 
-    __slots__ = ("api", "created", "gen", "started", "stream")
+    __slots__ = ("api", "created", "due", "gen", "started", "stream")
 
     def __init__(self, gen: Generation, api: ApiRequest, created: int, stream: ResponseStream) -> None:
         self.gen = gen
@@ -84,6 +86,9 @@ class _Writer:
         self.created = created
         self.stream = stream
         self.started: set[int] = set()  # choices whose first chunk (the chat role) went out
+        # per choice, the logprobs of the events taken from the queue that no chunk has carried yet (the
+        # choice holds every event's already: the loop delivers them before this writer reaches them)
+        self.due: dict[int, int] = {}
 
     def write(self, choice: Choice, text: str, finished: bool) -> None:
         chat, send = self.api.chat, self.stream.send
@@ -105,12 +110,14 @@ class _Writer:
             send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
 
     def _logprobs(self, choice: Choice) -> dict[str, Any] | None:
-        """The logprobs of the choice's tokens no chunk has carried yet (a token whose text is held back,
-        a possible stop string's start, has its logprobs carried by the chunk that shows it or the last)."""
+        """The logprobs of the choice's tokens no chunk has carried yet. The driver hands a token's out
+        with the text that completes it (held back with the text where a stop string may be starting), so
+        they go out with the chunk that shows that text."""
         if self.api.logprobs is None:
             return None
-        entries = choice.logprobs[choice.logprobs_sent:]
-        choice.logprobs_sent = len(choice.logprobs)
+        start, due = choice.logprobs_sent, self.due.get(choice.index, 0)
+        entries = choice.logprobs[start:start + due]
+        choice.logprobs_sent, self.due[choice.index] = start + due, 0
         out, choice.text_offset = responses.logprobs_object(entries, self.api.chat, choice.text_offset)
         return out
 

@@ -80,13 +80,32 @@ class _Add:
 class _TextState:
     """Thread side: how much of a request's decoded output has been handed out. While it runs, the last
     `len(longest stop string) - 1` characters are held back (a stop string may be starting there, and the
-    text ends before it), and so is a trailing U+FFFD (a multi-byte character not yet complete)."""
+    text ends before it), and so is a trailing U+FFFD (a multi-byte character not yet complete). A token's
+    logprobs are held back with its text: handed out once the text handed out covers it."""
 
-    __slots__ = ("holdback", "sent")
+    __slots__ = ("held", "holdback", "sent")
 
     def __init__(self, params: SamplingParams) -> None:
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
         self.sent = 0
+        self.held: list[ShownLogprob] = []  # logprobs of the last tokens, whose text is not handed out yet
+
+    def logprobs(self, new: tuple[ShownLogprob, ...], output: Sequence[int],
+                 decode: Callable[[Sequence[int]], str], finished: bool) -> tuple[ShownLogprob, ...]:
+        """The logprobs to hand out with this event's text (after `delta`), every one when finished: those
+        of the held tokens the output decoded up to them fits in the text handed out (one decode of a
+        prefix per token handed out, plus one: only requests that ask for logprobs pay it)."""
+        held = self.held
+        held.extend(new)
+        if finished:
+            self.held = []
+            return tuple(held)
+        start, count = len(output) - len(held), 0
+        while count < len(held) and len(decode(output[:start + count + 1])) <= self.sent:
+            count += 1
+        out = tuple(held[:count])
+        del held[:count]
+        return out
 
     def delta(self, text: str, finished: bool) -> str:
         if not finished:
@@ -276,13 +295,16 @@ class EngineDriver:
         else:
             text = self.engine.tokenizer.decode(out.output_token_ids)
         reason = out.finish_reason.value if out.finish_reason is not None else None
+        delta = state.delta(text, out.finished)
         shown: tuple[ShownLogprob, ...] = ()
-        if out.logprobs:
+        if out.logprobs or state.held:
             piece = self.engine.tokenizer.token_bytes
-            shown = tuple(ShownLogprob(piece(lp.token_id), lp.logprob,
-                                       tuple((piece(t), p) for t, p in lp.top)) for lp in out.logprobs)
-        return out.request_id, TokenEvent(state.delta(text, out.finished), len(out.new_token_ids),
-                                          out.finished, reason, logprobs=shown)
+            shown = state.logprobs(tuple(ShownLogprob(piece(lp.token_id), lp.logprob,
+                                                      tuple((piece(t), p) for t, p in lp.top))
+                                         for lp in out.logprobs), out.output_token_ids,
+                                   self.engine.tokenizer.decode, out.finished)
+        return out.request_id, TokenEvent(delta, len(out.new_token_ids), out.finished, reason,
+                                          logprobs=shown)
 
     def _post(self, events: list[tuple[str, TokenEvent]]) -> None:
         if not events:
