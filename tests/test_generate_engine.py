@@ -7,6 +7,7 @@ both, so the shared form must give the same tokens as another graph of the same 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +49,10 @@ def make_engine(num_blocks: int = 256, block_size: int = 8, seqs: int = 16, budg
                             SchedulerConfig(seqs, budget, chunked, steps))
 
 
-def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: int) -> list[int]:
-    """Prefill the whole prompt, then feed each argmax back with `present` as the next `past`."""
+def reference_loop(sess: ort.InferenceSession, prompt: list[int], max_tokens: int,
+                   pick: Callable[[np.ndarray, list[int]], int]) -> list[int]:
+    """Prefill the whole prompt, then feed each picked token back with `present` as the next `past`;
+    `pick` gets each step's logits row and the tokens so far."""
     names = [o.name for o in sess.get_outputs()]
     past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
             for i in range(2) for p in ("key", "value")}
@@ -61,37 +64,30 @@ def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: 
             "input_ids": np.array([feed_ids], np.int64),
             "attention_mask": np.ones((1, position + n), np.int64),
             "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
-        out.append(int(result["logits"][0, -1].argmax()))
+        out.append(pick(result["logits"][0, -1], out))
         past = {name: result[name.replace("past_key_values", "present")] for name in past}
         position, feed_ids = position + n, [out[-1]]
     return out
+
+
+def reference_greedy(sess: ort.InferenceSession, prompt: list[int], max_tokens: int) -> list[int]:
+    return reference_loop(sess, prompt, max_tokens, lambda row, _: int(row.argmax()))
 
 
 def reference_penalized(sess: ort.InferenceSession, prompt: list[int], max_tokens: int, presence: float,
                         frequency: float, repetition: float) -> list[int]:
-    """`reference_greedy` with the penalties applied to each step's logits: the repetition penalty over the
-    prompt and the output (a positive logit divided, a negative one multiplied), then OpenAI's
+    """Greedy with the penalties applied to each step's logits: the repetition penalty over the prompt and
+    the output (a positive logit divided, a negative one multiplied), then OpenAI's
     logit[j] -= count[j] × frequency + (count[j] > 0) × presence over the output."""
-    names = [o.name for o in sess.get_outputs()]
-    past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
-            for i in range(2) for p in ("key", "value")}
-    out: list[int] = []
-    feed_ids, position = prompt, 0
-    while len(out) < max_tokens:
-        n = len(feed_ids)
-        result = dict(zip(names, sess.run(None, {
-            "input_ids": np.array([feed_ids], np.int64),
-            "attention_mask": np.ones((1, position + n), np.int64),
-            "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
-        logits = [float(x) for x in result["logits"][0, -1]]
+    def pick(row: np.ndarray, out: list[int]) -> int:
+        logits = [float(x) for x in row]
         for token in set(prompt) | set(out):
             logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
         for token in set(out):
             logits[token] -= out.count(token) * frequency + presence
-        out.append(max(range(len(logits)), key=lambda j: (logits[j], -j)))
-        past = {name: result[name.replace("past_key_values", "present")] for name in past}
-        position, feed_ids = position + n, [out[-1]]
-    return out
+        return max(range(len(logits)), key=lambda j: (logits[j], -j))
+
+    return reference_loop(sess, prompt, max_tokens, pick)
 
 
 def prompts(count: int, seed: int = 3) -> list[list[int]]:
@@ -153,21 +149,14 @@ def test_penalties_equal_a_step_by_step_loop_that_applies_them(reference_session
 def reference_logprobs(sess: ort.InferenceSession, prompt: list[int], tokens: list[int]) -> list[np.ndarray]:
     """The log-softmax of the dense model's logits before each of `tokens`, fed one by one after the
     prompt (each row: the distribution the token was picked from)."""
-    names = [o.name for o in sess.get_outputs()]
-    past = {f"past_key_values.{i}.{p}": np.zeros((1, 4, 0, 16), np.float32)
-            for i in range(2) for p in ("key", "value")}
-    rows = []
-    feed_ids, position = prompt, 0
-    for token in tokens:
-        n = len(feed_ids)
-        result = dict(zip(names, sess.run(None, {
-            "input_ids": np.array([feed_ids], np.int64),
-            "attention_mask": np.ones((1, position + n), np.int64),
-            "position_ids": np.arange(position, position + n, dtype=np.int64)[None], **past}), strict=True))
-        x = result["logits"][0, -1].astype(np.float64)
+    rows: list[np.ndarray] = []
+
+    def pick(row: np.ndarray, out: list[int]) -> int:
+        x = row.astype(np.float64)
         rows.append(x - np.log(np.exp(x - x.max()).sum()) - x.max())
-        past = {name: result[name.replace("past_key_values", "present")] for name in past}
-        position, feed_ids = position + n, [token]
+        return tokens[len(out)]
+
+    reference_loop(sess, prompt, len(tokens), pick)
     return rows
 
 
