@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from engine.frontend.openai_stream import stream_generation
 from engine.generate.driver import ShownLogprob, TokenEvent
@@ -42,35 +43,40 @@ def chunks(stream: Collected) -> list[dict]:
     return [orjson.loads(d) for d in docs[:-1]]
 
 
-def run(chat: bool, body: dict) -> list[dict]:
+def run(chat: bool, body: dict, before: bool = False) -> list[dict]:
     async def main() -> list[dict]:
         api = parse_request({"model": "m", "stream": True, **body}, chat=chat)
         gen = Generation(None, "r", [[1, 2]], 1, SamplingParams(logprobs=api.logprobs))  # type: ignore[arg-type]
         choice = gen.choices[0]
         stream = Collected()
-        task = asyncio.create_task(stream_generation(gen, api, 0, b"", stream))
 
         def deliver() -> None:  # four events in one loop callback: the writer sees them after
             for e in (event("a"), event("b"), event("c"), event("d", finished=True)):
                 gen._on_event(choice, e)
 
-        asyncio.get_running_loop().call_soon(deliver)  # after the task's first step has set its listener
+        if before:  # all of them in before the stream starts (the route waits for the first event)
+            deliver()
+        task = asyncio.create_task(stream_generation(gen, api, 0, b"", stream))
+        if not before:
+            asyncio.get_running_loop().call_soon(deliver)  # after the task's first step set its listener
         await task
         return chunks(stream)
 
     return asyncio.run(main())
 
 
-def test_each_chat_chunk_carries_its_own_tokens_logprobs() -> None:
-    got = run(True, {"messages": [{"role": "user", "content": "x"}], "logprobs": True})
+@pytest.mark.parametrize("before", [False, True])
+def test_each_chat_chunk_carries_its_own_tokens_logprobs(before: bool) -> None:
+    got = run(True, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, before)
     parts = [c["choices"][0] for c in got]
     shown = [(p["delta"].get("content"), [e["token"] for e in p["logprobs"]["content"]])
              for p in parts if p["logprobs"] is not None]
-    assert shown == [("", []), ("a", ["a"]), ("b", ["b"]), ("c", ["c"]), ("d", ["d"])]
+    assert shown == ([] if before else [("", [])]) + [("a", ["a"]), ("b", ["b"]), ("c", ["c"]), ("d", ["d"])]
 
 
-def test_each_completion_chunk_carries_its_own_tokens_and_offsets() -> None:
-    got = run(False, {"prompt": "x", "logprobs": 1})
+@pytest.mark.parametrize("before", [False, True])
+def test_each_completion_chunk_carries_its_own_tokens_and_offsets(before: bool) -> None:
+    got = run(False, {"prompt": "x", "logprobs": 1}, before)
     shown = [(c["choices"][0]["text"], c["choices"][0]["logprobs"]["tokens"],
               c["choices"][0]["logprobs"]["text_offset"]) for c in got]
     assert shown == [("a", ["a"], [0]), ("b", ["b"], [1]), ("c", ["c"], [2]), ("d", ["d"], [3])]

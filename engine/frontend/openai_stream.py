@@ -51,12 +51,15 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     stream.start(200, CONTENT_TYPE, _NO_CACHE + extra)
     try:
         for choice in gen.choices:  # what the engine produced before the listener was set: a chunk per
-            writer.due[choice.index] = len(choice.logprobs)  # event (each non-empty), as if it had been
-            *earlier, last = choice.text or [""]  # listening (their logprobs go with the first)
-            for text in earlier:
-                writer.write(choice, text, False)
-            if last or choice.finished or api.chat:
-                writer.write(choice, last, choice.finished and choice.finish_reason != "error")
+            pieces = choice.text or [""]  # event (each non-empty), as if it had been listening, each with
+            for i, text in enumerate(pieces):  # the logprobs that came with it (the last: all the rest)
+                last = i == len(pieces) - 1
+                mark = len(choice.logprobs) if last else choice.logprob_marks[i]
+                writer.due[choice.index] = mark - choice.logprobs_sent
+                if not last:
+                    writer.write(choice, text, False)
+                elif text or choice.finished or api.chat:
+                    writer.write(choice, text, choice.finished and choice.finish_reason != "error")
         await stream.drain()
         while not gen.done.done() or events:
             if not events:

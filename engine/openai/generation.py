@@ -36,6 +36,7 @@ class Choice:
     submitted: bool = False  # in the engine: only then may it be aborted (its id is ours)
     logprobs: list[ShownLogprob] = field(default_factory=list)  # when asked for: one per token
     logprobs_sent: int = 0   # of those, how many a stream's chunks carried
+    logprob_marks: list[int] = field(default_factory=list)  # len(logprobs) when each piece of text came
     text_offset: int = 0     # completions' text_offset: the characters of the tokens those chunks carried
 
     @property
@@ -126,6 +127,8 @@ class Generation:
             choice.text.append(event.text)
         if event.logprobs:
             choice.logprobs.extend(event.logprobs)
+        if event.text:
+            choice.logprob_marks.append(len(choice.logprobs))
         choice.completion_tokens += event.num_tokens
         if event.finished:
             choice.finish_reason = event.finish_reason or "stop"
