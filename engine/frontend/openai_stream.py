@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -52,10 +53,10 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     try:
         for choice in gen.choices:  # what the engine produced before the listener was set: a chunk per
             pieces = choice.text or [""]  # event (each non-empty), as if it had been listening, each with
-            for i, text in enumerate(pieces):  # the logprobs that came with it (the last: all the rest)
+            state = writer.state(choice)  # the logprobs that came with it (the last: all the rest)
+            for i, text in enumerate(pieces):
                 last = i == len(pieces) - 1
-                mark = len(choice.logprobs) if last else choice.logprob_marks[i]
-                writer.due[choice.index] = mark - choice.logprobs_sent
+                state.reached = len(choice.logprobs) if last else choice.logprob_marks[i]
                 if not last:
                     writer.write(choice, text, False)
                 elif text or choice.finished or api.chat:
@@ -69,7 +70,7 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
             choice, event = events.popleft()
             if event.error is not None:
                 break
-            writer.due[choice.index] += len(event.logprobs)
+            writer.state(choice).reached += len(event.logprobs)
             if event.text or event.finished:
                 writer.write(choice, event.text, event.finished)
                 await stream.drain()
@@ -78,31 +79,41 @@ async def stream_generation(gen: Generation, api: ApiRequest, created: int, extr
     writer.finish()
 
 
+@dataclass(slots=True)
+class _ChoiceState:
+    """How far one choice's chunks have got. The choice holds every event's logprobs as the loop delivers
+    them, before the writer reaches those events, so the writer counts what it has reached and sent itself."""
+    started: bool = False  # its first chunk (the chat role) went out
+    reached: int = 0       # the logprobs of the events taken so far (an index into choice.logprobs)
+    sent: int = 0          # of those, how many chunks carried
+    text_offset: int = 0   # completions' text_offset: the characters of the tokens those chunks carried
+
+
 class _Writer:
     """OpenAI's chunks for one generation: the chat role first, a finish reason on its own delta."""
 
-    __slots__ = ("api", "created", "due", "gen", "started", "stream")
+    __slots__ = ("api", "created", "gen", "states", "stream")
 
     def __init__(self, gen: Generation, api: ApiRequest, created: int, stream: ResponseStream) -> None:
         self.gen = gen
         self.api = api
         self.created = created
         self.stream = stream
-        self.started: set[int] = set()  # choices whose first chunk (the chat role) went out
-        # per choice, the logprobs of the events taken from the queue that no chunk has carried yet (the
-        # choice holds every event's already: the loop delivers them before this writer reaches them)
-        self.due: dict[int, int] = {}
+        self.states = [_ChoiceState() for _ in gen.choices]
+
+    def state(self, choice: Choice) -> _ChoiceState:
+        return self.states[choice.index]
 
     def write(self, choice: Choice, text: str, finished: bool) -> None:
-        chat, send = self.api.chat, self.stream.send
-        first = choice.index not in self.started
+        chat, send, state = self.api.chat, self.stream.send, self.states[choice.index]
+        first = not state.started
         if not (text or first or finished):
             return
-        self.started.add(choice.index)
+        state.started = True
         if chat and first and text:  # OpenAI's first chunk: the role and empty content
             send(self._chunk(responses.chunk_choice(choice, chat, "", first=True)))
             first = False
-        logprobs = self._logprobs(choice)  # on the chunk with the text (or the last): what has come since
+        logprobs = self._logprobs(choice, state)  # on the chunk with the text (or the last): what came since
         if chat and finished and text:  # the text, then an empty delta with the finish reason
             send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
             text, first, logprobs = "", False, None
@@ -112,16 +123,15 @@ class _Writer:
         else:
             send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
 
-    def _logprobs(self, choice: Choice) -> dict[str, Any] | None:
-        """The logprobs of the choice's tokens no chunk has carried yet. The driver hands a token's out
+    def _logprobs(self, choice: Choice, state: _ChoiceState) -> dict[str, Any] | None:
+        """The logprobs of the choice's tokens reached and not yet carried. The driver hands a token's out
         with the text that completes it (held back with the text where a stop string may be starting), so
         they go out with the chunk that shows that text."""
         if self.api.logprobs is None:
             return None
-        start, due = choice.logprobs_sent, self.due.get(choice.index, 0)
-        entries = choice.logprobs[start:start + due]
-        choice.logprobs_sent, self.due[choice.index] = start + due, 0
-        out, choice.text_offset = responses.logprobs_object(entries, self.api.chat, choice.text_offset)
+        entries = choice.logprobs[state.sent:state.reached]
+        state.sent = state.reached
+        out, state.text_offset = responses.logprobs_object(entries, self.api.chat, state.text_offset)
         return out
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:

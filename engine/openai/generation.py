@@ -35,9 +35,7 @@ class Choice:
     finish_reason: str | None = None
     submitted: bool = False  # in the engine: only then may it be aborted (its id is ours)
     logprobs: list[ShownLogprob] = field(default_factory=list)  # when asked for: one per token
-    logprobs_sent: int = 0   # of those, how many a stream's chunks carried
     logprob_marks: list[int] = field(default_factory=list)  # len(logprobs) when each piece of text came
-    text_offset: int = 0     # completions' text_offset: the characters of the tokens those chunks carried
 
     @property
     def finished(self) -> bool:
