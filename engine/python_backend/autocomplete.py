@@ -39,9 +39,9 @@ def complete(msg: Any, model_file: Path, model_dir: Path, name: str, interpreter
     config = message_to_json(msg)
     config["name"] = config.get("name") or name
     had_batching = msg.HasField("dynamic_batching")
-    from .process import IMPORTABLE, ROOT
+    from .process import ROOT
 
-    path = os.pathsep.join(p for p in (str(ROOT), str(IMPORTABLE), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     shown = f"{name}/"
     try:
         done = subprocess.run([interpreter, "-m", "engine.python_backend.autocomplete", str(model_file),

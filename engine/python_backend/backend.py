@@ -23,7 +23,6 @@ import functools
 import itertools
 import json
 import logging
-import sys
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from pathlib import Path
@@ -40,7 +39,7 @@ from .bls import RESERVED_PARAMETERS, Gateway, WaitNode, engine_request
 from .channel import Received
 from .decoupled import Relay
 from .environment import options
-from .process import IMPORTABLE, InstanceProcess, LaunchSpec
+from .process import InstanceProcess, LaunchSpec
 from .runner import Answer, ModelError, ModelRunner, convert_response
 
 log = logging.getLogger("hubserve.python")
@@ -367,8 +366,6 @@ class InProcessInstance:
         self._keys = itertools.count(1)
         self._relays: dict[int, Relay] = {}
         self._sink = InProcessSink(self)
-        if str(IMPORTABLE) not in sys.path:
-            sys.path.append(str(IMPORTABLE))
         pb_utils.set_transport(InProcessTransport(self), thread_only=True)  # this thread runs the model
         try:
             self._runner = ModelRunner(spec.model_file, spec.args, spec.model_dir, spec.shown)

@@ -1,7 +1,7 @@
 """`triton_python_backend_utils`: the API a Triton Python model imports, as hubserve serves it.
 
-A model does `import triton_python_backend_utils as pb_utils`; that module (engine/python_backend/importable/)
-re-exports this one, so models written for Triton run unchanged. The surface follows Triton's Python backend
+A model does `import triton_python_backend_utils as pb_utils`; runner.py binds that name to this module before
+it imports a model, so models written for Triton run unchanged. The surface follows Triton's Python backend
 (python_backend README, and what its stub binds): `Tensor`, `InferenceRequest` (also the BLS request a model
 builds, with `exec()` / `async_exec()`), `InferenceResponse`, `TritonError` with Triton's codes,
 `TritonModelException`, `Logger`, the lookup helpers and the auto-complete `ModelConfig` (pb_config.py).

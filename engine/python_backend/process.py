@@ -42,7 +42,6 @@ from .channel import Channel, ChannelClosed, Received
 from .outbox import Outbox
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout (or install) holding the `engine` package
-IMPORTABLE = Path(__file__).resolve().parent / "importable"
 PING_INTERVAL_S = 1.0
 _LEVEL_MARK = "\x1f"  # the stub's log lines start with \x1f<level>\x1f, so the pump keeps their level
 
@@ -99,7 +98,7 @@ class InstanceProcess:
         to_child = Region.create(spec.region_bytes, f"{spec.instance_name}-in")
         from_child = Region.create(spec.region_bytes, f"{spec.instance_name}-out")
         ours, theirs = socket.socketpair()
-        path = os.pathsep.join(p for p in (str(ROOT), str(IMPORTABLE), os.environ.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, **spec.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         cmd = [spec.python, "-m", "engine.python_backend.stub", str(theirs.fileno()), str(from_child.fd),
                str(from_child.size), str(to_child.fd), str(to_child.size)]

@@ -57,6 +57,11 @@ def load_model_class(model_file: Path, model_dir: Path, shown: str) -> Any:
     folder = str(model_file.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    # The name models import is bound to pb_utils here, before any model imports it. A module on the path
+    # that replaced itself in sys.modules on first import, as this tree had, raced: when two in-process
+    # models imported it at once, CPython handed the second importer the module object it had found
+    # before waiting for the first, the stand-in, which has none of the API (a CI run failed on that).
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
     name = f"hubserve_model_{abs(hash(folder))}"
     spec = importlib.util.spec_from_file_location(name, model_file)
     if spec is None or spec.loader is None:

@@ -1,0 +1,11 @@
+"""The OpenAI-compatible API over the generation engine, transport aside (the HTTP routes are in
+engine/frontend/openai_routes.py and openai_stream.py).
+
+    protocol.py      request bodies checked into ApiRequest, with OpenAI's 400s
+    service.py       a request → prompt → limits → a Generation → the answer
+    generation.py    one API request's choices in the engine and what they produced
+    responses.py     OpenAI's answer, chunk and logprobs shapes
+    errors.py        OpenAI's error object; the engine's errors mapped once
+    token_quotas.py  per-key tokens_per_minute
+    batch/           the Files and Batch APIs: offline jobs through the same engine
+"""
