@@ -117,7 +117,7 @@ def frontends(server: RunningServer) -> list[int]:
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between it and the read
         return []
 
 
@@ -125,7 +125,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped before the open, or between it and the read
         return False
 
 
