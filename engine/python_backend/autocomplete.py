@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .. import child_pythonpath
 from ..errors import invalid
 
 TIMEOUT_S = 120.0
@@ -39,9 +40,7 @@ def complete(msg: Any, model_file: Path, model_dir: Path, name: str, interpreter
     config = message_to_json(msg)
     config["name"] = config.get("name") or name
     had_batching = msg.HasField("dynamic_batching")
-    from .process import ROOT
-
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    path = child_pythonpath(os.environ.get("PYTHONPATH"))
     shown = f"{name}/"
     try:
         done = subprocess.run([interpreter, "-m", "engine.python_backend.autocomplete", str(model_file),

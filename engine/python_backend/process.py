@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import child_pythonpath
 from ..errors import EngineError, ErrorCode, unavailable
 from ..shm import Region
 from .channel import Channel, ChannelClosed, Received
 from .outbox import Outbox
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout (or install) holding the `engine` package
 PING_INTERVAL_S = 1.0
 _LEVEL_MARK = "\x1f"  # the stub's log lines start with \x1f<level>\x1f, so the pump keeps their level
 
@@ -98,8 +98,8 @@ class InstanceProcess:
         to_child = Region.create(spec.region_bytes, f"{spec.instance_name}-in")
         from_child = Region.create(spec.region_bytes, f"{spec.instance_name}-out")
         ours, theirs = socket.socketpair()
-        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, **spec.env, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **spec.env, "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH")),
+               "PYTHONUNBUFFERED": "1"}
         cmd = [spec.python, "-m", "engine.python_backend.stub", str(theirs.fileno()), str(from_child.fd),
                str(from_child.size), str(to_child.fd), str(to_child.size)]
         try:

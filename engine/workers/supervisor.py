@@ -24,9 +24,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from .. import child_pythonpath
 from ..dataplane import DataPlane
 from ..shm import Region
 from .control import ControlRunner
@@ -37,7 +37,6 @@ log = logging.getLogger("hubserve.workers")
 
 RESTART_BACKOFF_SECS = (0.0, 0.5, 1.0, 2.0, 5.0)  # by how many times in a row the slot died young
 YOUNG_SECS = 10.0  # a frontend that dies sooner than this after its start died young
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent.parent)  # what holds `engine`, for the child
 
 
 @dataclass
@@ -91,7 +90,7 @@ class FrontendPool:
                 "handoff": their_handoff.fileno(), "requests": [requests.fd, requests.size],
                 "responses": [responses.fd, responses.size]}
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
         try:
             process = subprocess.Popen([sys.executable, "-m", "engine.workers.frontend", json.dumps(spec)],
                                        pass_fds=[theirs.fileno(), their_handoff.fileno(), requests.fd,
