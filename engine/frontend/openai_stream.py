@@ -105,7 +105,7 @@ class _Writer:
         return self.states[choice.index]
 
     def write(self, choice: Choice, text: str, finished: bool) -> None:
-        chat, send, state = self.api.chat, self.stream.send, self.states[choice.index]
+        chat, send, state = self.api.chat, self.stream.send, self.state(choice)
         first = not state.started
         if not (text or first or finished):
             return
