@@ -245,6 +245,26 @@ def test_chunked_prefill_equals_unchunked(kv):
     assert_no_leaks(engine)
 
 
+@KV
+@pytest.mark.parametrize("params", [GREEDY, SamplingParams(max_tokens=24, logprobs=2, ignore_eos=True),
+                                    SamplingParams(max_tokens=24, temperature=0.8, seed=5, ignore_eos=True)],
+                         ids=["greedy", "logprobs", "sampled"])
+def test_a_prompt_longer_than_the_budget_alone_runs_steps_in_which_nobody_samples(reference_session, kv,
+                                                                                  params):
+    """Its first chunks sample nothing, and nothing else runs beside them (issue 27, hole 10: such a step
+    raised 'attempt to get argmax of an empty sequence')."""
+    prompt = [256, *range(40, 240)]  # 201 tokens: 4 chunks of the budget of 64
+    engine = make_engine(budget=64, kv=kv)
+    engine.add_request("long", prompt, params)
+    silent = [engine.step() for _ in range(3)]
+    assert all(not out.new_token_ids and not out.finished for step in silent for out in step)
+    done = engine.run_to_completion()["long"]
+    assert len(done.output_token_ids) == 24
+    if params.greedy:
+        assert list(done.output_token_ids) == reference_greedy(reference_session, prompt, 24)
+    assert_no_leaks(engine)
+
+
 # ------------------------------------------------------------------------------------------ sampling
 
 def test_seeds_reproduce_whatever_runs_beside():

@@ -102,3 +102,9 @@ def test_a_tokens_logprob_is_the_log_softmax_of_the_raw_logits() -> None:
     np.testing.assert_allclose([p for _, p in got.top], [want[3], want[0], want[2]])
     assert token_logprob(logits, 1, 0).top == ()
     assert len(token_logprob(logits, 1, 20).top) == 5  # never more than the vocabulary
+
+
+def test_a_step_in_which_nobody_samples_picks_nothing() -> None:
+    """Prefill chunks only (a prompt longer than the token budget, alone): no rows, no tokens, no error."""
+    for width in (258, 0):  # 0: what the runner once returned for such a step
+        assert sample(np.empty((0, width), np.float32), []) == []

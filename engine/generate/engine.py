@@ -114,7 +114,8 @@ class GenerationEngine:
             sampled = dict(zip((r.request_id for r in samplers), tokens.tolist(), strict=True))
         else:
             logits = self.runner.execute(plan.chunks)
-            picked = sample(logits, samplers)
+            # no row when no chunk samples: a step of prefill chunks only (a prompt longer than the budget)
+            picked = sample(logits, samplers) if samplers else []
             sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in picked), strict=True))
             for row, request in enumerate(samplers):  # a plan with such a request runs one step (`_steps`)
                 if request.params.logprobs is not None:

@@ -205,7 +205,8 @@ class DecoderRunner:
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> np.ndarray:
         """Compute every chunk's tokens into its blocks; the last position's logits of each chunk with
-        `sample`, one row each in chunk order ([n, vocab])."""
+        `sample`, one row each in chunk order ([n, vocab]; n may be 0: a step of prefill chunks only, such
+        as the first chunk of a prompt longer than the token budget)."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
         decode = self._decode
@@ -225,7 +226,7 @@ class DecoderRunner:
         for group in groups:
             rows.update(zip(group, self._run([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
-        return np.stack(wanted) if wanted else np.empty((0, 0), np.float32)
+        return np.stack(wanted) if wanted else np.empty((0, self.vocab), self._logits_dtype)
 
     def _slots(self, table: Sequence[int], start: int, count: int) -> np.ndarray:
         positions = np.arange(start, start + count)

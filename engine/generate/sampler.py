@@ -22,6 +22,8 @@ def sample(logits: np.ndarray, requests: Sequence[Request]) -> list[int]:
     sorted together (one numpy call each for the whole step, not one per row); each then draws alone."""
     if len(requests) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(requests)} requests")
+    if not requests:  # a step in which nobody samples (prefill chunks only): numpy has no argmax of nothing
+        return []
     penalized = [row for row, request in enumerate(requests) if request.params.penalized]
     if penalized:
         logits = logits.copy()  # the runner's array is not ours to change
