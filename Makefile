@@ -35,7 +35,8 @@ WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_complet
 	tests/test_python_sequence.py tests/test_sequence_clients.py tests/test_decoupled.py tests/test_client_shm.py \
 	tests/test_access_server.py tests/test_canary.py tests/test_openai_api.py tests/test_openai_errors.py \
 	tests/test_observability.py tests/test_abuse.py tests/test_faults.py tests/test_generate_triton.py \
-	tests/test_openai_quota.py tests/test_generate_adapters.py tests/test_generate_statistics.py
+	tests/test_openai_quota.py tests/test_generate_adapters.py tests/test_generate_statistics.py \
+	tests/test_generate_limits.py
 
 test: models perf-analyzer
 	$(PY) -m pytest -q tests

@@ -39,6 +39,8 @@ def test_a_folders_own_template_replaces_what_it_names(tmp_path: Path):
     ('{"user": "no placeholder"}', "must contain {content}"),
     ('{"stop": "x"}', "'stop' must be a list"),
     ('{"stop": [""]}', "'stop' must be a list of non-empty strings"),
+    ('{"stop": ["a", "b", "c", "d", "e"]}', "'stop' may hold at most 4 strings of at most 256 characters"),
+    ('{"stop": ["' + "x" * 257 + '"]}', "'stop' may hold at most 4 strings of at most 256 characters"),
 ])
 def test_a_malformed_template_is_refused_naming_the_problem(tmp_path: Path, content: str, words: str):
     (tmp_path / FILENAME).write_text(content)

@@ -19,6 +19,7 @@ from engine.errors import EngineError
 from engine.generate.engine import CacheConfig, GenerationEngine
 from engine.generate.model_folder import load_engine
 from engine.generate.request import FinishReason, SamplingParams
+from engine.generate.request_options import sampling_params
 from engine.generate.runner import DecoderRunner
 from engine.generate.scheduler import SchedulerConfig
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
@@ -346,6 +347,30 @@ def test_sampling_params_are_checked():
     for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -1}, {"stop": ("",)}):
         with pytest.raises(EngineError):
             SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_stop_rules_are_bounded_and_stop_tokens_are_a_set():
+    """What the engine checks after every token stays small whoever made the params (issue 27, hole 4)."""
+    for bad, message in (({"stop_token_ids": tuple(range(129))}, "129 stop token ids; send at most 128"),
+                         ({"stop": ("x" * 257,)}, "a stop string of 257 characters; each may have at most"),
+                         ({"stop": tuple("abcdefghi")}, "9 stop strings")):
+        with pytest.raises(EngineError, match=message):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+    params = SamplingParams(stop=tuple("abcdefgh"), stop_token_ids=(5, 5, 7))  # type: ignore[arg-type]
+    assert params.stop_token_ids == frozenset({5, 7})
+    at_bounds = SamplingParams(stop=("x" * 256,), stop_token_ids=frozenset(range(128)))
+    assert at_bounds.stop == ("x" * 256,) and len(at_bounds.stop_token_ids) == 128
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"stop": ["a", "b", "c", "d", "e"]}, "'stop' has 5 strings; send at most 4"),
+    ({"stop": "q" * 300}, "'stop' has a string of 300 characters; each may have at most 256"),
+    ({"stop_token_ids": list(range(1_000_000))}, "'stop_token_ids' has 1000000 token ids; send at most 128"),
+])
+def test_tritons_sampling_parameters_are_bounded(raw, message):
+    with pytest.raises(EngineError, match=message):
+        sampling_params(raw)
+    assert sampling_params({"stop": ["a"] * 4, "stop_token_ids": [1] * 128}).stop_token_ids == {1}
 
 
 def test_the_example_folder_loads_into_an_engine(tmp_path: Path):

@@ -193,3 +193,51 @@ def test_max_tokens_past_what_the_context_leaves_is_400_not_clamped(server, clie
     assert status == 400 and "prompt's 300 tokens plus max_tokens 213 exceed it" in json.loads(body)["error"]
     _, error = stream_infer(server, prompt_of(300), max_tokens=CONTEXT - 299)
     assert error is not None and "prompt's 300 tokens plus max_tokens 213 exceed it" in error
+
+
+# ------------------------------------------------------------------------------------------ hole 4
+
+def test_stop_lists_past_their_bounds_are_refused_on_the_openai_api(server, client):
+    """At most 4 stop strings of at most 256 characters and 128 stop token ids: each is checked after every
+    token on the engine's thread (a million ids once cost every request on the server 20-30x)."""
+    cases = [({"stop": ["a", "b", "c", "d", "e"]}, "stop", "array_above_max_length"),
+             ({"stop": ["z" * 257]}, "stop[0]", "string_above_max_length"),
+             ({"extra_body": {"stop_token_ids": list(range(300, 300 + 1_000_000))}}, "stop_token_ids",
+              "array_above_max_length")]
+    for extra, param, code in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=4, **extra)
+        assert err.value.body["param"] == param and err.value.body["code"] == code, err.value.body
+    assert_serves_both_protocols(server)
+
+
+def test_stop_lists_past_their_bounds_are_invalid_argument_on_tritons_paths(server):
+    million = json.dumps({"stop_token_ids": list(range(300, 300 + 1_000_000))})
+    status, body = post(server, f"/v2/models/{MODEL}/generate",
+                        {"text_input": "hi", "max_tokens": 4, "sampling_parameters": million})
+    assert status == 400 and "send at most 128" in json.loads(body)["error"], body
+    status, body = post(server, f"/v2/models/{MODEL}/generate_stream",
+                        {"text_input": "hi", "max_tokens": 4, "stream": True,
+                         "sampling_parameters": json.dumps({"stop": ["a", "b", "c", "d", "e"]})})
+    assert status == 400 and "'stop' has 5 strings; send at most 4" in json.loads(body)["error"], body
+    _, error = stream_infer(server, "hi", max_tokens=4, stop="q" * 300)
+    assert error is not None and "each may have at most 256" in error
+    assert_serves_both_protocols(server)
+
+
+def test_a_full_set_of_stop_token_ids_stops_at_the_first_generated(server, client):
+    prompt, params = "Once upon a time", {"max_tokens": 24, "temperature": 0}
+    free = client.completions.create(model=MODEL, prompt=prompt, logprobs=0, **params,
+                                     extra_body={"ignore_eos": True})
+    # the byte tokenizer: an ASCII token shows as its one character (others may show as U+FFFD)
+    tokens = [ord(t) if len(t) == 1 and ord(t) < 128 else None for t in free.choices[0].logprobs.tokens]
+    stop_at = next(i for i, t in enumerate(tokens) if i >= 3 and t is not None and t not in tokens[:i])
+    ids = sorted({tokens[stop_at], *(set(range(128)) - set(tokens[:stop_at + 1]))})
+    ids += list(range(1000, 1000 + 128 - len(ids)))  # ids no output has: the set is full
+    stopped = client.completions.create(model=MODEL, prompt=prompt, **params,
+                                        extra_body={"ignore_eos": True, "stop_token_ids": ids})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == stop_at + 1
+    status, body = post(server, f"/v2/models/{MODEL}/generate",
+                        {"text_input": prompt, "exclude_input_in_output": True, "ignore_eos": True,
+                         "sampling_parameters": json.dumps({**params, "stop_token_ids": ids})})
+    assert status == 200 and json.loads(body)["text_output"] == stopped.choices[0].text, body

@@ -63,6 +63,29 @@ def test_refusals_name_the_field(doc: dict, param: str):
     assert refused.value.body()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize(("doc", "param", "code", "message"), [
+    ({"stop": ["a"] * 5}, "stop", "array_above_max_length",
+     "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with "
+     "length 5 instead."),
+    ({"stop": ["a", "b" * 257]}, "stop[1]", "string_above_max_length",
+     "Invalid 'stop[1]': string too long. Expected a string with maximum length 256, but got a string with "
+     "length 257 instead."),
+    ({"stop": "b" * 300}, "stop", "string_above_max_length", "Invalid 'stop': string too long."),
+    ({"stop_token_ids": list(range(129))}, "stop_token_ids", "array_above_max_length",
+     "Invalid 'stop_token_ids': array too long. Expected an array with maximum length 128, but got an array "
+     "with length 129 instead."),
+])
+def test_stop_rules_past_their_bounds_are_refused_as_openai_refuses_long_arrays(doc, param, code, message):
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", "prompt": "x", **doc}, chat=False)
+    error = refused.value.body()["error"]
+    assert refused.value.status == 400 and error["param"] == param and error["code"] == code
+    assert error["message"].startswith(message)
+    ok = parse_request({"model": "m", "prompt": "x", "stop": ["s" * 256] * 4,
+                        "stop_token_ids": list(range(128))}, chat=False)
+    assert len(ok.stop) == 4 and len(ok.stop_token_ids) == 128
+
+
 def test_a_body_must_be_a_json_object():
     assert parse_body(b'{"a": 1}') == {"a": 1}
     for body in (b"", b"nul", b"[]", b'"x"'):

@@ -9,7 +9,7 @@ Our own small format, not Jinja: `chat_template.json` beside the model's config.
       "prefix":    "",                              before the first message
       "generation_prompt": "<|assistant|>\\n",        after the last one: where the model's answer starts
       "stop":      ["<|user|>", "<|system|>"]       stop strings every chat request gets, besides its own
-    }
+    }                                                 (at most 4, of at most 256 characters: request.py)
 
 A folder without the file gets `DEFAULT` (the values above). The role `developer` is written as `system`
 (OpenAI renamed it); `tool` and `function` messages are refused. `{content}` is replaced literally
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import invalid
+from .request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 
 FILENAME = "chat_template.json"
 ROLES = ("system", "user", "assistant")
@@ -72,6 +73,10 @@ def load_chat_template(folder: Path, where: str) -> ChatTemplate:
         if key == "stop":
             if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
                 raise invalid(f"{where}: {FILENAME} 'stop' must be a list of non-empty strings")
+            if len(value) > MAX_STOP_STRINGS or max(map(len, value), default=0) > MAX_STOP_STRING_CHARS:
+                raise invalid(f"{where}: {FILENAME} 'stop' may hold at most {MAX_STOP_STRINGS} strings of at "
+                              f"most {MAX_STOP_STRING_CHARS} characters (every chat request checks them "
+                              "after each token)")
             fields[key] = tuple(value)
         elif not isinstance(value, str):
             raise invalid(f"{where}: {FILENAME} '{key}' must be a string")

@@ -39,6 +39,14 @@ class Priority(enum.IntEnum):
 
 MAX_LOGPROBS = 20  # most likely tokens reported per generated token (OpenAI's top_logprobs limit)
 
+# What a request's stop rules may hold. They are checked after every token it generates, on the engine's
+# thread, so their size must not be the client's to choose (issue 27, hole 4): each protocol refuses more
+# in its own form before a request is made (openai/protocol.py, request_options.py), and `SamplingParams`
+# holds the bounds for every caller.
+MAX_STOP_STRINGS = 4         # a request's own stop strings (OpenAI's limit); a chat template may add as many
+MAX_STOP_STRING_CHARS = 256  # characters of one stop string
+MAX_STOP_TOKEN_IDS = 128     # a request's stop token ids (held in a set: one lookup per token)
+
 
 class FinishReason(enum.Enum):
     STOP = "stop"        # a stop token, the end-of-sequence token or a stop string (OpenAI's "stop")
@@ -65,7 +73,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()            # stop strings: the text ends before the first one
-    stop_token_ids: tuple[int, ...] = ()  # stop tokens: generated, then generation stops
+    stop_token_ids: frozenset[int] = frozenset()  # stop tokens: generated, then generation stops
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
     presence_penalty: float = 0.0         # OpenAI's, in [-2, 2]: once for each token generated at least once
     frequency_penalty: float = 0.0        # OpenAI's, in [-2, 2]: per time a token was generated
@@ -85,6 +93,17 @@ class SamplingParams:
             raise invalid(f"top_k must be 0 (all tokens) or positive, got {self.top_k}")
         if any(not s for s in self.stop):
             raise invalid("stop strings must not be empty")
+        if len(self.stop) > 2 * MAX_STOP_STRINGS:
+            raise invalid(f"{len(self.stop)} stop strings; at most {MAX_STOP_STRINGS} of the request's own "
+                          f"and {MAX_STOP_STRINGS} of a chat template's")
+        longest = max(map(len, self.stop), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise invalid(f"a stop string of {longest} characters; each may have at most "
+                          f"{MAX_STOP_STRING_CHARS}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise invalid(f"{len(self.stop_token_ids)} stop token ids; send at most {MAX_STOP_TOKEN_IDS}")
+        if not isinstance(self.stop_token_ids, frozenset):  # a tuple or list given: one lookup per token
+            object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise invalid(f"{name} must be between -2 and 2, got {getattr(self, name)}")

@@ -8,10 +8,10 @@ Where the sampling options come from, in the order Triton's LLM backends read th
 2. the `sampling_parameters` input, a JSON object (vLLM's): every key must be known;
 3. the `max_tokens` input (TensorRT-LLM's ensemble spelling).
 Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM), max_tokens (default 16, vLLM's),
-seed, stop (a string or a list of them), stop_token_ids, ignore_eos, presence_penalty, frequency_penalty,
-repetition_penalty. `stream` and `exclude_input_in_output`
-are inputs, or parameters of those names when the input is absent. The parameter `lora` (a string) names
-the LoRA adapter to run with (lora.py).
+seed, stop (a string or a list of at most 4, each at most 256 characters), stop_token_ids (at most 128),
+ignore_eos, presence_penalty, frequency_penalty, repetition_penalty (the bounds: request.py). `stream` and
+`exclude_input_in_output` are inputs, or parameters of those names when the input is absent. The parameter
+`lora` (a string) names the LoRA adapter to run with (lora.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 
 from ..errors import EngineError, invalid
-from .request import SamplingParams
+from .request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
 from .triton_signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, STREAM, TEXT_INPUT
 
 # A prompt longer than this many characters per token of context is refused before it is tokenized (as the
@@ -77,7 +77,16 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise invalid("sampling parameter 'stop' must be a non-empty string or a list of them")
+    if len(stop) > MAX_STOP_STRINGS:  # the bounds of request.py, in this protocol's words
+        raise invalid(f"sampling parameter 'stop' has {len(stop)} strings; send at most {MAX_STOP_STRINGS}")
+    longest = max(map(len, stop), default=0)
+    if longest > MAX_STOP_STRING_CHARS:
+        raise invalid(f"sampling parameter 'stop' has a string of {longest} characters; each may have at "
+                      f"most {MAX_STOP_STRING_CHARS}")
     ids = raw.get("stop_token_ids", ())
+    if isinstance(ids, (list, tuple)) and len(ids) > MAX_STOP_TOKEN_IDS:
+        raise invalid(f"sampling parameter 'stop_token_ids' has {len(ids)} token ids; send at most "
+                      f"{MAX_STOP_TOKEN_IDS}")
     if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in ids):
         raise invalid("sampling parameter 'stop_token_ids' must be a list of integers")
@@ -92,7 +101,7 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
                               temperature=_number(raw, "temperature", float, 0.0),
                               top_p=_number(raw, "top_p", float, 1.0), top_k=0 if top_k == -1 else top_k,
                               seed=None if seed is None else seed % 2**64, stop=tuple(dict.fromkeys(stop)),
-                              stop_token_ids=tuple(ids), ignore_eos=ignore_eos, lora=raw.get("lora"),
+                              stop_token_ids=frozenset(ids), ignore_eos=ignore_eos, lora=raw.get("lora"),
                               presence_penalty=_number(raw, "presence_penalty", float, 0.0),
                               frequency_penalty=_number(raw, "frequency_penalty", float, 0.0),
                               repetition_penalty=_number(raw, "repetition_penalty", float, 1.0))

@@ -5,7 +5,8 @@ field, as OpenAI's own 400s do. Fields we do not serve with a value that would c
 `echo`, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
 servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names (the
 `openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`,
-`repetition_penalty`.
+`repetition_penalty`. What the engine checks after every token is bounded here (generate/request.py): at most
+4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from typing import Any
 
 import orjson
 
-from ..generate.request import MAX_LOGPROBS
-from .errors import bad_request
+from ..generate.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from .errors import OpenAIError, bad_request
 
 MAX_N = 16          # choices per request
-MAX_STOP = 4        # stop strings per request (OpenAI's limit)
 MAX_PROMPTS = 64    # prompts in one completions request
 MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs` (OpenAI's limit); chat's `top_logprobs` goes to 20
 
@@ -112,7 +112,7 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         top_k=_int(doc, "top_k", 0) or 0,
         seed=_int(doc, "seed", -(2**63), 2**64 - 1),
         stop=_stop(doc.get("stop")),
-        stop_token_ids=tuple(_int_list(doc.get("stop_token_ids"), "stop_token_ids")),
+        stop_token_ids=tuple(_int_list(doc.get("stop_token_ids"), "stop_token_ids", MAX_STOP_TOKEN_IDS)),
         ignore_eos=_bool(doc, "ignore_eos", False),
         presence_penalty=_number(doc, "presence_penalty", -2.0, 2.0) or 0.0,
         frequency_penalty=_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
@@ -209,9 +209,21 @@ def _stop(value: Any) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
         raise bad_request(f"{_show(value)} is not of type 'string' or 'array' of strings - 'stop'", "stop")
-    if len(stops) > MAX_STOP:
-        raise bad_request(f"'stop' has {len(stops)} strings; send at most {MAX_STOP}.", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise _too_long("stop", MAX_STOP_STRINGS, len(stops))
+    for i, stop in enumerate(stops):
+        if len(stop) > MAX_STOP_STRING_CHARS:
+            where = "stop" if isinstance(value, str) else f"stop[{i}]"
+            raise bad_request(f"Invalid '{where}': string too long. Expected a string with maximum length "
+                              f"{MAX_STOP_STRING_CHARS}, but got a string with length {len(stop)} instead.",
+                              where, "string_above_max_length")
     return tuple(s for s in stops if s)
+
+
+def _too_long(key: str, limit: int, length: int) -> OpenAIError:
+    """OpenAI's answer to an array past its limit (as it answers 'tools' past 128)."""
+    return bad_request(f"Invalid '{key}': array too long. Expected an array with maximum length {limit}, but "
+                       f"got an array with length {length} instead.", key, "array_above_max_length")
 
 
 def _is_int(value: Any) -> bool:
@@ -230,9 +242,11 @@ def _int(doc: dict[str, Any], key: str, low: int, high: int | None = None) -> in
     return int(value)
 
 
-def _int_list(value: Any, key: str) -> list[int]:
+def _int_list(value: Any, key: str, limit: int) -> list[int]:
     if value is None:
         return []
+    if isinstance(value, list) and len(value) > limit:  # before looking at each
+        raise _too_long(key, limit, len(value))
     if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
         raise bad_request(f"{_show(value)} is not a list of token ids - '{key}'", key, "invalid_type")
     return value

@@ -158,7 +158,7 @@ class OpenAIService:
             return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
                                   top_k=api.top_k, seed=None if api.seed is None else api.seed % 2**64,
                                   stop=tuple(dict.fromkeys(stop)),
-                                  stop_token_ids=api.stop_token_ids, ignore_eos=api.ignore_eos,
+                                  stop_token_ids=frozenset(api.stop_token_ids), ignore_eos=api.ignore_eos,
                                   presence_penalty=api.presence_penalty,
                                   frequency_penalty=api.frequency_penalty,
                                   repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
