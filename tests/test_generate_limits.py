@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import queue
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -21,7 +23,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import RunningServer, openai_client, start_server
+from conftest import RunningServer, openai_client, start_server, wait_until
 from test_openai_api import MODEL, build_repository
 
 CONTEXT = 512
@@ -241,3 +243,42 @@ def test_a_full_set_of_stop_token_ids_stops_at_the_first_generated(server, clien
                         {"text_input": prompt, "exclude_input_in_output": True, "ignore_eos": True,
                          "sampling_parameters": json.dumps({**params, "stop_token_ids": ids})})
     assert status == 200 and json.loads(body)["text_output"] == stopped.choices[0].text, body
+
+
+# ------------------------------------------------------------------------------------------ head-of-line
+
+def waiting_sequences(server: RunningServer) -> float:
+    """The engine's waiting sequences (0 until its first request built it and its gauges appear)."""
+    try:
+        return server.metric("hubserve_generation_waiting_sequences", MODEL)
+    except AssertionError:
+        return 0.0
+
+
+def test_a_small_request_is_not_stuck_behind_every_sequence_of_a_large_fan_out(server, client):
+    """8 prompts × n=16 is 128 sequences for 32 seats: first-in first-out, a request arriving after it was
+    admitted only once all 128 had been, and finished with their last wave. Admitted in turn with it, it
+    takes one of the seats the fan-out's first wave frees. Relative, not wall-clock: the small request's
+    latency is under half the fan-out's (first-in first-out, it was nearly all of it)."""
+    timing: dict[str, float] = {}
+
+    def big() -> None:
+        start = time.monotonic()
+        done = client.completions.create(model=MODEL, prompt=[f"prompt {i}" for i in range(8)], n=16,
+                                         max_tokens=32, temperature=1.0, extra_body={"ignore_eos": True})
+        timing["big"] = time.monotonic() - start
+        timing["choices"] = len(done.choices)
+
+    thread = threading.Thread(target=big)
+    thread.start()
+    try:
+        wait_until(lambda: waiting_sequences(server) > 0, "the fan-out's sequences waiting for seats")
+        start = time.monotonic()
+        small = client.completions.create(model=MODEL, prompt="hello", max_tokens=4,
+                                          extra_body={"ignore_eos": True})
+        timing["small"] = time.monotonic() - start
+    finally:
+        thread.join(120)
+    assert small.usage.completion_tokens == 4 and timing["choices"] == 128
+    assert timing["small"] < timing["big"] / 2, timing
+    assert_serves_both_protocols(server)

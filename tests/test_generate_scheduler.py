@@ -181,3 +181,58 @@ def test_a_batch_request_never_preempts_an_interactive_one():
     s.add(job)
     plan = step(s)
     assert not plan.preempted and work(plan) == {"chat": 1} and job.state is RequestState.WAITING
+
+
+# ------------------------------------------------------------------------------------------ fairness
+
+def sequence(group: str, index: int, prompt_len: int = 3) -> Request:
+    """One sequence of an API request `group` (its choice `index`)."""
+    return Request(f"{group}-{index}", list(range(index, index + prompt_len)), SamplingParams(max_tokens=100),
+                   np.random.default_rng(0), group=group)
+
+
+def test_a_small_request_behind_a_large_fan_out_waits_for_one_of_its_sequences_not_all():
+    """Issue 27: 8 prompts × n=16 queued first-in first-out held a later one-sequence request behind all 128.
+    Admission takes the requests in turn, one sequence each."""
+    s = make(seqs=2, num_blocks=256)
+    big = [sequence("big", i) for i in range(6)]
+    for r in big:
+        s.add(r)
+    step(s)  # big-0 and big-1 take both seats
+    small = sequence("small", 0)
+    s.add(small)
+    assert [r.request_id for r in s.waiting][:2] == ["big-2", "small-0"]
+    s.finish(big[0], FinishReason.STOP)
+    s.finish(big[1], FinishReason.STOP)
+    assert set(work(step(s))) == {"big-2", "small-0"}  # two seats freed: one to each request
+    assert small.state is RequestState.RUNNING and [r.request_id for r in s.waiting] == ["big-3", "big-4",
+                                                                                          "big-5"]
+
+
+def test_requests_take_turns_one_sequence_each_in_arrival_order():
+    s = make(seqs=1, num_blocks=256)
+    for group, count in (("a", 3), ("b", 2), ("c", 1)):
+        for i in range(count):
+            s.add(sequence(group, i))
+    order = []
+    while s.has_unfinished():
+        step(s)
+        (running,) = s.running
+        order.append(running.request_id)
+        s.finish(running, FinishReason.STOP)
+    assert order == ["a-0", "b-0", "c-0", "a-1", "b-1", "a-2"]
+
+
+def test_one_sequence_requests_stay_first_in_first_out_and_the_preempted_go_first():
+    s = make(num_blocks=4, block_size=4, prefix=False, seqs=2)
+    old, new = request("old", 7), request("new", 6, first=50)
+    later = [request(f"later{i}", 2, first=100 + 10 * i) for i in range(3)]
+    for r in (old, new, *later):
+        s.add(r)
+    assert s.waiting == [old, new, *later]
+    step(s)
+    step(s)
+    assert step(s).preempted == ["new"]  # old needs a third block
+    assert s.waiting == [new, *later]  # first in line, ahead of requests that never ran
+    s.finish(later[1], FinishReason.ABORT)  # an abort while waiting leaves the line
+    assert s.waiting == [new, later[0], later[2]] and s.num_waiting == 3

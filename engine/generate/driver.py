@@ -75,6 +75,7 @@ class _Add:
     request_id: str
     token_ids: list[int]
     params: SamplingParams
+    group: str
 
 
 class _TextState:
@@ -152,9 +153,10 @@ class EngineDriver:
     # ------------------------------------------------------------------ the loop's side
 
     def submit(self, request_id: str, token_ids: Sequence[int], params: SamplingParams,
-               on_event: OnEvent) -> None:
+               on_event: OnEvent, group: str = "") -> None:
         """Queue a request; `on_event` is called on the loop with each of its events until one is finished
-        (or carries an error). ALREADY_EXISTS at once when a request with this id is still running."""
+        (or carries an error). ALREADY_EXISTS at once when a request with this id is still running. `group`:
+        the API request it is one sequence of (engine.py `add_request`)."""
         if self._closing:
             raise EngineError(ErrorCode.UNAVAILABLE, f"model '{self.model_name}' is unloading; retry")
         if request_id in self._clients:
@@ -170,7 +172,7 @@ class EngineDriver:
         log.debug("request %s: queued for model '%s' (%d prompt tokens, max_tokens %d)", request_id,
                   self.model_name, len(token_ids), params.max_tokens)
         with self._lock:
-            self._adds.append(_Add(request_id, list(token_ids), params))
+            self._adds.append(_Add(request_id, list(token_ids), params, group))
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
@@ -245,7 +247,7 @@ class EngineDriver:
             events: list[tuple[str, TokenEvent]] = []
             for add in adds:  # before the aborts: a request may be aborted in the round it was added
                 try:
-                    engine.add_request(add.request_id, add.token_ids, add.params)
+                    engine.add_request(add.request_id, add.token_ids, add.params, add.group)
                     self._texts[add.request_id] = _TextState(add.params)
                 except EngineError as e:
                     events.append((add.request_id, TokenEvent(finished=True, error=e)))

@@ -57,9 +57,12 @@ class GenerationEngine:
         self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
         self._requests: dict[str, Request] = {}
 
-    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> Request:
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
+                    group: str = "") -> Request:
         """Queue a request (WAITING). INVALID_ARG when it could never run: an empty prompt, token ids the
-        model does not have, or prompt + max_tokens beyond the context or the whole KV cache."""
+        model does not have, or prompt + max_tokens beyond the context or the whole KV cache. `group`: the
+        API request it is one sequence of (several share one; "": its own), whose sequences the scheduler
+        admits in turn with other groups' (waiting.py)."""
         if request_id in self._requests:
             raise EngineError(ErrorCode.ALREADY_EXISTS, f"request id {request_id!r} is already running")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -84,7 +87,8 @@ class GenerationEngine:
                               "inputs")
             adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
-        request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter)
+        request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter,
+                          group=group)
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request

@@ -145,6 +145,13 @@ class Request:
     finish_reason: FinishReason | None = None
     output_text: str = ""                    # the decoded output, cut before a stop string
     adapter: LoraAdapter | None = None       # params.lora's matrices (set by the engine at add_request)
+    # The API request it is one sequence of (OpenAI's prompts × n share one): admission takes the groups in
+    # turn (waiting.py). "" (a sequence alone): its own id.
+    group: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            self.group = self.request_id
 
     @property
     def prefix_salt(self) -> int:

@@ -9,10 +9,11 @@ Each step (vLLM v1's order):
    its prompt (or a chunk of it, within what is left of the budget) when prefilling. When the pool has no
    block for it, the newest running request is preempted (its blocks freed, its output kept, back to the
    front of the waiting queue) until there is room — possibly the request itself.
-2. Then waiting requests, in order (preempted ones first), while the budget, `max_num_seqs` and the free
-   blocks allow: admission by free blocks, never by preempting. A prompt's cached prefix is shared, not
-   computed; a prompt longer than the remaining budget is admitted with a first chunk (chunked prefill),
-   so a long prompt never stalls the running streams for a whole step.
+2. Then waiting requests, preempted ones first, then the API requests in turn, one sequence each
+   (waiting.py: a request arriving behind a large fan-out is not stuck behind all of its sequences), while
+   the budget, `max_num_seqs` and the free blocks allow: admission by free blocks, never by preempting. A
+   prompt's cached prefix is shared, not computed; a prompt longer than the remaining budget is admitted
+   with a first chunk (chunked prefill), so a long prompt never stalls the running streams for a whole step.
 
 Priorities (`SamplingParams.priority`): steps 1 and 2 run once per class, interactive first, so interactive
 requests are scheduled and admitted before any batch-job request takes budget. `running` is kept ordered by
@@ -23,12 +24,12 @@ get them (the job's work is kept and recomputed later, as any preemption).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from .kv_manager import KVCacheManager
 from .request import FinishReason, Priority, Request, RequestState
+from .waiting import WaitingQueue
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +72,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
         self.config = config
         self.kv = kv
-        self.queues: dict[Priority, deque[Request]] = {p: deque() for p in Priority}  # waiting, by class
+        self.queues: dict[Priority, WaitingQueue] = {p: WaitingQueue() for p in Priority}  # waiting, by class
         self.running: list[Request] = []  # ordered by class, then admission
         self.num_preemptions = 0
         self._arrivals = 0
@@ -129,7 +130,7 @@ class Scheduler:
                 if not self._preempt_lower(out, priority):
                     break
                 continue
-            request = waiting[0]
+            request = waiting.peek()
             prefix, cached = self.kv.computed_prefix(request.request_id, request.all_token_ids,
                                                      request.prefix_salt)
             count = request.num_tokens - cached
@@ -215,7 +216,7 @@ class Scheduler:
             return
         if request.state is RequestState.RUNNING:
             self.running.remove(request)
-        elif request in self.queues[request.params.priority]:
+        else:
             self.queues[request.params.priority].remove(request)
         self.kv.free(request.request_id)
         request.state = RequestState.FINISHED

@@ -87,7 +87,8 @@ class Generation:
                 # a seeded request's choices differ from each other and are each reproducible: seed + j
                 params = self.params if seed is None or choice.index % n == 0 else \
                     dataclasses.replace(self.params, seed=seed + choice.index % n)
-                self.driver.submit(choice.engine_id, prompt, params, on_event)
+                # one group: the scheduler admits its choices in turn with other requests' (waiting.py)
+                self.driver.submit(choice.engine_id, prompt, params, on_event, group=self.request_id)
                 choice.submitted = True
         except EngineError:
             self.abort()
