@@ -49,6 +49,14 @@ def digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
+def bearer_digest(authorization: bytes | None) -> bytes | None:
+    """The digest of the key an `Authorization: Bearer <key>` header value names (what the access policy
+    compares and a key's quotas are looked up by); None for no header or another scheme."""
+    if authorization is None or authorization[:7].lower() != b"bearer ":
+        return None
+    return digest(authorization[7:].strip())
+
+
 def load_api_keys(path: Path) -> tuple[ApiKey, ...]:
     try:
         text = path.read_text(encoding="utf-8")

@@ -133,6 +133,7 @@ class Server:
         self.generation = GenerationRegistry(self.repository)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         self.openai = OpenAIService(self.generation, options.access().keys)
+        self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         limits = FileLimits(options.batch_max_file_bytes, options.batch_max_requests)
         self.batches = None if options.batch_dir is None else BatchRunner(
             options.batch_dir, self.openai, limits, options.batch_requests_in_flight)

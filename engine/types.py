@@ -164,6 +164,12 @@ class InferenceRequest:
     dispatched_ns: int = 0
     computed_ns: int = 0
     executed_batch: int = 0
+    # The SHA-256 of the API key the request came with (api_keys.bearer_digest of its `Authorization:
+    # Bearer` header), set by a frontend on the paths that reach a generative model (generate,
+    # generate_stream, ModelStreamInfer), which the access policy has already admitted under that key; None
+    # without one. What a per-key quota charged past admission (tokens_per_minute:
+    # generate/triton_model.py) is charged to. Never taken from the request's own fields or parameters.
+    principal: bytes | None = None
 
     @property
     def batch_size(self) -> int:

@@ -192,7 +192,7 @@ class GrpcHandlers:
         return self.dp.submit(request, start_ns or time.perf_counter_ns(), on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
-                          header_id: bytes | None = None
+                          header_id: bytes | None = None, principal: bytes | None = None
                           ) -> asyncio.Future[InferenceResponse]:
         """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
         returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
@@ -202,7 +202,8 @@ class GrpcHandlers:
         `triton_final_response: false`; its final flag sent alone is answered with Triton's empty final
         response only when the request sets `triton_enable_empty_final_response`. Raises DecodeError for
         bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
-        returned future drops the request (a decoupled model sees `is_cancelled()`)."""
+        returned future drops the request (a decoupled model sees `is_cancelled()`). `principal`: the digest
+        of the call's API key (InferenceRequest.principal)."""
         def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
             # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e, final).SerializeToString()
@@ -237,6 +238,7 @@ class GrpcHandlers:
             request = self._decode(message, header_id)
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
+            request.principal = principal
             return self.dp.submit(request, time.perf_counter_ns(), done)
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()

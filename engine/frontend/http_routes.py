@@ -20,6 +20,7 @@ from urllib.parse import unquote
 
 import orjson
 
+from ..api_keys import bearer_digest
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
 from ..tracing import settings as trace_settings
@@ -217,8 +218,9 @@ class HttpRoutes:
                 return _error(405, f"{action} needs POST")
             body = _body(req, self.limits.max_body_bytes)
             stream = req.stream if action == "generate_stream" else None
+            principal = bearer_digest(req.headers.get(b"authorization"))  # whose tokens it generates
             return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
-                                               self.limits.max_body_bytes, req.start_ns, stream),
+                                               self.limits.max_body_bytes, req.start_ns, stream, principal),
                                on_done)
         if method not in (b"GET", b"HEAD"):
             return _error(405, f"{action or 'metadata'} needs GET")

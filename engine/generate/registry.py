@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..config_types import ModelConfig
 from ..errors import EngineError, ErrorCode, not_found
@@ -42,9 +42,23 @@ class GenerativeVersion:
         return self.model.config
 
 
+class Reservation(Protocol):
+    def settle(self, used: int) -> None: ...
+
+
+class TokenCharger(Protocol):
+    """Per-key `tokens_per_minute` (engine/openai/token_quotas.py `TokenQuotas`): reserve a request's most
+    before it reaches the engine (RESOURCE_EXHAUSTED when the key's minute has no room), settle with what it
+    used."""
+
+    def charge_digest(self, key_digest: bytes | None, tokens: int) -> Reservation | None: ...
+
+
 class GenerationRegistry:
     def __init__(self, repository: RoutingTable) -> None:
         self.repository = repository
+        # the OpenAI service's quotas, which Triton's generate paths charge too (set by the server)
+        self.token_quotas: TokenCharger | None = None
         self._versions: dict[str, tuple[Model, asyncio.Future[GenerativeVersion]]] = {}
         self._closing: set[asyncio.Future[Any]] = set()
 

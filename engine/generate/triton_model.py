@@ -15,6 +15,12 @@ One request, on the loop (`submit`):
 4. the future resolves with the final response; cancelling it (the client left) aborts the generation,
    whose KV blocks the engine thread frees before its next step.
 
+A request that names an API key with `tokens_per_minute` (`InferenceRequest.principal`, set by the frontend)
+is charged as the OpenAI API charges it (engine/openai/token_quotas.py): prompt + max_tokens reserved before
+it reaches the engine (RESOURCE_EXHAUSTED with OpenAI's words when the key's minute has no room: HTTP 429, an
+error on the gRPC stream), what it did not use given back when it ends; a client that left keeps its whole
+reservation.
+
 Statistics: the request's own as accounting.py says (queue, one execution, its outcome), and each response
 by its index (`response_stats`, as Triton keeps them for a decoupled model): success with the time since the
 previous response (or since the hand-off to the engine), empty_response for a final flag sent alone, fail
@@ -39,7 +45,7 @@ from ..model import Model, ModelState
 from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 from .accounting import Outcome, RequestAccount
 from .driver import TokenEvent
-from .registry import GenerativeVersion, check_adapter
+from .registry import GenerativeVersion, Reservation, TokenCharger, check_adapter
 from .request import SamplingParams
 from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
 from .triton_signature import TEXT_OUTPUT
@@ -48,17 +54,19 @@ log = logging.getLogger("hubserve.generate")
 
 
 class GenerationSource(Protocol):
-    """Where a version's engine comes from: registry.py's GenerationRegistry."""
+    """Where a version's engine comes from, and the per-key token quotas: registry.py's GenerationRegistry."""
+
+    token_quotas: TokenCharger | None
 
     async def version(self, name: str) -> GenerativeVersion: ...
 
 
 class _Run:
-    """One request in flight: its options, where it stands in the engine, its future, and its statistics
-    (`account`; `sent` responses so far, the last at `last_ns`)."""
+    """One request in flight: its options, where it stands in the engine, its future, its statistics
+    (`account`; `sent` responses so far, the last at `last_ns`), and its key's token reservation."""
 
-    __slots__ = ("account", "engine_id", "future", "last_ns", "options", "pieces", "request", "sent",
-                 "submitted", "task", "version")
+    __slots__ = ("account", "engine_id", "future", "generated", "last_ns", "options", "pieces",
+                 "prompt_tokens", "request", "reservation", "sent", "submitted", "task", "version")
 
     def __init__(self, request: InferenceRequest, options: RequestOptions,
                  future: asyncio.Future[InferenceResponse], account: RequestAccount) -> None:
@@ -73,6 +81,9 @@ class _Run:
         self.submitted = False
         self.task: asyncio.Task[None] | None = None
         self.version: GenerativeVersion | None = None
+        self.reservation: Reservation | None = None  # of its key's tokens_per_minute
+        self.prompt_tokens = 0
+        self.generated = 0
 
 
 class GenerativeModel(Model):
@@ -116,6 +127,10 @@ class GenerativeModel(Model):
         try:
             version = run.version = await self.source.version(self.name)
             ids, params = self._prompt(run.options, version)
+            run.prompt_tokens = len(ids)
+            quotas = self.source.token_quotas
+            if quotas is not None and run.request.principal is not None:  # as the OpenAI API charges it
+                run.reservation = quotas.charge_digest(run.request.principal, len(ids) + params.max_tokens)
             version.driver.submit(run.engine_id, ids, params, functools.partial(self._on_event, run))
             run.submitted = True
             run.last_ns = run.account.submitted()  # its queue time: the wait for the engine's build
@@ -151,6 +166,7 @@ class GenerativeModel(Model):
         if event.error is not None:
             future.set_exception(event.error)
             return
+        run.generated += event.num_tokens
         if run.options.stream:
             if event.text and not event.finished:
                 assert run.request.stream is not None
@@ -187,6 +203,8 @@ class GenerativeModel(Model):
                 run.task.cancel()
             if run.submitted and run.version is not None:
                 run.version.driver.abort(run.engine_id)
+        if run.reservation is not None and not future.cancelled():  # a client that left keeps its reservation
+            run.reservation.settle(run.prompt_tokens + run.generated if run.submitted else 0)
         if future.cancelled():
             self._responded(run, "cancel", time.perf_counter_ns() - now)
             run.account.finish(Outcome.CANCELLED)

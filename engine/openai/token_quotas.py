@@ -1,15 +1,17 @@
-"""Per-key `tokens_per_minute` for the OpenAI API (README "Security"): the one place it is charged.
+"""Per-key `tokens_per_minute` for generation (README "Security"): the one place it is charged.
 
-`OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine. The
-cost reserved is what the request may use at most: its prompt tokens plus `max_tokens` for every choice
-(when `max_tokens` is not given, what the context leaves). When it finishes, the tokens it did not use (it
+`OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine, and
+Triton's generate paths call `charge_digest` likewise (generate/triton_model.py), so one bucket per key
+counts every generation whichever protocol asked for it. The cost reserved is what the request may use at
+most: its prompt tokens plus `max_tokens` for every choice (when `max_tokens` is not given, what the context
+leaves). When it finishes, the tokens it did not use (it
 stopped early) go back to the key; a request whose client left keeps its whole reservation.
 
 The keys are the `--api-keys` file's; the key is the request's bearer secret, which the frontend's access
 policy (engine/access.py) has already checked in constant time, so here it is only looked up by its digest.
 This runs in the process that holds the engines (with `--workers N`, the engine process, where every /v1
-request is forwarded), so one bucket per key serves every frontend and the limit holds server-wide exactly,
-with no share to split.
+request is forwarded and every inference submitted, with its key's digest), so one bucket per key serves
+every frontend and the limit holds server-wide exactly, with no share to split.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 import time
 
 from ..api_keys import ApiKey, digest
+from ..errors import EngineError, ErrorCode
 from ..quotas import TokenQuota, retry_after_secs
 from .errors import OpenAIError
 
@@ -55,7 +58,23 @@ class TokenQuotas:
         key has no token limit (or there is no key)."""
         if api_key is None or not self._quotas:
             return None
-        entry = self._quotas.get(digest(api_key.strip().encode("latin-1")))
+        return self._charge(digest(api_key.strip().encode("latin-1")), tokens, now)
+
+    def charge_digest(self, key_digest: bytes | None, tokens: int, now: float | None = None
+                      ) -> Reservation | None:
+        """`charge` for a generation through Triton's protocols (generate, generate_stream, ModelStreamInfer:
+        generate/triton_model.py), whose frontend names the key by its digest (InferenceRequest.principal).
+        The same bucket and rule; a refusal is the engine's RESOURCE_EXHAUSTED with the words of OpenAI's 429
+        (HTTP 429; on a gRPC stream, its error message)."""
+        if key_digest is None or not self._quotas:
+            return None
+        try:
+            return self._charge(key_digest, tokens, now)
+        except OpenAIError as e:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED, e.message) from None
+
+    def _charge(self, key_digest: bytes, tokens: int, now: float | None) -> Reservation | None:
+        entry = self._quotas.get(key_digest)
         if entry is None:
             return None
         key, quota = entry

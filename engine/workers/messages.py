@@ -3,7 +3,8 @@
 direction carries everything of that round.
 
 Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections, streaming, credits)`
-- a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header])`. `header` (the
+- a request: `(rid, plan_no, start_ns, request_id, placement, model, version, principal[, header])`;
+  `principal` is the digest of its API key or None (engine/types.py InferenceRequest.principal). `header` (the
   request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
   plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
   every request that has no plan (`plan_no` 0); after that the engine has it in its plan table, and the

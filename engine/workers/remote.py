@@ -118,7 +118,7 @@ class EngineClient(asyncio.Protocol):
         placement = place(wire_chunks(request.inputs), self._arena, self._region, self._inline,
                           INLINE_BELOW_BYTES)
         desc: tuple[Any, ...] = (rid, 0, start_ns, request.id, placement, request.model_name,
-                                 request.model_version)
+                                 request.model_version, request.principal)
         plan = request.plan
         plan_no = 0 if plan is None else self._plans.get(plan)
         if plan_no is None:

@@ -195,10 +195,10 @@ class FrontendSession(asyncio.Protocol):
             pending.future.cancel()  # the route's task is cancelled: a streaming generation stops too
 
     def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
-        rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
+        rid, plan_no, start_ns, request_id, placement, model, version, principal = desc[:8]
         try:
-            if len(desc) > 7:
-                plan = _plan(desc[7], plan_no)
+            if len(desc) > 8:
+                plan = _plan(desc[8], plan_no)
                 if plan_no:
                     self._plans[plan_no] = plan
             else:
@@ -208,6 +208,7 @@ class FrontendSession(asyncio.Protocol):
             inputs = [Tensor(name, dt, shape, array, p)
                       for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
             request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
+            request.principal = principal
             if streamed:
                 request.stream = functools.partial(self._streamed, rid)
             future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))

@@ -32,6 +32,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ...access import GRPC_STATUS, AccessPolicy, Admission, Refusal
+from ...api_keys import bearer_digest
 from ...errors import EngineError, endpoint_message
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
@@ -86,8 +87,8 @@ class Call:
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
     __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
-                 "need", "pending", "remote_done", "request", "request_id", "reserved", "response_encoding",
-                 "rpc", "start_ns", "stream", "timer", "work")
+                 "need", "pending", "principal", "remote_done", "request", "request_id", "reserved",
+                 "response_encoding", "rpc", "start_ns", "stream", "timer", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -113,6 +114,9 @@ class Call:
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
         self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
+        # a stream's requests may reach a generative model, which charges the key's tokens (types.py)
+        self.principal = bearer_digest(fields.get(b"authorization")) \
+            if rpc is not None and rpc.kind is Kind.STREAM_INFER else None
         if head.list_size > app.max_header_list_bytes:
             self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit "
                                               f"of {app.max_header_list_bytes}")
@@ -308,9 +312,10 @@ class Call:
 
     def _stream_request(self, message: memoryview) -> None:
         try:
-            # its one done-callback, where a decoupled model's responses before its last go, and the call's
-            # x-request-id
-            future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id)
+            # its one done-callback, where a decoupled model's responses before its last go, the call's
+            # x-request-id and its API key's digest
+            future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id,
+                                      self.principal)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
