@@ -26,7 +26,7 @@ from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
 from .protocol import ApiRequest
-from .token_quotas import TokenQuotas
+from .token_quotas import TokenQuotas, charge_waiting
 
 # A prompt longer than this many characters per token of context is refused before it is tokenized: no
 # tokenizer in use packs more characters into a token on average, and the bound keeps a huge prompt from
@@ -77,10 +77,12 @@ class OpenAIService:
     # ------------------------------------------------------------------ generation
 
     async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None,
-                    priority: Priority = Priority.INTERACTIVE) -> Generation:
+                    priority: Priority = Priority.INTERACTIVE, batch_key: bytes | None = None) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
-        Generation. `priority`: BATCH for offline jobs (batch_runner.py), which the scheduler serves last.
+        Generation. `priority`: BATCH for offline jobs (batch/runner.py), which the scheduler serves last;
+        `batch_key`: the digest of the key that owns such a job, whose tokens_per_minute it draws from,
+        waiting (QuotaWait, nothing submitted) rather than refused while the minute is spent.
         The request counts in its model version's Triton statistics from here (its queue time is the wait
         for the engine: engine/generate/accounting.py)."""
         received_ns = time.perf_counter_ns()
@@ -95,8 +97,9 @@ class OpenAIService:
         params = self._params(api, version, max(len(p) for p in prompts), priority)
         if adapter:
             params = dataclasses.replace(params, lora=adapter)
-        reservation = self.quotas.charge(
-            api_key, sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts))
+        cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
+        reservation = self.quotas.charge(api_key, cost) if batch_key is None \
+            else charge_waiting(self.quotas, batch_key, cost)
         gen = Generation(version.driver, request_id, prompts, api.n, params,
                          RequestAccount(version.model.stats, received_ns))
         try:

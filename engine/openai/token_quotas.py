@@ -92,3 +92,42 @@ class TokenQuotas:
         raise OpenAIError(429, f"Rate limit reached for tokens per min (TPM) on this API key: Limit {limit}, "
                                f"Used {quota.used}, Requested {tokens}. Please try again in {secs}s.",
                           RATE_LIMIT_TYPE, None, RATE_LIMIT_CODE, retry_after_secs=secs)
+
+
+# The part of a key's minute that its Batch API jobs leave to its interactive requests: a job's request is
+# charged only while the key would keep this much after it, so a running job never makes the key's own
+# interactive requests wait (they get the refill first) and still runs at the whole rate when they are idle.
+BATCH_RESERVE = 0.25
+
+
+class QuotaWait(Exception):
+    """A Batch API request's tokens do not fit in its key's minute yet: retry in `secs` seconds (a job waits
+    for its key's budget rather than fail: engine/openai/batch/runner.py)."""
+
+    def __init__(self, secs: float) -> None:
+        super().__init__(f"tokens_per_minute: retry in {secs:.2f}s")
+        self.secs = secs
+
+
+def charge_waiting(quotas: TokenQuotas, key_digest: bytes | None, tokens: int,
+                   now: float | None = None) -> Reservation | None:
+    """The Batch API's charge: `tokens` of the minute of the key that owns the job (known by its digest: a job
+    runs without a request's secret, and on after a restart), leaving BATCH_RESERVE of the minute to the key's
+    interactive requests. None when the key has no token limit. Raises QuotaWait when they do not fit yet,
+    and OpenAIError 429 (the request's own failure, as `charge` answers it) when they never will: more than
+    a minute's worth."""
+    entry = quotas._quotas.get(key_digest) if key_digest is not None else None
+    if entry is None:
+        return None
+    key, quota = entry
+    reserve = max(0, min(int(quota.capacity * BATCH_RESERVE), int(quota.capacity) - tokens))
+    wait = quota.take(tokens + reserve, time.monotonic() if now is None else now)
+    if not wait:
+        quota.give_back(reserve)
+        return Reservation(quota, tokens)
+    if math.isinf(wait):
+        raise OpenAIError(429, "Request too large for tokens per min (TPM) on the API key that owns this "
+                               f"batch: Limit {key.tokens_per_minute}, Requested {tokens}. The input or "
+                               "output tokens must be reduced (lower max_tokens or n, or shorten the prompt) "
+                               "in order to run successfully.", RATE_LIMIT_TYPE, None, RATE_LIMIT_CODE)
+    raise QuotaWait(wait)
