@@ -198,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--batch-requests-in-flight", type=int, default=16, metavar="N",
                        help="batch jobs' requests in the generation engines at once, over all jobs; they run "
                             "at low priority, behind every interactive request (default 16)")
+    serve.add_argument("--batch-max-storage-mb-per-key", type=int, default=1024, metavar="MB",
+                       help="the Batch API files one API key (or a server without keys) may keep, inputs and "
+                            "job outputs together; an upload past it is refused until files are deleted "
+                            "(default 1024)")
+    serve.add_argument("--batch-max-files-per-key", type=int, default=1000, metavar="N",
+                       help="the Batch API files one API key may keep (default 1000)")
+    serve.add_argument("--batch-max-jobs-per-key", type=int, default=1000, metavar="N",
+                       help="the batch jobs one API key's history keeps; past it the oldest finished job is "
+                            "forgotten (its output files stay) (default 1000)")
+    serve.add_argument("--batch-max-live-jobs-per-key", type=int, default=8, metavar="N",
+                       help="batch jobs validating or in progress at once for one API key; a new one past it "
+                            "is refused (429) (default 8)")
+    serve.add_argument("--batch-max-live-jobs", type=int, default=64, metavar="N",
+                       help="batch jobs validating or in progress at once over all keys (default 64)")
     serve.add_argument("--log-verbose", type=_verbose, default=0, metavar="N",
                        help="Triton's verbose level: 0 none; 1 or more: an access line per inference (model, "
                             "version, request id, status, queue, compute and total time, batch size) and "
@@ -347,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
             batch_max_file_bytes=max(1, args.batch_max_file_mb) << 20,
             batch_max_requests=max(1, args.batch_max_requests),
             batch_requests_in_flight=max(1, args.batch_requests_in_flight),
+            batch_max_storage_bytes_per_key=max(1, args.batch_max_storage_mb_per_key) << 20,
+            batch_max_files_per_key=max(1, args.batch_max_files_per_key),
+            batch_max_jobs_per_key=max(1, args.batch_max_jobs_per_key),
+            batch_max_live_jobs_per_key=max(1, args.batch_max_live_jobs_per_key),
+            batch_max_live_jobs=max(1, args.batch_max_live_jobs),
         )
         try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
             policies(options.access(), options.workers)

@@ -31,7 +31,7 @@ from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_s
 from .generate.registry import GenerationRegistry
 from .histograms import parse_metrics_config
 from .metrics import process_registry, render
-from .openai.batch.files import FileLimits
+from .openai.batch.limits import BatchLimits
 from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
@@ -102,11 +102,22 @@ class ServerOptions:
     api_keys_file: Path | None = None
     max_inflight_bytes: int = 0
     # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
-    # and the most requests in one.
+    # and the most requests in one, and what one key (owner) may hold (engine/openai/batch/limits.py).
     batch_dir: Path | None = None
     batch_max_file_bytes: int = 32 << 20
     batch_max_requests: int = 50_000
     batch_requests_in_flight: int = 16  # the jobs' requests in the engines at once
+    batch_max_storage_bytes_per_key: int = 1 << 30
+    batch_max_files_per_key: int = 1000
+    batch_max_jobs_per_key: int = 1000
+    batch_max_live_jobs_per_key: int = 8
+    batch_max_live_jobs: int = 64
+
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(self.batch_max_file_bytes, self.batch_max_requests,
+                           self.batch_max_storage_bytes_per_key, self.batch_max_files_per_key,
+                           self.batch_max_jobs_per_key, self.batch_max_live_jobs_per_key,
+                           self.batch_max_live_jobs)
 
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
@@ -132,11 +143,11 @@ class Server:
         # HTTP port; here, in the process that holds the repository, whatever --workers says.
         self.generation = GenerationRegistry(self.repository)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
-        self.openai = OpenAIService(self.generation, options.access().keys)
+        keys = options.access().keys
+        self.openai = OpenAIService(self.generation, keys)
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
-        limits = FileLimits(options.batch_max_file_bytes, options.batch_max_requests)
         self.batches = None if options.batch_dir is None else BatchRunner(
-            options.batch_dir, self.openai, limits, options.batch_requests_in_flight)
+            options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
         self._metrics_runner: web.AppRunner | None = None

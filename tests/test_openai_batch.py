@@ -213,9 +213,9 @@ def test_a_job_survives_a_restart_and_runs_only_what_was_left(repo: Path, tmp_pa
             srv.process.wait(timeout=30)
         else:
             srv.stop()
-    on_disk = json.loads((jobs / "batches" / f"{batch.id}.json").read_text())
+    on_disk = json.loads((jobs / "batches" / f"{batch.id}.json").read_text())  # the owner, and the job
     partial = (jobs / "batches" / f"{batch.id}.output.jsonl").read_bytes().splitlines()
-    assert on_disk["status"] == "in_progress" and 2 <= len(partial) < 16
+    assert on_disk["owner"] == "" and on_disk["batch"]["status"] == "in_progress" and 2 <= len(partial) < 16
     srv = start_server(repo, tmp_path / "second.log", *flags)
     try:
         client = client_of(srv)

@@ -1,15 +1,19 @@
 """The Batch API's endpoints, under /v1 (OpenAIRoutes hands /v1/files and /v1/batches here):
 
-    POST /v1/files                      upload a JSONL of requests (multipart/form-data, purpose "batch")
-    GET  /v1/files/{id}                 its file object
-    GET  /v1/files/{id}/content         its bytes (inputs, and a job's output and error files)
-    POST /v1/batches                    a job: input_file_id, endpoint, completion_window "24h", metadata
-    GET  /v1/batches                    the jobs, newest first (?limit=, ?after=)
-    GET  /v1/batches/{id}               one job
-    POST /v1/batches/{id}/cancel        cancel it
+    POST   /v1/files                    upload a JSONL of requests (multipart/form-data, purpose "batch")
+    GET    /v1/files                    the caller's files, newest first (?purpose= ?limit= ?order= ?after=)
+    GET    /v1/files/{id}               its file object
+    DELETE /v1/files/{id}               delete it
+    GET    /v1/files/{id}/content       its bytes (inputs, and a job's output and error files)
+    POST   /v1/batches                  a job: input_file_id, endpoint, completion_window "24h", metadata
+    GET    /v1/batches                  the caller's jobs, newest first (?limit=, ?after=)
+    GET    /v1/batches/{id}             one job
+    POST   /v1/batches/{id}/cancel      cancel it
 
-`handle` answers at once, or returns a coroutine (file I/O off the loop) that OpenAIRoutes runs as a task.
-Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
+Every endpoint acts for the owner the request's key names (engine/openai/batch/owners.py): another key's
+files and jobs answer 404 as if they did not exist. `handle` answers at once from the runner's indexes in
+memory, or returns a coroutine (the multipart split and file I/O on worker threads) that OpenAIRoutes runs
+as a task. Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from ..openai.batch.multipart import parse_form
+from ..openai.batch.owners import Owner
 from ..openai.batch.runner import BatchRunner
 from ..openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
 from ..openai.protocol import parse_body
@@ -47,53 +52,71 @@ class BatchRoutes:
         if runner is None:
             raise OpenAIError(501, "The Batch API is off on this server: start it with --batch-dir PATH (a "
                                    "folder for its files and jobs).", NOT_IMPLEMENTED)
+        owner = runner.owners.of_request(req.headers.get(b"authorization"))
         method = req.method
         if parts[0] == "files":
+            files = runner.files
             if len(parts) == 1:
+                if method == b"GET":
+                    return _json(files.list(owner.id, *_file_page(req.url)))
                 _allow(method, b"POST", parts)
-                return self._upload(runner, req)
+                return _upload(runner, owner, req)
             if len(parts) == 2:
+                if method == b"DELETE":
+                    return _json(files.delete(owner.id, parts[1]))
                 _allow(method, b"GET", parts)
-                return _json(runner.files.get(parts[1]))
+                return _json(files.get(owner.id, parts[1]))
             if len(parts) == 3 and parts[2] == "content":
                 _allow(method, b"GET", parts)
-                return _content(runner, parts[1])
+                return _content(runner, owner, parts[1])
         else:
             if len(parts) == 1:
                 if method == b"GET":
-                    return _json(runner.list(*_page(req.url)))
+                    return _json(runner.list(owner, *_page(req.url)))
                 _allow(method, b"POST", parts)
-                return _json(runner.create(parse_body(req.body)))
+                return _json(runner.create(owner, parse_body(req.body)))
             if len(parts) == 2:
                 _allow(method, b"GET", parts)
-                return _json(runner.get(parts[1]))
+                return _json(runner.get(owner, parts[1]))
             if len(parts) == 3 and parts[2] == "cancel":
                 _allow(method, b"POST", parts)
-                return _json(runner.cancel(parts[1]))
+                return _json(runner.cancel(owner, parts[1]))
         raise OpenAIError(404, f"Unknown request URL: {method.decode()} /v1/{'/'.join(parts)}.", NOT_FOUND,
                           code="unknown_url")
 
-    def _upload(self, runner: BatchRunner, req: HttpRequest) -> Reply:
-        fields = parse_form(req.headers.get(b"content-type", b""), bytes(req.body))
-        purpose = fields.get("purpose")
-        upload = fields.get("file")
-        if purpose is None:
-            raise bad_request("Missing required parameter: 'purpose'.", "purpose")
-        if upload is None or upload.filename is None:
-            raise bad_request("Missing required parameter: 'file' (a file field of the form).", "file")
-        name, kind, data = upload.filename, purpose.data.decode("utf-8", "replace"), upload.data
 
-        async def store() -> Answer:
-            return _json(await asyncio.to_thread(runner.files.upload, name[:255], kind, data))
+async def _upload(runner: BatchRunner, owner: Owner, req: HttpRequest) -> Answer:
+    """The form split on a thread (views into the body, no copies), room reserved in the owner's quota, the
+    file checked and written on a thread. Once the write has started it is registered (or its room given
+    back) when it ends, even if the client has left meanwhile."""
+    fields = await asyncio.to_thread(parse_form, req.headers.get(b"content-type", b""), req.body)
+    purpose = fields.get("purpose")
+    upload = fields.get("file")
+    if purpose is None:
+        raise bad_request("Missing required parameter: 'purpose'.", "purpose")
+    if upload is None or upload.filename is None:
+        raise bad_request("Missing required parameter: 'file' (a file field of the form).", "file")
+    files = runner.files
+    reservation = files.reserve(owner.id, len(upload.data))
+    kind = bytes(purpose.data).decode("utf-8", "replace")
+    written = asyncio.get_running_loop().run_in_executor(
+        None, files.write_upload, owner.id, upload.filename[:255], kind, upload.data)
 
-        return store()
+    def settle(f: asyncio.Future[dict[str, Any]]) -> None:
+        if f.cancelled() or f.exception() is not None:
+            files.release(reservation)
+        else:
+            files.register(owner.id, f.result(), reservation)
+
+    written.add_done_callback(settle)  # before the answer's own callback: registered when the client hears
+    return _json(await asyncio.shield(written))
 
 
-def _content(runner: BatchRunner, file_id: str) -> Reply:
-    runner.files.get(file_id)  # a 404 at once
+def _content(runner: BatchRunner, owner: Owner, file_id: str) -> Reply:
+    path = runner.files.path(owner.id, file_id)  # a 404 at once
 
     async def read() -> Answer:
-        return 200, await asyncio.to_thread(runner.files.content, file_id), _BINARY, b""
+        return 200, await asyncio.to_thread(path.read_bytes), _BINARY, b""
 
     return read()
 
@@ -104,12 +127,32 @@ def _allow(method: bytes, allowed: bytes, parts: list[str]) -> None:
                                f"{allowed.decode()}.")
 
 
-def _page(url: bytes) -> tuple[int, str | None]:
-    query = parse_qs(url.partition(b"?")[2].decode("latin-1"))
+def _query(url: bytes) -> dict[str, list[str]]:
+    return parse_qs(url.partition(b"?")[2].decode("latin-1"))
+
+
+def _limit(query: dict[str, list[str]], default: int, most: int) -> int:
     try:
-        limit = int(query.get("limit", ["20"])[0])
+        limit = int(query.get("limit", [str(default)])[0])
     except ValueError:
-        raise bad_request("limit must be an integer from 1 to 100.", "limit") from None
-    if not 1 <= limit <= 100:
-        raise bad_request("limit must be an integer from 1 to 100.", "limit")
-    return limit, query.get("after", [None])[0]
+        limit = 0
+    if not 1 <= limit <= most:
+        raise bad_request(f"limit must be an integer from 1 to {most}.", "limit")
+    return limit
+
+
+def _page(url: bytes) -> tuple[int, str | None]:
+    """A job listing's ?limit= (1-100, default 20, as OpenAI's) and ?after=."""
+    query = _query(url)
+    return _limit(query, 20, 100), query.get("after", [None])[0]
+
+
+def _file_page(url: bytes) -> tuple[str | None, int, str | None, bool]:
+    """A file listing's ?purpose=, ?limit= (1-10000, default 10000, as OpenAI's), ?after= and ?order= (desc,
+    the default: newest first)."""
+    query = _query(url)
+    order = query.get("order", ["desc"])[0]
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be 'asc' or 'desc'.", "order")
+    return (query.get("purpose", [None])[0], _limit(query, 10_000, 10_000), query.get("after", [None])[0],
+            order == "desc")

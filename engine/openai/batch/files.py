@@ -1,88 +1,233 @@
-"""The Batch API's files (`POST /v1/files`, `GET /v1/files/{id}`, `/content`): a folder of `<id>.jsonl`
-(the bytes) and `<id>.json` (OpenAI's file object). Input files are checked when uploaded: purpose
-"batch", UTF-8, at most `max_bytes` and `max_requests` lines; each line's form is checked when a batch is
-made of it (jobs.py). Output and error files are added by the runner when a job ends.
+"""The Batch API's files (`/v1/files`): a folder of `<id>.jsonl` (the bytes) and `<id>.json` (the owner and
+OpenAI's file object, written last, so a file exists once its object does), and an index of the objects in
+memory, read once at start, so that nothing but an upload, a download or a job reads the folder.
 
-Called on worker threads (the routes hand file I/O off the loop) and on the loop for metadata reads; the
-folder is the only state, so there is nothing to lock beyond the file system's renames.
+Every file belongs to an owner (owners.py): another owner's file is "No such File object" (404) on every
+endpoint. Each owner's files are bounded in count and bytes (limits.py), inputs and the outputs its jobs
+write alike; an upload past either is refused (400, as OpenAI refuses a full storage) until files are deleted.
+A job's output always lands, even past the bound: the results were worked for; the next upload is refused.
+
+Threads: the index is touched on the loop only (`reserve`, `register`, `get`, `list`, `delete`); the disk
+work of an upload or an output (`write_upload`, `write_output`) runs on a worker thread between a
+`reserve` (or nothing, for outputs) and a `register`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ..errors import OpenAIError, bad_request
-from .store import make_private_dir, new_id, read_json, valid_id, write_bytes, write_json
+from .input import check_upload
+from .limits import BatchLimits
+from .store import make_private_dir, new_id, read_json, valid_id, write_json
+
+log = logging.getLogger("hubserve.batch")
 
 PURPOSES_SERVED = ("batch",)
 
 
+@dataclass(slots=True)
+class _Usage:
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → file object, oldest first
+    count: int = 0   # files held or reserved
+    nbytes: int = 0  # their bytes
+
+
 @dataclass(frozen=True, slots=True)
-class FileLimits:
-    max_bytes: int = 32 << 20    # an uploaded file at most (OpenAI's is 200 MB)
-    max_requests: int = 50_000   # lines of one input file at most (OpenAI's limit)
+class Reservation:
+    """An upload's place in its owner's quota, from `reserve` until `register` or `release`."""
+
+    owner: str
+    nbytes: int
 
 
 class FileStore:
-    def __init__(self, root: Path, limits: FileLimits) -> None:
+    def __init__(self, root: Path, limits: BatchLimits) -> None:
         self.root = make_private_dir(root / "files")
         self.limits = limits
+        self._owners: dict[str, _Usage] = {}
+        self._index: dict[str, str] = {}  # file id → owner
+        self._load()
 
-    def upload(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
-        """Check and keep an uploaded input file; its file object. OpenAIError 400 saying what to change."""
+    # ------------------------------------------------------------------ the index (the loop's)
+
+    def get(self, owner: str, file_id: str) -> dict[str, Any]:
+        """The owner's file object, or 404 (also for another owner's file)."""
+        if self._index.get(file_id) != owner:
+            raise not_found("File", file_id)
+        return self._owners[owner].files[file_id]
+
+    def path(self, owner: str, file_id: str) -> Path:
+        """The owner's file's bytes, or 404."""
+        self.get(owner, file_id)
+        return self.root / f"{file_id}.jsonl"
+
+    def list(self, owner: str, purpose: str | None, limit: int, after: str | None,
+             newest_first: bool) -> dict[str, Any]:
+        usage = self._owners.get(owner)
+        # by creation (uploads finish in any order; ids made later sort later: store.new_id)
+        docs = sorted(usage.files.values(), key=_created) if usage is not None else []
+        if newest_first:
+            docs.reverse()
+        if purpose is not None:
+            docs = [d for d in docs if d["purpose"] == purpose]
+        return page(docs, limit, after)
+
+    def reserve(self, owner: str, nbytes: int) -> Reservation:
+        """Hold room for an upload of `nbytes`, or OpenAIError 400 when it is larger than a file may be, or
+        the owner's files would pass their count or bytes bound."""
+        limits = self.limits
+        _check_size(nbytes, limits)
+        usage = self._owners.setdefault(owner, _Usage())
+        if usage.count + 1 > limits.max_files_per_key:
+            raise quota_exceeded(f"This API key holds {usage.count} files, the most it may "
+                                 f"(--batch-max-files-per-key {limits.max_files_per_key}). Delete files "
+                                 "(DELETE /v1/files/{id}) before uploading more.")
+        if usage.nbytes + nbytes > limits.max_storage_bytes_per_key:
+            raise quota_exceeded(f"This API key's files take {usage.nbytes} bytes; {nbytes} more would pass "
+                                 f"its storage quota of {limits.max_storage_bytes_per_key} bytes "
+                                 "(--batch-max-storage-mb-per-key). Delete files (DELETE /v1/files/{id}) "
+                                 "or upload a smaller file.")
+        usage.count += 1
+        usage.nbytes += nbytes
+        return Reservation(owner, nbytes)
+
+    def release(self, reservation: Reservation) -> None:
+        """The upload failed: its room goes back."""
+        usage = self._owners[reservation.owner]
+        usage.count -= 1
+        usage.nbytes -= reservation.nbytes
+
+    def register(self, owner: str, doc: dict[str, Any], reservation: Reservation | None) -> None:
+        """A file written (`write_upload` under `reservation`, or a job's output with None: counted now)."""
+        usage = self._owners.setdefault(owner, _Usage())
+        if reservation is None:
+            usage.count += 1
+            usage.nbytes += doc["bytes"]
+        else:  # the reservation was the size of the upload's part: the file is exactly that
+            usage.nbytes += doc["bytes"] - reservation.nbytes
+        usage.files[doc["id"]] = doc
+        self._index[doc["id"]] = owner
+
+    def delete(self, owner: str, file_id: str) -> dict[str, Any]:
+        """Forget and remove the owner's file (404 if it has none so named). A job reading it keeps its open
+        file until it ends."""
+        doc = self.get(owner, file_id)
+        del self._index[file_id]
+        usage = self._owners[owner]
+        del usage.files[file_id]
+        usage.count -= 1
+        usage.nbytes -= doc["bytes"]
+        for suffix in (".json", ".jsonl"):  # the object first: a half-deleted file is no file
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / f"{file_id}{suffix}").unlink()
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # ------------------------------------------------------------------ the disk (worker threads)
+
+    def write_upload(self, owner: str, filename: str, purpose: str, data: bytes | memoryview
+                     ) -> dict[str, Any]:
+        """Check an uploaded input file and keep it; its file object. OpenAIError 400 saying what to
+        change."""
         if purpose not in PURPOSES_SERVED:
             raise bad_request(f"'{purpose}' is not a supported purpose: this server takes files for "
                               "the Batch API only (purpose 'batch').", "purpose", "invalid_value")
-        limits = self.limits
-        if len(data) > limits.max_bytes:
-            raise bad_request(f"File is too large: {len(data)} bytes; the maximum size of a batch input file "
-                              f"is {limits.max_bytes} bytes (--batch-max-file-mb).", "file", "file_too_large")
-        if not data.strip():
-            raise bad_request("The file is empty: a batch input file has one JSON request per line.", "file",
-                              "empty_file")
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise bad_request(f"The file is not UTF-8 text (byte {e.start}).", "file",
-                              "invalid_file") from None
-        lines = sum(1 for line in data.splitlines() if line.strip())
-        if lines > limits.max_requests:
-            raise bad_request(f"The file has {lines} requests; a batch input file may hold at most "
-                              f"{limits.max_requests} (--batch-max-requests).", "file", "too_many_requests")
-        return self.add(filename, purpose, data)
-
-    def add(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
-        """Keep a file (an upload, or a job's output) and return its file object."""
+        _check_size(len(data), self.limits)
+        check_upload(data, self.limits.max_requests)
         file_id = new_id("file-")
-        doc = {"id": file_id, "object": "file", "bytes": len(data), "created_at": int(time.time()),
+        path = self.root / f"{file_id}.jsonl"
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return self._write_object(owner, file_id, filename, purpose, len(data))
+
+    def write_output(self, owner: str, filename: str, source: Path | None) -> dict[str, Any]:
+        """Keep a job's result file (`source`; None: an empty one) as a file of the owner, without reading
+        it: a hard link (a copy where links fail). The job's own copy is removed once the job has ended."""
+        file_id = new_id("file-")
+        path = self.root / f"{file_id}.jsonl"
+        if source is None:
+            path.write_bytes(b"")
+        else:
+            try:
+                os.link(source, path)
+            except OSError:
+                shutil.copyfile(source, path)
+        return self._write_object(owner, file_id, filename, "batch_output", path.stat().st_size)
+
+    def _write_object(self, owner: str, file_id: str, filename: str, purpose: str, nbytes: int
+                      ) -> dict[str, Any]:
+        doc = {"id": file_id, "object": "file", "bytes": nbytes, "created_at": int(time.time()),
                "filename": filename, "purpose": purpose, "status": "processed", "status_details": None}
-        write_bytes(self.root / f"{file_id}.jsonl", data)
-        write_json(self.root / f"{file_id}.json", doc)
+        write_json(self.root / f"{file_id}.json", {"owner": owner, "file": doc})
         return doc
 
-    def get(self, file_id: str) -> dict[str, Any]:
-        path = self._path(file_id, ".json")
-        doc: dict[str, Any] = read_json(path)
-        return doc
+    def _load(self) -> None:
+        """The index from the folder, once, at start (before any frontend listens). A file whose object
+        was never written (a crash mid-upload) and temporary files are removed. Objects from before owners
+        were kept belong to the keyless owner."""
+        found = []
+        for path in self.root.iterdir():
+            name = path.name
+            if name.endswith(".tmp") or name.endswith(".jsonl") and not path.with_suffix(".json").exists():
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            if not name.endswith(".json") or not valid_id(name[:-5], "file-"):
+                continue
+            try:
+                stored = read_json(path)
+            except (OSError, orjson.JSONDecodeError):
+                log.warning("batch files: %s is unreadable; skipped", name)
+                continue
+            owner, doc = (stored["owner"], stored["file"]) if "file" in stored else ("", stored)
+            found.append((owner, doc))
+        for owner, doc in sorted(found, key=lambda x: _created(x[1])):
+            file_id = doc["id"]
+            usage = self._owners.setdefault(owner, _Usage())
+            usage.files[file_id] = doc
+            usage.count += 1
+            usage.nbytes += doc["bytes"]
+            self._index[file_id] = owner
 
-    def content(self, file_id: str) -> bytes:
-        self.get(file_id)  # exists as a whole (its object is written last)
-        return self._path(file_id, ".jsonl").read_bytes()
 
-    def content_path(self, file_id: str) -> Path:
-        self.get(file_id)
-        return self._path(file_id, ".jsonl")
+def _created(doc: dict[str, Any]) -> tuple[int, str]:
+    return doc["created_at"], doc["id"]
 
-    def _path(self, file_id: str, suffix: str) -> Path:
-        path = self.root / f"{file_id}{suffix}"
-        if not valid_id(file_id, "file-") or not path.is_file():
-            raise not_found("File", file_id)
-        return path
+
+def _check_size(nbytes: int, limits: BatchLimits) -> None:
+    if nbytes > limits.max_file_bytes:
+        raise bad_request(f"File is too large: {nbytes} bytes; the maximum size of a batch input file is "
+                          f"{limits.max_file_bytes} bytes (--batch-max-file-mb).", "file", "file_too_large")
+
+
+def page(docs: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:
+    """OpenAI's list object: up to `limit` of `docs` (in the order given) after the one with id `after`."""
+    if after is not None:
+        ids = [d["id"] for d in docs]
+        docs = docs[ids.index(after) + 1:] if after in ids else []
+    chunk = docs[:limit]
+    return {"object": "list", "data": chunk, "first_id": chunk[0]["id"] if chunk else None,
+            "last_id": chunk[-1]["id"] if chunk else None, "has_more": len(docs) > limit}
 
 
 def not_found(kind: str, object_id: str) -> OpenAIError:
     """OpenAI's 404 for an unknown id (`No such File object: file-…`)."""
     return OpenAIError(404, f"No such {kind} object: {object_id[:80]}", "invalid_request_error", "id")
+
+
+def quota_exceeded(message: str) -> OpenAIError:
+    """OpenAI answers a full file storage with 400 (invalid_request_error, "Please delete old files")."""
+    return OpenAIError(400, message, "invalid_request_error", None, "quota_exceeded")

@@ -1,19 +1,29 @@
-"""A batch job's state, on disk (`<batch-dir>/batches/`), and its input checked line by line.
+"""Batch jobs' state: on disk (`<batch-dir>/batches/`) and in an index in memory, read once at start, that
+every retrieve and listing answers from (nothing reads the folder on the loop after that).
 
-Per job: `<id>.json`, OpenAI's batch object as the client sees it (the state: replaced whole, atomically,
-at every status change and at most once a second while results come in), and two append-only result files,
-`<id>.output.jsonl` and `<id>.errors.jsonl`, one line per finished request, in OpenAI's batch output form.
-The result files are the truth about which requests are done: on resume (`read_results`), a torn last line
-(a crash mid-write) is cut off and that request runs again, and the counts are recomputed from the lines.
-When the job ends they become the job's output and error files (files.py).
+Per job: `<id>.json`, its owner and OpenAI's batch object as the client sees it (the state: replaced whole,
+atomically, at every status change and at most once a second while results come in), and, while it runs,
+two append-only result files, `<id>.output.jsonl` and `<id>.errors.jsonl`, one line per finished request in
+OpenAI's batch output form. The result files are the truth about which requests are done: on resume
+(`read_done`), a torn last line (a crash mid-write) is cut off and that request runs again, and the counts
+are recomputed from the lines. When the job ends they become the owner's output and error files (files.py)
+and the job's own copies are removed.
 
-Pure apart from the file reads and writes; the runner (runner.py) calls it on the loop.
+Each owner's jobs are bounded in number (limits.py `max_jobs_per_key`): past it, the oldest finished job is
+forgotten (`forget_oldest_finished`), as a bounded history; its output files stay files.
+
+The index and the documents are the loop's; `read_done` and `count_lines` read result files and run on a
+worker thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 import time
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +31,8 @@ from typing import Any
 import orjson
 
 from .store import make_private_dir, read_json, valid_id, write_json
+
+log = logging.getLogger("hubserve.batch")
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = ("24h",)
@@ -41,13 +53,20 @@ class BatchStatus(enum.Enum):
 TERMINAL = frozenset({BatchStatus.FAILED, BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED})
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLine:
-    """One request of the input: its line (1-based), `custom_id` and body."""
+@dataclass(slots=True)
+class Job:
+    """A job in the index: its owner (owners.py) and its batch object, which the runner updates in place."""
 
-    line: int
-    custom_id: str
-    body: dict[str, Any]
+    owner: str
+    doc: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.doc["id"])
+
+    @property
+    def status(self) -> BatchStatus:
+        return BatchStatus(self.doc["status"])
 
 
 def new_batch(batch_id: str, input_file_id: str, endpoint: str, window: str,
@@ -75,98 +94,103 @@ def status_of(doc: dict[str, Any]) -> BatchStatus:
     return BatchStatus(doc["status"])
 
 
-def parse_input(data: bytes, endpoint: str) -> tuple[list[BatchLine], list[dict[str, Any]]]:
-    """The input file's requests, or the errors that fail the batch (OpenAI's codes, with their lines).
-    Each line: {"custom_id": str, "method": "POST", "url": <the batch's endpoint>, "body": {...}}."""
-    lines: list[BatchLine] = []
-    errors: list[dict[str, Any]] = []
-    seen: set[str] = set()
-
-    def fail(code: str, message: str, line: int, param: str | None = None) -> None:
-        if len(errors) < 100:  # enough to fix a file by; a whole file of errors helps nobody
-            errors.append({"code": code, "message": message, "param": param, "line": line})
-
-    for number, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            fail("invalid_json_line", "This line is not parseable as valid JSON.", number)
-            continue
-        if not isinstance(doc, dict):
-            fail("invalid_json_line", "Each line must be a JSON object.", number)
-            continue
-        custom_id = doc.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id:
-            fail("missing_required_parameter", "Missing required parameter: 'custom_id'.", number,
-                 "custom_id")
-            continue
-        if custom_id in seen:
-            fail("duplicate_custom_id", f"The custom_id '{custom_id[:64]}' appears more than once; each "
-                                        "request of a batch needs its own.", number, "custom_id")
-            continue
-        seen.add(custom_id)
-        if doc.get("method") != "POST":
-            fail("invalid_method", "The method of every request must be 'POST'.", number, "method")
-            continue
-        if doc.get("url") != endpoint:
-            fail("mismatched_endpoint", f"The url of every request must be the batch's endpoint "
-                                        f"'{endpoint}'.", number, "url")
-            continue
-        body = doc.get("body")
-        if not isinstance(body, dict):
-            fail("invalid_request", "Each request needs a 'body': a JSON object.", number, "body")
-            continue
-        lines.append(BatchLine(number, custom_id, body))
-    if not lines and not errors:
-        fail("empty_file", "The input file has no requests.", 0)
-    return lines, errors
-
-
 class JobStore:
-    """The folder of jobs. Result files are opened for appending by the runner (`result_path`)."""
+    """The folder of jobs and its index. Result files are opened for appending by the runner
+    (`result_path`)."""
 
     def __init__(self, root: Path) -> None:
         self.root = make_private_dir(root / "batches")
+        self._jobs: dict[str, Job] = {}
+        self._owners: dict[str, dict[str, Job]] = {}  # owner → its jobs by id, oldest first
+        self._load()
 
-    def save(self, doc: dict[str, Any]) -> None:
-        write_json(self.root / f"{doc['id']}.json", doc)
+    def add(self, job: Job) -> None:
+        self._jobs[job.id] = job
+        self._owners.setdefault(job.owner, {})[job.id] = job
+        self.save(job)
 
-    def load(self, batch_id: str) -> dict[str, Any] | None:
-        path = self.root / f"{batch_id}.json"
-        if not valid_id(batch_id, "batch_") or not path.is_file():
-            return None
-        doc: dict[str, Any] = read_json(path)
-        return doc
+    def save(self, job: Job) -> None:
+        write_json(self.root / f"{job.id}.json", {"owner": job.owner, "batch": job.doc})
 
-    def all(self) -> list[dict[str, Any]]:
-        """Every job, newest first."""
-        docs = []
-        for path in self.root.glob("batch_*.json"):
-            try:
-                docs.append(read_json(path))
-            except (OSError, orjson.JSONDecodeError):
-                continue
-        return sorted(docs, key=lambda d: (d["created_at"], d["id"]), reverse=True)
+    def get(self, owner: str, batch_id: str) -> Job | None:
+        job = self._jobs.get(batch_id)
+        return job if job is not None and job.owner == owner else None
+
+    def of_owner(self, owner: str) -> list[Job]:
+        """The owner's jobs, oldest first."""
+        return list(self._owners.get(owner, {}).values())
+
+    def all(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def forget_oldest_finished(self, owner: str) -> bool:
+        """Drop the owner's oldest job that has ended (its document and result files); False if none has."""
+        job = next((j for j in self._owners.get(owner, {}).values() if j.status in TERMINAL), None)
+        if job is None:
+            return False
+        del self._jobs[job.id]
+        del self._owners[owner][job.id]
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / f"{job.id}.json").unlink()
+        self.drop_results(job.id)
+        return True
 
     def result_path(self, batch_id: str, errors: bool) -> Path:
         return self.root / f"{batch_id}.{'errors' if errors else 'output'}.jsonl"
 
-    def read_results(self, batch_id: str, errors: bool) -> set[str]:
-        """The custom_ids with a whole line in the result file; a torn last line is cut off."""
-        path = self.result_path(batch_id, errors)
-        if not path.is_file():
-            return set()
-        data = path.read_bytes()
-        whole = data[:data.rfind(b"\n") + 1]
-        if len(whole) != len(data):
-            with open(path, "r+b") as f:
-                f.truncate(len(whole))
-        done = set()
-        for raw in whole.splitlines():
-            try:
-                done.add(orjson.loads(raw)["custom_id"])
-            except (orjson.JSONDecodeError, KeyError, TypeError):
+    def drop_results(self, batch_id: str) -> None:
+        """The job ended and its results are the owner's files now: its own copies go."""
+        for errors in (False, True):
+            with contextlib.suppress(FileNotFoundError):
+                self.result_path(batch_id, errors).unlink()
+
+    def read_done(self, batch_id: str) -> tuple[array[int], int, int]:
+        """(the sorted input line numbers that have a result, results that succeeded, results that failed),
+        from both result files, a line at a time; a torn last line is cut off. A result names its line in
+        its request id (`<batch id>-<line>`)."""
+        done = array("q")
+        counts = []
+        for errors in (False, True):
+            count = 0
+            path = self.result_path(batch_id, errors)
+            if path.is_file():
+                for raw in _whole_lines(path):
+                    try:
+                        request_id = orjson.loads(raw)["response"]["request_id"]
+                        done.append(int(request_id.rpartition("-")[2]))
+                    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                        continue
+                    count += 1
+            counts.append(count)
+        return array("q", sorted(done)), counts[0], counts[1]
+
+    def _load(self) -> None:
+        """Every job document, once, at start (before any frontend listens); documents from before owners
+        were kept belong to the keyless owner."""
+        found = []
+        for path in self.root.glob("batch_*.json"):
+            if not valid_id(path.name[:-5], "batch_"):
                 continue
-        return done
+            try:
+                stored = read_json(path)
+            except (OSError, orjson.JSONDecodeError):
+                log.warning("batch jobs: %s is unreadable; skipped", path.name)
+                continue
+            job = Job(stored["owner"], stored["batch"]) if "batch" in stored else Job("", stored)
+            found.append(job)
+        for job in sorted(found, key=lambda j: (j.doc["created_at"], j.id)):
+            self._jobs[job.id] = job
+            self._owners.setdefault(job.owner, {})[job.id] = job
+
+
+def _whole_lines(path: Path) -> Iterator[bytes]:
+    """The file's complete lines, one at a time; a last line without its newline (torn by a crash) is cut
+    off the file."""
+    with open(path, "r+b") as f:
+        end = 0
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                f.truncate(end)
+                return
+            end += len(raw)
+            yield raw

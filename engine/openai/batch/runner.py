@@ -1,17 +1,28 @@
 """Batch jobs run: `BatchRunner`, one per server, in the process that holds the engines (with `--workers
 N`, the engine process, where /v1 requests are forwarded). Every method but the job tasks is called on the
-loop by the routes (engine/frontend/openai_batch_routes.py).
+loop by the routes (engine/frontend/openai_batch_routes.py), with the owner (owners.py) the request acts for:
+a job or file of another owner is 404.
 
-A job is one task: validate the input file (on a worker thread) → in_progress → each request through
-`OpenAIService.start` at `Priority.BATCH`, at most `requests_in_flight` (`--batch-requests-in-flight`) at
-once over all jobs; the scheduler serves every interactive request first (preempting a job's request for
-its seat or blocks), so the job fills what interactive traffic leaves → each result appended to
-the job's result files (jobs.py) → the output and error files → completed.
+A job is one task: validate the input file (feed.py: read a line at a time on a worker thread, one file at
+a time over all jobs) → in_progress → each request through `OpenAIService.start` at `Priority.BATCH`, at
+most `requests_in_flight` (`--batch-requests-in-flight`) at once over all jobs, each request read and parsed
+only when a worker is free to submit it; the scheduler serves every interactive request first (preempting a
+job's request for its seat or blocks), so the job fills what interactive traffic leaves → each result
+appended to the job's result files (jobs.py) → the owner's output and error files → completed.
+
+Tokens: a job's requests draw from the `tokens_per_minute` of the key that owns it, like its interactive
+requests, and at the rate that budget refills: a request that does not fit yet waits for it (its worker
+sleeps, holding no seat in the engine), since a batch promises a 24 h window rather than an answer now;
+one larger than the whole minute fails, as it would interactively.
+
+Bounds (limits.py): jobs validating or in progress per owner and over all owners (429 past either, with a
+Retry-After), and jobs kept per owner (the oldest finished ones are forgotten).
 
 Restarts: the state and each finished result are on disk as they happen. `resume()` (at start, once the
 models loaded) restarts every job left validating or in_progress with the requests that have no result
-yet, and finishes a job left cancelling as cancelled. A server stopping (`close`) aborts the job's requests
-in the engine and leaves the job in_progress on disk, for the next start.
+yet, and finishes a job left cancelling as cancelled; a job whose owner is no configured key any more
+fails. A server stopping (`close`) aborts the job's requests in the engine and leaves the job in_progress
+on disk, for the next start.
 """
 
 from __future__ import annotations
@@ -21,51 +32,51 @@ import logging
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
+from ...api_keys import ApiKey
 from ...generate.request import Priority
-from ..errors import OpenAIError, bad_request
+from ..errors import RATE_LIMIT, OpenAIError, bad_request
 from ..protocol import parse_request
 from ..service import OpenAIService
-from .files import FileLimits, FileStore, not_found
-from .jobs import (
-    COMPLETION_WINDOWS,
-    ENDPOINTS,
-    TERMINAL,
-    BatchLine,
-    BatchStatus,
-    JobStore,
-    new_batch,
-    parse_input,
-    set_status,
-    status_of,
-)
+from ..token_quotas import QuotaWait
+from .feed import JobFeed
+from .files import FileStore, not_found, page, quota_exceeded
+from .input import BatchLine
+from .jobs import COMPLETION_WINDOWS, ENDPOINTS, TERMINAL, BatchStatus, Job, JobStore, new_batch, set_status
+from .limits import BatchLimits
+from .owners import Owner, Owners
 from .store import new_id
 
 log = logging.getLogger("hubserve.batch")
 
 REQUESTS_IN_FLIGHT = 16  # the default: the jobs' requests in the engine at once, over all jobs
 SAVE_EVERY_SECS = 1.0    # the job's counts on disk at most this often while it runs (and at every change)
+RETRY_AFTER_SECS = 10    # told to a client refused for too many jobs in progress
+MAX_QUOTA_WAIT_SECS = 60.0  # a request waiting for its key's tokens looks again at least this often
 
 
 class BatchRunner:
-    def __init__(self, root: Path, service: OpenAIService, limits: FileLimits,
-                 requests_in_flight: int = REQUESTS_IN_FLIGHT) -> None:
+    def __init__(self, root: Path, service: OpenAIService, limits: BatchLimits,
+                 requests_in_flight: int = REQUESTS_IN_FLIGHT, keys: tuple[ApiKey, ...] = ()) -> None:
+        self.owners = Owners(keys)
         self.files = FileStore(root, limits)
         self.jobs = JobStore(root)
+        self.limits = limits
         self.service = service
-        self._docs: dict[str, dict[str, Any]] = {}  # the jobs not yet ended, by id (the loop's copy)
+        self._live: dict[str, Job] = {}  # the jobs whose task runs, by id
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.requests_in_flight = requests_in_flight
         self._slots = asyncio.Semaphore(requests_in_flight)
+        self._scans = asyncio.Semaphore(1)  # input files validated one at a time
         self._saved_at: dict[str, float] = {}
         self._closing = False
 
     # ------------------------------------------------------------------ the routes' side
 
-    def create(self, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, owner: Owner, body: dict[str, Any]) -> dict[str, Any]:
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str):
             raise bad_request("Missing required parameter: 'input_file_id'.", "input_file_id")
@@ -83,50 +94,79 @@ class BatchRunner:
                 for k, v in metadata.items())):
             raise bad_request("metadata must be an object of at most 16 string keys (64 characters) and "
                               "string values (512 characters).", "metadata")
-        if self.files.get(input_file_id)["purpose"] != "batch":
+        try:
+            purpose = self.files.get(owner.id, input_file_id)["purpose"]
+        except OpenAIError as e:
+            e.param = "input_file_id"
+            raise
+        if purpose != "batch":
             raise bad_request(f"File {input_file_id} was not uploaded with purpose 'batch'.", "input_file_id")
-        doc = new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata)
-        self.jobs.save(doc)
-        self._start(doc)
-        return doc
+        self._admit(owner)
+        job = Job(owner.id, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata))
+        self.jobs.add(job)
+        self._start(job, owner)
+        return job.doc
 
-    def get(self, batch_id: str) -> dict[str, Any]:
-        doc = self._docs.get(batch_id) or self.jobs.load(batch_id)
-        if doc is None:
+    def get(self, owner: Owner, batch_id: str) -> dict[str, Any]:
+        job = self.jobs.get(owner.id, batch_id)
+        if job is None:
             raise not_found("Batch", batch_id)
-        return doc
+        return job.doc
 
-    def list(self, limit: int, after: str | None) -> dict[str, Any]:
-        docs = [self._docs.get(d["id"], d) for d in self.jobs.all()]
-        if after is not None:
-            ids = [d["id"] for d in docs]
-            docs = docs[ids.index(after) + 1:] if after in ids else []
-        page = docs[:limit]
-        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None, "has_more": len(docs) > limit}
+    def list(self, owner: Owner, limit: int, after: str | None) -> dict[str, Any]:
+        """The owner's jobs, newest first, from the index in memory."""
+        return page([j.doc for j in reversed(self.jobs.of_owner(owner.id))], limit, after)
 
-    def cancel(self, batch_id: str) -> dict[str, Any]:
-        doc = self.get(batch_id)
-        status = status_of(doc)
+    def cancel(self, owner: Owner, batch_id: str) -> dict[str, Any]:
+        job = self.jobs.get(owner.id, batch_id)
+        if job is None:
+            raise not_found("Batch", batch_id)
+        status = job.status
         if status in TERMINAL or status is BatchStatus.FINALIZING:
             raise OpenAIError(409, f"Cannot cancel a batch with status '{status.value}'.",
                               "invalid_request_error", None, "batch_not_cancellable")
         if status is not BatchStatus.CANCELLING:
-            set_status(doc, BatchStatus.CANCELLING)
-            self.jobs.save(doc)
+            set_status(job.doc, BatchStatus.CANCELLING)
+            self.jobs.save(job)
             task = self._tasks.get(batch_id)
             if task is not None:
                 task.cancel()  # the task sees the status and finishes the job as cancelled
-        return doc
+        return job.doc
+
+    def _admit(self, owner: Owner) -> None:
+        """Room for one more job of `owner`: 429 past the jobs in progress allowed; the oldest finished job
+        forgotten past the jobs kept."""
+        limits = self.limits
+        mine = sum(1 for j in self._live.values() if j.owner == owner.id)
+        if mine >= limits.max_live_jobs_per_key:
+            raise _too_many(f"This API key has {mine} batches validating or in progress, the most it may "
+                            f"have at once (--batch-max-live-jobs-per-key {limits.max_live_jobs_per_key}). "
+                            "Try again once one has finished, or cancel one.")
+        if len(self._live) >= limits.max_live_jobs:
+            raise _too_many(f"The server has {len(self._live)} batches validating or in progress, the most "
+                            f"it runs at once (--batch-max-live-jobs {limits.max_live_jobs}). Try again once "
+                            "some have finished.")
+        while len(self.jobs.of_owner(owner.id)) >= limits.max_jobs_per_key:
+            if not self.jobs.forget_oldest_finished(owner.id):
+                raise quota_exceeded(f"This API key has {limits.max_jobs_per_key} batches in progress, the "
+                                     "most it may keep (--batch-max-jobs-per-key).")
 
     # ------------------------------------------------------------------ lifecycle
 
     def resume(self) -> None:
-        """At start: every job the last run left unfinished runs on (or ends, if it was being cancelled)."""
-        for doc in self.jobs.all():
-            if status_of(doc) not in TERMINAL:
-                log.info("batch %s: resuming (%s)", doc["id"], doc["status"])
-                self._start(doc)
+        """At start: every job the last run left unfinished runs on (or ends, if it was being cancelled);
+        one whose owner is no configured key any more fails."""
+        for job in self.jobs.all():
+            if job.status in TERMINAL:
+                continue
+            owner = self.owners.by_id(job.owner)
+            if owner is None:
+                log.warning("batch %s: its API key is no longer configured; failed", job.id)
+                self._fail(job, "owner_unknown", "The API key that created this batch is no longer "
+                                                 "configured on the server.")
+                continue
+            log.info("batch %s: resuming (%s)", job.id, job.doc["status"])
+            self._start(job, owner)
 
     async def close(self) -> None:
         """The server stops: every job's requests are aborted; their state stays on disk as it is."""
@@ -135,125 +175,148 @@ class BatchRunner:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-    def _start(self, doc: dict[str, Any]) -> None:
-        self._docs[doc["id"]] = doc
-        task = asyncio.get_running_loop().create_task(self._run(doc))
-        self._tasks[doc["id"]] = task
+    def _start(self, job: Job, owner: Owner) -> None:
+        self._live[job.id] = job
+        self._tasks[job.id] = asyncio.get_running_loop().create_task(self._run(job, owner))
+
+    def _fail(self, job: Job, code: str, message: str) -> None:
+        job.doc["errors"] = {"object": "list", "data": [{"code": code, "message": message, "param": None,
+                                                         "line": None}]}
+        set_status(job.doc, BatchStatus.FAILED)
+        self.jobs.save(job)
 
     # ------------------------------------------------------------------ a job
 
-    async def _run(self, doc: dict[str, Any]) -> None:
-        batch_id = doc["id"]
+    async def _run(self, job: Job, owner: Owner) -> None:
         try:
-            if status_of(doc) is not BatchStatus.CANCELLING:
-                await self._work(doc)
-            await self._finish(doc)
+            if job.status is not BatchStatus.CANCELLING:
+                await self._work(job, owner)
+            await self._finish(job)
         except asyncio.CancelledError:
             if self._closing:
                 return  # stays in_progress on disk: resumed at the next start
-            await self._finish(doc)  # cancelled by the client
+            await self._finish(job)  # cancelled by the client
         except Exception as e:
-            log.exception("batch %s failed", batch_id)
-            doc["errors"] = {"object": "list", "data": [{"code": "server_error", "message": str(e),
-                                                         "param": None, "line": None}]}
-            set_status(doc, BatchStatus.FAILED)
-            self.jobs.save(doc)
+            log.exception("batch %s failed", job.id)
+            self._fail(job, "server_error", str(e))
         finally:
             if not self._closing:
-                self._docs.pop(batch_id, None)
-                self._tasks.pop(batch_id, None)
+                self._live.pop(job.id, None)
+                self._tasks.pop(job.id, None)
+                self._saved_at.pop(job.id, None)
 
-    async def _work(self, doc: dict[str, Any]) -> None:
-        batch_id = doc["id"]
-        path = self.files.content_path(doc["input_file_id"])
-        lines, errors = await asyncio.to_thread(_read_input, path, doc["endpoint"])
-        if errors:
-            doc["errors"] = {"object": "list", "data": errors}
-            set_status(doc, BatchStatus.FAILED)
-            self.jobs.save(doc)
+    async def _work(self, job: Job, owner: Owner) -> None:
+        doc = job.doc
+        try:
+            feed = JobFeed(self.files.path(job.owner, doc["input_file_id"]), doc["endpoint"])
+        except (OpenAIError, FileNotFoundError):
+            self._fail(job, "invalid_file", f"The input file {doc['input_file_id']} was deleted before the "
+                                            "batch could run.")
             return
-        done_ok = self.jobs.read_results(batch_id, errors=False)
-        done_failed = self.jobs.read_results(batch_id, errors=True)
-        doc["request_counts"] = {"total": len(lines), "completed": len(done_ok), "failed": len(done_failed)}
-        if status_of(doc) is BatchStatus.VALIDATING:
-            set_status(doc, BatchStatus.IN_PROGRESS)
-        self.jobs.save(doc)
-        todo = [line for line in lines if line.custom_id not in done_ok and line.custom_id not in done_failed]
-        chat = doc["endpoint"] == "/v1/chat/completions"
-        pending = iter(todo)  # shared by the job's workers: each takes the next request when it is free
-        with open(self.jobs.result_path(batch_id, False), "ab") as out, \
-                open(self.jobs.result_path(batch_id, True), "ab") as err:
+        try:
+            async with self._scans:
+                total, errors = await feed.scan()
+            if errors:
+                doc["errors"] = {"object": "list", "data": errors}
+                set_status(doc, BatchStatus.FAILED)
+                self.jobs.save(job)
+                return
+            done, ok, failed = await asyncio.to_thread(self.jobs.read_done, job.id)
+            doc["request_counts"] = {"total": total, "completed": ok, "failed": failed}
+            if job.status is BatchStatus.VALIDATING:
+                set_status(doc, BatchStatus.IN_PROGRESS)
+            self.jobs.save(job)
+            feed.start(done)
+            chat = doc["endpoint"] == "/v1/chat/completions"
+            with open(self.jobs.result_path(job.id, False), "ab") as out, \
+                    open(self.jobs.result_path(job.id, True), "ab") as err:
 
-            async def worker() -> None:
-                for line in pending:
-                    await self._one(doc, line, chat, out, err)
+                async def worker() -> None:
+                    while (line := await feed.next()) is not None:
+                        await self._one(job, owner, line, chat, out, err)
 
-            tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, len(todo)))]
-            try:
-                await asyncio.gather(*tasks)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                todo = total - len(done)
+                tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, todo))]
+                try:
+                    await asyncio.gather(*tasks)
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            await feed.close()
 
-    async def _one(self, doc: dict[str, Any], line: BatchLine, chat: bool, out: Any, err: Any) -> None:
-        async with self._slots:
-            request_id = f"{doc['id']}-{line.line}"
-            status, body = await self._answer(line, chat, request_id)
+    async def _one(self, job: Job, owner: Owner, line: BatchLine, chat: bool, out: IO[bytes],
+                   err: IO[bytes]) -> None:
+        request_id = f"{job.id}-{line.line}"  # read_done finds the line again in this id
+        status, body = await self._answer(owner, line, chat, request_id)
         result = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
                   "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
         target = out if status == 200 else err
         target.write(orjson.dumps(result) + b"\n")
         target.flush()
-        counts = doc["request_counts"]
+        counts = job.doc["request_counts"]
         counts["completed" if status == 200 else "failed"] += 1
         now = time.monotonic()
-        if now - self._saved_at.get(doc["id"], 0.0) >= SAVE_EVERY_SECS:
-            self._saved_at[doc["id"]] = now
-            self.jobs.save(doc)
+        if now - self._saved_at.get(job.id, 0.0) >= SAVE_EVERY_SECS:
+            self._saved_at[job.id] = now
+            self.jobs.save(job)
 
-    async def _answer(self, line: BatchLine, chat: bool, request_id: str) -> tuple[int, dict[str, Any]]:
-        """One request's (status, body), as the interactive endpoint would answer it."""
+    async def _answer(self, owner: Owner, line: BatchLine, chat: bool, request_id: str
+                      ) -> tuple[int, dict[str, Any]]:
+        """One request's (status, body), as the interactive endpoint would answer it. It takes a seat in the
+        engine (one of requests_in_flight) only once its key's tokens are there."""
         try:
             api = parse_request(line.body, chat)
             if api.stream:
                 raise bad_request("Streaming is not available in a batch: leave 'stream' out.", "stream")
-            gen = await self.service.start(api, request_id, None, Priority.BATCH)
-            try:
-                await gen.done
-            except asyncio.CancelledError:
-                gen.abort()
-                raise
-            return 200, self.service.answer(gen, api, int(time.time()))
+            while True:
+                async with self._slots:
+                    try:
+                        gen = await self.service.start(api, request_id, None, Priority.BATCH,
+                                                       owner.key_digest)
+                    except QuotaWait as wait:
+                        pause = min(max(wait.secs, 0.01), MAX_QUOTA_WAIT_SECS)
+                    else:
+                        try:
+                            await gen.done
+                        except asyncio.CancelledError:
+                            gen.abort()
+                            raise
+                        return 200, self.service.answer(gen, api, int(time.time()))
+                await asyncio.sleep(pause)  # the key's minute refills at its own rate
         except OpenAIError as e:
             return e.status, e.body()
         except Exception as e:  # a bug: this request fails, the job goes on
             log.exception("batch request %s failed", request_id)
             return 500, OpenAIError(500, f"internal error: {e}", "server_error").body()
 
-    async def _finish(self, doc: dict[str, Any]) -> None:
-        """The job ended (done, or cancelled): its result files become its output and error files."""
-        cancelled = status_of(doc) is BatchStatus.CANCELLING
-        if status_of(doc) is BatchStatus.FAILED:
+    async def _finish(self, job: Job) -> None:
+        """The job ended (done, or cancelled): its result files become the owner's output and error files."""
+        if job.status is BatchStatus.FAILED:
             return
+        cancelled = job.status is BatchStatus.CANCELLING
         if not cancelled:
-            set_status(doc, BatchStatus.FINALIZING)
-            self.jobs.save(doc)
-        batch_id = doc["id"]
+            set_status(job.doc, BatchStatus.FINALIZING)
+            self.jobs.save(job)
         for errors, field in ((False, "output_file_id"), (True, "error_file_id")):
-            path = self.jobs.result_path(batch_id, errors)
-            data = path.read_bytes() if path.is_file() else b""
-            if data or not errors:
-                name = f"{batch_id}_{'error' if errors else 'output'}.jsonl"
-                doc[field] = (await asyncio.to_thread(self.files.add, name, "batch_output", data))["id"]
+            path = self.jobs.result_path(job.id, errors)
+            has_lines = path.is_file() and path.stat().st_size > 0
+            if has_lines or not errors:  # an output file always; an error file when something failed
+                name = f"{job.id}_{'error' if errors else 'output'}.jsonl"
+                out = await asyncio.to_thread(self.files.write_output, job.owner, name,
+                                              path if has_lines else None)
+                self.files.register(job.owner, out, None)
+                job.doc[field] = out["id"]
         if cancelled:
-            ok = self.jobs.read_results(batch_id, errors=False)
-            failed = self.jobs.read_results(batch_id, errors=True)
-            doc["request_counts"].update(completed=len(ok), failed=len(failed))
-        set_status(doc, BatchStatus.CANCELLED if cancelled else BatchStatus.COMPLETED)
-        self.jobs.save(doc)
-        log.info("batch %s: %s (%s)", batch_id, doc["status"], doc["request_counts"])
+            _, ok, failed = await asyncio.to_thread(self.jobs.read_done, job.id)
+            job.doc["request_counts"].update(completed=ok, failed=failed)
+        set_status(job.doc, BatchStatus.CANCELLED if cancelled else BatchStatus.COMPLETED)
+        self.jobs.save(job)
+        self.jobs.drop_results(job.id)
+        log.info("batch %s: %s (%s)", job.id, job.doc["status"], job.doc["request_counts"])
 
 
-def _read_input(path: Path, endpoint: str) -> tuple[list[BatchLine], list[dict[str, Any]]]:
-    return parse_input(path.read_bytes(), endpoint)
+def _too_many(message: str) -> OpenAIError:
+    return OpenAIError(429, message, RATE_LIMIT, None, "rate_limit_exceeded",
+                       retry_after_secs=RETRY_AFTER_SECS)
