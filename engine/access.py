@@ -4,6 +4,8 @@ head is in and before its body is buffered (HTTP: http_connection.py; gRPC: h2/g
 `Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
 
 The checks, in order (README "Security"):
+0. A request whose HTTP path cannot be read one way only (frontend/http_path.py) is MALFORMED (400) before
+   anything is asked.
 1. Triton's restrictions (`--http-restricted-api`, `--grpc-restricted-protocol`): the group's header must
    carry its value, else RESTRICTED with Triton's message (HTTP 403, gRPC UNAVAILABLE, as Triton answers).
 2. hubserve's keys (`--api-keys`): every group but health needs `authorization: Bearer <key>` naming a
@@ -44,13 +46,14 @@ class RefusalKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"  # no key, or one we do not know
     FORBIDDEN = "forbidden"  # a known key outside its groups
     EXHAUSTED = "exhausted"  # a quota or the byte budget: retry later
+    MALFORMED = "malformed"  # an HTTP path that cannot be read one way only (frontend/http_path.py)
 
 
 # How each frontend answers a refusal (gRPC as status numbers: grpc_handlers.GrpcStatus).
 HTTP_STATUS = {RefusalKind.RESTRICTED: 403, RefusalKind.UNAUTHENTICATED: 401, RefusalKind.FORBIDDEN: 403,
-               RefusalKind.EXHAUSTED: 429}
+               RefusalKind.EXHAUSTED: 429, RefusalKind.MALFORMED: 400}
 GRPC_STATUS = {RefusalKind.RESTRICTED: 14, RefusalKind.UNAUTHENTICATED: 16, RefusalKind.FORBIDDEN: 7,
-               RefusalKind.EXHAUSTED: 8}
+               RefusalKind.EXHAUSTED: 8, RefusalKind.MALFORMED: 3}
 
 
 # Triton's answers to a restricted request (server src/http_server.cc, src/grpc/grpc_server.cc).
@@ -100,7 +103,6 @@ class AccessConfig:
     grpc_restrictions: Mapping[ApiGroup, Restriction] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     max_inflight_bytes: int = 0  # 0: no budget
-
     def needs_policy(self, grpc: bool) -> bool:
         """False when nothing configured concerns this protocol: it then gets no policy at all, and its
         requests pay nothing."""

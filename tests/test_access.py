@@ -27,9 +27,10 @@ from engine.access_groups import (
     parse_restrictions,
 )
 from engine.api_keys import ApiKeysError, parse_api_keys
-from engine.frontend.api_groups import GRPC_GROUPS, grpc_group, http_group
+from engine.frontend.api_groups import GRPC_GROUPS, grpc_group
 from engine.frontend.grpc_handlers import GrpcHandlers
 from engine.frontend.h2.rpcs import rpc_table
+from engine.frontend.http_path import parse_target
 from engine.quotas import TokenBucket
 
 G = ApiGroup
@@ -271,7 +272,7 @@ def test_token_bucket_refills_continuously_up_to_its_burst() -> None:
     (b"/metrics", None), (b"/v2/nothing", None),
 ])
 def test_http_endpoints_are_in_tritons_groups(url: bytes, group: ApiGroup | None) -> None:
-    assert http_group(url) is group
+    assert parse_target(url).group is group
 
 
 def test_every_grpc_method_has_a_group() -> None:

@@ -165,7 +165,7 @@ def test_bounds_and_bad_requests_answer_openai_errors(server: RunningServer, cli
     with pytest.raises(openai.NotFoundError) as err:
         client.batches.retrieve("batch_" + "0" * 32)
     assert "No such Batch object" in err.value.message
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.BadRequestError):  # a '..' segment: refused as a path before it names a file
         client.files.content("file-../../etc/passwd")
     uploaded = client.files.create(file=("ok.jsonl", jsonl([line("a", "x")])), purpose="batch")
     with pytest.raises(openai.BadRequestError) as err:

@@ -22,6 +22,9 @@ while the request is in flight; it ends when the request's future resolves (`_en
 the request's admission released. It is chunked (RFC 9112 §7.1) when the connection stays open; to a client
 that asked for `Connection: close`, and to every HTTP/1.0 client (chunks are HTTP/1.1's), it is
 close-delimited instead (§6.3), which needs no chunked decoding.
+- be read two ways: its URL is parsed once, as its head completes (http_path.py `parse_target`), and the
+  access check and the routes both read that one result; a path that cannot be read one way only (an
+  encoded '/', a dot segment, a control character, bad percent-encoding) is answered 400 and not routed;
 - get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
   with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
   discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
@@ -45,8 +48,8 @@ import httptools
 import orjson
 
 from ..access import HTTP_STATUS, Refusal, RefusalKind
-from .api_groups import http_group
 from .connections import client_of, close_refused
+from .http_path import Endpoint, parse_target
 from .http_types import Answer, HttpRequest, Pending
 from .sse import LAST_CHUNK, chunk
 
@@ -67,6 +70,7 @@ LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand 
 LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
 _monotonic = time.monotonic  # looked up once: it runs twice per request
+_MALFORMED = Endpoint.MALFORMED
 
 
 class _Reject(Exception):
@@ -239,10 +243,12 @@ class HttpProtocol(asyncio.Protocol):
         length = req.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
             self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
-        access = self._access
-        if access is not None:
+        req.target = target = parse_target(req.url)  # the one reading of the path: access and routes use it
+        if target.endpoint is _MALFORMED:
+            req.refusal = Refusal(RefusalKind.MALFORMED, target.problem)
+        elif (access := self._access) is not None:
             declared = int(length) if length is not None and length.isdigit() else 0
-            verdict = access.admit(http_group(req.url), req.headers, declared, self._last_rx)
+            verdict = access.admit(target.group, req.headers, declared, self._last_rx)
             if type(verdict) is Refusal:
                 req.refusal = verdict
             else:

@@ -3,7 +3,8 @@ a `Pending` one for work that finishes later (an inference, a generate request, 
 unload). The generate extension (generate.py) runs in a task per request; `generate_stream` writes its
 events through the connection's `ResponseStream` while that task runs.
 
-Routing splits the path, no routing table. Inference creates no task: the connection's `on_done` becomes
+Routing dispatches on the request's target, parsed once by the connection (http_path.py), the same result
+the access check read; no routing table. Inference creates no task: the connection's `on_done` becomes
 the data plane's one done-callback, and `_Infer` answers from that future. Errors leave as
 `{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP. The connections
 that call `handle()` are http_connection.py's, owned by `HttpApp` (http.py).
@@ -16,7 +17,6 @@ import base64
 import logging
 import re
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import orjson
 
@@ -35,6 +35,7 @@ from .http_codec import (
     encode_response_parts,
     too_deep,
 )
+from .http_path import Endpoint, HttpTarget, parse_target
 from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .wire import limits as wire_limits
 
@@ -168,71 +169,72 @@ class HttpRoutes:
             return _error(500, f"internal error: {e}")
 
     def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        path = req.url.split(b"?", 1)[0]
-        text = path.decode("utf-8", "replace")
-        parts = text.strip("/").split("/")
-        if "%" in text:
-            parts = [unquote(p) for p in parts]
-        method = req.method
-        if parts[0] == "v1" and self.openai is not None:
-            return self.openai.handle(req, parts[1:], on_done)
-        if not parts or parts[0] != "v2":
-            raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
-        rest = parts[1:]
-        if rest and rest[0] in _SHM_KINDS:
-            return self._shared_memory(req, rest, path)
-        if method in (b"GET", b"HEAD"):
-            if not rest or rest == [""]:
-                return _json(self.dp.server_metadata())
-            if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
-                return _status(self.dp.live() if rest[1] == "live" else self.dp.ready())
-            if rest == ["models", "stats"]:
-                return _json({"model_stats": self.dp.statistics()})
-        if rest and rest[0] == "models" and len(rest) >= 2:
-            name, version, action = _model_path(rest[1:], path)
-            return self._model_route(req, method, name, version, action, on_done)
-        if rest == ["logging"]:
+        """Dispatch on the request's parsed target (http_path.py): the one the access check read. A request
+        that came with none (nothing in the server makes one so) is parsed here by the same function."""
+        target = req.target if req.target is not None else parse_target(req.url)
+        endpoint, method = target.endpoint, req.method
+        if endpoint in _MODEL_ENDPOINTS:
+            return self._model_route(req, method, target, on_done)
+        if endpoint is Endpoint.OPENAI and self.openai is not None:
+            return self.openai.handle(req, list(target.segments[1:]), on_done)
+        if endpoint is Endpoint.MALFORMED:
+            raise invalid(target.problem)
+        if endpoint in (Endpoint.SYSTEM_SHM, Endpoint.CUDA_SHM):
+            return self._shared_memory(req, target)
+        if endpoint is Endpoint.LOGGING:
             return self._logging(req, method)
-        if rest == ["trace", "setting"]:
+        if endpoint is Endpoint.TRACE:
             return self._trace(req, method, "")
-        if method == b"POST" and rest and rest[0] == "repository":
-            if rest[1:] == ["index"]:
+        if method in (b"GET", b"HEAD"):
+            if endpoint is Endpoint.SERVER_METADATA:
+                return _json(self.dp.server_metadata())
+            if endpoint is Endpoint.HEALTH_LIVE:
+                return _status(self.dp.live())
+            if endpoint is Endpoint.HEALTH_READY:
+                return _status(self.dp.ready())
+            if endpoint is Endpoint.MODELS_STATS:
+                return _json({"model_stats": self.dp.statistics()})
+        if method == b"POST":
+            if endpoint is Endpoint.REPOSITORY_INDEX:
                 return self._index(req)
-            if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
+            if endpoint in (Endpoint.REPOSITORY_LOAD, Endpoint.REPOSITORY_UNLOAD):
                 # parsed here, so its errors are answered here
                 doc = _json_body(req, self.limits.max_body_bytes)
-                return self._spawn(self._load(doc, rest[2]) if rest[3] == "load" else
-                                   self._unload(doc, rest[2]), on_done)
-        raise not_found(f"no endpoint {method.decode()} {path.decode('utf-8', 'replace')}")
+                return self._spawn(self._load(doc, target.name) if endpoint is Endpoint.REPOSITORY_LOAD else
+                                   self._unload(doc, target.name), on_done)
+        if endpoint is Endpoint.NONE or endpoint is Endpoint.OPENAI:
+            raise not_found(f"no endpoint at {target.path}")
+        raise not_found(f"no endpoint {method.decode()} {target.path}")
 
-    def _model_route(self, req: HttpRequest, method: bytes, name: str, version: str, action: str,
-                     on_done: OnDone) -> Answer | Pending:
-        if action == "trace/setting":
+    def _model_route(self, req: HttpRequest, method: bytes, target: HttpTarget, on_done: OnDone
+                     ) -> Answer | Pending:
+        endpoint, name, version = target.endpoint, target.name, target.version
+        if endpoint is Endpoint.MODEL_TRACE:
             return self._trace(req, method, name)
-        if action == "infer":
+        if endpoint is Endpoint.MODEL_INFER:
             if method != b"POST":
                 return _error(405, "infer needs POST")
             return self._infer(req, name, version, on_done)
-        if action in _GENERATE:
+        if endpoint in _GENERATE:
+            action = _GENERATE[endpoint]
             if method != b"POST":
                 return _error(405, f"{action} needs POST")
             body = _body(req, self.limits.max_body_bytes)
-            stream = req.stream if action == "generate_stream" else None
+            stream = req.stream if endpoint is Endpoint.MODEL_GENERATE_STREAM else None
             principal = bearer_digest(req.headers.get(b"authorization"))  # whose tokens it generates
             return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
                                                self.limits.max_body_bytes, req.start_ns, stream, principal),
                                on_done)
         if method not in (b"GET", b"HEAD"):
-            return _error(405, f"{action or 'metadata'} needs GET")
-        if action == "":
+            action = "metadata" if endpoint is Endpoint.MODEL_METADATA else target.segments[-1]
+            return _error(405, f"{action} needs GET")
+        if endpoint is Endpoint.MODEL_METADATA:
             return _json(self.dp.model_metadata(name, version))
-        if action == "ready":
+        if endpoint is Endpoint.MODEL_READY:
             return _status(self.dp.require_model_ready(name, version))
-        if action == "config":
+        if endpoint is Endpoint.MODEL_CONFIG:
             return _json(self.dp.model_config(name, version))
-        if action == "stats":
-            return _json({"model_stats": self.dp.statistics(name, version)})
-        raise not_found(f"no endpoint {action!r} for model '{name}'")
+        return _json({"model_stats": self.dp.statistics(name, version)})  # MODEL_STATS
 
     def _infer(self, req: HttpRequest, name: str, version: str, on_done: OnDone) -> Pending:
         """Decode and submit, with `on_done` as the answer: the data plane's one done-callback accounts the
@@ -258,17 +260,11 @@ class HttpRoutes:
     async def _local_metadata(self, name: str, version: str) -> dict[str, Any]:
         return self.dp.model_metadata(name, version)
 
-    def _shared_memory(self, req: HttpRequest, rest: list[str], path: bytes) -> Answer:
+    def _shared_memory(self, req: HttpRequest, target: HttpTarget) -> Answer:
         """/v2/{system,cuda}sharedmemory[/region/{name}]/{status,register,unregister} (Triton's endpoints,
         server src/http_server.cc HandleSystemSharedMemory / HandleCudaSharedMemory)."""
-        cuda = rest[0] == "cudasharedmemory"
-        tail = rest[1:]
-        if len(tail) == 1 and tail[0] in _SHM_ACTIONS:
-            name, action = "", tail[0]
-        elif len(tail) == 3 and tail[0] == "region" and tail[2] in _SHM_ACTIONS:
-            name, action = tail[1], tail[2]
-        else:
-            raise not_found(f"no endpoint {req.method.decode()} {path.decode('utf-8', 'replace')}")
+        cuda = target.endpoint is Endpoint.CUDA_SHM
+        name, action = target.name, target.action
         if (req.method not in (b"GET", b"HEAD")) if action == "status" else req.method != b"POST":
             return _error(405, "Method Not Allowed")
         if action == "status":
@@ -346,7 +342,11 @@ class HttpRoutes:
         return Deferred(task)
 
 
-_GENERATE = ("generate", "generate_stream")  # the generate extension (frontend/generate.py)
+# the generate extension (frontend/generate.py), by its endpoint's action
+_GENERATE = {Endpoint.MODEL_GENERATE: "generate", Endpoint.MODEL_GENERATE_STREAM: "generate_stream"}
+_MODEL_ENDPOINTS = frozenset({Endpoint.MODEL_METADATA, Endpoint.MODEL_READY, Endpoint.MODEL_CONFIG,
+                              Endpoint.MODEL_STATS, Endpoint.MODEL_INFER, Endpoint.MODEL_GENERATE,
+                              Endpoint.MODEL_GENERATE_STREAM, Endpoint.MODEL_TRACE})
 
 
 def _log_changes(doc: dict[str, Any]) -> dict[str, Any]:
@@ -380,19 +380,6 @@ def _base64(key: str, value: Any) -> bytes:
         raise invalid(f"parameter '{key}' must be the file's content as a base64 string") from None
 
 
-def _model_path(parts: list[str], path: bytes) -> tuple[str, str, str]:
-    """models/{name}[/versions/{v}][/{action}] → (name, version, action)."""
-    name, rest = parts[0], parts[1:]
-    version = ""
-    if len(rest) >= 2 and rest[0] == "versions":
-        version, rest = rest[1], rest[2:]
-    if rest == ["trace", "setting"]:
-        return name, version, "trace/setting"
-    if len(rest) > 1:
-        raise not_found(f"no endpoint at {path.decode('utf-8', 'replace')}")
-    return name, version, rest[0] if rest else ""
-
-
 def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
     """The request body, decompressed when it has a Content-Encoding (gzip, deflate), within `limit` bytes:
     compression.TooLarge beyond it, compression.UnsupportedEncoding for other encodings."""
@@ -401,11 +388,6 @@ def _body(req: HttpRequest, limit: int) -> bytes | bytearray:
     if encoding is None or compression.is_identity(encoding.decode("latin-1").strip().lower()):
         return body
     return compression.decode(encoding.decode("latin-1"), body, limit)
-
-
-# The shared-memory extensions' endpoints (server src/http_server.cc): /v2/<kind>[/region/<name>]/<action>.
-_SHM_KINDS = ("systemsharedmemory", "cudasharedmemory")
-_SHM_ACTIONS = ("status", "register", "unregister")
 
 
 async def _compressed_answer(future: asyncio.Future[InferenceResponse], request: InferenceRequest,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..access import Admission, Refusal
+from .http_path import HttpTarget
 
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
 # bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
@@ -51,7 +52,9 @@ class ResponseStream(Protocol):
 
 
 class HttpRequest:
-    """One parsed request. `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
+    """One parsed request. `target` is its URL parsed once (http_path.py), by the connection as the head
+    arrives: the access check and the routes read that, never `url` again (`url` stays for messages and
+    nothing else). `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
     is the connection's, set when the request is dispatched. `admission` is what the access policy
     (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
     body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
@@ -59,11 +62,12 @@ class HttpRequest:
     chunked (RFC 9112 §7.1); only looked up when the request has a Connection header."""
 
     __slots__ = ("admission", "body", "headers", "http10", "keep_alive", "method", "refusal", "start_ns",
-                 "stream", "url")
+                 "stream", "target", "url")
 
     def __init__(self) -> None:
         self.method = b""
         self.url = b""
+        self.target: HttpTarget | None = None
         self.headers: dict[bytes, bytes] = {}
         self.body: bytes | bytearray = b""
         self.keep_alive = True

@@ -16,6 +16,7 @@ from typing import Any
 from ..dataplane import DataPlane
 from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.h2.rpcs import Kind, rpc_table
+from ..frontend.http_path import HttpTarget
 from ..frontend.http_routes import HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
 from ..frontend.openai_routes import OpenAIRoutes
@@ -62,10 +63,13 @@ class ControlRunner:
             reply(cid, False, error_payload(e))
         return None
 
-    def _http(self, cid: int, args: tuple[bytes, bytes, dict[bytes, bytes], bytes], reply: Reply,
-              piece: Piece, window: SendWindow | None) -> Pending | None:
+    def _http(self, cid: int, args: tuple[bytes, bytes, tuple[Any, ...], dict[bytes, bytes], bytes],
+              reply: Reply, piece: Piece, window: SendWindow | None) -> Pending | None:
+        """The request's target comes parsed, as the frontend's access check read it (http_path.py): the
+        routes here dispatch on it, never on the URL read again."""
         req = HttpRequest()
-        req.method, req.url, req.headers, req.body = args
+        req.method, req.url, target, req.headers, req.body = args
+        req.target = HttpTarget.from_wire(target)
         stream = StreamOut(cid, piece, window)
         req.stream = stream
         held: list[Pending] = []

@@ -9,12 +9,12 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import quote
 
 import orjson
 
 from ..errors import EngineError, ErrorCode
 from ..frontend.grpc_handlers import GrpcHandlers, health
+from ..frontend.http_path import Endpoint, model_target, parse_target
 from ..frontend.http_routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
@@ -23,7 +23,8 @@ from .streams import cancellable
 
 log = logging.getLogger("hubserve.workers")
 
-_LOCAL_SUFFIXES = (b"/infer", b"/generate", b"/generate_stream")  # decoded here, submitted as inferences
+# decoded here, submitted as inferences
+_LOCAL = frozenset({Endpoint.MODEL_INFER, Endpoint.MODEL_GENERATE, Endpoint.MODEL_GENERATE_STREAM})
 _CODE_OF_STATUS = {status: code for code, status in STATUS.items()}
 # The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
 # same in every process.
@@ -36,7 +37,7 @@ HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports 
 
 
 class FrontendRoutes:
-    """`handle` as HttpRoutes has it: POST …/infer, …/generate and …/generate_stream go to the local routes
+    """`handle` as HttpRoutes has it: POST to infer, generate and generate_stream go to the local routes
     (decoded here, submitted over the engine client); any other request is forwarded, and the engine's
     HttpRoutes answers it. Only inference is decoded here: every other route reads the repository or
     statistics, which only the engine has.
@@ -52,25 +53,27 @@ class FrontendRoutes:
         self._client = client
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        if req.method == b"POST" and req.url.split(b"?", 1)[0].endswith(_LOCAL_SUFFIXES):
+        """The request's target is the one the connection parsed and the access check read (http_path.py);
+        it crosses to the engine as parsed, so the engine routes exactly what was checked here."""
+        target = req.target if req.target is not None else parse_target(req.url)
+        if req.method == b"POST" and target.endpoint in _LOCAL:
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
         # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream:
         # then its head and pieces are written to the connection (req.stream) as they come, and the future
         # resolves at the stream's end.
-        generation = cancellable(req.url)
-        future = self._client.forward(HTTP, (req.method, req.url, req.headers, body), cancellable=generation,
-                                      stream=req.stream if generation else None)
+        generation = cancellable(target.endpoint.name)
+        future = self._client.forward(HTTP, (req.method, req.url, target.to_wire(), req.headers, body),
+                                      cancellable=generation, stream=req.stream if generation else None)
         future.add_done_callback(on_done)
         return _Forwarded(future)
 
 
     async def _metadata(self, name: str, version: str) -> dict[str, Any]:
         """The model's metadata from the engine; its error (an unknown model, say) as the engine said it."""
-        url = f"/v2/models/{quote(name, safe='')}"
-        if version:
-            url += f"/versions/{quote(version, safe='')}"
-        status, body, _, _ = await self._client.forward(HTTP, (b"GET", url.encode(), {}, b""))
+        target = model_target(Endpoint.MODEL_METADATA, name, version)  # built, never encoded and read back
+        status, body, _, _ = await self._client.forward(HTTP, (b"GET", target.path.encode("utf-8", "replace"),
+                                                               target.to_wire(), {}, b""))
         doc = orjson.loads(body)  # the engine sends a body as one bytes object (control.py _flat)
         if status != 200:
             raise EngineError(_CODE_OF_STATUS.get(status, ErrorCode.INTERNAL), doc.get("error", ""))

@@ -16,8 +16,9 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
 - streaming: rids of this frame's requests whose responses are streamed (`InferenceRequest.stream`): a
   decoupled model's responses before its last come back as they are sent.
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
-  HTTP `(method, url, headers, body)`, gRPC `(method name, serialized request)`, HEALTH `service` (what
-  gRPC's Health/Watch polls).
+  HTTP `(method, url, target, headers, body)` (`target`: the path as the frontend parsed and checked it,
+  frontend/http_path.py `HttpTarget.to_wire`; the engine routes that, and `url` serves messages only),
+  gRPC `(method name, serialized request)`, HEALTH `service` (what gRPC's Health/Watch polls).
 - credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
   written to its client's connection and the connection took them (credit.py); the engine sends a stream at
   most a window of pieces ahead of its credit.

@@ -178,7 +178,7 @@ class FrontendSession(asyncio.Protocol):
                 window.grant(pieces)
         for control in controls:
             cid, kind, args = control
-            if kind != HTTP or not cancellable(args[1]):
+            if kind != HTTP or not cancellable(args[2][0]):  # the parsed target's endpoint
                 self._control.run(control, self._control_answered, self._stream_piece)
                 continue
             window = SendWindow()

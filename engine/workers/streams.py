@@ -22,17 +22,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..frontend.http_path import Endpoint
 from .credit import SendWindow
 
 StreamHead = tuple[int, None, bytes, bytes]
-_CANCELLABLE_PREFIX = b"/v1/"
+_CANCELLABLE = Endpoint.OPENAI.name
 
 
-def cancellable(url: bytes) -> bool:
-    """Whether a forwarded HTTP request is cancelled in the engine when its client leaves: a generation (the
-    OpenAI API), which would otherwise run on for nobody. Other forwarded requests (a repository load, say)
-    finish whatever happens to their client, as they always have with --workers N."""
-    return url.startswith(_CANCELLABLE_PREFIX)
+def cancellable(endpoint: str) -> bool:
+    """Whether a forwarded HTTP request is cancelled in the engine when its client leaves, by its parsed
+    target's endpoint name (frontend/http_path.py `HttpTarget.to_wire`): a generation (the OpenAI API), which
+    would otherwise run on for nobody. Other forwarded requests (a repository load, say) finish whatever
+    happens to their client, as they always have with --workers N."""
+    return endpoint == _CANCELLABLE
 
 
 def is_stream_head(result: Any) -> bool:
