@@ -178,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="<protocol>[,<protocol>...]:<key>=<value>",
                        help="as Triton's flag: the gRPC groups listed answer UNAVAILABLE unless the call "
                             "carries metadata triton-grpc-protocol-<key> with <value> (repeatable)")
+    serve.add_argument("--allow-remote-admin-api", action="append", default=[], metavar="<api>[,<api>...]",
+                       help="the admin groups (model-repository, logging, trace, shared-memory) answer only "
+                            "clients on loopback until a restriction on the group or an API key holding it "
+                            "is configured; this opens the groups listed to every client without either, as "
+                            "Triton does by default (repeatable)")
     serve.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
                        help="YAML file of API keys (README \"Security\"): every API but health then needs "
                             "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
@@ -357,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             grpc_restricted_protocols=tuple(args.grpc_restricted_protocol),
             api_keys_file=args.api_keys.resolve() if args.api_keys is not None else None,
             max_inflight_bytes=args.max_inflight_bytes,
+            remote_admin_apis=tuple(args.allow_remote_admin_api),
             batch_dir=args.batch_dir.resolve() if args.batch_dir is not None else None,
             batch_max_file_bytes=max(1, args.batch_max_file_mb) << 20,
             batch_max_requests=max(1, args.batch_max_requests),

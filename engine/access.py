@@ -4,7 +4,11 @@ head is in and before its body is buffered (HTTP: http_connection.py; gRPC: h2/g
 `Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
 
 The checks, in order (README "Security"):
-0. A request whose HTTP path cannot be read one way only (frontend/http_path.py) is MALFORMED (400) before
+0. Before the policy, in the frontend (no cost for a client on loopback): the admin groups (ADMIN_GROUPS:
+   model-repository, logging, trace, shared-memory) answer only clients on loopback until the operator opens
+   one, with a restriction on it (per protocol), an API key holding it, or --allow-remote-admin-api
+   (`AccessConfig.loopback_only`, `LoopbackOnly`); a client elsewhere gets RESTRICTED saying how to open it.
+   A request whose HTTP path cannot be read one way only (frontend/http_path.py) is MALFORMED (400) before
    anything is asked.
 1. Triton's restrictions (`--http-restricted-api`, `--grpc-restricted-protocol`): the group's header must
    carry its value, else RESTRICTED with Triton's message (HTTP 403, gRPC UNAVAILABLE, as Triton answers).
@@ -33,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .access_groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, parse_restrictions
+from .access_groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, RestrictionError, parse_restrictions
 from .api_keys import ApiKey, digest, load_api_keys
 from .quotas import ByteBudget, Concurrency, TokenBucket, retry_after_secs
 
@@ -59,6 +63,13 @@ GRPC_STATUS = {RefusalKind.RESTRICTED: 14, RefusalKind.UNAUTHENTICATED: 16, Refu
 # Triton's answers to a restricted request (server src/http_server.cc, src/grpc/grpc_server.cc).
 HTTP_RESTRICTED = "This API is restricted, expecting header '{}'"
 GRPC_RESTRICTED = "This protocol is restricted, expecting header '{}'"
+
+# The groups that change the server rather than use it: loopback only by default (`loopback_only`).
+ADMIN_GROUPS = frozenset({ApiGroup.MODEL_REPOSITORY, ApiGroup.LOGGING, ApiGroup.TRACE,
+                          ApiGroup.SHARED_MEMORY})
+_LOOPBACK_ONLY = ("This {what} is restricted to clients on loopback: the '{group}' API answers other clients "
+                  "only once it is opened, by {flag} {group}:<header>=<value>, an API key holding the "
+                  "'{group}' group (--api-keys), or --allow-remote-admin-api {group}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +114,38 @@ class AccessConfig:
     grpc_restrictions: Mapping[ApiGroup, Restriction] = field(default_factory=dict)
     keys: tuple[ApiKey, ...] = ()
     max_inflight_bytes: int = 0  # 0: no budget
+    remote_admin: frozenset[ApiGroup] = frozenset()  # admin groups opened to every client (the flag)
+
+    def loopback_only(self, grpc: bool) -> LoopbackOnly | None:
+        """The admin groups that answer only clients on loopback over this protocol: those with no
+        restriction for this protocol, no key holding them and no --allow-remote-admin-api (None: none)."""
+        restricted = self.grpc_restrictions if grpc else self.http_restrictions
+        held = frozenset().union(*(k.groups for k in self.keys))
+        groups = ADMIN_GROUPS - restricted.keys() - held - self.remote_admin
+        return LoopbackOnly(frozenset(groups), grpc) if groups else None
+
     def needs_policy(self, grpc: bool) -> bool:
         """False when nothing configured concerns this protocol: it then gets no policy at all, and its
         requests pay nothing."""
         return bool((self.grpc_restrictions if grpc else self.http_restrictions) or self.keys
                     or self.max_inflight_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopbackOnly:
+    """The secure default for the admin groups (check 0 above). A connection asks `refusal` only when its
+    peer is not on loopback (connections.is_loopback), so clients on this machine pay nothing."""
+
+    groups: frozenset[ApiGroup]
+    grpc: bool = False
+
+    def refusal(self, group: ApiGroup | None) -> Refusal | None:
+        if group not in self.groups:
+            return None
+        what, flag = ("protocol", "--grpc-restricted-protocol") if self.grpc else \
+            ("API", "--http-restricted-api")
+        return Refusal(RefusalKind.RESTRICTED,
+                       _LOOPBACK_ONLY.format(what=what, group=group.value, flag=flag))  # type: ignore[union-attr]
 
 
 class AccessPolicy:
@@ -226,13 +264,31 @@ class AccessPolicy:
 
 
 def access_config(http_restricted: tuple[str, ...] = (), grpc_restricted: tuple[str, ...] = (),
-                  api_keys_file: Path | None = None, max_inflight_bytes: int = 0) -> AccessConfig:
+                  api_keys_file: Path | None = None, max_inflight_bytes: int = 0,
+                  remote_admin: tuple[str, ...] = ()) -> AccessConfig:
     """The flags as given, parsed and checked: RestrictionError (Triton's words) or ApiKeysError."""
     return AccessConfig(parse_restrictions(list(http_restricted), "http-restricted-api"),
                         parse_restrictions(list(grpc_restricted), "grpc-restricted-protocol",
                                            GRPC_RESTRICTED_PREFIX),
                         load_api_keys(api_keys_file) if api_keys_file is not None else (),
-                        max_inflight_bytes)
+                        max_inflight_bytes, parse_admin_groups(remote_admin))
+
+
+def parse_admin_groups(values: tuple[str, ...]) -> frozenset[ApiGroup]:
+    """--allow-remote-admin-api's values (`model-repository,logging`, repeatable): admin groups only."""
+    groups = set()
+    for value in values:
+        for name in value.split(","):
+            try:
+                group = ApiGroup(name.strip())
+            except ValueError:
+                group = None
+            if group not in ADMIN_GROUPS:
+                admin = ", ".join(sorted(g.value for g in ADMIN_GROUPS))
+                raise RestrictionError(f"--allow-remote-admin-api: '{name.strip()}' is not an admin API "
+                                       f"group; admin groups: {admin}")
+            groups.add(group)
+    return frozenset(groups)  # type: ignore[arg-type]
 
 
 def policies(config: AccessConfig, share: int = 1, index: int = 0
@@ -250,5 +306,6 @@ def _carries(headers: Mapping[bytes, bytes], restriction: Restriction) -> bool:
     return value is not None and hmac.compare_digest(value, restriction.value.encode("latin-1"))
 
 
-__all__ = ["GRPC_RESTRICTED", "GRPC_STATUS", "HTTP_RESTRICTED", "HTTP_STATUS", "AccessConfig", "AccessPolicy",
-           "Admission", "PolicyError", "Refusal", "RefusalKind", "access_config", "policies"]
+__all__ = ["ADMIN_GROUPS", "GRPC_RESTRICTED", "GRPC_STATUS", "HTTP_RESTRICTED", "HTTP_STATUS", "AccessConfig",
+           "AccessPolicy", "Admission", "LoopbackOnly", "PolicyError", "Refusal", "RefusalKind",
+           "access_config", "parse_admin_groups", "policies"]

@@ -101,6 +101,9 @@ class ServerOptions:
     grpc_restricted_protocols: tuple[str, ...] = ()
     api_keys_file: Path | None = None
     max_inflight_bytes: int = 0
+    # The admin groups (access.py ADMIN_GROUPS) opened to clients off loopback with neither a restriction
+    # nor a key (--allow-remote-admin-api, as given); the others answer only loopback until one is configured.
+    remote_admin_apis: tuple[str, ...] = ()
     # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
     # and the most requests in one, and what one key (owner) may hold (engine/openai/batch/limits.py).
     batch_dir: Path | None = None
@@ -122,7 +125,7 @@ class ServerOptions:
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
         return access_config(self.http_restricted_apis, self.grpc_restricted_protocols, self.api_keys_file,
-                             self.max_inflight_bytes)
+                             self.max_inflight_bytes, self.remote_admin_apis)
 
 
 class Server:
@@ -222,11 +225,12 @@ class Server:
         opts = self.options
         handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
         counter = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
-        http_access, grpc_access = policies(opts.access())
+        access = opts.access()
+        http_access, grpc_access = policies(access)
         limits = self._http_limits()
         routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai, self.batches))
         self._http = http_frontend.HttpApp(self.dataplane, limits, routes, counter=counter,
-                                           access=http_access)
+                                           access=http_access, loopback_only=access.loopback_only(grpc=False))
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
         self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
                                                       handshake_secs)
@@ -235,7 +239,8 @@ class Server:
         grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
                                   ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
-                                  counter=counter, access=grpc_access)
+                                  counter=counter, access=grpc_access,
+                                  loopback_only=access.loopback_only(grpc=True))
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -276,7 +281,8 @@ class Server:
                 "access": {"http_restricted_apis": list(opts.http_restricted_apis),
                            "grpc_restricted_protocols": list(opts.grpc_restricted_protocols),
                            "api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
-                           "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers}}
+                           "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers,
+                           "remote_admin_apis": list(opts.remote_admin_apis)}}
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
         # (workers/streams.py)

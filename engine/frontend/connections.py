@@ -15,6 +15,7 @@ a refused connection.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -101,4 +102,22 @@ def client_of(peername: object) -> str:
     return ""
 
 
-__all__ = ["ConnectionCounter", "ConnectionLimits", "client_of", "close_refused"]
+def is_loopback(peername: object) -> bool:
+    """Whether a transport's peer is on this machine's loopback (127.0.0.0/8, ::1, or 127.x mapped into IPv6):
+    who may call the admin groups by default (engine/access.py LoopbackOnly). A peer with no address (a Unix
+    socket) or one that does not parse is not: the default errs on the closed side. Asked once per
+    connection. With --workers N the frontend process asks it of the client's own socket, handed over by the
+    engine, so it is the real peer."""
+    host = client_of(peername)
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 zone id ("fe80::1%eth0") aside
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # Python 3.11 does not count ::ffff:127.0.0.1 as loopback
+    return address.is_loopback
+
+
+__all__ = ["ConnectionCounter", "ConnectionLimits", "client_of", "close_refused", "is_loopback"]

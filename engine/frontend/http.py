@@ -23,7 +23,7 @@ import ssl
 import time
 from typing import Protocol
 
-from ..access import AccessPolicy
+from ..access import AccessPolicy, LoopbackOnly
 from ..dataplane import DataPlane
 from ..memory import release_freed_memory
 from .connections import ConnectionCounter
@@ -46,17 +46,20 @@ class HttpApp:
     connections, their sweeper and the release of freed request memory."""
 
     def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None,
-                 counter: ConnectionCounter | None = None, access: AccessPolicy | None = None) -> None:
+                 counter: ConnectionCounter | None = None, access: AccessPolicy | None = None,
+                 loopback_only: LoopbackOnly | None = None) -> None:
         """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `counter`
         counts the process's connections against its limits (connections.py; shared with gRPC). `access`,
         when keys, restrictions or a byte budget are configured, is asked by each connection about each
-        request before its body is read (engine/access.py)."""
+        request before its body is read (engine/access.py). `loopback_only`: the admin groups that answer
+        only clients on loopback (None: none; engine/access.py LoopbackOnly)."""
         self.counter = counter
         self.routes: Routes = routes or HttpRoutes(dataplane, limits)
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits
         self.access = access
+        self.loopback_only = loopback_only
         self.connections: set[HttpProtocol] = set()
         self.closing = False
         self._sweeper: asyncio.Task[None] | None = None

@@ -25,6 +25,8 @@ close-delimited instead (§6.3), which needs no chunked decoding.
 - be read two ways: its URL is parsed once, as its head completes (http_path.py `parse_target`), and the
   access check and the routes both read that one result; a path that cannot be read one way only (an
   encoded '/', a dot segment, a control character, bad percent-encoding) is answered 400 and not routed;
+- call an admin group (model-repository, logging, trace, shared-memory) from off loopback while the
+  operator has not opened it (the owner's `loopback_only`, engine/access.py `LoopbackOnly`): 403;
 - get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
   with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
   discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
@@ -48,7 +50,7 @@ import httptools
 import orjson
 
 from ..access import HTTP_STATUS, Refusal, RefusalKind
-from .connections import client_of, close_refused
+from .connections import client_of, close_refused, is_loopback
 from .http_path import Endpoint, parse_target
 from .http_types import Answer, HttpRequest, Pending
 from .sse import LAST_CHUNK, chunk
@@ -88,6 +90,7 @@ class HttpProtocol(asyncio.Protocol):
         self._owner = owner
         self._limits = owner.limits
         self._access = owner.access
+        self._loopback_only = owner.loopback_only  # None once the peer is known to be on loopback
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
@@ -127,6 +130,8 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"
+        if self._loopback_only is not None and is_loopback(peer):
+            self._loopback_only = None
         counter = self._owner.counter
         if counter is not None:
             client = client_of(peer)
@@ -246,6 +251,9 @@ class HttpProtocol(asyncio.Protocol):
         req.target = target = parse_target(req.url)  # the one reading of the path: access and routes use it
         if target.endpoint is _MALFORMED:
             req.refusal = Refusal(RefusalKind.MALFORMED, target.problem)
+        elif self._loopback_only is not None and \
+                (refusal := self._loopback_only.refusal(target.group)) is not None:
+            req.refusal = refusal
         elif (access := self._access) is not None:
             declared = int(length) if length is not None and length.isdigit() else 0
             verdict = access.admit(target.group, req.headers, declared, self._last_rx)

@@ -73,13 +73,15 @@ async def serve(spec: dict[str, Any]) -> int:
     counter = ConnectionCounter(ConnectionLimits(**spec["connection_limits"]), spec["frontends"])
     a = spec["access"]
     config = access_config(tuple(a["http_restricted_apis"]), tuple(a["grpc_restricted_protocols"]),
-                           Path(a["api_keys_file"]) if a["api_keys_file"] else None, a["max_inflight_bytes"])
+                           Path(a["api_keys_file"]) if a["api_keys_file"] else None, a["max_inflight_bytes"],
+                           tuple(a.get("remote_admin_apis", ())))
     http_access, grpc_access = policies(config, a["workers"], index)  # this process's share of each limit
     h = spec["http"]
     http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
                              h["client_timeout_secs"], h["idle_timeout_secs"])
     app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits),  # type: ignore[arg-type]
-                                counter=counter, access=http_access)
+                                counter=counter, access=http_access,
+                                loopback_only=config.loopback_only(grpc=False))
     g = spec["grpc"]
     limits = Limits(max_concurrent_streams=g["max_concurrent_streams"],
                     max_header_list_bytes=g["max_header_list_bytes"],
@@ -87,7 +89,8 @@ async def serve(spec: dict[str, Any]) -> int:
                     max_queued_response_bytes=g["max_queued_response_bytes"],
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
     grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
-                        handlers=FrontendGrpcHandlers(client), counter=counter, access=grpc_access)
+                        handlers=FrontendGrpcHandlers(client), counter=counter, access=grpc_access,
+                        loopback_only=config.loopback_only(grpc=True))
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ...quotas import ByteBudget
-from ..connections import ConnectionCounter, client_of, close_refused
+from ..connections import ConnectionCounter, client_of, close_refused, is_loopback
 from .core import H2Core
 from .frames import H2Error
 from .headers import RequestHead
@@ -71,6 +71,7 @@ class H2Connection(asyncio.Protocol):
         self._on_close = on_close
         self._counter = counter
         self._admitted: str | None = None  # the client address the counter counted this connection under
+        self.on_loopback = False  # whether the peer is on this machine's loopback (access.py LoopbackOnly)
         self._refused = False
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
@@ -92,6 +93,7 @@ class H2Connection(asyncio.Protocol):
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport
+        self.on_loopback = is_loopback(transport.get_extra_info("peername"))
         if self._on_open is not None:
             self._on_open(self)
         sock = transport.get_extra_info("socket")

@@ -13,7 +13,9 @@ to the connection for one write (its header blocks are built once, in rpcs.py).
 What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
 ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
 
-The access policy (engine/access.py), when configured, is asked once per call as its head arrives (Triton's
+An admin group's call from a peer off loopback is refused first while the operator has not opened the group
+(engine/access.py LoopbackOnly: UNAVAILABLE, as Triton answers a restriction). The access policy
+(engine/access.py), when configured, is asked once per call as its head arrives (Triton's
 restriction metadata, the `authorization` key, the key's quotas): a refused call ends at once, trailers only,
 before any message is read. An admitted call holds its admission until it ends; the request bytes it holds
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
@@ -31,7 +33,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from ...access import GRPC_STATUS, AccessPolicy, Admission, Refusal
+from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...api_keys import bearer_digest
 from ...errors import EngineError, endpoint_message
 from ..api_groups import grpc_group
@@ -55,10 +57,11 @@ class GrpcApp:
     """The StreamApp of a gRPC server: one per server, shared by its connections."""
 
     def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits,
-                 access: AccessPolicy | None = None) -> None:
+                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None) -> None:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
         self.access = access
+        self.loopback_only = loopback_only  # admin groups a peer off loopback may not call (access.py)
         self.groups = {path: grpc_group(path) for path in self.rpcs}
         self.max_message_bytes = max_message_bytes
         self.max_header_list_bytes = limits.max_header_list_bytes
@@ -131,6 +134,10 @@ class Call:
             seconds = parse_timeout(timeout)
             if seconds is not None:
                 self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
+        if app.loopback_only is not None and not self.done and not conn.on_loopback:
+            refusal = app.loopback_only.refusal(app.groups[fields[b":path"]])
+            if refusal is not None:
+                self.finish(GRPC_STATUS[refusal.kind], refusal.message)
         if app.access is not None and not self.done:
             verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic())
             if type(verdict) is Refusal:
