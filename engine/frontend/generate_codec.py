@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from ..errors import EngineError, ErrorCode, invalid
+from ..request_ids import check_request_id
 from ..types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 PARAMETERS_KEY = "parameters"  # Triton's one nested schema key in a generate request
@@ -56,6 +57,7 @@ def decode_generate(model_name: str, model_version: str, doc: Any, inputs: Input
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("Unable to parse 'id': attempt to access JSON non-string as string")
+    check_request_id(request_id, "'id'")
     request = InferenceRequest(model_name, model_version, [], request_id)
     budget = _Budget(max_input_bytes)
     for key, value in doc.items():

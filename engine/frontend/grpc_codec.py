@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import invalid
 from ..proto import grpc_service_pb2 as pb
+from ..request_ids import check_request_id
 from ..types import (
     DataType,
     InferenceRequest,
@@ -88,7 +89,8 @@ def decode_request(msg: pb.ModelInferRequest) -> InferenceRequest:
         outputs = [RequestedOutput(o.name, None, {k: param_value(v) for k, v in o.parameters.items()})
                    for o in msg.outputs]
     params = {k: param_value(v) for k, v in msg.parameters.items()} if msg.parameters else {}
-    return InferenceRequest(msg.model_name, msg.model_version, inputs, msg.id, outputs, params)
+    request_id = check_request_id(msg.id, "'id'")
+    return InferenceRequest(msg.model_name, msg.model_version, inputs, request_id, outputs, params)
 
 
 def _from_contents(t: Any, datatype: DataType, shape: tuple[int, ...]) -> np.ndarray:
@@ -265,7 +267,7 @@ class InferWireCodec:
                 except UnicodeDecodeError:
                     pass  # the full parse refuses it, as protobuf does
                 else:
-                    return _from_plan(plan, rid, raw)
+                    return _from_plan(plan, check_request_id(rid, "'id'"), raw)
         request = decode_request(pb.ModelInferRequest.FromString(message))
         if len(request.parameters) > 1:  # a cached plan keeps this order: the hot path pays nothing
             request.parameters = in_wire_order(message, request.parameters)

@@ -13,6 +13,7 @@ import numpy as np
 import orjson
 
 from ..errors import EngineError, invalid
+from ..request_ids import check_request_id
 from ..types import (
     DataType,
     InferenceRequest,
@@ -112,6 +113,7 @@ def decode_request(model_name: str, model_version: str, body: bytes | bytearray,
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid("'id' must be a string")
+    check_request_id(request_id, "'id'")
     request = InferenceRequest(model_name, model_version, inputs, request_id, outputs, params)
     if cache is not None and binary and all(sizes):  # only all-binary requests: JSON data varies per request
         cache.put(bytes(json_part), _Plan(request, sizes))

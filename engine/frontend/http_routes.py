@@ -23,6 +23,7 @@ import orjson
 from ..api_keys import bearer_digest
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
+from ..request_ids import check_header_request_id
 from ..tracing import settings as trace_settings
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
@@ -246,10 +247,11 @@ class HttpRoutes:
         request = decode_request(name, version, body,
                                  header_length.decode("latin-1") if header_length is not None else None,
                                  self.header_cache)
-        if not request.id:
-            header_id = req.headers.get(b"x-request-id")
-            if header_id:
-                request.id = header_id.decode("latin-1")
+        header_id = req.headers.get(b"x-request-id")
+        if header_id:
+            checked = check_header_request_id(header_id, "header X-Request-ID")
+            if not request.id:
+                request.id = checked
         accept = req.headers.get(b"accept-encoding")
         encoding = compression.accepted(accept.decode("latin-1")) if accept else None
         if encoding is None:

@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError
 from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...api_keys import bearer_digest
 from ...errors import EngineError, endpoint_message
+from ...request_ids import header_request_id_problem
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
@@ -113,6 +114,7 @@ class Call:
         self.admission: Admission | None = None  # what the access policy let this call hold
         fields = head.fields
         self.request_id = fields.get(b"x-request-id")  # a request without an `id` takes it (ModelInfer)
+        bad_id = self.request_id is not None and header_request_id_problem(self.request_id)
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
@@ -120,7 +122,10 @@ class Call:
         # a stream's requests may reach a generative model, which charges the key's tokens (types.py)
         self.principal = bearer_digest(fields.get(b"authorization")) \
             if rpc is not None and rpc.kind is Kind.STREAM_INFER else None
-        if head.list_size > app.max_header_list_bytes:
+        if bad_id:  # echoed in every answer's head and written to access lines: refused, and not echoed
+            self.request_id = None
+            self.finish(S.INVALID_ARGUMENT, f"metadata x-request-id {bad_id}")
+        elif head.list_size > app.max_header_list_bytes:
             self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit "
                                               f"of {app.max_header_list_bytes}")
         elif fields[b":method"] != b"POST":
