@@ -277,18 +277,20 @@ class Server:
                 "tensor_limits": dataclasses.asdict(self.tensor_limits()),
                 "connection_limits": dataclasses.asdict(self.connection_limits()),
                 "frontends": opts.workers,
-                # the flags, not the keys: a secret on a command line would show in `ps`
-                "access": {"http_restricted_apis": list(opts.http_restricted_apis),
-                           "grpc_restricted_protocols": list(opts.grpc_restricted_protocols),
-                           "api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
+                # No secret here: the spec is a frontend's command line, which `ps` and /proc/<pid>/cmdline
+                # show to every local user. The keys file goes by its path (the frontend reads it); the
+                # restriction flags, whose values are secrets, through a pipe (`secrets`: supervisor.py).
+                "access": {"api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
                            "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers,
                            "remote_admin_apis": list(opts.remote_admin_apis)}}
+        secrets = {"http_restricted_apis": list(opts.http_restricted_apis),
+                   "grpc_restricted_protocols": list(opts.grpc_restricted_protocols)}
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
         # (workers/streams.py)
         self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai, self.batches))
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
-                                       grpc_sockets, spec, opts.worker_arena_bytes)
+                                       grpc_sockets, spec, opts.worker_arena_bytes, secrets)
         await self._frontends.start()
 
     def _metrics_app(self) -> web.Application:

@@ -1,7 +1,8 @@
 """A frontend process of the multi-process server: `python -m engine.workers.frontend SPEC`, started by the
 engine (supervisor.py), never by hand. SPEC is JSON: this frontend's index, the fds it inherited (its
-channel to the engine, the hand-off its connections arrive through, its request and response arenas), the
-limits and the TLS settings (the handshakes run here; the engine only accepts).
+channel to the engine, the hand-off its connections arrive through, its request and response arenas, and
+the pipe its secrets come through: `secrets_fd`, read to its end before anything else), the limits and the
+TLS settings (the handshakes run here; the engine only accepts). No secret is ever on its command line.
 
 It runs the single-process protocol code, HTTP/1.1 (`HttpApp`) and gRPC (`H2GrpcServer`), with the engine
 client (remote.py) standing in for the DataPlane and the forwarding routes and handlers (forwarding.py); it
@@ -71,8 +72,9 @@ async def serve(spec: dict[str, Any]) -> int:
     wire.configure(wire.TensorLimits(**spec["tensor_limits"]))
     # This process's share of the server's connection limits, for HTTP and gRPC together.
     counter = ConnectionCounter(ConnectionLimits(**spec["connection_limits"]), spec["frontends"])
-    a = spec["access"]
-    config = access_config(tuple(a["http_restricted_apis"]), tuple(a["grpc_restricted_protocols"]),
+    a, secrets = spec["access"], spec["secrets"]
+    config = access_config(tuple(secrets.get("http_restricted_apis", ())),
+                           tuple(secrets.get("grpc_restricted_protocols", ())),
                            Path(a["api_keys_file"]) if a["api_keys_file"] else None, a["max_inflight_bytes"],
                            tuple(a.get("remote_admin_apis", ())))
     http_access, grpc_access = policies(config, a["workers"], index)  # this process's share of each limit
@@ -117,8 +119,17 @@ async def serve(spec: dict[str, Any]) -> int:
     return 0
 
 
+def read_secrets(fd: int) -> dict[str, Any]:
+    """The secrets the engine wrote into the inherited pipe `fd` (supervisor.py), read to the end; the fd is
+    closed."""
+    with os.fdopen(fd, "rb") as pipe:
+        data = pipe.read()
+    return json.loads(data) if data else {}  # type: ignore[no-any-return]
+
+
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
+    spec["secrets"] = read_secrets(spec["secrets_fd"])
     log_spec = spec.get("log")
     if log_spec is not None:  # the engine's settings at start (the logging extension changes the engine's)
         logs.configure(**log_spec)

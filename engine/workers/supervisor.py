@@ -7,6 +7,11 @@ connections the engine accepts and hands it: listen.py), and two memfd regions m
 arena, which it writes, and its response arena, which the engine writes). The listening sockets stay with
 the engine, so the ports are the same whichever frontend serves, a restarted one too.
 
+Its settings come as JSON on its command line, with no secret in them: a command line is readable by every
+local user (`ps`, /proc/<pid>/cmdline), and so is, for the same user, its environment. The secrets (the
+restriction flags' header values) come through the read end of a pipe it inherits (`secrets_fd`), which the
+engine fills and closes at the start and which the frontend reads to its end, then closes.
+
 A frontend that dies (crash, SIGKILL, OOM) closes its channel: its session cancels what it had in flight and
 drops its regions, and a new frontend is started in its slot with fresh ones, after a back-off if it died
 young. Its clients see their connections drop; every other client is served on.
@@ -55,13 +60,14 @@ class FrontendPool:
 
     def __init__(self, count: int, dataplane: DataPlane, control: ControlRunner,
                  http_sockets: list[socket.socket], grpc_sockets: list[socket.socket], spec: dict[str, Any],
-                 arena_bytes: int) -> None:
+                 arena_bytes: int, secrets: dict[str, Any] | None = None) -> None:
         self._dp = dataplane
         self._control = control
         self._http = http_sockets
         self._grpc = grpc_sockets
         self._spec = spec
         self._arena_bytes = arena_bytes
+        self._secrets = json.dumps(secrets or {}).encode()
         self._slots = [_Slot(i) for i in range(count)]
         self._stopping = False
         self._restarts: set[asyncio.Task[None]] = set()
@@ -86,18 +92,22 @@ class FrontendPool:
         responses = Region.create(self._arena_bytes, f"{label}-responses")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         handoff, their_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        secrets_in, secrets_out = os.pipe()
         spec = {**self._spec, "index": slot.index, "channel": theirs.fileno(),
                 "handoff": their_handoff.fileno(), "requests": [requests.fd, requests.size],
-                "responses": [responses.fd, responses.size]}
+                "responses": [responses.fd, responses.size], "secrets_fd": secrets_in}
         env = dict(os.environ)
         env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
         try:
             process = subprocess.Popen([sys.executable, "-m", "engine.workers.frontend", json.dumps(spec)],
                                        pass_fds=[theirs.fileno(), their_handoff.fileno(), requests.fd,
-                                                 responses.fd], env=env)
+                                                 responses.fd, secrets_in], env=env)
         finally:
             theirs.close()
             their_handoff.close()
+            os.close(secrets_in)
+        # Off the loop: a pipe holds 64 KiB, and a larger write waits for the frontend to read.
+        await asyncio.to_thread(_send_secrets, secrets_out, self._secrets)
         handoff.setblocking(False)
         slot.process = process
         slot.started_at = time.monotonic()
@@ -161,6 +171,19 @@ class FrontendPool:
                     slot.process.kill()  # type: ignore[union-attr]
         for slot in live:
             await asyncio.to_thread(slot.process.wait)  # type: ignore[union-attr]
+
+
+def _send_secrets(fd: int, data: bytes) -> None:
+    """Write the frontend's secrets into its pipe and close our end (the end of its read). A frontend that
+    died first leaves nobody to read: it is restarted with a pipe of its own."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class _quiet:
