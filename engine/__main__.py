@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from .access import PolicyError, policies
         from .access_groups import RestrictionError
-        from .api_keys import ApiKeysError
+        from .api_keys import ApiKeysError, file_mode_warning
         from .errors import EngineError
         from .server import Server, ServerOptions
 
@@ -378,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         except (RestrictionError, ApiKeysError, PolicyError) as e:
             print(f"hubserve: {e}", file=sys.stderr)
             return 2
+        keys_warning = file_mode_warning(options.api_keys_file) if options.api_keys_file else None
+        if keys_warning is not None:
+            logging.getLogger("hubserve").warning(keys_warning)
         # Instance threads need the GIL back to hand a finished batch to the loop. With the default 5 ms
         # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had
         # finished.

@@ -12,11 +12,20 @@
 
 A field we do not know is refused rather than ignored: a misspelt `max_concurent` must not leave a key
 unlimited. Errors name the key by its position (`keys[1]`), never by its secret.
+
+The file holds secrets, so who may read and change it is checked first, as SSH checks a private key
+(`file_mode_problem`): a file other users can read (world-readable) or change (group- or world-writable), or
+one owned by a user other than the server's (or root), is refused at start with the chmod that fixes it.
+A group-readable file is served with a warning at start (`file_mode_warning`): that is how a Kubernetes
+Secret reaches a server that runs as a non-root user (mode 0440 with the pod's fsGroup), and the group is
+the operator's choice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +66,43 @@ def bearer_digest(authorization: bytes | None) -> bytes | None:
     return digest(authorization[7:].strip())
 
 
+def file_mode_problem(path: Path) -> str | None:
+    """Why the keys file at `path` may not be used, given who may read and change it; None when it may (a
+    file that cannot be read at all is `load_api_keys`'s to report)."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    mode, name = stat.S_IMODE(info.st_mode), path.name
+    if info.st_uid not in (os.geteuid(), 0):
+        return (f"--api-keys: '{name}' is owned by another user (uid {info.st_uid}), who could change the "
+                "keys: it must belong to the user the server runs as (or root)")
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "every user of this machine" if mode & stat.S_IWOTH else "its group"
+        return (f"--api-keys: '{name}' can be changed by {who} (mode {mode:04o}), who could add a key of "
+                f"their own: make it private with `chmod 600 {name}`")
+    if mode & stat.S_IROTH:
+        return (f"--api-keys: '{name}' is readable by every user of this machine (mode {mode:04o}) and holds "
+                f"secrets: make it private with `chmod 600 {name}` (0640 for a group you trust)")
+    return None
+
+
+def file_mode_warning(path: Path) -> str | None:
+    """What the server warns about at start: a keys file its group may read (allowed, see the docstring)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+    if mode & stat.S_IRGRP and file_mode_problem(path) is None:
+        return (f"--api-keys: '{path.name}' is readable by its group (mode {mode:04o}): every member can "
+                f"read every key; `chmod 600 {path.name}` unless that group is meant to")
+    return None
+
+
 def load_api_keys(path: Path) -> tuple[ApiKey, ...]:
+    problem = file_mode_problem(path)
+    if problem is not None:
+        raise ApiKeysError(problem)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

@@ -93,6 +93,7 @@ def test_unknown_and_repeated_groups_are_refused_in_tritons_words() -> None:
 
 def test_keys_file_is_read(tmp_path: Path) -> None:
     path = tmp_path / "keys.yaml"
+    path.touch(0o600)  # a keys file others can read is refused (api_keys.file_mode_problem)
     path.write_text("keys:\n  - key: \"s3cret-admin\"\n    groups: [\"*\"]\n"
                     "  - key: \"s3cret-app\"\n    groups: [inference, metadata, health]\n"
                     "    requests_per_second: 50\n    max_concurrent: 4\n    tokens_per_minute: 20000\n")

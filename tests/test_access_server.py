@@ -47,6 +47,7 @@ APP = {"Authorization": "Bearer s3cret-app"}
 def guarded(repository: Path, tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("access")
     (folder / "keys.yaml").write_text(KEYS)
+    (folder / "keys.yaml").chmod(0o600)  # private, or the server refuses it (api_keys.file_mode_problem)
     srv = start_server(repository, folder / "server.log", "--no-strict-readiness", "--model-control-mode",
                        "none", "--api-keys", str(folder / "keys.yaml"),
                        "--http-restricted-api", "model-repository:Admin-Key=open sesame",
@@ -287,6 +288,8 @@ def test_bad_flags_fail_at_start_in_tritons_words(repository: Path, tmp_path: Pa
     misspelt, one_slot = tmp_path / "keys.yaml", tmp_path / "one_slot.yaml"
     misspelt.write_text("keys:\n  - key: top-secret\n    groups: [inference]\n    max_concurent: 2\n")
     one_slot.write_text("keys:\n  - key: k\n    groups: [inference]\n    max_concurrent: 1\n")
+    misspelt.chmod(0o600)
+    one_slot.chmod(0o600)
     cases = [("--http-restricted-api", "admin:k=v"),
              ("--grpc-restricted-protocol", "health:a=1",
               "--grpc-restricted-protocol", "inference,health:b=2"),

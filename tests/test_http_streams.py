@@ -47,6 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     examples.build_repository(repo, [MODEL])
     shutil.copytree(EXAMPLES / "repeat_stream", repo / "repeat_stream")
     (root / "keys.yaml").write_text(KEYS)
+    (root / "keys.yaml").chmod(0o600)  # private, or the server refuses it
     srv = start_server(repo, root / "server.log", "--canary-interval-secs", "0", "--api-keys",
                        str(root / "keys.yaml"), "--client-timeout-secs", str(CLIENT_TIMEOUT_SECS),
                        ready_timeout=120)

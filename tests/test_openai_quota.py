@@ -44,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     folder = tmp_path_factory.mktemp("quota")
     repo = build_repository(folder / "repo")
     (folder / "keys.yaml").write_text(KEYS)
+    (folder / "keys.yaml").chmod(0o600)  # private, or the server refuses it
     running = start_server(repo, folder / "server.log", "--api-keys", str(folder / "keys.yaml"))
     yield running
     running.stop()

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import assert_simple_over_grpc, start_server
+from conftest import ROOT, assert_simple_over_grpc, start_server
 from test_encoded_paths import request
 from test_workers import _alive, frontends, wait_for
 
 SECRET_HTTP, SECRET_GRPC = "TOPSECRET-http-5b1c", "TOPSECRET-grpc-77ad"
+KEYS = 'keys:\n  - key: "TOPSECRET-key-0e41"\n    groups: ["*"]\n'
 
 
 def process_text(pid: int) -> bytes:
@@ -61,3 +64,55 @@ def test_restriction_values_never_reach_a_frontends_command_line(repository: Pat
         assert_simple_over_grpc(srv)
     finally:
         srv.stop()
+
+
+def serve_exit(repository: Path, keys: Path) -> subprocess.CompletedProcess:
+    """A server started on `keys` that either fails at start or is stopped once it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
+                             "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port",
+                             "0", "--no-strict-readiness", "--model-control-mode", "none", "--api-keys",
+                             str(keys)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "serving: HTTP" in line:
+            proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines))
+
+
+@pytest.mark.parametrize("mode, refused, words", [
+    (0o644, True, "is readable by every user of this machine (mode 0644)"),
+    (0o604, True, "is readable by every user of this machine (mode 0604)"),
+    (0o666, True, "can be changed by every user of this machine (mode 0666)"),
+    (0o620, True, "can be changed by its group (mode 0620)"),
+    (0o640, False, "WARNING hubserve: --api-keys: 'keys.yaml' is readable by its group (mode 0640)"),
+    (0o600, False, ""),
+    (0o400, False, ""),
+])
+def test_a_keys_file_others_can_read_or_change_is_refused(repository: Path, tmp_path: Path, mode: int,
+                                                          refused: bool, words: str) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS)
+    keys.chmod(mode)
+    done = serve_exit(repository, keys)
+    if refused:
+        assert done.returncode == 2 and "serving: HTTP" not in done.stdout, done.stdout
+        assert f"hubserve: --api-keys: 'keys.yaml' {words}" in done.stdout, done.stdout
+        assert "chmod 600 keys.yaml" in done.stdout
+        assert "TOPSECRET" not in done.stdout and str(tmp_path) not in done.stdout
+    else:
+        assert "serving: HTTP" in done.stdout, done.stdout
+        assert (words in done.stdout) if words else "--api-keys" not in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving the file to another user needs root")
+def test_a_keys_file_owned_by_another_user_is_refused(repository: Path, tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS)
+    keys.chmod(0o600)
+    os.chown(keys, 65534, -1)  # nobody: who could rewrite the keys
+    done = serve_exit(repository, keys)
+    assert done.returncode == 2 and "is owned by another user (uid 65534)" in done.stdout
