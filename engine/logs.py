@@ -127,9 +127,17 @@ def configure(log_file: str = "", log_format: str = "text", log_verbose: int = 0
     _apply()
 
 
+# Libraries whose DEBUG lines carry what clients send verbatim: hpack logs every header block it decodes,
+# `authorization: Bearer <key>` and Triton's restriction headers with it. Kept at INFO whatever the verbose
+# level, so no secret a client sends reaches the log.
+_QUIET_LOGGERS = ("hpack",)
+
+
 def _apply() -> None:
     """Make the derived state follow SETTINGS: the root level, the formatter, the access flag."""
     logging.getLogger().setLevel(logging.DEBUG if SETTINGS.log_verbose_level > 0 else logging.INFO)
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
     if _handler is not None:
         _handler.setFormatter(_formatter(SETTINGS.log_format))
     SETTINGS.access = SETTINGS.log_verbose_level >= 1 and SETTINGS.log_info

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, assert_simple_over_grpc, start_server
-from test_encoded_paths import request
+from conftest import ROOT, assert_simple_over_grpc, start_server, wait_until
+from test_encoded_paths import INFER, request
 from test_workers import _alive, frontends, wait_for
 
 SECRET_HTTP, SECRET_GRPC = "TOPSECRET-http-5b1c", "TOPSECRET-grpc-77ad"
@@ -116,3 +116,26 @@ def test_a_keys_file_owned_by_another_user_is_refused(repository: Path, tmp_path
     os.chown(keys, 65534, -1)  # nobody: who could rewrite the keys
     done = serve_exit(repository, keys)
     assert done.returncode == 2 and "is owned by another user (uid 65534)" in done.stdout
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_no_header_a_client_sends_reaches_the_log(repository: Path, tmp_path: Path, workers: str) -> None:
+    """--log-verbose 1 logs DEBUG lines; the HPACK decoder's (every header block, `authorization`
+    included) are not among them."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(KEYS)
+    keys.chmod(0o600)
+    srv = start_server(repository, tmp_path / "server.log", "--workers", workers, "--log-verbose", "1",
+                       "--api-keys", str(keys), "--grpc-restricted-protocol", f"metadata:admin={SECRET_GRPC}",
+                       "--no-strict-readiness", "--model-control-mode", "none")
+    try:
+        with grpcclient.InferenceServerClient(srv.grpc_url) as c:
+            c.get_server_metadata(headers={"authorization": "Bearer TOPSECRET-key-0e41",
+                                           "triton-grpc-protocol-admin": SECRET_GRPC})
+        key = {"Authorization": "Bearer TOPSECRET-key-0e41"}
+        assert request(srv.http_port, "GET", "/v2", None, key) == 200
+        assert request(srv.http_port, "POST", "/v2/models/simple/infer", INFER, key) == 200
+        wait_until(lambda: " hubserve.access: model=simple" in srv.log(), "the access line: verbose is on")
+        assert "TOPSECRET" not in srv.log()
+    finally:
+        srv.stop()
