@@ -51,6 +51,7 @@ from .model import Model, ModelState
 from .names import name_problem
 from .overrides import remove_override, write_override
 from .proto import model_config_pb2 as pb
+from .python_overrides import refuse_python_override
 from .rate_limiter import RateLimiter
 from .routing import ModelEntry, RoutingTable, inside
 
@@ -146,6 +147,8 @@ class ModelRepository(RoutingTable):
         if not (self.root / name).is_dir():
             raise EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
                               f"repository: it has no folder '{name}'")
+        if config_json is not None and not self._allow_python_uploads:  # the client's code choice: refused
+            await asyncio.to_thread(refuse_python_override, name, self.root / name, config_json)
         await self._load(name, self.root / name, config_json, self.root)
 
     def _refuse_python_upload(self, name: str, config_json: dict[str, Any], files: dict[str, bytes]) -> None:
