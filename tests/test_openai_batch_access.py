@@ -42,6 +42,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("batch_access")
     build_repository(folder / "repo")
     (folder / "keys.yaml").write_text(KEYS_FILE)
+    (folder / "keys.yaml").chmod(0o600)  # private, or the server refuses it (api_keys.file_mode_problem)
     return folder
 
 
