@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=8001, help="KServe v2 gRPC port (0 = any free)")
     serve.add_argument("--metrics-port", type=int, default=8002,
                        help="Prometheus /metrics port (0 = disabled)")
+    serve.add_argument("--metrics-max-connections", type=_byte_count, default=64, metavar="N",
+                       help="connections the metrics port holds at once, apart from the HTTP and gRPC "
+                            "ports' (0 = no limit); more are answered 503 and closed. Its request heads "
+                            "and idle connections time out as the HTTP port's (--client-timeout-secs, "
+                            "--idle-timeout-secs)")
+    serve.add_argument("--metrics-max-connections-per-client", type=_byte_count, default=16, metavar="N",
+                       help="connections one client address may hold on the metrics port (0 = no limit)")
     serve.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="poll",
                        help="none: load every model at start, never rescan; poll: load every model at start "
                             "and pick up added, changed and removed model folders; explicit: load only "
@@ -356,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
             max_connections=args.max_connections,
             max_connections_per_client=args.max_connections_per_client,
+            metrics_max_connections=args.metrics_max_connections,
+            metrics_max_connections_per_client=args.metrics_max_connections_per_client,
             http_tls=http_tls,
             grpc_tls=grpc_tls,
             allow_client_shm=args.allow_client_shm,

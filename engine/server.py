@@ -13,8 +13,6 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
-
 from . import histograms, observe
 from .access import AccessConfig, access_config, policies
 from .canary import CanaryOptions, CanaryRunner
@@ -22,10 +20,13 @@ from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend import wire
-from .frontend.connections import ConnectionCounter, ConnectionLimits
+from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
 from .frontend.http_routes import HttpRoutes
+from .frontend.http_types import HttpLimits
+from .frontend.metrics_routes import MAX_BODY_BYTES as METRICS_MAX_BODY_BYTES
+from .frontend.metrics_routes import MetricsRoutes
 from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.registry import GenerationRegistry
@@ -92,6 +93,10 @@ class ServerOptions:
     grpc_max_concurrent_streams: int = 1024
     max_connections: int = 4096
     max_connections_per_client: int = 1024
+    # The metrics port's own connection caps (frontend/metrics_routes.py), apart from the HTTP and gRPC
+    # ports'; its head and idle timeouts are client_timeout_secs and idle_timeout_secs.
+    metrics_max_connections: int = 64
+    metrics_max_connections_per_client: int = 16
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
     allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
@@ -153,7 +158,8 @@ class Server:
             options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)
         self._http: http_frontend.HttpApp | None = None
         self._http_server: asyncio.Server | None = None
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics: http_frontend.HttpApp | None = None
+        self._metrics_server: asyncio.Server | None = None
         self._grpc: H2GrpcServer | None = None
         self._frontends: FrontendPool | None = None
         self._control: ControlRunner | None = None
@@ -179,10 +185,7 @@ class Server:
             await self._start_protocols()
 
         if opts.metrics_port:
-            self._metrics_runner = web.AppRunner(self._metrics_app(), access_log=None)
-            await self._metrics_runner.setup()
-            await web.TCPSite(self._metrics_runner, opts.host, opts.metrics_port).start()
-            self.metrics_port = _bound_port(self._metrics_runner, self.metrics_port)
+            await self._start_metrics()
 
         if opts.model_control_mode == "poll":
             watcher = RepositoryWatcher(self.repository, opts.repository_poll_secs,
@@ -293,16 +296,25 @@ class Server:
                                        grpc_sockets, spec, opts.worker_arena_bytes, secrets)
         await self._frontends.start()
 
-    def _metrics_app(self) -> web.Application:
+    async def _start_metrics(self) -> None:
+        """The metrics port, on the HTTP/1.1 stack of the KServe port with its timeouts and connection caps
+        of its own (frontend/metrics_routes.py); in the engine process whatever --workers says."""
+        opts = self.options
         registry = process_registry()
 
-        async def metrics(request: web.Request) -> web.Response:
-            body = render(self.repository.loaded_models(), registry, self.generation.drivers())
-            return web.Response(body=body, content_type="text/plain", charset="utf-8")
+        def page() -> bytes:
+            return render(self.repository.loaded_models(), registry, self.generation.drivers())
 
-        app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        return app
+        limits = HttpLimits(METRICS_MAX_BODY_BYTES, opts.max_header_bytes, opts.max_header_count,
+                            opts.client_timeout_secs, opts.idle_timeout_secs)
+        caps = ConnectionLimits(opts.metrics_max_connections, opts.metrics_max_connections_per_client,
+                                "--metrics-max-connections")
+        # refused connections linger (holding a descriptor each) no more than the port may hold open
+        counter = ConnectionCounter(caps, max_lingering=min(MAX_LINGERING, opts.metrics_max_connections or
+                                                            MAX_LINGERING))
+        self._metrics = http_frontend.HttpApp(self.dataplane, limits, MetricsRoutes(page), counter=counter)
+        self._metrics_server = await http_frontend.serve(self._metrics, opts.host, opts.metrics_port)
+        self.metrics_port = int(self._metrics_server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         self.dataplane.accepting = False
@@ -327,8 +339,8 @@ class Server:
         await self.repository.close()
         if self._exporter is not None:
             await self._exporter.close()
-        if self._metrics_runner is not None:
-            await self._metrics_runner.cleanup()
+        if self._metrics is not None and self._metrics_server is not None:  # last: scrapes see the drain
+            await http_frontend.shutdown(self._metrics, self._metrics_server, min(grace, 1.0))
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:
@@ -347,12 +359,3 @@ def _tls_words(tls: TlsSettings | None) -> str:
         return ""
     return " over TLS with client certificates" if tls.mutual else " over TLS"
 
-
-def _bound_port(runner: web.AppRunner, requested: int) -> int:
-    if requested:
-        return requested
-    for site in runner.sites:
-        server = getattr(site, "_server", None)
-        if server is not None and server.sockets:
-            return int(server.sockets[0].getsockname()[1])
-    return requested

@@ -2,11 +2,12 @@
 send nothing costs file descriptors, buffers and sweeper work, and the limits keep one client from taking
 what every other client needs.
 
-One `ConnectionCounter` per process serves both protocols (HTTP/1.1 and gRPC count together). A connection
-over a limit is answered at once in its protocol's form, then closed: HTTP 503 with the JSON error, gRPC a
-GOAWAY with ENHANCE_YOUR_CALM and the message (tritonclient reports it as UNAVAILABLE). With `--workers N`
-each frontend process enforces its share of each limit (the limit divided by N, rounded up): the engine
-hands connections to the frontend with the fewest, so one client's connections spread over all of them.
+One `ConnectionCounter` per process serves both protocols (HTTP/1.1 and gRPC count together); the metrics
+port has one of its own, with its own limits (frontend/metrics_routes.py). A connection over a limit is
+answered at once in its protocol's form, then closed: HTTP 503 with the JSON error, gRPC a GOAWAY with
+ENHANCE_YOUR_CALM and the message (tritonclient reports it as UNAVAILABLE). With `--workers N` each frontend
+process enforces its share of each limit (the limit divided by N, rounded up): the engine hands connections
+to the frontend with the fewest, so one client's connections spread over all of them.
 
 The counter is a pure policy object (no sockets, no event loop); `close_refused` is how both protocols end
 a refused connection.
@@ -32,23 +33,28 @@ MAX_LINGERING = 256
 class ConnectionLimits:
     max_connections: int = 4096  # --max-connections (0 = no limit)
     max_per_client: int = 1024  # --max-connections-per-client (0 = no limit)
+    flag: str = "--max-connections"  # the flags a refusal names: this, and this with "-per-client"
 
     def share(self, processes: int) -> ConnectionLimits:
         """One of `processes` frontends' part of these limits."""
         def part(limit: int) -> int:
             return math.ceil(limit / processes) if limit else 0
 
-        return ConnectionLimits(part(self.max_connections), part(self.max_per_client))
+        return ConnectionLimits(part(self.max_connections), part(self.max_per_client), self.flag)
 
 
 class ConnectionCounter:
-    def __init__(self, limits: ConnectionLimits, processes: int = 1) -> None:
+    def __init__(self, limits: ConnectionLimits, processes: int = 1,
+                 max_lingering: int = MAX_LINGERING) -> None:
+        """`max_lingering`: how many refused connections may linger at once (each holds a descriptor for
+        up to REFUSED_LINGER_SECS); past it they are closed at once."""
         self.limits = limits
         self._processes = processes
         self._own = limits.share(processes) if processes > 1 else limits
         self._open = 0
         self._by_client: dict[str, int] = {}
         self.lingering = 0  # refused connections half-closed, not yet closed (close_refused)
+        self.max_lingering = max_lingering
 
     @property
     def open(self) -> int:
@@ -60,11 +66,11 @@ class ConnectionCounter:
         own = self._own
         if own.max_connections and self._open >= own.max_connections:
             return (f"too many connections: the server holds {self.limits.max_connections} at most "
-                    "(--max-connections)")
+                    f"({self.limits.flag})")
         held = self._by_client.get(client, 0)
         if own.max_per_client and held >= own.max_per_client:
             return (f"too many connections from {client}: {self.limits.max_per_client} at most per client "
-                    "address (--max-connections-per-client)")
+                    f"address ({self.limits.flag}-per-client)")
         self._open += 1
         self._by_client[client] = held + 1
         return ""
@@ -81,8 +87,9 @@ class ConnectionCounter:
 
 def close_refused(transport: Any, counter: ConnectionCounter) -> None:
     """End a refused connection whose answer is written: half-close and linger (see REFUSED_LINGER_SECS), or
-    close at once while MAX_LINGERING already linger or the transport cannot half-close (TLS)."""
-    if counter.lingering >= MAX_LINGERING or not transport.can_write_eof():
+    close at once while the counter's `max_lingering` already linger or the transport cannot half-close
+    (TLS)."""
+    if counter.lingering >= counter.max_lingering or not transport.can_write_eof():
         transport.close()
         return
     counter.lingering += 1
@@ -120,4 +127,4 @@ def is_loopback(peername: object) -> bool:
     return address.is_loopback
 
 
-__all__ = ["ConnectionCounter", "ConnectionLimits", "client_of", "close_refused", "is_loopback"]
+__all__ = ["MAX_LINGERING", "ConnectionCounter", "ConnectionLimits", "client_of", "close_refused", "is_loopback"]
