@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "more are answered 503 (HTTP) or GOAWAY (gRPC) and closed")
     serve.add_argument("--max-connections-per-client", type=_byte_count, default=1024, metavar="N",
                        help="connections one client address may hold at once (0 = no limit)")
+    serve.add_argument("--max-sequence-backlog", type=_byte_count, default=4096, metavar="N",
+                       help="sequences a sequence model (each version) lets wait for a slot once every slot "
+                            "is taken; a START past it is refused (HTTP 429, gRPC UNAVAILABLE); 0 = no limit")
+    serve.add_argument("--max-sequence-backlog-per-key", type=_byte_count, default=1024, metavar="N",
+                       help="of those, how many one API key may have waiting (with --api-keys; 0 = no limit)")
     _add_tls_flags(serve)
     serve.add_argument("--allow-client-shm", action=TritonBool, default=False,
                        help="serve the system shared memory extension: clients register their POSIX "
@@ -365,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             max_connections_per_client=args.max_connections_per_client,
             metrics_max_connections=args.metrics_max_connections,
             metrics_max_connections_per_client=args.metrics_max_connections_per_client,
+            max_sequence_backlog=args.max_sequence_backlog,
+            max_sequence_backlog_per_key=args.max_sequence_backlog_per_key,
             http_tls=http_tls,
             grpc_tls=grpc_tls,
             allow_client_shm=args.allow_client_shm,

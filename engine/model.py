@@ -24,6 +24,7 @@ from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
 from .sequence_batcher import SequenceBatcher
+from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
@@ -39,7 +40,8 @@ class Model:
     """One served version. Created LOADING; `start()` makes it READY; `stop()` drains then frees it."""
 
     def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
-                 limiter: RateLimiter, router: Any = None) -> None:
+                 limiter: RateLimiter, router: Any = None, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
+        """`backlog`: how many sequences may wait for a slot, for a sequence model (sequence_policy.py)."""
         self._init_version(config, version, model_path)
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
         self.batcher: Batcher | SequenceBatcher
@@ -47,9 +49,9 @@ class Model:
             from .python_backend.sequence import PythonSequenceBatcher  # one request per row
 
             self.batcher = PythonSequenceBatcher(config, self.version_str, self.pool, self.stats, router,
-                                                 self._instances_health)
+                                                 self._instances_health, backlog)
         elif config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
-            self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats)
+            self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats, backlog)
         elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
             from .python_backend.batcher import RequestBatcher
 

@@ -54,6 +54,7 @@ from .proto import model_config_pb2 as pb
 from .python_overrides import refuse_python_override
 from .rate_limiter import RateLimiter
 from .routing import ModelEntry, RoutingTable, inside
+from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits
 
 log = logging.getLogger("hubserve.repository")
 
@@ -70,10 +71,11 @@ class ModelRepository(RoutingTable):
     """Loads, reloads and unloads models; routing and the index are the `RoutingTable` it is."""
 
     def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = (),
-                 allow_python_uploads: bool = False) -> None:
+                 allow_python_uploads: bool = False, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
         super().__init__(root)
         self._limiter = limiter
         self._gpus = gpus
+        self._backlog = backlog  # how many sequences may wait for a slot, per sequence model version
         # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
         # model is code the server runs, so by default only the operator's repository folder may hold one.
         self._allow_python_uploads = allow_python_uploads
@@ -326,7 +328,8 @@ class ModelRepository(RoutingTable):
                               "registry")
             model = GenerativeModel(config, version, path, self.generation)
         else:
-            model = Model(config, version, path, self._gpus, self._limiter, router=self)
+            model = Model(config, version, path, self._gpus, self._limiter, router=self,
+                          backlog=self._backlog)
         await model.start()
         return model
 

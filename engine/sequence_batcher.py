@@ -28,7 +28,7 @@ from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
 from .sequence_config import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
-from .sequence_policy import Batch, CorrId, Entry, SequencePolicy
+from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry, SequencePolicy
 from .stats import ModelStats
 from .types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 
@@ -49,7 +49,8 @@ class _Item:
 class SequenceBatcher(InflightBatcher):
     """Runs on the event loop. Owns the policy; the pool's `on_release` calls `_dispatch`."""
 
-    def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats) -> None:
+    def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats,
+                 backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
         assert config.sequence_batching is not None
         super().__init__()
         self.config = config
@@ -57,7 +58,7 @@ class SequenceBatcher(InflightBatcher):
         self._version = version
         self._pool = pool
         self._stats = stats
-        self.policy = SequencePolicy(config.name, self.sequence, pool.size, config.max_batch_size)
+        self.policy = SequencePolicy(config.name, self.sequence, pool.size, config.max_batch_size, backlog)
         self._batching = config.max_batch_size > 0
         self._output_names = [o.name for o in config.outputs]
         self._output_types = {o.name: o.datatype for o in config.outputs}

@@ -18,22 +18,40 @@ free instance, up to max_batch_size, waiting up to `max_queue_delay_us` for a pr
 
 A sequence ends when its END request leaves the queue (the slot is free for the next batch) unless a new
 START for the same id is queued behind it (Triton: the new sequence continues in the slot, with a warning).
+
+The backlog (sequences waiting for a slot) is bounded by `BacklogLimits`: in all, and per API key when the
+server has keys (the key that started the sequence; `owner` "" on a server without keys, where only the
+total applies). A START that would pass a bound is refused RESOURCE_EXHAUSTED (HTTP 429, gRPC UNAVAILABLE,
+as a full queue) before anything is queued. The backlog is insertion-ordered with O(1) removal, so a client
+that abandons thousands of waiting sequences at once (a closed stream) costs the loop time linear in them.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import invalid
+from .errors import EngineError, ErrorCode, invalid
 from .sequence_config import SequenceBatchingConfig, Strategy
 
 log = logging.getLogger("hubserve.sequence")
 CorrId = int | str
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogLimits:
+    """How many sequences may wait for a slot in one model version (0: no limit). ServerOptions carries them
+    (--max-sequence-backlog, --max-sequence-backlog-per-key)."""
+
+    max_sequences: int = 4096
+    max_per_key: int = 1024  # of one API key; a server without keys has one owner and only max_sequences
+
+
+DEFAULT_BACKLOG = BacklogLimits()
 
 
 @dataclass(eq=False, slots=True)
@@ -41,6 +59,7 @@ class Sequence:
     """One live sequence. `state` belongs to the driver (its implicit-state tensors)."""
 
     corrid: CorrId
+    owner: str = ""  # the API key that started it ("" without keys): what its place in the backlog counts to
     slot: tuple[int, int] | None = None  # (instance or -1, row); None while in the backlog
     queue: deque[Entry] = field(default_factory=deque)
     running: bool = False
@@ -72,9 +91,10 @@ class Batch:
 
 class SequencePolicy:
     def __init__(self, model_name: str, config: SequenceBatchingConfig, instances: int,
-                 max_batch_size: int) -> None:
+                 max_batch_size: int, limits: BacklogLimits = DEFAULT_BACKLOG) -> None:
         self.model = model_name
         self.config = config
+        self.limits = limits
         self.rows = max(1, max_batch_size)  # batch rows per execution
         self.idle_ns = config.max_sequence_idle_us * 1000
         self.delay_ns = config.max_queue_delay_us * 1000
@@ -91,14 +111,18 @@ class SequencePolicy:
         heapq.heapify(self._free)
         self.active: dict[CorrId, Sequence] = {}  # every live sequence, slotted or backlogged
         self.slotted: dict[tuple[int, int], Sequence] = {}  # by (instance, row)
-        self.backlog: deque[Sequence] = deque()
+        self.backlog: OrderedDict[Sequence, None] = OrderedDict()  # oldest first; O(1) removal anywhere
+        self._backlog_by_owner: dict[str, int] = {}  # backlogged sequences per API key (owner "" not counted)
         self.queued = 0  # requests waiting, in slots and backlog
         self.started = self.ended = self.idle_released = 0
 
     # ------------------------------------------------------------------ requests in
 
-    def submit(self, corrid: CorrId, start: bool, end: bool, item: Any, now_ns: int) -> Entry:
-        """Queue one request; raises INVALID_ARG for one that cannot belong to a live sequence."""
+    def submit(self, corrid: CorrId, start: bool, end: bool, item: Any, now_ns: int,
+               owner: str = "") -> Entry:
+        """Queue one request; raises INVALID_ARG for one that cannot belong to a live sequence, and
+        RESOURCE_EXHAUSTED for a START that would wait in a full backlog (nothing is queued then). `owner` is
+        the API key that sent it ("" on a server without keys)."""
         if corrid == 0 or corrid == "":
             raise invalid(f"inference request to model '{self.model}' must specify a non-zero or non-empty "
                           "correlation ID")
@@ -108,7 +132,7 @@ class SequencePolicy:
                 raise invalid(f"inference request for sequence {corrid} to model '{self.model}' must specify "
                               "the START flag on the first request of the sequence")
             if seq is None:
-                seq = self._new(corrid, now_ns)
+                seq = self._new(corrid, now_ns, owner)
         elif start and not seq.ending:
             log.warning("sequence %s for model '%s' has a conflict: the previous sequence did not end before "
                         "this sequence start", corrid, self.model)
@@ -121,14 +145,42 @@ class SequencePolicy:
         self.queued += 1
         return entry
 
-    def _new(self, corrid: CorrId, now_ns: int) -> Sequence:
-        seq = Sequence(corrid, last_active_ns=now_ns)
+    def _new(self, corrid: CorrId, now_ns: int, owner: str) -> Sequence:
+        if not self._free:
+            self._check_backlog(corrid, owner)
+        seq = Sequence(corrid, owner, last_active_ns=now_ns)
         self.active[corrid] = seq
         if self._free:
             self._assign(seq)
         else:
-            self.backlog.append(seq)
+            self.backlog[seq] = None
+            if owner:
+                self._backlog_by_owner[owner] = self._backlog_by_owner.get(owner, 0) + 1
         return seq
+
+    def _check_backlog(self, corrid: CorrId, owner: str) -> None:
+        """Raise RESOURCE_EXHAUSTED if a new sequence of `owner` may not wait for a slot now."""
+        limits = self.limits
+        full = f"sequence {corrid} cannot start: every slot of model '{self.model}' is taken and"
+        waiting = len(self.backlog)
+        if limits.max_sequences and waiting >= limits.max_sequences:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
+                              f"{full} {waiting} sequences already wait for one (--max-sequence-backlog); "
+                              "retry later")
+        held = self._backlog_by_owner.get(owner, 0) if owner else 0
+        if owner and limits.max_per_key and held >= limits.max_per_key:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
+                              f"{full} this API key already has {held} sequences waiting for one "
+                              "(--max-sequence-backlog-per-key); end some, or retry later")
+
+    def _leave_backlog(self, seq: Sequence) -> None:
+        owner = seq.owner
+        if owner:
+            held = self._backlog_by_owner[owner] - 1
+            if held:
+                self._backlog_by_owner[owner] = held
+            else:
+                del self._backlog_by_owner[owner]
 
     def _assign(self, seq: Sequence) -> None:
         row, inst = heapq.heappop(self._free)
@@ -142,13 +194,14 @@ class SequencePolicy:
             del self.active[seq.corrid]
         slot = seq.slot
         if slot is None:
-            if seq in self.backlog:
-                self.backlog.remove(seq)
+            if self.backlog.pop(seq, 0) is None:  # it was waiting (not released twice)
+                self._leave_backlog(seq)
             return
         seq.slot = None
         del self.slotted[slot]
         if self.backlog:
-            nxt = self.backlog.popleft()
+            nxt, _ = self.backlog.popitem(last=False)
+            self._leave_backlog(nxt)
             nxt.slot = slot
             self.slotted[slot] = nxt
         else:

@@ -37,6 +37,7 @@ from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .rate_limiter import RateLimiter
 from .repository import ModelRepository
+from .sequence_policy import BacklogLimits
 from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, parse_trace_config
 from .watcher import RepositoryWatcher
@@ -97,6 +98,10 @@ class ServerOptions:
     # ports'; its head and idle timeouts are client_timeout_secs and idle_timeout_secs.
     metrics_max_connections: int = 64
     metrics_max_connections_per_client: int = 16
+    # Sequences one sequence model version lets wait for a slot, in all and per API key (sequence_policy.py
+    # BacklogLimits); 0 = no limit.
+    max_sequence_backlog: int = 4096
+    max_sequence_backlog_per_key: int = 1024
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
     allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
@@ -143,7 +148,9 @@ class Server:
         self._exporter: OtlpExporter | None = None
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
-                                          allow_python_uploads=options.allow_python_model_upload)
+                                          allow_python_uploads=options.allow_python_model_upload,
+                                          backlog=BacklogLimits(options.max_sequence_backlog,
+                                                                options.max_sequence_backlog_per_key))
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
                                    options.max_message_bytes, options.model_control_mode)
         wire.configure(self.tensor_limits())

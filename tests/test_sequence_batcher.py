@@ -5,7 +5,10 @@ disappears."""
 from __future__ import annotations
 
 import queue
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,10 @@ MODELS = {
     # the slot while the test sets up the next is not released meanwhile on a loaded machine.
     "acc_one_slot": _variant("acc_one_slot", max_batch=1, idle_us=1_000_000),
     "acc_one_slot_held": _variant("acc_one_slot_held", max_batch=1),  # and one whose sequences stay 5 s
+    "acc_backlog": _variant("acc_backlog", max_batch=1),  # one slot, for the backlog's bound
 }
+BACKLOG = 1000  # this module's --max-sequence-backlog
+STALL_BOUND_S = 0.5  # the longest an unrelated request may wait while a stream's backlog is dropped
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +57,8 @@ def server(tmp_path_factory):
         (root / name).mkdir()
         (root / name / "config.pbtxt").write_text(text)
         examples.write_model(model, root / name / "1" / "model.onnx")
-    srv = start_server(root, tmp_path_factory.mktemp("seq_server") / "server.log")
+    srv = start_server(root, tmp_path_factory.mktemp("seq_server") / "server.log", "--max-sequence-backlog",
+                       str(BACKLOG))
     yield srv
     srv.stop()
 
@@ -214,6 +221,56 @@ def test_a_stream_that_disappears_leaves_no_sequence_behind(server):
     with pytest.raises(InferenceServerException, match="sequence 102 .* must specify the START flag"):
         _grpc_infer(grpc, model, 1, 102)
     assert _grpc_infer(grpc, model, 4, 103, start=True, end=True) == 4
+
+
+def test_a_full_backlog_refuses_starts_and_dropping_it_does_not_stall_the_server(server):
+    """One stream starts 3,000 sequences on a one-slot model: BACKLOG of them wait, every later START is
+    refused RESOURCE_EXHAUSTED on the stream (and 429 over HTTP) naming --max-sequence-backlog. Closing the
+    stream drops every waiting sequence, while an unrelated /v2/health/live keeps answering within
+    STALL_BOUND_S (before the bound, and with removal quadratic in the backlog, 10,000 waiting sequences
+    stalled it 0.6-2 s)."""
+    model, starts = "acc_backlog", 3000
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    assert _grpc_infer(grpc, model, 1, 9000, start=True) == 1  # holds the only slot
+    refusals: queue.Queue = queue.Queue()
+    stream = grpcclient.InferenceServerClient(server.grpc_url)
+    stream.start_stream(callback=lambda result, error: refusals.put(error) if error is not None else None)
+    for sid in range(10_000, 10_000 + starts):
+        stream.async_stream_infer(model, [_grpc_input(1)], sequence_id=sid, sequence_start=True)
+    errors = [refusals.get(timeout=30) for _ in range(starts - BACKLOG)]
+    assert all("(--max-sequence-backlog)" in e.message() for e in errors), errors[0].message()
+    assert server.metric("hubserve_sequence_backlog", model) == BACKLOG
+    with pytest.raises(urllib.error.HTTPError) as e:
+        body = b'{"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}], ' \
+               b'"parameters": {"sequence_id": 99999, "sequence_start": true}}'
+        urllib.request.urlopen(urllib.request.Request(f"http://{server.http_url}/v2/models/{model}/infer",
+                                                      body), timeout=10)
+    assert e.value.code == 429 and b"--max-sequence-backlog" in e.value.read()
+
+    worst = [0.0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            start = time.perf_counter()
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=30) as r:
+                assert r.status == 200
+            worst[0] = max(worst[0], time.perf_counter() - start)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        stream.stop_stream(cancel_requests=True)
+        stream.close()
+        _wait_for(lambda: server.metric("hubserve_sequence_backlog", model) == 0, "the backlog to empty")
+    finally:
+        done.set()
+        watcher.join()
+    assert worst[0] < STALL_BOUND_S, f"/v2/health/live waited {worst[0]:.3f} s while the backlog was dropped"
+    assert _grpc_infer(grpc, model, 2, 9000, end=True) == 3
+    assert _grpc_infer(grpc, model, 4, 9001, start=True, end=True) == 4
+    assert _http_infer(httpclient.InferenceServerClient(server.http_url), model, 5, 9002, start=True,
+                       end=True) == 5
 
 
 def test_statistics_and_metrics_count_sequences_and_batches(server):

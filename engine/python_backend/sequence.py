@@ -33,7 +33,7 @@ from ..errors import EngineError, ErrorCode
 from ..instances import Instance, InstancePool
 from ..sequence_batcher import Result, SequenceBatcher
 from ..sequence_config import StateSpec
-from ..sequence_policy import Batch, CorrId, Entry
+from ..sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
 from ..stats import ModelStats
 from ..types import InferenceRequest
 from .answers import AnswerCheck, InstanceBinding, count_error
@@ -43,8 +43,9 @@ from .runner import Answer
 
 class PythonSequenceBatcher(SequenceBatcher):
     def __init__(self, config: ModelConfig, version: str, pool: InstancePool, stats: ModelStats,
-                 router: Router | None, on_health: Callable[[str], None]) -> None:
-        super().__init__(config, version, pool, stats)
+                 router: Router | None, on_health: Callable[[str], None],
+                 backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
+        super().__init__(config, version, pool, stats, backlog)
         self._binding = InstanceBinding(pool, router, on_health)
         self.wait_nodes = self._binding.wait_nodes  # this version's instances, for BLS deadlock detection
         self._answers = AnswerCheck(config, version)
