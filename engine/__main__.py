@@ -181,6 +181,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="serve the system shared memory extension: clients register their POSIX "
                             "shared-memory objects and place tensors in them; off by default (Triton's flag: "
                             "--allow-client-shm or --allow-client-shm=true)")
+    serve.add_argument("--client-shm-max-regions", type=_byte_count, default=256, metavar="N",
+                       help="client shared-memory regions registered at once, server-wide (each holds a "
+                            "file descriptor; never more than a quarter of the open-file limit); 0 = only "
+                            "that quarter")
+    serve.add_argument("--client-shm-max-regions-per-key", type=_byte_count, default=64, metavar="N",
+                       help="of those, how many one API key may hold (with --api-keys; 0 = no limit)")
+    serve.add_argument("--client-shm-prefix", action="append", default=[], metavar="PREFIX",
+                       help="client shared-memory keys starting with PREFIX may name an object of any user "
+                            "(repeatable); without one, the server opens only objects owned by the user of "
+                            "the client's socket, a client on this machine. '/' allows every key")
     serve.add_argument("--http-restricted-api", action="append", default=[],
                        metavar="<api>[,<api>...]:<key>=<value>",
                        help="as Triton's flag: the HTTP API groups listed (health, metadata, inference, "
@@ -375,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
             http_tls=http_tls,
             grpc_tls=grpc_tls,
             allow_client_shm=args.allow_client_shm,
+            client_shm_max_regions=args.client_shm_max_regions,
+            client_shm_max_regions_per_key=args.client_shm_max_regions_per_key,
+            client_shm_prefixes=tuple(args.client_shm_prefix),
             http_restricted_apis=tuple(args.http_restricted_api),
             grpc_restricted_protocols=tuple(args.grpc_restricted_protocol),
             api_keys_file=args.api_keys.resolve() if args.api_keys is not None else None,

@@ -81,13 +81,16 @@ class Refusal:
 
 class Admission:
     """What an admitted request holds until `AccessPolicy.release`: a slot of its key's concurrency and
-    its bytes of the budget."""
+    its bytes of the budget; and `owner`, the label of the key it presented ("" when the server has no keys,
+    or for a health request, which needs none): whose client shared-memory regions and sequence backlog
+    share it may use (engine/caller.py)."""
 
-    __slots__ = ("bytes", "concurrency")
+    __slots__ = ("bytes", "concurrency", "owner")
 
-    def __init__(self, concurrency: Concurrency | None, nbytes: int) -> None:
+    def __init__(self, concurrency: Concurrency | None, nbytes: int, owner: str = "") -> None:
         self.concurrency = concurrency
         self.bytes = nbytes
+        self.owner = owner
 
 
 class _KeyState:
@@ -229,7 +232,8 @@ class AccessPolicy:
                 return Refusal(RefusalKind.EXHAUSTED,
                                f"request rate over this API key's limit (requests_per_second {rps:g})",
                                retry_after_secs(wait))
-        return Admission(concurrency, nbytes if budget is not None else 0)
+        return Admission(concurrency, nbytes if budget is not None else 0,
+                         state.key.label if state is not None else "")
 
     def grow(self, admission: Admission, nbytes: int) -> Refusal | None:
         """A request's body turned out `nbytes` larger than reserved (no declared size): reserve them too,

@@ -6,9 +6,29 @@ bytes: inputs are read from it, outputs written into it (engine/shm_requests.py)
 started with `--allow-client-shm`: Triton made it opt-in after client shared memory gave it a CVE chain.
 
 One registry per server, owned by the DataPlane, so with `--workers N` it lives in the engine process: the
-frontends forward register, unregister and status as they came (workers/control.py), and the engine reads
-and writes the regions when it handles a request, so a region registered through one frontend is usable from
-every other.
+frontends forward register, unregister and status as they came, with the caller (workers/control.py), and the
+engine reads and writes the regions when it handles a request, so a region registered through one frontend is
+usable from every other.
+
+**Whose regions.** The registry is scoped by API key (engine/caller.py `Caller.owner`): a key's status lists
+its own regions only, its requests find only its own, its unregister (one or all) drops only its own, and two
+keys may use the same region name. A server without keys has one owner.
+
+**Which objects.** A key names any object in /dev/shm, and the server's user can open objects the client's
+user cannot (another user's 0600 object, when the server runs as root; any object of the server's own user),
+so the server opens an object for a client only if it may (`register`):
+- the object is owned by the user who owns the client's socket (engine/socket_owner.py asks the kernel,
+  for a client on this machine): a client reaches through the server only what it could open itself; or
+- its key starts with a prefix the operator allowed (`--client-shm-prefix`, repeatable; none by default):
+  for clients the kernel cannot name (another machine sharing /dev/shm, another network namespace) or
+  objects made by another user on purpose.
+A client that fits neither is refused before anything is opened. perf_analyzer and tritonclient's examples
+run on the server's machine with objects of their own user, so they register as before.
+
+**How many.** Each region holds one descriptor while registered: at most `--client-shm-max-regions` (256)
+regions server-wide, never more than a quarter of the process's open-file limit at the time (so regions
+cannot take the descriptors connections need), and `--client-shm-max-regions-per-key` (64) per API key on a
+server with keys; past either, RESOURCE_EXHAUSTED (HTTP 429, gRPC UNAVAILABLE) in Triton's register words.
 
 **Why pread/pwrite and not a mapping.** A client owns its object and can `ftruncate` it smaller while it is
 registered; a read or write through a mapping of the lost pages is SIGBUS, which kills the whole server, and
@@ -33,14 +53,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import stat
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .caller import NOBODY, Caller
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .shm import SHM_ROOT, check_key
+from .socket_owner import client_uid
 
 # Triton's words when client shared memory is off (server src/common.h kClientShmDisabledErrorStr), with
 # hubserve's flag: `--allow-client-shm` (Triton's spelling, `--allow-client-shm=true`, works too).
@@ -49,6 +72,19 @@ DISABLED_MESSAGE = ("Client shared memory is disabled. Start the server with '--
 # Keys Triton keeps for its own regions (server src/common.h kTritonSharedMemoryRegionPrefix).
 RESERVED_PREFIX = "triton_python_backend_shm_region_"
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True, slots=True)
+class ShmLimits:
+    """What clients may register (ServerOptions carries them; 0 = no limit for the counts)."""
+
+    max_regions: int = 256  # --client-shm-max-regions, server-wide; also at most a quarter of RLIMIT_NOFILE
+    max_regions_per_key: int = 64  # --client-shm-max-regions-per-key, with --api-keys
+    key_prefixes: tuple[str, ...] = ()  # --client-shm-prefix: keys registered whoever owns the object
+
+
+DEFAULT_LIMITS = ShmLimits()
+FD_SHARE = 4  # regions may hold at most 1/FD_SHARE of the process's open-file limit
 
 
 def disabled() -> EngineError:
@@ -70,11 +106,13 @@ class ClientRegion:
 
     Created by `SystemSharedMemory.register`; the registry and every in-flight request that uses it hold it,
     and the fd is closed when the last of them lets go (`__del__`). Offsets given to `read_into` and `write`
-    are relative to the region (the client's `offset` added here)."""
+    are relative to the region (the client's `offset` added here). `owner_uid`: the user who must own the
+    object (None: any, the key's prefix being allowed)."""
 
     __slots__ = ("_fd", "_identity", "_path", "byte_size", "key", "name", "offset")
 
-    def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def __init__(self, name: str, key: str, offset: int, byte_size: int,
+                 owner_uid: int | None = None) -> None:
         self._fd = -1  # set first: __del__ runs even when __init__ raises
         self.name = name
         self.key = key
@@ -89,6 +127,10 @@ class ClientRegion:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise EngineError(ErrorCode.INTERNAL, f"Invalid shared memory region: '{key}'")
+        if owner_uid is not None and st.st_uid != owner_uid:
+            raise invalid(f"failed to register shared memory region '{name}': the object '{key}' belongs to "
+                          "another user; the server opens only objects of the client's own user (or keys "
+                          "under --client-shm-prefix)")
         if offset + byte_size > st.st_size:
             raise invalid(f"failed to register shared memory region '{name}': invalid args")
         self._identity = (st.st_dev, st.st_ino)
@@ -154,18 +196,24 @@ class TensorPlace:
 
 
 class SystemSharedMemory:
-    """The registry: region name → ClientRegion. One per server (the DataPlane's), on its event loop."""
+    """The registry: owner → region name → ClientRegion. One per server (the DataPlane's), on its event
+    loop. Every call names its caller (engine/caller.py); NOBODY is the keyless owner."""
 
-    def __init__(self, allowed: bool) -> None:
+    def __init__(self, allowed: bool, limits: ShmLimits = DEFAULT_LIMITS) -> None:
         self.allowed = allowed
-        self._regions: dict[str, ClientRegion] = {}
+        self.limits = limits
+        self._prefixes = tuple(p.lstrip("/") for p in limits.key_prefixes)
+        self._regions: dict[str, dict[str, ClientRegion]] = {}
+        self._count = 0  # regions registered, every owner's
 
     def require_allowed(self) -> None:
         """Raise the refusal naming the flag unless the server was started with --allow-client-shm."""
         if not self.allowed:
             raise disabled()
 
-    def register(self, name: str, key: str, offset: Any, byte_size: Any) -> None:
+    def register(self, name: str, key: str, offset: Any, byte_size: Any, caller: Caller = NOBODY) -> None:
+        """Register `caller`'s region `name`: `byte_size` bytes at `offset` of the object `key`, opened only
+        if the caller may (see the module docstring) and while the counts allow."""
         self.require_allowed()
         if not isinstance(name, str) or not name:
             raise invalid("'region name' is necessary to register system shared memory region")
@@ -179,28 +227,69 @@ class SystemSharedMemory:
         if stripped.startswith(RESERVED_PREFIX):
             raise invalid(f"cannot register shared memory region '{name}' with key '{key}' as the key "
                           f"contains the reserved prefix '{RESERVED_PREFIX}'")
-        if name in self._regions:
+        owned = self._regions.get(caller.owner, {})
+        if name in owned:
             raise EngineError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
-        self._regions[name] = ClientRegion(name, key, offset, byte_size)
+        self._check_room(name, caller.owner, len(owned))
+        owner_uid = None
+        if not (self._prefixes and stripped.startswith(self._prefixes)):
+            owner_uid = client_uid(caller.peer, caller.local)
+            if owner_uid is None:
+                raise invalid(f"failed to register shared memory region '{name}': the server cannot tell "
+                              "which user this client runs as (its connection does not come from this "
+                              "machine), so it opens no object for it; the operator may allow keys under "
+                              "--client-shm-prefix")
+        region = ClientRegion(name, key, offset, byte_size, owner_uid)
+        self._regions.setdefault(caller.owner, {})[name] = region
+        self._count += 1
 
-    def unregister(self, name: str = "") -> None:
-        """One region, or every region when `name` is empty. An unknown name is no error (Triton's)."""
+    def _check_room(self, name: str, owner: str, held: int) -> None:
+        """RESOURCE_EXHAUSTED when one more region would pass the server's or the key's count."""
+        limits = self.limits
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)  # read now: it may be lowered while serving
+        cap = limits.max_regions
+        by_fds = soft != resource.RLIM_INFINITY and (not cap or soft // FD_SHARE < cap)
+        if by_fds:
+            cap = soft // FD_SHARE
+        if cap and self._count >= cap:
+            why = (f"a quarter of its open-file limit of {soft}" if by_fds else "--client-shm-max-regions")
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
+                              f"failed to register shared memory region '{name}': the server holds "
+                              f"{self._count} regions, the most it may ({why}); unregister some first")
+        if owner and limits.max_regions_per_key and held >= limits.max_regions_per_key:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
+                              f"failed to register shared memory region '{name}': this API key holds {held} "
+                              "regions, the most it may (--client-shm-max-regions-per-key); unregister some "
+                              "first")
+
+    def unregister(self, name: str = "", caller: Caller = NOBODY) -> None:
+        """One of `caller`'s regions, or every one of them when `name` is empty. An unknown name is no error
+        (Triton's)."""
         self.require_allowed()
+        owned = self._regions.get(caller.owner)
+        if not owned:
+            return
         if name:
-            self._regions.pop(name, None)
+            if owned.pop(name, None) is not None:
+                self._count -= 1
         else:
-            self._regions.clear()
+            self._count -= len(owned)
+            owned.clear()
+        if not owned:
+            del self._regions[caller.owner]
 
-    def status(self, name: str = "") -> list[dict[str, Any]]:
+    def status(self, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
+        """`caller`'s regions (one, by name), in Triton's status form."""
+        owned = self._regions.get(caller.owner, {})
         if not name:
-            return [r.status() for r in self._regions.values()]
-        region = self._regions.get(name)
+            return [r.status() for r in owned.values()]
+        region = owned.get(name)
         if region is None:
             raise not_found(f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
 
-    def place(self, name: Any, offset: Any, byte_size: Any) -> TensorPlace:
-        """A tensor's place from a request's parameters, checked against the region (Triton's
+    def place(self, name: Any, offset: Any, byte_size: Any, owner: str = "") -> TensorPlace:
+        """A tensor's place from a request's parameters, checked against `owner`'s region (Triton's
         GetMemoryInfo): unknown region NOT_FOUND; offset or offset + byte size outside it INVALID_ARG."""
         self.require_allowed()
         if not isinstance(name, str):
@@ -209,7 +298,7 @@ class SystemSharedMemory:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise invalid(f"Unable to parse '{what}'")
         offset, byte_size = int(offset), int(byte_size)
-        region = self._regions.get(name)
+        region = self._regions.get(owner, {}).get(name)
         if region is None:
             raise not_found(f"Unable to find shared memory region: '{name}'")
         if offset >= region.byte_size:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import __version__, client_shm, logs, observe, shm_requests
-from .client_shm import SystemSharedMemory
+from .caller import NOBODY, Caller
+from .client_shm import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model
 from .names import check_model_name
@@ -59,7 +60,7 @@ class ServerInfo:
 class DataPlane:
     def __init__(self, repository: ModelRepository, strict_readiness: bool = True,
                  allow_client_shm: bool = False, max_tensor_bytes: int = 64 << 20,
-                 model_control_mode: str = "none") -> None:
+                 model_control_mode: str = "none", shm_limits: ShmLimits = DEFAULT_LIMITS) -> None:
         self.repository = repository
         # Only `explicit` lets the repository API load and unload (`_require_model_control`): in `none` and
         # `poll` the repository folder alone decides what serves, as in Triton.
@@ -69,7 +70,7 @@ class DataPlane:
         self.strict_readiness = strict_readiness
         self.accepting = True  # False while draining: ready turns false, live stays true
         # Clients' shared-memory regions (engine/client_shm.py); in the engine process with --workers N.
-        self.shm = SystemSharedMemory(allow_client_shm)
+        self.shm = SystemSharedMemory(allow_client_shm, shm_limits)
         self.max_tensor_bytes = max_tensor_bytes  # the largest BYTES input read from a region
 
     # ------------------------------------------------------------------ health & metadata
@@ -178,22 +179,22 @@ class DataPlane:
 
     # ------------------------------------------------------------------ shared memory
 
-    def shm_status(self, cuda: bool, name: str = "") -> list[dict[str, Any]]:
-        """Registered regions, Triton's status form (name, key, offset, byte_size)."""
-        return client_shm.cuda_status(name) if cuda else self.shm.status(name)
+    def shm_status(self, cuda: bool, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
+        """The caller's registered regions, Triton's status form (name, key, offset, byte_size)."""
+        return client_shm.cuda_status(name) if cuda else self.shm.status(name, caller)
 
-    def shm_register(self, name: str, key: str, offset: Any, byte_size: Any) -> None:
-        self.shm.register(name, key, offset, byte_size)
+    def shm_register(self, name: str, key: str, offset: Any, byte_size: Any, caller: Caller = NOBODY) -> None:
+        self.shm.register(name, key, offset, byte_size, caller)
 
     def cuda_shm_register(self, name: str) -> None:
         client_shm.cuda_register(self.shm, name)
 
-    def shm_unregister(self, cuda: bool, name: str = "") -> None:
-        """One region by name, or every region of that kind when `name` is empty."""
+    def shm_unregister(self, cuda: bool, name: str = "", caller: Caller = NOBODY) -> None:
+        """One of the caller's regions by name, or every one of them of that kind when `name` is empty."""
         if cuda:
             client_shm.cuda_unregister(self.shm, name)
         else:
-            self.shm.unregister(name)
+            self.shm.unregister(name, caller)
 
     def infer_stream(self, request: InferenceRequest, start_ns: int = 0) -> AsyncIterator[StreamedResponse]:
         """The request's responses as they come: one for a non-decoupled model, 0..N and a final one for a

@@ -83,7 +83,7 @@ class SequenceBatcher(InflightBatcher):
         corrid, start, end = self._flags(request)
         now = time.perf_counter_ns()
         item = _Item(request, inputs, now)
-        entry = self.policy.submit(corrid, start, end, item, now)
+        entry = self.policy.submit(corrid, start, end, item, now, request.owner)
         received = received_ns or now
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
         item.future = future

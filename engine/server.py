@@ -16,6 +16,7 @@ from pathlib import Path
 from . import histograms, observe
 from .access import AccessConfig, access_config, policies
 from .canary import CanaryOptions, CanaryRunner
+from .client_shm import ShmLimits
 from .dataplane import DataPlane
 from .devices import discover_gpus
 from .frontend import http as http_frontend
@@ -105,6 +106,12 @@ class ServerOptions:
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
     allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
+    # What clients may register with it (client_shm.py ShmLimits): regions server-wide (and never more than a
+    # quarter of the open-file limit) and per API key (0 = no limit); key prefixes registered whoever owns
+    # the object (else only objects of the client's own user).
+    client_shm_max_regions: int = 256
+    client_shm_max_regions_per_key: int = 64
+    client_shm_prefixes: tuple[str, ...] = ()
     # Who may call what (engine/access.py; README "Security"): Triton's restriction flags as given, the
     # --api-keys file, and the server-wide budget of request bytes in flight (0 = none).
     http_restricted_apis: tuple[str, ...] = ()
@@ -151,8 +158,10 @@ class Server:
                                           allow_python_uploads=options.allow_python_model_upload,
                                           backlog=BacklogLimits(options.max_sequence_backlog,
                                                                 options.max_sequence_backlog_per_key))
+        shm = ShmLimits(options.client_shm_max_regions, options.client_shm_max_regions_per_key,
+                        options.client_shm_prefixes)
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
-                                   options.max_message_bytes, options.model_control_mode)
+                                   options.max_message_bytes, options.model_control_mode, shm)
         wire.configure(self.tensor_limits())
         # The generative models' engines (one per version, built on first use), for the OpenAI API on the
         # HTTP port; here, in the process that holds the repository, whatever --workers says.

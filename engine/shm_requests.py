@@ -55,24 +55,26 @@ def _without_shm(parameters: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in SHARED_MEMORY_PARAMETERS}
 
 
-def _place(registry: SystemSharedMemory, parameters: dict[str, Any]) -> TensorPlace:
+def _place(registry: SystemSharedMemory, parameters: dict[str, Any], owner: str) -> TensorPlace:
     return registry.place(parameters[REGION], parameters.get("shared_memory_offset", 0),
-                          parameters.get("shared_memory_byte_size", 0))
+                          parameters.get("shared_memory_byte_size", 0), owner)
 
 
 def resolve(request: InferenceRequest, registry: SystemSharedMemory, max_tensor_bytes: int
             ) -> tuple[InferenceRequest, OutputPlaces]:
     """The request as the model is to see it (inputs read from their regions, shared-memory parameters
-    dropped), and where each output in shared memory goes. Raises EngineError in Triton's words for an
-    unknown region, a range outside it, a byte size that does not match the tensor, or a region removed or
-    truncated by its owner; nothing is queued then."""
+    dropped), and where each output in shared memory goes. The regions are those of the request's `owner`
+    (the API key that sent it). Raises EngineError in Triton's words for an unknown region, a range outside
+    it, a byte size that does not match the tensor, or a region removed or truncated by its owner; nothing is
+    queued then."""
+    owner = request.owner
     inputs = []
     for tensor in request.inputs:
         params = tensor.parameters
         if not params or REGION not in params:
             inputs.append(tensor)
             continue
-        place = _place(registry, params)
+        place = _place(registry, params, owner)
         data = _read_input(request.model_name, tensor, place, max_tensor_bytes)
         inputs.append(Tensor(tensor.name, tensor.datatype, tensor.shape, data, _without_shm(params)))
     places: OutputPlaces = {}
@@ -86,7 +88,7 @@ def resolve(request: InferenceRequest, registry: SystemSharedMemory, max_tensor_
                 continue
             if "classification" in params:
                 raise invalid("Output can't set both 'shared_memory_region' and 'classification'")
-            places[out.name] = _place(registry, params)
+            places[out.name] = _place(registry, params, owner)
             stripped.append(RequestedOutput(out.name, out.binary_data, _without_shm(params)))
         outputs = stripped
     return dataclasses.replace(request, inputs=inputs, outputs=outputs), places

@@ -152,6 +152,10 @@ class InferenceRequest:
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
     plan: RequestPlan | None = None  # the frontend's cached decoding of this request's header, if any
+    # The label of the API key that sent it ("" on a server without keys), set by the frontend from the
+    # access policy's admission: whose client shared-memory regions it may use and whose share of a sequence
+    # backlog it takes (engine/caller.py).
+    owner: str = ""
     # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a
     # decoupled model's responses before its final one go, on the loop, in order (an EngineError for an
     # error response, after which more may follow). None: the request wants exactly one response, and a

@@ -8,8 +8,10 @@ split between the frontend processes so that they hold server-wide).
 from __future__ import annotations
 
 import http.client
+import shutil
 import subprocess
 import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +21,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start_server
+from conftest import EXAMPLES, start_server
+from engine import examples
 from hubserve_harness import ROOT
 from test_http_limits import INFER, A, B, RawConnection, infer_body, post, wait_for
 
@@ -314,3 +317,45 @@ def test_no_flags_means_everything_open(server):
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert client.get_model_repository_index()
     assert raw_get(server.http_port, "/v2", {}).status == 200
+
+
+def metrics_text(server) -> str:
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        return r.read().decode()
+
+
+def test_each_key_has_its_share_of_a_sequence_backlog(tmp_path: Path):
+    """simple_sequence has 8 slots. With --max-sequence-backlog-per-key 3, the admin key's stream holds the 8
+    slots and 3 waiting sequences; its next STARTs are refused on the stream (RESOURCE_EXHAUSTED, in words
+    naming the flag), while the app key's START still waits for a slot."""
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    root = tmp_path / "repo"
+    (root / "simple_sequence").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "simple_sequence" / "config.pbtxt", root / "simple_sequence" / "config.pbtxt")
+    examples.build_repository(root, ["simple_sequence"])
+    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "none", "--api-keys",
+                       str(tmp_path / "keys.yaml"), "--max-sequence-backlog-per-key", "3")
+    streams = []
+    try:
+        errors: dict[str, list] = {"admin": [], "app": []}
+        for who in errors:
+            c = grpcclient.InferenceServerClient(srv.grpc_url)
+            c.start_stream(callback=lambda result, error, who=who: errors[who].append(error) if error else 0,
+                           headers={"authorization": f"Bearer s3cret-{who}"})
+            streams.append(c)
+        value = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        value.set_data_from_numpy(np.ones((1, 1), np.int32))
+        for sid in range(1, 8 + 3 + 2 + 1):  # 8 slots, 3 waiting, then 2 past the key's share
+            streams[0].async_stream_infer("simple_sequence", [value], sequence_id=sid, sequence_start=True)
+        wait_for(lambda: len(errors["admin"]) == 2, 20, "the refusals of the starts past the key's share")
+        assert all("(--max-sequence-backlog-per-key)" in e.message() for e in errors["admin"])
+        assert "this API key already has 3 sequences waiting" in errors["admin"][0].message()
+        streams[1].async_stream_infer("simple_sequence", [value], sequence_id=100, sequence_start=True)
+        wait_for(lambda: 'hubserve_sequence_backlog{model="simple_sequence",version="1"} 4' in
+                 metrics_text(srv), 20, "the other key's sequence in the backlog")
+        assert errors["app"] == []
+    finally:
+        for c in streams:
+            c.stop_stream(cancel_requests=True)
+            c.close()
+        srv.stop()

@@ -127,4 +127,5 @@ def is_loopback(peername: object) -> bool:
     return address.is_loopback
 
 
-__all__ = ["MAX_LINGERING", "ConnectionCounter", "ConnectionLimits", "client_of", "close_refused", "is_loopback"]
+__all__ = ["MAX_LINGERING", "ConnectionCounter", "ConnectionLimits", "client_of", "close_refused",
+           "is_loopback"]

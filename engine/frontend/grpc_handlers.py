@@ -17,6 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from ..caller import NOBODY, Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
@@ -65,6 +66,11 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.DEADLINE_EXCEEDED: GrpcStatus.DEADLINE_EXCEEDED,
     ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
 }
+
+# Unary RPCs whose handlers take the call's Caller too (engine/caller.py): client shared memory is scoped by
+# API key, and registering needs the connection's ends (the client's user).
+CALLER_RPCS = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
+                         "SystemSharedMemoryUnregister"})
 
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
@@ -144,21 +150,21 @@ class GrpcHandlers:
         await self.dp.unload(request.model_name, unload_dependents)
         return pb.RepositoryModelUnloadResponse()
 
-    def SystemSharedMemoryStatus(self, request: Any) -> Any:
+    def SystemSharedMemoryStatus(self, request: Any, caller: Caller = NOBODY) -> Any:
         resp = pb.SystemSharedMemoryStatusResponse()
-        for region in self.dp.shm_status(False, request.name):
+        for region in self.dp.shm_status(False, request.name, caller):
             resp.regions[region["name"]].CopyFrom(resp.RegionStatus(**region))
         return resp
 
-    def SystemSharedMemoryRegister(self, request: Any) -> Any:
+    def SystemSharedMemoryRegister(self, request: Any, caller: Caller = NOBODY) -> Any:
         self.dp.shm.require_allowed()
         if not request.name:
             raise invalid("'region name' is necessary to register system shared memory region")
-        self.dp.shm_register(request.name, request.key, request.offset, request.byte_size)
+        self.dp.shm_register(request.name, request.key, request.offset, request.byte_size, caller)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    def SystemSharedMemoryUnregister(self, request: Any) -> Any:
-        self.dp.shm_unregister(False, request.name)
+    def SystemSharedMemoryUnregister(self, request: Any, caller: Caller = NOBODY) -> Any:
+        self.dp.shm_unregister(False, request.name, caller)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     def CudaSharedMemoryStatus(self, request: Any) -> Any:
@@ -173,26 +179,30 @@ class GrpcHandlers:
         self.dp.shm_unregister(True, request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    def _decode(self, message: Any, header_id: bytes | None) -> InferenceRequest:
+    def _decode(self, message: Any, header_id: bytes | None, owner: str) -> InferenceRequest:
         """The serialized request decoded; the call's `x-request-id` metadata is its id when its message
-        has none."""
+        has none; `owner` the API key the call presented."""
         request = self.wire.decode(message)
         if header_id and not request.id:
             request.id = header_id.decode("latin-1")
+        if owner:
+            request.owner = owner
         return request
 
     def submit_infer_wire(self, message: Any, start_ns: int = 0, on_done: Completion | None = None,
-                          header_id: bytes | None = None) -> asyncio.Future[InferenceResponse]:
+                          header_id: bytes | None = None, owner: str = ""
+                          ) -> asyncio.Future[InferenceResponse]:
         """ModelInfer, first half: decode the serialized request and queue it. Raises at once for a bad
         request (EngineError), or DecodeError for bytes that are not a ModelInferRequest; the future resolves
         with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
         with it once it is done, right after the request is accounted. Cancelling it drops the request.
-        `header_id` is the call's `x-request-id` metadata: the request's id when its message has none."""
-        request = self._decode(message, header_id)
+        `header_id` is the call's `x-request-id` metadata: the request's id when its message has none; `owner`
+        the label of the API key the call presented (engine/caller.py)."""
+        request = self._decode(message, header_id, owner)
         return self.dp.submit(request, start_ns or time.perf_counter_ns(), on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
-                          header_id: bytes | None = None, principal: bytes | None = None
+                          header_id: bytes | None = None, principal: bytes | None = None, owner: str = ""
                           ) -> asyncio.Future[InferenceResponse]:
         """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
         returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
@@ -235,7 +245,7 @@ class GrpcHandlers:
             answered(f, answer)
 
         try:
-            request = self._decode(message, header_id)
+            request = self._decode(message, header_id, owner)
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             request.principal = principal

@@ -50,6 +50,7 @@ import httptools
 import orjson
 
 from ..access import HTTP_STATUS, Refusal, RefusalKind
+from ..caller import ends
 from .connections import client_of, close_refused, is_loopback
 from .http_path import Endpoint, parse_target
 from .http_types import Answer, HttpRequest, Pending
@@ -94,6 +95,7 @@ class HttpProtocol(asyncio.Protocol):
         self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
+        self._ends: tuple[Any, Any] = (None, None)  # (peer, local) addresses, each request's `ends`
         self._admitted: str | None = None  # the client address the counter counted this connection under
         self._current: HttpRequest | None = None  # being parsed
         self._in_head = False  # between the first byte of a request and its headers' end
@@ -132,6 +134,7 @@ class HttpProtocol(asyncio.Protocol):
             self._peer = f"{peer[0]}:{peer[1]}"
         if self._loopback_only is not None and is_loopback(peer):
             self._loopback_only = None
+        self._ends = ends(transport)
         counter = self._owner.counter
         if counter is not None:
             client = client_of(peer)
@@ -211,7 +214,8 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_begin(self) -> None:
         if self._done:
             raise _Reject("the connection is closing")  # stop llhttp: no more requests on this connection
-        self._current = HttpRequest()
+        self._current = req = HttpRequest()
+        req.ends = self._ends
         self._in_head = True
         self._head_at = self._last_rx
         self._head_size = 0
@@ -261,6 +265,7 @@ class HttpProtocol(asyncio.Protocol):
                 req.refusal = verdict
             else:
                 req.admission = verdict  # type: ignore[assignment]
+                req.owner = verdict.owner  # type: ignore[union-attr]
         if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ..api_keys import bearer_digest
+from ..caller import Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
 from ..request_ids import check_header_request_id
@@ -252,6 +253,8 @@ class HttpRoutes:
             checked = check_header_request_id(header_id, "header X-Request-ID")
             if not request.id:
                 request.id = checked
+        if req.owner:
+            request.owner = req.owner
         accept = req.headers.get(b"accept-encoding")
         encoding = compression.accepted(accept.decode("latin-1")) if accept else None
         if encoding is None:
@@ -269,10 +272,11 @@ class HttpRoutes:
         name, action = target.name, target.action
         if (req.method not in (b"GET", b"HEAD")) if action == "status" else req.method != b"POST":
             return _error(405, "Method Not Allowed")
+        caller = Caller(req.owner, *req.ends)
         if action == "status":
-            return _json(self.dp.shm_status(cuda, name))
+            return _json(self.dp.shm_status(cuda, name, caller))
         if action == "unregister":
-            self.dp.shm_unregister(cuda, name)
+            self.dp.shm_unregister(cuda, name, caller)
             return 200, b"", _JSON, b""
         kind = "cuda" if cuda else "system"
         self.dp.shm.require_allowed()  # the flag's message first, before the body is read, as Triton's
@@ -286,7 +290,7 @@ class HttpRoutes:
             raise invalid("Shared memory register request has no 'key' field")
         if "byte_size" not in doc:
             raise invalid("Shared memory register request has no 'byte_size' field")
-        self.dp.shm_register(name, doc["key"], doc.get("offset", 0), doc["byte_size"])
+        self.dp.shm_register(name, doc["key"], doc.get("offset", 0), doc["byte_size"], caller)
         return 200, b"", _JSON, b""
 
     def _logging(self, req: HttpRequest, method: bytes) -> Answer:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..access import Admission, Refusal
+from ..caller import Address
 from .http_path import HttpTarget
 
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
@@ -59,10 +60,12 @@ class HttpRequest:
     (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
     body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
     an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
-    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header."""
+    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header. `owner` is the label
+    of the API key it presented ("" without keys) and `ends` its connection's (peer, local) addresses: who
+    sent it (engine/caller.py), set by the connection, or by the engine for a forwarded request."""
 
-    __slots__ = ("admission", "body", "headers", "http10", "keep_alive", "method", "refusal", "start_ns",
-                 "stream", "target", "url")
+    __slots__ = ("admission", "body", "ends", "headers", "http10", "keep_alive", "method", "owner", "refusal",
+                 "start_ns", "stream", "target", "url")
 
     def __init__(self) -> None:
         self.method = b""
@@ -76,6 +79,8 @@ class HttpRequest:
         self.refusal: Refusal | None = None
         self.start_ns = time.perf_counter_ns()
         self.stream: ResponseStream | None = None
+        self.owner = ""
+        self.ends: tuple[Address | None, Address | None] = (None, None)
 
 
 # How a connection learns that its in-flight answer is ready: called once with the `Pending`'s future.

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..caller import Caller
 from ..dataplane import DataPlane
 from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.h2.rpcs import Kind, rpc_table
@@ -63,13 +64,16 @@ class ControlRunner:
             reply(cid, False, error_payload(e))
         return None
 
-    def _http(self, cid: int, args: tuple[bytes, bytes, tuple[Any, ...], dict[bytes, bytes], bytes],
-              reply: Reply, piece: Piece, window: SendWindow | None) -> Pending | None:
-        """The request's target comes parsed, as the frontend's access check read it (http_path.py): the
-        routes here dispatch on it, never on the URL read again."""
+    def _http(self, cid: int, args: tuple[Any, ...], reply: Reply, piece: Piece,
+              window: SendWindow | None) -> Pending | None:
+        """`args`: (method, url, target, headers, body, owner, (peer, local)) as the frontend had them. The
+        target comes parsed, as the frontend's access check read it (http_path.py): the routes here dispatch
+        on it, never on the URL read again."""
         req = HttpRequest()
-        req.method, req.url, target, req.headers, req.body = args
+        req.method, req.url, target, req.headers, req.body, owner, ends = args
         req.target = HttpTarget.from_wire(target)
+        caller = Caller.from_tuple((owner, *ends))
+        req.owner, req.ends = caller.owner, (caller.peer, caller.local)
         stream = StreamOut(cid, piece, window)
         req.stream = stream
         held: list[Pending] = []
@@ -87,12 +91,14 @@ class ControlRunner:
         held.append(answer)
         return answer
 
-    def _grpc(self, cid: int, args: tuple[str, bytes], reply: Reply) -> None:
-        method, message = args
+    def _grpc(self, cid: int, args: tuple[str, bytes, Any], reply: Reply) -> None:
+        """`args`: (method, serialized request, the call's Caller as a tuple)."""
+        method, message, caller = args
         rpc = self._unary.get(method)
         if rpc is None:
             raise ValueError(f"no unary RPC {method!r} to forward to")
-        result = rpc.handler(rpc.request_type.FromString(message))
+        request = rpc.request_type.FromString(message)
+        result = rpc.handler(request, Caller.from_tuple(caller)) if rpc.caller else rpc.handler(request)
         if not inspect.isawaitable(result):
             reply(cid, True, result.SerializeToString())
             return

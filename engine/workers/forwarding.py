@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from ..caller import NOBODY, Caller
 from ..errors import EngineError, ErrorCode
 from ..frontend.grpc_handlers import GrpcHandlers, health
 from ..frontend.http_path import Endpoint, model_target, parse_target
@@ -63,7 +64,8 @@ class FrontendRoutes:
         # then its head and pieces are written to the connection (req.stream) as they come, and the future
         # resolves at the stream's end.
         generation = cancellable(target.endpoint.name)
-        future = self._client.forward(HTTP, (req.method, req.url, target.to_wire(), req.headers, body),
+        args = (req.method, req.url, target.to_wire(), req.headers, body, req.owner, req.ends)
+        future = self._client.forward(HTTP, args,
                                       cancellable=generation, stream=req.stream if generation else None)
         future.add_done_callback(on_done)
         return _Forwarded(future)
@@ -72,8 +74,9 @@ class FrontendRoutes:
     async def _metadata(self, name: str, version: str) -> dict[str, Any]:
         """The model's metadata from the engine; its error (an unknown model, say) as the engine said it."""
         target = model_target(Endpoint.MODEL_METADATA, name, version)  # built, never encoded and read back
-        status, body, _, _ = await self._client.forward(HTTP, (b"GET", target.path.encode("utf-8", "replace"),
-                                                               target.to_wire(), {}, b""))
+        path = target.path.encode("utf-8", "replace")
+        args: tuple[Any, ...] = (b"GET", path, target.to_wire(), {}, b"", "", (None, None))
+        status, body, _, _ = await self._client.forward(HTTP, args)
         doc = orjson.loads(body)  # the engine sends a body as one bytes object (control.py _flat)
         if status != 200:
             raise EngineError(_CODE_OF_STATUS.get(status, ErrorCode.INTERNAL), doc.get("error", ""))
@@ -110,8 +113,8 @@ class FrontendGrpcHandlers(GrpcHandlers):
         super().__init__(client)  # type: ignore[arg-type]
         self._client = client
 
-    def _forward(self, method: str, request: Any) -> asyncio.Future[Any]:
-        future = self._client.forward(GRPC, (method, request.SerializeToString()))
+    def _forward(self, method: str, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
+        future = self._client.forward(GRPC, (method, request.SerializeToString(), caller.as_tuple()))
         out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[Any]) -> None:
@@ -139,8 +142,8 @@ class FrontendGrpcHandlers(GrpcHandlers):
 
 
 def _forwarder(name: str) -> Any:
-    def handler(self: FrontendGrpcHandlers, request: Any) -> asyncio.Future[Any]:
-        return self._forward(name, request)
+    def handler(self: FrontendGrpcHandlers, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
+        return self._forward(name, request, caller)  # the Call passes one to grpc_handlers.CALLER_RPCS
 
     handler.__name__ = name
     return handler

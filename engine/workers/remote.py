@@ -132,6 +132,8 @@ class EngineClient(asyncio.Protocol):
             desc = (rid, plan_no, *desc[2:])
         else:
             desc = (*desc, _header(request))
+        if request.owner:  # the API key that sent it, after the header slot (None when the plan is known)
+            desc = (*desc, request.owner) if len(desc) > 8 else (*desc, None, request.owner)
         self._requests.append(desc)
         self._pending[rid] = (future, placement[0])
         if request.stream is not None:

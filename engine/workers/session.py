@@ -197,7 +197,7 @@ class FrontendSession(asyncio.Protocol):
     def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
         rid, plan_no, start_ns, request_id, placement, model, version, principal = desc[:8]
         try:
-            if len(desc) > 8:
+            if len(desc) > 8 and desc[8] is not None:
                 plan = _plan(desc[8], plan_no)
                 if plan_no:
                     self._plans[plan_no] = plan
@@ -209,6 +209,8 @@ class FrontendSession(asyncio.Protocol):
                       for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
             request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
             request.principal = principal
+            if len(desc) > 9:
+                request.owner = desc[9]
             if streamed:
                 request.stream = functools.partial(self._streamed, rid)
             future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))

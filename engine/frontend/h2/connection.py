@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ...caller import Address, ends
 from ...quotas import ByteBudget
 from ..connections import ConnectionCounter, client_of, close_refused, is_loopback
 from .core import H2Core
@@ -90,6 +91,10 @@ class H2Connection(asyncio.Protocol):
         self.request_bytes = ByteBudget(limits.max_buffered_request_bytes)  # drawn on by the app's handlers
 
     # ------------------------------------------------------------------ asyncio.Protocol
+
+    def ends(self) -> tuple[Address | None, Address | None]:
+        """The connection's (peer, local) addresses (engine/caller.py)."""
+        return ends(self._transport)
 
     def connection_made(self, transport: Any) -> None:
         self._transport = transport

@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 
 from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...api_keys import bearer_digest
+from ...caller import Caller
 from ...errors import EngineError, endpoint_message
 from ...request_ids import header_request_id_problem
 from ..api_groups import grpc_group
@@ -306,12 +307,14 @@ class Call:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
                 # its one done-callback
-                self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id)
+                self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id,
+                                        self._owner())
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
             if rpc.kind is Kind.UNARY:
-                result = rpc.handler(request)
+                result = rpc.handler(request, Caller(self._owner(), *self.conn.ends())) if rpc.caller else \
+                    rpc.handler(request)
                 if inspect.isawaitable(result):
                     self.work = asyncio.ensure_future(result)
                     self.work.add_done_callback(self._unary_done)
@@ -327,11 +330,15 @@ class Call:
             # its one done-callback, where a decoupled model's responses before its last go, the call's
             # x-request-id and its API key's digest
             future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id,
-                                      self.principal)
+                                      self.principal, self._owner())
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
         self.pending.add(future)
+
+    def _owner(self) -> str:
+        """The label of the API key the call presented ("" without keys): engine/caller.py."""
+        return self.admission.owner if self.admission is not None else ""
 
     # ------------------------------------------------------------------ answers out
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...proto import grpc_service_pb2, health_pb2
-from ..grpc_handlers import GrpcHandlers
+from ..grpc_handlers import CALLER_RPCS, GrpcHandlers
 from .headers import indexed, literal
 
 # RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
@@ -33,6 +33,7 @@ class Rpc:
     kind: Kind
     request_type: Any  # the generated message class
     handler: Callable[..., Any]
+    caller: bool = False  # a unary handler that takes the call's Caller too (client shared memory)
 
 
 def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
@@ -52,7 +53,8 @@ def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
                 elif method.server_streaming:
                     rpc = Rpc(Kind.SERVER_STREAM, request_type, getattr(handlers, method.name))
                 else:
-                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name))
+                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name),
+                              caller=method.name in CALLER_RPCS)
                 table[f"/{service.full_name}/{method.name}".encode()] = rpc
     return table
 

@@ -1,0 +1,55 @@
+"""Who sent a request, as far as the server can tell: `Caller`, made by a frontend and read by the data plane
+where it matters (client shared memory: engine/client_shm.py).
+
+- `owner`: the label of the API key the request presented (`keys[0]`; engine/access.py `Admission.owner`),
+  "" on a server without keys, which therefore has one owner. What one key registers, another key never
+  sees, uses or drops.
+- `peer` and `local`: the connection's two ends, (address, port) each, None where unknown. With them the
+  server can ask the kernel which local user owns the client's socket (engine/socket_owner.py), for a client
+  on this machine.
+
+A Caller crosses from a frontend process to the engine (--workers N) as a plain tuple (`as_tuple`,
+`from_tuple`): the frames carry plain values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    owner: str = ""
+    peer: Address | None = None
+    local: Address | None = None
+
+    def as_tuple(self) -> tuple[str, Address | None, Address | None]:
+        return self.owner, self.peer, self.local
+
+    @classmethod
+    def from_tuple(cls, value: Any) -> Caller:
+        owner, peer, local = value
+        return cls(str(owner), _address(peer), _address(local))
+
+
+NOBODY = Caller()  # a request with no connection (in-process callers, tests): the keyless owner
+
+
+def _address(value: Any) -> Address | None:
+    if isinstance(value, (tuple, list)) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
+
+
+def ends(transport: Any) -> tuple[Address | None, Address | None]:
+    """A transport's (peer, local) ends, as (address, port) pairs; None for one it cannot name (a Unix
+    socket, a transport already closed)."""
+    if transport is None:
+        return None, None
+    return _address(transport.get_extra_info("peername")), _address(transport.get_extra_info("sockname"))
+
+
+__all__ = ["NOBODY", "Address", "Caller", "ends"]
