@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__, client_shm, logs, observe, shm_requests
 from .caller import NOBODY, Caller
@@ -130,16 +130,28 @@ class DataPlane:
             request.id = logs.new_request_id()
         try:
             model = self.repository.get(request.model_name, request.model_version)
-        except EngineError:
-            check_model_name(request.model_name)
-            raise
+        except EngineError as e:
+            self._unrouted(request, e, start)  # raises
         try:
             if shm_requests.uses_shared_memory(request):
                 return self._submit_shm(model, request, start, on_done)
             return model.submit(request, start, on_done)
-        except EngineError:
+        except EngineError as e:
             model.stats.fail.add(time.perf_counter_ns() - start)
+            if logs.SETTINGS.access:
+                observe.refused(model.name, model.version_str, request.id, e, start)
             raise
+
+    def _unrouted(self, request: InferenceRequest, error: EngineError, start_ns: int) -> NoReturn:
+        """A request whose model version is not served: raise why (a name that cannot be a model's says so,
+        INVALID_ARG), after its access line while those are on (engine/observe.py)."""
+        try:
+            check_model_name(request.model_name)
+        except EngineError as bad_name:
+            error = bad_name
+        if logs.SETTINGS.access:
+            observe.refused(request.model_name, request.model_version, request.id, error, start_ns)
+        raise error
 
     def _submit_shm(self, model: Model, request: InferenceRequest, start: int, on_done: Completion | None
                     ) -> asyncio.Future[InferenceResponse]:

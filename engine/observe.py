@@ -1,6 +1,9 @@
 """What happens when an inference is answered, beyond statistics: its access line (engine/logs.py) and, when
 sampled, its spans (engine/tracing/). Called from the batchers' one done-callback (inflight.py), after the
-request is accounted and before the frontend answers.
+request is accounted and before the frontend answers; and, for a request refused before it reached a model
+(malformed, an unknown model, a wrong shape, a full queue), `refused` by whoever refused it (the data plane,
+or a frontend's decoding), only while access lines are on: its line, with its status and zero queue and
+compute time. Such a request has no spans.
 
 `STATE.active` is the hot path's one check: False while access lines are off and nothing traces, so a
 request then pays one attribute read here and none of the stamping in the batchers. Only the engine process
@@ -10,6 +13,7 @@ every span.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from . import logs
@@ -54,6 +58,15 @@ def status_of(error: BaseException | None, cancelled: bool) -> str:
     if error is None:
         return "OK"
     return error.code.name if isinstance(error, EngineError) else "INTERNAL"
+
+
+def refused(model: str, version: str, request_id: str, error: BaseException, received_ns: int) -> None:
+    """The access line of a request refused before it reached a model: the model and version as it named
+    them (or as routed), its status, its total time from `received_ns` (perf_counter ns), batch size 0. Call
+    only while `logs.SETTINGS.access`: the caller tests it, so a refusal costs nothing more when lines are
+    off."""
+    logs.access_line(model, version, request_id or logs.new_request_id(), status_of(error, False), 0, 0,
+                     max(time.perf_counter_ns() - received_ns, 0) if received_ns else 0, 0)
 
 
 def finished(model: str, version: str, request: InferenceRequest, error: BaseException | None,

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.service_pb2 as service_pb2
 import tritonclient.http as httpclient
 from aiohttp import web
 from tritonclient.utils import InferenceServerException
@@ -169,12 +170,53 @@ def test_grpc_id_from_message_and_metadata(server, access_log: Path) -> None:
     assert line_for(access_log, "grpc-meta-1")["model"] == "simple"
 
 
-def test_a_request_refused_before_the_queue_writes_no_access_line(server, access_log: Path) -> None:
-    with httpclient.InferenceServerClient(server.http_url) as c, pytest.raises(InferenceServerException):
-        c.infer("simple", simple_inputs(httpclient), request_id="bad-timeout-1",
-                parameters={"timeout": 1, "priority": 99})
-    # refused before queueing (an unknown priority level): no access line, the client was told why
-    assert all(d["request_id"] != "bad-timeout-1" for d in access_lines(access_log))
+def refusal_status(call: Any) -> str:
+    with pytest.raises(InferenceServerException) as e:
+        call()
+    return str(e.value.status())
+
+
+def test_a_request_refused_before_any_model_has_its_access_line(server, access_log: Path) -> None:
+    """Malformed (refused by a frontend's decoding), an unknown model, a wrong shape or a missing input
+    (refused by the data plane or the model): each is answered with its error and logged once, with its
+    status, zero queue and compute time, batch size 0, over both protocols."""
+    shape = {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 3], "data": [1, 2, 3]}
+                        for n in ("INPUT0", "INPUT1")]}
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    try:
+        conn.request("POST", "/v2/models/simple/infer", b'{"inputs": [', {"X-Request-ID": "refused-json"})
+        assert conn.getresponse().status == 400
+    finally:
+        conn.close()
+    assert raw_infer(server, {}, {"id": "refused-shape", **shape})[0] == 400
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        refusal_status(lambda: c.infer("nosuch", simple_inputs(httpclient), request_id="refused-unknown"))
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        assert refusal_status(lambda: c.infer("nosuch", simple_inputs(grpcclient),
+                                              request_id="refused-grpc-unknown")) == "StatusCode.NOT_FOUND"
+        bad = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
+        bad.set_data_from_numpy(np.zeros((1, 16), np.int32))
+        assert refusal_status(lambda: c.infer("simple", [bad], request_id="refused-grpc-inputs")) == \
+            "StatusCode.INVALID_ARGUMENT"
+    message = service_pb2.ModelInferRequest(model_name="simple", id="refused-grpc-datatype")
+    message.inputs.add(name="INPUT0", datatype="BOGUS", shape=[1, 16])
+    message.raw_input_contents.append(bytes(64))
+    with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as e:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(message.SerializeToString(),
+                                                                          timeout=30)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT  # refused by the frontend's decoding
+    expected = {"refused-json": ("simple", "", "INVALID_ARG"),
+                "refused-shape": ("simple", "1", "INVALID_ARG"),
+                "refused-unknown": ("nosuch", "", "NOT_FOUND"),
+                "refused-grpc-unknown": ("nosuch", "", "NOT_FOUND"),
+                "refused-grpc-inputs": ("simple", "1", "INVALID_ARG"),
+                "refused-grpc-datatype": ("simple", "", "INVALID_ARG")}
+    for request_id, (model, version, status) in expected.items():
+        line = line_for(access_log, request_id)
+        assert (line["model"], line["version"], line["status"]) == (model, version, status), line
+        assert line["queue_us"] == line["compute_us"] == line["batch_size"] == 0 and line["total_us"] >= 0
+    ids = [d["request_id"] for d in access_lines(access_log)]
+    assert all(ids.count(request_id) == 1 for request_id in expected)
 
 
 # --------------------------------------------------------------------------------------------- logging

@@ -17,6 +17,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from .. import logs, observe
 from ..caller import NOBODY, Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
@@ -179,10 +180,17 @@ class GrpcHandlers:
         self.dp.shm_unregister(True, request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    def _decode(self, message: Any, header_id: bytes | None, owner: str) -> InferenceRequest:
+    def _decode(self, message: Any, header_id: bytes | None, owner: str, start_ns: int) -> InferenceRequest:
         """The serialized request decoded; the call's `x-request-id` metadata is its id when its message
-        has none; `owner` the API key the call presented."""
-        request = self.wire.decode(message)
+        has none; `owner` the API key the call presented. A message that cannot be decoded raises (an
+        EngineError, or DecodeError for bytes that are no ModelInferRequest), after its access line while
+        those are on (engine/observe.py)."""
+        try:
+            request = self.wire.decode(message)
+        except Exception as e:
+            if logs.SETTINGS.access:
+                _refused(message, header_id, e, start_ns)
+            raise
         if header_id and not request.id:
             request.id = header_id.decode("latin-1")
         if owner:
@@ -198,8 +206,9 @@ class GrpcHandlers:
         with it once it is done, right after the request is accounted. Cancelling it drops the request.
         `header_id` is the call's `x-request-id` metadata: the request's id when its message has none; `owner`
         the label of the API key the call presented (engine/caller.py)."""
-        request = self._decode(message, header_id, owner)
-        return self.dp.submit(request, start_ns or time.perf_counter_ns(), on_done)
+        start_ns = start_ns or time.perf_counter_ns()
+        request = self._decode(message, header_id, owner, start_ns)
+        return self.dp.submit(request, start_ns, on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
                           header_id: bytes | None = None, principal: bytes | None = None, owner: str = ""
@@ -245,11 +254,12 @@ class GrpcHandlers:
             answered(f, answer)
 
         try:
-            request = self._decode(message, header_id, owner)
+            start_ns = time.perf_counter_ns()
+            request = self._decode(message, header_id, owner, start_ns)
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             request.principal = principal
-            return self.dp.submit(request, time.perf_counter_ns(), done)
+            return self.dp.submit(request, start_ns, done)
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
             future.set_exception(e)
@@ -321,6 +331,19 @@ class GrpcHandlers:
                 last = status
                 yield health.HealthCheckResponse(status=status)
             await asyncio.sleep(HEALTH_POLL_S)
+
+
+def _refused(message: Any, header_id: bytes | None, error: BaseException, start_ns: int) -> None:
+    """The access line of a ModelInfer message that could not be decoded: its model, version and id as far
+    as the message parses."""
+    try:
+        parsed = pb.ModelInferRequest.FromString(bytes(message))
+        model, version, request_id = parsed.model_name, parsed.model_version, parsed.id
+    except Exception:  # not even a ModelInferRequest
+        model = version = request_id = ""
+    if not request_id and header_id:
+        request_id = header_id.decode("latin-1")
+    observe.refused(model, version, request_id, error, start_ns)
 
 
 def _stream_error(request: Any, error: EngineError, final: bool = True) -> Any:

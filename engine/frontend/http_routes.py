@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .. import logs, observe
 from ..api_keys import bearer_digest
 from ..caller import Caller
 from ..dataplane import DataPlane
@@ -243,16 +244,20 @@ class HttpRoutes:
         request, then calls it. A compressed body is decompressed first (Inference-Header-Content-Length
         counts the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
         response gets one, built in a task of its own."""
-        body = _body(req, self.limits.max_body_bytes)
-        header_length = req.headers.get(_HEADER_LENGTH_LOWER)
-        request = decode_request(name, version, body,
-                                 header_length.decode("latin-1") if header_length is not None else None,
-                                 self.header_cache)
         header_id = req.headers.get(b"x-request-id")
-        if header_id:
-            checked = check_header_request_id(header_id, "header X-Request-ID")
-            if not request.id:
-                request.id = checked
+        checked = check_header_request_id(header_id, "header X-Request-ID") if header_id else ""
+        try:
+            body = _body(req, self.limits.max_body_bytes)
+            header_length = req.headers.get(_HEADER_LENGTH_LOWER)
+            request = decode_request(name, version, body,
+                                     header_length.decode("latin-1") if header_length is not None else None,
+                                     self.header_cache)
+        except EngineError as e:  # malformed: it reaches no model, but has its access line
+            if logs.SETTINGS.access:
+                observe.refused(name, version, checked, e, req.start_ns)
+            raise
+        if checked and not request.id:
+            request.id = checked
         if req.owner:
             request.owner = req.owner
         accept = req.headers.get(b"accept-encoding")
