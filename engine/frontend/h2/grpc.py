@@ -307,8 +307,9 @@ class Call:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
                 # its one done-callback
+                admission = self.admission  # the key's label: inline, this is every ModelInfer's path
                 self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id,
-                                        self._owner())
+                                        "" if admission is None else admission.owner)
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
@@ -328,9 +329,10 @@ class Call:
     def _stream_request(self, message: memoryview) -> None:
         try:
             # its one done-callback, where a decoupled model's responses before its last go, the call's
-            # x-request-id and its API key's digest
+            # x-request-id, its API key's digest and label
+            admission = self.admission
             future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id,
-                                      self.principal, self._owner())
+                                      self.principal, "" if admission is None else admission.owner)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
