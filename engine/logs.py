@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -196,9 +198,9 @@ class _AccessWriter:
         if SETTINGS.log_format == "json":
             line = orjson.dumps(dict(zip(ACCESS_FIELDS, values, strict=True))).decode()
         else:
-            line = (f"{self._time()} INFO {ACCESS_LOGGER}: model={values[0]} version={values[1]} "
-                    f"request_id={values[2]} status={values[3]} queue_us={values[4]} compute_us={values[5]} "
-                    f"total_us={values[6]} batch_size={values[7]}")
+            line = (f"{self._time()} INFO {ACCESS_LOGGER}: model={_field(values[0])} "
+                    f"version={_field(values[1])} request_id={_field(values[2])} status={values[3]} queue_us="
+                    f"{values[4]} compute_us={values[5]} total_us={values[6]} batch_size={values[7]}")
         pending = self._pending
         pending.append(line)
         if len(pending) == 1:
@@ -233,6 +235,16 @@ class _AccessWriter:
 
 
 _writer = _AccessWriter()
+
+# A text access line is `key=value` pairs split at spaces: a value a client chose (a model name, an id) that
+# holds a space, a quote or anything outside printable ASCII could fake a field or a line, so such a value is
+# written as a JSON string ("a b", "\u2028"). The frontends already refuse ids with control characters;
+# this is the writer's own guarantee, whatever reaches it.
+_PLAIN = re.compile(r"[!#-~]*")
+
+
+def _field(value: str) -> str:
+    return value if _PLAIN.fullmatch(value) else json.dumps(value)  # ASCII-only: U+2028 escaped too
 
 
 def access_line(model: str, version: str, request_id: str, status: str, queue_ns: int, compute_ns: int,

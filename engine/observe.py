@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from . import logs
 from .errors import EngineError
+from .request_ids import request_id_problem
 from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, TraceValues
 from .types import InferenceRequest
@@ -65,6 +66,8 @@ def refused(model: str, version: str, request_id: str, error: BaseException, rec
     them (or as routed), its status, its total time from `received_ns` (perf_counter ns), batch size 0. Call
     only while `logs.SETTINGS.access`: the caller tests it, so a refusal costs nothing more when lines are
     off."""
+    if request_id and request_id_problem(request_id) is not None:  # maybe refused for that very id
+        request_id = ""
     logs.access_line(model, version, request_id or logs.new_request_id(), status_of(error, False), 0, 0,
                      max(time.perf_counter_ns() - received_ns, 0) if received_ns else 0, 0)
 
