@@ -329,6 +329,7 @@ def test_each_key_has_its_share_of_a_sequence_backlog(tmp_path: Path):
     slots and 3 waiting sequences; its next STARTs are refused on the stream (RESOURCE_EXHAUSTED, in words
     naming the flag), while the app key's START still waits for a slot."""
     (tmp_path / "keys.yaml").write_text(KEYS)
+    (tmp_path / "keys.yaml").chmod(0o600)  # private, or the server refuses it (api_keys.file_mode_problem)
     root = tmp_path / "repo"
     (root / "simple_sequence").mkdir(parents=True)
     shutil.copy(EXAMPLES / "simple_sequence" / "config.pbtxt", root / "simple_sequence" / "config.pbtxt")
