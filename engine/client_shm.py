@@ -88,7 +88,8 @@ FD_SHARE = 4  # regions may hold at most 1/FD_SHARE of the process's open-file l
 
 
 def disabled() -> EngineError:
-    """Client shared memory is off: HTTP 400 naming the flag, gRPC UNIMPLEMENTED as Triton answers it."""
+    """Client shared memory is off: HTTP 400 naming the flag, gRPC FAILED_PRECONDITION (a method that exists,
+    refused by configuration: frontend/grpc_handlers.py STATUS)."""
     return EngineError(ErrorCode.NOT_ENABLED, DISABLED_MESSAGE)
 
 
@@ -317,7 +318,7 @@ def cuda_status(name: str = "") -> list[dict[str, Any]]:
 
 def cuda_register(registry: SystemSharedMemory, name: str) -> None:
     """Refused: hubserve has no GPU path for client memory (Triton's words for a build without GPUs), HTTP
-    400 and gRPC UNIMPLEMENTED."""
+    400 and gRPC FAILED_PRECONDITION."""
     registry.require_allowed()
     raise EngineError(ErrorCode.NOT_ENABLED, f"failed to register CUDA shared memory region: '{name}', GPUs "
                                              f"not supported: hubserve has no CUDA shared memory path; use "

@@ -239,7 +239,7 @@ def test_tensor_errors_use_tritons_words(client, regions):
 def test_cuda_shared_memory_has_no_path_here(client):
     e = error_of(lambda: client.register_cuda_shared_memory("c", b"aGFuZGxl", 0, 64))
     assert "failed to register CUDA shared memory region: 'c', GPUs not supported" in e.message()
-    assert e.status() == status(client, "400", "StatusCode.UNIMPLEMENTED")
+    assert e.status() == status(client, "400", "StatusCode.FAILED_PRECONDITION")
     client.unregister_cuda_shared_memory()  # perf_analyzer --shared-memory system calls it first
     client.unregister_cuda_shared_memory("c")
     status_of_all = client.get_cuda_shared_memory_status(**({"as_json": True} if client.module is grpcclient
@@ -265,7 +265,7 @@ def test_off_by_default(server, module, regions):
             e = error_of(call)
             assert e.message() == ("Client shared memory is disabled. Start the server with "
                                    "'--allow-client-shm' (or '--allow-client-shm=true') to enable.")
-            assert e.status() == status(c, "400", "StatusCode.UNIMPLEMENTED")
+            assert e.status() == status(c, "400", "StatusCode.FAILED_PRECONDITION")
         meta = c.get_server_metadata(**({"as_json": True} if module is grpcclient else {}))
         assert "system_shared_memory" not in meta["extensions"]
         assert "cuda_shared_memory" not in meta["extensions"]

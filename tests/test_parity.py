@@ -187,18 +187,19 @@ def test_classification_request_is_answered_as_triton_does(client):
 
 def test_shared_memory_tensors_are_refused_while_client_shm_is_off(client):
     # Off by default (--allow-client-shm turns it on: tests/test_client_shm.py): refused, never ignored, in
-    # Triton's words for it, with our flag named; HTTP 400 as the issue asks, gRPC UNIMPLEMENTED as Triton.
+    # Triton's words for it, with our flag named; HTTP 400 as the issue asks, gRPC FAILED_PRECONDITION
+    # (the method exists: refused by configuration, not unimplemented).
     inputs = simple_inputs(client.module)
     inputs[1] = client.module.InferInput("INPUT1", [1, 16], "INT32")
     inputs[1].set_shared_memory("input1_region", 64)
     e = error_of(lambda: client.infer("simple", inputs))
     assert "Client shared memory is disabled" in e.message() and "--allow-client-shm" in e.message()
-    assert e.status() == status(client, "400", "StatusCode.UNIMPLEMENTED")
+    assert e.status() == status(client, "400", "StatusCode.FAILED_PRECONDITION")
     out = client.module.InferRequestedOutput("OUTPUT0")
     out.set_shared_memory("output0_region", 64)
     e = error_of(lambda: client.infer("simple", simple_inputs(client.module), outputs=[out]))
     assert "--allow-client-shm" in e.message(), e.message()
-    assert e.status() == status(client, "400", "StatusCode.UNIMPLEMENTED")
+    assert e.status() == status(client, "400", "StatusCode.FAILED_PRECONDITION")
     client.infer("simple", simple_inputs(client.module))  # the server serves on
 
 
