@@ -8,14 +8,15 @@ request is accounted once, as any other. What the iterator yields:
 - a non-decoupled model: exactly one `StreamedResponse(response, final=True)`;
 - a decoupled model: each response as it is sent (`final=False`), then its last (`final=True`), which is
   `StreamedResponse(None, True)` when the model sent the final flag alone (Triton's empty final response);
-- an error (a refusal, an error response, a failed execute): raised from the iterator as EngineError, and
-  the stream ends.
+- an error response a decoupled model sends before its last: `StreamedResponse(None, False, error)`, and the
+  stream goes on with the model's later responses, as Triton's streams do;
+- an error that ends the request (a refusal, an error response sent with the final flag, a failed
+  execute): raised from the iterator as EngineError, and the stream ends.
 Leaving the iterator early (`break`, `aclose()`, the consuming task cancelled) cancels the request: it leaves
 the queue, or the model's `is_cancelled()` turns true, and nothing is left behind.
 
 The gRPC stream (frontend/grpc_handlers.py) uses the same two hooks directly, as a callback per response,
-so that a ModelStreamInfer request costs no task; and unlike this iterator it keeps the stream going after
-an error response, as Triton does.
+so that a ModelStreamInfer request costs no task.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ Submit = Callable[[InferenceRequest, int, "Completion | None"], "asyncio.Future[
 
 @dataclass(frozen=True, slots=True)
 class StreamedResponse:
-    """One item of a response stream: `response` (None only for a final flag sent alone) and whether it is
-    the request's last."""
+    """One item of a response stream: `response` (None for a final flag sent alone, or for an error response
+    before the last), whether it is the request's last, and `error`, a decoupled model's error response
+    before its last (the stream goes on)."""
 
     response: InferenceResponse | None
     final: bool
+    error: EngineError | None = None
 
 
 class _Items:
@@ -56,7 +59,8 @@ class _Items:
             waiter.set_result(None)
 
     def streamed(self, response: InferenceResponse | EngineError) -> None:
-        self.push(response if isinstance(response, EngineError) else StreamedResponse(response, False))
+        self.push(StreamedResponse(None, False, response) if isinstance(response, EngineError)
+                  else StreamedResponse(response, False))
 
     def completed(self, future: asyncio.Future[InferenceResponse]) -> None:
         if future.cancelled():

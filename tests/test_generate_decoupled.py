@@ -1,5 +1,6 @@
 """generate_stream over a decoupled model: one server-sent event per response the model sends, in order,
-then the end of the stream; `generate` refuses a model that answered more than once, in Triton's words; a
+then the end of the stream; an error response mid-stream is an error event and the stream goes on, as
+Triton's does; `generate` refuses a model that answered more than once, in Triton's words; a
 client that leaves mid-stream cancels the model's work. The model is the example `repeat_stream`.
 """
 
@@ -16,12 +17,14 @@ import pytest
 from conftest import start_server
 from engine.frontend.sse import EventReader
 from hubserve_harness import EXAMPLES
+from python_models import DECOUPLED_MISUSE, DECOUPLED_MISUSE_CONFIG, write_model
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory):
     repo = tmp_path_factory.mktemp("generate_decoupled_repository")
     shutil.copytree(EXAMPLES / "repeat_stream", repo / "repeat_stream")
+    write_model(repo, "misuse", DECOUPLED_MISUSE, DECOUPLED_MISUSE_CONFIG)
     srv = start_server(repo, tmp_path_factory.mktemp("generate_decoupled_server") / "server.log",
                        "--canary-interval-secs", "0", ready_timeout=120)
     yield srv
@@ -49,6 +52,16 @@ def test_generate_stream_sends_an_event_per_response(server) -> None:
     assert status == 200 and content_type.startswith("text/event-stream"), (status, body)
     events = _events(body)
     assert [e["OUT"] for e in events] == [5, 6, 7, 8] and [e["IDX"] for e in events] == [0, 1, 2, 3]
+
+
+def test_an_error_response_mid_stream_is_an_event_and_the_stream_goes_on(server) -> None:
+    # `misuse` MODE 5 sends "one", an error response, "two", then the final flag alone.
+    status, content_type, body = _post(server, "/v2/models/misuse/generate_stream", {"MODE": 5})
+    assert status == 200 and content_type.startswith("text/event-stream"), (status, body)
+    assert _events(body) == [{"OUT": "one", "model_name": "misuse", "model_version": "1"}, {"error": "bad piece"},
+                             {"OUT": "two", "model_name": "misuse", "model_version": "1"}]
+    status, _, body = _post(server, "/v2/models/repeat_stream/generate_stream", {"IN": [4]})  # serves on
+    assert status == 200 and [e["OUT"] for e in _events(body)] == [4]
 
 
 def test_generate_refuses_more_than_one_response(server) -> None:

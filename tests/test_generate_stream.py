@@ -79,6 +79,27 @@ def test_an_error_after_a_response_is_the_last_event():
     assert recorder.sent == [event("a"), b'data: {"error":"third fails"}\n\n']
 
 
+def test_an_error_response_mid_stream_is_an_event_and_the_stream_goes_on():
+    async def responses():
+        yield text("a")
+        yield StreamedResponse(None, False, EngineError(ErrorCode.INTERNAL, "bad piece"))
+        yield text("b")
+        yield StreamedResponse(None, True)
+
+    recorder = run(responses())
+    assert recorder.sent == [event("a"), b'data: {"error":"bad piece"}\n\n', event("b")]
+
+
+def test_an_error_response_first_starts_the_stream_and_it_goes_on():
+    async def responses():
+        yield StreamedResponse(None, False, EngineError(ErrorCode.INTERNAL, "bad piece"))
+        yield text("b", final=True)
+
+    recorder = run(responses())
+    assert recorder.head == (200, CONTENT_TYPE)
+    assert recorder.sent == [b'data: {"error":"bad piece"}\n\n', event("b")]
+
+
 def test_an_error_before_any_response_is_raised_for_a_json_answer():
     async def responses():
         raise EngineError(ErrorCode.INVALID_ARG, "refused")

@@ -1,6 +1,7 @@
 """`DataPlane.infer_stream` (engine/streaming.py), the transport-neutral response stream, in-process: one
 final item for a non-decoupled model; a decoupled model's responses in order, then its final flag; an error
-raised as EngineError; leaving early (aclose, break, the consuming task cancelled) cancels the request, so
+response before the last as an item, the stream going on; an error that ends the request raised as
+EngineError; leaving early (aclose, break, the consuming task cancelled) cancels the request, so
 the model's is_cancelled() turns true and its one instance takes the next request.
 """
 
@@ -87,12 +88,19 @@ def test_a_decoupled_model_streams_then_ends(repo: Path) -> None:
     run(repo, test)
 
 
-def test_errors_are_raised_from_the_iterator(repo: Path) -> None:
+def test_an_error_response_mid_stream_is_an_item_and_the_stream_goes_on(repo: Path) -> None:
     async def test(dp: DataPlane) -> None:
-        stream = dp.infer_stream(mode(5))
-        assert text(await anext(stream)) == "one"
-        with pytest.raises(EngineError, match="bad piece"):
-            await anext(stream)
+        items = await collect(dp, mode(5))  # one, an error response, two, the final flag alone
+        assert text(items[0]) == "one" and not items[0].final
+        assert items[1].response is None and not items[1].final and items[1].error is not None
+        assert items[1].error.message == "bad piece"
+        assert text(items[2]) == "two" and items[3] == StreamedResponse(None, True)
+
+    run(repo, test)
+
+
+def test_errors_that_end_the_request_are_raised_from_the_iterator(repo: Path) -> None:
+    async def test(dp: DataPlane) -> None:
         with pytest.raises(EngineError) as info:
             await collect(dp, InferenceRequest("no_such_model", "", []))
         assert info.value.code is ErrorCode.NOT_FOUND

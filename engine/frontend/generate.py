@@ -8,9 +8,10 @@ What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRe
 2. the responses come from `_responses`, the one seam to the engine (engine/streaming.py's response stream:
    a decoupled model's responses as it sends them);
 3. `generate` answers the one response as JSON (other than one response is INTERNAL); `generate_stream`
-   writes each response as an event as it comes, `text/event-stream`, chunked, status 200; an error after
-   the first response becomes an `{"error": ...}` event and ends the stream; a response that only says
-   "final" writes nothing.
+   writes each response as an event as it comes, `text/event-stream`, chunked, status 200; a decoupled
+   model's error response before its last is an `{"error": ...}` event and the stream goes on with its later
+   responses (Triton's behaviour); an error that ends the request after the first response is a last
+   `{"error": ...}` event; a response that only says "final" writes nothing.
 Every error before the first response is a plain JSON error with its status, on both endpoints: Triton's
 answer to a request that fails before inference (a missing input, an unknown model). Triton streams an
 error of the first response itself as an event (with the error's status); that one case is JSON here,
@@ -89,7 +90,12 @@ async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: 
 
 async def _collect(responses: AsyncIterator[StreamedResponse]) -> Answer:
     """`generate`: exactly one response, else INTERNAL in Triton's words; an error response is raised."""
-    answers = [r.response async for r in responses if r.response is not None]
+    answers: list[InferenceResponse] = []
+    async for item in responses:
+        if item.error is not None:
+            raise item.error
+        if item.response is not None:
+            answers.append(item.response)
     if len(answers) != 1:
         raise many_responses()
     return 200, encode_generate(answers[0]), _JSON, b""
@@ -97,7 +103,9 @@ async def _collect(responses: AsyncIterator[StreamedResponse]) -> Answer:
 
 async def stream_responses(responses: AsyncIterator[StreamedResponse], stream: ResponseStream) -> None:
     """`generate_stream`: an event per response, written as it comes, after a 200 head sent with the first
-    one. An error before it is raised (a JSON answer); after it, it is the stream's last event."""
+    one. A decoupled model's error response before its last is an error event, and the stream goes on. An
+    error that ends the request before the first event is raised (a JSON answer); after it, it is the
+    stream's last event."""
     started = False
     while True:
         try:
@@ -111,11 +119,15 @@ async def stream_responses(responses: AsyncIterator[StreamedResponse], stream: R
                 log.exception("generate_stream failed")
             stream.send(sse.error_event(e.message if isinstance(e, EngineError) else f"internal error: {e}"))
             return
-        if item.response is not None:
+        if item.error is not None:  # a decoupled model's error response before its last: the stream goes on
+            event: bytes | None = sse.error_event(item.error.message)
+        else:
+            event = None if item.response is None else sse.data_event(encode_generate(item.response))
+        if event is not None:
             if not started:
                 stream.start(200, sse.CONTENT_TYPE)
                 started = True
-            stream.send(sse.data_event(encode_generate(item.response)))
+            stream.send(event)
             await stream.drain()
         if item.final:
             break
