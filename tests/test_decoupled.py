@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import shutil
 import subprocess
@@ -211,6 +212,50 @@ def test_client_cancel_is_seen_by_the_model_and_frees_the_instance(server, model
         stream.client.async_stream_infer(model, mode_inputs(4))
         [(result, error)] = stream.take(1)
         assert error is None and text_of(result) == "cancelled=True sender=True"
+    finally:
+        stream.close()
+
+
+def _instance_threads(server) -> int:
+    """Threads of the server's Python-model instance processes, all of them (its children: with --workers N,
+    the engine's; started from the instances' threads, so found by their parent id), as the OS counts them."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != server.process.pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"engine.python_backend.stub" in f.read():
+                    total += len(os.listdir(f"/proc/{entry}/task"))
+        except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+            continue
+    return total
+
+
+def test_repeat_stream_streams_many_requests_on_a_fixed_pool_of_threads(server) -> None:
+    """The example holds its own resources bounded: a fixed pool of worker threads, not one per request."""
+    requests, workers = 24, 4  # repeat_stream's WORKERS
+    before = _instance_threads(server)
+    stream = Stream(server.grpc_url)
+    try:
+        for i in range(requests):
+            stream.client.async_stream_infer("repeat_stream", repeat_inputs([i], delay_ms=200),
+                                             request_id=str(i))
+        got: list = []
+        peak = before
+        while len(got) < requests:  # the pool streams 4 at a time: 6 rounds of 200 ms
+            peak = max(peak, _instance_threads(server))
+            try:
+                got.append(stream.results.get(timeout=0.05))
+            except queue.Empty:
+                pass
+        assert all(error is None for _, error in got)
+        assert sorted(int(r.as_numpy("OUT")[0]) for r, _ in got) == list(range(requests))
+        assert peak - before <= workers, f"{peak - before} threads more while {requests} requests streamed"
     finally:
         stream.close()
 
