@@ -365,6 +365,39 @@ def test_we_return_window_as_data_is_consumed():
     assert [(k, s, int.from_bytes(p, "big")) for k, _, s, p in peer.frames()] == [(WINDOW_UPDATE, 0, 35001)]
 
 
+def test_a_held_stream_gets_no_window_back_until_it_is_opened():
+    """A handler that stops reading (`held`) lets the stream's window run down: no WINDOW_UPDATE for it, the
+    connection's still flows, DATA past what was granted is still an error, and `open_window` grants the
+    window back in one WINDOW_UPDATE."""
+    peer = server(Limits(stream_window_bytes=1000, connection_window_bytes=70000))
+    peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()))
+    stream = peer.streams[1]
+    stream.held = True
+    peer.core.receive(frame(DATA, 0, 1, b"d" * 600) + frame(DATA, 0, 1, b"d" * 400))
+    assert peer.frames() == [] and stream.recv_window == 0
+    peer.core.open_window(stream)
+    assert [(k, s, int.from_bytes(p, "big")) for k, _, s, p in peer.frames()] == [(WINDOW_UPDATE, 1, 1000)]
+    assert not stream.held
+    stream.held = True
+    peer.core.receive(frame(DATA, 0, 1, b"d" * 1001))
+    assert [(k, s, p) for k, _, s, p in peer.frames()] == [(RST_STREAM, 1, word(H2Error.FLOW_CONTROL_ERROR))]
+
+
+def test_a_stream_whose_waiting_data_went_out_tells_its_handler_once():
+    peer = server(initial_window=10)
+    peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()))
+    stream = peer.streams[1]
+    drained: list[int] = []
+    peer.core.send(stream, RESPONSE_HEAD, [b"x" * 25], None)
+    stream.on_drained = lambda: drained.append(1)
+    peer.core.receive(frame(WINDOW_UPDATE, 0, 1, word(10)))
+    assert drained == []  # 5 bytes still wait
+    peer.core.receive(frame(WINDOW_UPDATE, 0, 1, word(100)))
+    assert drained == [1] and stream.on_drained is None
+    peer.core.send(stream, None, [b"y" * 5], None)  # went out at once: nothing to tell
+    assert drained == [1]
+
+
 def test_data_beyond_the_stream_window_resets_the_stream():
     peer = server(Limits(stream_window_bytes=100))
     peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()) + frame(DATA, 0, 1, b"d" * 101))

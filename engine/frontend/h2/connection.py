@@ -55,11 +55,12 @@ class StreamApp(Protocol):
 
 
 class H2Connection(asyncio.Protocol):
-    """The app's handle on its connection: `send`, `reset_stream` (the core's own, bound here, so an answer
-    costs no extra call) and `request_bytes`; the server's: `shutdown`, `abort`, `tick`."""
+    """The app's handle on its connection: `send`, `reset_stream`, `open_window` (the core's own, bound here,
+    so an answer costs no extra call) and `request_bytes`; the server's: `shutdown`, `abort`, `tick`."""
 
     send: Callable[[H2Stream, bytes | None, list[Any], bytes | None], bool]
     reset_stream: Callable[[H2Stream, H2Error, str], None]
+    open_window: Callable[[H2Stream], None]
     output_ready: Callable[[], None]
 
     def __init__(self, app: StreamApp, limits: Limits, on_close: Any = None, on_open: Any = None,
@@ -86,6 +87,7 @@ class H2Connection(asyncio.Protocol):
         self.data_received = core.receive  # type: ignore[method-assign]
         self.send = core.send  # type: ignore[assignment]
         self.reset_stream = core.reset_stream
+        self.open_window = core.open_window
         self.shutdown = core.shutdown
         self.abort = core.abort
         self.request_bytes = ByteBudget(limits.max_buffered_request_bytes)  # drawn on by the app's handlers

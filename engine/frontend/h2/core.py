@@ -157,6 +157,17 @@ class H2Core(Control, Lifecycle):
             stream.state = _AFTER_SEND_HEADERS(state) or transition(state, E.SEND_HEADERS, stream.id)
         return self._out.send(stream, head, data, trailers, end_stream)
 
+    def open_window(self, stream: H2Stream) -> None:
+        """The handler reads `stream` again after holding it (`H2Stream.held`): the window it let run down
+        is granted back (WINDOW_UPDATE), unless the stream takes no more DATA."""
+        stream.held = False
+        if self._closed or stream.state not in (S.OPEN, _HALF_CLOSED_LOCAL):
+            return
+        if stream.recv_window < stream.recv_size >> 1:
+            increment = stream.recv_size - stream.recv_window
+            stream.recv_window = stream.recv_size
+            self._out.write(f.window_update(stream.id, increment))
+
     def reset_stream(self, stream: H2Stream, code: H2Error, reason: str) -> None:
         """Give up on a stream (say, its peer stalled mid-message): RST_STREAM with `code`, and the stream's
         handler is reset."""
@@ -278,7 +289,7 @@ class H2Core(Control, Lifecycle):
             state = _AFTER_RECV_DATA(stream.state) or transition(stream.state, E.RECV_DATA, stream_id)
         stream.state = state
         left = stream.recv_window - length
-        if left >= 0 and (end or left >= stream.recv_size >> 1):
+        if left >= 0 and (end or left >= stream.recv_size >> 1 or stream.held):
             stream.recv_window = left
         elif increment := stream.received(length, bool(end)):
             self._out.write(f.window_update(stream_id, increment))

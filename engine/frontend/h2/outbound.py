@@ -131,6 +131,9 @@ class Outbound:
         if out:
             self.drains += 1
             self.writelines(out)
+        if not pending and stream.on_drained is not None:  # what waited went out: tell its handler
+            drained, stream.on_drained = stream.on_drained, None
+            drained()
         if done:
             self._on_finished(stream, queued)
 
@@ -158,6 +161,7 @@ class Outbound:
             stream.pending = None
         stream.trailers = None
         stream.end_with_data = False
+        stream.on_drained = None  # a reference back to its handler: dropped, so no cycle outlives it
         self.blocked.pop(stream.id, None)
 
     def detach(self) -> None:

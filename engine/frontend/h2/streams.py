@@ -123,7 +123,8 @@ class H2Stream(FlowWindows):
     """One stream: its state, its flow-control windows (inherited), what waits to be sent, its handler. Owned
     by its connection's core until closed; the handler's side holds it to send."""
 
-    __slots__ = ("end_with_data", "handler", "head_seen", "pending", "state", "trailers")
+    __slots__ = ("end_with_data", "handler", "head_seen", "held", "on_drained", "pending", "state",
+                 "trailers")
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
         self.id = stream_id
@@ -135,6 +136,12 @@ class H2Stream(FlowWindows):
         self.pending: deque[memoryview] | None = None  # DATA waiting for window (made when some first waits)
         self.trailers: bytes | None = None  # trailers waiting behind `pending`
         self.end_with_data = False  # END_STREAM goes on the last of `pending` (no trailers)
+        # The handler stopped reading (backpressure): DATA is taken within the window already granted, and no
+        # WINDOW_UPDATE is sent for the stream until the handler calls H2Core.open_window.
+        self.held = False
+        # Called once when DATA that waited in `pending` has all gone out (set it again to hear it again);
+        # by the sending half, so it may not send on the connection itself: it schedules what follows.
+        self.on_drained: Any = None
 
     @property
     def closed(self) -> bool:
