@@ -15,6 +15,11 @@ request is accounted once, as any other. What the iterator yields:
 Leaving the iterator early (`break`, `aclose()`, the consuming task cancelled) cancels the request: it leaves
 the queue, or the model's `is_cancelled()` turns true, and nothing is left behind.
 
+The queue between the model and the iterator is bounded: the request's `stream_window`
+(engine/stream_window.py) is credited as the consumer takes each item, so a consumer that stops taking
+(an HTTP client that does not read: its route waits in `drain()`) stops the model's sends once
+RESPONSE_WINDOW responses wait here.
+
 The gRPC stream (frontend/grpc_handlers.py) uses the same two hooks directly, as a callback per response,
 so that a ModelStreamInfer request costs no task.
 """
@@ -27,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from .errors import EngineError, ErrorCode
+from .stream_window import StreamWindow
 from .types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 
 Submit = Callable[[InferenceRequest, int, "Completion | None"], "asyncio.Future[InferenceResponse]"]
@@ -78,6 +84,7 @@ async def infer_stream(submit: Submit, request: InferenceRequest, start_ns: int 
     before it is queued (unknown model, bad input, full queue), on the first iteration."""
     items = _Items()
     request.stream = items.streamed
+    window = request.stream_window = StreamWindow()
     future = submit(request, start_ns, items.completed)
     try:
         while True:
@@ -88,6 +95,8 @@ async def infer_stream(submit: Submit, request: InferenceRequest, start_ns: int 
             item = items.items.popleft()
             if isinstance(item, BaseException):
                 raise item
+            if not item.final:
+                window.taken()  # the model may send one more
             yield item
             if item.final:
                 return

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import EngineError, invalid
+from .stream_window import StreamWindow
 
 
 class DataType(enum.Enum):
@@ -161,6 +162,9 @@ class InferenceRequest:
     # error response, after which more may follow). None: the request wants exactly one response, and a
     # decoupled model refuses it.
     stream: StreamSink | None = None
+    # Set with `stream` by a consumer that counts what its client took (engine/stream_window.py): a decoupled
+    # model's sends wait while RESPONSE_WINDOW of this request's responses are not yet taken. None: no wait.
+    stream_window: StreamWindow | None = None
     # When it met the batcher (perf_counter ns; 0 = not reached), set only while an access line or a trace
     # may want them (engine/observe.py): entered the queue, its batch left it, its batch's outputs were
     # split; and the elements of the batch it ran in.

@@ -76,6 +76,7 @@ async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: 
         raise invalid(f"malformed JSON in request body: {e}") from None
     request = decode_generate(name, version, doc, inputs, max_input_bytes)
     request.principal = principal
+    del doc  # the parsed JSON (a Python object per element): not held for as long as the stream runs
     responses = _responses(submitter, request, start_ns)
     try:
         if stream is None:

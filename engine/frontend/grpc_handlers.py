@@ -22,6 +22,7 @@ from ..caller import NOBODY, Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
+from ..stream_window import StreamWindow
 from ..tracing import settings as trace_settings
 from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
@@ -214,7 +215,8 @@ class GrpcHandlers:
         return self.dp.submit(request, start_ns, on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
-                          header_id: bytes | None = None, principal: bytes | None = None, owner: str = ""
+                          header_id: bytes | None = None, principal: bytes | None = None, owner: str = "",
+                          window: StreamWindow | None = None
                           ) -> asyncio.Future[InferenceResponse]:
         """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
         returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
@@ -225,7 +227,9 @@ class GrpcHandlers:
         response only when the request sets `triton_enable_empty_final_response`. Raises DecodeError for
         bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
         returned future drops the request (a decoupled model sees `is_cancelled()`). `principal`: the digest
-        of the call's API key (InferenceRequest.principal)."""
+        of the call's API key (InferenceRequest.principal). `window`: where the caller counts the decoupled
+        responses its client took (engine/stream_window.py), so the model's sends wait while too many are not
+        yet taken."""
         def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
             # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e, final).SerializeToString()
@@ -262,6 +266,7 @@ class GrpcHandlers:
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             request.principal = principal
+            request.stream_window = window
             return self.dp.submit(request, start_ns, done)
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()

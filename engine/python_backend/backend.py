@@ -41,6 +41,7 @@ from .decoupled import Relay
 from .environment import options
 from .process import InstanceProcess, LaunchSpec
 from .runner import Answer, ModelError, ModelRunner, convert_response
+from .send_credits import SendCredits
 
 log = logging.getLogger("hubserve.python")
 RESTART_ATTEMPTS = 3
@@ -161,7 +162,7 @@ class IsolatedInstance:
         for relay in relays:
             key = next(self._keys)
             self._relays[key] = relay
-            relay.bind(functools.partial(self._cancelled, key))
+            relay.bind(functools.partial(self._cancelled, key), functools.partial(self._grant, key))
             keys.append(key)
         return keys
 
@@ -169,6 +170,11 @@ class IsolatedInstance:
         """The request's client left: the model's is_cancelled() turns true; what it sends is dropped."""
         if self._relays.pop(key, None) is not None:
             self._proc.send(("cancel", key))
+
+    def _grant(self, key: int, n: int) -> None:
+        """The request's client took `n` more responses: its sender may send that many more."""
+        if key in self._relays:
+            self._proc.send(("credit", key, n))
 
     def _on_response(self, meta: Any, tensors: list[Received]) -> None:
         """A decoupled model's send, from the reader thread, in the order the model sent."""
@@ -335,15 +341,20 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
 
 
 class InProcessSink(pb_utils.ResponseSink):
-    """A decoupled in-process model's sends: converted on the model's thread, handed to the loop in order."""
+    """A decoupled in-process model's sends: converted on the model's thread, handed to the loop in order; a
+    send before the last waits for its request's credit (send_credits.py), granted from the loop."""
 
     def __init__(self, instance: InProcessInstance) -> None:
         self._instance = instance
         self.cancelled: set[int] = set()
+        self.credits = SendCredits(self.cancelled)
 
     def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         if final:
             self.cancelled.discard(key)
+            self.credits.finished(key)
+        else:
+            self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
         answer = None if response is None else convert_response(response, 0)
         loop = self._instance.loop
         if loop is not None:
@@ -396,17 +407,23 @@ class InProcessInstance:
                 if sender is not None:
                     sender.close()
                     self._relays.pop(sender._key, None)
+                    self._sink.credits.finished(sender._key)
             raise
 
     def _sender(self, relay: Relay) -> pb_utils.InferenceResponseSender:
         key = next(self._keys)
         self._relays[key] = relay
-        relay.bind(lambda: self._cancelled(key))
+        relay.bind(functools.partial(self._cancelled, key), functools.partial(self._grant, key))
         return pb_utils.InferenceResponseSender(key, self._sink)
 
     def _cancelled(self, key: int) -> None:
         if self._relays.pop(key, None) is not None:
             self._sink.cancelled.add(key)
+            self._sink.credits.cancel(key)
+
+    def _grant(self, key: int, n: int) -> None:
+        if key in self._relays:
+            self._sink.credits.grant(key, n)
 
     def respond(self, key: int, answer: Answer | None, final: bool) -> None:
         """A decoupled model's send, on the loop, in order."""

@@ -14,7 +14,11 @@ instance is free again once `execute` returns (as in Triton), so a request outli
   then accounts the request, once, as for any other model;
 - `fail` (execute raised, the process died) fails a request not yet finished;
 - a cancelled future (the client left) tells the instance, through the `cancel` it bound, so the model's
-  `is_cancelled()` turns true; responses after that are dropped.
+  `is_cancelled()` turns true; responses after that are dropped;
+- flow control (engine/stream_window.py): the request's consumer counts what its client took in the
+  request's `stream_window`, whose credit goes to the instance through the `grant` it bound, so the model's
+  sends wait while RESPONSE_WINDOW of them are not yet taken (send_credits.py). A request with no window
+  gets its credit back as each response is delivered.
 `on_finished` is called exactly once per relay, however it ends (the batcher counts it answered then).
 """
 
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from ..batch_policy import Pending
 from ..errors import EngineError
 from ..stats import ModelStats
+from ..stream_window import Grant
 from ..types import EMPTY_FINAL, InferenceResponse
 from .runner import Answer
 
@@ -34,7 +39,8 @@ Check = Callable[[Pending, Answer], "InferenceResponse | EngineError"]
 
 
 class Relay:
-    __slots__ = ("_cancel", "_check", "_last_ns", "_on_finished", "_sent", "_stats", "finished", "pending")
+    __slots__ = ("_cancel", "_check", "_grant", "_last_ns", "_on_finished", "_sent", "_stats", "finished",
+                 "pending")
 
     def __init__(self, pending: Pending, check: Check, on_finished: Callable[[], None], stats: ModelStats,
                  start_ns: int) -> None:
@@ -46,13 +52,20 @@ class Relay:
         self._check = check
         self._on_finished = on_finished
         self._cancel: Callable[[], None] | None = None
+        self._grant: Grant | None = None  # set only for a request with no window of its own
         future = pending.future
         if future is not None:
             future.add_done_callback(self._future_done)
 
-    def bind(self, cancel: Callable[[], None]) -> None:
-        """Called by the instance once it has numbered this relay: how to tell the model it was cancelled."""
+    def bind(self, cancel: Callable[[], None], grant: Grant) -> None:
+        """Called by the instance once it has numbered this relay: how to tell the model it was cancelled,
+        and how to give its sends credit."""
         self._cancel = cancel  # a future cancelled before this still calls it: its callback runs later
+        window = self.pending.request.stream_window
+        if window is not None:
+            window.bind(grant)
+        else:
+            self._grant = grant
 
     def respond(self, answer: Answer | None, final: bool) -> None:
         """One send of the model (`answer` None: the final flag alone). On the loop."""
@@ -72,6 +85,8 @@ class Relay:
             stream = self.pending.request.stream
             if response is not None and stream is not None:
                 stream(response)
+            if self._grant is not None:
+                self._grant(1)
             return
         if isinstance(response, EngineError):
             future.set_exception(response)
@@ -87,6 +102,9 @@ class Relay:
         if self.finished:
             return
         self.finished = True
+        window = self.pending.request.stream_window
+        if window is not None:
+            window.close()
         if future.cancelled():  # the client left: Triton counts a cancel at the response it did not get
             self._stats.record_response(self._sent, time.perf_counter_ns() - self._last_ns, "cancel")
             if self._cancel is not None:

@@ -11,7 +11,8 @@ frozen process shows it is not), hands BLS responses to the waiting calls and qu
 thread. Messages (metadata tuples; tensors travel beside them, channel.py):
 
     engine → instance: ("init", {...}), ("exec", batch, requests), ("bls_result", call, error, params),
-                       ("cancel", key), ("ping", n), ("finalize",)
+                       ("cancel", key), ("credit", key, n) (its client took n more responses:
+                       send_credits.py), ("ping", n), ("finalize",)
     instance → engine: ("ready",), ("init_failed", text), ("result", batch, error, answers),
                        ("resp", key, final, answer | None) (a decoupled model's send; key names the request),
                        ("bls", call, model, version, id, correlation, flags, timeout_us, params, outputs),
@@ -37,20 +38,26 @@ from ..types import DataType
 from . import pb_utils
 from .channel import Channel, ChannelClosed, Received
 from .runner import ModelError, ModelRunner, convert_response
+from .send_credits import SendCredits
 
 
 class StubSink(pb_utils.ResponseSink):
     """A decoupled model's sends, from whichever thread of the model: each a `resp` frame to the engine (the
-    channel's lock keeps frames whole); `cancelled` holds the keys the engine said are cancelled (written by
-    the reader thread)."""
+    channel's lock keeps frames whole), a send before the last waiting for its request's credit
+    (send_credits.py); `cancelled` holds the keys the engine said are cancelled (written by the reader
+    thread, which also hands over the engine's credit)."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self.cancelled: set[int] = set()
+        self.credits = SendCredits(self.cancelled)
 
     def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         if final:
             self.cancelled.discard(key)
+            self.credits.finished(key)
+        else:
+            self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
         if response is None:
             self._channel.send(("resp", key, final, None))
             return
@@ -149,6 +156,9 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, s
                 transport.answered(meta[1], meta[2], meta[3], tensors)
             elif kind == "cancel":
                 sink.cancelled.add(meta[1])
+                sink.credits.cancel(meta[1])
+            elif kind == "credit":
+                sink.credits.grant(meta[1], meta[2])
             else:
                 work.put((meta, tensors))
     except ChannelClosed:
@@ -175,6 +185,7 @@ def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any], sink: S
                 sender = getattr(request, "_sender", None)
                 if sender is not None:
                     sender.close()
+                    sink.credits.finished(sender._key)
             del requests
             channel.send(("result", batch, str(e), []))
             continue

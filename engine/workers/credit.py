@@ -99,6 +99,12 @@ class CreditReturns:
             self._grants.append((cid, count))
             self._schedule()
 
+    def give(self, rid: int, responses: int) -> None:
+        """A streaming request's client took `responses` more of its decoupled model's responses (its
+        StreamWindow's credit, engine/stream_window.py): for the next frame."""
+        self._grants.append((rid, responses))
+        self._schedule()
+
     def forget(self, cid: int) -> None:
         """Stream `cid` ended, or its client left: nothing more is given back for it."""
         self._counts.pop(cid, None)

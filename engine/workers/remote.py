@@ -139,6 +139,9 @@ class EngineClient(asyncio.Protocol):
         if request.stream is not None:
             self._streams[rid] = request.stream
             self._streaming.append(rid)
+            window = request.stream_window
+            if window is not None:  # what its client takes goes back to the engine as credit
+                window.bind(functools.partial(self._credit.give, rid))
         # one done-callback, not two: each is a handle on the loop's ready queue when the future is done
         future.add_done_callback(functools.partial(self._settled, rid, on_done))
         self._schedule()

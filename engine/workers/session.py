@@ -27,6 +27,7 @@ from ..frontend.wire import array_to_bytes
 from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm import Arena, Region
+from ..stream_window import StreamWindow
 from ..types import EMPTY_FINAL, InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
 from .credit import SendWindow
@@ -85,6 +86,8 @@ class FrontendSession(asyncio.Protocol):
         # the pieces of each the frontend has not yet given back (credit.py)
         self._control_pending: dict[int, Pending] = {}
         self._windows: dict[int, SendWindow] = {}
+        # streaming requests, by rid: the credit their frontend's client gives a decoupled model's sends
+        self._stream_windows: dict[int, StreamWindow] = {}
         self._inline = Inline()
         self._flush_scheduled = False
         self.closed = False
@@ -122,6 +125,7 @@ class FrontendSession(asyncio.Protocol):
             pending.future.cancel()  # a generation stops (streaming or not) and frees its KV blocks
         self._control_pending.clear()
         self._windows.clear()
+        self._stream_windows.clear()
         self._plans.clear()
         self._answers.clear()
         self._inline.take()
@@ -176,6 +180,8 @@ class FrontendSession(asyncio.Protocol):
             window = self._windows.get(cid)
             if window is not None:
                 window.grant(pieces)
+            elif (stream_window := self._stream_windows.get(cid)) is not None:
+                stream_window.taken(pieces)  # the frontend batched them already
         for control in controls:
             cid, kind, args = control
             if kind != HTTP or not cancellable(args[2][0]):  # the parsed target's endpoint
@@ -213,8 +219,11 @@ class FrontendSession(asyncio.Protocol):
                 request.owner = desc[9]
             if streamed:
                 request.stream = functools.partial(self._streamed, rid)
+                # the frontend's client's credit, as it comes (its own window batched it)
+                request.stream_window = self._stream_windows[rid] = StreamWindow(batch=1)
             future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))
         except Exception as e:  # refused before queueing (EngineError), or a bug: answered this round
+            self._stream_windows.pop(rid, None)
             if not isinstance(e, EngineError):
                 log.exception("frontend %d: request could not be submitted", self.index)
             self._queue_answer((rid, FAILED, error_payload(e)))
@@ -225,6 +234,7 @@ class FrontendSession(asyncio.Protocol):
 
     def _answered(self, rid: int, future: asyncio.Future[InferenceResponse]) -> None:
         """The request's one done-callback (after the batcher's accounting)."""
+        self._stream_windows.pop(rid, None)
         if self._pending.pop(rid, None) is None or self.closed:
             return
         if future.cancelled():
