@@ -45,6 +45,10 @@ class ResponseStats:
     cancel: Duration = field(default_factory=Duration)
 
 
+# response_stats keeps an entry per response index up to this one; this one counts it and every later index.
+MAX_RESPONSE_INDEX = 1024
+
+
 @dataclass(slots=True)
 class ModelStats:
     success: Duration = field(default_factory=Duration)
@@ -70,7 +74,10 @@ class ModelStats:
     def record_response(self, index: int, ns: int, kind: str) -> None:
         """A decoupled model's response number `index` of its request, `ns` after the one before; `kind` is
         "success", "fail", "empty_response" or "cancel" (the request was cancelled there: `ns` is the
-        clean-up's, and it computed nothing, so compute_infer is not counted, as in Triton)."""
+        clean-up's, and it computed nothing, so compute_infer is not counted, as in Triton). Responses from
+        MAX_RESPONSE_INDEX on are counted at MAX_RESPONSE_INDEX: a request may ask for millions of responses,
+        and an entry per index would keep memory for each, for the model's life."""
+        index = min(index, MAX_RESPONSE_INDEX)
         stats = self.responses.get(index)
         if stats is None:
             stats = self.responses[index] = ResponseStats()
