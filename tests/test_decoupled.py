@@ -7,6 +7,7 @@ misuse of the response sender. The models are the example `repeat_stream` and `m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -249,10 +250,8 @@ def test_repeat_stream_streams_many_requests_on_a_fixed_pool_of_threads(server) 
         peak = before
         while len(got) < requests:  # the pool streams 4 at a time: 6 rounds of 200 ms
             peak = max(peak, _instance_threads(server))
-            try:
+            with contextlib.suppress(queue.Empty):
                 got.append(stream.results.get(timeout=0.05))
-            except queue.Empty:
-                pass
         assert all(error is None for _, error in got)
         assert sorted(int(r.as_numpy("OUT")[0]) for r, _ in got) == list(range(requests))
         assert peak - before <= workers, f"{peak - before} threads more while {requests} requests streamed"

@@ -58,8 +58,8 @@ def test_an_error_response_mid_stream_is_an_event_and_the_stream_goes_on(server)
     # `misuse` MODE 5 sends "one", an error response, "two", then the final flag alone.
     status, content_type, body = _post(server, "/v2/models/misuse/generate_stream", {"MODE": 5})
     assert status == 200 and content_type.startswith("text/event-stream"), (status, body)
-    assert _events(body) == [{"OUT": "one", "model_name": "misuse", "model_version": "1"}, {"error": "bad piece"},
-                             {"OUT": "two", "model_name": "misuse", "model_version": "1"}]
+    piece = {"model_name": "misuse", "model_version": "1"}
+    assert _events(body) == [{"OUT": "one", **piece}, {"error": "bad piece"}, {"OUT": "two", **piece}]
     status, _, body = _post(server, "/v2/models/repeat_stream/generate_stream", {"IN": [4]})  # serves on
     assert status == 200 and [e["OUT"] for e in _events(body)] == [4]
 
