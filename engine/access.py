@@ -23,7 +23,11 @@ The checks, in order (README "Security"):
    (chunked HTTP, a gRPC stream) grows its reservation as it arrives (`grow`).
 
 An admitted request holds an `Admission` until it is answered or dropped; the frontend calls `release`
-exactly once. With `--workers N` each frontend process holds its own policy with 1/N of every limit
+exactly once. A gRPC ModelStreamInfer call is admitted without quotas (`holds_quotas=False`: who may call,
+nothing held); each request on it is then admitted as a unary request would be (`admit_part`: its key's
+concurrency slot and rate token, and its message's bytes, reserved in the call's admission as the message's
+length prefix arrived, moved to it), and holds that until it is answered (a decoupled model's final
+response). With `--workers N` each frontend process holds its own policy with 1/N of every limit
 (`share`), so the limits hold server-wide whichever process a connection lands in (README "Security").
 """
 
@@ -81,16 +85,17 @@ class Refusal:
 
 class Admission:
     """What an admitted request holds until `AccessPolicy.release`: a slot of its key's concurrency and
-    its bytes of the budget; and `owner`, the label of the key it presented ("" when the server has no keys,
-    or for a health request, which needs none): whose client shared-memory regions and sequence backlog
-    share it may use (engine/caller.py)."""
+    its bytes of the budget; whose key it is (`key`: `admit_part` admits a stream's requests as that key);
+    and `owner`, the label of that key ("" when the server has no keys, or for a health request, which needs
+    none): whose client shared-memory regions and sequence backlog share it may use (engine/caller.py)."""
 
-    __slots__ = ("bytes", "concurrency", "owner")
+    __slots__ = ("bytes", "concurrency", "key", "owner")
 
-    def __init__(self, concurrency: Concurrency | None, nbytes: int, owner: str = "") -> None:
+    def __init__(self, concurrency: Concurrency | None, nbytes: int, key: _KeyState | None = None) -> None:
         self.concurrency = concurrency
         self.bytes = nbytes
-        self.owner = owner
+        self.key = key
+        self.owner = key.key.label if key is not None else ""
 
 
 class _KeyState:
@@ -182,10 +187,11 @@ class AccessPolicy:
         return view
 
     def admit(self, group: ApiGroup | None, headers: Mapping[bytes, bytes], nbytes: int,
-              now: float) -> Admission | Refusal:
+              now: float, holds_quotas: bool = True) -> Admission | Refusal:
         """Whether a request to `group` (None: an endpoint that is in none, such as an unknown path, which
         still needs a key) with these request headers (lower-case names) and `nbytes` of body declared may
-        go on. An Admission must be released once the request is answered or dropped."""
+        go on. An Admission must be released once the request is answered or dropped. `holds_quotas` False:
+        only who may call is checked (a stream whose requests are admitted one by one, `admit_part`)."""
         if group is not None:
             restriction = self.restrictions.get(group)
             if restriction is not None and not _carries(headers, restriction):
@@ -199,7 +205,24 @@ class AccessPolicy:
             if group is not None and group not in state.key.groups:
                 return Refusal(RefusalKind.FORBIDDEN,
                                f"this API key may not call the '{group.value}' API")
+        if not holds_quotas:
+            return Admission(None, 0, state)
         return self._quotas(state, nbytes, now)
+
+    def admit_part(self, whole: Admission, nbytes: int, now: float) -> Admission | Refusal:
+        """One request of a stream admitted as `whole` (holds_quotas=False), as a unary request of the same
+        key would be: a slot of the key's concurrency and a token of its rate; and `nbytes` of its message,
+        reserved in `whole` (`grow`) as its length arrived, leave `whole`: moved to the new Admission, or,
+        on refusal, given back (the message is dropped)."""
+        moved = min(nbytes, whole.bytes)
+        whole.bytes -= moved
+        verdict = self._quotas(whole.key, 0, now)
+        if type(verdict) is Refusal:
+            if moved and self.budget is not None:
+                self.budget.give(moved)
+            return verdict
+        verdict.bytes = moved  # type: ignore[union-attr]
+        return verdict
 
     def _identify(self, authorization: bytes | None) -> _KeyState | None:
         if authorization is None or authorization[:7].lower() != _BEARER:
@@ -232,8 +255,7 @@ class AccessPolicy:
                 return Refusal(RefusalKind.EXHAUSTED,
                                f"request rate over this API key's limit (requests_per_second {rps:g})",
                                retry_after_secs(wait))
-        return Admission(concurrency, nbytes if budget is not None else 0,
-                         state.key.label if state is not None else "")
+        return Admission(concurrency, nbytes if budget is not None else 0, state)
 
     def grow(self, admission: Admission, nbytes: int) -> Refusal | None:
         """A request's body turned out `nbytes` larger than reserved (no declared size): reserve them too,

@@ -22,6 +22,7 @@ from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
+from .frontend.h2.grpc import CallLimits
 from .frontend.h2.server import H2GrpcServer, bind_listeners
 from .frontend.h2.streams import Limits
 from .frontend.http_routes import HttpRoutes
@@ -93,6 +94,9 @@ class ServerOptions:
     max_bytes_element_bytes: int = 16 << 20
     max_json_depth: int = 32
     grpc_max_concurrent_streams: int = 1024
+    # A ModelStreamInfer stream's requests in flight: past it the stream is not read (frontend/h2/grpc.py
+    # CallLimits).
+    grpc_max_stream_requests: int = 1024
     max_connections: int = 4096
     max_connections_per_client: int = 1024
     # The metrics port's own connection caps (frontend/metrics_routes.py), apart from the HTTP and gRPC
@@ -239,6 +243,11 @@ class Server:
                       client_timeout_secs=opts.client_timeout_secs,
                       idle_timeout_secs=opts.idle_timeout_secs)
 
+    def call_limits(self, share: int = 1) -> CallLimits:
+        """What gRPC calls may hold; `share`: the frontend processes splitting the server-wide ones."""
+        opts = self.options
+        return CallLimits(max_stream_requests=opts.grpc_max_stream_requests)
+
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         opts = self.options
@@ -259,7 +268,8 @@ class Server:
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
                                   ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
                                   counter=counter, access=grpc_access,
-                                  loopback_only=access.loopback_only(grpc=True))
+                                  loopback_only=access.loopback_only(grpc=True),
+                                  call_limits=self.call_limits())
         self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
         await self._grpc.start()
 
@@ -284,7 +294,8 @@ class Server:
                          "max_buffered_request_bytes": h2.max_buffered_request_bytes,
                          "max_queued_response_bytes": h2.max_queued_response_bytes,
                          "client_timeout_secs": h2.client_timeout_secs,
-                         "idle_timeout_secs": h2.idle_timeout_secs},
+                         "idle_timeout_secs": h2.idle_timeout_secs,
+                         "call_limits": dataclasses.asdict(self.call_limits(opts.workers))},
                 "tls": {"http": opts.http_tls.to_spec() if opts.http_tls else None,
                         "grpc": opts.grpc_tls.to_spec() if opts.grpc_tls else None,
                         "handshake_timeout_secs": handshake_timeout_secs(opts.client_timeout_secs)},

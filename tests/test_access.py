@@ -195,6 +195,32 @@ def test_a_refused_request_takes_no_token_and_no_bytes() -> None:
     assert isinstance(p.admit(G.INFERENCE, bearer("app"), 200, 0.0), Admission)  # the second token
 
 
+def test_a_streams_requests_are_admitted_one_by_one_as_unary_requests() -> None:
+    """A ModelStreamInfer call holds no quota itself; each of its requests takes a concurrency slot and a
+    rate token of the call's key, and the bytes reserved for its message move to it (given back when it is
+    refused)."""
+    p = policy(budget=1000)
+    call = p.admit(G.INFERENCE, bearer("app"), 0, 0.0, holds_quotas=False)
+    assert isinstance(call, Admission) and call.concurrency is None
+    refused(p.admit(G.INFERENCE, bearer("nope"), 0, 0.0, holds_quotas=False), RefusalKind.UNAUTHENTICATED)
+    assert p.grow(call, 300) is None  # the first message's length prefix
+    first = p.admit_part(call, 300, 0.0)
+    assert isinstance(first, Admission) and first.bytes == 300 and call.bytes == 0
+    second = p.admit_part(call, 0, 0.0)
+    assert isinstance(second, Admission)
+    assert p.grow(call, 200) is None
+    r = refused(p.admit_part(call, 200, 0.0), RefusalKind.EXHAUSTED)  # max_concurrent 2: both slots held
+    assert "max_concurrent 2" in r.message
+    assert p.budget is not None and p.budget.used == 300 and call.bytes == 0  # the refused message's back
+    p.release(first)
+    p.release(second)
+    r = refused(p.admit_part(call, 0, 0.0), RefusalKind.EXHAUSTED)  # requests_per_second 2: tokens spent
+    assert "requests_per_second 2" in r.message
+    assert isinstance(p.admit_part(call, 0, 1.0), Admission)
+    p.release(call)
+    assert p.budget.used == 0
+
+
 def test_byte_budget_is_server_wide_and_grows_with_undeclared_bodies() -> None:
     p = policy(None, budget=1000)
     a = p.admit(G.INFERENCE, {}, 600, 0.0)

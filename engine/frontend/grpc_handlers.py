@@ -274,6 +274,13 @@ class GrpcHandlers:
             future.add_done_callback(done)
             return future
 
+    def stream_refusal(self, message: Any, error: EngineError) -> tuple[list[Any], int]:
+        """The answer on a ModelStreamInfer stream to a request refused before it was decoded (its key's
+        quotas): the error with the request's id, model and version, final; the stream goes on. Raises
+        DecodeError for bytes that are not a ModelInferRequest."""
+        body = _stream_error(pb.ModelInferRequest.FromString(message), error).SerializeToString()
+        return [body], len(body)
+
     def LogSettings(self, request: Any) -> Any:
         """Triton's logging extension: each setting's oneof must be of its type (Triton's words)."""
         changes: dict[str, Any] = {}

@@ -30,6 +30,7 @@ from ..access import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend import wire
 from ..frontend.connections import ConnectionCounter, ConnectionLimits
+from ..frontend.h2.grpc import CallLimits
 from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
@@ -92,7 +93,8 @@ async def serve(spec: dict[str, Any]) -> int:
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
     grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
                         handlers=FrontendGrpcHandlers(client), counter=counter, access=grpc_access,
-                        loopback_only=config.loopback_only(grpc=True))
+                        loopback_only=config.loopback_only(grpc=True),
+                        call_limits=CallLimits(**g["call_limits"]))
     await grpc.start()  # no sockets of its own: the sweeper only
     app.start_sweeper()
     receiver = ConnectionReceiver(socket.socket(fileno=spec["handoff"]), app.protocol, grpc.connection,

@@ -19,16 +19,30 @@ An admin group's call from a peer off loopback is refused first while the operat
 restriction metadata, the `authorization` key, the key's quotas): a refused call ends at once, trailers only,
 before any message is read. An admitted call holds its admission until it ends; the request bytes it holds
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
-the server's in-flight budget too. A ModelStreamInfer stream is one call: one admission for its life.
+the server's in-flight budget too.
+
+A ModelStreamInfer stream is admitted without quotas (who may call only); each of its requests is admitted
+as a unary request is (`AccessPolicy.admit_part`: its key's concurrency slot and rate token), and holds its
+message's bytes of the in-flight budget, reserved as the message's length prefix arrives, until it is
+answered (a decoupled model's final response). A request its key's quotas refuse is answered on the stream
+with an error (`error_message`, its id), and the stream goes on, as for any failed request. Where a stream
+must wait, it is not read (its window is held: HTTP/2 flow control, so the client's messages wait in the
+client, in order, and none is lost or failed): while `CallLimits.max_stream_requests` of its requests are in
+flight, while answers wait on it for the client's window, and while its next message does not fit the
+budget (retried as bytes come back). What arrives meanwhile is at most the window the client had left.
+A decoupled model's responses are counted against their request's `StreamWindow` (engine/stream_window.py)
+as they leave for the client, so a client that does not read stops the model's sends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -36,8 +50,9 @@ from google.protobuf.message import DecodeError
 from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...api_keys import bearer_digest
 from ...caller import Caller
-from ...errors import EngineError, endpoint_message
+from ...errors import EngineError, ErrorCode, endpoint_message
 from ...request_ids import header_request_id_problem
+from ...stream_window import StreamWindow
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
@@ -55,11 +70,23 @@ _EMPTY = memoryview(b"")
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
 
 
+@dataclass(frozen=True, slots=True)
+class CallLimits:
+    """What gRPC calls may hold beyond their messages (ServerOptions; with --workers N each frontend process
+    gets its share of the server-wide ones)."""
+
+    # A ModelStreamInfer stream's requests in flight; at it, the stream is not read until one is answered.
+    # Sequence clients send many sequences' requests interleaved on one stream, and a request held back
+    # here can wait behind a sequence backlog: the cap is generous, and memory is bounded by the byte budget.
+    max_stream_requests: int = 1024
+
+
 class GrpcApp:
     """The StreamApp of a gRPC server: one per server, shared by its connections."""
 
     def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits,
-                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None) -> None:
+                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None,
+                 call_limits: CallLimits | None = None) -> None:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
         self.access = access
@@ -68,7 +95,10 @@ class GrpcApp:
         self.max_message_bytes = max_message_bytes
         self.max_header_list_bytes = limits.max_header_list_bytes
         self.client_timeout_secs = limits.client_timeout_secs
+        self.call_limits = call_limits or CallLimits()
         self.partial: set[Call] = set()  # calls holding part of a message: `sweep` resets those that stall
+        # streams whose next message waits for room in the in-flight budget, oldest first (`budget_freed`)
+        self.budget_waiting: dict[Call, None] = {}
         self.memory = MemoryReturn()  # large dropped buffers, for the server's sweeper to trim
 
     def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> Call:
@@ -85,15 +115,28 @@ class GrpcApp:
             elif now - call.fed_at >= timeout > 0:
                 call.conn.reset_stream(call.stream, H2Error.CANCEL, "no DATA within the client timeout")
                 call.reset()  # (already done through the connection unless the stream was closed)
+        self.budget_freed()  # bytes an HTTP request gave back, too
+
+    def budget_freed(self) -> None:
+        """Bytes of the in-flight budget came back: streams waiting to reserve their next message read on,
+        oldest first, while it fits."""
+        if not self.budget_waiting or self.access is None or self.access.budget is None:
+            return
+        budget = self.access.budget
+        for call in list(self.budget_waiting):
+            if budget.used + call.waiting_bytes > budget.limit:
+                return
+            call.read_on()
 
 
 class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
-                 "need", "pending", "principal", "remote_done", "request", "request_id", "reserved",
-                 "response_encoding", "rpc", "start_ns", "stream", "timer", "work")
+    __slots__ = ("admission", "app", "buffer", "conn", "done", "drain_due", "encoding", "fed", "fed_at",
+                 "headers_sent", "need", "next_bytes", "paused", "pending", "principal", "remote_done",
+                 "request", "request_id", "reserved", "response_encoding", "rpc", "start_ns", "stream",
+                 "timer", "unsent", "waiting_bytes", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -107,7 +150,13 @@ class Call:
         self.fed_at = 0.0
         self.request: memoryview | None = None  # the one request message of a unary call
         self.work: asyncio.Future[Any] | None = None  # the handler's future or task, cancelled on reset
-        self.pending: set[asyncio.Future[Any]] = set()  # ModelStreamInfer requests in flight
+        # ModelStreamInfer: requests in flight, each with what its admission holds (None: no access policy)
+        self.pending: dict[asyncio.Future[Any], Admission | None] = {}
+        self.paused = False  # ModelStreamInfer: not read for now (the stream's window is held)
+        self.next_bytes = -1  # ModelStreamInfer: the length of the message being read, once reserved
+        self.waiting_bytes = 0  # ModelStreamInfer: what the next message waits for in the budget
+        self.unsent: list[StreamWindow] = []  # decoupled responses waiting on the stream for the client
+        self.drain_due = False  # a read-on after the stream drained is scheduled
         self.remote_done = False
         self.headers_sent = False
         self.done = False
@@ -145,7 +194,9 @@ class Call:
             if refusal is not None:
                 self.finish(GRPC_STATUS[refusal.kind], refusal.message)
         if app.access is not None and not self.done:
-            verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic())
+            # a stream's requests are admitted one by one (_stream_request)
+            verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic(),
+                                       holds_quotas=self.rpc.kind is not Kind.STREAM_INFER)
             if type(verdict) is Refusal:
                 self.finish(GRPC_STATUS[verdict.kind], _with_retry(verdict))
             else:
@@ -157,12 +208,18 @@ class Call:
         if self.done:
             return
         if data:
-            self._read_messages(data)
+            if self.rpc.kind is Kind.STREAM_INFER:
+                self._read_stream(data)
+            else:
+                self._read_messages(data)
             if self.done:
                 return
         if end_stream:
             self.remote_done = True
-            self._requests_complete()
+            if not self.paused:
+                self._requests_complete()
+            elif data:
+                self._account()
         elif data:
             self._account()
 
@@ -212,11 +269,7 @@ class Call:
                 except MessageError as e:
                     self.finish(e.status, e.message, extra=e.extra)
                     return
-            if self.rpc.kind is Kind.STREAM_INFER:
-                self._stream_request(message)
-                if self.done:
-                    return
-            elif self.request is not None:
+            if self.request is not None:
                 self.finish(S.INTERNAL, "a unary RPC got more than one request message")
                 return
             else:
@@ -232,7 +285,8 @@ class Call:
         held = 0 if buf is None else max(self.need, len(buf))
         if self.request is not None:
             held += len(self.request)
-        if not self._held_within_budget(held):
+        # (a stream's messages are reserved in the in-flight budget as their lengths arrive: _reserve)
+        if self.rpc.kind is not Kind.STREAM_INFER and not self._held_within_budget(held):
             return
         if held != self.reserved:
             budget = self.conn.request_bytes
@@ -244,7 +298,7 @@ class Call:
             if held < self.reserved:
                 budget.give(self.reserved - held)
             self.reserved = held
-        if buf is None:
+        if buf is None or self.paused:  # a stream we do not read is not the client stalling
             self.app.partial.discard(self)
         elif self not in self.app.partial:
             self.app.partial.add(self)
@@ -267,7 +321,10 @@ class Call:
         admission = self.admission
         if admission is not None:
             self.admission = None
+            freed = admission.bytes
             self.app.access.release(admission)  # type: ignore[union-attr]
+            if freed:
+                self.app.budget_freed()
 
     def _drop_request(self) -> None:
         """The request's bytes are handed on or no longer wanted: the budget is given back, a large dropped
@@ -326,17 +383,158 @@ class Call:
         except Exception as e:  # EngineError, DecodeError or a bug: each becomes a status
             self._fail(e)
 
-    def _stream_request(self, message: memoryview) -> None:
+    # ------------------------------------------------------------------ ModelStreamInfer requests in
+
+    def _read_stream(self, data: memoryview) -> None:
+        """A ModelStreamInfer call's DATA: each message submitted as it completes, its bytes reserved in the
+        in-flight budget as soon as its length prefix is in. Reading stops (`_pause`: the stream's window is
+        held) while `_must_wait` says so or the next message does not fit the budget; what arrives meanwhile
+        waits in `buffer`, unread, until `read_on`."""
+        buf = self.buffer
+        if buf is not None:
+            buf += data
+            self.fed = True
+            if self.paused or len(buf) < self.need:
+                return
+            data = memoryview(buf)  # `buf` is never resized again: views of it stay valid
+            self.buffer = None
+        elif self.paused:
+            self.buffer = bytearray(data)
+            return
+        offset, size = 0, len(data)
+        max_bytes = self.app.max_message_bytes
+        while True:
+            if self.next_bytes < 0 and self._must_wait():  # between two messages
+                self._pause()
+                break
+            if size - offset < 5:
+                self.need = 5
+                break
+            flag, length = PREFIX.unpack_from(data, offset)
+            if self.next_bytes < 0:
+                if length > max_bytes:  # rejected before it is buffered, as grpc does
+                    self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
+                                                      f"{max_bytes})")
+                    return
+                if not self._reserve(length):
+                    if self.done:
+                        return
+                    break
+                self.next_bytes = length
+            if size - offset - 5 < length:
+                self.need = 5 + length
+                break
+            message = data[offset + 5:offset + 5 + length]
+            offset += 5 + length
+            self.next_bytes = -1
+            if flag:
+                try:
+                    message = decompress(flag, self.encoding, message, max_bytes)  # type: ignore[assignment]
+                except MessageError as e:
+                    self.finish(e.status, e.message, extra=e.extra)
+                    return
+            self._stream_request(message, length)
+            if self.done:
+                return
+        if offset < size:
+            self.buffer = bytearray(data[offset:])
+
+    def _must_wait(self) -> bool:
+        """Whether the stream's next message must wait: its requests in flight are at the cap, or answers
+        wait on it for the client's window (the drain then reads on)."""
+        if len(self.pending) >= self.app.call_limits.max_stream_requests:
+            return True  # an answer reads on
+        if self.stream.pending:
+            self.stream.on_drained = self._drained
+            return True
+        return False
+
+    def _pause(self) -> None:
+        self.paused = True
+        self.stream.held = True  # no WINDOW_UPDATE: the client's messages wait in the client
+        self.need = 5
+        self.app.partial.discard(self)
+
+    def _reserve(self, length: int) -> bool:
+        """The next message's bytes drawn from the in-flight budget into the call's admission, before it is
+        read. False when they do not fit: the stream waits for room (`GrpcApp.budget_freed`), or, for a
+        message larger than the whole budget, the call ends RESOURCE_EXHAUSTED."""
+        admission, access = self.admission, self.app.access
+        if admission is None or access is None or access.budget is None or not length:
+            return True
+        refusal = access.grow(admission, length)
+        if refusal is None:
+            self.app.budget_waiting.pop(self, None)
+            return True
+        if length > access.budget.limit:  # never fits
+            self.finish(GRPC_STATUS[refusal.kind], _with_retry(refusal))
+            return False
+        self._pause()
+        self.waiting_bytes = length
+        self.app.budget_waiting[self] = None
+        return False
+
+    def read_on(self) -> None:
+        """Called when what held the stream may be gone (an answer, a drained stream, budget come back):
+        read what waited and take DATA again, unless something still holds it; then finish a stream whose
+        client half-closed once nothing is left."""
+        if self.done:
+            return
+        if self.paused:
+            if self._must_wait():
+                return
+            self.paused = False
+            self.app.budget_waiting.pop(self, None)
+            buf, self.buffer = self.buffer, None
+            if buf:
+                self._read_stream(memoryview(buf))
+                if self.done:
+                    return
+            if self.paused:  # held again by what waited: its window stays held
+                self._account()
+                return
+            self.conn.open_window(self.stream)
+            if not self.remote_done:
+                self._account()
+                return
+        if self.remote_done:
+            self._requests_complete()
+
+    def _stream_request(self, message: memoryview, length: int) -> None:
+        """One request of the stream, admitted as a unary request of its key would be (its message's `length`
+        bytes move from the call's admission to its own), then submitted; refused, it is answered with an
+        error on the stream, which goes on."""
+        admission: Admission | None = None
+        access = self.app.access
+        if self.admission is not None and access is not None:
+            verdict = access.admit_part(self.admission, length, time.monotonic())
+            if isinstance(verdict, Refusal):
+                self._refuse_request(message, verdict)
+                return
+            admission = verdict
+        window = StreamWindow()  # a decoupled model's responses, counted as they leave for the client
         try:
             # its one done-callback, where a decoupled model's responses before its last go, the call's
-            # x-request-id, its API key's digest and label
-            admission = self.admission
-            future = self.rpc.handler(message, self._stream_answered, self._stream_partial, self.request_id,
-                                      self.principal, "" if admission is None else admission.owner)
+            # x-request-id, its API key's digest and label, and where its responses are counted
+            partial = functools.partial(self._stream_partial, window)
+            call = self.admission
+            future = self.rpc.handler(message, self._stream_answered, partial, self.request_id,
+                                      self.principal, "" if call is None else call.owner, window)
+        except Exception as e:  # an unparsable message ends the stream, as grpc does
+            if admission is not None and access is not None:
+                access.release(admission)
+            self._fail(e)
+            return
+        self.pending[future] = admission
+
+    def _refuse_request(self, message: memoryview, refusal: Refusal) -> None:
+        try:
+            parts, size = self.app.handlers.stream_refusal(
+                message, EngineError(ErrorCode.RESOURCE_EXHAUSTED, _with_retry(refusal)))
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             self._fail(e)
             return
-        self.pending.add(future)
+        self._send_message_parts(parts, size)
 
     def _owner(self) -> str:
         """The label of the API key the call presented ("" without keys): engine/caller.py."""
@@ -370,20 +568,52 @@ class Call:
             self._reply(task.result().SerializeToString())
 
     def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
-        self.pending.discard(future)
+        admission = self.pending.pop(future, None)
+        freed = 0
+        if admission is not None:  # what the request held goes back as it is answered
+            freed = admission.bytes
+            self.app.access.release(admission)  # type: ignore[union-attr]
+        if not self.done:
+            if isinstance(answer, BaseException):
+                self._fail(answer)
+            else:
+                if answer is not None:
+                    self._send_message_parts(*answer)
+                if (self.paused or self.remote_done) and not self.done:
+                    self.read_on()
+        if freed and self.app.budget_waiting:
+            self.app.budget_freed()
+
+    def _stream_partial(self, window: StreamWindow, answer: tuple[list[Any], int]) -> None:
+        """A decoupled model's response before its last: out at once; it counts as taken by the client
+        (credit for the model's next send) once it has left, at once or when what waits on the stream
+        drains."""
         if self.done:
             return
-        if isinstance(answer, BaseException):
-            self._fail(answer)
-            return
-        if answer is not None:
-            self._send_message_parts(*answer)
-        if self.remote_done and not self.pending:
-            self.finish(S.OK, "")
+        self._send_message_parts(*answer)
+        if self.stream.pending:
+            self.unsent.append(window)
+            self.stream.on_drained = self._drained
+        else:
+            window.taken()
 
-    def _stream_partial(self, answer: tuple[list[Any], int]) -> None:
-        if not self.done:
-            self._send_message_parts(*answer)
+    def _drained(self) -> None:
+        """From the sending half, as what waited on the stream went out: the rest runs in its own callback."""
+        if not self.drain_due and not self.done:
+            self.drain_due = True
+            asyncio.get_running_loop().call_soon(self._after_drain)
+
+    def _after_drain(self) -> None:
+        self.drain_due = False
+        if self.done:
+            return
+        if self.stream.pending:  # more was queued since: wait for that too
+            self.stream.on_drained = self._drained
+            return
+        unsent, self.unsent = self.unsent, []
+        for window in unsent:
+            window.taken()
+        self.read_on()
 
     async def _stream_responses(self, responses: AsyncIterator[Any]) -> None:
         try:
@@ -473,9 +703,18 @@ class Call:
         if self.work is not None:
             self.work.cancel()
             self.work = None
-        for future in list(self.pending):
-            future.cancel()
-        self.pending.clear()
+        self.unsent.clear()
+        self.app.budget_waiting.pop(self, None)
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            freed = 0
+            for future, admission in pending.items():
+                future.cancel()
+                if admission is not None:
+                    freed += admission.bytes
+                    self.app.access.release(admission)  # type: ignore[union-attr]
+            if freed:
+                self.app.budget_freed()
 
 
 def _with_retry(refusal: Refusal) -> str:

@@ -23,7 +23,7 @@ from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
 from ..grpc_handlers import GrpcHandlers
 from .connection import H2Connection
-from .grpc import GrpcApp
+from .grpc import CallLimits, GrpcApp
 from .streams import Limits
 
 
@@ -59,18 +59,20 @@ class H2GrpcServer:
     def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
                  handlers: GrpcHandlers | None = None, ssl_context: ssl.SSLContext | None = None,
                  handshake_timeout_secs: float | None = None, counter: ConnectionCounter | None = None,
-                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None) -> None:
+                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None,
+                 call_limits: CallLimits | None = None) -> None:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
         `ssl_context`: the sockets this server listens on speak TLS (ALPN h2), each handshake bounded by
         `handshake_timeout_secs`. `counter` counts the process's connections against its limits (shared
-        with HTTP). `access` and `loopback_only`: who may call what (engine/access.py)."""
+        with HTTP). `access` and `loopback_only`: who may call what (engine/access.py). `call_limits`: what
+        gRPC calls may hold (this process's share of the server-wide ones)."""
         self._counter = counter
         self._limits = limits = limits or Limits()
         self._tls: dict[str, Any] = ({"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_secs}
                                      if ssl_context is not None else {})
         self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits, access,
-                            loopback_only)
+                            loopback_only, call_limits)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
         self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))
         self._sweeper: asyncio.Task[None] | None = None
