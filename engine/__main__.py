@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-max-stream-requests", type=_count, default=1024, metavar="N",
                        help="requests one gRPC ModelStreamInfer stream may have in flight; at it, the stream "
                             "is not read (HTTP/2 flow control) until one is answered")
+    serve.add_argument("--grpc-max-health-watches", type=_count, default=1024, metavar="N",
+                       help="grpc.health.v1 Health/Watch streams open at once, server-wide (and at most 16 "
+                            "per connection); more are refused RESOURCE_EXHAUSTED")
     serve.add_argument("--max-connections", type=_byte_count, default=4096, metavar="N",
                        help="connections the server holds at once, HTTP and gRPC together (0 = no limit); "
                             "more are answered 503 (HTTP) or GOAWAY (gRPC) and closed")
@@ -380,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             max_json_depth=args.max_json_depth,
             grpc_max_concurrent_streams=args.grpc_max_concurrent_streams,
             grpc_max_stream_requests=args.grpc_max_stream_requests,
+            grpc_max_health_watches=args.grpc_max_health_watches,
             max_connections=args.max_connections,
             max_connections_per_client=args.max_connections_per_client,
             metrics_max_connections=args.metrics_max_connections,

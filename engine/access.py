@@ -13,9 +13,12 @@ The checks, in order (README "Security"):
 1. Triton's restrictions (`--http-restricted-api`, `--grpc-restricted-protocol`): the group's header must
    carry its value, else RESTRICTED with Triton's message (HTTP 403, gRPC UNAVAILABLE, as Triton answers).
 2. hubserve's keys (`--api-keys`): every group but health needs `authorization: Bearer <key>` naming a
-   known key (else UNAUTHENTICATED) that may call the group (else FORBIDDEN). The secret is hashed and
-   compared with every key's hash by `hmac.compare_digest`, all of them every time, so neither the time
-   taken nor an early exit tells which key (or how much of one) matched.
+   known key (else UNAUTHENTICATED) that may call the group (else FORBIDDEN). Health's one-shot checks
+   (HTTP `/v2/health/*` and model readiness, gRPC ServerLive/ServerReady/ModelReady/Check) stay keyless, for
+   load balancers and probes; gRPC Health/Watch, a stream the server holds for as long as the client likes,
+   needs a key with the health group like any other RPC (the caller says so: `needs_key`). The secret is
+   hashed and compared with every key's hash by `hmac.compare_digest`, all of them every time, so neither
+   the time taken nor an early exit tells which key (or how much of one) matched.
 3. The key's quotas: `max_concurrent` requests in flight, then `requests_per_second` (a token bucket,
    burst one second's worth), else EXHAUSTED with a Retry-After.
 4. The server-wide budget of request bytes in flight (`--max-inflight-bytes`): a request whose declared
@@ -187,17 +190,21 @@ class AccessPolicy:
         return view
 
     def admit(self, group: ApiGroup | None, headers: Mapping[bytes, bytes], nbytes: int,
-              now: float, holds_quotas: bool = True) -> Admission | Refusal:
+              now: float, holds_quotas: bool = True, needs_key: bool | None = None) -> Admission | Refusal:
         """Whether a request to `group` (None: an endpoint that is in none, such as an unknown path, which
         still needs a key) with these request headers (lower-case names) and `nbytes` of body declared may
         go on. An Admission must be released once the request is answered or dropped. `holds_quotas` False:
-        only who may call is checked (a stream whose requests are admitted one by one, `admit_part`)."""
+        only who may call is checked (a stream whose requests are admitted one by one, `admit_part`).
+        `needs_key`: whether the request needs a key when keys are configured (None: every group but
+        health)."""
         if group is not None:
             restriction = self.restrictions.get(group)
             if restriction is not None and not _carries(headers, restriction):
                 return Refusal(RefusalKind.RESTRICTED, self._restricted.format(restriction.header))
         state = None
-        if self._keys and group is not ApiGroup.HEALTH:
+        if needs_key is None:
+            needs_key = group is not ApiGroup.HEALTH
+        if self._keys and needs_key:
             state = self._identify(headers.get(_AUTHORIZATION))
             if state is None:
                 return Refusal(RefusalKind.UNAUTHENTICATED,

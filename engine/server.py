@@ -94,9 +94,10 @@ class ServerOptions:
     max_bytes_element_bytes: int = 16 << 20
     max_json_depth: int = 32
     grpc_max_concurrent_streams: int = 1024
-    # A ModelStreamInfer stream's requests in flight: past it the stream is not read (frontend/h2/grpc.py
-    # CallLimits).
+    # A ModelStreamInfer stream's requests in flight (past it the stream is not read), and Health/Watch
+    # streams open server-wide (frontend/h2/grpc.py CallLimits).
     grpc_max_stream_requests: int = 1024
+    grpc_max_health_watches: int = 1024
     max_connections: int = 4096
     max_connections_per_client: int = 1024
     # The metrics port's own connection caps (frontend/metrics_routes.py), apart from the HTTP and gRPC
@@ -246,7 +247,8 @@ class Server:
     def call_limits(self, share: int = 1) -> CallLimits:
         """What gRPC calls may hold; `share`: the frontend processes splitting the server-wide ones."""
         opts = self.options
-        return CallLimits(max_stream_requests=opts.grpc_max_stream_requests)
+        return CallLimits(max_stream_requests=opts.grpc_max_stream_requests,
+                          max_watches=max(1, opts.grpc_max_health_watches // share))
 
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""

@@ -156,6 +156,9 @@ def test_keys_decide_who_may_call_what_and_health_stays_open() -> None:
     assert isinstance(p.admit(G.MODEL_REPOSITORY, bearer("admin"), 0, 0.0), Admission)
     assert isinstance(p.admit(G.METADATA, {b"authorization": b"bearer  app "}, 0, 0.0), Admission)
     assert isinstance(p.admit(G.HEALTH, {}, 0, 0.0), Admission)
+    # a health stream the server holds (gRPC Health/Watch) needs a key with the health group
+    refused(p.admit(G.HEALTH, {}, 0, 0.0, needs_key=True), RefusalKind.UNAUTHENTICATED)
+    assert isinstance(p.admit(G.HEALTH, bearer("app"), 0, 0.0, needs_key=True), Admission)
 
 
 def test_every_key_of_many_is_found() -> None:

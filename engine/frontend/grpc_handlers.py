@@ -12,7 +12,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -81,7 +81,6 @@ CALLER_RPCS = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
 # (http_routes.py _UNSERVED).
 UNIMPLEMENTED_RPCS: dict[str, str] = {}  # every RPC of the protocol is served
-HEALTH_POLL_S = 0.5  # how often Watch re-reads the state it reports
 
 # How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
 # None when there is nothing to send (cancelled, or a decoupled model's final flag alone while the client
@@ -325,27 +324,31 @@ class GrpcHandlers:
     def health_status(self, service: str) -> int:
         """The server ("") is SERVING when ready; a model name is SERVING when that model is; a name the
         repository does not know is SERVICE_UNKNOWN."""
+        return self.health_statuses([service])[0]
+
+    def health_statuses(self, services: list[str]) -> list[int]:
+        """`health_status` of each, from one read of the repository's index."""
         resp = health.HealthCheckResponse
-        if service and service not in {e.name for e in self.dp.repository_index()}:
-            return resp.SERVICE_UNKNOWN
-        ok = self.dp.ready() if not service else self.dp.model_ready(service)
-        return resp.SERVING if ok else resp.NOT_SERVING
+        known = {e.name for e in self.dp.repository_index()} if any(services) else set()
+        out = []
+        for service in services:
+            if service and service not in known:
+                out.append(resp.SERVICE_UNKNOWN)
+                continue
+            ok = self.dp.ready() if not service else self.dp.model_ready(service)
+            out.append(resp.SERVING if ok else resp.NOT_SERVING)
+        return out
+
+    async def watch_statuses(self, services: list[str]) -> list[int]:
+        """What Health/Watch reports (health_watch.py reads it once per tick for every stream of this
+        process): the services' statuses now."""
+        return self.health_statuses(services)
 
     def Check(self, request: Any) -> Any:
         status = self.health_status(request.service)
         if status == health.HealthCheckResponse.SERVICE_UNKNOWN:  # the health protocol says NOT_FOUND
             raise not_found(f"unknown service '{request.service}'")
         return health.HealthCheckResponse(status=status)
-
-    async def Watch(self, request: Any) -> AsyncIterator[Any]:
-        """Server streaming: the status now, then each change, until the client cancels."""
-        last = None
-        while True:
-            status = self.health_status(request.service)
-            if status != last:
-                last = status
-                yield health.HealthCheckResponse(status=status)
-            await asyncio.sleep(HEALTH_POLL_S)
 
 
 def _refused(message: Any, header_id: bytes | None, error: BaseException, start_ns: int) -> None:

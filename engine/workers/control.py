@@ -57,7 +57,7 @@ class ControlRunner:
             if kind == GRPC:
                 self._grpc(cid, args, reply)
             elif kind == HEALTH:
-                reply(cid, True, self.grpc.health_status(args))
+                reply(cid, True, self.grpc.health_statuses(list(args)))
             else:
                 raise ValueError(f"unknown control kind {kind!r}")
         except Exception as e:  # EngineError (gRPC), or a bug: the frontend answers it as it would its own

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
 from ..caller import NOBODY, Caller
 from ..errors import EngineError, ErrorCode
-from ..frontend.grpc_handlers import GrpcHandlers, health
+from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.http_path import Endpoint, model_target, parse_target
 from ..frontend.http_routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
@@ -34,7 +33,6 @@ FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "
                   "Check", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
                   "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
                   "CudaSharedMemoryUnregister", "LogSettings", "TraceSetting")
-HEALTH_POLL_S = 0.5  # how often Watch asks the engine for the state it reports (grpc_handlers.HEALTH_POLL_S)
 
 
 class FrontendRoutes:
@@ -130,15 +128,10 @@ class FrontendGrpcHandlers(GrpcHandlers):
         future.add_done_callback(done)
         return out
 
-    async def Watch(self, request: Any) -> AsyncIterator[Any]:  # the RPC's name
-        """Server streaming: the status now, then each change, as the engine sees it."""
-        last = None
-        while True:
-            status = await self._client.forward(HEALTH, request.service)
-            if status != last:
-                last = status
-                yield health.HealthCheckResponse(status=status)
-            await asyncio.sleep(HEALTH_POLL_S)
+    async def watch_statuses(self, services: list[str]) -> list[int]:
+        """What Health/Watch reports, as the engine sees it: one forwarded HEALTH control per read, for every
+        service this process's streams watch (frontend/health_watch.py)."""
+        return await self._client.forward(HEALTH, services)  # type: ignore[no-any-return]
 
 
 def _forwarder(name: str) -> Any:

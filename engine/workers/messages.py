@@ -21,7 +21,8 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
   HTTP `(method, url, target, headers, body, owner, (peer, local))` (`target`: the path as the frontend parsed
   and checked it, frontend/http_path.py `HttpTarget.to_wire`; the engine routes that, and `url` serves
   messages only), gRPC `(method name, serialized request, caller)` (the API key's label and the connection's
-  ends: engine/caller.py), HEALTH `service` (what gRPC's Health/Watch polls).
+  ends: engine/caller.py), HEALTH `[service, ...]` (what gRPC's Health/Watch reads once per tick for every
+  stream of the frontend: health_watch.py).
 - credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
   written to its client's connection and the connection took them (credit.py); the engine sends a stream at
   most a window of pieces ahead of its credit. And `(rid, responses)` for a streaming request: its client
@@ -38,7 +39,7 @@ Engine → frontend: `(answers, control_answers)`
 - before it, for a streaming request, any number of `(rid, STREAMED, response)` (the OK payload) and
   `(rid, STREAMED_ERROR, error)`, in the order the model sent them.
 - a control answer: `(cid, True, result)` (HTTP: the route's answer; gRPC: serialized response bytes;
-  HEALTH: the status number) or `(cid, False, error)`.
+  HEALTH: the status numbers, in order) or `(cid, False, error)`.
 
 An error is `(code, message)` for an EngineError, so both protocols answer it exactly as a single process
 does; anything else (a bug) crosses as `(None, its text)` and is raised there as a RuntimeError with that

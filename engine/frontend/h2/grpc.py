@@ -8,7 +8,10 @@ Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answere
 `GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
 ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
 decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
-to the connection for one write (its header blocks are built once, in rpcs.py).
+to the connection for one write (its header blocks are built once, in rpcs.py). Health/Watch creates no task
+either: every Watch stream of the process is told by one notifier (`GrpcApp.health`, health_watch.py) when
+its status changes; `CallLimits` caps them per connection and server-wide, and, with keys configured, a
+Watch needs one (a stream held as long as its client likes; one-shot health checks stay keyless).
 
 What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
 ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
@@ -41,7 +44,6 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,11 +53,13 @@ from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusa
 from ...api_keys import bearer_digest
 from ...caller import Caller
 from ...errors import EngineError, ErrorCode, endpoint_message
+from ...proto import health_pb2
 from ...request_ids import header_request_id_problem
 from ...stream_window import StreamWindow
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S
+from ..health_watch import HealthWatch
 from .connection import H2Connection
 from .frames import H2Error
 from .grpc_messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
@@ -65,6 +69,7 @@ from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
 from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
+health: Any = health_pb2  # the generated module carries no type information
 
 _EMPTY = memoryview(b"")
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
@@ -79,6 +84,11 @@ class CallLimits:
     # Sequence clients send many sequences' requests interleaved on one stream, and a request held back
     # here can wait behind a sequence backlog: the cap is generous, and memory is bounded by the byte budget.
     max_stream_requests: int = 1024
+    # grpc.health.v1 Health/Watch streams open at once (server-wide: each process holds its share), and on
+    # one connection. A client's health checking watches one service per channel (gRPC's client-side
+    # health checking, Envoy): a handful per connection.
+    max_watches: int = 1024
+    max_watches_per_connection: int = 16
 
 
 class GrpcApp:
@@ -100,6 +110,11 @@ class GrpcApp:
         # streams whose next message waits for room in the in-flight budget, oldest first (`budget_freed`)
         self.budget_waiting: dict[Call, None] = {}
         self.memory = MemoryReturn()  # large dropped buffers, for the server's sweeper to trim
+        # every Health/Watch stream of this process, served by one notifier; and how many are open, in all
+        # and per connection (CallLimits caps both)
+        self.health = HealthWatch(handlers.watch_statuses)
+        self.watches = 0
+        self.connection_watches: dict[H2Connection, int] = {}
 
     def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> Call:
         return Call(self, conn, stream, head)
@@ -116,6 +131,28 @@ class GrpcApp:
                 call.conn.reset_stream(call.stream, H2Error.CANCEL, "no DATA within the client timeout")
                 call.reset()  # (already done through the connection unless the stream was closed)
         self.budget_freed()  # bytes an HTTP request gave back, too
+
+    def open_watch(self, conn: H2Connection) -> str:
+        """Count a new Health/Watch stream on `conn`; why not, when it is over a cap ("" when counted)."""
+        limits = self.call_limits
+        on_conn = self.connection_watches.get(conn, 0)
+        if on_conn >= limits.max_watches_per_connection:
+            return (f"this connection has {on_conn} Health/Watch streams open, the most one may have: "
+                    "watch each service once")
+        if self.watches >= limits.max_watches:
+            return ("the server holds as many Health/Watch streams as it may (--grpc-max-health-watches): "
+                    "retry later, or use Health/Check")
+        self.watches += 1
+        self.connection_watches[conn] = on_conn + 1
+        return ""
+
+    def close_watch(self, conn: H2Connection) -> None:
+        self.watches -= 1
+        left = self.connection_watches.get(conn, 1) - 1
+        if left > 0:
+            self.connection_watches[conn] = left
+        else:
+            self.connection_watches.pop(conn, None)
 
     def budget_freed(self) -> None:
         """Bytes of the in-flight budget came back: streams waiting to reserve their next message read on,
@@ -136,7 +173,7 @@ class Call:
     __slots__ = ("admission", "app", "buffer", "conn", "done", "drain_due", "encoding", "fed", "fed_at",
                  "headers_sent", "need", "next_bytes", "paused", "pending", "principal", "remote_done",
                  "request", "request_id", "reserved", "response_encoding", "rpc", "start_ns", "stream",
-                 "timer", "unsent", "waiting_bytes", "work")
+                 "timer", "unsent", "waiting_bytes", "watch_counted", "watching", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -157,6 +194,8 @@ class Call:
         self.waiting_bytes = 0  # ModelStreamInfer: what the next message waits for in the budget
         self.unsent: list[StreamWindow] = []  # decoupled responses waiting on the stream for the client
         self.drain_due = False  # a read-on after the stream drained is scheduled
+        self.watch_counted = False  # Health/Watch: counted against the caps (GrpcApp.open_watch)
+        self.watching: str | None = None  # Health/Watch: the service it watches, once its request came
         self.remote_done = False
         self.headers_sent = False
         self.done = False
@@ -194,13 +233,22 @@ class Call:
             if refusal is not None:
                 self.finish(GRPC_STATUS[refusal.kind], refusal.message)
         if app.access is not None and not self.done:
-            # a stream's requests are admitted one by one (_stream_request)
+            # A stream's requests are admitted one by one (_stream_request); a Watch, held as long as its
+            # client likes, takes no slot of its key's concurrency (its own caps bound it) but needs a key.
+            kind = self.rpc.kind
             verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic(),
-                                       holds_quotas=self.rpc.kind is not Kind.STREAM_INFER)
+                                       holds_quotas=kind is not Kind.STREAM_INFER and kind is not Kind.WATCH,
+                                       needs_key=True if kind is Kind.WATCH else None)
             if type(verdict) is Refusal:
                 self.finish(GRPC_STATUS[verdict.kind], _with_retry(verdict))
             else:
                 self.admission = verdict  # type: ignore[assignment]
+        if not self.done and self.rpc.kind is Kind.WATCH:
+            refused = app.open_watch(conn)
+            if refused:
+                self.finish(S.RESOURCE_EXHAUSTED, refused)
+            else:
+                self.watch_counted = True
 
     # ------------------------------------------------------------------ StreamHandler
 
@@ -370,16 +418,17 @@ class Call:
                 return
             request = rpc.request_type.FromString(self.request)
             self.request = None
-            if rpc.kind is Kind.UNARY:
-                result = rpc.handler(request, Caller(self._owner(), *self.conn.ends())) if rpc.caller else \
-                    rpc.handler(request)
-                if inspect.isawaitable(result):
-                    self.work = asyncio.ensure_future(result)
-                    self.work.add_done_callback(self._unary_done)
-                else:
-                    self._reply(result.SerializeToString())
+            if rpc.kind is Kind.WATCH:  # the status now, then on every change, until the client leaves
+                self.watching = request.service
+                self.app.health.watch(request.service, self._watch_status)
+                return
+            result = rpc.handler(request, Caller(self._owner(), *self.conn.ends())) if rpc.caller else \
+                rpc.handler(request)
+            if inspect.isawaitable(result):
+                self.work = asyncio.ensure_future(result)
+                self.work.add_done_callback(self._unary_done)
             else:
-                self.work = asyncio.ensure_future(self._stream_responses(rpc.handler(request)))
+                self._reply(result.SerializeToString())
         except Exception as e:  # EngineError, DecodeError or a bug: each becomes a status
             self._fail(e)
 
@@ -615,17 +664,10 @@ class Call:
             window.taken()
         self.read_on()
 
-    async def _stream_responses(self, responses: AsyncIterator[Any]) -> None:
-        try:
-            async for response in responses:
-                if self.done:
-                    return
-                self._send_message(response.SerializeToString())
-            self.finish(S.OK, "")
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # EngineError or a bug: each becomes a status
-            self._fail(e)
+    def _watch_status(self, status: int) -> None:
+        """A Health/Watch stream's next message, from the process's HealthWatch."""
+        if not self.done:
+            self._send_message(health.HealthCheckResponse(status=status).SerializeToString())
 
     def _reply(self, body: bytes) -> None:
         self._reply_parts([body], len(body))
@@ -700,6 +742,12 @@ class Call:
 
     def _stop_work(self) -> None:
         self._stop_timer()
+        if self.watching is not None:
+            self.app.health.unwatch(self.watching, self._watch_status)
+            self.watching = None
+        if self.watch_counted:
+            self.watch_counted = False
+            self.app.close_watch(self.conn)
         if self.work is not None:
             self.work.cancel()
             self.work = None

@@ -25,7 +25,9 @@ class Kind(enum.Enum):
     INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
     # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
     STREAM_INFER = "stream infer"
-    SERVER_STREAM = "server stream"  # one request, an async iterator of responses (Health/Watch)
+    # grpc.health.v1 Health/Watch: one request, then the status on every change, from the process's
+    # HealthWatch (frontend/health_watch.py); the handler is the statuses it reads (`watch_statuses`)
+    WATCH = "watch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +50,10 @@ def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
                     rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
                 elif method.name == "ModelStreamInfer":
                     rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer_wire)
-                elif method.client_streaming:
-                    raise TypeError(f"no handler for client-streaming RPC {method.full_name}")
-                elif method.server_streaming:
-                    rpc = Rpc(Kind.SERVER_STREAM, request_type, getattr(handlers, method.name))
+                elif method.full_name == "grpc.health.v1.Health.Watch":
+                    rpc = Rpc(Kind.WATCH, request_type, handlers.watch_statuses)
+                elif method.client_streaming or method.server_streaming:
+                    raise TypeError(f"no handler for streaming RPC {method.full_name}")
                 else:
                     rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name),
                               caller=method.name in CALLER_RPCS)

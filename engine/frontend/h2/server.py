@@ -140,6 +140,7 @@ class H2GrpcServer:
             except asyncio.TimeoutError:
                 for conn in list(self._connections):
                     conn.abort()
+        self._app.health.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
