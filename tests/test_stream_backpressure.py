@@ -235,6 +235,19 @@ def test_a_stream_at_its_request_cap_waits_and_every_request_is_answered(server:
     assert_correct_inference(server)
 
 
+def test_a_stream_closed_while_held_at_its_cap_answers_every_request_first(server: RunningServer) -> None:
+    """The client half-closes right after sending more than the cap: what waited unread is still read and
+    answered before the stream ends OK."""
+    stream = Stream(server)
+    for i in range(10):
+        stream.send_slow(16, f"h-{i}")
+    stream.client.stop_stream()  # half-close, then wait for the answers and the status
+    stream.client.close()
+    got = [stream.results.get_nowait() for _ in range(stream.results.qsize())]
+    assert [e for _, e in got if e is not None] == []
+    assert sorted(r.get_response().id for r, _ in got) == sorted(f"h-{i}" for i in range(10))
+
+
 def test_the_cap_holds_the_streams_window_and_the_connection_serves_on(server: RunningServer) -> None:
     """Raw HTTP/2: with STREAM_REQUESTS requests in flight the stream is not read, so the rest of a large
     message waits in the client: no WINDOW_UPDATE for the stream comes before one of its requests is

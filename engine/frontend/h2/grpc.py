@@ -171,9 +171,10 @@ class Call:
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
     __slots__ = ("admission", "app", "buffer", "conn", "done", "drain_due", "encoding", "fed", "fed_at",
-                 "headers_sent", "need", "next_bytes", "paused", "pending", "principal", "remote_done",
-                 "request", "request_id", "reserved", "response_encoding", "rpc", "start_ns", "stream",
-                 "timer", "unsent", "waiting_bytes", "watch_counted", "watching", "work")
+                 "headers_sent", "held", "held_bytes", "held_more", "need", "next_bytes", "paused", "pending",
+                 "principal", "remote_done", "request", "request_id", "reserved", "response_encoding", "rpc",
+                 "start_ns", "stream", "timer", "unsent", "waiting_bytes", "watch_counted", "watching",
+                 "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -190,6 +191,11 @@ class Call:
         # ModelStreamInfer: requests in flight, each with what its admission holds (None: no access policy)
         self.pending: dict[asyncio.Future[Any], Admission | None] = {}
         self.paused = False  # ModelStreamInfer: not read for now (the stream's window is held)
+        # ModelStreamInfer, while not read: what was not read of the DATA it stopped in, what came since,
+        # and their bytes (drawn from the connection's budget)
+        self.held: memoryview | None = None
+        self.held_more: list[memoryview] = []
+        self.held_bytes = 0
         self.next_bytes = -1  # ModelStreamInfer: the length of the message being read, once reserved
         self.waiting_bytes = 0  # ModelStreamInfer: what the next message waits for in the budget
         self.unsent: list[StreamWindow] = []  # decoupled responses waiting on the stream for the client
@@ -330,7 +336,7 @@ class Call:
         length, a unary request awaiting END_STREAM) is drawn from the connection's budget, or the call ends
         RESOURCE_EXHAUSTED; a call holding a partial message is watched for stalls."""
         buf = self.buffer
-        held = 0 if buf is None else max(self.need, len(buf))
+        held = self.held_bytes if buf is None else max(self.need, len(buf))
         if self.request is not None:
             held += len(self.request)
         # (a stream's messages are reserved in the in-flight budget as their lengths arrive: _reserve)
@@ -346,7 +352,7 @@ class Call:
             if held < self.reserved:
                 budget.give(self.reserved - held)
             self.reserved = held
-        if buf is None or self.paused:  # a stream we do not read is not the client stalling
+        if buf is None:  # (a stream we do not read is not the client stalling: what waits is `held`)
             self.app.partial.discard(self)
         elif self not in self.app.partial:
             self.app.partial.add(self)
@@ -383,6 +389,8 @@ class Call:
             self.buffer = None
             if len(buf) >= _LARGE_BUFFER:
                 self.app.memory.freed(len(buf))
+        if self.held_bytes:
+            self.held, self.held_more, self.held_bytes = None, [], 0
         if self.reserved:
             self._release_budget()
 
@@ -437,19 +445,20 @@ class Call:
     def _read_stream(self, data: memoryview) -> None:
         """A ModelStreamInfer call's DATA: each message submitted as it completes, its bytes reserved in the
         in-flight budget as soon as its length prefix is in. Reading stops (`_pause`: the stream's window is
-        held) while `_must_wait` says so or the next message does not fit the budget; what arrives meanwhile
-        waits in `buffer`, unread, until `read_on`."""
+        held) while `_must_wait` says so or the next message does not fit the budget; what was not read, and
+        what arrives meanwhile, waits as it came (`held`, `held_more`: views, not copies) until `read_on`."""
+        if self.paused:
+            self.held_more.append(data)  # valid as long as we keep it (StreamHandler.data_received)
+            self.held_bytes += len(data)
+            return
         buf = self.buffer
         if buf is not None:
             buf += data
             self.fed = True
-            if self.paused or len(buf) < self.need:
+            if len(buf) < self.need:
                 return
             data = memoryview(buf)  # `buf` is never resized again: views of it stay valid
             self.buffer = None
-        elif self.paused:
-            self.buffer = bytearray(data)
-            return
         offset, size = 0, len(data)
         max_bytes = self.app.max_message_bytes
         while True:
@@ -486,7 +495,22 @@ class Call:
             if self.done:
                 return
         if offset < size:
-            self.buffer = bytearray(data[offset:])
+            if self.paused:  # unread until read_on: kept as it is, however many messages it holds
+                self.held = data[offset:]
+                self.held_bytes = size - offset
+            else:  # part of one message: copied, so what it came in is not kept
+                self.buffer = bytearray(data[offset:])
+
+    def _take_held(self) -> memoryview | None:
+        """What waited while the stream was not read, as one view (joined only when more came meanwhile)."""
+        held, more = self.held, self.held_more
+        self.held, self.held_more, self.held_bytes = None, [], 0
+        if not more:
+            return held
+        joined = bytearray() if held is None else bytearray(held)
+        for piece in more:
+            joined += piece
+        return memoryview(joined)  # never resized again: views of it stay valid
 
     def _must_wait(self) -> bool:
         """Whether the stream's next message must wait: its requests in flight are at the cap, or answers
@@ -534,9 +558,9 @@ class Call:
                 return
             self.paused = False
             self.app.budget_waiting.pop(self, None)
-            buf, self.buffer = self.buffer, None
-            if buf:
-                self._read_stream(memoryview(buf))
+            held = self._take_held()
+            if held:
+                self._read_stream(held)
                 if self.done:
                     return
             if self.paused:  # held again by what waited: its window stays held
