@@ -4,16 +4,20 @@ package as the client, raw HTTP where the point is the bytes of a form. Each key
 jobs (404 for another's, on every endpoint, and after a restart); the caps answer OpenAI's errors and the
 server keeps serving; a job's tokens are charged to its key's tokens_per_minute, at the rate it refills; the
 listings page with `after`; a multi-MB input with several jobs on it stays within a memory bound. After each
-hostile case a correct inference still works over both protocols. Run under HUBSERVE_TEST_WORKERS=2 as
+hostile case a correct inference still works over both protocols. Downloads stream: several slow clients of
+a multi-MB file cost the server a few chunks each, not a copy each. Run under HUBSERVE_TEST_WORKERS=2 as
 well: all of it lives in the engine process, where /v1 requests are forwarded with their key."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import io
 import json
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +30,7 @@ from conftest import RunningServer, start_server, wait_until
 from test_openai_api import MODEL, build_repository
 
 TPM = 2100  # tokens_per_minute of the "tpm" key: 35 a second
-KEYS = ["alice", "bob", "caps", "caps2", "quota", "history", "lister", "mem"]
+KEYS = ["alice", "bob", "caps", "caps2", "quota", "history", "lister", "mem", "dl"]
 KEYS_FILE = "keys:\n" + "".join(f'  - key: "{k}-secret"\n    groups: [inference]\n' for k in KEYS) + f"""\
   - key: "tpm-secret"
     groups: [inference]
@@ -308,3 +312,62 @@ def test_a_multi_mb_input_with_several_jobs_stays_within_a_memory_bound(server: 
     rss_after, _ = memory(server)
     assert rss_after - rss_before <= 2 * size + (32 << 20), (rss_before, rss_running, rss_after)
     assert_both_protocols(server, "mem")
+
+
+def test_slow_downloads_of_a_multi_mb_file_are_exact_and_stay_within_a_memory_bound(server: RunningServer):
+    """Four clients download a 9 MiB file at once, each reading 64 KiB every 10 ms, and a fifth leaves after
+    its first chunk. Read whole per answer, each download held the file in the server (and once more per
+    copy across the channel with --workers 2): 4 × 9 MiB and more. Streamed, each holds a chunk and its
+    window: peak RSS growth stays under one copy of the file, RSS is back within 8 MiB afterwards, the bytes
+    are exact, and /v2/health/live answers within a second meanwhile."""
+    dl = client(server, "dl")
+    row = json.dumps(line("a", prompt="y" * 1500)).encode() + b"\n"
+    data = row * ((9 << 20) // len(row))
+    file_id = upload(dl, data).id
+    want = hashlib.sha256(data).hexdigest()
+    assert dl.files.content(file_id).content == data  # a warm-up, and the openai package's own reading
+    rss_before = memory(server)[0]
+    peak, worst, digests = [rss_before], [0.0], []
+    done = threading.Event()
+
+    def download(leave_early: bool) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+        conn.request("GET", f"/v1/files/{file_id}/content", headers={"Authorization": "Bearer dl-secret"})
+        answer = conn.getresponse()
+        assert answer.status == 200 and answer.getheader("content-type") == "application/octet-stream"
+        digest = hashlib.sha256()
+        while chunk := answer.read(65536):
+            if leave_early:
+                break
+            digest.update(chunk)
+            time.sleep(0.01)  # a slow reader
+        conn.close()
+        if not leave_early:
+            digests.append(digest.hexdigest())
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], memory(server)[0])
+            start = time.monotonic()
+            with urllib.request.urlopen(f"http://{server.http_url}/v2/health/live", timeout=30) as r:
+                assert r.status == 200
+            worst[0] = max(worst[0], time.monotonic() - start)
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    clients = [threading.Thread(target=download, args=(i == 4,)) for i in range(5)]
+    for t in clients:
+        t.start()
+    for t in clients:
+        t.join()
+    done.set()
+    watcher.join()
+    assert digests == [want] * 4
+    assert peak[0] - rss_before <= len(data), (rss_before, peak[0], len(data))
+    assert worst[0] < 1.0, worst[0]
+    wait_until(lambda: memory(server)[0] - rss_before <= 8 << 20, "RSS back within 8 MiB", 10)
+    with pytest.raises(openai.NotFoundError):
+        client(server, "bob").files.content(file_id)
+    dl.files.delete(file_id)
+    assert_both_protocols(server, "dl")

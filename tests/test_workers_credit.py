@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.workers.credit import CREDIT_EVERY, WINDOW_PIECES, CreditReturns, SendWindow
+import pytest
+
+from engine.workers.credit import (
+    CREDIT_BYTES,
+    CREDIT_EVERY,
+    WINDOW_BYTES,
+    WINDOW_PIECES,
+    CreditReturns,
+    SendWindow,
+)
 
 
 class Connection:
@@ -42,9 +51,9 @@ def test_the_window_waits_only_once_full_and_opens_with_credit():
     async def go() -> None:
         window = SendWindow()
         for _ in range(WINDOW_PIECES - 1):
-            window.sent()
+            window.sent(1)
         await window.wait()  # not full: at once
-        window.sent()
+        window.sent(1)
         waiting = asyncio.ensure_future(window.wait())
         await _rounds()
         assert not waiting.done()
@@ -63,12 +72,12 @@ def test_credit_goes_back_per_batch_and_only_once_the_connection_takes_it():
         credit = CreditReturns(lambda: None)
         conn = Connection()
         for _ in range(CREDIT_EVERY - 1):
-            credit.written(7, conn)
+            credit.written(7, conn, 1)
         await _rounds()
         assert not credit.pending  # fewer than a batch: nothing yet
         conn.pause()
-        credit.written(7, conn)
-        credit.written(7, conn)
+        credit.written(7, conn, 1)
+        credit.written(7, conn, 1)
         await _rounds()
         assert not credit.pending  # the client is not reading: nothing goes back
         conn.resume()
@@ -85,7 +94,7 @@ def test_a_stream_forgotten_while_its_client_stalls_gives_nothing_back():
         conn = Connection()
         conn.pause()
         for _ in range(CREDIT_EVERY):
-            credit.written(3, conn)
+            credit.written(3, conn, 1)
         await _rounds()
         credit.forget(3)
         conn.resume()
@@ -95,21 +104,51 @@ def test_a_stream_forgotten_while_its_client_stalls_gives_nothing_back():
     asyncio.run(go())
 
 
-def test_engine_and_frontend_together_never_send_more_than_a_window_ahead_of_the_client():
+def test_large_pieces_fill_the_window_by_their_bytes_and_credit_goes_back_by_bytes():
+    async def go() -> None:
+        piece = 64 << 10
+        window = SendWindow()
+        for _ in range(WINDOW_BYTES // piece - 1):
+            window.sent(piece)
+        await window.wait()  # not full: at once
+        window.sent(piece)
+        waiting = asyncio.ensure_future(window.wait())
+        await _rounds()
+        assert not waiting.done() and window.unacked < WINDOW_PIECES
+        window.grant(1)  # the oldest piece: its bytes come off
+        await _rounds()
+        assert waiting.done() and window.unacked_bytes == WINDOW_BYTES - piece
+        credit, conn = CreditReturns(lambda: None), Connection()
+        for _ in range(CREDIT_BYTES // piece - 1):
+            credit.written(5, conn, piece)
+        await _rounds()
+        assert not credit.pending
+        credit.written(5, conn, piece)
+        await _rounds()
+        assert credit.take() == [(5, CREDIT_BYTES // piece)]
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("size", [1, 64 << 10])
+def test_engine_and_frontend_together_never_send_more_than_a_window_ahead_of_the_client(size: int):
     """The two ends joined directly (each credit delivered as the frame would): a producer as fast as the
-    route, a client that stops after some pieces and later reads again. Nothing stalls for good."""
+    route, a client that stops after some pieces and later reads again. Nothing stalls for good, and what
+    is sent ahead stays within a window of pieces (small ones, a generation's events) or of bytes (a
+    download's chunks)."""
     async def go() -> None:
         window, conn = SendWindow(), Connection()
         credit = CreditReturns(lambda: asyncio.get_running_loop().call_soon(deliver))
         delivered: list[int] = []
+        payload = b"x" * size
 
         def deliver() -> None:
             for _, pieces in credit.take():
                 window.grant(pieces)
 
         def arrive(i: int) -> None:  # the frontend receives a piece and writes it to the connection
-            conn.send(b"%d" % i)
-            credit.written(1, conn)
+            conn.send(payload)
+            credit.written(1, conn, size)
             delivered.append(i)
 
         total = 10 * WINDOW_PIECES
@@ -117,13 +156,14 @@ def test_engine_and_frontend_together_never_send_more_than_a_window_ahead_of_the
 
         async def route() -> None:
             for i in range(total):
-                window.sent()
+                window.sent(size)
                 asyncio.get_running_loop().call_soon(arrive, i)
                 await window.wait()
 
         producer = asyncio.ensure_future(route())
         await _rounds(50)
         assert not producer.done() and len(delivered) <= WINDOW_PIECES
+        assert len(delivered) * size <= WINDOW_BYTES + size
         conn.resume()
         await asyncio.wait_for(producer, 10)
         await _rounds()

@@ -4,7 +4,7 @@
     GET    /v1/files                    the caller's files, newest first (?purpose= ?limit= ?order= ?after=)
     GET    /v1/files/{id}               its file object
     DELETE /v1/files/{id}               delete it
-    GET    /v1/files/{id}/content       its bytes (inputs, and a job's output and error files)
+    GET    /v1/files/{id}/content       its bytes (inputs, and a job's output and error files), streamed
     POST   /v1/batches                  a job: input_file_id, endpoint, completion_window "24h", metadata
     GET    /v1/batches                  the caller's jobs, newest first (?limit=, ?after=)
     GET    /v1/batches/{id}             one job
@@ -14,6 +14,12 @@ Every endpoint acts for the owner the request's key names (engine/openai/batch/o
 files and jobs answer 404 as if they did not exist. `handle` answers at once from the runner's indexes in
 memory, or returns a coroutine (the multipart split and file I/O on worker threads) that OpenAIRoutes runs
 as a task. Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
+
+A download streams through the request's `ResponseStream` (http_types.py), a chunk at a time read on a
+worker thread (download.py), awaiting the stream's `drain` before the next: N clients downloading a file of
+the size of a key's whole storage quota hold N chunks, not N copies of the file, however slowly they read
+(with --workers N the chunks cross the channel under its window of bytes: engine/workers/credit.py). The
+body is chunked (close-delimited for an HTTP/1.0 client), without a Content-Length.
 """
 
 from __future__ import annotations
@@ -25,17 +31,20 @@ from urllib.parse import parse_qs
 
 import orjson
 
+from ..openai.batch.download import FileChunks
+from ..openai.batch.files import not_found
 from ..openai.batch.multipart import parse_form
 from ..openai.batch.owners import Owner
 from ..openai.batch.runner import BatchRunner
 from ..openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
 from ..openai.protocol import parse_body
-from .http_types import Answer, HttpRequest
+from .http_types import Answer, HttpRequest, ResponseStream
 
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
 
-Reply = Answer | Coroutine[Any, Any, Answer]
+# An answer now, or a task's coroutine whose result is the answer (None: it streamed the answer)
+Reply = Answer | Coroutine[Any, Any, Answer | None]
 
 
 def _json(doc: Any) -> Answer:
@@ -68,7 +77,7 @@ class BatchRoutes:
                 return _json(files.get(owner.id, parts[1]))
             if len(parts) == 3 and parts[2] == "content":
                 _allow(method, b"GET", parts)
-                return _content(runner, owner, parts[1])
+                return _content(runner, owner, parts[1], req.stream)
         else:
             if len(parts) == 1:
                 if method == b"GET":
@@ -112,13 +121,25 @@ async def _upload(runner: BatchRunner, owner: Owner, req: HttpRequest) -> Answer
     return _json(await asyncio.shield(written))
 
 
-def _content(runner: BatchRunner, owner: Owner, file_id: str) -> Reply:
+def _content(runner: BatchRunner, owner: Owner, file_id: str, stream: ResponseStream | None) -> Reply:
     path = runner.files.path(owner.id, file_id)  # a 404 at once
+    if stream is None:  # a caller with no connection to stream to (none does today)
+        raise OpenAIError(500, "internal error: no stream to write to", "server_error")
 
-    async def read() -> Answer:
-        return 200, await asyncio.to_thread(path.read_bytes), _BINARY, b""
+    async def send() -> None:
+        try:
+            chunks = await FileChunks.open(path)
+        except FileNotFoundError:  # deleted since: as if it never was
+            raise not_found("File", file_id) from None
+        try:
+            stream.start(200, _BINARY)
+            while chunk := await chunks.read():
+                stream.send(chunk)
+                await stream.drain()  # the next chunk once the client has taken enough of this one
+        finally:
+            await chunks.close()
 
-    return read()
+    return send()
 
 
 def _allow(method: bytes, allowed: bytes, parts: list[str]) -> None:

@@ -289,7 +289,7 @@ class EngineClient(asyncio.Protocol):
                     (type(result) is bytes or is_stream_head(result)):
                 if type(result) is bytes:  # the next piece of a streamed answer
                     stream.send(result)
-                    self._credit.written(cid, stream)
+                    self._credit.written(cid, stream, len(result))
                 else:  # its head
                     status, _, content_type, extra = result
                     stream.start(status, content_type, extra)

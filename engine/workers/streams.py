@@ -13,7 +13,8 @@ the head and the pieces to the client's connection (`start`, `send`) and resolve
 future at the end, so the connection ends the body and releases the request's admission then. Back-pressure
 crosses with the pieces (credit.py): `StreamOut.drain` waits while a window of pieces is out that the
 frontend's connection has not taken, so a client that stops reading leaves the rest of its generation in
-the route's queue in the engine, as in one process, and its frontend holds at most that window; a client
+the route's queue in the engine (the rest of a download on disk), as in one process, and its frontend holds
+at most that window; a client
 that stops reading is dropped after --client-timeout-secs, which cancels the stream in the engine.
 """
 
@@ -66,7 +67,7 @@ class StreamOut:
         if self.started and data:
             self._piece(self._cid, bytes(data))
             if self._window is not None:
-                self._window.sent()
+                self._window.sent(len(data))
 
     async def drain(self) -> None:
         """At once while the frontend's connection keeps up; otherwise once it has taken enough of what was
