@@ -246,6 +246,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "is refused (429) (default 8)")
     serve.add_argument("--batch-max-live-jobs", type=int, default=64, metavar="N",
                        help="batch jobs validating or in progress at once over all keys (default 64)")
+    serve.add_argument("--batch-completion-window-secs", type=int, default=24 * 3600, metavar="SECS",
+                       help="how long a batch job has to finish, from its creation (its expires_at); one "
+                            "not finished by then ends 'expired', its results so far kept and the requests "
+                            "left in its error file as batch_expired (default 86400: OpenAI's 24h window, "
+                            "whatever completion_window says)")
     serve.add_argument("--log-verbose", type=_verbose, default=0, metavar="N",
                        help="Triton's verbose level: 0 none; 1 or more: an access line per inference (model, "
                             "version, request id, status, queue, compute and total time, batch size) and "
@@ -410,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_max_jobs_per_key=max(1, args.batch_max_jobs_per_key),
             batch_max_live_jobs_per_key=max(1, args.batch_max_live_jobs_per_key),
             batch_max_live_jobs=max(1, args.batch_max_live_jobs),
+            batch_completion_window_secs=max(1, args.batch_completion_window_secs),
         )
         try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
             policies(options.access(), options.workers)

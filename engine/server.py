@@ -137,12 +137,13 @@ class ServerOptions:
     batch_max_jobs_per_key: int = 1000
     batch_max_live_jobs_per_key: int = 8
     batch_max_live_jobs: int = 64
+    batch_completion_window_secs: int = 24 * 3600
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.batch_max_file_bytes, self.batch_max_requests,
                            self.batch_max_storage_bytes_per_key, self.batch_max_files_per_key,
                            self.batch_max_jobs_per_key, self.batch_max_live_jobs_per_key,
-                           self.batch_max_live_jobs)
+                           self.batch_max_live_jobs, self.batch_completion_window_secs)
 
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""

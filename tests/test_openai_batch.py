@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from conftest import RunningServer, openai_client, start_server
+from engine.openai.batch.jobs import JobStore, expired_result
 from test_openai_api import MODEL, build_repository
 
 
@@ -227,3 +228,94 @@ def test_a_job_survives_a_restart_and_runs_only_what_was_left(repo: Path, tmp_pa
         assert "resuming" in srv.log()
     finally:
         srv.stop()
+
+
+def expiring_job(client: openai.OpenAI) -> tuple[str, list[str]]:
+    """A job of 3 short requests, then 60 of 400 tokens: with one request in flight the short ones finish
+    at once and the long ones take far longer than a few seconds' window."""
+    requests = [line(f"s{i}", f"short {i}", max_tokens=2) for i in range(3)] + [
+        line(f"l{i}", f"long {i}", max_tokens=400, ignore_eos=True) for i in range(60)]
+    uploaded = client.files.create(file=("in.jsonl", jsonl(requests)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
+                                  completion_window="24h")
+    return batch.id, [r["custom_id"] for r in requests]
+
+
+def assert_expired(client: openai.OpenAI, batch, custom_ids: list[str]) -> None:
+    """Expired as OpenAI's are: the results so far in the output file, every other request once in the error
+    file as batch_expired (no response), counted as failed; no cancel any more."""
+    counts = batch.request_counts
+    assert batch.status == "expired" and batch.expired_at >= batch.expires_at
+    assert counts.total == len(custom_ids) and 3 <= counts.completed < counts.total
+    assert counts.completed + counts.failed == counts.total
+    out, err = results(client, batch.output_file_id), results(client, batch.error_file_id)
+    assert len(out) == counts.completed and all(r["response"]["status_code"] == 200 for r in out.values())
+    assert {"s0", "s1", "s2"} <= set(out)
+    assert sorted([*out, *err]) == sorted(custom_ids)  # each request once
+    assert len(client.files.content(batch.error_file_id).text.splitlines()) == counts.failed
+    assert all(r["response"] is None and r["error"] == {
+        "code": "batch_expired", "message": "This request could not be executed before the completion window "
+                                            "expired."} for r in err.values())
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batch.id)
+
+
+def test_a_job_not_finished_within_its_window_expires_keeping_its_results(repo: Path, tmp_path: Path):
+    srv = start_server(repo, tmp_path / "server.log", "--batch-dir", str(tmp_path / "jobs"),
+                       "--batch-completion-window-secs", "3", "--batch-requests-in-flight", "1")
+    try:
+        client = client_of(srv)
+        batch_id, custom_ids = expiring_job(client)
+        batch = wait_for(client, batch_id, ("expired", "completed"), timeout=30)
+        assert batch.expires_at - batch.created_at == 3
+        assert_expired(client, batch, custom_ids)
+        assert client.completions.create(model=MODEL, prompt="abc", max_tokens=3).usage.completion_tokens == 3
+    finally:
+        srv.stop()
+
+
+def test_a_job_resumed_after_its_window_ended_expires_at_once(repo: Path, tmp_path: Path):
+    flags = ("--batch-dir", str(tmp_path / "jobs"), "--batch-completion-window-secs", "4",
+             "--batch-requests-in-flight", "1")
+    srv = start_server(repo, tmp_path / "first.log", *flags)
+    try:
+        client = client_of(srv)
+        batch_id, custom_ids = expiring_job(client)
+        batch = wait_for(client, batch_id, ("in_progress",))
+        deadline = time.monotonic() + 30
+        while client.batches.retrieve(batch_id).request_counts.completed < 3:  # the short ones
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        srv.stop()  # within the window: the job stays in_progress on disk
+    on_disk = json.loads((tmp_path / "jobs" / "batches" / f"{batch_id}.json").read_text())["batch"]
+    finished = (tmp_path / "jobs" / "batches" / f"{batch_id}.output.jsonl").read_bytes().count(b"\n")
+    assert on_disk["status"] == "in_progress" and finished >= 3
+    time.sleep(max(0.0, batch.expires_at + 1 - time.time()))  # the window ends while the server is down
+    srv = start_server(repo, tmp_path / "second.log", *flags)
+    try:
+        client = client_of(srv)
+        expired = wait_for(client, batch_id, ("expired", "completed"), timeout=10)
+        assert_expired(client, expired, custom_ids)
+        assert expired.request_counts.completed == finished  # nothing more ran
+    finally:
+        srv.stop()
+
+
+def test_a_resume_cuts_off_an_interrupted_expiry_and_a_torn_line(tmp_path: Path):
+    """JobStore.read_done (jobs.py) on result files left by a crash while a job expired: the expired lines
+    (written last, all at once) are cut off so the expiry runs again, as is a torn last line."""
+    store = JobStore(tmp_path)
+    batch_id = "batch_" + "1" * 32
+
+    def result(number: int, status: int) -> bytes:
+        return json.dumps({"id": "batch_req_x", "custom_id": f"c{number}", "error": None, "response": {
+            "status_code": status, "request_id": f"{batch_id}-{number}", "body": {}}}).encode() + b"\n"
+
+    store.result_path(batch_id, False).write_bytes(result(1, 200) + result(3, 200) + b'{"id": "batch_req_')
+    failed = result(2, 400)
+    store.result_path(batch_id, True).write_bytes(failed + expired_result("c4") + expired_result("c5")[:30])
+    done, ok, bad = store.read_done(batch_id)
+    assert (list(done), ok, bad) == ([1, 2, 3], 2, 1)
+    assert store.result_path(batch_id, True).read_bytes() == failed
+    assert store.result_path(batch_id, False).read_bytes() == result(1, 200) + result(3, 200)

@@ -2,7 +2,7 @@
 owner deletes the file meanwhile), checked (`scan`) and then read a few requests ahead (`next`), every read
 on a worker thread. Owned by one job's task, which `close`s it when the job's work ends, however it ends: the
 close first waits for a read still running on its thread (a cancelled task does not stop a thread), so the
-file is never closed under it.
+file is never closed under it. A job that expires reads it once more (`write_expired`): the requests left.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from .input import BatchLine, InputReader, scan_input
+from .jobs import expired_result
 
 READ_AHEAD = 8  # requests parsed ahead of the workers that will submit them
 
@@ -46,6 +47,14 @@ class JobFeed:
                 self._ahead.extend(await self._off_loop(reader.read, READ_AHEAD))
             return self._ahead.popleft() if self._ahead else None
 
+    async def write_expired(self, done: Sequence[int], path: Path) -> int:
+        """Append an expired result (jobs.py `expired_result`) to `path` for every request not in `done`
+        (sorted), reading the file from its start on a worker thread; how many. Once the job's requests
+        have stopped: `next` is not called again."""
+        if self._reading is not None and not self._reading.done():
+            await asyncio.wait([self._reading])  # a read of a cancelled worker, still on its thread
+        return await self._off_loop(_append_expired, self._file, self._endpoint, done, path)
+
     async def close(self) -> None:
         if self._reading is not None and not self._reading.done():
             await asyncio.wait([self._reading])
@@ -55,3 +64,13 @@ class JobFeed:
         future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
         self._reading = future
         return await asyncio.shield(future)  # cancelled, the task leaves; the read finishes, for close()
+
+
+def _append_expired(f: IO[bytes], endpoint: str, done: Sequence[int], path: Path) -> int:
+    reader = InputReader(f, endpoint, done)
+    count = 0
+    with open(path, "ab") as out:
+        while lines := reader.read(256):
+            out.write(b"".join(expired_result(line.custom_id) for line in lines))
+            count += len(lines)
+    return count

@@ -7,7 +7,9 @@ two append-only result files, `<id>.output.jsonl` and `<id>.errors.jsonl`, one l
 OpenAI's batch output form. The result files are the truth about which requests are done: on resume
 (`read_done`), a torn last line (a crash mid-write) is cut off and that request runs again, and the counts
 are recomputed from the lines. When the job ends they become the owner's output and error files (files.py)
-and the job's own copies are removed.
+and the job's own copies are removed. A job that expires (runner.py) appends an expired result for each
+request left, all at once after its requests have stopped; a resume finds such lines only if that append
+was interrupted, cuts them off and expires the job again.
 
 Each owner's jobs are bounded in number (limits.py `max_jobs_per_key`): past it, the oldest finished job is
 forgotten (`forget_oldest_finished`), as a bounded history; its output files stay files.
@@ -22,6 +24,7 @@ import contextlib
 import enum
 import logging
 import time
+import uuid
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +39,8 @@ log = logging.getLogger("hubserve.batch")
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 COMPLETION_WINDOWS = ("24h",)
-WINDOW_SECS = 24 * 3600
+EXPIRED_CODE = "batch_expired"
+_EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 
 
 class BatchStatus(enum.Enum):
@@ -45,7 +49,7 @@ class BatchStatus(enum.Enum):
     IN_PROGRESS = "in_progress"
     FINALIZING = "finalizing"
     COMPLETED = "completed"
-    EXPIRED = "expired"          # never set here: jobs are not expired (README)
+    EXPIRED = "expired"          # its window ended first: results so far kept, the rest batch_expired
     CANCELLING = "cancelling"
     CANCELLED = "cancelled"
 
@@ -70,12 +74,13 @@ class Job:
 
 
 def new_batch(batch_id: str, input_file_id: str, endpoint: str, window: str,
-              metadata: dict[str, str] | None) -> dict[str, Any]:
+              metadata: dict[str, str] | None, window_secs: int) -> dict[str, Any]:
+    """A new job's batch object; it expires `window_secs` after it was made."""
     now = int(time.time())
     return {"id": batch_id, "object": "batch", "endpoint": endpoint, "errors": None,
             "input_file_id": input_file_id, "completion_window": window,
             "status": BatchStatus.VALIDATING.value, "output_file_id": None, "error_file_id": None,
-            "created_at": now, "in_progress_at": None, "expires_at": now + WINDOW_SECS, "finalizing_at": None,
+            "created_at": now, "in_progress_at": None, "expires_at": now + window_secs, "finalizing_at": None,
             "completed_at": None, "failed_at": None, "expired_at": None, "cancelling_at": None,
             "cancelled_at": None, "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": metadata}
@@ -85,13 +90,20 @@ def set_status(doc: dict[str, Any], status: BatchStatus) -> None:
     doc["status"] = status.value
     stamp = {BatchStatus.IN_PROGRESS: "in_progress_at", BatchStatus.FINALIZING: "finalizing_at",
              BatchStatus.COMPLETED: "completed_at", BatchStatus.FAILED: "failed_at",
-             BatchStatus.CANCELLING: "cancelling_at", BatchStatus.CANCELLED: "cancelled_at"}.get(status)
+             BatchStatus.CANCELLING: "cancelling_at", BatchStatus.CANCELLED: "cancelled_at",
+             BatchStatus.EXPIRED: "expired_at"}.get(status)
     if stamp is not None:
         doc[stamp] = int(time.time())
 
 
 def status_of(doc: dict[str, Any]) -> BatchStatus:
     return BatchStatus(doc["status"])
+
+
+def expired_result(custom_id: str) -> bytes:
+    """A request the job's window ended before, as a line of its error file (OpenAI's form: no response)."""
+    return orjson.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": None,
+                         "error": {"code": EXPIRED_CODE, "message": _EXPIRED_MESSAGE}}) + b"\n"
 
 
 class JobStore:
@@ -146,15 +158,16 @@ class JobStore:
 
     def read_done(self, batch_id: str) -> tuple[array[int], int, int]:
         """(the sorted input line numbers that have a result, results that succeeded, results that failed),
-        from both result files, a line at a time; a torn last line is cut off. A result names its line in
-        its request id (`<batch id>-<line>`)."""
+        from both result files, a line at a time; a torn last line is cut off, and so are expired results
+        (an expiry that was interrupted: it runs again). A result names its line in its request id
+        (`<batch id>-<line>`)."""
         done = array("q")
         counts = []
         for errors in (False, True):
             count = 0
             path = self.result_path(batch_id, errors)
             if path.is_file():
-                for raw in _whole_lines(path):
+                for raw in _whole_lines(path, cut_expired=errors):
                     try:
                         request_id = orjson.loads(raw)["response"]["request_id"]
                         done.append(int(request_id.rpartition("-")[2]))
@@ -183,14 +196,24 @@ class JobStore:
             self._owners.setdefault(job.owner, {})[job.id] = job
 
 
-def _whole_lines(path: Path) -> Iterator[bytes]:
+def _whole_lines(path: Path, cut_expired: bool = False) -> Iterator[bytes]:
     """The file's complete lines, one at a time; a last line without its newline (torn by a crash) is cut
-    off the file."""
+    off the file, and with `cut_expired` so is everything from the first expired result on."""
     with open(path, "r+b") as f:
         end = 0
         for raw in f:
-            if not raw.endswith(b"\n"):
+            if not raw.endswith(b"\n") or cut_expired and _is_expired(raw):
                 f.truncate(end)
                 return
             end += len(raw)
             yield raw
+
+
+def _is_expired(raw: bytes) -> bool:
+    if EXPIRED_CODE.encode() not in raw:
+        return False
+    try:
+        doc = orjson.loads(raw)
+        return doc["response"] is None and doc["error"]["code"] == EXPIRED_CODE
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return False

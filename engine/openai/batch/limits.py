@@ -5,7 +5,7 @@
 bounds are the server's. Every list a client grows is bounded by one of these: its files (count and bytes),
 its jobs (count: past it the oldest finished jobs are forgotten), its jobs running at once, and the jobs
 running at once over all keys (a running job holds an open input file and its read-ahead, not its parsed
-input: input.py).
+input: input.py). A job holds them for its completion window at most: past it, it expires (runner.py).
 """
 
 from __future__ import annotations
@@ -23,3 +23,5 @@ class BatchLimits:
     max_jobs_per_key: int = 1000  # a key's jobs kept; the oldest finished go first (--batch-max-jobs-per-key)
     max_live_jobs_per_key: int = 8  # a key's jobs validating or in progress (--batch-max-live-jobs-per-key)
     max_live_jobs: int = 64  # the same over all keys (--batch-max-live-jobs)
+    # how long a job has to finish from its creation (--batch-completion-window-secs; OpenAI's "24h")
+    completion_window_secs: int = 24 * 3600

@@ -10,6 +10,13 @@ only when a worker is free to submit it; the scheduler serves every interactive 
 job's request for its seat or blocks), so the job fills what interactive traffic leaves → each result
 appended to the job's result files (jobs.py) → the owner's output and error files → completed.
 
+Expiry: a job has until its `expires_at` (created_at + `--batch-completion-window-secs`, OpenAI's 24 h by
+default; fixed when the job is made) to finish its requests. Past it, its requests stop (those in the engine
+are aborted), the job goes finalizing, every request without a result is appended to its error results as
+`batch_expired` (OpenAI's form, counted as failed), and it ends `expired` with `expired_at`, its output
+and error files as a completed job's. The window is checked once the input has validated (a bounded scan),
+so a job resumed after a restart past its window expires at once; one with nothing left completes.
+
 Tokens: a job's requests draw from the `tokens_per_minute` of the key that owns it, like its interactive
 requests, and at the rate that budget refills: a request that does not fit yet waits for it (its worker
 sleeps, holding no seat in the engine), since a batch promises a 24 h window rather than an answer now;
@@ -31,6 +38,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -102,7 +110,8 @@ class BatchRunner:
         if purpose != "batch":
             raise bad_request(f"File {input_file_id} was not uploaded with purpose 'batch'.", "input_file_id")
         self._admit(owner)
-        job = Job(owner.id, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata))
+        job = Job(owner.id, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata,
+                                      self.limits.completion_window_secs))
         self.jobs.add(job)
         self._start(job, owner)
         return job.doc
@@ -189,9 +198,10 @@ class BatchRunner:
 
     async def _run(self, job: Job, owner: Owner) -> None:
         try:
+            expired = False
             if job.status is not BatchStatus.CANCELLING:
-                await self._work(job, owner)
-            await self._finish(job)
+                expired = await self._work(job, owner)
+            await self._finish(job, expired)
         except asyncio.CancelledError:
             if self._closing:
                 return  # stays in_progress on disk: resumed at the next start
@@ -205,14 +215,16 @@ class BatchRunner:
                 self._tasks.pop(job.id, None)
                 self._saved_at.pop(job.id, None)
 
-    async def _work(self, job: Job, owner: Owner) -> None:
+    async def _work(self, job: Job, owner: Owner) -> bool:
+        """Validate the input and run its requests until they are done or the job's window ends; True if
+        it ended first (the requests left are written as expired)."""
         doc = job.doc
         try:
             feed = JobFeed(self.files.path(job.owner, doc["input_file_id"]), doc["endpoint"])
         except (OpenAIError, FileNotFoundError):
             self._fail(job, "invalid_file", f"The input file {doc['input_file_id']} was deleted before the "
                                             "batch could run.")
-            return
+            return False
         try:
             async with self._scans:
                 total, errors = await feed.scan()
@@ -220,31 +232,58 @@ class BatchRunner:
                 doc["errors"] = {"object": "list", "data": errors}
                 set_status(doc, BatchStatus.FAILED)
                 self.jobs.save(job)
-                return
+                return False
             done, ok, failed = await asyncio.to_thread(self.jobs.read_done, job.id)
             doc["request_counts"] = {"total": total, "completed": ok, "failed": failed}
             if job.status is BatchStatus.VALIDATING:
                 set_status(doc, BatchStatus.IN_PROGRESS)
             self.jobs.save(job)
-            feed.start(done)
-            chat = doc["endpoint"] == "/v1/chat/completions"
-            with open(self.jobs.result_path(job.id, False), "ab") as out, \
-                    open(self.jobs.result_path(job.id, True), "ab") as err:
-
-                async def worker() -> None:
-                    while (line := await feed.next()) is not None:
-                        await self._one(job, owner, line, chat, out, err)
-
-                todo = total - len(done)
-                tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, todo))]
-                try:
-                    await asyncio.gather(*tasks)
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+            left_secs = doc["expires_at"] - time.time()
+            if left_secs > 0:
+                ended = await self._requests(job, owner, feed, done, total - len(done), left_secs)
+                if not ended:
+                    return False
+            return await self._expire(job, feed)
         finally:
             await feed.close()
+
+    async def _requests(self, job: Job, owner: Owner, feed: JobFeed, done: Sequence[int], todo: int,
+                        left_secs: float) -> bool:
+        """Run the `todo` requests without a result; True if the window (`left_secs` more) ended first."""
+        feed.start(done)
+        chat = job.doc["endpoint"] == "/v1/chat/completions"
+        with open(self.jobs.result_path(job.id, False), "ab") as out, \
+                open(self.jobs.result_path(job.id, True), "ab") as err:
+
+            async def worker() -> None:
+                while (line := await feed.next()) is not None:
+                    await self._one(job, owner, line, chat, out, err)
+
+            tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, todo))]
+            if not tasks:
+                return False
+            try:
+                ended, running = await asyncio.wait(tasks, timeout=left_secs,
+                                                    return_when=asyncio.FIRST_EXCEPTION)
+                for task in ended:
+                    if (error := task.exception()) is not None:
+                        raise error  # a bug: the job fails
+                return bool(running)  # still running: the window ended
+            finally:
+                for task in tasks:
+                    task.cancel()  # the requests in the engine are aborted (_answer)
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _expire(self, job: Job, feed: JobFeed) -> bool:
+        """The window ended: finalizing (no cancel now), each request without a result appended to the
+        error results as expired, the counts from the files. True if there was any (else it completes)."""
+        set_status(job.doc, BatchStatus.FINALIZING)
+        self.jobs.save(job)
+        done, ok, failed = await asyncio.to_thread(self.jobs.read_done, job.id)
+        expired = await feed.write_expired(done, self.jobs.result_path(job.id, True))
+        job.doc["request_counts"].update(completed=ok, failed=failed + expired)
+        log.info("batch %s: its window ended with %d requests left", job.id, expired)
+        return expired > 0
 
     async def _one(self, job: Job, owner: Owner, line: BatchLine, chat: bool, out: IO[bytes],
                    err: IO[bytes]) -> None:
@@ -291,12 +330,13 @@ class BatchRunner:
             log.exception("batch request %s failed", request_id)
             return 500, OpenAIError(500, f"internal error: {e}", "server_error").body()
 
-    async def _finish(self, job: Job) -> None:
-        """The job ended (done, or cancelled): its result files become the owner's output and error files."""
+    async def _finish(self, job: Job, expired: bool = False) -> None:
+        """The job ended (done, expired, or cancelled): its result files become the owner's output and error
+        files."""
         if job.status is BatchStatus.FAILED:
             return
         cancelled = job.status is BatchStatus.CANCELLING
-        if not cancelled:
+        if not cancelled and not expired:
             set_status(job.doc, BatchStatus.FINALIZING)
             self.jobs.save(job)
         for errors, field in ((False, "output_file_id"), (True, "error_file_id")):
@@ -311,7 +351,8 @@ class BatchRunner:
         if cancelled:
             _, ok, failed = await asyncio.to_thread(self.jobs.read_done, job.id)
             job.doc["request_counts"].update(completed=ok, failed=failed)
-        set_status(job.doc, BatchStatus.CANCELLED if cancelled else BatchStatus.COMPLETED)
+        set_status(job.doc, BatchStatus.CANCELLED if cancelled else
+                   BatchStatus.EXPIRED if expired else BatchStatus.COMPLETED)
         self.jobs.save(job)
         self.jobs.drop_results(job.id)
         log.info("batch %s: %s (%s)", job.id, job.doc["status"], job.doc["request_counts"])
