@@ -175,6 +175,7 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
     queue = list(enumerate(jobs))
     sent: dict[str, float] = {}
     wanted: dict[str, int] = {}
+    made: dict[str, int] = {}  # tokens each request has generated (an output lists them all only at its end)
     client_free_at = [time.perf_counter()] * clients  # when each client sent (could send) its next request
     started = time.perf_counter()
 
@@ -202,12 +203,13 @@ def run(engine: GenerationEngine, jobs: list[tuple[list[int], int]], clients: in
         out.step_wall_ns += time.perf_counter_ns() - wall
         out.steps += 1
         now = time.perf_counter()
-        decodes = [o for o in stepped if o.new_token_ids and len(o.output_token_ids) > len(o.new_token_ids)]
+        decodes = [o for o in stepped if o.new_token_ids and made.get(o.request_id, 0)]
         if decodes:
             out.decode_batch.append(len(decodes))
         for o in stepped:
-            new, have = len(o.new_token_ids), len(o.output_token_ids)  # a multi-step decode gives several
-            before = have - new
+            new = len(o.new_token_ids)  # a multi-step decode gives several
+            before = made.get(o.request_id, 0)
+            have = made[o.request_id] = before + new
             if new:
                 out.tokens += max(0, min(have, wanted[o.request_id]) - before)
                 if before == 0:

@@ -4,9 +4,11 @@ The engine is plain and synchronous (engine.py); this is its asynchronous edge, 
 Runtime ever runs on the loop. Ownership:
 - the loop calls `submit` and `abort` (they only queue work and wake the thread) and receives each step's
   results in `_deliver`, through one `call_soon_threadsafe` per step: no task, no future per token;
-- the thread alone touches the engine: it takes what was queued, steps while anything is unfinished, turns
-  each request's new tokens into new text (`_TextState`: stop strings and incomplete UTF-8 characters are
-  held back, so streamed text never has to be taken back), and posts it, then sleeps until woken.
+- the thread alone touches the engine: it takes what was queued, steps while anything is unfinished, posts
+  each request's new text (the engine's `RequestOutput.new_text`: stop strings and incomplete UTF-8
+  characters are held back there, so streamed text never has to be taken back, and no step decodes more
+  than a bounded tail of the output: detokenize.py) with the logprobs of the tokens it covers
+  (`_TextState`), then sleeps until woken.
 
 A request's id is the one its client's request carries (X-Request-ID, or the id the API layer made), so the
 engine's log lines name it. `abort` frees a request's KV blocks before the next step: a client that leaves
@@ -79,44 +81,27 @@ class _Add:
 
 
 class _TextState:
-    """Thread side: how much of a request's decoded output has been handed out. While it runs, the last
-    `len(longest stop string) - 1` characters are held back (a stop string may be starting there, and the
-    text ends before it), and so is a trailing U+FFFD (a multi-byte character not yet complete). A token's
-    logprobs are held back with its text: handed out once the text handed out covers it."""
+    """Thread side: how much of a request's text has been handed out, and the logprobs of its tokens whose
+    text has not (with the text's length through each: detokenize.py `OutputText`). A token's logprobs are
+    handed out once the text handed out covers it, all of them when it finishes."""
 
-    __slots__ = ("held", "holdback", "sent")
+    __slots__ = ("held", "sent")
 
-    def __init__(self, params: SamplingParams) -> None:
-        self.holdback = max((len(s) for s in params.stop), default=1) - 1
+    def __init__(self) -> None:
         self.sent = 0
-        self.held: list[ShownLogprob] = []  # logprobs of the last tokens, whose text is not handed out yet
+        self.held: list[tuple[ShownLogprob, int]] = []
 
-    def logprobs(self, new: tuple[ShownLogprob, ...], output: Sequence[int],
-                 decode: Callable[[Sequence[int]], str], finished: bool) -> tuple[ShownLogprob, ...]:
-        """The logprobs to hand out with this event's text (after `delta`), every one when finished: those
-        of the held tokens the output decoded up to them fits in the text handed out (one decode of a
-        prefix per token handed out, plus one: only requests that ask for logprobs pay it)."""
+    def logprobs(self, new: tuple[ShownLogprob, ...], ends: tuple[int, ...],
+                 finished: bool) -> tuple[ShownLogprob, ...]:
+        """The logprobs to hand out with this event's text (`sent` counts it already): of the held tokens,
+        those whose text it covers (`ends`: the text's length through each new token)."""
         held = self.held
-        held.extend(new)
-        if finished:
-            self.held = []
-            return tuple(held)
-        start, count = len(output) - len(held), 0
-        while count < len(held) and len(decode(output[:start + count + 1])) <= self.sent:
+        held.extend(zip(new, ends, strict=False))
+        count = len(held) if finished else 0
+        while count < len(held) and held[count][1] <= self.sent:
             count += 1
-        out = tuple(held[:count])
+        out = tuple(shown for shown, _ in held[:count])
         del held[:count]
-        return out
-
-    def delta(self, text: str, finished: bool) -> str:
-        if not finished:
-            end = len(text) - self.holdback
-            while end > self.sent and text[end - 1] == "\ufffd":
-                end -= 1
-            text = text[:max(end, 0)]
-        if len(text) <= self.sent:
-            return ""
-        out, self.sent = text[self.sent:], len(text)
         return out
 
 
@@ -248,7 +233,7 @@ class EngineDriver:
             for add in adds:  # before the aborts: a request may be aborted in the round it was added
                 try:
                     engine.add_request(add.request_id, add.token_ids, add.params, add.group)
-                    self._texts[add.request_id] = _TextState(add.params)
+                    self._texts[add.request_id] = _TextState()
                 except EngineError as e:
                     events.append((add.request_id, TokenEvent(finished=True, error=e)))
                 except Exception as e:  # a bug: this request fails, the thread lives on
@@ -293,19 +278,15 @@ class EngineDriver:
             return None  # a prefill chunk: nothing to show yet
         if out.finished:
             del self._texts[out.request_id]
-            text = out.output_text
-        else:
-            text = self.engine.tokenizer.decode(out.output_token_ids)
         reason = out.finish_reason.value if out.finish_reason is not None else None
-        delta = state.delta(text, out.finished)
+        state.sent += len(out.new_text)
         shown: tuple[ShownLogprob, ...] = ()
         if out.logprobs or state.held:
             piece = self.engine.tokenizer.token_bytes
             shown = state.logprobs(tuple(ShownLogprob(piece(lp.token_id), lp.logprob,
                                                       tuple((piece(t), p) for t, p in lp.top))
-                                         for lp in out.logprobs), out.output_token_ids,
-                                   self.engine.tokenizer.decode, out.finished)
-        return out.request_id, TokenEvent(delta, len(out.new_token_ids), out.finished, reason,
+                                         for lp in out.logprobs), out.text_ends, out.finished)
+        return out.request_id, TokenEvent(out.new_text, len(out.new_token_ids), out.finished, reason,
                                           logprobs=shown)
 
     def _post(self, events: list[tuple[str, TokenEvent]]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError, ErrorCode, invalid
+from .detokenize import OutputText
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
 from .request import FinishReason, Request, RequestOutput, SamplingParams, TokenLogprob
@@ -88,7 +89,7 @@ class GenerationEngine:
             adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
         request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter,
-                          group=group)
+                          group=group, text=OutputText(self.tokenizer.stream_decoder(), params.stop))
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request
@@ -128,16 +129,21 @@ class GenerationEngine:
         # 3. update: advance every request, stop the finished ones and free their blocks
         outputs = []
         for request, new in self.scheduler.update(plan, sampled):
-            reason = None
-            if new:
-                reason, new = self._check_stop(request, new)
-                if reason is not None:
-                    self.scheduler.finish(request, reason)
-                    del self._requests[request.request_id]
-            shown = logprobs.get(request.request_id) if new else None
+            if not new:  # a prefill chunk
+                outputs.append(RequestOutput(request.request_id, (), False))
+                continue
+            reason, new = self._check_stop(request, new)
+            finished = reason is not None
+            if reason is not None:
+                self.scheduler.finish(request, reason)
+                del self._requests[request.request_id]
+            assert request.text is not None
+            text, ends = request.text.release(finished, request.output_text)
+            shown = logprobs.get(request.request_id)
             outputs.append(RequestOutput(
-                request.request_id, tuple(new), reason is not None, reason,
-                tuple(request.output_token_ids), request.output_text, () if shown is None else (shown,)))
+                request.request_id, tuple(new), finished, reason,
+                tuple(request.output_token_ids) if finished else (), request.output_text,
+                () if shown is None else (shown,), text, ends))
         return outputs
 
     def _steps(self, plan: SchedulerOutput) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import invalid
+from .detokenize import OutputText
 from .lora import LoraAdapter
 
 
@@ -143,7 +144,8 @@ class Request:
     num_cached_tokens: int = 0               # of the prompt, found in the prefix cache at admission
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
-    output_text: str = ""                    # the decoded output, cut before a stop string
+    output_text: str = ""                    # the decoded output, cut before a stop string (once finished)
+    text: OutputText | None = None           # the output as text so far (made by the engine's add_request)
     adapter: LoraAdapter | None = None       # params.lora's matrices (set by the engine at add_request)
     # The API request it is one sequence of (OpenAI's prompts × n share one): admission takes the groups in
     # turn (waiting.py). "" (a sequence alone): its own id.
@@ -184,13 +186,18 @@ class TokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class RequestOutput:
-    """What one step did for one request: the tokens it generated this step (none during a prefill chunk)
-    and, once it finished, why. Returned by `GenerationEngine.step()` for every request that advanced."""
+    """What one step did for one request: the tokens it generated this step (none during a prefill chunk),
+    the text they let its client be shown and, once it finished, why. Returned by `GenerationEngine.step()`
+    for every request that advanced."""
 
     request_id: str
     new_token_ids: tuple[int, ...]
     finished: bool
     finish_reason: FinishReason | None = None
-    output_token_ids: tuple[int, ...] = ()  # all of them, so far
+    output_token_ids: tuple[int, ...] = ()  # all of them, once finished
     output_text: str = ""                   # set when finished
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when its params ask for them
+    # what this step adds to the text the client may be shown (detokenize.py `OutputText.release`: a stop
+    # string's possible start and an incomplete character held back; the rest of output_text when finished)
+    new_text: str = ""
+    text_ends: tuple[int, ...] = ()         # per new token, the output text's length through it

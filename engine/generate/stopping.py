@@ -4,8 +4,9 @@
 2. a stop string in the decoded text → "stop", the text cut before it (the tokens stay as generated);
 3. `max_tokens` generated, or the model's context full → "length".
 
-Called by the engine for every request that got a token this step; pure apart from setting the request's
-`output_text` once it finishes.
+Called by the engine once for each token a request generates, in order: it adds the token to the request's
+text (detokenize.py `OutputText`), so each call costs work bounded by the longest stop string, not the
+output's length; the rest is pure apart from setting the request's `output_text` once it finishes.
 """
 
 from __future__ import annotations
@@ -15,19 +16,18 @@ from .tokenizer import Tokenizer
 
 
 def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> FinishReason | None:
-    params, last = request.params, request.output_token_ids[-1]
+    params, last, text = request.params, request.output_token_ids[-1], request.text
+    assert text is not None, "the engine makes a request's text when it adds the request"
+    text.push(last)
     reason: FinishReason | None = None
     if (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
         reason = FinishReason.STOP
-    elif params.stop:
-        text = tokenizer.decode(request.output_token_ids)
-        cuts = [i for i in (text.find(s) for s in params.stop) if i >= 0]
-        if cuts:
-            request.output_text = text[:min(cuts)]
-            return FinishReason.STOP
+    elif (cut := text.find_stop()) is not None:
+        request.output_text = text.text()[:cut]
+        return FinishReason.STOP
     if reason is None and (len(request.output_token_ids) >= params.max_tokens
                            or request.num_tokens >= max_model_len):
         reason = FinishReason.LENGTH
     if reason is not None:
-        request.output_text = tokenizer.decode(request.output_token_ids)
+        request.output_text = text.text()
     return reason

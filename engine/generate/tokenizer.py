@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import EngineError, ErrorCode, invalid
+from .detokenize import StreamDecoder, Utf8Decoder, WindowDecoder
 
 
 class Tokenizer(Protocol):
@@ -31,6 +32,11 @@ class Tokenizer(Protocol):
     def token_bytes(self, token_id: int) -> bytes:
         """One token's bytes as it adds them to the text (OpenAI's logprobs show them): b"" for a special
         token."""
+        ...
+
+    def stream_decoder(self) -> StreamDecoder:
+        """A new decoder for one request's output a token at a time (detokenize.py), whose text after each
+        token is `decode` of the tokens so far."""
         ...
 
 
@@ -52,6 +58,9 @@ class ByteTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes((token_id,)) if 0 <= token_id < 256 else b""
+
+    def stream_decoder(self) -> StreamDecoder:
+        return Utf8Decoder()
 
 
 class JsonTokenizer:
@@ -78,6 +87,12 @@ class JsonTokenizer:
         # the token decoded alone: exact for a token of whole characters; a byte-level BPE token holding part
         # of a multi-byte character shows as U+FFFD (its raw bytes are not asked of `tokenizers` here)
         return self.decode((token_id,)).encode()
+
+    def stream_decoder(self) -> StreamDecoder:
+        # a few tokens' decode per token; equal to the whole output's decode wherever a token's text depends
+        # only on the tokens just before it (byte-level BPE, SentencePiece), not verified against a real
+        # tokenizer.json here (the package is not installed in this project's tests)
+        return WindowDecoder(self.decode)
 
 
 def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:
