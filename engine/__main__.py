@@ -226,31 +226,30 @@ def build_parser() -> argparse.ArgumentParser:
                             "live in this folder, and jobs left unfinished resume when the server starts "
                             "with it again (default: off)")
     serve.add_argument("--batch-max-file-mb", type=int, default=32, metavar="MB",
-                       help="largest batch input file an upload may send (default 32)")
+                       help="largest batch input file an upload may send")
     serve.add_argument("--batch-max-requests", type=int, default=50_000, metavar="N",
-                       help="most requests (lines) in one batch input file (default 50000, OpenAI's)")
+                       help="most requests (lines) in one batch input file (OpenAI's)")
     serve.add_argument("--batch-requests-in-flight", type=int, default=16, metavar="N",
                        help="batch jobs' requests in the generation engines at once, over all jobs; they run "
-                            "at low priority, behind every interactive request (default 16)")
+                            "at low priority, behind every interactive request")
     serve.add_argument("--batch-max-storage-mb-per-key", type=int, default=1024, metavar="MB",
                        help="the Batch API files one API key (or a server without keys) may keep, inputs and "
-                            "job outputs together; an upload past it is refused until files are deleted "
-                            "(default 1024)")
+                            "job outputs together; an upload past it is refused until files are deleted")
     serve.add_argument("--batch-max-files-per-key", type=int, default=1000, metavar="N",
-                       help="the Batch API files one API key may keep (default 1000)")
+                       help="the Batch API files one API key may keep")
     serve.add_argument("--batch-max-jobs-per-key", type=int, default=1000, metavar="N",
                        help="the batch jobs one API key's history keeps; past it the oldest finished job is "
-                            "forgotten (its output files stay) (default 1000)")
+                            "forgotten (its output files stay)")
     serve.add_argument("--batch-max-live-jobs-per-key", type=int, default=8, metavar="N",
                        help="batch jobs validating or in progress at once for one API key; a new one past it "
-                            "is refused (429) (default 8)")
+                            "is refused (429)")
     serve.add_argument("--batch-max-live-jobs", type=int, default=64, metavar="N",
-                       help="batch jobs validating or in progress at once over all keys (default 64)")
+                       help="batch jobs validating or in progress at once over all keys")
     serve.add_argument("--batch-completion-window-secs", type=int, default=24 * 3600, metavar="SECS",
                        help="how long a batch job has to finish, from its creation (its expires_at); one "
                             "not finished by then ends 'expired', its results so far kept and the requests "
-                            "left in its error file as batch_expired (default 86400: OpenAI's 24h window, "
-                            "whatever completion_window says)")
+                            "left in its error file as batch_expired (OpenAI's 24h window, whatever "
+                            "completion_window says)")
     serve.add_argument("--log-verbose", type=_verbose, default=0, metavar="N",
                        help="Triton's verbose level: 0 none; 1 or more: an access line per inference (model, "
                             "version, request id, status, queue, compute and total time, batch size) and "
