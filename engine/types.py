@@ -10,12 +10,14 @@ import asyncio
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import EngineError, invalid
-from .stream_window import StreamWindow
+
+if TYPE_CHECKING:  # an annotation only: the load tester shares this module and loads no server stage
+    from .stream_window import StreamWindow
 
 
 class DataType(enum.Enum):
