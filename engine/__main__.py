@@ -182,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "is taken; a START past it is refused (HTTP 429, gRPC UNAVAILABLE); 0 = no limit")
     serve.add_argument("--max-sequence-backlog-per-key", type=_byte_count, default=1024, metavar="N",
                        help="of those, how many one API key may have waiting (with --api-keys; 0 = no limit)")
+    serve.add_argument("--max-sequence-queue", type=_byte_count, default=1024, metavar="N",
+                       help="requests one sequence may have waiting behind its running one; more are refused "
+                            "(HTTP 429, gRPC UNAVAILABLE; on a ModelStreamInfer stream, an error response "
+                            "and the stream goes on); 0 = no limit")
     _add_tls_flags(serve)
     serve.add_argument("--allow-client-shm", action=TritonBool, default=False,
                        help="serve the system shared memory extension: clients register their POSIX "
@@ -394,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             metrics_max_connections_per_client=args.metrics_max_connections_per_client,
             max_sequence_backlog=args.max_sequence_backlog,
             max_sequence_backlog_per_key=args.max_sequence_backlog_per_key,
+            max_sequence_queue=args.max_sequence_queue,
             http_tls=http_tls,
             grpc_tls=grpc_tls,
             allow_client_shm=args.allow_client_shm,

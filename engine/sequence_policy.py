@@ -19,11 +19,12 @@ free instance, up to max_batch_size, waiting up to `max_queue_delay_us` for a pr
 A sequence ends when its END request leaves the queue (the slot is free for the next batch) unless a new
 START for the same id is queued behind it (Triton: the new sequence continues in the slot, with a warning).
 
-The backlog (sequences waiting for a slot) is bounded by `BacklogLimits`: in all, and per API key when the
-server has keys (the key that started the sequence; `owner` "" on a server without keys, where only the
-total applies). A START that would pass a bound is refused RESOURCE_EXHAUSTED (HTTP 429, gRPC UNAVAILABLE,
-as a full queue) before anything is queued. The backlog is insertion-ordered with O(1) removal, so a client
-that abandons thousands of waiting sequences at once (a closed stream) costs the loop time linear in them.
+The backlog (sequences waiting for a slot) is bounded by `BacklogLimits`, and so are the requests one sequence
+may have queued; the backlog in all, and per API key when the server has keys (the key that started the
+sequence; `owner` "" on a server without keys, where only the total applies). A START that would pass a bound
+is refused RESOURCE_EXHAUSTED (HTTP 429, gRPC UNAVAILABLE, as a full queue) before anything is queued. The
+backlog is insertion-ordered with O(1) removal, so a client that abandons thousands of waiting sequences at
+once (a closed stream) costs the loop time linear in them.
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ CorrId = int | str
 
 @dataclass(frozen=True, slots=True)
 class BacklogLimits:
-    """How many sequences may wait for a slot in one model version (0: no limit). ServerOptions carries them
-    (--max-sequence-backlog, --max-sequence-backlog-per-key)."""
+    """How many sequences may wait for a slot in one model version, and how many requests one sequence may
+    have queued (0: no limit). ServerOptions carries them (--max-sequence-backlog,
+    --max-sequence-backlog-per-key, --max-sequence-queue). The per-sequence bound is what bounds a
+    sequence's requests on a ModelStreamInfer stream, whose own cap leaves them out: a stream that
+    interleaves many sequences must never stop reading the very requests that would free a slot."""
 
     max_sequences: int = 4096
     max_per_key: int = 1024  # of one API key; a server without keys has one owner and only max_sequences
+    max_queued_per_sequence: int = 1024  # requests of one sequence waiting behind its running one
 
 
 DEFAULT_BACKLOG = BacklogLimits()
@@ -133,6 +138,10 @@ class SequencePolicy:
                               "the START flag on the first request of the sequence")
             if seq is None:
                 seq = self._new(corrid, now_ns, owner)
+        elif (bound := self.limits.max_queued_per_sequence) and len(seq.queue) >= bound:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED,
+                              f"sequence {corrid} of model '{self.model}' already has {len(seq.queue)} "
+                              "requests waiting (--max-sequence-queue); send the next once one is answered")
         elif start and not seq.ending:
             log.warning("sequence %s for model '%s' has a conflict: the previous sequence did not end before "
                         "this sequence start", corrid, self.model)

@@ -108,6 +108,7 @@ class ServerOptions:
     # BacklogLimits); 0 = no limit.
     max_sequence_backlog: int = 4096
     max_sequence_backlog_per_key: int = 1024
+    max_sequence_queue: int = 1024  # requests one sequence may have waiting (BacklogLimits)
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
     allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
@@ -163,7 +164,8 @@ class Server:
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload,
                                           backlog=BacklogLimits(options.max_sequence_backlog,
-                                                                options.max_sequence_backlog_per_key))
+                                                                options.max_sequence_backlog_per_key,
+                                                                options.max_sequence_queue))
         shm = ShmLimits(options.client_shm_max_regions, options.client_shm_max_regions_per_key,
                         options.client_shm_prefixes)
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,

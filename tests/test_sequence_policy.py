@@ -228,6 +228,24 @@ def test_a_start_past_the_backlog_bound_is_refused_and_queues_nothing():
     assert [s.corrid for s in p.backlog] == [2, 4]
 
 
+def test_a_sequence_may_queue_only_so_many_requests_and_goes_on_after_a_refusal():
+    config = SequenceBatchingConfig(Strategy.DIRECT, max_sequence_idle_us=100_000)
+    p = SequencePolicy("m", config, 1, 1, BacklogLimits(0, 0, max_queued_per_sequence=3))
+    first = p.submit(7, True, False, "s0", 0)
+    p.submit(7, False, False, "s1", 0)
+    p.submit(7, False, False, "s2", 0)
+    with pytest.raises(EngineError, match=r"sequence 7 of model 'm' already has 3 requests waiting "
+                                          r"\(--max-sequence-queue\)") as e:
+        p.submit(7, False, False, "s3", 0)
+    assert e.value.code is ErrorCode.RESOURCE_EXHAUSTED and p.queued == 3
+    p.submit(8, True, False, "other", 0)  # another sequence is not held back
+    batch, _ = p.next_batch(0, always)
+    assert batch is not None and [r.item for r in batch.rows if r is not None] == ["s0"]
+    p.finished(batch, 0)
+    assert first.sequence.queue[0].item == "s1"
+    p.submit(7, False, True, "s3", 0)  # room again: the sequence goes on
+
+
 def test_each_api_key_has_its_share_of_the_backlog_and_no_key_has_none():
     p = bounded(max_sequences=10, max_per_key=2)
     p.submit(1, True, False, "slot", 0, owner="keys[0]")

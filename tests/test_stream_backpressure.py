@@ -4,7 +4,9 @@
 - each request on a stream takes a slot of its key's `max_concurrent` as a unary request does: over it, that
   request is answered with an error on the stream, and the stream goes on;
 - a stream with `--grpc-max-stream-requests` requests in flight is not read until one is answered: its
-  HTTP/2 window is held (raw h2), the connection's other streams are served meanwhile;
+  HTTP/2 window is held (raw h2), the connection's other streams are served meanwhile; a sequence's requests
+  are not counted (they wait for slots that only the stream's later messages free), so a stream that
+  interleaves more sequences than the cap is read to the end;
 - a decoupled model whose client does not read stops sending (its response sender waits), over gRPC and
   HTTP generate_stream: the server's memory stays bounded while the stream is unread and comes back when it
   ends; a client that reads gets every response in order.
@@ -69,6 +71,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("stream_backpressure")
     repo = root / "repo"
     shutil.copytree(EXAMPLES / "repeat_stream", repo / "repeat_stream")
+    shutil.copytree(EXAMPLES / "sequence_accumulator", repo / "sequence_accumulator")
     write_model(repo, "slow", SLOW, SLOW_CONFIG)
     add_simple(repo)
     keys = root / "keys.yaml"
@@ -232,6 +235,31 @@ def test_a_stream_at_its_request_cap_waits_and_every_request_is_answered(server:
     assert [e for _, e in got if e is not None] == []
     assert sorted(r.get_response().id for r, _ in got) == sorted(f"c-{i}" for i in range(12))
     assert peak.value <= STREAM_REQUESTS, f"{peak.value} requests of one stream in flight"
+    assert_correct_inference(server)
+
+
+def test_a_stream_interleaving_more_sequences_than_its_cap_is_read_to_the_end(server: RunningServer) -> None:
+    """20 sequences of 3 steps, round-robin on one stream with a cap of 4: sequence_accumulator has 8 slots,
+    so 12 sequences wait in the backlog while the slotted ones need their next steps, which come 20 messages
+    later. Counted against the cap, the stream would wait on itself until the slots went idle (5 s) and the
+    later steps failed; every answer must be its own sequence's running sum, with no error."""
+    n, steps = 20, 3
+    stream = Stream(server)
+    try:
+        for step in range(steps):
+            for s in range(n):
+                x = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                x.set_data_from_numpy(np.full((1, 1), s * 10 + step, dtype=np.int32))
+                stream.client.async_stream_infer("sequence_accumulator", [x], request_id=f"{s}:{step}",
+                                                 sequence_id=1000 + s, sequence_start=step == 0,
+                                                 sequence_end=step == steps - 1)
+        got = stream.take(n * steps)
+    finally:
+        stream.close()
+    assert [str(e) for _, e in got if e is not None] == []
+    sums = {r.get_response().id: int(r.as_numpy("OUTPUT")[0, 0]) for r, _ in got}
+    assert sums == {f"{s}:{step}": sum(s * 10 + k for k in range(step + 1))
+                    for s in range(n) for step in range(steps)}
     assert_correct_inference(server)
 
 

@@ -216,19 +216,20 @@ class GrpcHandlers:
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
                           header_id: bytes | None = None, principal: bytes | None = None, owner: str = "",
                           window: StreamWindow | None = None
-                          ) -> asyncio.Future[InferenceResponse]:
-        """One serialized request of ModelStreamInfer. `answered(future, answer)` is called once, when the
-        returned future is done: `answer` is the serialized ModelStreamInferResponse as (parts, size), None
-        when there is nothing to send, or the exception of a bug. Never an EngineError: as Triton does, an
-        error is an answer on the stream (`error_message`, with the request's id), which stays open. A
-        decoupled model's responses before its last go to `partial` as they come, flagged
-        `triton_final_response: false`; its final flag sent alone is answered with Triton's empty final
-        response only when the request sets `triton_enable_empty_final_response`. Raises DecodeError for
-        bytes that are not a ModelInferRequest (the stream then ends, as grpc ends it). Cancelling the
-        returned future drops the request (a decoupled model sees `is_cancelled()`). `principal`: the digest
-        of the call's API key (InferenceRequest.principal). `window`: where the caller counts the decoupled
-        responses its client took (engine/stream_window.py), so the model's sends wait while too many are not
-        yet taken."""
+                          ) -> tuple[asyncio.Future[InferenceResponse], bool]:
+        """One serialized request of ModelStreamInfer: its future, and whether it belongs to a sequence (has a
+        `sequence_id`: the sequence batcher bounds those, so the stream's own cap leaves them out, h2/grpc.py
+        `_must_wait`). `answered(future, answer)` is called once, when the returned future is done: `answer`
+        is the serialized ModelStreamInferResponse as (parts, size), None when there is nothing to send, or
+        the exception of a bug. Never an EngineError: as Triton does, an error is an answer on the stream
+        (`error_message`, with the request's id), which stays open. A decoupled model's responses before its
+        last go to `partial` as they come, flagged `triton_final_response: false`; its final flag sent alone
+        is answered with Triton's empty final response only when the request sets
+        `triton_enable_empty_final_response`. Raises DecodeError for bytes that are not a ModelInferRequest
+        (the stream then ends, as grpc ends it). Cancelling the returned future drops the request (a decoupled
+        model sees `is_cancelled()`). `principal`: the digest of the call's API key
+        (InferenceRequest.principal). `window`: where the caller counts the decoupled responses its client
+        took (engine/stream_window.py), so the model's sends wait while too many are not yet taken."""
         def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
             # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e, final).SerializeToString()
@@ -266,12 +267,12 @@ class GrpcHandlers:
             request.stream = streamed
             request.principal = principal
             request.stream_window = window
-            return self.dp.submit(request, start_ns, done)
+            return self.dp.submit(request, start_ns, done), bool(request.parameters.get("sequence_id"))
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
             future.set_exception(e)
             future.add_done_callback(done)
-            return future
+            return future, False
 
     def stream_refusal(self, message: Any, error: EngineError) -> tuple[list[Any], int]:
         """The answer on a ModelStreamInfer stream to a request refused before it was decoded (its key's

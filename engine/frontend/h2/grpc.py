@@ -24,15 +24,18 @@ before any message is read. An admitted call holds its admission until it ends; 
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
 the server's in-flight budget too.
 
-A ModelStreamInfer stream is admitted without quotas (who may call only); each of its requests is admitted
-as a unary request is (`AccessPolicy.admit_part`: its key's concurrency slot and rate token), and holds its
-message's bytes of the in-flight budget, reserved as the message's length prefix arrives, until it is
-answered (a decoupled model's final response). A request its key's quotas refuse is answered on the stream
-with an error (`error_message`, its id), and the stream goes on, as for any failed request. Where a stream
-must wait, it is not read (its window is held: HTTP/2 flow control, so the client's messages wait in the
-client, in order, and none is lost or failed): while `CallLimits.max_stream_requests` of its requests are in
-flight, while answers wait on it for the client's window, and while its next message does not fit the
-budget (retried as bytes come back). What arrives meanwhile is at most the window the client had left.
+A ModelStreamInfer stream is admitted without quotas (who may call only); each of its requests is admitted as
+a unary request is (`AccessPolicy.admit_part`: its key's concurrency slot and rate token), and holds its
+message's bytes of the in-flight budget, reserved as the message's length prefix arrives, until it is answered
+(a decoupled model's final response). A request its key's quotas refuse is answered on the stream with an
+error (`error_message`, its id), and the stream goes on, as for any failed request. Where a stream must wait,
+it is not read (its window is held: HTTP/2 flow control, so the client's messages wait in the client, in
+order, and none is lost or failed): while `CallLimits.max_stream_requests` of its requests are in flight (not
+counting a sequence's requests, `capped`: those wait for their sequence's slot, which may free only when a
+later message of the stream arrives, so a stream interleaving many sequences would wait on itself; the
+sequence batcher bounds them, engine/sequence_policy.py BacklogLimits), while answers wait on it for the
+client's window, and while its next message does not fit the budget (retried as bytes come back). What arrives
+meanwhile is at most the window the client had left.
 A decoupled model's responses are counted against their request's `StreamWindow` (engine/stream_window.py)
 as they leave for the client, so a client that does not read stops the model's sends.
 """
@@ -170,11 +173,11 @@ class Call:
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("admission", "app", "buffer", "conn", "done", "drain_due", "encoding", "fed", "fed_at",
-                 "headers_sent", "held", "held_bytes", "held_more", "need", "next_bytes", "paused", "pending",
-                 "principal", "remote_done", "request", "request_id", "reserved", "response_encoding", "rpc",
-                 "start_ns", "stream", "timer", "unsent", "waiting_bytes", "watch_counted", "watching",
-                 "work")
+    __slots__ = ("admission", "app", "buffer", "capped", "conn", "done", "drain_due", "encoding", "fed",
+                 "fed_at", "headers_sent", "held", "held_bytes", "held_more", "need", "next_bytes", "paused",
+                 "pending", "principal", "remote_done", "request", "request_id", "reserved",
+                 "response_encoding", "rpc", "start_ns", "stream", "timer", "unsent", "waiting_bytes",
+                 "watch_counted", "watching", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -190,6 +193,7 @@ class Call:
         self.work: asyncio.Future[Any] | None = None  # the handler's future or task, cancelled on reset
         # ModelStreamInfer: requests in flight, each with what its admission holds (None: no access policy)
         self.pending: dict[asyncio.Future[Any], Admission | None] = {}
+        self.capped: set[asyncio.Future[Any]] = set()  # of those, what the stream's cap counts (_must_wait)
         self.paused = False  # ModelStreamInfer: not read for now (the stream's window is held)
         # ModelStreamInfer, while not read: what was not read of the DATA it stopped in, what came since,
         # and their bytes (drawn from the connection's budget)
@@ -515,7 +519,7 @@ class Call:
     def _must_wait(self) -> bool:
         """Whether the stream's next message must wait: its requests in flight are at the cap, or answers
         wait on it for the client's window (the drain then reads on)."""
-        if len(self.pending) >= self.app.call_limits.max_stream_requests:
+        if len(self.capped) >= self.app.call_limits.max_stream_requests:
             return True  # an answer reads on
         if self.stream.pending:
             self.stream.on_drained = self._drained
@@ -591,14 +595,16 @@ class Call:
             # x-request-id, its API key's digest and label, and where its responses are counted
             partial = functools.partial(self._stream_partial, window)
             call = self.admission
-            future = self.rpc.handler(message, self._stream_answered, partial, self.request_id,
-                                      self.principal, "" if call is None else call.owner, window)
+            future, sequenced = self.rpc.handler(message, self._stream_answered, partial, self.request_id,
+                                                 self.principal, "" if call is None else call.owner, window)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             if admission is not None and access is not None:
                 access.release(admission)
             self._fail(e)
             return
         self.pending[future] = admission
+        if not sequenced:
+            self.capped.add(future)
 
     def _refuse_request(self, message: memoryview, refusal: Refusal) -> None:
         try:
@@ -642,6 +648,7 @@ class Call:
 
     def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
         admission = self.pending.pop(future, None)
+        self.capped.discard(future)
         freed = 0
         if admission is not None:  # what the request held goes back as it is answered
             freed = admission.bytes
@@ -777,6 +784,7 @@ class Call:
             self.work = None
         self.unsent.clear()
         self.app.budget_waiting.pop(self, None)
+        self.capped.clear()
         if self.pending:
             pending, self.pending = self.pending, {}
             freed = 0
