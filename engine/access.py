@@ -89,8 +89,11 @@ class Refusal:
 class Admission:
     """What an admitted request holds until `AccessPolicy.release`: a slot of its key's concurrency and
     its bytes of the budget; whose key it is (`key`: `admit_part` admits a stream's requests as that key);
-    and `owner`, the label of that key ("" when the server has no keys, or for a health request, which needs
-    none): whose client shared-memory regions and sequence backlog share it may use (engine/caller.py)."""
+    and `owner`, that key's owner id (engine/api_keys.py `owner_id`; "" when the server has no keys, or for
+    a health request, which needs none): who sent the request, as everything downstream knows it (its client
+    shared-memory regions, its sequence backlog share, its tokens_per_minute, its Batch API files and jobs:
+    engine/caller.py). Decided here, once, as the request's head arrives; nothing past the frontend looks at
+    the `Authorization` header again."""
 
     __slots__ = ("bytes", "concurrency", "key", "owner")
 
@@ -98,7 +101,7 @@ class Admission:
         self.concurrency = concurrency
         self.bytes = nbytes
         self.key = key
-        self.owner = key.key.label if key is not None else ""
+        self.owner = key.key.owner if key is not None else ""
 
 
 class _KeyState:

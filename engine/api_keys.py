@@ -13,6 +13,12 @@
 A field we do not know is refused rather than ignored: a misspelt `max_concurent` must not leave a key
 unlimited. Errors name the key by its position (`keys[1]`), never by its secret.
 
+Each key's identity downstream is its `owner` id (`owner_id`), worked out once here: the access policy
+admits a request as that owner (engine/access.py `Admission.owner`), and every part that keeps something per
+key reads it from the request (engine/caller.py): client shared-memory regions, a key's share of a sequence
+backlog, its `tokens_per_minute`, its Batch API files and jobs (kept on disk with it). It follows the
+secret, not the key's place in the file, so reordering or removing other keys changes no one's identity.
+
 The file holds secrets, so who may read and change it is checked first, as SSH checks a private key
 (`file_mode_problem`): a file other users can read (world-readable) or change (group- or world-writable), or
 one owned by a user other than the server's (or root), is refused at start with the chmod that fixes it.
@@ -43,11 +49,13 @@ class ApiKeysError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """One key: the SHA-256 of its secret (what requests are compared against, in constant time), the API
-    groups it may call and its quotas (None: unlimited)."""
+    """One key: the SHA-256 of its secret (what requests are compared against, in constant time), its owner
+    id (who it is to everything past the access policy), the API groups it may call and its quotas (None:
+    unlimited)."""
 
-    label: str  # "keys[0]": how logs and errors name it
+    label: str  # "keys[0]": how logs and errors name it; its place in the file, so never an identity
     digest: bytes
+    owner: str  # owner_id(digest)
     groups: frozenset[ApiGroup]
     requests_per_second: float | None = None
     max_concurrent: int | None = None
@@ -58,12 +66,16 @@ def digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
-def bearer_digest(authorization: bytes | None) -> bytes | None:
-    """The digest of the key an `Authorization: Bearer <key>` header value names (what the access policy
-    compares and a key's quotas are looked up by); None for no header or another scheme."""
-    if authorization is None or authorization[:7].lower() != b"bearer ":
-        return None
-    return digest(authorization[7:].strip())
+# Kept with the Batch API's files and jobs on disk, so these bytes never change: a key's id must stay what
+# it was when its files were written (the Batch API named it first, hence the words).
+_OWNER_LABEL = b"hubserve batch owner\0"
+
+
+def owner_id(key_digest: bytes) -> str:
+    """A key's owner id, `key-<hex>`: a SHA-256 of its digest under a label of its own, so it names the key
+    without being the secret or the digest that requests are compared against (it is written to disk). The
+    keyless server's one owner is ""."""
+    return "key-" + hashlib.sha256(_OWNER_LABEL + key_digest).hexdigest()[:32]
 
 
 def file_mode_problem(path: Path) -> str | None:
@@ -144,7 +156,8 @@ def _entry(entry: Any, label: str, source: str) -> ApiKey:
     groups = entry.get("groups")
     if not isinstance(groups, list) or not groups or not all(isinstance(g, str) for g in groups):
         raise ApiKeysError(f"{where}: 'groups' must be a non-empty list of API groups (or [\"*\"])")
-    return ApiKey(label, digest(secret.encode()), _groups(groups, where),
+    key_digest = digest(secret.encode())
+    return ApiKey(label, key_digest, owner_id(key_digest), _groups(groups, where),
                   _positive(entry, "requests_per_second", where, float),
                   _positive(entry, "max_concurrent", where, int),
                   _positive(entry, "tokens_per_minute", where, int))
@@ -173,4 +186,4 @@ def _positive(entry: dict[str, Any], name: str, where: str, kind: type) -> Any:
     return kind(value)
 
 
-__all__ = ["ApiKey", "ApiKeysError", "digest", "load_api_keys", "parse_api_keys"]
+__all__ = ["ApiKey", "ApiKeysError", "digest", "load_api_keys", "owner_id", "parse_api_keys"]

@@ -155,9 +155,11 @@ class InferenceRequest:
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
     plan: RequestPlan | None = None  # the frontend's cached decoding of this request's header, if any
-    # The label of the API key that sent it ("" on a server without keys), set by the frontend from the
-    # access policy's admission: whose client shared-memory regions it may use and whose share of a sequence
-    # backlog it takes (engine/caller.py).
+    # The owner id of the API key that sent it (engine/api_keys.py `owner_id`; "" on a server without
+    # keys), set by the frontend from the access policy's admission, on every path: whose client
+    # shared-memory regions it may use, whose share of a sequence backlog it takes and whose tokens_per_minute
+    # a generation charges (generate/triton_model.py) (engine/caller.py). Never taken from the request's own
+    # fields or parameters.
     owner: str = ""
     # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a
     # decoupled model's responses before its final one go, on the loop, in order (an EngineError for an
@@ -174,12 +176,6 @@ class InferenceRequest:
     dispatched_ns: int = 0
     computed_ns: int = 0
     executed_batch: int = 0
-    # The SHA-256 of the API key the request came with (api_keys.bearer_digest of its `Authorization:
-    # Bearer` header), set by a frontend on the paths that reach a generative model (generate,
-    # generate_stream, ModelStreamInfer), which the access policy has already admitted under that key; None
-    # without one. What a per-key quota charged past admission (tokens_per_minute:
-    # generate/triton_model.py) is charged to. Never taken from the request's own fields or parameters.
-    principal: bytes | None = None
 
     @property
     def batch_size(self) -> int:

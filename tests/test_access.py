@@ -26,7 +26,7 @@ from engine.access_groups import (
     RestrictionError,
     parse_restrictions,
 )
-from engine.api_keys import ApiKeysError, parse_api_keys
+from engine.api_keys import ApiKeysError, owner_id, parse_api_keys
 from engine.frontend.api_groups import GRPC_GROUPS, grpc_group
 from engine.frontend.grpc_handlers import GrpcHandlers
 from engine.frontend.h2.rpcs import rpc_table
@@ -102,6 +102,22 @@ def test_keys_file_is_read(tmp_path: Path) -> None:
     assert app.groups == {G.INFERENCE, G.METADATA, G.HEALTH}
     assert (app.requests_per_second, app.max_concurrent, app.tokens_per_minute) == (50.0, 4, 20000)
     assert b"s3cret" not in admin.digest
+
+
+def test_a_keys_owner_id_follows_its_secret_and_is_what_batch_files_on_disk_name() -> None:
+    """The owner id is the one identity past the access policy, and the Batch API keeps it on disk with each
+    file and job: the id of a secret must be what it was when those were written (this hex is what
+    engine/openai/batch/owners.py's `owner_id` gave for "s3cret-app" before the id moved to api_keys.py)."""
+    app, admin = parse_api_keys({"keys": [{"key": "s3cret-app", "groups": ["inference"]},
+                                          {"key": "s3cret-admin", "groups": ["*"]}]})
+    assert app.owner == owner_id(app.digest) == "key-a8abce1ffea5a2f3287edd48c5cf5f7f"
+    swapped = parse_api_keys({"keys": [{"key": "s3cret-admin", "groups": ["*"]},
+                                       {"key": "s3cret-app", "groups": ["metadata"]}]})
+    assert (swapped[1].owner, swapped[0].owner) == (app.owner, admin.owner) and app.owner != admin.owner
+    assert "s3cret" not in app.owner and app.digest.hex()[:32] not in app.owner
+    p = policy({"keys": [{"key": "s3cret-app", "groups": ["inference"]}]})
+    admitted = p.admit(G.INFERENCE, bearer("s3cret-app"), 0, 0.0)
+    assert isinstance(admitted, Admission) and admitted.owner == app.owner
 
 
 @pytest.mark.parametrize("doc, words", [

@@ -136,14 +136,15 @@ def test_an_owner_follows_its_keys_secret_not_its_place_in_the_file():
                                    {"key": "k-b", "groups": ["inference"]}]})
     swapped = parse_api_keys({"keys": [{"key": "k-b", "groups": ["inference"]},
                                        {"key": "k-a", "groups": ["inference"]}]})
-    a = Owners(one).of_request(b"Bearer k-a")
-    assert Owners(swapped).of_request(b"bearer k-a") == a and Owners(one).of_request(b"Bearer k-b") != a
-    assert "k-a" not in a.id and a.id.startswith("key-") and Owners(one).by_id(a.id) == a
-    with pytest.raises(OpenAIError) as err:
-        Owners(one).of_request(b"Bearer k-c")
+    a = one[0].owner
+    assert swapped[1].owner == a and one[1].owner != a
+    assert Owners(one).of_request(a) == a and Owners(swapped).known(a)
+    with pytest.raises(OpenAIError) as err:  # no configured key's: a keyless request to a server with keys
+        Owners(one).of_request(KEYLESS)
     assert err.value.status == 401
-    assert Owners(()).of_request(None) is KEYLESS and Owners(()).by_id("") is KEYLESS
-    assert Owners(one).by_id("") is None  # a keyless server's files belong to nobody once keys exist
+    assert Owners(()).of_request(KEYLESS) == KEYLESS and Owners(()).known(KEYLESS)
+    assert not Owners(one).known(KEYLESS)  # a keyless server's files belong to nobody once keys exist
+    assert not Owners(parse_api_keys({"keys": [{"key": "k-b", "groups": ["*"]}]})).known(a)  # a key removed
 
 
 def test_each_owner_has_its_own_file_count_and_byte_quota(tmp_path: Path):

@@ -63,19 +63,19 @@ def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
 
 async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: str, version: str,
                           body: bytes | bytearray, max_input_bytes: int, start_ns: int,
-                          stream: ResponseStream | None, principal: bytes | None = None) -> Answer | None:
+                          stream: ResponseStream | None, owner: str = "") -> Answer | None:
     """One generate request, run as the route's task. `stream` None: `generate`, the answer returned (an
     EngineError raised is answered as JSON with its status by the route). Otherwise `generate_stream`: an
     error before the first response is raised likewise; from the first response on, everything is written
-    through `stream` and None is returned (the connection then ends the chunked body). `principal`: the
-    digest of the request's API key (InferenceRequest.principal: a generative model charges its tokens)."""
+    through `stream` and None is returned (the connection then ends the chunked body). `owner`: who sent it
+    (HttpRequest.owner, from its admission: a generative model charges its tokens to that key)."""
     inputs = input_metadata(await metadata(name, version))
     try:
         doc = orjson.loads(body) if body.strip() else {}
     except orjson.JSONDecodeError as e:
         raise invalid(f"malformed JSON in request body: {e}") from None
     request = decode_generate(name, version, doc, inputs, max_input_bytes)
-    request.principal = principal
+    request.owner = owner
     del doc  # the parsed JSON (a Python object per element): not held for as long as the stream runs
     responses = _responses(submitter, request, start_ns)
     try:

@@ -185,9 +185,9 @@ class GrpcHandlers:
 
     def _decode(self, message: Any, header_id: bytes | None, owner: str, start_ns: int) -> InferenceRequest:
         """The serialized request decoded; the call's `x-request-id` metadata is its id when its message
-        has none; `owner` the API key the call presented. A message that cannot be decoded raises (an
-        EngineError, or DecodeError for bytes that are no ModelInferRequest), after its access line while
-        those are on (engine/observe.py)."""
+        has none; `owner` the owner id of the API key the call presented. A message that cannot be decoded
+        raises (an EngineError, or DecodeError for bytes that are no ModelInferRequest), after its access
+        line while those are on (engine/observe.py)."""
         try:
             request = self.wire.decode(message)
         except Exception as e:
@@ -208,14 +208,13 @@ class GrpcHandlers:
         with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
         with it once it is done, right after the request is accounted. Cancelling it drops the request.
         `header_id` is the call's `x-request-id` metadata: the request's id when its message has none; `owner`
-        the label of the API key the call presented (engine/caller.py)."""
+        the owner id of the API key the call presented (engine/caller.py)."""
         start_ns = start_ns or time.perf_counter_ns()
         request = self._decode(message, header_id, owner, start_ns)
         return self.dp.submit(request, start_ns, on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
-                          header_id: bytes | None = None, principal: bytes | None = None, owner: str = "",
-                          window: StreamWindow | None = None
+                          header_id: bytes | None = None, owner: str = "", window: StreamWindow | None = None
                           ) -> tuple[asyncio.Future[InferenceResponse], bool]:
         """One serialized request of ModelStreamInfer: its future, and whether it belongs to a sequence (has a
         `sequence_id`: the sequence batcher bounds those, so the stream's own cap leaves them out, h2/grpc.py
@@ -227,9 +226,10 @@ class GrpcHandlers:
         is answered with Triton's empty final response only when the request sets
         `triton_enable_empty_final_response`. Raises DecodeError for bytes that are not a ModelInferRequest
         (the stream then ends, as grpc ends it). Cancelling the returned future drops the request (a decoupled
-        model sees `is_cancelled()`). `principal`: the digest of the call's API key
-        (InferenceRequest.principal). `window`: where the caller counts the decoupled responses its client
-        took (engine/stream_window.py), so the model's sends wait while too many are not yet taken."""
+        model sees `is_cancelled()`). `owner`: the owner id of the call's API key (InferenceRequest.owner: a
+        generative model charges its tokens to it). `window`: where the caller counts the decoupled responses
+        its client took (engine/stream_window.py), so the model's sends wait while too many are not yet
+        taken."""
         def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
             # the id is needed only here: parse in full
             body = _stream_error(pb.ModelInferRequest.FromString(message), e, final).SerializeToString()
@@ -265,7 +265,6 @@ class GrpcHandlers:
             request = self._decode(message, header_id, owner, start_ns)
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
-            request.principal = principal
             request.stream_window = window
             return self.dp.submit(request, start_ns, done), bool(request.parameters.get("sequence_id"))
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .. import logs, observe
-from ..api_keys import bearer_digest
 from ..caller import Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
@@ -224,9 +223,8 @@ class HttpRoutes:
                 return _error(405, f"{action} needs POST")
             body = _body(req, self.limits.max_body_bytes)
             stream = req.stream if endpoint is Endpoint.MODEL_GENERATE_STREAM else None
-            principal = bearer_digest(req.headers.get(b"authorization"))  # whose tokens it generates
             return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
-                                               self.limits.max_body_bytes, req.start_ns, stream, principal),
+                                               self.limits.max_body_bytes, req.start_ns, stream, req.owner),
                                on_done)
         if method not in (b"GET", b"HEAD"):
             action = "metadata" if endpoint is Endpoint.MODEL_METADATA else target.segments[-1]

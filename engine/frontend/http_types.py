@@ -60,9 +60,10 @@ class HttpRequest:
     (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
     body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
     an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
-    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header. `owner` is the label
-    of the API key it presented ("" without keys) and `ends` its connection's (peer, local) addresses: who
-    sent it (engine/caller.py), set by the connection, or by the engine for a forwarded request."""
+    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header. `owner` is the owner
+    id of the API key it presented (engine/api_keys.py `owner_id`; "" without keys) and `ends` its
+    connection's (peer, local) addresses: who sent it (engine/caller.py), set by the connection from its
+    admission, or by the engine for a forwarded request. Routes read `owner`, never the header."""
 
     __slots__ = ("admission", "body", "ends", "headers", "http10", "keep_alive", "method", "owner", "refusal",
                  "start_ns", "stream", "target", "url")

@@ -10,8 +10,9 @@
     GET    /v1/batches/{id}             one job
     POST   /v1/batches/{id}/cancel      cancel it
 
-Every endpoint acts for the owner the request's key names (engine/openai/batch/owners.py): another key's
-files and jobs answer 404 as if they did not exist. `handle` answers at once from the runner's indexes in
+Every endpoint acts for the request's owner, the owner id of its key as the access policy admitted it
+(`HttpRequest.owner`; engine/openai/batch/owners.py): another key's files and jobs answer 404 as if they did
+not exist. `handle` answers at once from the runner's indexes in
 memory, or returns a coroutine (the multipart split and file I/O on worker threads) that OpenAIRoutes runs
 as a task. Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
 
@@ -34,7 +35,6 @@ import orjson
 from ..openai.batch.download import FileChunks
 from ..openai.batch.files import not_found
 from ..openai.batch.multipart import parse_form
-from ..openai.batch.owners import Owner
 from ..openai.batch.runner import BatchRunner
 from ..openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
 from ..openai.protocol import parse_body
@@ -61,20 +61,20 @@ class BatchRoutes:
         if runner is None:
             raise OpenAIError(501, "The Batch API is off on this server: start it with --batch-dir PATH (a "
                                    "folder for its files and jobs).", NOT_IMPLEMENTED)
-        owner = runner.owners.of_request(req.headers.get(b"authorization"))
+        owner = runner.owners.of_request(req.owner)
         method = req.method
         if parts[0] == "files":
             files = runner.files
             if len(parts) == 1:
                 if method == b"GET":
-                    return _json(files.list(owner.id, *_file_page(req.url)))
+                    return _json(files.list(owner, *_file_page(req.url)))
                 _allow(method, b"POST", parts)
                 return _upload(runner, owner, req)
             if len(parts) == 2:
                 if method == b"DELETE":
-                    return _json(files.delete(owner.id, parts[1]))
+                    return _json(files.delete(owner, parts[1]))
                 _allow(method, b"GET", parts)
-                return _json(files.get(owner.id, parts[1]))
+                return _json(files.get(owner, parts[1]))
             if len(parts) == 3 and parts[2] == "content":
                 _allow(method, b"GET", parts)
                 return _content(runner, owner, parts[1], req.stream)
@@ -94,7 +94,7 @@ class BatchRoutes:
                           code="unknown_url")
 
 
-async def _upload(runner: BatchRunner, owner: Owner, req: HttpRequest) -> Answer:
+async def _upload(runner: BatchRunner, owner: str, req: HttpRequest) -> Answer:
     """The form split on a thread (views into the body, no copies), room reserved in the owner's quota, the
     file checked and written on a thread. Once the write has started it is registered (or its room given
     back) when it ends, even if the client has left meanwhile."""
@@ -106,23 +106,23 @@ async def _upload(runner: BatchRunner, owner: Owner, req: HttpRequest) -> Answer
     if upload is None or upload.filename is None:
         raise bad_request("Missing required parameter: 'file' (a file field of the form).", "file")
     files = runner.files
-    reservation = files.reserve(owner.id, len(upload.data))
+    reservation = files.reserve(owner, len(upload.data))
     kind = bytes(purpose.data).decode("utf-8", "replace")
     written = asyncio.get_running_loop().run_in_executor(
-        None, files.write_upload, owner.id, upload.filename[:255], kind, upload.data)
+        None, files.write_upload, owner, upload.filename[:255], kind, upload.data)
 
     def settle(f: asyncio.Future[dict[str, Any]]) -> None:
         if f.cancelled() or f.exception() is not None:
             files.release(reservation)
         else:
-            files.register(owner.id, f.result(), reservation)
+            files.register(owner, f.result(), reservation)
 
     written.add_done_callback(settle)  # before the answer's own callback: registered when the client hears
     return _json(await asyncio.shield(written))
 
 
-def _content(runner: BatchRunner, owner: Owner, file_id: str, stream: ResponseStream | None) -> Reply:
-    path = runner.files.path(owner.id, file_id)  # a 404 at once
+def _content(runner: BatchRunner, owner: str, file_id: str, stream: ResponseStream | None) -> Reply:
+    path = runner.files.path(owner, file_id)  # a 404 at once
     if stream is None:  # a caller with no connection to stream to (none does today)
         raise OpenAIError(500, "internal error: no stream to write to", "server_error")
 

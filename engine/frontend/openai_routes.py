@@ -137,19 +137,18 @@ class OpenAIRoutes:
             api = parse_request(parse_body(req.body), chat)
         except OpenAIError as e:
             return _error_answer(e, extra)
-        auth = req.headers.get(b"authorization", b"")
-        key = auth[7:].decode("latin-1") if auth[:7].lower() == b"bearer " else None
-        task = asyncio.ensure_future(self._run(api, request_id, key, extra, req.stream))
+        task = asyncio.ensure_future(self._run(api, request_id, req.owner, extra, req.stream))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         task.add_done_callback(on_done)
         return _Task(task, extra)
 
-    async def _run(self, api: ApiRequest, request_id: str, api_key: str | None, extra: bytes,
+    async def _run(self, api: ApiRequest, request_id: str, owner: str, extra: bytes,
                    stream: ResponseStream | None) -> Answer | None:
-        """The request's task: the JSON answer, or None once the events were written to `stream`."""
+        """The request's task: the JSON answer, or None once the events were written to `stream`. `owner`:
+        who sent it (HttpRequest.owner), whose tokens_per_minute it draws from."""
         created = int(time.time())
-        gen: Generation = await self.service.start(api, request_id, api_key)
+        gen: Generation = await self.service.start(api, request_id, owner)
         try:
             if api.stream:
                 await gen.first

@@ -49,9 +49,9 @@ class Reservation(Protocol):
 class TokenCharger(Protocol):
     """Per-key `tokens_per_minute` (engine/openai/token_quotas.py `TokenQuotas`): reserve a request's most
     before it reaches the engine (RESOURCE_EXHAUSTED when the key's minute has no room), settle with what it
-    used."""
+    used. `owner`: the request's (InferenceRequest.owner), the key's owner id; "" for none."""
 
-    def charge_digest(self, key_digest: bytes | None, tokens: int) -> Reservation | None: ...
+    def charge_triton(self, owner: str, tokens: int) -> Reservation | None: ...
 
 
 class GenerationRegistry:

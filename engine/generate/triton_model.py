@@ -15,11 +15,11 @@ One request, on the loop (`submit`):
 4. the future resolves with the final response; cancelling it (the client left) aborts the generation,
    whose KV blocks the engine thread frees before its next step.
 
-A request that names an API key with `tokens_per_minute` (`InferenceRequest.principal`, set by the frontend)
-is charged as the OpenAI API charges it (engine/openai/token_quotas.py): prompt + max_tokens reserved before
-it reaches the engine (RESOURCE_EXHAUSTED with OpenAI's words when the key's minute has no room: HTTP 429, an
-error on the gRPC stream), what it did not use given back when it ends; a client that left keeps its whole
-reservation.
+A request sent with an API key that has `tokens_per_minute` (`InferenceRequest.owner`, set by the frontend
+from its admission) is charged as the OpenAI API charges it (engine/openai/token_quotas.py): prompt +
+max_tokens reserved before it reaches the engine (RESOURCE_EXHAUSTED with OpenAI's words when the key's
+minute has no room: HTTP 429, an error on the gRPC stream), what it did not use given back when it ends; a
+client that left keeps its whole reservation.
 
 Statistics: the request's own as accounting.py says (queue, one execution, its outcome), and each response
 by its index (`response_stats`, as Triton keeps them for a decoupled model): success with the time since the
@@ -129,8 +129,8 @@ class GenerativeModel(Model):
             ids, params = self._prompt(run.options, version)
             run.prompt_tokens = len(ids)
             quotas = self.source.token_quotas
-            if quotas is not None and run.request.principal is not None:  # as the OpenAI API charges it
-                run.reservation = quotas.charge_digest(run.request.principal, len(ids) + params.max_tokens)
+            if quotas is not None and run.request.owner:  # as the OpenAI API charges it
+                run.reservation = quotas.charge_triton(run.request.owner, len(ids) + params.max_tokens)
             version.driver.submit(run.engine_id, ids, params, functools.partial(self._on_event, run))
             run.submitted = True
             run.last_ns = run.account.submitted()  # its queue time: the wait for the engine's build

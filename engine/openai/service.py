@@ -76,13 +76,14 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ generation
 
-    async def start(self, api: ApiRequest, request_id: str, api_key: str | None = None,
-                    priority: Priority = Priority.INTERACTIVE, batch_key: bytes | None = None) -> Generation:
+    async def start(self, api: ApiRequest, request_id: str, owner: str = "",
+                    priority: Priority = Priority.INTERACTIVE) -> Generation:
         """The request's generation, submitted. OpenAIError for what the client must change (or a model not
         ready, or the key's tokens_per_minute spent: 429); the engine's events then flow into the returned
-        Generation. `priority`: BATCH for offline jobs (batch/runner.py), which the scheduler serves last;
-        `batch_key`: the digest of the key that owns such a job, whose tokens_per_minute it draws from,
-        waiting (QuotaWait, nothing submitted) rather than refused while the minute is spent.
+        Generation. `owner`: whose tokens_per_minute it draws from, the owner id of the request's key
+        (HttpRequest.owner) or of the key that owns a Batch API job; "" for none. `priority`: BATCH for such
+        offline jobs (batch/runner.py), which the scheduler serves last, and which wait for their key's
+        minute (QuotaWait, nothing submitted) rather than be refused while it is spent.
         The request counts in its model version's Triton statistics from here (its queue time is the wait
         for the engine: engine/generate/accounting.py)."""
         received_ns = time.perf_counter_ns()
@@ -98,8 +99,8 @@ class OpenAIService:
         if adapter:
             params = dataclasses.replace(params, lora=adapter)
         cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
-        reservation = self.quotas.charge(api_key, cost) if batch_key is None \
-            else charge_waiting(self.quotas, batch_key, cost)
+        reservation = self.quotas.charge(owner, cost) if priority is not Priority.BATCH \
+            else charge_waiting(self.quotas, owner, cost)
         gen = Generation(version.driver, request_id, prompts, api.n, params,
                          RequestAccount(version.model.stats, received_ns))
         try:

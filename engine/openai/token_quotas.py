@@ -1,17 +1,19 @@
 """Per-key `tokens_per_minute` for generation (README "Security"): the one place it is charged.
 
 `OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine, and
-Triton's generate paths call `charge_digest` likewise (generate/triton_model.py), so one bucket per key
+Triton's generate paths call `charge_triton` likewise (generate/triton_model.py), so one bucket per key
 counts every generation whichever protocol asked for it. The cost reserved is what the request may use at
 most: its prompt tokens plus `max_tokens` for every choice (when `max_tokens` is not given, what the context
 leaves). When it finishes, the tokens it did not use (it
 stopped early) go back to the key; a request whose client left keeps its whole reservation.
 
-The keys are the `--api-keys` file's; the key is the request's bearer secret, which the frontend's access
-policy (engine/access.py) has already checked in constant time, so here it is only looked up by its digest.
-This runs in the process that holds the engines (with `--workers N`, the engine process, where every /v1
-request is forwarded and every inference submitted, with its key's digest), so one bucket per key serves
-every frontend and the limit holds server-wide exactly, with no share to split.
+The keys are the `--api-keys` file's, each bucket found by the key's owner id (engine/api_keys.py
+`owner_id`): the request's owner, which the frontend's access policy (engine/access.py) decided once, in
+constant time, as the request's head arrived (HttpRequest.owner, InferenceRequest.owner; a Batch API job's
+stored owner). Nothing here reads a header. This runs in the process that holds the engines (with
+`--workers N`, the engine process, where every /v1 request is forwarded and every inference submitted, with
+its owner), so one bucket per key serves every frontend and the limit holds server-wide exactly, with no
+share to split.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 
-from ..api_keys import ApiKey, digest
+from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
 from ..quotas import TokenQuota, retry_after_secs
 from .errors import OpenAIError
@@ -50,31 +52,13 @@ class TokenQuotas:
 
     def __init__(self, keys: tuple[ApiKey, ...], now: float | None = None) -> None:
         start = time.monotonic() if now is None else now
-        self._quotas = {k.digest: (k, TokenQuota(k.tokens_per_minute, start))
+        self._quotas = {k.owner: (k, TokenQuota(k.tokens_per_minute, start))
                         for k in keys if k.tokens_per_minute is not None}
 
-    def charge(self, api_key: str | None, tokens: int, now: float | None = None) -> Reservation | None:
-        """Reserve `tokens` of the key's minute, or raise OpenAIError 429 with a Retry-After. None when the
-        key has no token limit (or there is no key)."""
-        if api_key is None or not self._quotas:
-            return None
-        return self._charge(digest(api_key.strip().encode("latin-1")), tokens, now)
-
-    def charge_digest(self, key_digest: bytes | None, tokens: int, now: float | None = None
-                      ) -> Reservation | None:
-        """`charge` for a generation through Triton's protocols (generate, generate_stream, ModelStreamInfer:
-        generate/triton_model.py), whose frontend names the key by its digest (InferenceRequest.principal).
-        The same bucket and rule; a refusal is the engine's RESOURCE_EXHAUSTED with the words of OpenAI's 429
-        (HTTP 429; on a gRPC stream, its error message)."""
-        if key_digest is None or not self._quotas:
-            return None
-        try:
-            return self._charge(key_digest, tokens, now)
-        except OpenAIError as e:
-            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED, e.message) from None
-
-    def _charge(self, key_digest: bytes, tokens: int, now: float | None) -> Reservation | None:
-        entry = self._quotas.get(key_digest)
+    def charge(self, owner: str, tokens: int, now: float | None = None) -> Reservation | None:
+        """Reserve `tokens` of the minute of the key whose owner id is `owner` (the request's), or raise
+        OpenAIError 429 with a Retry-After. None when the key has no token limit (or there is no key: "")."""
+        entry = self._quotas.get(owner)
         if entry is None:
             return None
         key, quota = entry
@@ -93,6 +77,16 @@ class TokenQuotas:
                                f"Used {quota.used}, Requested {tokens}. Please try again in {secs}s.",
                           RATE_LIMIT_TYPE, None, RATE_LIMIT_CODE, retry_after_secs=secs)
 
+    def charge_triton(self, owner: str, tokens: int, now: float | None = None) -> Reservation | None:
+        """`charge` for a generation through Triton's protocols (generate, generate_stream, ModelStreamInfer:
+        generate/triton_model.py; `owner` is InferenceRequest.owner). The same bucket and rule; a refusal is
+        the engine's RESOURCE_EXHAUSTED with the words of OpenAI's 429 (HTTP 429; on a gRPC stream, its
+        error message)."""
+        try:
+            return self.charge(owner, tokens, now)
+        except OpenAIError as e:
+            raise EngineError(ErrorCode.RESOURCE_EXHAUSTED, e.message) from None
+
 
 # The part of a key's minute that its Batch API jobs leave to its interactive requests: a job's request is
 # charged only while the key would keep this much after it, so a running job never makes the key's own
@@ -109,14 +103,14 @@ class QuotaWait(Exception):
         self.secs = secs
 
 
-def charge_waiting(quotas: TokenQuotas, key_digest: bytes | None, tokens: int,
+def charge_waiting(quotas: TokenQuotas, owner: str, tokens: int,
                    now: float | None = None) -> Reservation | None:
-    """The Batch API's charge: `tokens` of the minute of the key that owns the job (known by its digest: a job
-    runs without a request's secret, and on after a restart), leaving BATCH_RESERVE of the minute to the key's
+    """The Batch API's charge: `tokens` of the minute of the key that owns the job (its stored owner id: a job
+    runs without a request, and on after a restart), leaving BATCH_RESERVE of the minute to the key's
     interactive requests. None when the key has no token limit. Raises QuotaWait when they do not fit yet,
     and OpenAIError 429 (the request's own failure, as `charge` answers it) when they never will: more than
     a minute's worth."""
-    entry = quotas._quotas.get(key_digest) if key_digest is not None else None
+    entry = quotas._quotas.get(owner)
     if entry is None:
         return None
     key, quota = entry

@@ -3,13 +3,13 @@
 direction carries everything of that round.
 
 Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connections, streaming, credits)`
-- a request: `(rid, plan_no, start_ns, request_id, placement, model, version, principal[, header[, owner]])`;
-  `principal` is the digest of its API key or None (engine/types.py InferenceRequest.principal). `header` (the
-  request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends a
-  plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
+- a request: `(rid, plan_no, start_ns, request_id, placement, model, version[, header[, owner]])`. `header`
+  (the request's inputs, requested outputs and parameters: `Header`) comes the first time the frontend sends
+  a plan (its codec's cached decoding of a repeated request header, engine/types.py RequestPlan), and with
   every request that has no plan (`plan_no` 0); after that the engine has it in its plan table, and the
-  model's validation verdict on it with it (None in its place when an `owner` follows: the label of the API
-  key that sent the request, only on a server with keys). `placement` is where the input bytes are
+  model's validation verdict on it with it (None in its place when an `owner` follows: the owner id of the
+  API key that sent the request, engine/types.py InferenceRequest.owner, only on a server with keys: what
+  its generation's tokens_per_minute is charged to, among others). `placement` is where the input bytes are
   (engine/ipc/tensors.py).
 - cancels: rids whose client left; freed: offsets of response-arena blocks the frontend is done with;
   plans_reset: the frontend dropped its plan numbers (its table is bounded), so the engine drops its table;
@@ -20,9 +20,9 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
   HTTP `(method, url, target, headers, body, owner, (peer, local))` (`target`: the path as the frontend parsed
   and checked it, frontend/http_path.py `HttpTarget.to_wire`; the engine routes that, and `url` serves
-  messages only), gRPC `(method name, serialized request, caller)` (the API key's label and the connection's
-  ends: engine/caller.py), HEALTH `[service, ...]` (what gRPC's Health/Watch reads once per tick for every
-  stream of the frontend: health_watch.py).
+  messages only), gRPC `(method name, serialized request, caller)` (the API key's owner id and the
+  connection's ends: engine/caller.py), HEALTH `[service, ...]` (what gRPC's Health/Watch reads once per
+  tick for every stream of the frontend: health_watch.py).
 - credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
   written to its client's connection and the connection took them (credit.py); the engine sends a stream at
   most a window of pieces ahead of its credit. And `(rid, responses)` for a streaming request: its client

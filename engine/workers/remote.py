@@ -118,7 +118,7 @@ class EngineClient(asyncio.Protocol):
         placement = place(wire_chunks(request.inputs), self._arena, self._region, self._inline,
                           INLINE_BELOW_BYTES)
         desc: tuple[Any, ...] = (rid, 0, start_ns, request.id, placement, request.model_name,
-                                 request.model_version, request.principal)
+                                 request.model_version)
         plan = request.plan
         plan_no = 0 if plan is None else self._plans.get(plan)
         if plan_no is None:
@@ -133,7 +133,7 @@ class EngineClient(asyncio.Protocol):
         else:
             desc = (*desc, _header(request))
         if request.owner:  # the API key that sent it, after the header slot (None when the plan is known)
-            desc = (*desc, request.owner) if len(desc) > 8 else (*desc, None, request.owner)
+            desc = (*desc, request.owner) if len(desc) > 7 else (*desc, None, request.owner)
         self._requests.append(desc)
         self._pending[rid] = (future, placement[0])
         if request.stream is not None:

@@ -201,10 +201,10 @@ class FrontendSession(asyncio.Protocol):
             pending.future.cancel()  # the route's task is cancelled: a streaming generation stops too
 
     def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
-        rid, plan_no, start_ns, request_id, placement, model, version, principal = desc[:8]
+        rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
         try:
-            if len(desc) > 8 and desc[8] is not None:
-                plan = _plan(desc[8], plan_no)
+            if len(desc) > 7 and desc[7] is not None:
+                plan = _plan(desc[7], plan_no)
                 if plan_no:
                     self._plans[plan_no] = plan
             else:
@@ -214,9 +214,8 @@ class FrontendSession(asyncio.Protocol):
             inputs = [Tensor(name, dt, shape, array, p)
                       for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
             request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
-            request.principal = principal
-            if len(desc) > 9:
-                request.owner = desc[9]
+            if len(desc) > 8:
+                request.owner = desc[8]
             if streamed:
                 request.stream = functools.partial(self._streamed, rid)
                 # the frontend's client's credit, as it comes (its own window batched it)

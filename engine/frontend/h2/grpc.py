@@ -53,7 +53,6 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
-from ...api_keys import bearer_digest
 from ...caller import Caller
 from ...errors import EngineError, ErrorCode, endpoint_message
 from ...proto import health_pb2
@@ -175,7 +174,7 @@ class Call:
 
     __slots__ = ("admission", "app", "buffer", "capped", "conn", "done", "drain_due", "encoding", "fed",
                  "fed_at", "headers_sent", "held", "held_bytes", "held_more", "need", "next_bytes", "paused",
-                 "pending", "principal", "remote_done", "request", "request_id", "reserved",
+                 "pending", "remote_done", "request", "request_id", "reserved",
                  "response_encoding", "rpc", "start_ns", "stream", "timer", "unsent", "waiting_bytes",
                  "watch_counted", "watching", "work")
 
@@ -218,9 +217,6 @@ class Call:
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         rpc = app.rpcs.get(fields.get(b":path", b""))
         self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
-        # a stream's requests may reach a generative model, which charges the key's tokens (types.py)
-        self.principal = bearer_digest(fields.get(b"authorization")) \
-            if rpc is not None and rpc.kind is Kind.STREAM_INFER else None
         if bad_id:  # echoed in every answer's head and written to access lines: refused, and not echoed
             self.request_id = None
             self.finish(S.INVALID_ARGUMENT, f"metadata x-request-id {bad_id}")
@@ -424,7 +420,7 @@ class Call:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
                 # its one done-callback
-                admission = self.admission  # the key's label: inline, this is every ModelInfer's path
+                admission = self.admission  # the key's owner id: inline, this is every ModelInfer's path
                 self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id,
                                         "" if admission is None else admission.owner)
                 return
@@ -592,11 +588,11 @@ class Call:
         window = StreamWindow()  # a decoupled model's responses, counted as they leave for the client
         try:
             # its one done-callback, where a decoupled model's responses before its last go, the call's
-            # x-request-id, its API key's digest and label, and where its responses are counted
+            # x-request-id, its API key's owner id, and where its responses are counted
             partial = functools.partial(self._stream_partial, window)
             call = self.admission
             future, sequenced = self.rpc.handler(message, self._stream_answered, partial, self.request_id,
-                                                 self.principal, "" if call is None else call.owner, window)
+                                                 "" if call is None else call.owner, window)
         except Exception as e:  # an unparsable message ends the stream, as grpc does
             if admission is not None and access is not None:
                 access.release(admission)
@@ -616,7 +612,7 @@ class Call:
         self._send_message_parts(parts, size)
 
     def _owner(self) -> str:
-        """The label of the API key the call presented ("" without keys): engine/caller.py."""
+        """The owner id of the API key the call presented ("" without keys): engine/caller.py."""
         return self.admission.owner if self.admission is not None else ""
 
     # ------------------------------------------------------------------ answers out

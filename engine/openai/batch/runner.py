@@ -1,7 +1,7 @@
 """Batch jobs run: `BatchRunner`, one per server, in the process that holds the engines (with `--workers
 N`, the engine process, where /v1 requests are forwarded). Every method but the job tasks is called on the
-loop by the routes (engine/frontend/openai_batch_routes.py), with the owner (owners.py) the request acts for:
-a job or file of another owner is 404.
+loop by the routes (engine/frontend/openai_batch_routes.py), with the owner id (owners.py) the request acts
+for: a job or file of another owner is 404.
 
 A job is one task: validate the input file (feed.py: read a line at a time on a worker thread, one file at
 a time over all jobs) → in_progress → each request through `OpenAIService.start` at `Priority.BATCH`, at
@@ -55,7 +55,7 @@ from .files import FileStore, not_found, page, quota_exceeded
 from .input import BatchLine
 from .jobs import COMPLETION_WINDOWS, ENDPOINTS, TERMINAL, BatchStatus, Job, JobStore, new_batch, set_status
 from .limits import BatchLimits
-from .owners import Owner, Owners
+from .owners import Owners
 from .store import new_id
 
 log = logging.getLogger("hubserve.batch")
@@ -84,7 +84,7 @@ class BatchRunner:
 
     # ------------------------------------------------------------------ the routes' side
 
-    def create(self, owner: Owner, body: dict[str, Any]) -> dict[str, Any]:
+    def create(self, owner: str, body: dict[str, Any]) -> dict[str, Any]:
         input_file_id = body.get("input_file_id")
         if not isinstance(input_file_id, str):
             raise bad_request("Missing required parameter: 'input_file_id'.", "input_file_id")
@@ -103,31 +103,31 @@ class BatchRunner:
             raise bad_request("metadata must be an object of at most 16 string keys (64 characters) and "
                               "string values (512 characters).", "metadata")
         try:
-            purpose = self.files.get(owner.id, input_file_id)["purpose"]
+            purpose = self.files.get(owner, input_file_id)["purpose"]
         except OpenAIError as e:
             e.param = "input_file_id"
             raise
         if purpose != "batch":
             raise bad_request(f"File {input_file_id} was not uploaded with purpose 'batch'.", "input_file_id")
         self._admit(owner)
-        job = Job(owner.id, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata,
+        job = Job(owner, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata,
                                       self.limits.completion_window_secs))
         self.jobs.add(job)
-        self._start(job, owner)
+        self._start(job)
         return job.doc
 
-    def get(self, owner: Owner, batch_id: str) -> dict[str, Any]:
-        job = self.jobs.get(owner.id, batch_id)
+    def get(self, owner: str, batch_id: str) -> dict[str, Any]:
+        job = self.jobs.get(owner, batch_id)
         if job is None:
             raise not_found("Batch", batch_id)
         return job.doc
 
-    def list(self, owner: Owner, limit: int, after: str | None) -> dict[str, Any]:
+    def list(self, owner: str, limit: int, after: str | None) -> dict[str, Any]:
         """The owner's jobs, newest first, from the index in memory."""
-        return page([j.doc for j in reversed(self.jobs.of_owner(owner.id))], limit, after)
+        return page([j.doc for j in reversed(self.jobs.of_owner(owner))], limit, after)
 
-    def cancel(self, owner: Owner, batch_id: str) -> dict[str, Any]:
-        job = self.jobs.get(owner.id, batch_id)
+    def cancel(self, owner: str, batch_id: str) -> dict[str, Any]:
+        job = self.jobs.get(owner, batch_id)
         if job is None:
             raise not_found("Batch", batch_id)
         status = job.status
@@ -142,11 +142,11 @@ class BatchRunner:
                 task.cancel()  # the task sees the status and finishes the job as cancelled
         return job.doc
 
-    def _admit(self, owner: Owner) -> None:
+    def _admit(self, owner: str) -> None:
         """Room for one more job of `owner`: 429 past the jobs in progress allowed; the oldest finished job
         forgotten past the jobs kept."""
         limits = self.limits
-        mine = sum(1 for j in self._live.values() if j.owner == owner.id)
+        mine = sum(1 for j in self._live.values() if j.owner == owner)
         if mine >= limits.max_live_jobs_per_key:
             raise _too_many(f"This API key has {mine} batches validating or in progress, the most it may "
                             f"have at once (--batch-max-live-jobs-per-key {limits.max_live_jobs_per_key}). "
@@ -155,8 +155,8 @@ class BatchRunner:
             raise _too_many(f"The server has {len(self._live)} batches validating or in progress, the most "
                             f"it runs at once (--batch-max-live-jobs {limits.max_live_jobs}). Try again once "
                             "some have finished.")
-        while len(self.jobs.of_owner(owner.id)) >= limits.max_jobs_per_key:
-            if not self.jobs.forget_oldest_finished(owner.id):
+        while len(self.jobs.of_owner(owner)) >= limits.max_jobs_per_key:
+            if not self.jobs.forget_oldest_finished(owner):
                 raise quota_exceeded(f"This API key has {limits.max_jobs_per_key} batches in progress, the "
                                      "most it may keep (--batch-max-jobs-per-key).")
 
@@ -168,14 +168,13 @@ class BatchRunner:
         for job in self.jobs.all():
             if job.status in TERMINAL:
                 continue
-            owner = self.owners.by_id(job.owner)
-            if owner is None:
+            if not self.owners.known(job.owner):
                 log.warning("batch %s: its API key is no longer configured; failed", job.id)
                 self._fail(job, "owner_unknown", "The API key that created this batch is no longer "
                                                  "configured on the server.")
                 continue
             log.info("batch %s: resuming (%s)", job.id, job.doc["status"])
-            self._start(job, owner)
+            self._start(job)
 
     async def close(self) -> None:
         """The server stops: every job's requests are aborted; their state stays on disk as it is."""
@@ -184,9 +183,9 @@ class BatchRunner:
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
 
-    def _start(self, job: Job, owner: Owner) -> None:
+    def _start(self, job: Job) -> None:
         self._live[job.id] = job
-        self._tasks[job.id] = asyncio.get_running_loop().create_task(self._run(job, owner))
+        self._tasks[job.id] = asyncio.get_running_loop().create_task(self._run(job))
 
     def _fail(self, job: Job, code: str, message: str) -> None:
         job.doc["errors"] = {"object": "list", "data": [{"code": code, "message": message, "param": None,
@@ -196,11 +195,11 @@ class BatchRunner:
 
     # ------------------------------------------------------------------ a job
 
-    async def _run(self, job: Job, owner: Owner) -> None:
+    async def _run(self, job: Job) -> None:
         try:
             expired = False
             if job.status is not BatchStatus.CANCELLING:
-                expired = await self._work(job, owner)
+                expired = await self._work(job)
             await self._finish(job, expired)
         except asyncio.CancelledError:
             if self._closing:
@@ -215,7 +214,7 @@ class BatchRunner:
                 self._tasks.pop(job.id, None)
                 self._saved_at.pop(job.id, None)
 
-    async def _work(self, job: Job, owner: Owner) -> bool:
+    async def _work(self, job: Job) -> bool:
         """Validate the input and run its requests until they are done or the job's window ends; True if
         it ended first (the requests left are written as expired)."""
         doc = job.doc
@@ -240,14 +239,14 @@ class BatchRunner:
             self.jobs.save(job)
             left_secs = doc["expires_at"] - time.time()
             if left_secs > 0:
-                ended = await self._requests(job, owner, feed, done, total - len(done), left_secs)
+                ended = await self._requests(job, feed, done, total - len(done), left_secs)
                 if not ended:
                     return False
             return await self._expire(job, feed)
         finally:
             await feed.close()
 
-    async def _requests(self, job: Job, owner: Owner, feed: JobFeed, done: Sequence[int], todo: int,
+    async def _requests(self, job: Job, feed: JobFeed, done: Sequence[int], todo: int,
                         left_secs: float) -> bool:
         """Run the `todo` requests without a result; True if the window (`left_secs` more) ended first."""
         feed.start(done)
@@ -257,7 +256,7 @@ class BatchRunner:
 
             async def worker() -> None:
                 while (line := await feed.next()) is not None:
-                    await self._one(job, owner, line, chat, out, err)
+                    await self._one(job, line, chat, out, err)
 
             tasks = [asyncio.ensure_future(worker()) for _ in range(min(self.requests_in_flight, todo))]
             if not tasks:
@@ -285,10 +284,10 @@ class BatchRunner:
         log.info("batch %s: its window ended with %d requests left", job.id, expired)
         return expired > 0
 
-    async def _one(self, job: Job, owner: Owner, line: BatchLine, chat: bool, out: IO[bytes],
+    async def _one(self, job: Job, line: BatchLine, chat: bool, out: IO[bytes],
                    err: IO[bytes]) -> None:
         request_id = f"{job.id}-{line.line}"  # read_done finds the line again in this id
-        status, body = await self._answer(owner, line, chat, request_id)
+        status, body = await self._answer(job.owner, line, chat, request_id)
         result = {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
                   "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
         target = out if status == 200 else err
@@ -301,7 +300,7 @@ class BatchRunner:
             self._saved_at[job.id] = now
             self.jobs.save(job)
 
-    async def _answer(self, owner: Owner, line: BatchLine, chat: bool, request_id: str
+    async def _answer(self, owner: str, line: BatchLine, chat: bool, request_id: str
                       ) -> tuple[int, dict[str, Any]]:
         """One request's (status, body), as the interactive endpoint would answer it. It takes a seat in the
         engine (one of requests_in_flight) only once its key's tokens are there."""
@@ -312,8 +311,7 @@ class BatchRunner:
             while True:
                 async with self._slots:
                     try:
-                        gen = await self.service.start(api, request_id, None, Priority.BATCH,
-                                                       owner.key_digest)
+                        gen = await self.service.start(api, request_id, owner, Priority.BATCH)
                     except QuotaWait as wait:
                         pause = min(max(wait.secs, 0.01), MAX_QUOTA_WAIT_SECS)
                     else:
