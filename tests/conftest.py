@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "config_from_pbtxt", "free_port",
+__all__ = ["EXAMPLES", "ROOT", "RunningServer", "assert_serves_simple", "build_test_repository",
+           "config_from_pbtxt", "free_port",
            "openai_client", "run_repository", "start_example_server", "start_server", "wait_until"]
 
 
@@ -134,6 +136,21 @@ def wait_until(condition: Callable[[], T], what: str, timeout_s: float = 30.0) -
             raise AssertionError(f"not within {timeout_s}s: {what}")
         time.sleep(0.02)
     return value
+
+
+def assert_serves_simple(server: RunningServer, authorization: str | None = None) -> None:
+    """`simple` answers right over both protocols, sending `authorization` (a key's `Bearer ...`) when given:
+    what a test checks after a hostile case, that the server keeps serving everyone else."""
+    x = np.arange(16, dtype=np.int32).reshape(1, 16)
+    for module, url, header in ((httpclient, server.http_url, "Authorization"),
+                                (grpcclient, server.grpc_url, "authorization")):  # gRPC metadata: lower-case
+        with module.InferenceServerClient(url) as client:
+            inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
+            for tensor in inputs:
+                tensor.set_data_from_numpy(x)
+            headers = {header: authorization} if authorization else None
+            result = client.infer("simple", inputs, headers=headers)
+            assert result.as_numpy("OUTPUT0").tolist() == (x + x).tolist()
 
 
 def openai_client(server: RunningServer, timeout_s: float = 60.0) -> openai.OpenAI:

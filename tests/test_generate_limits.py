@@ -21,9 +21,8 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 
-from conftest import RunningServer, openai_client, start_server, wait_until
+from conftest import RunningServer, assert_serves_simple, openai_client, start_server, wait_until
 from test_openai_api import MODEL, build_repository
 
 CONTEXT = 512
@@ -83,19 +82,6 @@ def stream_infer(server: RunningServer, prompt: str, **sampling) -> tuple[list[s
         c.stop_stream()
         c.close()
 
-
-def assert_serves_both_protocols(server: RunningServer) -> None:
-    x = np.arange(16, dtype=np.int32).reshape(1, 16)
-    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
-        with module.InferenceServerClient(url) as c:
-            inputs = []
-            for name in ("INPUT0", "INPUT1"):
-                tensor = module.InferInput(name, [1, 16], "INT32")
-                tensor.set_data_from_numpy(x)
-                inputs.append(tensor)
-            assert c.infer("simple", inputs).as_numpy("OUTPUT0").tolist() == (x + x).tolist()
-
-
 def context_error(err: openai.BadRequestError, param: str) -> str:
     body = err.body
     assert err.status_code == 400 and isinstance(body, dict), body
@@ -116,7 +102,7 @@ def test_a_prompt_longer_than_the_budget_alone_completes_on_the_openai_api(serve
     streamed = client.completions.create(model=MODEL, prompt=LONG, max_tokens=5, temperature=0, stream=True,
                                          extra_body={"ignore_eos": True})
     assert "".join(c.choices[0].text for c in streamed) == done.choices[0].text
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 def test_a_chat_with_a_system_prompt_and_history_past_the_budget_completes(server, client):
@@ -144,7 +130,7 @@ def test_a_prompt_longer_than_the_budget_alone_completes_on_tritons_paths(server
     assert "".join(e["text_output"] for e in events) == expected
     pieces, error = stream_infer(server, LONG, **params)
     assert error is None and "".join(pieces) == expected
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 def test_a_prompt_that_fills_the_context_exactly_runs_and_one_token_more_is_refused(server, client):
@@ -161,7 +147,7 @@ def test_a_prompt_that_fills_the_context_exactly_runs_and_one_token_more_is_refu
     status, body = post(server, f"/v2/models/{MODEL}/generate",
                         {"text_input": prompt_of(CONTEXT), "max_tokens": 1})
     assert status == 400 and f"context of {CONTEXT} tokens" in json.loads(body)["error"], body
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 @pytest.mark.parametrize("tokens", [CONTEXT, CONTEXT + 1, 3 * CONTEXT])
@@ -181,7 +167,7 @@ def test_prompts_at_and_past_the_context_are_400_on_every_path(server, client, t
         assert status == 400 and f"context of {CONTEXT} tokens" in json.loads(body)["error"], body
     _, error = stream_infer(server, prompt, max_tokens=1)
     assert error is not None and f"context of {CONTEXT} tokens" in error
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 def test_max_tokens_past_what_the_context_leaves_is_400_not_clamped(server, client):
@@ -210,7 +196,7 @@ def test_stop_lists_past_their_bounds_are_refused_on_the_openai_api(server, clie
         with pytest.raises(openai.BadRequestError) as err:
             client.completions.create(model=MODEL, prompt="hi", max_tokens=4, **extra)
         assert err.value.body["param"] == param and err.value.body["code"] == code, err.value.body
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 def test_stop_lists_past_their_bounds_are_invalid_argument_on_tritons_paths(server):
@@ -224,7 +210,7 @@ def test_stop_lists_past_their_bounds_are_invalid_argument_on_tritons_paths(serv
     assert status == 400 and "'stop' has 5 strings; send at most 4" in json.loads(body)["error"], body
     _, error = stream_infer(server, "hi", max_tokens=4, stop="q" * 300)
     assert error is not None and "each may have at most 256" in error
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)
 
 
 def test_a_full_set_of_stop_token_ids_stops_at_the_first_generated(server, client):
@@ -281,4 +267,4 @@ def test_a_small_request_is_not_stuck_behind_every_sequence_of_a_large_fan_out(s
         thread.join(120)
     assert small.usage.completion_tokens == 4 and timing["choices"] == 128
     assert timing["small"] < timing["big"] / 2, timing
-    assert_serves_both_protocols(server)
+    assert_serves_simple(server)

@@ -17,12 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 
-from conftest import RunningServer, start_server
+from conftest import RunningServer, assert_serves_simple, start_server
 from h2_client import DATA, END_STREAM, HEADERS, RST_STREAM, RawClient, frame, grpc_message
 from python_models import add_simple
 
@@ -63,19 +60,6 @@ def capped(tmp_path_factory: pytest.TempPathFactory):
                  "--grpc-max-health-watches", str(2 * WORKERS))
     yield srv
     srv.stop()
-
-
-def assert_correct_inference(server: RunningServer) -> None:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
-        client = module.InferenceServerClient(url)
-        inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
-        for x in inputs:
-            x.set_data_from_numpy(a)
-        header = "Authorization" if module is httpclient else "authorization"
-        assert (client.infer("simple", inputs, headers={header: FREE}).as_numpy("OUTPUT0") == 2 * a).all()
-        client.close()
-
 
 def watch(channel: grpc.Channel, service: str = "", key: str | None = FREE):
     call = channel.unary_stream(WATCH, request_serializer=lambda b: b, response_deserializer=lambda b: b)
@@ -124,7 +108,7 @@ def test_watch_needs_a_key_with_the_health_group_and_check_does_not(server: Runn
         assert check(request(), timeout=10) == SERVING  # the one-shot check needs no key, as HTTP health
     with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=10) as r:
         assert r.status == 200
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_watch_streams_are_capped_per_connection(server: RunningServer) -> None:
@@ -147,7 +131,7 @@ def test_watch_streams_are_capped_per_connection(server: RunningServer) -> None:
             other.close()
     finally:
         c.close()
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_watch_streams_are_capped_server_wide(capped: RunningServer) -> None:
@@ -165,7 +149,7 @@ def test_watch_streams_are_capped_server_wide(capped: RunningServer) -> None:
         assert answers(c, {7}) == {7: "serving"}
     finally:
         c.close()
-    assert_correct_inference(capped)
+    assert_serves_simple(capped, FREE)
 
 
 def test_every_watch_is_told_when_readiness_changes(server: RunningServer) -> None:
@@ -186,5 +170,5 @@ def test_every_watch_is_told_when_readiness_changes(server: RunningServer) -> No
         assert next(unknown) == b"\x08\x03"  # SERVICE_UNKNOWN; the stream stays open (the health protocol)
         for s in [*streams, unknown]:
             s.cancel()
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 

@@ -29,10 +29,9 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 
-from conftest import RunningServer, start_server, wait_until
+from conftest import RunningServer, assert_serves_simple, start_server, wait_until
 from h2_client import DATA, HEADERS, INITIAL_WINDOW_SIZE, WINDOW_UPDATE, RawClient, frame, grpc_message
 from hubserve_harness import EXAMPLES
 from python_models import add_simple, write_model
@@ -86,21 +85,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-
-def assert_correct_inference(server: RunningServer) -> None:
-    """`simple` answers right over both protocols."""
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
-    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
-        client = module.InferenceServerClient(url)
-        inputs = [module.InferInput(name, [1, 16], "INT32") for name in ("INPUT0", "INPUT1")]
-        for x in inputs:
-            x.set_data_from_numpy(a)
-        header = "Authorization" if module is httpclient else "authorization"
-        result = client.infer("simple", inputs, headers={header: FREE})
-        assert (result.as_numpy("OUTPUT0") == 2 * a).all()
-        client.close()
-
-
 class Stream:
     """A tritonclient stream whose answers land in a queue."""
 
@@ -198,7 +182,7 @@ def test_a_stream_holds_each_message_in_the_budget_until_it_is_answered(server: 
     assert sorted(r.get_response().id for r, _ in got) == sorted(f"big-{i}" for i in range(8))
     assert all(int(r.as_numpy("N")[0]) == MESSAGE_BYTES for r, _ in got)
     assert peak.value <= 3, f"{peak.value} messages of 1 MB in flight under a 3.5 MB budget"
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_each_request_on_a_stream_takes_a_slot_of_its_keys_max_concurrent(server: RunningServer) -> None:
@@ -220,7 +204,7 @@ def test_each_request_on_a_stream_takes_a_slot_of_its_keys_max_concurrent(server
         assert error is None and result.get_response().id == "after"
     finally:
         stream.close()
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_a_stream_at_its_request_cap_waits_and_every_request_is_answered(server: RunningServer) -> None:
@@ -235,7 +219,7 @@ def test_a_stream_at_its_request_cap_waits_and_every_request_is_answered(server:
     assert [e for _, e in got if e is not None] == []
     assert sorted(r.get_response().id for r, _ in got) == sorted(f"c-{i}" for i in range(12))
     assert peak.value <= STREAM_REQUESTS, f"{peak.value} requests of one stream in flight"
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_a_stream_interleaving_more_sequences_than_its_cap_is_read_to_the_end(server: RunningServer) -> None:
@@ -260,7 +244,7 @@ def test_a_stream_interleaving_more_sequences_than_its_cap_is_read_to_the_end(se
     sums = {r.get_response().id: int(r.as_numpy("OUTPUT")[0, 0]) for r, _ in got}
     assert sums == {f"{s}:{step}": sum(s * 10 + k for k in range(step + 1))
                     for s in range(n) for step in range(steps)}
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 def test_a_stream_closed_while_held_at_its_cap_answers_every_request_first(server: RunningServer) -> None:
@@ -315,7 +299,7 @@ def test_the_cap_holds_the_streams_window_and_the_connection_serves_on(server: R
                 order.append("window")
     finally:
         c.close()
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
 
 
 # ----------------------------------------------------------------------- unread decoupled streams (item 3)
@@ -373,7 +357,7 @@ def test_an_unread_decoupled_stream_stops_the_model_and_memory_comes_back(server
         assert [int(r.as_numpy("OUT")[0]) for r, e in again.take(3) if e is None] == [7, 8, 9]
     finally:
         again.close()
-    assert_correct_inference(server)
+    assert_serves_simple(server, FREE)
     wait_until(lambda: server.rss_bytes() - before_rss < RSS_BOUND, "memory back within the bound")
 
 

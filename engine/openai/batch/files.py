@@ -28,7 +28,7 @@ import orjson
 from ..errors import OpenAIError, bad_request
 from .input import check_upload
 from .limits import BatchLimits
-from .store import make_private_dir, new_id, read_json, valid_id, write_json
+from .store import make_private_dir, new_id, read_json, valid_id, write_bytes, write_json
 
 log = logging.getLogger("hubserve.batch")
 
@@ -144,13 +144,7 @@ class FileStore:
         _check_size(len(data), self.limits)
         check_upload(data, self.limits.max_requests)
         file_id = new_id("file-")
-        path = self.root / f"{file_id}.jsonl"
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_bytes(self.root / f"{file_id}.jsonl", data)
         return self._write_object(owner, file_id, filename, purpose, len(data))
 
     def write_output(self, owner: str, filename: str, source: Path | None) -> dict[str, Any]:

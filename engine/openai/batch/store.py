@@ -42,7 +42,7 @@ def write_json(path: Path, doc: Any) -> None:
     os.replace(tmp, path)
 
 
-def write_bytes(path: Path, data: bytes) -> None:
+def write_bytes(path: Path, data: bytes | memoryview) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         f.write(data)
