@@ -1,28 +1,43 @@
 # Two commands do everything on a fresh machine:
-#   make serve   install, build the example models, serve model_repository/ (HTTP 8000, gRPC 8001, metrics 8002)
-#   make test    install (with test tools: tritonclient, the real perf_analyzer), build models, run every test,
-#                then make lint (ruff and mypy at the versions pinned in pyproject.toml's test extra)
+#   make serve   install what serving needs, build the example models, serve model_repository/ (HTTP 8000,
+#                gRPC 8001, metrics 8002; other flags with ARGS, e.g. make serve ARGS="--http-port 9000")
+#   make test    install the test tools as well (tritonclient, grpcio-tools, the real perf_analyzer, ruff, mypy,
+#                ...), build models, run every test, then make lint (ruff and mypy at the versions pinned in
+#                pyproject.toml's test extra)
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+ARGS ?=
+# Two steps, so `make serve` never waits for the test tools: the server's dependencies and onnx (the example
+# models' builder), then the test extra on top.
+SERVE_STAMP := $(VENV)/.installed-serve
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install models serve test lint perf-analyzer protos clean
+.PHONY: install install-test models serve test lint perf-analyzer protos clean
 
-$(STAMP): pyproject.toml
+$(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
-	touch $(STAMP)
+	@echo "Installing what serving needs into $(VENV): ONNX Runtime (~350 MB, most of the wait), numpy, onnx"
+	@echo "(to build the example models) and the small server libraries. The test tools come with make test."
+	$(PY) -m pip install -e '.[examples]'
+	touch $@
 
-install: $(STAMP)
+$(TEST_STAMP): $(SERVE_STAMP)
+	@echo "Installing the test tools into $(VENV): tritonclient, grpcio-tools, openai, hypothesis, ruff, mypy, ..."
+	$(PY) -m pip install -e '.[test]'
+	touch $@
+
+install: $(SERVE_STAMP)
+
+install-test: $(TEST_STAMP)
 
 models: install
 	$(PY) -m engine.examples model_repository
 
 serve: models
-	$(VENV)/bin/hubserve serve --model-repository model_repository
+	$(VENV)/bin/hubserve serve --model-repository model_repository $(ARGS)
 
 perf-analyzer: install
 	PYTHON=$(PY) bash tools/install_perf_analyzer.sh
@@ -39,16 +54,16 @@ WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_complet
 	tests/test_generate_limits.py tests/test_openai_batch_access.py tests/test_client_shm_owners.py \
 	tests/test_stream_backpressure.py tests/test_health_watch.py
 
-test: models perf-analyzer
+test: install-test models perf-analyzer
 	$(PY) -m pytest -q tests
 	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
 	$(MAKE) --no-print-directory lint
 
-lint: install
+lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy engine perf
 
-protos: install
+protos: install-test
 	$(PY) protos/generate.py
 
 clean:
