@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         from .access_groups import RestrictionError
         from .api_keys import ApiKeysError, file_mode_warning
         from .errors import EngineError
+        from .frontend.listeners import PortError
         from .server import Server, ServerOptions
 
         try:
@@ -440,7 +441,11 @@ def main(argv: list[str] | None = None) -> int:
             run = uvloop.run
         except ImportError:
             pass
-        run(Server(options).run_until_signalled())
+        try:
+            run(Server(options).run_until_signalled())
+        except PortError as e:  # raised before any model loads
+            print(f"hubserve: {e}", file=sys.stderr)
+            return 2
         return 0
     return 2
 

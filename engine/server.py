@@ -23,10 +23,11 @@ from .frontend import http as http_frontend
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
 from .frontend.h2.grpc import CallLimits
-from .frontend.h2.server import H2GrpcServer, bind_listeners
+from .frontend.h2.server import H2GrpcServer
 from .frontend.h2.streams import Limits
 from .frontend.http_routes import HttpRoutes
 from .frontend.http_types import HttpLimits
+from .frontend.listeners import Listeners, bind_ports
 from .frontend.metrics_routes import MAX_BODY_BYTES as METRICS_MAX_BODY_BYTES
 from .frontend.metrics_routes import MetricsRoutes
 from .frontend.openai_routes import OpenAIRoutes
@@ -180,10 +181,11 @@ class Server:
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         self.batches = None if options.batch_dir is None else BatchRunner(
             options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)
+        self._listeners: Listeners | None = None
         self._http: http_frontend.HttpApp | None = None
-        self._http_server: asyncio.Server | None = None
+        self._http_servers: list[asyncio.Server] = []
         self._metrics: http_frontend.HttpApp | None = None
-        self._metrics_server: asyncio.Server | None = None
+        self._metrics_servers: list[asyncio.Server] = []
         self._grpc: H2GrpcServer | None = None
         self._frontends: FrontendPool | None = None
         self._control: ControlRunner | None = None
@@ -194,7 +196,11 @@ class Server:
         self.metrics_port = options.metrics_port
 
     async def start(self) -> None:
+        """Bind the ports (PortError, naming the flag, before any model loads), load the models, serve."""
         opts = self.options
+        self._listeners = bind_ports(opts.host, opts.http_port, opts.grpc_port, opts.metrics_port)
+        self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
+        self.metrics_port = self._listeners.metrics_port
         self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
         self._exporter.start()
         if opts.model_control_mode == "explicit":
@@ -265,9 +271,9 @@ class Server:
         self._http = http_frontend.HttpApp(self.dataplane, limits, routes, counter=counter,
                                            access=http_access, loopback_only=access.loopback_only(grpc=False))
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
-        self._http_server = await http_frontend.serve(self._http, opts.host, opts.http_port, http_ssl,
-                                                      handshake_secs)
-        self.http_port = int(self._http_server.sockets[0].getsockname()[1])
+        assert self._listeners is not None  # start() bound them
+        self._http_servers = await http_frontend.serve(self._http, self._listeners.http, http_ssl,
+                                                       handshake_secs)
 
         grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
         self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
@@ -275,7 +281,7 @@ class Server:
                                   counter=counter, access=grpc_access,
                                   loopback_only=access.loopback_only(grpc=True),
                                   call_limits=self.call_limits())
-        self.grpc_port = self._grpc.add_insecure_port(f"{opts.host}:{opts.grpc_port}")
+        self._grpc.add_sockets(self._listeners.grpc)
         await self._grpc.start()
 
     async def _start_frontends(self) -> None:
@@ -283,10 +289,8 @@ class Server:
         each connection handed to the frontend with the fewest, so the ports stay fixed whichever frontend
         serves and a restarted one serves on."""
         opts = self.options
-        http_sockets = bind_listeners(opts.host, opts.http_port)
-        grpc_sockets = bind_listeners(opts.host, opts.grpc_port)
-        self.http_port = int(http_sockets[0].getsockname()[1])
-        self.grpc_port = int(grpc_sockets[0].getsockname()[1])
+        assert self._listeners is not None  # start() bound them
+        http_sockets, grpc_sockets = self._listeners.http, self._listeners.grpc
         http = self._http_limits()
         h2 = self._h2_limits()
         spec = {"http": {"max_body_bytes": http.max_body_bytes, "max_header_bytes": http.max_header_bytes,
@@ -345,8 +349,8 @@ class Server:
         counter = ConnectionCounter(caps, max_lingering=min(MAX_LINGERING, opts.metrics_max_connections or
                                                             MAX_LINGERING))
         self._metrics = http_frontend.HttpApp(self.dataplane, limits, MetricsRoutes(page), counter=counter)
-        self._metrics_server = await http_frontend.serve(self._metrics, opts.host, opts.metrics_port)
-        self.metrics_port = int(self._metrics_server.sockets[0].getsockname()[1])
+        assert self._listeners is not None  # start() bound them
+        self._metrics_servers = await http_frontend.serve(self._metrics, self._listeners.metrics)
 
     async def stop(self) -> None:
         self.dataplane.accepting = False
@@ -360,8 +364,8 @@ class Server:
         waits = []
         if self._grpc is not None:
             waits.append(self._grpc.stop(grace))
-        if self._http is not None and self._http_server is not None:
-            waits.append(http_frontend.shutdown(self._http, self._http_server, grace))
+        if self._http is not None:
+            waits.append(http_frontend.shutdown(self._http, self._http_servers, grace))
         if self._frontends is not None:
             waits.append(self._frontends.stop(grace))  # closes the listening sockets first
         await asyncio.gather(*waits, return_exceptions=True)
@@ -371,8 +375,8 @@ class Server:
         await self.repository.close()
         if self._exporter is not None:
             await self._exporter.close()
-        if self._metrics is not None and self._metrics_server is not None:  # last: scrapes see the drain
-            await http_frontend.shutdown(self._metrics, self._metrics_server, min(grace, 1.0))
+        if self._metrics is not None:  # last: scrapes see the drain
+            await http_frontend.shutdown(self._metrics, self._metrics_servers, min(grace, 1.0))
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:

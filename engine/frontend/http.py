@@ -19,8 +19,10 @@ large bodies (rate-limited).
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from ..access import AccessPolicy, LoopbackOnly
@@ -102,24 +104,26 @@ class HttpApp:
                     self._trim_running = False
 
 
-async def serve(app: HttpApp, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
-                handshake_timeout_secs: float | None = None) -> asyncio.Server:
-    """Listen on host:port; with `ssl_context` every connection is TLS (HTTPS), its handshake bounded by
+async def serve(app: HttpApp, sockets: Sequence[socket.socket], ssl_context: ssl.SSLContext | None = None,
+                handshake_timeout_secs: float | None = None) -> list[asyncio.Server]:
+    """Serve on listening sockets bound already (engine/frontend/listeners.py: every port is bound before the
+    models load); with `ssl_context` every connection is TLS (HTTPS), its handshake bounded by
     `handshake_timeout_secs`."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(app.protocol, host, port, backlog=1024, reuse_address=True,
-                                      ssl=ssl_context,
-                                      ssl_handshake_timeout=handshake_timeout_secs if ssl_context else None)
+    servers = [await loop.create_server(app.protocol, sock=sock, backlog=1024, ssl=ssl_context,
+                                        ssl_handshake_timeout=handshake_timeout_secs if ssl_context else None)
+               for sock in sockets]
     app.start_sweeper()
-    return server
+    return servers
 
 
-async def shutdown(app: HttpApp, server: asyncio.AbstractServer, timeout_s: float) -> None:
+async def shutdown(app: HttpApp, servers: Sequence[asyncio.AbstractServer], timeout_s: float) -> None:
     """Stop accepting and drain: every request that reached us is answered (with Connection: close); an idle
     keep-alive connection is closed once quiet for DRAIN_QUIET_SECS, so a request the client was sending
     as the drain began is answered, not cut off; whatever is left at the deadline is dropped."""
     app.closing = True
-    server.close()
+    for server in servers:
+        server.close()
     deadline = time.monotonic() + timeout_s
     quiet = min(DRAIN_QUIET_SECS, timeout_s / 4)
     while app.connections and time.monotonic() < deadline:

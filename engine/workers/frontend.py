@@ -115,7 +115,7 @@ async def serve(spec: dict[str, Any]) -> int:
     log.info("frontend %d draining (%d connections served in all)", index, receiver.received)
     grace = float(spec["exit_timeout_secs"])
     receiver.close()
-    await asyncio.gather(grpc.stop(grace), http_frontend.shutdown(app, receiver, grace),
+    await asyncio.gather(grpc.stop(grace), http_frontend.shutdown(app, [receiver], grace),
                          return_exceptions=True)
     client.close()
     return 0

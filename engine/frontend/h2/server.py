@@ -26,10 +26,12 @@ from .connection import H2Connection
 from .grpc import CallLimits, GrpcApp
 from .streams import Limits
 
+BACKLOG = 1024  # connections the kernel queues for accept, per listening socket
+
 
 def bind_listeners(host: str, port: int) -> list[socket.socket]:
     """Listening sockets for `host:port` (port 0 = any free one; `[::]` for IPv6), one per address the host
-    resolves to, all on the same port, as grpc binds; non-blocking, backlog 1024."""
+    resolves to, all on the same port, as grpc binds; non-blocking, backlog BACKLOG."""
     infos = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
                                flags=socket.AI_PASSIVE)
     both_families = len({info[0] for info in infos}) > 1
@@ -46,7 +48,7 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
             sock.close()
             error = error or e
             continue
-        sock.listen(1024)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         sockets.append(sock)
         port = int(sock.getsockname()[1])  # the other addresses take the same port
@@ -85,7 +87,10 @@ class H2GrpcServer:
         """Bind `host:port` now (port 0 = any free one; `[::]:port` for IPv6), on every address the host
         resolves to, as grpc does; returns the bound port."""
         host, _, port_text = address.rpartition(":")
-        sockets = bind_listeners(host, int(port_text))
+        return self.add_sockets(bind_listeners(host, int(port_text)))
+
+    def add_sockets(self, sockets: list[socket.socket]) -> int:
+        """Serve on listening sockets bound already (engine/frontend/listeners.py); returns their port."""
         self._sockets.extend(sockets)
         return int(sockets[0].getsockname()[1])
 
@@ -101,7 +106,9 @@ class H2GrpcServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for sock in self._sockets:
-            self._servers.append(await loop.create_server(self._connection, sock=sock, **self._tls))
+            # the backlog bind_listeners gave: create_server listens again, with 100 unless told
+            self._servers.append(await loop.create_server(self._connection, sock=sock, backlog=BACKLOG,
+                                                          **self._tls))
         self._sweeper = loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
