@@ -45,6 +45,7 @@ from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .generate.model_folder import is_generative
 from .generate.triton_model import GenerationSource, GenerativeModel
 from .generate.triton_signature import complete_generative, is_generative_config
+from .lifecycle_log import reload_line
 from .load_errors import load_failure_text
 from .memory import release_freed_memory
 from .model import Model, ModelState
@@ -230,6 +231,10 @@ class ModelRepository(RoutingTable):
                     version_keys[version] = entry.version_keys.get(version, ())
                     log.warning("model %s version %d keeps serving: the reload failed", name, version)
         # 4. Switch routing in one step, then hand back what no longer serves.
+        line = reload_line(name, {v: entry.version_keys.get(v, ()) for v in old}, version_keys,
+                           kept=[v for v in new if old.get(v) is new[v]]) if old and not failed else None
+        if line is not None:  # a reload that went through and changed something
+            log.info("%s", line)
         entry.versions, entry.failed, entry.version_keys = new, failed, version_keys
         retired = self._retired.setdefault(name, set())
         retired.difference_update(new)
@@ -341,6 +346,12 @@ class ModelRepository(RoutingTable):
         await asyncio.to_thread(release_freed_memory)
 
     async def _retire(self, model: Model) -> None:
+        entry = self._models.get(model.name)
+        if entry is not None and entry.versions.get(model.version) not in (None, model):
+            # A reload replaced this copy (its line said so): the version serves on, so no UNLOADING.
+            await model.stop()
+            log.info("model %s version %d: the previous copy drained and freed", model.name, model.version)
+            return
         log.info("model %s version %d UNLOADING", model.name, model.version)
         await model.stop()
         log.info("model %s version %d unloaded", model.name, model.version)

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.registry import GenerationRegistry
 from .histograms import parse_metrics_config
+from .lifecycle_log import process_age_s, ready_line
 from .metrics import process_registry, render
 from .openai.batch.limits import BatchLimits
 from .openai.batch.runner import BatchRunner
@@ -181,6 +183,7 @@ class Server:
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         self.batches = None if options.batch_dir is None else BatchRunner(
             options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)
+        self._started = time.monotonic()  # for the ready line's "ready in" where /proc cannot say
         self._listeners: Listeners | None = None
         self._http: http_frontend.HttpApp | None = None
         self._http_servers: list[asyncio.Server] = []
@@ -196,7 +199,8 @@ class Server:
         self.metrics_port = options.metrics_port
 
     async def start(self) -> None:
-        """Bind the ports (PortError, naming the flag, before any model loads), load the models, serve."""
+        """Bind the ports (PortError, naming the flag, before any model loads), load the models, serve, and
+        write the ready line."""
         opts = self.options
         self._listeners = bind_ports(opts.host, opts.http_port, opts.grpc_port, opts.metrics_port)
         self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
@@ -225,11 +229,15 @@ class Server:
             runner = CanaryRunner(self.repository, CanaryOptions(opts.canary_interval_secs,
                                                                  opts.canary_timeout_secs))
             self._canaries = asyncio.get_running_loop().create_task(runner.run())
-        log.info("serving: HTTP%s on %s:%d, gRPC%s on %s:%d, metrics on %s%s",
-                 _tls_words(opts.http_tls), opts.host, self.http_port,
-                 _tls_words(opts.grpc_tls), opts.host, self.grpc_port,
-                 f"{opts.host}:{self.metrics_port}" if opts.metrics_port else "off",
-                 f"; {opts.workers} frontend processes" if opts.workers > 1 else "")
+        log.info("%s", ready_line(process_age_s(self._started), self.repository.index(), self._where()))
+
+    def _where(self) -> str:
+        """Where the ready line says the server listens."""
+        opts = self.options
+        metrics = f"on {opts.host}:{self.metrics_port}" if opts.metrics_port else "off"
+        processes = f"; {opts.workers} frontend processes" if opts.workers > 1 else ""
+        return (f"HTTP{_tls_words(opts.http_tls)} on {opts.host}:{self.http_port}, gRPC"
+                f"{_tls_words(opts.grpc_tls)} on {opts.host}:{self.grpc_port}, metrics {metrics}{processes}")
 
     def tensor_limits(self) -> wire.TensorLimits:
         opts = self.options

@@ -264,9 +264,31 @@ def test_reload_under_continuous_load_fails_no_request(lifecycle, http):
             t.join(30)
     assert errors == [], errors[:5]
     assert seen == {"1", "2"} and len(done) >= 300
-    wait_until(lambda: "model busy version 1 unloaded" in lifecycle.log()
-               and "model busy version 2 unloaded" in lifecycle.log(),
+    wait_until(lambda: "model busy version 1 unloaded" in lifecycle.log()  # retired when 2 came
+               and "model busy version 2: the previous copy drained and freed" in lifecycle.log(),
                "the replaced versions drained and unloaded")
+
+
+def test_a_reload_says_in_one_line_what_changed_and_never_reads_as_an_unload(lifecycle, http):
+    """engine/lifecycle_log.py: a reload is "model 'x' reloaded: version 1 → 1 (why)", its replaced copy
+    "drained and freed"; only a version no longer served is UNLOADING / unloaded."""
+    root, staging = lifecycle.repository, lifecycle.staging
+    drop(root, "told", {"config.pbtxt": simple_config("told"), "1/model.onnx": SIMPLE}, staging)
+    wait_until(lambda: http.is_model_ready("told"), "'told' READY")
+    (root / "told" / "config.pbtxt").write_text(simple_config("told", "dynamic_batching { }"))
+    wait_until(lambda: "model 'told' reloaded: version 1 → 1 (config changed)" in lifecycle.log(),
+               "the config reload's line")
+    wait_until(lambda: "model told version 1: the previous copy drained and freed" in lifecycle.log(),
+               "the replaced copy freed")
+    (root / "told" / "1" / "model.onnx").write_bytes(SIMPLE + b"")  # the same bytes, a new mtime
+    wait_until(lambda: "model 'told' reloaded: version 1 → 1 (files changed)" in lifecycle.log(),
+               "the file reload's line")
+    assert "model told version 1 UNLOADING" not in lifecycle.log()  # reloaded twice, never unloaded
+    drop(root, "told", {"2/model.onnx": SIMPLE}, staging)  # the version policy serves the latest only
+    wait_until(lambda: "model 'told' reloaded: version 1 → 2 (version 2 added, version 1 retired)"
+               in lifecycle.log(), "the new version's line")
+    wait_until(lambda: "model told version 1 unloaded" in lifecycle.log(), "version 1 unloaded")
+    assert infer_simple(http, httpclient, "told") == "2"
 
 
 def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable(lifecycle, http):

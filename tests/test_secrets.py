@@ -77,7 +77,7 @@ def serve_exit(repository: Path, keys: Path) -> subprocess.CompletedProcess:
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "serving: HTTP" in line:
+        if "INFO hubserve: ready in" in line:
             proc.send_signal(signal.SIGTERM)
     proc.wait(60)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines))
@@ -99,12 +99,12 @@ def test_a_keys_file_others_can_read_or_change_is_refused(repository: Path, tmp_
     keys.chmod(mode)
     done = serve_exit(repository, keys)
     if refused:
-        assert done.returncode == 2 and "serving: HTTP" not in done.stdout, done.stdout
+        assert done.returncode == 2 and "INFO hubserve: ready in" not in done.stdout, done.stdout
         assert f"hubserve: --api-keys: 'keys.yaml' {words}" in done.stdout, done.stdout
         assert "chmod 600 keys.yaml" in done.stdout
         assert "TOPSECRET" not in done.stdout and str(tmp_path) not in done.stdout
     else:
-        assert "serving: HTTP" in done.stdout, done.stdout
+        assert "INFO hubserve: ready in" in done.stdout, done.stdout
         assert (words in done.stdout) if words else "--api-keys" not in done.stdout
 
 

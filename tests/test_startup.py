@@ -1,6 +1,7 @@
 """What `hubserve serve` says and does as it starts, on real processes: a port it cannot have fails the start
 at once, before any model loads, with one line naming the flag (engine/frontend/listeners.py), in both
-process layouts."""
+process layouts; once up, one line says it is ready, with the models ready and not, the ports and the time
+taken (engine/lifecycle_log.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port
-from python_models import write_model
+from conftest import ROOT, free_port, start_server, wait_until
+from python_models import add_simple, write_model
 
 # A model that takes a minute to load: were the ports checked after loading, the start would take that long.
 SLOW = """
@@ -84,3 +85,24 @@ def test_one_port_for_two_flags_fails_at_once_naming_both(slow_repository, flags
     assert output.splitlines() == [f"hubserve: {second} {port} is also {first}: each port serves one "
                                    f"protocol, so give {second} a port of its own"]
     assert took_s < FAILS_WITHIN_S, f"{took_s:.1f} s: did a model load first?"
+
+
+def test_one_line_says_the_server_is_ready_with_its_models_and_ports(tmp_path):
+    root = tmp_path / "repo"
+    add_simple(root)
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"this is not an ONNX file")
+    server = start_server(root, tmp_path / "server.log", wait_ready=False)  # strict: never ready with broken
+    try:
+        line = wait_until(lambda: next((x for x in server.log().splitlines() if "ready in" in x), ""),
+                          "the ready line")
+        assert " INFO hubserve: ready in " in line, line
+        where = (f"HTTP on 127.0.0.1:{server.http_port}, gRPC on 127.0.0.1:{server.grpc_port}, metrics on "
+                 f"127.0.0.1:{server.metrics_port}")
+        # (then "; 2 frontend processes" with HUBSERVE_TEST_WORKERS=2)
+        assert f" s: 1 model ready, 1 failed to load (broken; the reasons are above); {where}" in line, line
+        took = float(line.split("ready in ")[1].split(" s:")[0])
+        assert 0 < took < 60, line
+        assert sum("ready in" in x for x in server.log().splitlines()) == 1
+    finally:
+        server.stop()
