@@ -1,4 +1,5 @@
-"""How `hubserve serve` reads Triton's boolean flags, so Triton's command lines run unchanged.
+"""How `hubserve serve` reads Triton's boolean flags, so Triton's command lines run unchanged, and how its
+help shows each flag's default.
 
 Triton's parser takes a boolean flag's value as `--flag=VALUE` or `--flag VALUE`, VALUE one of true/on/1 or
 false/off/0 in any case (src/command_line_parser.cc, `ParseOption<bool>`), and refuses anything else with
@@ -53,3 +54,20 @@ class TritonBool(argparse.Action):
         setattr(namespace, self.dest, bool(values))
         for dest in self.also:
             setattr(namespace, dest, True)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """`hubserve serve --help` (engine/__main__.py): each flag's default once, as "(default: X)" at the end of
+    its help. None for a switch that is off unless given (store_true), one whose default is None, empty or an
+    empty list (not given: nothing happens), or one whose help says its default in words already
+    ("(default: off)"); booleans read as Triton writes them, true or false."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "(default: %(default)s)" in text and isinstance(default, bool):  # BooleanOptionalAction's own
+            return text.replace("%(default)s", str(default).lower())
+        if ("(default:" in text or not action.option_strings or (action.nargs == 0 and default is False)
+                or default is None or default is argparse.SUPPRESS or default == "" or default == []):
+            return text
+        return f"{text} (default: {str(default).lower() if isinstance(default, bool) else '%(default)s'})"

@@ -1,6 +1,9 @@
-"""Triton's boolean flags as `hubserve serve` reads them (engine/flags.py), pure: the parser only."""
+"""Triton's boolean flags as `hubserve serve` reads them (engine/flags.py), its help by topic with each
+default once, and its port flags; pure: the parser only."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -64,3 +67,46 @@ def test_no_form_takes_no_value(capsys):
     with pytest.raises(SystemExit):
         _serve("--no-strict-readiness=false")
     assert "takes no value" in capsys.readouterr().err
+
+
+SERVE_GROUPS = ["models and the repository", "network", "processes", "what one request may hold",
+                "execution, batching and sequences", "access and API keys", "client shared memory", "TLS",
+                "the OpenAI Batch API (on with --batch-dir)", "logging and tracing", "metrics"]
+
+
+def _serve_help(capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["serve", "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_serve_help_lists_every_flag_in_a_group_by_topic(capsys):
+    text = _serve_help(capsys)
+    assert text.splitlines()[0] == "usage: hubserve serve --model-repository DIR [FLAGS]"
+    sections = {s.split(":\n", 1)[0]: s for s in re.split(r"\n\n(?=\S)", text)}
+    assert [t for t in sections if t in SERVE_GROUPS] == SERVE_GROUPS
+    assert re.findall(r"^  (-[-\w]+)", sections["options"], re.MULTILINE) == ["-h"]  # the rest is grouped
+    flags = re.findall(r"^  (--[\w-]+)", text, re.MULTILINE)
+    assert len(flags) == len(set(flags)) >= 70
+
+
+def test_serve_help_shows_each_default_once(capsys):
+    entries = re.split(r"\n  (?=-)", _serve_help(capsys))[1:]
+    by_flag = {e.split()[0].rstrip(","): " ".join(e.split()) for e in entries}
+    assert [f for f, e in by_flag.items() if e.count("(default") > 1] == []
+    assert by_flag["--http-port"].endswith("(0 = any free) (default: 8000)")
+    assert by_flag["--log-file"].endswith("(default: standard error)")  # said in words, not ": )"
+    assert by_flag["--strict-readiness"].endswith("(default: true)")  # Triton's spelling of a boolean
+    assert by_flag["--repository-events"].endswith("(default: true)")
+    assert "(default" not in by_flag["--allow-python-model-upload"]  # a switch: off unless given
+    assert "(default" not in by_flag["--load-model"]  # repeatable, none unless given
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_a_port_out_of_range_is_refused_naming_the_flag(port, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _serve("--grpc-port", port)
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    assert f"argument --grpc-port: expected a port number (0 to 65535), got '{port}'" in error
