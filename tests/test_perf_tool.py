@@ -74,6 +74,23 @@ def test_request_rate_mode_offers_the_asked_rate(server: RunningServer, tmp_path
     assert 120 <= float(rows[0]["Inferences/Second"]) <= 280
 
 
+def test_an_unstable_point_does_not_end_the_sweep(server: RunningServer, tmp_path: Path) -> None:
+    """Stability within 0.0001 %: no point settles. Each is reported unstable and the sweep goes on to the
+    next; the exit code says so (2, as perf_analyzer's), the JSON holds every point, the CSV (perf_analyzer's
+    columns, which cannot mark a point unstable) only the stable ones."""
+    out_csv, out_json = tmp_path / "out.csv", tmp_path / "out.json"
+    result = hubserve_perf("-m", "simple", "-u", server.http_url, "--concurrency-range", "1:2",
+                           "-p", "200", "-s", "0.0001", "-r", "3", "-f", str(out_csv),
+                           "--json", str(out_json))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("Failed to obtain a stable measurement within 3 windows") == 2, result.stderr
+    steps = json.loads(out_json.read_text())["steps"]
+    assert [(s["concurrency"], s["stable"]) for s in steps] == [(1, False), (2, False)]
+    assert all(s["throughput_infer_per_s"] > 0 for s in steps)
+    assert [line.split()[-1] for line in result.stdout.splitlines()[1:]] == ["NO", "NO"]  # the table
+    assert read_csv(out_csv) == (EXPECTED_HEADER, [])
+
+
 def test_several_worker_processes_merge_their_records(server: RunningServer, tmp_path: Path) -> None:
     out_json = tmp_path / "out.json"
     result = hubserve_perf("-m", "simple", "-u", server.http_url, "--concurrency-range", "4",

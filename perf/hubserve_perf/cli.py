@@ -20,8 +20,9 @@ Measure a KServe v2 / Triton server as NVIDIA's perf_analyzer does: closed-loop 
 request-rate load over HTTP (binary tensors) or gRPC, measurement windows (1.2 x --measurement-interval, as
 perf_analyzer's) until 3 in a row agree within --stability-percentage, client latency percentiles, server
 queue and compute time from the statistics extension. Progress goes to stderr, one line per window; the
-table to stdout. Exit codes as perf_analyzer's:
-0 success, 1 bad flags or input data, 2 no stable measurement, 99 the server refused a request."""
+table to stdout. A point with no stable measurement is reported as such and the sweep goes on. Exit codes as
+perf_analyzer's: 0 success, 1 bad flags or input data, 2 a point without a stable measurement, 99 the server
+refused a request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +85,11 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="load processes, each with its own event loop (default: one per 32 requests in "
                         "flight or 2,000 requests/s, at most the cores, half of them for a local server)")
-    p.add_argument("--json", type=Path, metavar="OUT.json", help="write everything measured as JSON")
-    p.add_argument("--plot", type=Path, metavar="OUT.png", help="draw the curve (needs matplotlib)")
+    p.add_argument("--json", type=Path, metavar="OUT.json",
+                   help="write everything measured as JSON, every point, stable or not")
+    p.add_argument("--plot", type=Path, metavar="OUT.png",
+                   help="draw the curve, every point, unstable ones hollow (needs matplotlib, in the perf "
+                        "extra)")
 
 
 def _add_load_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
@@ -105,7 +109,8 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
                       help="closed-loop load: requests in flight at each step (default 1)")
     _add_load_flags(perf, sweep=True)
     perf.add_argument("-f", "--latency-report-file", dest="csv", type=Path, metavar="OUT.csv",
-                      help="write perf_analyzer's CSV report")
+                      help="write perf_analyzer's CSV report (its columns; the stable points, as it has no "
+                           "column to mark the others: --json has every point)")
     tune_sub = perf.add_subparsers(dest="perf_command", metavar="{tune-window,generate}")
     tune = tune_sub.add_parser(
         "tune-window", help="find the batching window (max_queue_delay_microseconds) for a p95 budget",
@@ -259,11 +264,10 @@ async def run_sweep(args: argparse.Namespace) -> int:
             steps.append(step)
             session.warn_if_delayed(step)
             session.warn_if_client_bound(step)
-            if not step.stable:
+            if not step.stable:  # reported, and the sweep goes on: the next point may well settle
                 session.progress(f"Failed to obtain a stable measurement within {args.max_trials} windows "
                                  f"at {describe(plan)}; try a longer --measurement-interval or a larger "
                                  "--stability-percentage")
-                break
     settings = session.settings
     report.print_table(steps, settings)
     stable = [s for s in steps if s.stable]
@@ -272,6 +276,6 @@ async def run_sweep(args: argparse.Namespace) -> int:
         report.write_csv(args.csv, stable, settings, open_loop)
     if args.json:
         report.write_json(args.json, {**session.describe(), "steps": [report.step_json(s) for s in steps]})
-    if args.plot and stable:
-        report.plot_latency_throughput(args.plot, stable, f"{args.model} over {args.protocol}")
+    if args.plot:
+        report.plot_latency_throughput(args.plot, steps, f"{args.model} over {args.protocol}")
     return int(ExitCode.OK if len(stable) == len(steps) else ExitCode.UNSTABLE)

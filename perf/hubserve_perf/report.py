@@ -1,6 +1,6 @@
-"""What a run prints and writes: a table on stdout, perf_analyzer's CSV (`-f`, the `--verbose-csv` columns),
-JSON with everything measured (`--json`), and a latency–throughput plot (`--plot`, needs matplotlib: install
-hubserve's `perf` extra).
+"""What a run prints and writes: a table on stdout, perf_analyzer's CSV (`-f`, the `--verbose-csv` columns;
+the stable points), JSON with everything measured (`--json`), and a latency–throughput plot of every point,
+unstable ones hollow (`--plot`, needs matplotlib: install hubserve's `perf` extra).
 
 The CSV matches perf_analyzer's byte for byte in shape: the same header, rows sorted by increasing
 throughput, throughput with 6 significant digits, times as whole microseconds (truncated).
@@ -126,20 +126,26 @@ def check_plot_available() -> None:
 
 
 def plot_latency_throughput(path: Path, steps: list[StepResult], title: str) -> None:
+    """Every point of the sweep, in sweep order (the curve bends back where more load brings less
+    throughput); a point without a stable measurement is drawn hollow and labelled so, not left out."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    points = steps  # in sweep order: the curve bends back where more load brings less throughput
+    points = steps
+    unstable = [s for s in points if not s.stable]
     xs = [s.throughput for s in points]
     for p, style in ((50, "o-"), (95, "s--"), (99, "^:")):
         if all(p in s.percentiles_ns for s in points):
-            ax.plot(xs, [s.percentiles_ns[p] / 1e6 for s in points], style, label=f"p{p}")
+            (line,) = ax.plot(xs, [s.percentiles_ns[p] / 1e6 for s in points], style, label=f"p{p}")
+            ax.plot([s.throughput for s in unstable], [s.percentiles_ns[p] / 1e6 for s in unstable],
+                    style[0], linestyle="none", markerfacecolor="white", markeredgecolor=line.get_color())
     for s in points:
         label = f"{s.plan.request_rate:g}/s" if s.plan.open_loop else f"c={s.plan.concurrency}"
-        ax.annotate(label, (s.throughput, s.percentiles_ns.get(50, 0) / 1e6),
+        ax.annotate(label if s.stable else f"{label} (unstable)",
+                    (s.throughput, s.percentiles_ns.get(50, 0) / 1e6),
                     textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("throughput (infer/s)")
     ax.set_ylabel("latency (ms)")
-    ax.set_title(title)
+    ax.set_title(f"{title} (hollow: not stable)" if unstable else title)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
