@@ -3,6 +3,7 @@ as the user runs it: a separate `python -m engine perf generate` process, small 
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import subprocess
@@ -35,10 +36,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_concurrency_sweep_over_chat_reports_every_percentile(server: RunningServer, tmp_path: Path) -> None:
-    out = tmp_path / "gen.json"
+    out, out_csv = tmp_path / "gen.json", tmp_path / "gen.csv"
     result = hubserve_perf("-m", MODEL, "-u", server.http_url, "--concurrency-range", "1:3:2",
                            "--prompt-tokens", "24", "--max-tokens", "8", "--ignore-eos", "--temperature", "0",
-                           "--request-count", "6", "-f", str(out))
+                           "--request-count", "6", "--json", str(out), "-f", str(out_csv))
     assert result.returncode == 0, result.stderr
     assert "TTFT p95" in result.stdout and "out tok/s" in result.stdout
     points = json.loads(out.read_text())["points"]
@@ -52,6 +53,13 @@ def test_concurrency_sweep_over_chat_reports_every_percentile(server: RunningSer
             q = p[key]
             assert 0 < q["p50"] <= q["p90"] <= q["p95"] <= q["p99"]
         assert p["ttft_ms"]["p50"] <= p["request_latency_ms"]["p50"]
+    # -f is CSV here too, as in the other modes and perf_analyzer: one row per point, the JSON's numbers
+    rows = list(csv.DictReader(out_csv.read_text().splitlines()))
+    assert [r["Concurrency"] for r in rows] == ["1", "3"]
+    for row, p in zip(rows, points, strict=True):
+        assert float(row["Output Tokens/s"]) == pytest.approx(p["output_tokens_per_s"], abs=1e-3)
+        assert float(row["TTFT p95 ms"]) == pytest.approx(p["ttft_ms"]["p95"], abs=1e-3)
+        assert float(row["Request Latency avg ms"]) == pytest.approx(p["request_latency_ms"]["avg"], abs=1e-3)
 
 
 def test_poisson_request_rate_over_completions(server: RunningServer, tmp_path: Path) -> None:
@@ -59,7 +67,7 @@ def test_poisson_request_rate_over_completions(server: RunningServer, tmp_path: 
     result = hubserve_perf("-m", MODEL, "-u", server.http_url, "--endpoint", "completions",
                            "--request-rate-range", "20", "--request-distribution", "poisson",
                            "--prompt-tokens", "16", "--max-tokens", "4", "--ignore-eos",
-                           "--request-count", "8", "-f", str(out))
+                           "--request-count", "8", "--profile-export-file", str(out))  # --json's other name
     assert result.returncode == 0, result.stderr
     (point,) = json.loads(out.read_text())["points"]
     assert point["request_rate"] == 20 and point["distribution"] == "poisson"

@@ -8,6 +8,7 @@ This module imports only argparse and the load tester's own types at load time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +21,28 @@ Measure a KServe v2 / Triton server as NVIDIA's perf_analyzer does: closed-loop 
 request-rate load over HTTP (binary tensors) or gRPC, measurement windows (1.2 x --measurement-interval, as
 perf_analyzer's) until 3 in a row agree within --stability-percentage, client latency percentiles, server
 queue and compute time from the statistics extension. Progress goes to stderr, one line per window; the
-table to stdout. A point with no stable measurement is reported as such and the sweep goes on. Exit codes as
-perf_analyzer's: 0 success, 1 bad flags or input data, 2 a point without a stable measurement, 99 the server
-refused a request."""
+table to stdout. A point with no stable measurement is reported as such and the sweep goes on. In every mode
+-f writes CSV (as perf_analyzer's -f) and --json writes JSON. Exit codes as perf_analyzer's:
+0 success, 1 bad flags or input data, 2 a point without a stable measurement, 99 the server refused a
+request."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Each flag's default once, as "(default: X)" at the end of its help: not for a switch that is off unless
+    given, a default of None (not given: nothing, or a default the help says in words), nor where the help
+    says "(default: ...)" itself. The server's help does the same (engine/flags.py; the load tester does not
+    import the server's CLI)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("(default:" in text or not action.option_strings or action.default is None
+                or action.default is argparse.SUPPRESS or action.default is False or action.default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _SweepHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """`hubserve perf --help`: DESCRIPTION's lines as written, the defaults as HelpFormatter shows them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +78,16 @@ def parse_range(text: str) -> Range:
 def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model-name", dest="model", help="model to measure (required)")
     p.add_argument("-x", "--model-version", dest="version", default="",
-                   help="version (default: the server's)")
+                   help="version (default: the one the server picks)")
     p.add_argument("-u", "--url", default=None,
-                   help="server HOST:PORT (default localhost:8000 for http, localhost:8001 for grpc)")
+                   help="server HOST:PORT (default: localhost:8000 for http, localhost:8001 for grpc)")
     p.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http", help="protocol")
     p.add_argument("--grpc-client", choices=("h2", "grpcio"), default="h2",
                    help="gRPC load client: our lean HTTP/2 client, or grpcio's grpc.aio (several times the "
                         "client CPU per call)")
     p.add_argument("--grpc-calls-per-connection", type=int, default=6, metavar="N",
                    help="gRPC (h2 client): open another connection whenever N calls are in flight on each, "
-                        "as perf_analyzer's client shares a channel among 6 (default 6; 0: one connection)")
+                        "as perf_analyzer's client shares a channel among 6 (0: one connection)")
     p.add_argument("-b", "--batch-size", type=int, default=1, help="batch size of each request")
     p.add_argument("--shape", action="append", default=[], metavar="NAME:DIMS",
                    help="shape of an input with variable dims, without the batch dim, e.g. INPUT0:3,224,224")
@@ -81,7 +101,8 @@ def _add_target_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--max-trials", type=int, default=10, metavar="N",
                    help="at most this many windows per step before giving up as unstable")
     p.add_argument("--percentile", type=int, default=0, metavar="P",
-                   help="stabilize on the P-th percentile latency instead of the average (also reported)")
+                   help="stabilize on the P-th percentile latency instead of the average (also reported; "
+                        "0: the average)")
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="load processes, each with its own event loop (default: one per 32 requests in "
                         "flight or 2,000 requests/s, at most the cores, half of them for a local server)")
@@ -102,11 +123,10 @@ def _add_load_flags(p: argparse.ArgumentParser, sweep: bool) -> None:
 
 
 def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
-    perf = argparse.ArgumentParser(prog=prog, description=DESCRIPTION,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    perf = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, formatter_class=_SweepHelpFormatter)
     _add_target_flags(perf)
     perf.add_argument("--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP",
-                      help="closed-loop load: requests in flight at each step (default 1)")
+                      help="closed-loop load: requests in flight at each step (default: 1)")
     _add_load_flags(perf, sweep=True)
     perf.add_argument("-f", "--latency-report-file", dest="csv", type=Path, metavar="OUT.csv",
                       help="write perf_analyzer's CSV report (its columns; the stable points, as it has no "
@@ -114,6 +134,7 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
     tune_sub = perf.add_subparsers(dest="perf_command", metavar="{tune-window,generate}")
     tune = tune_sub.add_parser(
         "tune-window", help="find the batching window (max_queue_delay_microseconds) for a p95 budget",
+        formatter_class=HelpFormatter,
         description="Reload the model with each max_queue_delay_microseconds through the repository API (a "
                     "config override, so the server must run with --model-control-mode explicit, as Triton "
                     "must too), measure "
@@ -127,7 +148,7 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
                       help="closed-loop load during each measurement (default: 2 x max_batch_size)")
     _add_load_flags(tune, sweep=False)
     tune.add_argument("-f", "--curve-file", dest="csv", type=Path, metavar="OUT.csv",
-                      help="write the curve as CSV")
+                      help="write the curve as CSV, one row per window tried")
     tune.add_argument("--metrics-url", metavar="HOST:PORT",
                       help="hubserve's Prometheus port: count end-of-window flushes exactly from "
                            "hubserve_batch_dispatch_total (default: estimate them from batch sizes)")
@@ -138,24 +159,24 @@ def build_parser(prog: str = "hubserve perf") -> argparse.ArgumentParser:
 def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     gen = sub.add_parser(
         "generate", help="streamed OpenAI completions: TTFT, inter-token latency, tokens/s",
+        formatter_class=HelpFormatter,
         description="Load an OpenAI-compatible server (/v1/chat/completions or /v1/completions, "
                     "stream: true) with synthetic seeded prompts, at each concurrency or request rate, and "
                     "report TTFT, inter-token and end-to-end latency percentiles (p50/p90/p95/p99), "
-                    "output tokens/s and requests/s per point, as a table and JSON (-f). Exit 99 when a "
-                    "request fails.")
+                    "output tokens/s and requests/s per point, as a table, CSV (-f) and JSON (--json). "
+                    "Exit 99 when a request fails.")
     gen.add_argument("-m", "--model-name", dest="model", help="the model, as /v1/models lists it (required)")
-    gen.add_argument("-u", "--url", default="localhost:8000",
-                     help="server HOST:PORT (default localhost:8000)")
+    gen.add_argument("-u", "--url", default="localhost:8000", help="server HOST:PORT")
     gen.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
-                     help="/v1/chat/completions (default) or /v1/completions")
+                     help="chat: /v1/chat/completions; completions: /v1/completions")
     gen.add_argument("--concurrency-range", type=parse_range, default=None, metavar="START:END:STEP",
-                     help="closed-loop load: streams in flight at each point (default 1)")
+                     help="closed-loop load: streams in flight at each point (default: 1)")
     _add_load_flags(gen, sweep=True)
     gen.add_argument("--prompt-tokens", type=int, default=64, metavar="N",
                      help="synthetic prompt length in characters (one token each with a byte-level "
-                          "tokenizer; the JSON has the server's count, usage.prompt_tokens) (default 64)")
+                          "tokenizer; the JSON has the server's count, usage.prompt_tokens)")
     gen.add_argument("--prompt-tokens-stddev", type=float, default=0.0, metavar="S",
-                     help="standard deviation of the prompt length (default 0)")
+                     help="standard deviation of the prompt length")
     gen.add_argument("--max-tokens", type=int, default=64, metavar="N", help="max_tokens of each request")
     gen.add_argument("--temperature", type=float, default=None, metavar="T",
                      help="temperature of each request (default: not sent, the server's default; 0: greedy)")
@@ -166,9 +187,12 @@ def _add_generate_parser(sub: argparse._SubParsersAction) -> None:  # type: igno
     gen.add_argument("--warmup-request-count", type=int, default=0, metavar="N",
                      help="requests sent first at each point and not measured")
     gen.add_argument("--max-duration-s", type=float, default=120.0, metavar="S",
-                     help="a point stops sending after this long (default 120)")
+                     help="a point stops sending after this long")
     gen.add_argument("--seed", type=int, default=0, help="seed of the prompts and of Poisson arrivals")
-    gen.add_argument("-f", "--profile-export-file", dest="json", type=Path, metavar="OUT.json",
+    gen.add_argument("-f", "--latency-report-file", dest="csv", type=Path, metavar="OUT.csv",
+                     help="write one CSV row per point: its level, tokens/s, requests/s and latency "
+                          "percentiles in ms")
+    gen.add_argument("--json", "--profile-export-file", dest="json", type=Path, metavar="OUT.json",
                      help="write every point's numbers as JSON")
 
 
@@ -220,7 +244,7 @@ def run_generate_command(args: argparse.Namespace, run_loop: Any) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, ignore_eos=args.ignore_eos,
         request_count=args.request_count or max(10, 4 * largest),
         warmup_request_count=args.warmup_request_count, max_duration_s=args.max_duration_s, seed=args.seed)
-    return int(run_loop(run_generate(options, points, args.json)))
+    return int(run_loop(run_generate(options, points, args.json, args.csv)))
 
 
 def sweep_plans(args: argparse.Namespace) -> list[LoadPlan]:
@@ -242,6 +266,9 @@ def check_common(args: argparse.Namespace) -> None:
         raise PerfError("--workers must be 0 (automatic) or more", ExitCode.USAGE)
     if args.grpc_calls_per_connection < 0:
         raise PerfError("--grpc-calls-per-connection must be 0 (one connection) or more", ExitCode.USAGE)
+    if args.protocol == "grpc" and importlib.util.find_spec("grpc") is None:
+        raise PerfError("-i grpc needs grpcio (the control calls, and --grpc-client grpcio): pip install "
+                        "'hubserve[perf]'", ExitCode.USAGE)
     if args.plot:
         from .report import check_plot_available
 

@@ -201,6 +201,23 @@ def summarize(point: GenPoint, records: list[StreamRecord]) -> dict[str, Any]:
     }
 
 
+CSV_METRICS = (("TTFT", "ttft_ms"), ("Inter-Token Latency", "inter_token_latency_ms"),
+               ("Request Latency", "request_latency_ms"))
+CSV_STATS = ("avg", *(f"p{p}" for p in PERCENTILES))
+
+
+def write_csv(path: Path, points: list[dict[str, Any]]) -> None:
+    """`-f`: one row per point, in sweep order: its level, output tokens/s, requests/s, then each latency's
+    average and percentiles in milliseconds."""
+    level = "Concurrency" if points[0]["concurrency"] else "Request Rate"
+    header = [level, "Output Tokens/s", "Requests/s",
+              *(f"{name} {stat} ms" for name, _ in CSV_METRICS for stat in CSV_STATS)]
+    rows = [[str(pt["concurrency"] or f"{pt['request_rate']:g}"), f"{pt['output_tokens_per_s']:.3f}",
+             f"{pt['requests_per_s']:.3f}", *(f"{pt[key][stat]:.3f}" for _, key in CSV_METRICS
+                                               for stat in CSV_STATS)] for pt in points]
+    path.write_text("\n".join(",".join(row) for row in [header, *rows]) + "\n")
+
+
 def print_table(points: list[dict[str, Any]], out: TextIO = sys.stdout) -> None:
     level = "Concurrency" if points[0]["concurrency"] else "Request rate"
     cols = [f"{m} p{p}" for m in ("TTFT", "ITL", "E2E") for p in PERCENTILES]
@@ -215,7 +232,7 @@ def print_table(points: list[dict[str, Any]], out: TextIO = sys.stdout) -> None:
 
 
 async def run_generate(options: GenOptions, points: list[GenPoint], json_path: Path | None,
-                       progress: TextIO = sys.stderr) -> int:
+                       csv_path: Path | None = None, progress: TextIO = sys.stderr) -> int:
     results = []
     for point in points:
         print(f"*** {point.describe()}: {options.request_count} requests, prompt ~{options.prompt_tokens} "
@@ -223,6 +240,8 @@ async def run_generate(options: GenOptions, points: list[GenPoint], json_path: P
         records = await PointRun(options, point).run()
         results.append(summarize(point, records))
     print_table(results)
+    if csv_path:
+        write_csv(csv_path, results)
     if json_path:
         doc = {"tool": "hubserve perf generate", "options": asdict(options), "points": results}
         json_path.write_text(json.dumps(doc, indent=2) + "\n")

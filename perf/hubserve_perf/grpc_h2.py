@@ -45,8 +45,12 @@ _now = time.monotonic_ns
 
 def grpc_status_name(code: int) -> str:
     """`grpc-status` as grpcio names it (`INVALID_ARGUMENT`), for an error message. grpcio is imported on this
-    error path only: its names, not a copy of them, and no import cost for a run without errors."""
-    import grpc
+    error path only: its names, not a copy of them, and no import cost for a run without errors. Without
+    grpcio (the perf extra's), the number."""
+    try:
+        import grpc
+    except ImportError:
+        return str(code)
 
     return next((s.name for s in grpc.StatusCode if s.value[0] == code), str(code))
 
