@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         from .api_keys import ApiKeysError, file_mode_warning
         from .errors import EngineError
         from .frontend.listeners import PortError
-        from .server import Server, ServerOptions
+        from .options import ServerOptions
+        from .server import Server
 
         try:
             logs.configure(args.log_file, args.log_format, args.log_verbose, args.log_info, args.log_warning,
