@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
+from .config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from .errors import EngineError, ErrorCode, invalid
 from .join_forecast import JoinForecast
 from .types import InferenceRequest, InferenceResponse

@@ -21,7 +21,7 @@ import numpy as np
 from . import observe
 from .adaptive_window import AdaptiveWindow
 from .batch_policy import BatchPolicy, Pending
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
 from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
 from .instances import Instance, InstancePool

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from . import warmup
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
 from .errors import EngineError, ErrorCode
 from .types import DataType
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config_types import ModelConfig, TensorSpec
+from .config.model_config import ModelConfig, TensorSpec
 from .errors import invalid
 from .types import Completion, DataType, InferenceResponse, RequestedOutput, Tensor
 

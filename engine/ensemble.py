@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from . import classification, observe
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
 from .ensemble_plan import EnsemblePlan, PlanProgress
 from .errors import EngineError, ErrorCode
 from .model import Model, ModelState

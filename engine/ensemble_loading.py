@@ -21,8 +21,8 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import parse_dict, read_config_proto
-from .config_types import ENSEMBLE_PLATFORM, ModelConfig
+from .config.model_config import ENSEMBLE_PLATFORM, ModelConfig
+from .config.steps import parse_dict, read_config_proto
 from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode
 from .proto import model_config_pb2 as pb

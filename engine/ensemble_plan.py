@@ -4,7 +4,7 @@ Nothing here waits, reads a clock or touches a model: engine/ensemble.py drives 
 Triton checks them (core model_config_utils.cc ValidateEnsembleSchedulingConfig, ensemble_utils.cc
 ValidateEnsembleConfig), and with its words, which clients and users match on:
 
-1. `check_data_flow` (called by engine/ensemble_config.py with the config alone): every tensor written once,
+1. `check_data_flow` (called by engine/config/ensemble.py with the config alone): every tensor written once,
    every ensemble input used, every output written (a cycle or an unconnected tensor says which), nothing
    computed and thrown away.
 2. `EnsemblePlan.build` (when the ensemble loads, with each step's composing model config): each mapping
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .config_types import EnsembleStep, ModelConfig, TensorSpec
+from .config.model_config import EnsembleStep, ModelConfig, TensorSpec
 from .errors import invalid
 from .types import DataType
 

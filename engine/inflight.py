@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from . import observe
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
 from .errors import EngineError, ErrorCode
 from .stats import ModelStats
 from .types import Completion, InferenceRequest, InferenceResponse

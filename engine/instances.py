@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import backends
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
 from .inline_policy import INLINE_WALL_LIMIT_NS, InlinePolicy
 from .placement import Placement
 from .rate_limiter import RateLimiter

@@ -18,7 +18,7 @@ import numpy as np
 from . import canary, classification, warmup
 from .batching import Batcher
 from .canary import CanaryRecord
-from .config_types import ModelConfig, TensorSpec
+from .config.model_config import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, decoupled_unary, invalid
 from .instances import InstancePool
 from .placement import place

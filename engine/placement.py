@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config_types import InstanceKind, ModelConfig, RateLimiterResource
+from .config.model_config import InstanceKind, ModelConfig, RateLimiterResource
 from .devices import CPU, Device
 from .errors import unavailable
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import parse_dict, read_config_proto
+from .config.steps import parse_dict, read_config_proto
 from .errors import EngineError, invalid
 from .proto import model_config_pb2 as pb
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .config_types import RateLimiterResource
+from .config.model_config import RateLimiterResource
 
 
 class RateLimiter:

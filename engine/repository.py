@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from . import backends, ensemble_loading
-from .config import (
+from .config.model_config import ENSEMBLE_PLATFORM, ModelConfig
+from .config.steps import (
     CONFIG_FILES,
     autocomplete,
     backend_of,
@@ -37,7 +38,6 @@ from .config import (
     validate,
     version_policy_of,
 )
-from .config_types import ENSEMBLE_PLATFORM, ModelConfig
 from .ensemble import EnsembleModel
 from .ensemble_plan import EnsemblePlan
 from .errors import EngineError, ErrorCode, invalid, not_found

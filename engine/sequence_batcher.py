@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from . import observe
-from .config_types import ModelConfig
+from .config.model_config import ModelConfig
+from .config.sequence import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
 from .errors import EngineError, ErrorCode, invalid
 from .inflight import InflightBatcher
 from .instances import Instance, InstancePool
-from .sequence_config import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
 from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry, SequencePolicy
 from .stats import ModelStats
 from .types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor

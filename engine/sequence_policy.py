@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config.sequence import SequenceBatchingConfig, Strategy
 from .errors import EngineError, ErrorCode, invalid
-from .sequence_config import SequenceBatchingConfig, Strategy
 
 log = logging.getLogger("hubserve.sequence")
 CorrId = int | str

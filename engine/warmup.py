@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .config_types import ModelConfig, WarmupData, WarmupInputConfig
+from .config.model_config import ModelConfig, WarmupData, WarmupInputConfig
 from .errors import EngineError, ErrorCode, invalid
 from .instances import InstancePool
 from .types import DataType

@@ -25,9 +25,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from engine import config as cfg
 from engine import examples
-from engine.config_types import ModelConfig
+from engine.config import steps as cfg
+from engine.config.model_config import ModelConfig
 from engine.proto import model_config_pb2 as pb
 from engine.rate_limiter import RateLimiter
 from engine.repository import ModelRepository

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.batch_policy import BatchPolicy, Pending
-from engine.config_types import DynamicBatchingConfig, QueuePolicy, TimeoutAction
+from engine.config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from engine.errors import EngineError, ErrorCode
 from engine.join_forecast import EPOCH_NS
 from engine.types import InferenceRequest

@@ -21,8 +21,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server, wait_until
-from engine import config as config_module
 from engine.canary import sample, verdict
+from engine.config import steps as config_module
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
 from python_models import add_simple, write_model

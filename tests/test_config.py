@@ -1,5 +1,5 @@
-"""Tests of engine/config.py: each step alone (parse → auto-complete → validate), the version policy, the
-typed warm-up and accelerator settings, and the example repository's real configs. Pure functions; no
+"""Tests of engine/config/steps.py: each step alone (parse → auto-complete → validate), the version policy,
+the typed warm-up and accelerator settings, and the example repository's real configs. Pure functions; no
 server. Triton's JSON form: tests/test_config_json.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as cfg
-from engine.config_types import (
+from engine.config import steps as cfg
+from engine.config.model_config import (
     ExecutionAccelerator,
     InstanceKind,
     ModelConfig,

@@ -1,4 +1,4 @@
-"""Tests of engine/config_json.py: Triton's JSON form of a completed config (`ModelConfig.as_json`), with
+"""Tests of engine/config/json_form.py: Triton's JSON form of a completed config (`ModelConfig.as_json`), with
 64-bit integers as numbers and every primitive field printed. Pure functions; no server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of engine/ensemble_plan.py, the pure planner, and of engine/ensemble_config.py, the config step:
+"""Tests of engine/ensemble_plan.py, the pure planner, and of engine/config/ensemble.py, the config step:
 plain functions, no server, no event loop. The data-flow checks, the checks against composing models (in
 Triton's words), and the order in which a request's steps become ready."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine import config as cfg
-from engine.config_types import EnsembleStep, ModelConfig
+from engine.config import steps as cfg
+from engine.config.model_config import EnsembleStep, ModelConfig
 from engine.ensemble_plan import EnsemblePlan, check_data_flow
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from engine import config as cfg
 from engine import examples
+from engine.config import steps as cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"

@@ -7,7 +7,7 @@
   the wire fast path agrees with the full decode on everything it accepts;
 * engine/frontend/h2/core.py — arbitrary bytes and random frame sequences, in random chunkings, into a
   server core → frames handled, or the connection closed with a GOAWAY; nothing escapes `receive`;
-* engine/config.py — arbitrary and grammar-built pbtxt, YAML and JSON → a ModelConfig or EngineError;
+* engine/config/steps.py — arbitrary and grammar-built pbtxt, YAML and JSON → a ModelConfig or EngineError;
 * engine/ipc/frames.py — any split and any mutation of a frame stream → the frames back, or FrameError.
 
 Deterministic (`derandomize=True`, no example database) and bounded: each test runs a modest number of
@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from case_counts import tried
-from engine import config as cfg
+from engine.config import steps as cfg
 from engine.errors import EngineError, ErrorCode
 from engine.frontend import grpc_codec, http_codec
 from engine.frontend.h2.streams import Limits, Role

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from conftest import config_from_pbtxt
 from engine.backends.onnxruntime import providers_for
-from engine.config_types import ModelConfig
+from engine.config.model_config import ModelConfig
 from engine.devices import CPU, Device
 
 IO = """

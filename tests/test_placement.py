@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import config_from_pbtxt
-from engine.config_types import ModelConfig, RateLimiterResource
+from engine.config.model_config import ModelConfig, RateLimiterResource
 from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode
 from engine.placement import place

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from engine.config_types import RateLimiterResource
+from engine.config.model_config import RateLimiterResource
 from engine.rate_limiter import RateLimiter
 
 R1 = (RateLimiterResource("R", 1),)

@@ -1,14 +1,14 @@
-"""sequence_batching in config.pbtxt (engine/sequence_config.py), through engine/config.py's steps."""
+"""sequence_batching in config.pbtxt (engine/config/sequence.py), through engine/config/steps.py's steps."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from engine import config as cfg
+from engine.config import steps as cfg
+from engine.config.sequence import ControlKind, Strategy
 from engine.errors import EngineError
 from engine.proto import model_config_pb2 as pb
-from engine.sequence_config import ControlKind, Strategy
 from engine.types import DataType
 
 BASE = '''name: "s" backend: "onnxruntime" max_batch_size: 4

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from engine.config.sequence import SequenceBatchingConfig, Strategy
 from engine.errors import EngineError, ErrorCode
-from engine.sequence_config import SequenceBatchingConfig, Strategy
 from engine.sequence_policy import BacklogLimits, SequencePolicy
 
 MS = 1_000_000

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import config as cfg
-from engine.config_types import ModelConfig
+from engine.config import steps as cfg
+from engine.config.model_config import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb

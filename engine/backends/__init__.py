@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config_types import ModelConfig, ModelIO
+from ..config.model_config import ModelConfig, ModelIO
 from ..devices import Device
 from ..errors import EngineError, ErrorCode
 

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..config_types import ModelConfig, ModelIO, TensorSpec
+from ..config.model_config import ModelConfig, ModelIO, TensorSpec
 from ..devices import Device
 from ..errors import EngineError, ErrorCode, invalid
 from ..types import DataType

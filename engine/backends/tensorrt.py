@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..devices import Device
 from ..errors import unavailable
 

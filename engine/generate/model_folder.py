@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..backends.onnxruntime import session_options
-from ..config import autocomplete, read_config_proto, validate
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
+from ..config.steps import autocomplete, read_config_proto, validate
 from ..errors import invalid
 from .engine import CacheConfig, GenerationEngine
 from .lora import AdapterStore

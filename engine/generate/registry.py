@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode, not_found
 from ..model import Model, ModelState
 from ..routing import RoutingTable

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..errors import EngineError, decoupled_unary, invalid
 from ..model import Model, ModelState
 from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..config_types import ModelConfig, TensorSpec
+from ..config.model_config import ModelConfig, TensorSpec
 from ..errors import EngineError, ErrorCode
 from ..instances import InstancePool
 from ..types import InferenceRequest, InferenceResponse, Tensor

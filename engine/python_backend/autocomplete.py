@@ -29,7 +29,7 @@ def complete(msg: Any, model_file: Path, model_dir: Path, name: str, interpreter
     """Run the model's `auto_complete_config` on `msg` (a model_config_pb2.ModelConfig), in place."""
     from google.protobuf import json_format
 
-    from ..config_json import message_to_json
+    from ..config.json_form import message_to_json
 
     try:
         source = model_file.read_text(encoding="utf-8", errors="replace")

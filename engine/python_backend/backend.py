@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..devices import Device
 from ..errors import EngineError, ErrorCode, unavailable
 from ..types import DataType, InferenceRequest, InferenceResponse

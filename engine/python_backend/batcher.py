@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import observe
 from ..batch_policy import Pending
 from ..batching import Batcher
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
 from ..errors import EngineError
 from ..instances import Instance, InstancePool
 from ..stats import ModelStats

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..config_types import ModelConfig
+from ..config.model_config import ModelConfig
+from ..config.sequence import StateSpec
 from ..errors import EngineError, ErrorCode
 from ..instances import Instance, InstancePool
 from ..sequence_batcher import Result, SequenceBatcher
-from ..sequence_config import StateSpec
 from ..sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
 from ..stats import ModelStats
 from ..types import InferenceRequest

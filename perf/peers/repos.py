@@ -1,6 +1,6 @@
 """Model repositories for the peer servers, generated from hubserve's own model configs.
 
-Run with hubserve's venv (it reads the configs through `engine.config`, so every peer gets the batching
+Run with hubserve's venv (it reads the configs through `engine.config.steps`, so every peer gets the batching
 settings hubserve actually uses, after auto-complete):
 
     .venv/bin/python perf/peers/repos.py triton   --site-packages .peers/triton/lib/python3.11/site-packages
@@ -42,7 +42,10 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import text_format
 
 from engine import backends
-from engine.config import (
+from engine.config.json_form import message_to_json
+from engine.config.model_config import ModelConfig
+from engine.config.sequence import ControlKind, SequenceBatchingConfig, Strategy
+from engine.config.steps import (
     CONFIG_FILES,
     autocomplete,
     backend_of,
@@ -50,11 +53,8 @@ from engine.config import (
     read_config_proto,
     validate,
 )
-from engine.config_json import message_to_json
-from engine.config_types import ModelConfig
 from engine.proto import grpc_service_pb2
 from engine.proto import model_config_pb2 as pb
-from engine.sequence_config import ControlKind, SequenceBatchingConfig, Strategy
 from engine.types import DataType
 
 if TYPE_CHECKING:  # this file also runs as a script, with perf/peers/ (not perf/) on sys.path

@@ -1,8 +1,8 @@
-"""The frozen model config: `ModelConfig` and its parts, as engine/config.py's `validate` builds them.
+"""The frozen model config: `ModelConfig` and its parts, as engine/config/steps.py's `validate` builds them.
 
 Every stage after loading reads these, never the proto: they are checked once, typed, and immutable. The
 completed proto is kept (as bytes) only to answer the protocol's model-config requests (`proto()`, and
-`as_json()` in Triton's JSON form: engine/config_json.py).
+`as_json()` in Triton's JSON form: engine/config/json_form.py).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config_json import message_to_json
-from .proto import model_config_pb2 as pb
-from .sequence_config import SequenceBatchingConfig
-from .types import DataType
+from ..proto import model_config_pb2 as pb
+from ..types import DataType
+from .json_form import message_to_json
+from .sequence import SequenceBatchingConfig
 
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
@@ -186,7 +186,7 @@ class ModelConfig:
     gpu_execution_accelerators: tuple[ExecutionAccelerator, ...] = ()  # for GPU instances, in order
     proto_bytes: bytes = b""  # the completed config, for the protocol's config endpoints
     ensemble: EnsembleScheduling | None = None  # set for `platform: "ensemble"`, which has no backend
-    sequence_batching: SequenceBatchingConfig | None = None  # engine/sequence_config.py
+    sequence_batching: SequenceBatchingConfig | None = None  # engine/config/sequence.py
     # model_transaction_policy.decoupled: 0..N responses per request, streamed (Python models only)
     decoupled: bool = False
 

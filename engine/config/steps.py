@@ -7,10 +7,10 @@ separate functions so each can be tested alone:
 1. `read_config_proto(model_dir)`  — file → `model_config_pb2.ModelConfig` (syntax errors name file and line);
 2. `autocomplete(proto, io)`       — fill inputs, outputs, batching from what the backend saw in the model;
 3. `validate(proto)`               — check every field a user can get wrong, then build the frozen
-                                      `ModelConfig` (engine/config_types.py).
+                                      `ModelConfig` (engine/config/model_config.py).
 
 The completed proto is kept (as bytes) only to answer the protocol's model-config requests (in Triton's JSON
-form: engine/config_json.py).
+form: engine/config/json_form.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from typing import Any
 import yaml
 from google.protobuf import json_format, text_format
 
-from .config_types import (
+from ..errors import invalid
+from ..proto import model_config_pb2 as pb
+from ..types import DataType
+from .model_config import (
     ENSEMBLE_PLATFORM,
     PLATFORMS,
     DynamicBatchingConfig,
@@ -40,10 +43,7 @@ from .config_types import (
     WarmupData,
     WarmupInputConfig,
 )
-from .errors import invalid
-from .proto import model_config_pb2 as pb
-from .sequence_config import sequence_batching
-from .types import DataType
+from .sequence import sequence_batching
 
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
@@ -222,7 +222,7 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
     is where files the config names are read from (a sequence state's initial_state data_file)."""
     name = msg.name
     if msg.platform == ENSEMBLE_PLATFORM or msg.HasField("ensemble_scheduling"):
-        from .ensemble_config import validate_ensemble  # it builds on this module's steps
+        from .ensemble import validate_ensemble  # it builds on this module's steps
 
         return validate_ensemble(msg, where)
     backend = backend_of(msg, where)

@@ -1,7 +1,7 @@
 """`sequence_batching` in a model config: the frozen types the sequence batcher reads, and their validation.
 
-Called by engine/config.py `validate()` for a config whose scheduling choice is `sequence_batching`; kept
-apart so the config steps stay short. Defaults are Triton's: the `direct` strategy, one second of allowed
+Called by engine/config/steps.py `validate()` for a config whose scheduling choice is `sequence_batching`;
+kept apart so the config steps stay short. Defaults are Triton's: the `direct` strategy, one second of allowed
 idleness, state initialised to zeros unless `initial_state` says otherwise.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import invalid
-from .proto import model_config_pb2 as pb
-from .types import DataType
+from ..errors import invalid
+from ..proto import model_config_pb2 as pb
+from ..types import DataType
 
 DEFAULT_IDLE_US = 1_000_000  # Triton's default max_sequence_idle_microseconds
 _CORRID_TYPES = (DataType.UINT64, DataType.INT64, DataType.UINT32, DataType.INT32, DataType.BYTES)

@@ -9,11 +9,11 @@ mapped, and the data flow (engine/ensemble_plan.py `check_data_flow`). What need
 
 from __future__ import annotations
 
-from .config import tensor_specs, version_policy_of
-from .config_types import ENSEMBLE_PLATFORM, EnsembleScheduling, EnsembleStep, ModelConfig
-from .ensemble_plan import check_data_flow
-from .errors import invalid
-from .proto import model_config_pb2 as pb
+from ..ensemble_plan import check_data_flow
+from ..errors import invalid
+from ..proto import model_config_pb2 as pb
+from .model_config import ENSEMBLE_PLATFORM, EnsembleScheduling, EnsembleStep, ModelConfig
+from .steps import tensor_specs, version_policy_of
 
 
 def validate_ensemble(msg: pb.ModelConfig, where: str) -> ModelConfig:
