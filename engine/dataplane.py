@@ -23,8 +23,8 @@ from .client_shm import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model
 from .names import check_model_name
-from .repository import ModelRepository
-from .routing import IndexEntry
+from .repository.lifecycle import ModelRepository
+from .repository.routing import IndexEntry
 from .stats import Duration, ModelStats
 from .streaming import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse

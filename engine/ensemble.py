@@ -43,7 +43,8 @@ _MAX_PLANS = 1024  # step request plans kept (one per step and distinct input sh
 
 
 class ModelLookup(Protocol):
-    """Where a step finds its composing model: the routing table (engine/routing.py `RoutingTable.get`)."""
+    """Where a step finds its composing model: the routing table (engine/repository/routing.py
+    `RoutingTable.get`)."""
 
     def get(self, name: str, version: str = "") -> Model: ...
 

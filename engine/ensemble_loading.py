@@ -1,4 +1,5 @@
-"""How the repository loads and unloads ensembles (called by engine/repository.py `ModelRepository`).
+"""How the repository loads and unloads ensembles (called by engine/repository/lifecycle.py
+`ModelRepository`).
 
 - `load_composing`: before an ensemble loads, its composing models that serve nothing yet are loaded, as
   Triton's explicit mode does ("loading an ensemble loads its composing models"); in poll mode and at start-up
@@ -28,7 +29,7 @@ from .errors import EngineError, ErrorCode
 from .proto import model_config_pb2 as pb
 
 if TYPE_CHECKING:
-    from .repository import ModelRepository
+    from .repository.lifecycle import ModelRepository
 
 log = logging.getLogger("hubserve.repository")
 

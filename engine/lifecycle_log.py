@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .model import ModelState
-from .routing import IndexEntry
+from .repository.routing import IndexEntry
 
 NOT_LOADED = "not loaded"  # the index's reason for a folder nobody asked to load (explicit mode)
 MAX_NAMES = 5  # names listed in the ready line before "and N more"

@@ -6,8 +6,8 @@ Why: a load request is a client's. A Python model's `EXECUTION_ENV_PATH` names t
 script they import; `backend: "python"` makes a folder's `.py` file code the server runs. Sent in an
 override, each let a client run any folder's `bin/python3`, or another model's script, in the server's
 name. Model files sent with a load are already refused when they would create or replace a Python model
-(repository.py `_refuse_python_upload`); this closes the override without files, on the same flag: only
-`--allow-python-model-upload` lets a request choose Python code.
+(engine/repository/lifecycle.py `_refuse_python_upload`); this closes the override without files, on the same
+flag: only `--allow-python-model-upload` lets a request choose Python code.
 
 What stays allowed: an override that leaves those three as the model folder's own config has them (a client
 sending back the config it read, with a changed `max_batch_size` or instance count, say), and any override of
@@ -70,7 +70,7 @@ def _filename(msg: pb.ModelConfig) -> str:
 
 def _is_python(msg: pb.ModelConfig, folder_has_script: bool) -> bool:
     """Whether a config makes a Python model: it says so, or it names no backend and the folder's latest
-    version holds model.py and no model.onnx (how repository.py tells a config-less folder's kind)."""
+    version holds model.py and no model.onnx (how the repository tells a config-less folder's kind)."""
     if msg.backend or msg.platform:
         return msg.backend == "python"
     return folder_has_script

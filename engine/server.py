@@ -39,11 +39,11 @@ from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .options import ServerOptions
 from .rate_limiter import RateLimiter
-from .repository import ModelRepository
+from .repository.lifecycle import ModelRepository
+from .repository.watcher import RepositoryWatcher
 from .sequence_policy import BacklogLimits
 from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, parse_trace_config
-from .watcher import RepositoryWatcher
 from .workers.control import ControlRunner
 from .workers.supervisor import FrontendPool
 

@@ -30,7 +30,7 @@ from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.proto import model_config_pb2 as pb
 from engine.rate_limiter import RateLimiter
-from engine.repository import ModelRepository
+from engine.repository.lifecycle import ModelRepository
 from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import ensemble_repository as er
 from conftest import run_repository
-from engine.repository import ModelRepository
+from engine.repository.lifecycle import ModelRepository
 
 
 def one_step(name: str, model: str) -> str:

@@ -1,12 +1,12 @@
-"""Tests of engine/fingerprint.py: what a model folder's fingerprint holds and how it splits by version
-folder. Plain functions over a tmp folder."""
+"""Tests of engine/repository/fingerprint.py: what a model folder's fingerprint holds and how it splits by
+version folder. Plain functions over a tmp folder."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from engine.fingerprint import fingerprint, split_fingerprint
+from engine.repository.fingerprint import fingerprint, split_fingerprint
 
 
 def make_folder(root: Path) -> Path:

@@ -7,7 +7,7 @@ import time
 
 from engine.lifecycle_log import process_age_s, ready_line, reload_line
 from engine.model import ModelState
-from engine.routing import IndexEntry
+from engine.repository.routing import IndexEntry
 
 READY, UNAVAILABLE = ModelState.READY, ModelState.UNAVAILABLE
 WHERE = "HTTP on 0.0.0.0:8000, gRPC on 0.0.0.0:8001, metrics on 0.0.0.0:8002"

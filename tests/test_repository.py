@@ -13,8 +13,8 @@ import pytest
 from conftest import run_repository
 from engine.errors import EngineError, ErrorCode
 from engine.model import ModelState
-from engine.overrides import PREFIX
-from engine.repository import ModelRepository
+from engine.repository.lifecycle import ModelRepository
+from engine.repository.overrides import PREFIX
 
 CONFIG = ('backend: "identity"\nmax_batch_size: 4\nversion_policy: { all { } }\n'
           'input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] }\n'

@@ -1,6 +1,6 @@
-"""Tests of engine/routing.py's pure parts: requested version strings, and the inside-the-root check. Routing
-to loaded versions and the index are exercised through ModelRepository (tests/test_repository.py) and real
-servers (tests/test_lifecycle.py, tests/test_repository_api.py)."""
+"""Tests of engine/repository/routing.py's pure parts: requested version strings, and the inside-the-root
+check. Routing to loaded versions and the index are exercised through ModelRepository
+(tests/test_repository.py) and real servers (tests/test_lifecycle.py, tests/test_repository_api.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.routing import inside, parse_version
+from engine.repository.routing import inside, parse_version
 
 
 def test_a_version_string_of_digits_is_its_number() -> None:

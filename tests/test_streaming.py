@@ -17,7 +17,7 @@ import pytest
 from conftest import run_repository
 from engine.dataplane import DataPlane
 from engine.errors import EngineError, ErrorCode
-from engine.repository import ModelRepository
+from engine.repository.lifecycle import ModelRepository
 from engine.streaming import StreamedResponse
 from engine.types import DataType, InferenceRequest, Tensor
 from hubserve_harness import EXAMPLES

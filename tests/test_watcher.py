@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.watcher import SettleTracker
+from engine.repository.watcher import SettleTracker
 
 WALL0 = 1_700_000_000 * 10**9  # the wall clock (ns) at monotonic time 0 in these tests
 OLD_MTIME = WALL0 - 3600 * 10**9  # files written an hour before

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode, not_found
 from ..model import Model, ModelState
-from ..routing import RoutingTable
+from ..repository.routing import RoutingTable
 from .chat_template import ChatTemplate, load_chat_template
 from .driver import EngineDriver
 from .model_folder import build_engine, is_generative

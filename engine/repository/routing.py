@@ -4,8 +4,8 @@
 folder fingerprint of its last load) and answers the questions asked on every request and by the
 repository API: `get` (the version a request goes to), readiness, `load_failure`, and `index` (every model on
 disk or loaded, one row per version, as Triton lists them). It changes nothing; `ModelRepository`
-(engine/repository.py), which loads and unloads, is a `RoutingTable` and writes its entries. Error messages
-begin with Triton's words, which clients match on.
+(engine/repository/lifecycle.py), which loads and unloads, is a `RoutingTable` and writes its entries. Error
+messages begin with Triton's words, which clients match on.
 
 What may be a model folder is decided here too, because the index lists folders on disk: a model name is one
 folder name (engine/names.py), and its folder must resolve inside the repository root, symbolic links
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
+from ..errors import EngineError, ErrorCode, invalid, not_found, unavailable
+from ..model import Model, ModelState
+from ..names import name_problem
 from .fingerprint import Fingerprint, fingerprint
-from .model import Model, ModelState
-from .names import name_problem
 
 log = logging.getLogger("hubserve.repository")
 

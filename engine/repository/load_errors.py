@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import EngineError
+from ..errors import EngineError
 
 
 def load_failure_text(error: BaseException, model_dir: Path, name: str, root: Path) -> str:

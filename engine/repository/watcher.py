@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .fingerprint import Fingerprint
-from .repository import ModelRepository
+from .lifecycle import ModelRepository
 
 log = logging.getLogger("hubserve.watcher")
 

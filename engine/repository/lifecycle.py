@@ -1,5 +1,5 @@
-"""The model repository's lifecycle: load, reload and unload. Routing and the index: engine/routing.py;
-folder fingerprints: engine/fingerprint.py.
+"""The model repository's lifecycle: load, reload and unload. Routing and the index:
+engine/repository/routing.py; folder fingerprints: engine/repository/fingerprint.py.
 
 Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`.
 Loading runs off the event loop (model files are read and sessions built on worker threads). A reload builds
@@ -26,9 +26,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import backends, ensemble_loading
-from .config.model_config import ENSEMBLE_PLATFORM, ModelConfig
-from .config.steps import (
+from .. import backends, ensemble_loading
+from ..config.model_config import ENSEMBLE_PLATFORM, ModelConfig
+from ..config.steps import (
     CONFIG_FILES,
     autocomplete,
     backend_of,
@@ -38,24 +38,24 @@ from .config.steps import (
     validate,
     version_policy_of,
 )
-from .ensemble import EnsembleModel
-from .ensemble_plan import EnsemblePlan
-from .errors import EngineError, ErrorCode, invalid, not_found
+from ..ensemble import EnsembleModel
+from ..ensemble_plan import EnsemblePlan
+from ..errors import EngineError, ErrorCode, invalid, not_found
+from ..generate.model_folder import is_generative
+from ..generate.triton_model import GenerationSource, GenerativeModel
+from ..generate.triton_signature import complete_generative, is_generative_config
+from ..lifecycle_log import reload_line
+from ..memory import release_freed_memory
+from ..model import Model, ModelState
+from ..names import name_problem
+from ..proto import model_config_pb2 as pb
+from ..python_overrides import refuse_python_override
+from ..rate_limiter import RateLimiter
+from ..sequence_policy import DEFAULT_BACKLOG, BacklogLimits
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
-from .generate.model_folder import is_generative
-from .generate.triton_model import GenerationSource, GenerativeModel
-from .generate.triton_signature import complete_generative, is_generative_config
-from .lifecycle_log import reload_line
 from .load_errors import load_failure_text
-from .memory import release_freed_memory
-from .model import Model, ModelState
-from .names import name_problem
 from .overrides import remove_override, write_override
-from .proto import model_config_pb2 as pb
-from .python_overrides import refuse_python_override
-from .rate_limiter import RateLimiter
 from .routing import ModelEntry, RoutingTable, inside
-from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits
 
 log = logging.getLogger("hubserve.repository")
 
@@ -305,8 +305,8 @@ class ModelRepository(RoutingTable):
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
                 if backend == "python":  # the model's own auto_complete_config, in a process of its own
-                    from .python_backend import autocomplete as python_complete
-                    from .python_backend import environment
+                    from ..python_backend import autocomplete as python_complete
+                    from ..python_backend import environment
 
                     params = {k: v.string_value for k, v in msg.parameters.items()}
                     python = environment.options(params, model_dir, where).interpreter

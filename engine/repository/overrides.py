@@ -18,8 +18,8 @@ import unicodedata
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 
-from .errors import invalid, unavailable
-from .names import NAME_MAX_BYTES
+from ..errors import invalid, unavailable
+from ..names import NAME_MAX_BYTES
 
 PREFIX = "hubserve-override-"
 

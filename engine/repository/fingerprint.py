@@ -1,9 +1,9 @@
 """Fingerprints: what a model folder looked like, to tell whether it changed.
 
 A fingerprint lists each file's (relative path, size, mtime). The repository stores one per model at each
-load (engine/repository.py), and compares the parts of each version folder to rebuild only what changed; the
-watcher (engine/watcher.py) compares the disk with the stored ones. Pure functions over the file system, run
-on worker threads.
+load (engine/repository/lifecycle.py), and compares the parts of each version folder to rebuild only what
+changed; the watcher (engine/repository/watcher.py) compares the disk with the stored ones. Pure functions
+over the file system, run on worker threads.
 """
 
 from __future__ import annotations
