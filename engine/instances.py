@@ -6,8 +6,9 @@ instances is the model's concurrency limit; the server-wide `RateLimiter` (engin
 an instance on top of that. A batch runs on its instance's thread unless the instance's `InlinePolicy`
 (engine/inline_policy.py) says it is cheaper run in place, on the loop.
 
-The batcher (engine/batching.py, what Triton calls the scheduler) decides what runs; this pool only runs it.
-Everything here runs on the event loop thread, except the backend calls handed to the instances' threads.
+The batcher (engine/scheduling/batching/batcher.py, what Triton calls the scheduler) decides what runs; this
+pool only runs it. Everything here runs on the event loop thread, except the backend calls handed to the
+instances' threads.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
     return text.encode()
 
 
-# Sequence models only (engine/sequence_batcher.py): key of `sequence_counts()` -> (name, type, help).
+# Sequence models only (engine/scheduling/sequence/batcher.py): key of `sequence_counts()` -> (name, type,
+# help).
 _SEQUENCE_FAMILIES = [
     ("started", "hubserve_sequence_started_total", "counter", "Sequences started (requests with START)"),
     ("ended", "hubserve_sequence_ended_total", "counter", "Sequences ended by a request with END"),

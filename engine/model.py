@@ -1,8 +1,8 @@
 """A loaded model version: its config, instance pool, batcher and statistics.
 
 `prepare()` checks a request against the config before it is queued, so one bad request never spoils a batch.
-An ensemble is a `Model` too (engine/ensemble.py `EnsembleModel`): the same checks and metadata, with steps
-run on other models in place of instances.
+An ensemble is a `Model` too (engine/scheduling/ensemble/driver.py `EnsembleModel`): the same checks and
+metadata, with steps run on other models in place of instances.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 
 from . import canary, classification, warmup
-from .batching import Batcher
 from .canary import CanaryRecord
 from .config.model_config import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, decoupled_unary, invalid
 from .instances import InstancePool
 from .placement import place
 from .rate_limiter import RateLimiter
-from .sequence_batcher import SequenceBatcher
-from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits
+from .scheduling.batching.batcher import Batcher
+from .scheduling.sequence.batcher import SequenceBatcher
+from .scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
 from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
@@ -41,7 +41,8 @@ class Model:
 
     def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
                  limiter: RateLimiter, router: Any = None, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
-        """`backlog`: how many sequences may wait for a slot, for a sequence model (sequence_policy.py)."""
+        """`backlog`: how many sequences may wait for a slot, for a sequence model
+        (engine/scheduling/sequence/policy.py)."""
         self._init_version(config, version, model_path)
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
         self.batcher: Batcher | SequenceBatcher
@@ -50,7 +51,7 @@ class Model:
 
             self.batcher = PythonSequenceBatcher(config, self.version_str, self.pool, self.stats, router,
                                                  self._instances_health, backlog)
-        elif config.sequence_batching is not None:  # stateful models: engine/sequence_batcher.py
+        elif config.sequence_batching is not None:  # stateful models: engine/scheduling/sequence/batcher.py
             self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats, backlog)
         elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
             from .python_backend.batcher import RequestBatcher

@@ -1,9 +1,9 @@
 """What happens when an inference is answered, beyond statistics: its access line (engine/logs.py) and, when
-sampled, its spans (engine/tracing/). Called from the batchers' one done-callback (inflight.py), after the
-request is accounted and before the frontend answers; and, for a request refused before it reached a model
-(malformed, an unknown model, a wrong shape, a full queue), `refused` by whoever refused it (the data plane,
-or a frontend's decoding), only while access lines are on: its line, with its status and zero queue and
-compute time. Such a request has no spans.
+sampled, its spans (engine/tracing/). Called from the batchers' one done-callback
+(engine/scheduling/inflight.py), after the request is accounted and before the frontend answers; and, for a
+request refused before it reached a model (malformed, an unknown model, a wrong shape, a full queue),
+`refused` by whoever refused it (the data plane, or a frontend's decoding), only while access lines are on:
+its line, with its status and zero queue and compute time. Such a request has no spans.
 
 `STATE.active` is the hot path's one check: False while access lines are off and nothing traces, so a
 request then pays one attribute read here and none of the stamping in the batchers. Only the engine process

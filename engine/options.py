@@ -68,8 +68,8 @@ class ServerOptions:
     # ports'; its head and idle timeouts are client_timeout_secs and idle_timeout_secs.
     metrics_max_connections: int = 64
     metrics_max_connections_per_client: int = 16
-    # Sequences one sequence model version lets wait for a slot, in all and per API key (sequence_policy.py
-    # BacklogLimits); 0 = no limit.
+    # Sequences one sequence model version lets wait for a slot, in all and per API key
+    # (scheduling/sequence/policy.py BacklogLimits); 0 = no limit.
     max_sequence_backlog: int = 4096
     max_sequence_backlog_per_key: int = 1024
     max_sequence_queue: int = 1024  # requests one sequence may have waiting (BacklogLimits)

@@ -41,7 +41,7 @@ from .options import ServerOptions
 from .rate_limiter import RateLimiter
 from .repository.lifecycle import ModelRepository
 from .repository.watcher import RepositoryWatcher
-from .sequence_policy import BacklogLimits
+from .scheduling.sequence.policy import BacklogLimits
 from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, parse_trace_config
 from .workers.control import ControlRunner

@@ -1,6 +1,6 @@
 """The SLO-driven window as a pure object: synthetic arrivals and executions in, a window out."""
 
-from engine.adaptive_window import AdaptiveWindow
+from engine.scheduling.batching.adaptive_window import AdaptiveWindow
 
 MS = 1_000_000
 

@@ -1,5 +1,5 @@
-"""Tests of engine/batching.py's `Batcher` with engine/instances.py's `InstancePool`, through real `Model`s
-running the identity backend (OUTPUTn = INPUTn) on real instance threads.
+"""Tests of engine/scheduling/batching/batcher.py's `Batcher` with engine/instances.py's `InstancePool`,
+through real `Model`s running the identity backend (OUTPUTn = INPUTn) on real instance threads.
 
 Each test is a plain function around `asyncio.run`. Nothing here sleeps in place of synchronization: tests
 wait on conditions with a bound (`until`), and concurrency is read from public state: requests accepted
@@ -632,8 +632,8 @@ async def closed_loop_until_early(model: Model, clients: int, early_batches: int
 
 
 def test_a_lone_closed_loop_client_stops_waiting_for_the_window() -> None:
-    """After a few epochs (engine/join_forecast.py) the batcher knows one client is all there is; its
-    requests then leave the queue at once instead of after the 20 ms window."""
+    """After a few epochs (engine/scheduling/batching/join_forecast.py) the batcher knows one client is all
+    there is; its requests then leave the queue at once instead of after the 20 ms window."""
     async def main() -> None:
         model = await started(model_config("dynamic_batching { max_queue_delay_microseconds: 20000 }"))
         try:

@@ -1,4 +1,4 @@
-"""Tests of engine/batching.py's `BatchPolicy`: plain functions, no event loop.
+"""Tests of engine/scheduling/batching/policy.py's `BatchPolicy`: plain functions, no event loop.
 
 Requests are `Pending` objects built by hand with a fake clock (nanoseconds), so every decision is exact.
 The asyncio side (`Batcher`) is tested in tests/test_batcher.py.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.batch_policy import BatchPolicy, Pending
 from engine.config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from engine.errors import EngineError, ErrorCode
-from engine.join_forecast import EPOCH_NS
+from engine.scheduling.batching.join_forecast import EPOCH_NS
+from engine.scheduling.batching.policy import BatchPolicy, Pending
 from engine.types import InferenceRequest
 
 MODEL = "policy_model"

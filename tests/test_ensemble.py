@@ -1,8 +1,8 @@
-"""Ensembles (`platform: "ensemble"`, engine/ensemble.py) through Triton's own clients over both protocols,
-against a server of their own in explicit model-control mode that starts with nothing loaded: loading an
-ensemble loads its composing models; bad ensembles fail alone with their reasons; steps run concurrently
-through their models' own batchers; `max_inflight_requests` holds requests back; statistics for the ensemble
-and its steps; and the real perf_analyzer against an ensemble.
+"""Ensembles (`platform: "ensemble"`, engine/scheduling/ensemble/driver.py) through Triton's own clients over
+both protocols, against a server of their own in explicit model-control mode that starts with nothing loaded:
+loading an ensemble loads its composing models; bad ensembles fail alone with their reasons; steps run
+concurrently through their models' own batchers; `max_inflight_requests` holds requests back; statistics for
+the ensemble and its steps; and the real perf_analyzer against an ensemble.
 
 This file imports `tritonclient.grpc` and none of our generated modules. The models are in
 tests/ensemble_repository.py.

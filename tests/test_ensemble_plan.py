@@ -1,5 +1,5 @@
-"""Tests of engine/ensemble_plan.py, the pure planner, and of engine/config/ensemble.py, the config step:
-plain functions, no server, no event loop. The data-flow checks, the checks against composing models (in
+"""Tests of engine/scheduling/ensemble/plan.py, the pure planner, and of engine/config/ensemble.py, the config
+step: plain functions, no server, no event loop. The data-flow checks, the checks against composing models (in
 Triton's words), and the order in which a request's steps become ready."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from engine.config import steps as cfg
 from engine.config.model_config import EnsembleStep, ModelConfig
-from engine.ensemble_plan import EnsemblePlan, check_data_flow
 from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
+from engine.scheduling.ensemble.plan import EnsemblePlan, check_data_flow
 
 ADD = """name: "add"
 backend: "identity"

@@ -1,8 +1,9 @@
-"""Tests of engine/join_forecast.py's `JoinForecast`: plain functions, a fake clock in nanoseconds."""
+"""Tests of engine/scheduling/batching/join_forecast.py's `JoinForecast`: plain functions, a fake clock in
+nanoseconds."""
 
 from __future__ import annotations
 
-from engine.join_forecast import EPOCH_NS, RARE, JoinForecast
+from engine.scheduling.batching.join_forecast import EPOCH_NS, RARE, JoinForecast
 
 WINDOW_NS = 1_000_000  # a 1 ms window
 STEP_NS = 2_000_000  # one round of a closed loop

@@ -1,5 +1,5 @@
-"""SequencePolicy (engine/sequence_policy.py): slots, backlog, idle release, batch rows. Pure: time is passed
-in, instances are acquired through a plain function."""
+"""SequencePolicy (engine/scheduling/sequence/policy.py): slots, backlog, idle release, batch rows. Pure: time
+is passed in, instances are acquired through a plain function."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from engine.config.sequence import SequenceBatchingConfig, Strategy
 from engine.errors import EngineError, ErrorCode
-from engine.sequence_policy import BacklogLimits, SequencePolicy
+from engine.scheduling.sequence.policy import BacklogLimits, SequencePolicy
 
 MS = 1_000_000
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from engine.timers import FdTimer, PreciseTimer
+from engine.scheduling.timers import FdTimer, PreciseTimer
 
 
 def test_callbacks_fire_on_the_loop_in_deadline_order_and_cancelled_ones_never_fire():

@@ -3,15 +3,16 @@ it. Called by `config.validate` for a config with that platform (or with `ensemb
 
 Only what the config alone decides is checked here, in Triton's words (core model_config_utils.cc
 ValidateEnsembleSchedulingConfig): the platform, the fields an ensemble may not have, every step named and
-mapped, and the data flow (engine/ensemble_plan.py `check_data_flow`). What needs the composing models
-(their tensors, datatypes, shapes, batch sizes) is checked when the ensemble loads (`EnsemblePlan.build`).
+mapped, and the data flow (engine/scheduling/ensemble/plan.py `check_data_flow`). What needs the composing
+models (their tensors, datatypes, shapes, batch sizes) is checked when the ensemble loads
+(`EnsemblePlan.build`).
 """
 
 from __future__ import annotations
 
-from ..ensemble_plan import check_data_flow
 from ..errors import invalid
 from ..proto import model_config_pb2 as pb
+from ..scheduling.ensemble.plan import check_data_flow
 from .model_config import ENSEMBLE_PLATFORM, EnsembleScheduling, EnsembleStep, ModelConfig
 from .steps import tensor_specs, version_policy_of
 

@@ -20,7 +20,8 @@ from .sequence import SequenceBatchingConfig
 # Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
 PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
 _BACKEND_PLATFORMS = {backend: platform for platform, backend in PLATFORMS.items()}
-ENSEMBLE_PLATFORM = "ensemble"  # Triton's: a pipeline of other models, run by engine/ensemble.py
+# Triton's: a pipeline of other models, run by engine/scheduling/ensemble/driver.py
+ENSEMBLE_PLATFORM = "ensemble"
 
 
 class InstanceKind(enum.Enum):
@@ -65,7 +66,7 @@ class DynamicBatchingConfig:
     default_queue_policy: QueuePolicy = QueuePolicy()
     priority_queue_policies: Mapping[int, QueuePolicy] = field(default_factory=dict)
     # Ours, not Triton's (model parameter `early_dispatch`): stop waiting out the window once no other
-    # request can join it (engine/join_forecast.py).
+    # request can join it (engine/scheduling/batching/join_forecast.py).
     early_dispatch: bool = True
 
     def queue_policy(self, level: int) -> QueuePolicy:
@@ -162,8 +163,8 @@ class EnsembleStep:
 
 @dataclass(frozen=True, slots=True)
 class EnsembleScheduling:
-    """`ensemble_scheduling` of a `platform: "ensemble"` model (engine/ensemble_plan.py checks and plans
-    it)."""
+    """`ensemble_scheduling` of a `platform: "ensemble"` model (engine/scheduling/ensemble/plan.py checks and
+    plans it)."""
 
     steps: tuple[EnsembleStep, ...]
     max_inflight_requests: int = 0  # 0 = unbounded; else ensemble requests past it wait for a free slot

@@ -145,7 +145,7 @@ def backend_of(msg: pb.ModelConfig, where: str) -> str:
     """The backend a config asks for; Triton's `platform` spelling is accepted too."""
     backend = msg.backend
     if msg.platform == ENSEMBLE_PLATFORM:
-        return ENSEMBLE_PLATFORM  # no backend: engine/ensemble.py runs its steps
+        return ENSEMBLE_PLATFORM  # no backend: engine/scheduling/ensemble/driver.py runs its steps
     if msg.platform:
         mapped = PLATFORMS.get(msg.platform)
         if mapped is None:

@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 
 from .. import observe
-from ..batch_policy import Pending
-from ..batching import Batcher
 from ..config.model_config import ModelConfig
 from ..errors import EngineError
 from ..instances import Instance, InstancePool
+from ..scheduling.batching.batcher import Batcher
+from ..scheduling.batching.policy import Pending
 from ..stats import ModelStats
 from ..types import InferenceResponse
 from .answers import AnswerCheck, InstanceBinding, count_error

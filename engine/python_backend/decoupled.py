@@ -10,8 +10,8 @@ instance is free again once `execute` returns (as in Triton), so a request outli
 - a response without the final flag goes to `request.stream` (an error response as an EngineError: the
   stream goes on, as Triton's does);
 - the final flag resolves the request's future: with the response sent with it, or `EMPTY_FINAL` when it
-  came alone; an error response sent with it fails the future. The future's one done-callback (inflight.py)
-  then accounts the request, once, as for any other model;
+  came alone; an error response sent with it fails the future. The future's one done-callback
+  (engine/scheduling/inflight.py) then accounts the request, once, as for any other model;
 - `fail` (execute raised, the process died) fails a request not yet finished;
 - a cancelled future (the client left) tells the instance, through the `cancel` it bound, so the model's
   `is_cancelled()` turns true; responses after that are dropped;
@@ -28,8 +28,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from ..batch_policy import Pending
 from ..errors import EngineError
+from ..scheduling.batching.policy import Pending
 from ..stats import ModelStats
 from ..stream_window import Grant
 from ..types import EMPTY_FINAL, InferenceResponse

@@ -1,4 +1,4 @@
-"""`PythonSequenceBatcher`: the sequence batcher (engine/sequence_batcher.py) for Python models.
+"""`PythonSequenceBatcher`: the sequence batcher (engine/scheduling/sequence/batcher.py) for Python models.
 
 The slots, strategies, backlog, idle release, flags and errors are the `SequenceBatcher`'s, unchanged; one
 step differs, as `RequestBatcher` differs from `Batcher`: a formed sequence batch is handed to the instance
@@ -32,8 +32,8 @@ from ..config.model_config import ModelConfig
 from ..config.sequence import StateSpec
 from ..errors import EngineError, ErrorCode
 from ..instances import Instance, InstancePool
-from ..sequence_batcher import Result, SequenceBatcher
-from ..sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
+from ..scheduling.sequence.batcher import Result, SequenceBatcher
+from ..scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
 from ..stats import ModelStats
 from ..types import InferenceRequest
 from .answers import AnswerCheck, InstanceBinding, count_error

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import backends, ensemble_loading
+from .. import backends
 from ..config.model_config import ENSEMBLE_PLATFORM, ModelConfig
 from ..config.steps import (
     CONFIG_FILES,
@@ -38,8 +38,6 @@ from ..config.steps import (
     validate,
     version_policy_of,
 )
-from ..ensemble import EnsembleModel
-from ..ensemble_plan import EnsemblePlan
 from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..generate.model_folder import is_generative
 from ..generate.triton_model import GenerationSource, GenerativeModel
@@ -51,7 +49,10 @@ from ..names import name_problem
 from ..proto import model_config_pb2 as pb
 from ..python_overrides import refuse_python_override
 from ..rate_limiter import RateLimiter
-from ..sequence_policy import DEFAULT_BACKLOG, BacklogLimits
+from ..scheduling.ensemble import loading as ensemble_loading
+from ..scheduling.ensemble.driver import EnsembleModel
+from ..scheduling.ensemble.plan import EnsemblePlan
+from ..scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
 from .load_errors import load_failure_text
 from .overrides import remove_override, write_override

@@ -33,9 +33,9 @@ it is not read (its window is held: HTTP/2 flow control, so the client's message
 order, and none is lost or failed): while `CallLimits.max_stream_requests` of its requests are in flight (not
 counting a sequence's requests, `capped`: those wait for their sequence's slot, which may free only when a
 later message of the stream arrives, so a stream interleaving many sequences would wait on itself; the
-sequence batcher bounds them, engine/sequence_policy.py BacklogLimits), while answers wait on it for the
-client's window, and while its next message does not fit the budget (retried as bytes come back). What arrives
-meanwhile is at most the window the client had left.
+sequence batcher bounds them, engine/scheduling/sequence/policy.py BacklogLimits), while answers wait on it
+for the client's window, and while its next message does not fit the budget (retried as bytes come back). What
+arrives meanwhile is at most the window the client had left.
 A decoupled model's responses are counted against their request's `StreamWindow` (engine/stream_window.py)
 as they leave for the client, so a client that does not read stops the model's sends.
 """

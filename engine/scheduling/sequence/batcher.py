@@ -1,5 +1,5 @@
 """The sequence batcher on the event loop: `SequenceBatcher` drives the pure `SequencePolicy`
-(sequence_policy.py) as `Batcher` drives `BatchPolicy`, with the same surface for `Model` (`enqueue`,
+(policy.py) as `Batcher` drives `BatchPolicy`, with the same surface for `Model` (`enqueue`,
 `pending_count`, `drain`, `close`).
 
 What it adds to a batch before the backend sees it, per row: the control inputs the config names (START,
@@ -22,15 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from . import observe
-from .config.model_config import ModelConfig
-from .config.sequence import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
-from .errors import EngineError, ErrorCode, invalid
-from .inflight import InflightBatcher
-from .instances import Instance, InstancePool
-from .sequence_policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry, SequencePolicy
-from .stats import ModelStats
-from .types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
+from ... import observe
+from ...config.model_config import ModelConfig
+from ...config.sequence import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
+from ...errors import EngineError, ErrorCode, invalid
+from ...instances import Instance, InstancePool
+from ...stats import ModelStats
+from ...types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
+from ..inflight import InflightBatcher
+from .policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry, SequencePolicy
 
 _UINT64_MAX = 2**64 - 1
 Result = InferenceResponse | EngineError

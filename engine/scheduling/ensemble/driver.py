@@ -1,4 +1,4 @@
-"""The ensemble driver: runs each request's steps on the composing models, as engine/ensemble_plan.py says.
+"""The ensemble driver: runs each request's steps on the composing models, as the plan (plan.py) says.
 
 An `EnsembleModel` is a served version like any other (`Model`: the same request checks, metadata, statistics
 and classification), but instead of instances it has a plan. Each step is an ordinary request to its composing
@@ -32,12 +32,12 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from . import classification, observe
-from .config.model_config import ModelConfig
-from .ensemble_plan import EnsemblePlan, PlanProgress
-from .errors import EngineError, ErrorCode
-from .model import Model, ModelState
-from .types import Completion, InferenceRequest, InferenceResponse, RequestedOutput, RequestPlan, Tensor
+from ... import classification, observe
+from ...config.model_config import ModelConfig
+from ...errors import EngineError, ErrorCode
+from ...model import Model, ModelState
+from ...types import Completion, InferenceRequest, InferenceResponse, RequestedOutput, RequestPlan, Tensor
+from .plan import EnsemblePlan, PlanProgress
 
 _MAX_PLANS = 1024  # step request plans kept (one per step and distinct input shapes), then started afresh
 

@@ -1,8 +1,8 @@
 """The ensemble planner, pure: the DAG of an ensemble's steps, its validation, and which steps may run when.
 
-Nothing here waits, reads a clock or touches a model: engine/ensemble.py drives it. Three stages, in the order
-Triton checks them (core model_config_utils.cc ValidateEnsembleSchedulingConfig, ensemble_utils.cc
-ValidateEnsembleConfig), and with its words, which clients and users match on:
+Nothing here waits, reads a clock or touches a model: engine/scheduling/ensemble/driver.py drives it. Three
+stages, in the order Triton checks them (core model_config_utils.cc ValidateEnsembleSchedulingConfig,
+ensemble_utils.cc ValidateEnsembleConfig), and with its words, which clients and users match on:
 
 1. `check_data_flow` (called by engine/config/ensemble.py with the config alone): every tensor written once,
    every ensemble input used, every output written (a cycle or an unconnected tensor says which), nothing
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .config.model_config import EnsembleStep, ModelConfig, TensorSpec
-from .errors import invalid
-from .types import DataType
+from ...config.model_config import EnsembleStep, ModelConfig, TensorSpec
+from ...errors import invalid
+from ...types import DataType
 
 # ----------------------------------------------------------------------------------- 1. data flow
 

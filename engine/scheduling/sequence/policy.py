@@ -1,7 +1,7 @@
 """The sequence batcher's bookkeeping (pure): slots, the backlog, idle release and which rows form a batch.
 
 No event loop, no clocks: every call takes `now_ns`, so the tests are plain functions. The asyncio driver
-(engine/sequence_batcher.py) calls it on the loop thread:
+(engine/scheduling/sequence/batcher.py) calls it on the loop thread:
 
 1. `submit()` for every request: checks the sequence flags (raises INVALID_ARG in Triton's words) and queues
    the request on its sequence, which holds a slot or waits in the backlog;
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config.sequence import SequenceBatchingConfig, Strategy
-from .errors import EngineError, ErrorCode, invalid
+from ...config.sequence import SequenceBatchingConfig, Strategy
+from ...errors import EngineError, ErrorCode, invalid
 
 log = logging.getLogger("hubserve.sequence")
 CorrId = int | str

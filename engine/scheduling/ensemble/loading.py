@@ -22,14 +22,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config.model_config import ENSEMBLE_PLATFORM, ModelConfig
-from .config.steps import parse_dict, read_config_proto
-from .ensemble_plan import EnsemblePlan
-from .errors import EngineError, ErrorCode
-from .proto import model_config_pb2 as pb
+from ...config.model_config import ENSEMBLE_PLATFORM, ModelConfig
+from ...config.steps import parse_dict, read_config_proto
+from ...errors import EngineError, ErrorCode
+from ...proto import model_config_pb2 as pb
+from .plan import EnsemblePlan
 
 if TYPE_CHECKING:
-    from .repository.lifecycle import ModelRepository
+    from ...repository.lifecycle import ModelRepository
 
 log = logging.getLogger("hubserve.repository")
 

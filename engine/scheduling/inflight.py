@@ -1,6 +1,6 @@
-"""What `Batcher` (batching.py) and `SequenceBatcher` (sequence_batcher.py) share as `Model` sees them: the
-count of requests accepted and not yet answered, a wait until there are none (unload drains on it), a
-request's one done-callback (accounting, then the frontend's answer), and how a backend failure becomes the
+"""What `Batcher` (batching/batcher.py) and `SequenceBatcher` (sequence/batcher.py) share as `Model` sees
+them: the count of requests accepted and not yet answered, a wait until there are none (unload drains on it),
+a request's one done-callback (accounting, then the frontend's answer), and how a backend failure becomes the
 error a failed batch answers with.
 
 A base class rather than a helper object, so the batchers' per-request and per-batch paths call the same
@@ -13,11 +13,11 @@ import asyncio
 import time
 from typing import Any
 
-from . import observe
-from .config.model_config import ModelConfig
-from .errors import EngineError, ErrorCode
-from .stats import ModelStats
-from .types import Completion, InferenceRequest, InferenceResponse
+from .. import observe
+from ..config.model_config import ModelConfig
+from ..errors import EngineError, ErrorCode
+from ..stats import ModelStats
+from ..types import Completion, InferenceRequest, InferenceResponse
 
 
 class InflightBatcher:

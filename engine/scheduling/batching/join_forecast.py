@@ -25,7 +25,7 @@ Batches are never made smaller by the first signal under a closed loop: what is 
 is all that can come. The peak is measured, so a client that is in flight but has not reached the batcher
 (parsing, on the wire) never counts; reaching the peak is then what a full round looks like.
 
-Owned by `BatchPolicy` (batch_policy.py), which calls it from one thread with its own clock readings.
+Owned by `BatchPolicy` (policy.py), which calls it from one thread with its own clock readings.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 `BatchPolicy` is synchronous and owns the queues: it answers "which requests form the next batch, now" or
 "wait N ns", given the clock. It has no event loop, so its tests are plain functions (tests/test_batching.py);
-`Batcher` (batching.py) drives it on the loop.
+`Batcher` (batcher.py) drives it on the loop.
 
 Semantics follow Triton's `dynamic_batching`: the window (`max_queue_delay_microseconds`) runs from the oldest
 queued request; a batch reaching `max_batch_size` or a preferred size goes at once; requests whose non-batch
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from .config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
-from .errors import EngineError, ErrorCode, invalid
+from ...config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
+from ...errors import EngineError, ErrorCode, invalid
+from ...types import InferenceRequest, InferenceResponse
 from .join_forecast import JoinForecast
-from .types import InferenceRequest, InferenceResponse
 
 
 @dataclass(slots=True, eq=False)

@@ -1,4 +1,4 @@
-"""Dynamic batching on the event loop: `Batcher` drives the pure `BatchPolicy` (batch_policy.py), which owns
+"""Dynamic batching on the event loop: `Batcher` drives the pure `BatchPolicy` (policy.py), which owns
 the queues and says which requests form the next batch now or how long to wait.
 
 There is no background task: `_dispatch()` runs whenever something changes — a request arrives, an instance
@@ -7,7 +7,7 @@ arriving while every instance is busy wait in the queue and join the next batch 
 A timer is armed only for the earliest of the batching window and the next queue timeout, so timeouts fire
 on time even when no instance frees up.
 
-Semantics (Triton's `dynamic_batching`) are the policy's: see batch_policy.py.
+Semantics (Triton's `dynamic_batching`) are the policy's: see policy.py.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import time
 
 import numpy as np
 
-from . import observe
+from ... import observe
+from ...config.model_config import ModelConfig
+from ...errors import EngineError, ErrorCode, invalid
+from ...instances import Instance, InstancePool
+from ...stats import ModelStats
+from ...types import Completion, InferenceRequest, InferenceResponse, Tensor
+from ..inflight import InflightBatcher
+from ..timers import THRESHOLD_S, FdTimer, PreciseTimer
 from .adaptive_window import AdaptiveWindow
-from .batch_policy import BatchPolicy, Pending
-from .config.model_config import ModelConfig
-from .errors import EngineError, ErrorCode, invalid
-from .inflight import InflightBatcher
-from .instances import Instance, InstancePool
-from .stats import ModelStats
-from .timers import THRESHOLD_S, FdTimer, PreciseTimer
-from .types import Completion, InferenceRequest, InferenceResponse, Tensor
+from .policy import BatchPolicy, Pending
 
 log = logging.getLogger("hubserve.batching")
 
