@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from .canary import CanaryRecord
 from .generate.driver import EngineDriver
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .histograms import Histogram
+from .instances.canary import CanaryRecord
 from .model import Model
 from .stats import ModelStats
 
@@ -107,7 +107,7 @@ def _sequence_lines(models: list[Model]) -> list[str]:
     return lines
 
 
-# Versions the canary has run on (engine/canary.py): (name, type, help, value from the record).
+# Versions the canary has run on (engine/instances/canary.py): (name, type, help, value from the record).
 _CANARY_FAMILIES: list[tuple[str, str, str, Callable[[CanaryRecord], int]]] = [
     ("hubserve_model_canary_healthy", "gauge",
      "1 while the version's last canary inference passed, 0 while it fails (the version is then not ready)",

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from . import canary, classification, warmup
-from .canary import CanaryRecord
+from . import classification
 from .config.model_config import ModelConfig, TensorSpec
 from .errors import EngineError, ErrorCode, decoupled_unary, invalid
-from .instances import InstancePool
-from .placement import place
-from .rate_limiter import RateLimiter
+from .instances import canary, warmup
+from .instances.canary import CanaryRecord
+from .instances.placement import place
+from .instances.pool import InstancePool
+from .instances.rate_limiter import RateLimiter
 from .scheduling.batching.batcher import Batcher
 from .scheduling.sequence.batcher import SequenceBatcher
 from .scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
@@ -71,7 +72,7 @@ class Model:
         self.state = ModelState.LOADING
         self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
         self._unhealthy: dict[str, str] = {}  # health source -> why it says the version cannot serve
-        self.canary = CanaryRecord()  # engine/canary.py; read by the metrics
+        self.canary = CanaryRecord()  # engine/instances/canary.py; read by the metrics
         self.instances_back = 0.0  # time.monotonic() when its instances last served again after one went down
         self.stats = ModelStats()
         self._inputs = {spec.name: spec for spec in config.inputs}
@@ -83,8 +84,8 @@ class Model:
         self.plan_key = object()
 
     async def start(self) -> None:
-        """Create the instances, then warm them up (engine/warmup.py); READY only if both succeed. On a
-        failure everything made so far is freed and the error says why."""
+        """Create the instances, then warm them up (engine/instances/warmup.py); READY only if both succeed.
+        On a failure everything made so far is freed and the error says why."""
         self.labels = await asyncio.to_thread(classification.read_labels, self.config, self.model_dir)
         await self.pool.start()
         bind = getattr(self.batcher, "bind", None)  # a Python model's batcher wires its instances
@@ -106,9 +107,9 @@ class Model:
         self.set_health("instances", reason)
 
     def set_health(self, source: str, reason: str) -> None:
-        """A health source (the Python instances' supervision, the canary: engine/canary.py) says the version
-        cannot serve (`reason`) or can again (""): readiness tells the truth, with every source's reason. Only
-        between READY and UNAVAILABLE: loading and unloading are not changed by it."""
+        """A health source (the Python instances' supervision, the canary: engine/instances/canary.py) says
+        the version cannot serve (`reason`) or can again (""): readiness tells the truth, with every source's
+        reason. Only between READY and UNAVAILABLE: loading and unloading are not changed by it."""
         if reason:
             self._unhealthy[source] = reason
         else:

@@ -50,7 +50,7 @@ class ServerOptions:
     metrics_config: tuple[str, ...] = ()
     trace_config: tuple[str, ...] = ()
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
-    canary_interval_secs: float = 10.0  # a synthetic inference per instance this often (canary.py); 0: off
+    canary_interval_secs: float = 10.0  # each instance's canary this often (instances/canary.py); 0: off
     canary_timeout_secs: float = 5.0  # a canary unanswered this long fails, and the version is not ready
     # What one request may hold (frontend/wire.py TensorLimits) and how many connections the server takes
     # (frontend/connections.py); 0 = no limit for the connection counts.

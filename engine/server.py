@@ -14,10 +14,8 @@ import time
 
 from . import histograms, observe
 from .access import policies
-from .canary import CanaryOptions, CanaryRunner
 from .client_shm import ShmLimits
 from .dataplane import DataPlane
-from .devices import discover_gpus
 from .frontend import http as http_frontend
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
@@ -33,12 +31,14 @@ from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.registry import GenerationRegistry
 from .histograms import parse_metrics_config
+from .instances.canary import CanaryOptions, CanaryRunner
+from .instances.devices import discover_gpus
+from .instances.rate_limiter import RateLimiter
 from .lifecycle_log import process_age_s, ready_line
 from .metrics import process_registry, render
 from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .options import ServerOptions
-from .rate_limiter import RateLimiter
 from .repository.lifecycle import ModelRepository
 from .repository.watcher import RepositoryWatcher
 from .scheduling.sequence.policy import BacklogLimits

@@ -52,7 +52,7 @@ async def drive(submit: Callable[..., Awaitable[Any]], request: Callable[[], Any
 
 async def run(repo_dir: Path, repeats: int) -> None:
     from engine.dataplane import DataPlane
-    from engine.rate_limiter import RateLimiter
+    from engine.instances.rate_limiter import RateLimiter
     from engine.repository.lifecycle import ModelRepository
     from engine.shm import Region
     from engine.types import DataType, InferenceRequest, RequestPlan, Tensor

@@ -1,4 +1,4 @@
-"""Tests of engine/scheduling/batching/batcher.py's `Batcher` with engine/instances.py's `InstancePool`,
+"""Tests of engine/scheduling/batching/batcher.py's `Batcher` with engine/instances/pool.py's `InstancePool`,
 through real `Model`s running the identity backend (OUTPUTn = INPUTn) on real instance threads.
 
 Each test is a plain function around `asyncio.run`. Nothing here sleeps in place of synchronization: tests
@@ -21,9 +21,9 @@ import pytest
 from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.errors import EngineError, ErrorCode
+from engine.instances.rate_limiter import RateLimiter
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
-from engine.rate_limiter import RateLimiter
 from engine.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 T = TypeVar("T")

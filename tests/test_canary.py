@@ -1,5 +1,5 @@
-"""Canary readiness (engine/canary.py): periodic synthetic inferences that turn a version not-ready when it
-stops answering, and ready again when it answers.
+"""Canary readiness (engine/instances/canary.py): periodic synthetic inferences that turn a version not-ready
+when it stops answering, and ready again when it answers.
 
 The policy (`verdict`, `sample`) is tested on its own; the rest against the real server with canaries every
 0.2 s: a Python model that hangs while a flag file exists (a hung instance), one that raises while a flag file
@@ -21,9 +21,9 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server, wait_until
-from engine.canary import sample, verdict
 from engine.config import steps as config_module
 from engine.errors import EngineError, ErrorCode
+from engine.instances.canary import sample, verdict
 from engine.proto import model_config_pb2 as pb
 from python_models import add_simple, write_model
 

@@ -1,10 +1,10 @@
-"""Tests of engine/inline_policy.py's `InlinePolicy`: which batch sizes run on the loop, from the CPU time
-and wall time each run reports. Plain synchronous tests: no threads, no loop, no backend; the pool that
-measures real runs is exercised in tests/test_batcher.py."""
+"""Tests of engine/instances/inline_policy.py's `InlinePolicy`: which batch sizes run on the loop, from the
+CPU time and wall time each run reports. Plain synchronous tests: no threads, no loop, no backend; the pool
+that measures real runs is exercised in tests/test_batcher.py."""
 
 from __future__ import annotations
 
-from engine.inline_policy import (
+from engine.instances.inline_policy import (
     INLINE_BELOW_NS,
     INLINE_SAMPLE_CAP_NS,
     INLINE_STRIKE_SHARE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import config_from_pbtxt
 from engine.backends.onnxruntime import providers_for
 from engine.config.model_config import ModelConfig
-from engine.devices import CPU, Device
+from engine.instances.devices import CPU, Device
 
 IO = """
 backend: "onnxruntime"

@@ -1,5 +1,5 @@
-"""Tests of engine/placement.py's `place()`: device placement from instance groups, no GPU needed (the
-discovered GPUs are passed in)."""
+"""Tests of engine/instances/placement.py's `place()`: device placement from instance groups, no GPU needed
+(the discovered GPUs are passed in)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from conftest import config_from_pbtxt
 from engine.config.model_config import ModelConfig, RateLimiterResource
-from engine.devices import CPU, Device
 from engine.errors import EngineError, ErrorCode
-from engine.placement import place
+from engine.instances.devices import CPU, Device
+from engine.instances.placement import place
 
 IO = """
 backend: "identity"

@@ -1,12 +1,12 @@
-"""Tests of engine/rate_limiter.py's `RateLimiter`: its arithmetic and whom it tells of a release. Plain
-synchronous tests; the pools that listen to it are exercised in tests/test_batcher.py."""
+"""Tests of engine/instances/rate_limiter.py's `RateLimiter`: its arithmetic and whom it tells of a release.
+Plain synchronous tests; the pools that listen to it are exercised in tests/test_batcher.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from engine.config.model_config import RateLimiterResource
-from engine.rate_limiter import RateLimiter
+from engine.instances.rate_limiter import RateLimiter
 
 R1 = (RateLimiterResource("R", 1),)
 R2 = (RateLimiterResource("R", 2),)

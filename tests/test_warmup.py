@@ -1,4 +1,4 @@
-"""Warm-up samples from `model_warmup` (engine/warmup.py), and a version's start with warm-up
+"""Warm-up samples from `model_warmup` (engine/instances/warmup.py), and a version's start with warm-up
 (identity backend)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.errors import EngineError, ErrorCode
+from engine.instances.rate_limiter import RateLimiter
+from engine.instances.warmup import build_samples
 from engine.model import Model
 from engine.proto import model_config_pb2 as pb
-from engine.rate_limiter import RateLimiter
-from engine.warmup import build_samples
 
 IO = ('input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }\n'
       'input { name: "TEXT" data_type: TYPE_STRING dims: [ 2 ] optional: true }\n'

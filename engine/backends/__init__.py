@@ -1,7 +1,7 @@
 """The backend seam: one small protocol, one module per runtime.
 
-`create(config, model_dir, device)` is called on the instance's own thread (see `engine/instances.py`); the
-backend it returns is run and closed on that same thread only.
+`create(config, model_dir, device)` is called on the instance's own thread (see `engine/instances/pool.py`);
+the backend it returns is run and closed on that same thread only.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Protocol
 import numpy as np
 
 from ..config.model_config import ModelConfig, ModelIO
-from ..devices import Device
 from ..errors import EngineError, ErrorCode
+from ..instances.devices import Device
 
 
 class Backend(Protocol):

@@ -15,8 +15,8 @@ import numpy as np
 import onnxruntime as ort
 
 from ..config.model_config import ModelConfig, ModelIO, TensorSpec
-from ..devices import Device
 from ..errors import EngineError, ErrorCode, invalid
+from ..instances.devices import Device
 from ..types import DataType
 
 # ONNX Runtime's type strings for each protocol datatype.
@@ -118,7 +118,7 @@ class OnnxRuntimeBackend:
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
         self._check_against_config(config)
         # On the CPU provider, execution time is CPU time, so a short run may execute inline
-        # (inline_policy.py).
+        # (engine/instances/inline_policy.py).
         self.cpu_bound = device.kind == "cpu"
         self._bytes_inputs = {s.name for s in config.inputs if s.datatype is DataType.BYTES}
         self._bytes_outputs = {s.name for s in config.outputs if s.datatype is DataType.BYTES}

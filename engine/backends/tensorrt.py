@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from ..config.model_config import ModelConfig
-from ..devices import Device
 from ..errors import unavailable
+from ..instances.devices import Device
 
 
 class TensorRTBackend:

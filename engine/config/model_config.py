@@ -118,7 +118,8 @@ class WarmupData(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class WarmupInputConfig:
     """One input of a `model_warmup` sample, as written. Checked against the model's inputs only when the
-    sample is built (engine/warmup.py), so a mistake here fails the version, as in Triton, not the model."""
+    sample is built (engine/instances/warmup.py), so a mistake here fails the version, as in Triton, not the
+    model."""
 
     name: str
     datatype: DataType | None  # None: no data_type given

@@ -319,7 +319,7 @@ def _tensor_spec(t: Any, kind: str, where: str) -> TensorSpec:
 
 def _warmup(w: Any, index: int, where: str) -> WarmupConfig:
     """A `model_warmup` entry, typed, with Triton's defaults. Only the types are checked here; what must match
-    the model is checked when the sample is built (engine/warmup.py)."""
+    the model is checked when the sample is built (engine/instances/warmup.py)."""
     name = w.name or f"warmup_{index}"
     inputs = []
     for input_name, spec in sorted(w.inputs.items()):

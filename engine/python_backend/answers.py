@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config.model_config import ModelConfig, TensorSpec
 from ..errors import EngineError, ErrorCode
-from ..instances import InstancePool
+from ..instances.pool import InstancePool
 from ..types import InferenceRequest, InferenceResponse, Tensor
 from .bls import Gateway, Router, WaitNode
 from .runner import Answer

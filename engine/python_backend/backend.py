@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..config.model_config import ModelConfig
-from ..devices import Device
 from ..errors import EngineError, ErrorCode, unavailable
+from ..instances.devices import Device
 from ..types import DataType, InferenceRequest, InferenceResponse
 from . import pb_utils
 from .bls import RESERVED_PARAMETERS, Gateway, WaitNode, engine_request

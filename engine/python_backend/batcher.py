@@ -21,7 +21,7 @@ from collections.abc import Callable
 from .. import observe
 from ..config.model_config import ModelConfig
 from ..errors import EngineError
-from ..instances import Instance, InstancePool
+from ..instances.pool import Instance, InstancePool
 from ..scheduling.batching.batcher import Batcher
 from ..scheduling.batching.policy import Pending
 from ..stats import ModelStats

@@ -31,7 +31,7 @@ import numpy as np
 from ..config.model_config import ModelConfig
 from ..config.sequence import StateSpec
 from ..errors import EngineError, ErrorCode
-from ..instances import Instance, InstancePool
+from ..instances.pool import Instance, InstancePool
 from ..scheduling.sequence.batcher import Result, SequenceBatcher
 from ..scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
 from ..stats import ModelStats

@@ -42,13 +42,13 @@ from ..errors import EngineError, ErrorCode, invalid, not_found
 from ..generate.model_folder import is_generative
 from ..generate.triton_model import GenerationSource, GenerativeModel
 from ..generate.triton_signature import complete_generative, is_generative_config
+from ..instances.rate_limiter import RateLimiter
 from ..lifecycle_log import reload_line
 from ..memory import release_freed_memory
 from ..model import Model, ModelState
 from ..names import name_problem
 from ..proto import model_config_pb2 as pb
 from ..python_overrides import refuse_python_override
-from ..rate_limiter import RateLimiter
 from ..scheduling.ensemble import loading as ensemble_loading
 from ..scheduling.ensemble.driver import EnsembleModel
 from ..scheduling.ensemble.plan import EnsemblePlan

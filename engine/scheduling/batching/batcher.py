@@ -21,7 +21,7 @@ import numpy as np
 from ... import observe
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode, invalid
-from ...instances import Instance, InstancePool
+from ...instances.pool import Instance, InstancePool
 from ...stats import ModelStats
 from ...types import Completion, InferenceRequest, InferenceResponse, Tensor
 from ..inflight import InflightBatcher
@@ -200,8 +200,8 @@ class Batcher(InflightBatcher):
         self._dispatch()
 
     def _start(self, instance: Instance, batch: list[Pending], seq: int) -> None:
-        """Run a formed batch. A batch the instance runs in place (engine/inline_policy.py) goes in a plain
-        callback on the next loop round: no task, whose creation and steps would cost more than such a
+        """Run a formed batch. A batch the instance runs in place (engine/instances/inline_policy.py) goes in
+        a plain callback on the next loop round: no task, whose creation and steps would cost more than such a
         batch's inference. Not at once, inside `_dispatch`: the instance stays busy until then, so requests
         arriving in the same round queue behind it and form the next batch, as they do behind a thread run."""
         elements = sum(p.batch_size for p in batch)

@@ -26,7 +26,7 @@ from ... import observe
 from ...config.model_config import ModelConfig
 from ...config.sequence import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
 from ...errors import EngineError, ErrorCode, invalid
-from ...instances import Instance, InstancePool
+from ...instances.pool import Instance, InstancePool
 from ...stats import ModelStats
 from ...types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 from ..inflight import InflightBatcher

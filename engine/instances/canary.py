@@ -38,10 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from ..config.model_config import ModelConfig
+from ..errors import EngineError, ErrorCode
+from ..types import DataType
 from . import warmup
-from .config.model_config import ModelConfig
-from .errors import EngineError, ErrorCode
-from .types import DataType
 
 log = logging.getLogger("hubserve.canary")
 

@@ -1,10 +1,10 @@
 """The instance pool: a model version's instances, and the thread boundary.
 
-An `InstancePool` holds a model version's instances, placed by engine/placement.py. Each instance owns a
+An `InstancePool` holds a model version's instances, placed by placement.py. Each instance owns a
 single-thread executor; its backend is created, run and closed on that thread only. The number of free
-instances is the model's concurrency limit; the server-wide `RateLimiter` (engine/rate_limiter.py) may refuse
-an instance on top of that. A batch runs on its instance's thread unless the instance's `InlinePolicy`
-(engine/inline_policy.py) says it is cheaper run in place, on the loop.
+instances is the model's concurrency limit; the server-wide `RateLimiter` (rate_limiter.py) may refuse an
+instance on top of that. A batch runs on its instance's thread unless the instance's `InlinePolicy`
+(inline_policy.py) says it is cheaper run in place, on the loop.
 
 The batcher (engine/scheduling/batching/batcher.py, what Triton calls the scheduler) decides what runs; this
 pool only runs it. Everything here runs on the event loop thread, except the backend calls handed to the
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from . import backends
-from .config.model_config import ModelConfig
+from .. import backends
+from ..config.model_config import ModelConfig
 from .inline_policy import INLINE_WALL_LIMIT_NS, InlinePolicy
 from .placement import Placement
 from .rate_limiter import RateLimiter
@@ -150,8 +150,8 @@ class InstancePool:
 
     def runs_inline(self, instance: Instance, elements: int) -> bool:
         """Whether a batch of `elements` on `instance` costs less run in place, on the loop, than the hand-off
-        to the instance's thread would (engine/inline_policy.py): then the batcher calls `execute_inline`,
-        else `execute`."""
+        to the instance's thread would (inline_policy.py): then the batcher calls `execute_inline`, else
+        `execute`."""
         return instance.inline.runs_inline(elements)
 
     def execute_inline(self, instance: Instance, inputs: dict[str, np.ndarray], output_names: list[str],
@@ -177,8 +177,8 @@ class InstancePool:
         return outputs, took
 
     async def warm_up(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> None:
-        """Run one warm-up sample on every instance at once, each on its own thread (engine/warmup.py). Called
-        only while the version is LOADING, before any request can reach the pool, so it takes no slots."""
+        """Run one warm-up sample on every instance at once, each on its own thread (warmup.py). Called only
+        while the version is LOADING, before any request can reach the pool, so it takes no slots."""
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(
             *(loop.run_in_executor(i.executor, i.backend.execute, inputs, output_names)
@@ -195,9 +195,9 @@ class InstancePool:
 
     def canary(self, index: int, inputs: dict[str, np.ndarray], output_names: list[str]
                ) -> asyncio.Future[dict[str, np.ndarray]]:
-        """Run `inputs` once on instance `index`'s own thread, at any time, taking no slot (engine/canary.py
-        says why): while the instance runs a batch, the canary waits on its thread behind it. The caller
-        reads the result or error; one left unread after its deadline is not reported as never retrieved."""
+        """Run `inputs` once on instance `index`'s own thread, at any time, taking no slot (canary.py says
+        why): while the instance runs a batch, the canary waits on its thread behind it. The caller reads the
+        result or error; one left unread after its deadline is not reported as never retrieved."""
         instance = self._instances[index]
         future = asyncio.get_running_loop().run_in_executor(instance.executor, instance.backend.execute,
                                                             inputs, output_names)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .config.model_config import ModelConfig, WarmupData, WarmupInputConfig
-from .errors import EngineError, ErrorCode, invalid
-from .instances import InstancePool
-from .types import DataType
+from ..config.model_config import ModelConfig, WarmupData, WarmupInputConfig
+from ..errors import EngineError, ErrorCode, invalid
+from ..types import DataType
+from .pool import InstancePool
 
 log = logging.getLogger("hubserve.warmup")
 

@@ -3,16 +3,15 @@
 Two limits, both optional: a cap on batches executing at once (`--max-concurrent-executions`), and
 Triton-style named resources (`rate_limiter` in an instance group, counts from `--rate-limit-resource`) that
 instances must hold while they execute, so one busy model cannot starve the others. One `RateLimiter` per
-server (engine/server.py), shared by every instance pool (engine/instances.py); all of it runs on the event
-loop thread. Pure bookkeeping: it never waits, and tells its listeners (the pools) when something was
-released.
+server (engine/server.py), shared by every instance pool (pool.py); all of it runs on the event loop thread.
+Pure bookkeeping: it never waits, and tells its listeners (the pools) when something was released.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from .config.model_config import RateLimiterResource
+from ..config.model_config import RateLimiterResource
 
 
 class RateLimiter:

@@ -1,16 +1,16 @@
 """Placement: which device each of a model version's instances runs on, from its `instance_group`s.
 
-Pure: the visible GPUs are passed in (engine/devices.py discovers them), so placement is tested without a
-GPU. Called once per version by `Model` before its instance pool (engine/instances.py) is built.
+Pure: the visible GPUs are passed in (devices.py discovers them), so placement is tested without a GPU. Called
+once per version by `Model` before its instance pool (pool.py) is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config.model_config import InstanceKind, ModelConfig, RateLimiterResource
+from ..config.model_config import InstanceKind, ModelConfig, RateLimiterResource
+from ..errors import unavailable
 from .devices import CPU, Device
-from .errors import unavailable
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,8 @@ paid the thread hand-off (104–113 µs of server CPU per inference against 86 �
 forgiven per 10 clean runs that run's count peaked at 2. A backend that blocks on more than one in ~10 inline
 runs is still struck out.
 
-One `InlinePolicy` per instance, owned by the instance pool (engine/instances.py), which asks it before each
-batch and tells it what each run cost. It reads no clock and starts no thread: the pool measures.
+One `InlinePolicy` per instance, owned by the instance pool (pool.py), which asks it before each batch and
+tells it what each run cost. It reads no clock and starts no thread: the pool measures.
 """
 
 from __future__ import annotations
