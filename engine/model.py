@@ -48,14 +48,14 @@ class Model:
         self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
         self.batcher: Batcher | SequenceBatcher
         if config.sequence_batching is not None and config.backend == "python":
-            from .python_backend.sequence import PythonSequenceBatcher  # one request per row
+            from .backends.python.sequence import PythonSequenceBatcher  # one request per row
 
             self.batcher = PythonSequenceBatcher(config, self.version_str, self.pool, self.stats, router,
                                                  self._instances_health, backlog)
         elif config.sequence_batching is not None:  # stateful models: engine/scheduling/sequence/batcher.py
             self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats, backlog)
-        elif config.backend == "python":  # one answer per request: engine/python_backend/batcher.py
-            from .python_backend.batcher import RequestBatcher
+        elif config.backend == "python":  # one answer per request: engine/backends/python/batcher.py
+            from .backends.python.batcher import RequestBatcher
 
             self.batcher = RequestBatcher(config, self.version_str, self.pool, self.stats, router,
                                           self._instances_health)

@@ -2,8 +2,8 @@
 one request's responses sent and not yet taken by its client, so a client that stops reading stops the
 model's sends, and what waits for it stays bounded whatever the request asks for.
 
-Credit, as HTTP/2 windows work: the producer (a decoupled Python model's sender: python_backend/decoupled.py
-`Relay`, python_backend/send_credits.py) starts with `RESPONSE_WINDOW` sends and waits at zero; the consumer
+Credit, as HTTP/2 windows work: the producer (a decoupled Python model's sender: backends/python/decoupled.py
+`Relay`, backends/python/send_credits.py) starts with `RESPONSE_WINDOW` sends and waits at zero; the consumer
 (the gRPC stream, `infer_stream`'s queue for HTTP generate_stream, a frontend's channel with --workers N)
 makes one `StreamWindow` per request, sets it as the request's `stream_window`, and calls `taken(n)` once it
 has handed `n` responses to its client (written out, not waiting for the client to read them). The window

@@ -3,7 +3,7 @@
 `infer_stream(submit, request)` is what `DataPlane.infer_stream` (and the frontend processes' `EngineClient`)
 return; transports that stream (HTTP generate_stream, OpenAI) are built on it. It rides on the request's one
 completion path: `submit(request, start_ns, on_done)` queues it, a decoupled model's responses before its
-last reach `request.stream` (python_backend/decoupled.py), and the future resolves with the last, so the
+last reach `request.stream` (backends/python/decoupled.py), and the future resolves with the last, so the
 request is accounted once, as any other. What the iterator yields:
 - a non-decoupled model: exactly one `StreamedResponse(response, final=True)`;
 - a decoupled model: each response as it is sent (`final=False`), then its last (`final=True`), which is

@@ -230,7 +230,7 @@ def _instance_threads(server) -> int:
             if parent != server.process.pid:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"engine.python_backend.stub" in f.read():
+                if b"engine.backends.python.stub" in f.read():
                     total += len(os.listdir(f"/proc/{entry}/task"))
         except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
             continue

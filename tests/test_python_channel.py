@@ -1,4 +1,4 @@
-"""The Python instances' channel (engine/python_backend/channel.py) over a real socketpair and two memfd
+"""The Python instances' channel (engine/backends/python/channel.py) over a real socketpair and two memfd
 regions, no process: tensors cross through an arena block and come back freed once the receiver's views are
 gone, and a frame whose metadata pickles a function call is refused without running it."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.backends.python.channel import Channel, ChannelClosed
 from engine.ipc.frames import HEAD
-from engine.python_backend.channel import Channel, ChannelClosed
 from engine.shm import Region
 from engine.types import DataType
 

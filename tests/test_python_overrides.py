@@ -1,8 +1,8 @@
 """A config override sent without files (a repository load's `config` parameter) may not choose the code or
-the interpreter of a Python model (engine/python_overrides.py): `EXECUTION_ENV_PATH`, `default_model_filename`
-and `backend: "python"` stay as the model folder's own config has them unless the server runs with
---allow-python-model-upload. Refused with INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT), and nothing the
-override named ever runs: each attack's "interpreter" or script would leave a marker file.
+the interpreter of a Python model (engine/backends/python/overrides.py): `EXECUTION_ENV_PATH`,
+`default_model_filename` and `backend: "python"` stay as the model folder's own config has them unless the
+server runs with --allow-python-model-upload. Refused with INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT), and
+nothing the override named ever runs: each attack's "interpreter" or script would leave a marker file.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, assert_simple_over_grpc, start_server
 from engine import examples
+from engine.backends.python.overrides import refuse_python_override
 from engine.errors import EngineError, ErrorCode
-from engine.python_overrides import refuse_python_override
 
 MARKER_SCRIPT = """import pathlib
 pathlib.Path({marker!r}).write_text("ran")

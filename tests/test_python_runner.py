@@ -1,4 +1,4 @@
-"""engine/python_backend/runner.py's import of a model: `import triton_python_backend_utils` gives every
+"""engine/backends/python/runner.py's import of a model: `import triton_python_backend_utils` gives every
 model the one pb_utils module, also when several in-process models are imported at once on their own
 threads (as instances load), with nothing of that name on the path. It runs in a fresh child process, so
 the first import of that name is the one under test."""
@@ -24,8 +24,8 @@ MODEL = textwrap.dedent('''
 CHILD = textwrap.dedent('''
     import importlib.util, sys, threading
     from pathlib import Path
-    from engine.python_backend import pb_utils
-    from engine.python_backend.runner import load_model_class
+    from engine.backends.python import pb_utils
+    from engine.backends.python.runner import load_model_class
 
     assert importlib.util.find_spec("triton_python_backend_utils") is None
     files = [Path(p) for p in sys.argv[1:]]

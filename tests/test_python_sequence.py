@@ -1,6 +1,6 @@
 """Python sequence models (`backend: "python"` with `sequence_batching`): the sequence batcher hands each
 batch row to the model as a request of its own, with the control inputs and the implicit state as input
-tensors, and takes the next state from the response (engine/python_backend/sequence.py). Checked with
+tensors, and takes the next state from the response (engine/backends/python/sequence.py). Checked with
 tritonclient over HTTP and gRPC, under both strategies, without batching and in process: the model's view
 (control tensors, correlation_id(), flags(), state in, shapes), every sequence getting its own state when
 many are interleaved, a bad state output failing its request alone, the committed example Triton's clients

@@ -1,6 +1,6 @@
 """Response flow control, both ends, in-process: `StreamWindow` (engine/stream_window.py), the consumer's
 count of what its client took, credited to the producer in batches; and `SendCredits`
-(engine/python_backend/send_credits.py), where a decoupled model's sends wait for that credit. Plain
+(engine/backends/python/send_credits.py), where a decoupled model's sends wait for that credit. Plain
 objects: the window's tests are plain functions; the credits' use real threads, each wait bounded.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.python_backend.send_credits import SendCredits
+from engine.backends.python.send_credits import SendCredits
 from engine.stream_window import CREDIT_BATCH, RESPONSE_WINDOW, StreamWindow
 
 

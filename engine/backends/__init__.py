@@ -2,18 +2,27 @@
 
 `create(config, model_dir, device)` is called on the instance's own thread (see `engine/instances/pool.py`);
 the backend it returns is run and closed on that same thread only.
+
+    onnxruntime.py  ONNX Runtime: one InferenceSession per instance (CPU, CUDA, TensorRT execution providers)
+    tensorrt.py     TensorRT engines (`model.plan`): refused clearly, not implemented
+    identity.py     no runtime (OUTPUTn = INPUTn), for tests of the batcher and the instance pool
+    python/         Triton's Python backend: models in their own processes (its __init__ lists its modules)
+
+Kept light, like python/: a Python model's instance process imports this package on its way to python/.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from ..config.model_config import ModelConfig, ModelIO
 from ..errors import EngineError, ErrorCode
-from ..instances.devices import Device
+
+if TYPE_CHECKING:  # a Python model's instance process imports this package (python/): nothing heavy here
+    from ..config.model_config import ModelConfig, ModelIO
+    from ..instances.devices import Device
 
 
 class Backend(Protocol):
@@ -30,7 +39,7 @@ class Backend(Protocol):
     # the instance pool run very short batches on the loop instead of paying a thread hand-off.
     #
     # Optional, per request: `async execute_requests(requests, inputs, executor) -> list[answer]` answers
-    # each request of a batch on its own, errors included (Python models, engine/python_backend/: a model's
+    # each request of a batch on its own, errors included (Python models, engine/backends/python/: a model's
     # `execute` gets the requests, not a concatenated batch, and may fail one request alone). A backend
     # with it gets its batches from python_backend.batcher.RequestBatcher, which checks every answer
     # against the config; `execute` then serves warm-up only.
@@ -50,8 +59,8 @@ def create(config: ModelConfig, model_path: Path, device: Device, instance_name:
 
         return IdentityBackend(config)
     if config.backend == "python":
-        # Python models answer per request: see engine/python_backend/backend.py for the wider seam.
-        from ..python_backend import backend as python
+        # Python models answer per request: see engine/backends/python/backend.py for the wider seam.
+        from .python import backend as python
 
         return python.create(config, model_path, device, instance_name or f"{config.name}_0_0")  # type: ignore
     raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")

@@ -1,5 +1,5 @@
 """The frames and tensor placement that both process channels speak: engine ↔ frontend processes
-(engine/workers/) and engine ↔ Python-model instance processes (engine/python_backend/).
+(engine/workers/) and engine ↔ Python-model instance processes (engine/backends/python/).
 
     frames.py      the frame codec: head, plain-values metadata (a restricted unpickler), inline bytes, and
                    the sans-I/O FrameReader

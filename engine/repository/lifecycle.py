@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends
+from ..backends.python.overrides import refuse_python_override
 from ..config.model_config import ENSEMBLE_PLATFORM, ModelConfig
 from ..config.steps import (
     CONFIG_FILES,
@@ -48,7 +49,6 @@ from ..memory import release_freed_memory
 from ..model import Model, ModelState
 from ..names import name_problem
 from ..proto import model_config_pb2 as pb
-from ..python_overrides import refuse_python_override
 from ..scheduling.ensemble import loading as ensemble_loading
 from ..scheduling.ensemble.driver import EnsembleModel
 from ..scheduling.ensemble.plan import EnsemblePlan
@@ -306,8 +306,8 @@ class ModelRepository(RoutingTable):
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
                 if backend == "python":  # the model's own auto_complete_config, in a process of its own
-                    from ..python_backend import autocomplete as python_complete
-                    from ..python_backend import environment
+                    from ..backends.python import autocomplete as python_complete
+                    from ..backends.python import environment
 
                     params = {k: v.string_value for k, v in msg.parameters.items()}
                     python = environment.options(params, model_dir, where).interpreter

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ..config.model_config import ModelConfig
-from ..errors import EngineError, ErrorCode, unavailable
-from ..instances.devices import Device
-from ..types import DataType, InferenceRequest, InferenceResponse
+from ...config.model_config import ModelConfig
+from ...errors import EngineError, ErrorCode, unavailable
+from ...instances.devices import Device
+from ...types import DataType, InferenceRequest, InferenceResponse
 from . import pb_utils
 from .bls import RESERVED_PARAMETERS, Gateway, WaitNode, engine_request
 from .channel import Received
@@ -88,7 +88,7 @@ def request_meta(config: ModelConfig, request: InferenceRequest) -> RequestMeta:
 
 def _input_types(config: ModelConfig) -> dict[str, DataType]:
     """Every tensor a request may hand the model: its inputs, and a sequence model's control inputs and
-    implicit states (python_backend/sequence.py)."""
+    implicit states (backends/python/sequence.py)."""
     types = {spec.name: spec.datatype for spec in config.inputs}
     sequence = config.sequence_batching
     if sequence is not None:

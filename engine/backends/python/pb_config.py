@@ -1,11 +1,11 @@
 """`pb_utils.ModelConfig`: the config object a model's static `auto_complete_config` receives and returns.
 
 It wraps the model config as Triton's JSON (a dict with `name`, `max_batch_size`, `input` and `output` at
-least). The methods follow Triton's rules: `add_input` / `add_output` accept only their documented keys,
-merge into an entry of the same name unless it contradicts it (a datatype or dims already set differently
-raise ValueError), `set_max_batch_size` may not lower what the config set, `set_dynamic_batching` refuses
-another scheduler. hubserve runs `auto_complete_config` in a short-lived process of its own
-(engine/python_backend/autocomplete.py), as Triton does: nothing it creates survives into `initialize`.
+least). The methods follow Triton's rules: `add_input` / `add_output` accept only their documented keys, merge
+into an entry of the same name unless it contradicts it (a datatype or dims already set differently raise
+ValueError), `set_max_batch_size` may not lower what the config set, `set_dynamic_batching` refuses another
+scheduler. hubserve runs `auto_complete_config` in a short-lived process of its own (autocomplete.py), as
+Triton does: nothing it creates survives into `initialize`.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ it imports a model, so models written for Triton run unchanged. The surface foll
 builds, with `exec()` / `async_exec()`), `InferenceResponse`, `TritonError` with Triton's codes,
 `TritonModelException`, `Logger`, the lookup helpers and the auto-complete `ModelConfig` (pb_config.py).
 
-Runs wherever the model runs: in its instance process (engine/python_backend/stub.py) or, for a model that
-opts into running in-process, on its instance thread in the server. Imports only numpy and the standard
-library (plus engine modules that do the same), so it also loads in a model's own EXECUTION_ENV_PATH venv.
+Runs wherever the model runs: in its instance process (stub.py) or, for a model that opts into running
+in-process, on its instance thread in the server. Imports only numpy and the standard library (plus engine
+modules that do the same), so it also loads in a model's own EXECUTION_ENV_PATH venv.
 
 BLS requests leave through the `Transport` of the current context (`set_transport`): the stub's channel to
 the engine, or the in-process instance's hand-off to the event loop.

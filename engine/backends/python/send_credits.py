@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Container
 
-from ..stream_window import RESPONSE_WINDOW
+from ...stream_window import RESPONSE_WINDOW
 
 
 class SendCredits:

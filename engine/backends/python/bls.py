@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import EngineError, ErrorCode
-from ..types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+from ...errors import EngineError, ErrorCode
+from ...types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 # Request parameters Triton turns into request fields: they are not the model's `parameters()`.
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",

@@ -1,7 +1,7 @@
 """The engine's side of one Python-model instance process: start it, talk to it, watch it, see it end.
 
 `InstanceProcess.start()` (blocking; called on the instance's thread) makes the two shared-memory regions and
-a socket pair, starts `python -m engine.python_backend.stub` with them as inherited fds, sends `init` and
+a socket pair, starts `python -m engine.backends.python.stub` with them as inherited fds, sends `init` and
 waits for `ready` (or `init_failed`: the model's import or `initialize` error, with its last lines).
 
 Then four threads of its own, none of them the event loop:
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import child_pythonpath
-from ..errors import EngineError, ErrorCode, unavailable
-from ..shm import Region
+from ... import child_pythonpath
+from ...errors import EngineError, ErrorCode, unavailable
+from ...shm import Region
 from .channel import Channel, ChannelClosed, Received
 from .outbox import Outbox
 
@@ -100,7 +100,7 @@ class InstanceProcess:
         ours, theirs = socket.socketpair()
         env = {**os.environ, **spec.env, "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH")),
                "PYTHONUNBUFFERED": "1"}
-        cmd = [spec.python, "-m", "engine.python_backend.stub", str(theirs.fileno()), str(from_child.fd),
+        cmd = [spec.python, "-m", "engine.backends.python.stub", str(theirs.fileno()), str(from_child.fd),
                str(from_child.size), str(to_child.fd), str(to_child.size)]
         try:
             self._proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(), to_child.fd, from_child.fd),

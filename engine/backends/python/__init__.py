@@ -9,7 +9,8 @@ on the socket, tensors in shared memory through engine/shm.py) → stub.py (the 
 (loads model.py, calls initialize / execute / finalize, converts responses) → pb_utils.py (the API the model
 imports as `triton_python_backend_utils`). bls.py carries a model's requests to other models back into the
 engine and refuses the calls that could never be answered (a deadlock); autocomplete.py runs a model's
-static `auto_complete_config`; environment.py picks the interpreter (EXECUTION_ENV_PATH).
+static `auto_complete_config`; environment.py picks the interpreter (EXECUTION_ENV_PATH); overrides.py
+says what a repository load's config override may not change of a Python model.
 
 Kept light: the instance process imports this package, so nothing here may import protobuf or the server.
 """

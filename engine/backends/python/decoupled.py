@@ -28,11 +28,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from ..errors import EngineError
-from ..scheduling.batching.policy import Pending
-from ..stats import ModelStats
-from ..stream_window import Grant
-from ..types import EMPTY_FINAL, InferenceResponse
+from ...errors import EngineError
+from ...scheduling.batching.policy import Pending
+from ...stats import ModelStats
+from ...stream_window import Grant
+from ...types import EMPTY_FINAL, InferenceResponse
 from .runner import Answer
 
 Check = Callable[[Pending, Answer], "InferenceResponse | EngineError"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..types import DataType
+from ...types import DataType
 from . import pb_utils
 
 # An answer for one request: ("ok", [(name, datatype, array)], parameters JSON) or ("error", code, message).

@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..config.model_config import ModelConfig, TensorSpec
-from ..errors import EngineError, ErrorCode
-from ..instances.pool import InstancePool
-from ..types import InferenceRequest, InferenceResponse, Tensor
+from ...config.model_config import ModelConfig, TensorSpec
+from ...errors import EngineError, ErrorCode
+from ...instances.pool import InstancePool
+from ...types import InferenceRequest, InferenceResponse, Tensor
 from .bls import Gateway, Router, WaitNode
 from .runner import Answer
 

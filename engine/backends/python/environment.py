@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EngineError, ErrorCode, invalid
+from ...errors import EngineError, ErrorCode, invalid
 
 MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
 

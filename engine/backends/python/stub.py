@@ -1,4 +1,4 @@
-"""The instance process of a Python model: `python -m engine.python_backend.stub SOCK OWN SIZE PEER SIZE`.
+"""The instance process of a Python model: `python -m engine.backends.python.stub SOCK OWN SIZE PEER SIZE`.
 
 Started by process.py with the socket and the two shared-memory regions as inherited fds. It waits for
 `init`, imports the model and calls `initialize`, answers `ready` (or `init_failed` with the error's last
@@ -32,9 +32,9 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..errors import EngineError
-from ..shm import Region
-from ..types import DataType
+from ...errors import EngineError
+from ...shm import Region
+from ...types import DataType
 from . import pb_utils
 from .channel import Channel, ChannelClosed, Received
 from .runner import ModelError, ModelRunner, convert_response

@@ -2,7 +2,7 @@
 Python model: the code it runs and the interpreter that runs it.
 
 Why: a load request is a client's. A Python model's `EXECUTION_ENV_PATH` names the folder whose
-`bin/python3` runs its instances (python_backend/environment.py), and its `default_model_filename` the
+`bin/python3` runs its instances (backends/python/environment.py), and its `default_model_filename` the
 script they import; `backend: "python"` makes a folder's `.py` file code the server runs. Sent in an
 override, each let a client run any folder's `bin/python3`, or another model's script, in the server's
 name. Model files sent with a load are already refused when they would create or replace a Python model
@@ -22,9 +22,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config.steps import parse_dict, read_config_proto
-from .errors import EngineError, invalid
-from .proto import model_config_pb2 as pb
+from ...config.steps import parse_dict, read_config_proto
+from ...errors import EngineError, invalid
+from ...proto import model_config_pb2 as pb
 
 ENV_PATH = "EXECUTION_ENV_PATH"
 _SCRIPT = "model.py"

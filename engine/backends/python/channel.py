@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError, ErrorCode
-from ..frontend.wire import array_to_bytes
-from ..ipc.frames import HEAD, FrameError, encode_frame, parse_frame
-from ..ipc.tensors import Inline, PeerBlocks, place, read_arrays
-from ..shm import Arena, Region
-from ..types import DataType
+from ...errors import EngineError, ErrorCode
+from ...frontend.wire import array_to_bytes
+from ...ipc.frames import HEAD, FrameError, encode_frame, parse_frame
+from ...ipc.tensors import Inline, PeerBlocks, place, read_arrays
+from ...shm import Arena, Region
+from ...types import DataType
 
 INLINE_BELOW = 4096  # tensors of a message smaller than this in all go inline: a block is not worth it
 

@@ -2,7 +2,7 @@
 
 As in Triton, the interpreter that runs it is gone afterwards (nothing it made reaches `initialize`), and the
 model's code never runs inside the server for it. `complete()` (the repository's config step, on a worker
-thread) hands the config, as Triton's JSON, to `python -m engine.python_backend.autocomplete MODEL_FILE`
+thread) hands the config, as Triton's JSON, to `python -m engine.backends.python.autocomplete MODEL_FILE`
 on stdin and reads the completed config back from stdout; the model's error, if any, comes back as its
 message and last lines. Skipped when the model file never mentions `auto_complete_config`.
 
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import child_pythonpath
-from ..errors import invalid
+from ... import child_pythonpath
+from ...errors import invalid
 
 TIMEOUT_S = 120.0
 
@@ -29,7 +29,7 @@ def complete(msg: Any, model_file: Path, model_dir: Path, name: str, interpreter
     """Run the model's `auto_complete_config` on `msg` (a model_config_pb2.ModelConfig), in place."""
     from google.protobuf import json_format
 
-    from ..config.json_form import message_to_json
+    from ...config.json_form import message_to_json
 
     try:
         source = model_file.read_text(encoding="utf-8", errors="replace")
@@ -43,7 +43,7 @@ def complete(msg: Any, model_file: Path, model_dir: Path, name: str, interpreter
     path = child_pythonpath(os.environ.get("PYTHONPATH"))
     shown = f"{name}/"
     try:
-        done = subprocess.run([interpreter, "-m", "engine.python_backend.autocomplete", str(model_file),
+        done = subprocess.run([interpreter, "-m", "engine.backends.python.autocomplete", str(model_file),
                                str(model_dir), shown], input=json.dumps(config).encode(), capture_output=True,
                               timeout=TIMEOUT_S, cwd=str(model_dir), env={**os.environ, "PYTHONPATH": path},
                               check=False)

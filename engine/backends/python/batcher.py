@@ -18,14 +18,14 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from .. import observe
-from ..config.model_config import ModelConfig
-from ..errors import EngineError
-from ..instances.pool import Instance, InstancePool
-from ..scheduling.batching.batcher import Batcher
-from ..scheduling.batching.policy import Pending
-from ..stats import ModelStats
-from ..types import InferenceResponse
+from ... import observe
+from ...config.model_config import ModelConfig
+from ...errors import EngineError
+from ...instances.pool import Instance, InstancePool
+from ...scheduling.batching.batcher import Batcher
+from ...scheduling.batching.policy import Pending
+from ...stats import ModelStats
+from ...types import InferenceResponse
 from .answers import AnswerCheck, InstanceBinding, count_error
 from .bls import Router
 from .decoupled import Relay

@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from ..config.model_config import ModelConfig
-from ..config.sequence import StateSpec
-from ..errors import EngineError, ErrorCode
-from ..instances.pool import Instance, InstancePool
-from ..scheduling.sequence.batcher import Result, SequenceBatcher
-from ..scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
-from ..stats import ModelStats
-from ..types import InferenceRequest
+from ...config.model_config import ModelConfig
+from ...config.sequence import StateSpec
+from ...errors import EngineError, ErrorCode
+from ...instances.pool import Instance, InstancePool
+from ...scheduling.sequence.batcher import Result, SequenceBatcher
+from ...scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
+from ...stats import ModelStats
+from ...types import InferenceRequest
 from .answers import AnswerCheck, InstanceBinding, count_error
 from .bls import Router
 from .runner import Answer

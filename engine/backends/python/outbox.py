@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..types import DataType
+from ...errors import EngineError
+from ...types import DataType
 from .channel import Channel, ChannelClosed, write_some
 
 DEFER_BYTES = 256 << 10  # above this, framing (the copy into the arena) is left to the writer thread
