@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from .generate.driver import EngineDriver
+from .generate.serving.driver import EngineDriver
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .histograms import Histogram
 from .instances.canary import CanaryRecord
@@ -182,9 +182,9 @@ def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
     return lines
 
 
-# LoRA adapters (engine/generate/lora.py), for versions whose graph takes them: per adapter (label `adapter`),
-# then per version, what sizing the adapter cache (`max_loras`) needs. Counts of the loop's (driver.py) and
-# of the engine thread's store (plain integers, read as they are).
+# LoRA adapters (engine/generate/core/lora.py), for versions whose graph takes them: per adapter (label
+# `adapter`), then per version, what sizing the adapter cache (`max_loras`) needs. Counts of the loop's
+# (generate/serving/driver.py) and of the engine thread's store (plain integers, read as they are).
 _LORA_PER_ADAPTER: list[tuple[str, str, Callable[[EngineDriver], dict[str, int]]]] = [
     ("hubserve_generation_lora_requests_total", "Generation requests taken that run with the LoRA adapter "
      "(each choice counts)", lambda d: d.metrics.lora_requests),

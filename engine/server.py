@@ -29,7 +29,7 @@ from .frontend.metrics_routes import MAX_BODY_BYTES as METRICS_MAX_BODY_BYTES
 from .frontend.metrics_routes import MetricsRoutes
 from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
-from .generate.registry import GenerationRegistry
+from .generate.serving.registry import GenerationRegistry
 from .histograms import parse_metrics_config
 from .instances.canary import CanaryOptions, CanaryRunner
 from .instances.devices import discover_gpus

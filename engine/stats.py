@@ -67,8 +67,9 @@ class ModelStats:
     # Why each batch left the queue (full, preferred, window, immediate, early): what the window is doing.
     dispatch_reasons: dict[str, int] = field(default_factory=dict)
     responses: dict[int, ResponseStats] = field(default_factory=dict)  # decoupled models only
-    # Generative models: requests of either API between arrival and answer (engine/generate/accounting.py),
-    # the model's pending count (a /v1 request is one of its requests too).
+    # Generative models: requests of either API between arrival and answer
+    # (engine/generate/serving/accounting.py), the model's pending count (a /v1 request is one of its requests
+    # too).
     generating: int = 0
 
     def record_response(self, index: int, ns: int, kind: str) -> None:

@@ -158,7 +158,7 @@ class InferenceRequest:
     # The owner id of the API key that sent it (engine/api_keys.py `owner_id`; "" on a server without
     # keys), set by the frontend from the access policy's admission, on every path: whose client
     # shared-memory regions it may use, whose share of a sequence backlog it takes and whose tokens_per_minute
-    # a generation charges (generate/triton_model.py) (engine/caller.py). Never taken from the request's own
+    # a generation charges (generate/triton/model.py) (engine/caller.py). Never taken from the request's own
     # fields or parameters.
     owner: str = ""
     # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a

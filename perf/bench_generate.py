@@ -47,9 +47,10 @@ nothing written to disk or downloaded):
 - `l4h256`: the same builder at 4 layers, hidden 256 (8 × 32 heads), FFN 1024, 8 KiB of cache per token:
   still tiny next to a real model, but a step costs milliseconds, as a real model's does.
 
-KV layout (`--kv`): `dense` (the default; Optimum's form, `present` = past + new, the runner's decode group
-in decode_group.py) or `shared` (the same weights with ONNX Runtime's GroupQueryAttention over one buffer
-per KV tensor that the model writes in place, each row attending over its own length: shared_group.py).
+KV layout (`--kv`): `dense` (the default; Optimum's form, `present` = past + new, the runner's decode group in
+engine/generate/core/decode_group.py) or `shared` (the same weights with ONNX Runtime's GroupQueryAttention
+over one buffer per KV tensor that the model writes in place, each row attending over its own length:
+engine/generate/core/shared_group.py).
 
 TTFT is from a client sending a request to its first token. The runner's breakdown (blocks → dense past,
 ONNX Runtime, present → blocks) is per engine step of the continuous run; the last table splits a
@@ -80,12 +81,12 @@ import numpy as np
 import onnxruntime as ort
 
 from engine import examples
-from engine.generate.engine import CacheConfig, GenerationEngine
-from engine.generate.request import SamplingParams
-from engine.generate.runner import DecoderRunner, RunnerStats, RunShape
-from engine.generate.scheduler import SchedulerConfig
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.request import SamplingParams
+from engine.generate.core.runner import DecoderRunner, RunnerStats, RunShape
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.core.tokenizer import ByteTokenizer
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
-from engine.generate.tokenizer import ByteTokenizer
 
 MODELS = {"tiny": TinyDecoderShape(),
           "l4h256": TinyDecoderShape(layers=4, heads=8, head_dim=32, ffn=1024)}

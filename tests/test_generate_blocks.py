@@ -1,12 +1,12 @@
-"""The KV block pool and block tables (engine/generate/block_pool.py, kv_manager.py): plain functions, no
+"""The KV block pool and block tables (engine/generate/core/block_pool.py, kv_manager.py): plain functions, no
 model. Free counts return to full, nothing leaks, hashing finds exactly the identical prefixes."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.generate.block_pool import BlockHash, BlockPool, block_hashes
-from engine.generate.kv_manager import KVCacheManager
+from engine.generate.core.block_pool import BlockHash, BlockPool, block_hashes
+from engine.generate.core.kv_manager import KVCacheManager
 
 
 def test_allocate_and_release_return_the_pool_to_full():

@@ -1,4 +1,4 @@
-"""A model folder's chat template (engine/generate/chat_template.py): the default, a folder's own
+"""A model folder's chat template (engine/generate/serving/chat_template.py): the default, a folder's own
 chat_template.json, and the refusals of a malformed one. Pure: files in a temporary folder, no server."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError
-from engine.generate.chat_template import DEFAULT, FILENAME, load_chat_template
+from engine.generate.serving.chat_template import DEFAULT, FILENAME, load_chat_template
 
 
 def test_a_folder_without_a_template_gets_the_default(tmp_path: Path):

@@ -1,4 +1,4 @@
-"""engine/generate/detokenize.py on its own, pure: a request's output text kept a token at a time gives,
+"""engine/generate/core/detokenize.py on its own, pure: a request's output text kept a token at a time gives,
 after every token, what decoding the whole output gives (the byte tokenizer exactly, invalid bytes and
 special tokens included); the stop strings are found where a whole-text search finds them; what the client
 is shown is what the whole-text hold-back showed (reference: `reference_events`, the driver's earlier
@@ -11,10 +11,10 @@ import time
 
 import numpy as np
 
-from engine.generate.detokenize import OutputText, WindowDecoder
-from engine.generate.request import FinishReason, Request, SamplingParams
-from engine.generate.stopping import check_stop
-from engine.generate.tokenizer import ByteTokenizer
+from engine.generate.core.detokenize import OutputText, WindowDecoder
+from engine.generate.core.request import FinishReason, Request, SamplingParams
+from engine.generate.core.stopping import check_stop
+from engine.generate.core.tokenizer import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
 # bytes that make UTF-8 characters of 1-4 bytes, broken ones, stray continuations, and BOS/EOS

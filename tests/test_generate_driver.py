@@ -1,5 +1,5 @@
-"""EngineDriver (engine/generate/driver.py): a real engine over the tiny decoder on its own thread, driven
-from an event loop with no sockets. Streamed text adds up to the engine's own answer (stop strings and
+"""EngineDriver (engine/generate/serving/driver.py): a real engine over the tiny decoder on its own thread,
+driven from an event loop with no sockets. Streamed text adds up to the engine's own answer (stop strings and
 incomplete UTF-8 held back, never taken back), an abort frees the request's blocks, errors reach the
 request, and close ends the thread."""
 
@@ -12,13 +12,13 @@ import pytest
 
 from engine import examples
 from engine.errors import ErrorCode
-from engine.generate.driver import EngineDriver, TokenEvent
-from engine.generate.engine import CacheConfig, GenerationEngine
-from engine.generate.request import SamplingParams
-from engine.generate.runner import DecoderRunner
-from engine.generate.scheduler import SchedulerConfig
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.request import SamplingParams
+from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.core.tokenizer import ByteTokenizer
+from engine.generate.serving.driver import EngineDriver, TokenEvent
 from engine.generate.tiny_decoder import tiny_decoder_model
-from engine.generate.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

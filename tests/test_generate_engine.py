@@ -1,4 +1,4 @@
-"""The generation engine end to end over the tiny decoder (engine/generate/engine.py), in process: no
+"""The generation engine end to end over the tiny decoder (engine/generate/core/engine.py), in process: no
 sockets, no event loop. The oracle is a plain step-by-step loop over the same ONNX model, one sequence at a
 time with dense past tensors, written here without any engine code. The tests marked with `kv` run for both
 KV layouts the runner takes: `dense` (Optimum's form, `present` = past + new) and `shared` (the same weights
@@ -16,14 +16,14 @@ import pytest
 
 from engine import examples
 from engine.errors import EngineError
-from engine.generate.engine import CacheConfig, GenerationEngine
-from engine.generate.model_folder import load_engine
-from engine.generate.request import FinishReason, SamplingParams
-from engine.generate.request_options import sampling_params
-from engine.generate.runner import DecoderRunner
-from engine.generate.scheduler import SchedulerConfig
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.request import FinishReason, SamplingParams
+from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.core.tokenizer import ByteTokenizer
+from engine.generate.serving.model_folder import load_engine
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
-from engine.generate.tokenizer import ByteTokenizer
+from engine.generate.triton.request_options import sampling_params
 
 MODEL = examples.model_bytes(tiny_decoder_model())
 SHARED_MODEL = examples.model_bytes(tiny_decoder_model(TinyDecoderShape(shared_kv=True)))

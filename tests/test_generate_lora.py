@@ -21,9 +21,9 @@ import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, RunningServer, start_server
 from engine.examples import write_model
-from engine.generate.lora import AdapterStore, LoraShape
-from engine.generate.model_folder import load_engine
-from engine.generate.request import SamplingParams
+from engine.generate.core.lora import AdapterStore, LoraShape
+from engine.generate.core.request import SamplingParams
+from engine.generate.serving.model_folder import load_engine
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 MODEL = "tiny_lora"

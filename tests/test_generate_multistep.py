@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError
-from engine.generate.engine import GenerationEngine
-from engine.generate.model_folder import load_engine
-from engine.generate.request import FinishReason, SamplingParams
+from engine.generate.core.engine import GenerationEngine
+from engine.generate.core.request import FinishReason, SamplingParams
+from engine.generate.serving.model_folder import load_engine
 from test_generate_engine import (
     GREEDY,
     KV,

@@ -1,5 +1,5 @@
-"""The runner's step-loop savings (engine/generate/runner.py, decode_group.py): a decode group's past kept
-between steps, leavers' rows reused by joiners in place, and prefill chunks batched by length (the tests
+"""The runner's step-loop savings (engine/generate/core/runner.py, decode_group.py): a decode group's past
+kept between steps, leavers' rows reused by joiners in place, and prefill chunks batched by length (the tests
 marked `kv` also for the shared-KV layout: test_generate_shared_kv.py has its own). Every test
 checks the tokens against the plain step-by-step loop of test_generate_engine.py, and the savings through
 the runner's public statistics."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.generate.request import Request, SamplingParams
-from engine.generate.runner import prefill_groups
-from engine.generate.scheduler import ScheduledChunk
+from engine.generate.core.request import Request, SamplingParams
+from engine.generate.core.runner import prefill_groups
+from engine.generate.core.scheduler import ScheduledChunk
 from test_generate_engine import (
     GREEDY,
     KV,

@@ -1,4 +1,4 @@
-"""The sampler (engine/generate/sampler.py), pure: its draw is `Generator.choice`'s, draw for draw, so a
+"""The sampler (engine/generate/core/sampler.py), pure: its draw is `Generator.choice`'s, draw for draw, so a
 seeded request gives the tokens it gave before the sampler drew without `choice`; the penalties are OpenAI's
 formula and vLLM's repetition penalty, worked by hand."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError
-from engine.generate.request import Request, SamplingParams
-from engine.generate.sampler import penalize, sample, sample_row, token_logprob
+from engine.generate.core.request import Request, SamplingParams
+from engine.generate.core.sampler import penalize, sample, sample_row, token_logprob
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

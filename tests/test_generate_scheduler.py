@@ -1,13 +1,14 @@
-"""The scheduler (engine/generate/scheduler.py) as a plain object, with no model: the test plays the model
+"""The scheduler (engine/generate/core/scheduler.py) as a plain object, with no model: the test plays the
+model
 by handing `update` a token for every request that samples."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.generate.kv_manager import KVCacheManager
-from engine.generate.request import FinishReason, Priority, Request, RequestState, SamplingParams
-from engine.generate.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from engine.generate.core.kv_manager import KVCacheManager
+from engine.generate.core.request import FinishReason, Priority, Request, RequestState, SamplingParams
+from engine.generate.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 
 def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, budget: int = 64,

@@ -1,6 +1,6 @@
-"""A shared-KV decoder (engine/generate/shared_group.py; tiny_decoder.py's `shared_kv` form, ONNX Runtime's
-GroupQueryAttention writing a buffer in place): the rows follow the requests without copying the past, and
-every token equals the plain step-by-step loop over the dense model of the same weights
+"""A shared-KV decoder (engine/generate/core/shared_group.py; tiny_decoder.py's `shared_kv` form, ONNX
+Runtime's GroupQueryAttention writing a buffer in place): the rows follow the requests without copying the
+past, and every token equals the plain step-by-step loop over the dense model of the same weights
 (test_generate_engine.py's oracle). In process through the engine, then one server with such a model folder
 answering the `openai` client exactly as the dense example does."""
 
@@ -15,11 +15,11 @@ import pytest
 from conftest import EXAMPLES, openai_client, start_server
 from engine import examples
 from engine.errors import EngineError
-from engine.generate.engine import CacheConfig, GenerationEngine
-from engine.generate.model_folder import load_engine
-from engine.generate.request import SamplingParams
-from engine.generate.runner import DecoderRunner
-from engine.generate.scheduler import SchedulerConfig
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.request import SamplingParams
+from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.serving.model_folder import load_engine
 from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from test_generate_engine import (
     GREEDY,

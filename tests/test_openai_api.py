@@ -17,11 +17,12 @@ import pytest
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
 from engine import examples
-from engine.generate.model_folder import load_engine
-from engine.generate.request import SamplingParams
+from engine.generate.core.request import SamplingParams
+from engine.generate.serving.model_folder import load_engine
 
 MODEL = "tiny_decoder"
-CHAT_STOPS = ("<|user|>", "<|system|>")  # the default chat template's (engine/generate/chat_template.py)
+# the default chat template's (engine/generate/serving/chat_template.py)
+CHAT_STOPS = ("<|user|>", "<|system|>")
 
 
 def build_repository(root: Path) -> Path:

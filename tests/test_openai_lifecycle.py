@@ -1,5 +1,6 @@
-"""A generative model's engine follows the repository (engine/generate/registry.py): unloading the model
-lets a stream in flight finish, later requests are refused in OpenAI's shape, and a new load serves again
+"""A generative model's engine follows the repository (engine/generate/serving/registry.py): unloading the
+model lets a stream in flight finish, later requests are refused in OpenAI's shape, and a new load serves
+again
 with a fresh engine. Explicit model control, the repository API over HTTP."""
 
 from __future__ import annotations

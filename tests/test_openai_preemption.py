@@ -1,6 +1,7 @@
 """Through the OpenAI API, a KV cache too small for the streams running together: the engine preempts
 (recomputes) some of them, and every stream still gets exactly the text it gets alone, greedy, token for
-token (engine/generate/scheduler.py preemption; engine/generate/driver.py hands out text only once)."""
+token (engine/generate/core/scheduler.py preemption; engine/generate/serving/driver.py hands out text only
+once)."""
 
 from __future__ import annotations
 

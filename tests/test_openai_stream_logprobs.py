@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from engine.frontend.openai_stream import stream_generation
-from engine.generate.driver import ShownLogprob, TokenEvent
-from engine.generate.request import SamplingParams
+from engine.generate.core.request import SamplingParams
+from engine.generate.serving.driver import ShownLogprob, TokenEvent
 from engine.openai.generation import Generation
 from engine.openai.protocol import parse_request
 

@@ -236,7 +236,7 @@ def validate(msg: pb.ModelConfig, where: str, model_dir: Path | None = None) -> 
     scheduling = msg.WhichOneof("scheduling_choice")
     decoupled = msg.model_transaction_policy.decoupled
     # Only a Python model can send responses apart from execute, or a generative model's engine (its
-    # requests never reach the backend: engine/generate/triton_model.py).
+    # requests never reach the backend: engine/generate/triton/model.py).
     generative = "generation" in msg.parameters
     if decoupled and backend != "python" and not generative:
         raise invalid(f"{where}: model_transaction_policy {{ decoupled: true }} is not supported by the "

@@ -6,11 +6,11 @@
     POST /v1/chat/completions                chat, through the model folder's chat template
     /v1/files, /v1/batches                   the Batch API (openai_batch_routes.py)
 
-A generation request runs as one task: the engine's work is on its own thread (engine/generate/driver.py),
-the task only waits for its events. Without `stream` the task's result is the JSON answer; with it, the
-task writes the events through the request's `ResponseStream` from the first event on
-(openai_stream.py `stream_generation`) and ends when the stream does, so the request's admission (a key's
-concurrency slot) is held for the stream's life. A client that leaves cancels the task, which aborts the
+A generation request runs as one task: the engine's work is on its own thread
+(engine/generate/serving/driver.py), the task only waits for its events. Without `stream` the task's result is
+the JSON answer; with it, the task writes the events through the request's `ResponseStream` from the first
+event on (openai_stream.py `stream_generation`) and ends when the stream does, so the request's admission (a
+key's concurrency slot) is held for the stream's life. A client that leaves cancels the task, which aborts the
 generation. Errors leave as OpenAI's error object (engine/openai/errors.py); an error before the first
 event is a plain JSON answer.
 

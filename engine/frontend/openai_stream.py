@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from ..generate.driver import TokenEvent
+from ..generate.serving.driver import TokenEvent
 from ..openai import responses
 from ..openai.errors import from_engine
 from ..openai.generation import Choice, Generation

@@ -20,8 +20,8 @@ its own matrices (zeros: no adapter), so one batch can carry requests of differe
 `present` is `past` with this call's keys and values appended (a Concat along the sequence axis), which is
 what a step-by-step loop feeds back as the next `past`. Attention is causal by slot: the query in slot
 `past + j` sees key slots `<= past + j` whose mask is 1. The vocabulary is 256 bytes plus BOS and EOS
-(engine/generate/tokenizer.py); the output head is scaled so logits spread widely (a std of about 4), which
-keeps greedy argmaxes far from ties that float rounding could flip.
+(engine/generate/core/tokenizer.py); the output head is scaled so logits spread widely (a std of about 4),
+which keeps greedy argmaxes far from ties that float rounding could flip.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """One API request in the engine: its choices (n per prompt), each one engine request, and what they produced.
 
-Made and used on the loop by service.py. Each choice's events come from the driver (engine/generate/driver.py)
-through `_on_event`; the request is done when every choice finished, or at the first error (the others are
-then aborted). A listener (the SSE stream) sees each event as it comes; without one, the events only
-accumulate, for the one JSON answer.
+Made and used on the loop by service.py. Each choice's events come from the driver
+(engine/generate/serving/driver.py) through `_on_event`; the request is done when every choice finished, or at
+the first error (the others are then aborted). A listener (the SSE stream) sees each event as it comes;
+without one, the events only accumulate, for the one JSON answer.
 
 It also counts as one request of its model version in Triton's statistics (`account`,
-engine/generate/accounting.py): handed to the engine when every choice is submitted; success when every
-choice finished, fail at an error, cancelled when it is aborted before that (its client left, its job was
-cancelled, the server stopped).
+engine/generate/serving/accounting.py): handed to the engine when every choice is submitted; success when
+every choice finished, fail at an error, cancelled when it is aborted before that (its client left, its job
+was cancelled, the server stopped).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import EngineError
-from ..generate.accounting import Outcome, RequestAccount
-from ..generate.driver import EngineDriver, ShownLogprob, TokenEvent
-from ..generate.request import SamplingParams
+from ..generate.core.request import SamplingParams
+from ..generate.serving.accounting import Outcome, RequestAccount
+from ..generate.serving.driver import EngineDriver, ShownLogprob, TokenEvent
 
 
 @dataclass(slots=True)
@@ -87,7 +87,8 @@ class Generation:
                 # a seeded request's choices differ from each other and are each reproducible: seed + j
                 params = self.params if seed is None or choice.index % n == 0 else \
                     dataclasses.replace(self.params, seed=seed + choice.index % n)
-                # one group: the scheduler admits its choices in turn with other requests' (waiting.py)
+                # one group: the scheduler admits its choices in turn with other requests'
+                # (generate/core/waiting.py)
                 self.driver.submit(choice.engine_id, prompt, params, on_event, group=self.request_id)
                 choice.submitted = True
         except EngineError:

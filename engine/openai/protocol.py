@@ -5,8 +5,8 @@ field, as OpenAI's own 400s do. Fields we do not serve with a value that would c
 `echo`, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
 servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names (the
 `openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`,
-`repetition_penalty`. What the engine checks after every token is bounded here (generate/request.py): at most
-4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
+`repetition_penalty`. What the engine checks after every token is bounded here (generate/core/request.py): at
+most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from ..generate.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from ..generate.core.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from .errors import OpenAIError, bad_request
 
 MAX_N = 16          # choices per request

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..generate.driver import ShownLogprob
+from ..generate.serving.driver import ShownLogprob
 from .generation import Choice, Generation
 
 OWNED_BY = "hubserve"

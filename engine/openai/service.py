@@ -3,7 +3,7 @@ tokenizer) → its limits → the engine (a `Generation`) → the answer (respon
 
 Called on the loop by the HTTP routes (frontend/openai_routes.py). Tokenizing runs on the loop: a prompt is
 bounded before it is tokenized (`MAX_PROMPT_CHARS_PER_TOKEN` × the context), so this costs at most about a
-millisecond; every model step runs on its engine's thread (engine/generate/driver.py).
+millisecond; every model step runs on its engine's thread (engine/generate/serving/driver.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 
 from ..api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
-from ..generate.accounting import RequestAccount
-from ..generate.chat_template import ChatTemplate
-from ..generate.lora import adapter_names
-from ..generate.model_folder import adapters_folder
-from ..generate.registry import GenerationRegistry, GenerativeVersion, check_adapter
-from ..generate.request import Priority, SamplingParams
+from ..generate.core.lora import adapter_names
+from ..generate.core.request import Priority, SamplingParams
+from ..generate.serving.accounting import RequestAccount
+from ..generate.serving.chat_template import ChatTemplate
+from ..generate.serving.model_folder import adapters_folder
+from ..generate.serving.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..model import Model
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
@@ -85,7 +85,7 @@ class OpenAIService:
         offline jobs (batch/runner.py), which the scheduler serves last, and which wait for their key's
         minute (QuotaWait, nothing submitted) rather than be refused while it is spent.
         The request counts in its model version's Triton statistics from here (its queue time is the wait
-        for the engine: engine/generate/accounting.py)."""
+        for the engine: engine/generate/serving/accounting.py)."""
         received_ns = time.perf_counter_ns()
         base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:
@@ -172,7 +172,8 @@ class OpenAIService:
 
 
 def _declared_adapters(model: Model) -> list[str]:
-    """The adapters the model's folder holds (lora.py `adapter_names`: a scan, nothing loaded)."""
+    """The adapters the model's folder holds (generate/core/lora.py `adapter_names`: a scan, nothing
+    loaded)."""
     return adapter_names(adapters_folder(model.config, model.model_dir))
 
 

@@ -1,7 +1,7 @@
 """Per-key `tokens_per_minute` for generation (README "Security"): the one place it is charged.
 
 `OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine, and
-Triton's generate paths call `charge_triton` likewise (generate/triton_model.py), so one bucket per key
+Triton's generate paths call `charge_triton` likewise (generate/triton/model.py), so one bucket per key
 counts every generation whichever protocol asked for it. The cost reserved is what the request may use at
 most: its prompt tokens plus `max_tokens` for every choice (when `max_tokens` is not given, what the context
 leaves). When it finishes, the tokens it did not use (it
@@ -79,7 +79,7 @@ class TokenQuotas:
 
     def charge_triton(self, owner: str, tokens: int, now: float | None = None) -> Reservation | None:
         """`charge` for a generation through Triton's protocols (generate, generate_stream, ModelStreamInfer:
-        generate/triton_model.py; `owner` is InferenceRequest.owner). The same bucket and rule; a refusal is
+        generate/triton/model.py; `owner` is InferenceRequest.owner). The same bucket and rule; a refusal is
         the engine's RESOURCE_EXHAUSTED with the words of OpenAI's 429 (HTTP 429; on a gRPC stream, its
         error message)."""
         try:

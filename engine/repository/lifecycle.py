@@ -40,9 +40,9 @@ from ..config.steps import (
     version_policy_of,
 )
 from ..errors import EngineError, ErrorCode, invalid, not_found
-from ..generate.model_folder import is_generative
-from ..generate.triton_model import GenerationSource, GenerativeModel
-from ..generate.triton_signature import complete_generative, is_generative_config
+from ..generate.serving.model_folder import is_generative
+from ..generate.triton.model import GenerationSource, GenerativeModel
+from ..generate.triton.signature import complete_generative, is_generative_config
 from ..instances.rate_limiter import RateLimiter
 from ..lifecycle_log import reload_line
 from ..memory import release_freed_memory
@@ -81,8 +81,8 @@ class ModelRepository(RoutingTable):
         # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
         # model is code the server runs, so by default only the operator's repository folder may hold one.
         self._allow_python_uploads = allow_python_uploads
-        # Where a generative model's requests go (engine/generate/registry.py); set by the server, which makes
-        # the registry over this repository. None: such a model fails to load.
+        # Where a generative model's requests go (engine/generate/serving/registry.py); set by the server,
+        # which makes the registry over this repository. None: such a model fails to load.
         self.generation: GenerationSource | None = None
 
     async def load_all(self) -> None:
@@ -299,7 +299,8 @@ class ModelRepository(RoutingTable):
         filename = msg.default_model_filename or default_filename(backend)
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
-        if is_generative_config(msg):  # a Triton LLM signature, not its ONNX tensors (triton_signature.py)
+        # a Triton LLM signature, not its ONNX tensors (generate/triton/signature.py)
+        if is_generative_config(msg):
             complete_generative(msg, where)
         elif latest_file.exists() and backend != ENSEMBLE_PLATFORM:
             try:
@@ -328,7 +329,7 @@ class ModelRepository(RoutingTable):
         log.info("model %s version %d LOADING", config.name, version)
         if plan is not None:  # an ensemble: its version folder holds nothing, its steps run on other models
             model: Model = EnsembleModel(config, version, model_dir / str(version), plan, self)
-        elif is_generative(config):  # its requests go to the generation engine (generate/triton_model.py)
+        elif is_generative(config):  # its requests go to the generation engine (generate/triton/model.py)
             if self.generation is None:
                 raise invalid(f"{where}: generative models are served only by a server with a generation "
                               "registry")

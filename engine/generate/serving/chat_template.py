@@ -9,7 +9,7 @@ Our own small format, not Jinja: `chat_template.json` beside the model's config.
       "prefix":    "",                              before the first message
       "generation_prompt": "<|assistant|>\\n",        after the last one: where the model's answer starts
       "stop":      ["<|user|>", "<|system|>"]       stop strings every chat request gets, besides its own
-    }                                                 (at most 4, of at most 256 characters: request.py)
+    }                                                 (at most 4, of at most 256 characters: core/request.py)
 
 A folder without the file gets `DEFAULT` (the values above). The role `developer` is written as `system`
 (OpenAI renamed it); `tool` and `function` messages are refused. `{content}` is replaced literally
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import invalid
-from .request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from ...errors import invalid
+from ..core.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 
 FILENAME = "chat_template.json"
 ROLES = ("system", "user", "assistant")

@@ -1,10 +1,10 @@
 """A generation request's part in its model version's Triton statistics (engine/stats.py `ModelStats`).
 
-A generative model version is one model to Triton's statistics extension and to the `nv_inference_*`
-metrics, whichever API reached its engine: a request through ModelStreamInfer or generate[_stream]
-(triton_model.py) and one through /v1 (engine/openai/generation.py) each count once, as a decoupled model's
-request does:
-- `queue`: from its arrival until it is handed to the engine's driver (the wait for the version's engine to
+A generative model version is one model to Triton's statistics extension and to the `nv_inference_*` metrics,
+whichever API reached its engine: a request through ModelStreamInfer or generate[_stream]
+(generate/triton/model.py) and one through /v1 (engine/openai/generation.py) each count once, as a decoupled
+model's request does: - `queue`: from its arrival until it is handed to the engine's driver (the wait for the
+version's engine to
   be built, on the first request; then the tokenizing and checks, microseconds);
 - one execution of batch size 1 (`execution_count`, `inference_count`, `compute_infer` = from the hand-off
   to the end: the whole generation, the engine's own queue and steps; compute_input and compute_output 0)
@@ -14,7 +14,7 @@ request does:
   left), each with the time since its arrival.
 While it is open the request counts in `ModelStats.generating`, the version's pending count (the
 `nv_inference_pending_request_count` gauge). Per-response statistics (`response_stats`) are the Triton
-path's own (triton_model.py): an OpenAI stream's chunks are not Triton responses.
+path's own (generate/triton/model.py): an OpenAI stream's chunks are not Triton responses.
 
 Made and used on the loop only.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ..stats import ModelStats
+from ...stats import ModelStats
 
 
 class Outcome(enum.Enum):

@@ -5,13 +5,12 @@ Where the sampling options come from, in the order Triton's LLM backends read th
    keys): the known keys only, since a request also carries parameters meant for others
    (`triton_enable_empty_final_response`, a generate request's `id`); this is how vLLM's backend reads them
    when no `sampling_parameters` input is given;
-2. the `sampling_parameters` input, a JSON object (vLLM's): every key must be known;
-3. the `max_tokens` input (TensorRT-LLM's ensemble spelling).
-Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM), max_tokens (default 16, vLLM's),
-seed, stop (a string or a list of at most 4, each at most 256 characters), stop_token_ids (at most 128),
-ignore_eos, presence_penalty, frequency_penalty, repetition_penalty (the bounds: request.py). `stream` and
-`exclude_input_in_output` are inputs, or parameters of those names when the input is absent. The parameter
-`lora` (a string) names the LoRA adapter to run with (lora.py).
+2. the `sampling_parameters` input, a JSON object (vLLM's): every key must be known; 3. the `max_tokens` input
+(TensorRT-LLM's ensemble spelling). Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM),
+max_tokens (default 16, vLLM's), seed, stop (a string or a list of at most 4, each at most 256 characters),
+stop_token_ids (at most 128), ignore_eos, presence_penalty, frequency_penalty, repetition_penalty (the bounds:
+core/request.py). `stream` and `exclude_input_in_output` are inputs, or parameters of those names when the
+input is absent. The parameter `lora` (a string) names the LoRA adapter to run with (core/lora.py).
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import EngineError, invalid
-from .request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
-from .triton_signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, STREAM, TEXT_INPUT
+from ...errors import EngineError, invalid
+from ..core.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
+from .signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, STREAM, TEXT_INPUT
 
 # A prompt longer than this many characters per token of context is refused before it is tokenized (as the
 # OpenAI API does: openai/service.py), so a huge prompt never costs the loop its tokenization.
@@ -77,7 +76,7 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) and s for s in stop):
         raise invalid("sampling parameter 'stop' must be a non-empty string or a list of them")
-    if len(stop) > MAX_STOP_STRINGS:  # the bounds of request.py, in this protocol's words
+    if len(stop) > MAX_STOP_STRINGS:  # the bounds of core/request.py, in this protocol's words
         raise invalid(f"sampling parameter 'stop' has {len(stop)} strings; send at most {MAX_STOP_STRINGS}")
     longest = max(map(len, stop), default=0)
     if longest > MAX_STOP_STRING_CHARS:

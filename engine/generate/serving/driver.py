@@ -1,13 +1,13 @@
 """A `GenerationEngine` on a thread of its own, driven from the event loop: the API layer's one engine thread.
 
-The engine is plain and synchronous (engine.py); this is its asynchronous edge, so neither a step nor ONNX
-Runtime ever runs on the loop. Ownership:
-- the loop calls `submit` and `abort` (they only queue work and wake the thread) and receives each step's
+The engine is plain and synchronous (core/engine.py); this is its asynchronous edge, so neither a step nor
+ONNX Runtime ever runs on the loop. Ownership: - the loop calls `submit` and `abort` (they only queue work and
+wake the thread) and receives each step's
   results in `_deliver`, through one `call_soon_threadsafe` per step: no task, no future per token;
 - the thread alone touches the engine: it takes what was queued, steps while anything is unfinished, posts
   each request's new text (the engine's `RequestOutput.new_text`: stop strings and incomplete UTF-8
   characters are held back there, so streamed text never has to be taken back, and no step decodes more
-  than a bounded tail of the output: detokenize.py) with the logprobs of the tokens it covers
+  than a bounded tail of the output: core/detokenize.py) with the logprobs of the tokens it covers
   (`_TextState`), then sleeps until woken.
 
 A request's id is the one its client's request carries (X-Request-ID, or the id the API layer made), so the
@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..errors import EngineError, ErrorCode
-from .engine import EngineStats, GenerationEngine
+from ...errors import EngineError, ErrorCode
+from ..core.engine import EngineStats, GenerationEngine
+from ..core.request import RequestOutput, SamplingParams
 from .latency import GenerationMetrics
-from .request import RequestOutput, SamplingParams
 
 log = logging.getLogger("hubserve.generate")
 
@@ -52,8 +52,9 @@ OnEvent = Callable[[TokenEvent], None]
 
 @dataclass(frozen=True, slots=True)
 class ShownLogprob:
-    """A generated token's log-probability as its client is shown it (request.py `TokenLogprob`, with each
-    token id turned into its bytes): the token, and the most likely tokens as (bytes, log-probability)."""
+    """A generated token's log-probability as its client is shown it (core/request.py `TokenLogprob`, with
+    each token id turned into its bytes): the token, and the most likely tokens as (bytes,
+    log-probability)."""
 
     token: bytes
     logprob: float
@@ -82,8 +83,8 @@ class _Add:
 
 class _TextState:
     """Thread side: how much of a request's text has been handed out, and the logprobs of its tokens whose
-    text has not (with the text's length through each: detokenize.py `OutputText`). A token's logprobs are
-    handed out once the text handed out covers it, all of them when it finishes."""
+    text has not (with the text's length through each: core/detokenize.py `OutputText`). A token's logprobs
+    are handed out once the text handed out covers it, all of them when it finishes."""
 
     __slots__ = ("held", "sent")
 
@@ -141,7 +142,7 @@ class EngineDriver:
                on_event: OnEvent, group: str = "") -> None:
         """Queue a request; `on_event` is called on the loop with each of its events until one is finished
         (or carries an error). ALREADY_EXISTS at once when a request with this id is still running. `group`:
-        the API request it is one sequence of (engine.py `add_request`)."""
+        the API request it is one sequence of (core/engine.py `add_request`)."""
         if self._closing:
             raise EngineError(ErrorCode.UNAVAILABLE, f"model '{self.model_name}' is unloading; retry")
         if request_id in self._clients:

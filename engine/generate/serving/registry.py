@@ -18,10 +18,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..config.model_config import ModelConfig
-from ..errors import EngineError, ErrorCode, not_found
-from ..model import Model, ModelState
-from ..repository.routing import RoutingTable
+from ...config.model_config import ModelConfig
+from ...errors import EngineError, ErrorCode, not_found
+from ...model import Model, ModelState
+from ...repository.routing import RoutingTable
 from .chat_template import ChatTemplate, load_chat_template
 from .driver import EngineDriver
 from .model_folder import build_engine, is_generative
@@ -151,7 +151,7 @@ class GenerationRegistry:
 
 def check_adapter(version: GenerativeVersion, name: str) -> None:
     """On the loop, before a request queues: INVALID_ARG for a model that takes no adapters, NOT_FOUND for
-    an adapter it does not have (the engine thread loads it: lora.py)."""
+    an adapter it does not have (the engine thread loads it: core/lora.py)."""
     adapters = version.driver.engine.adapters
     if adapters is None:
         raise EngineError(ErrorCode.INVALID_ARG, f"model '{version.model.name}' takes no LoRA adapters (its "

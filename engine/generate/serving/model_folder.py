@@ -14,11 +14,11 @@ The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/m
     past_present_share_buffer  "false" (default): the model returns `present` = past + new (Optimum's
                             form); "true": it reads `past` as a buffer [batch, heads, capacity, head_dim] and
                             writes the new keys and values into it in place at each row's length
-                            (GroupQueryAttention, as onnxruntime-genai exports; shared_group.py)
+                            (GroupQueryAttention, as onnxruntime-genai exports; core/shared_group.py)
     num_scheduler_steps     decode steps per schedule when every running request decodes (default 1:
-                            engine.py's multi-step decode)
+                            core/engine.py's multi-step decode)
     lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
-                            graph takes LoRA inputs (lora.py)
+                            graph takes LoRA inputs (core/lora.py)
     max_loras               adapters kept loaded at most, least recently used evicted (default 4)
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
@@ -31,16 +31,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..backends.onnxruntime import session_options
-from ..config.model_config import ModelConfig
-from ..config.steps import autocomplete, read_config_proto, validate
-from ..errors import invalid
-from .engine import CacheConfig, GenerationEngine
-from .lora import AdapterStore
-from .runner import DecoderRunner
-from .scheduler import SchedulerConfig
-from .tokenizer import load_tokenizer
-from .triton_signature import complete_generative
+from ...backends.onnxruntime import session_options
+from ...config.model_config import ModelConfig
+from ...config.steps import autocomplete, read_config_proto, validate
+from ...errors import invalid
+from ..core.engine import CacheConfig, GenerationEngine
+from ..core.lora import AdapterStore
+from ..core.runner import DecoderRunner
+from ..core.scheduler import SchedulerConfig
+from ..core.tokenizer import load_tokenizer
+from ..triton.signature import complete_generative
 
 GENERATION_FORMS = ("decoder_with_past",)
 

@@ -1,11 +1,11 @@
 """A generative model version as Triton's clients see it: a decoupled model over the generation engine.
 
 The repository makes one `GenerativeModel` per version of a folder whose config declares `generation`
-(triton_signature.py gives it its tensors). It has no instances of its own: a request goes to the version's
-`EngineDriver` (driver.py), the same one the OpenAI API uses (registry.py), so one KV cache serves both APIs.
-Like every decoupled model it takes only requests with a stream (`request.stream`: gRPC ModelStreamInfer,
-HTTP generate and generate_stream, a frontend process's session with --workers N); unary ModelInfer and HTTP
-infer get Triton's decoupled refusal, as Triton answers its vLLM backend's models.
+(signature.py gives it its tensors). It has no instances of its own: a request goes to the version's
+`EngineDriver` (serving/driver.py), the same one the OpenAI API uses (serving/registry.py), so one KV cache
+serves both APIs. Like every decoupled model it takes only requests with a stream (`request.stream`: gRPC
+ModelStreamInfer, HTTP generate and generate_stream, a frontend process's session with --workers N); unary
+ModelInfer and HTTP infer get Triton's decoupled refusal, as Triton answers its vLLM backend's models.
 
 One request, on the loop (`submit`):
 1. the inputs are checked against the config, the prompt and sampling options read (request_options.py);
@@ -21,10 +21,10 @@ max_tokens reserved before it reaches the engine (RESOURCE_EXHAUSTED with OpenAI
 minute has no room: HTTP 429, an error on the gRPC stream), what it did not use given back when it ends; a
 client that left keeps its whole reservation.
 
-Statistics: the request's own as accounting.py says (queue, one execution, its outcome), and each response
-by its index (`response_stats`, as Triton keeps them for a decoupled model): success with the time since the
-previous response (or since the hand-off to the engine), empty_response for a final flag sent alone, fail
-for an error, cancel for a client that left.
+Statistics: the request's own as serving/accounting.py says (queue, one execution, its outcome), and each
+response by its index (`response_stats`, as Triton keeps them for a decoupled model): success with the time
+since the previous response (or since the hand-off to the engine), empty_response for a final flag sent alone,
+fail for an error, cancel for a client that left.
 """
 
 from __future__ import annotations
@@ -39,22 +39,23 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config.model_config import ModelConfig
-from ..errors import EngineError, decoupled_unary, invalid
-from ..model import Model, ModelState
-from ..types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
-from .accounting import Outcome, RequestAccount
-from .driver import TokenEvent
-from .registry import GenerativeVersion, Reservation, TokenCharger, check_adapter
-from .request import SamplingParams
+from ...config.model_config import ModelConfig
+from ...errors import EngineError, decoupled_unary, invalid
+from ...model import Model, ModelState
+from ...types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
+from ..core.request import SamplingParams
+from ..serving.accounting import Outcome, RequestAccount
+from ..serving.driver import TokenEvent
+from ..serving.registry import GenerativeVersion, Reservation, TokenCharger, check_adapter
 from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
-from .triton_signature import TEXT_OUTPUT
+from .signature import TEXT_OUTPUT
 
 log = logging.getLogger("hubserve.generate")
 
 
 class GenerationSource(Protocol):
-    """Where a version's engine comes from, and the per-key token quotas: registry.py's GenerationRegistry."""
+    """Where a version's engine comes from, and the per-key token quotas: serving/registry.py's
+    GenerationRegistry."""
 
     token_quotas: TokenCharger | None
 
@@ -104,7 +105,8 @@ class GenerativeModel(Model):
 
     @property
     def pending_count(self) -> int:
-        """Requests of either API in flight (accounting.py): a /v1 request is one of this version's too."""
+        """Requests of either API in flight (serving/accounting.py): a /v1 request is one of this version's
+        too."""
         return self.stats.generating
 
     def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
@@ -159,7 +161,7 @@ class GenerativeModel(Model):
         return ids, params
 
     def _on_event(self, run: _Run, event: TokenEvent) -> None:
-        """A step's news for this request, on the loop (driver.py `_deliver`)."""
+        """A step's news for this request, on the loop (serving/driver.py `_deliver`)."""
         future = run.future
         if future.done():
             return

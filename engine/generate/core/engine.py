@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EngineError, ErrorCode, invalid
+from ...errors import EngineError, ErrorCode, invalid
 from .detokenize import OutputText
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import invalid
+from ...errors import invalid
 from .detokenize import OutputText
 from .lora import LoraAdapter
 
@@ -41,8 +41,8 @@ class Priority(enum.IntEnum):
 MAX_LOGPROBS = 20  # most likely tokens reported per generated token (OpenAI's top_logprobs limit)
 
 # What a request's stop rules may hold. They are checked after every token it generates, on the engine's
-# thread, so their size must not be the client's to choose (issue 27, hole 4): each protocol refuses more
-# in its own form before a request is made (openai/protocol.py, request_options.py), and `SamplingParams`
+# thread, so their size must not be the client's to choose (issue 27, hole 4): each protocol refuses more in
+# its own form before a request is made (openai/protocol.py, triton/request_options.py), and `SamplingParams`
 # holds the bounds for every caller.
 MAX_STOP_STRINGS = 4         # a request's own stop strings (OpenAI's limit); a chat template may add as many
 MAX_STOP_STRING_CHARS = 256  # characters of one stop string

@@ -1,8 +1,8 @@
 """The tensors a generative model shows Triton's clients, and how its config gets them (auto-complete).
 
-A generative model folder (its config's `generation` parameter, model_folder.py) is served to KServe v2 /
-Triton clients the way Triton's vLLM backend serves an LLM: as a decoupled model whose inputs are text and
-flags, not the ONNX decoder's own tensors (those are the generation engine's business):
+A generative model folder (its config's `generation` parameter, serving/model_folder.py) is served to KServe
+v2 / Triton clients the way Triton's vLLM backend serves an LLM: as a decoupled model whose inputs are text
+and flags, not the ONNX decoder's own tensors (those are the generation engine's business):
 
     input  text_input               TYPE_STRING [1]  the prompt
     input  stream                   TYPE_BOOL   [1]  optional: a response per text piece (default false: one)
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import invalid
-from ..proto import model_config_pb2 as pb
+from ...errors import invalid
+from ...proto import model_config_pb2 as pb
 
 TEXT_INPUT = "text_input"
 STREAM = "stream"

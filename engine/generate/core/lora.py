@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EngineError, ErrorCode, invalid
+from ...errors import EngineError, ErrorCode, invalid
 
 log = logging.getLogger("hubserve.generate")
 

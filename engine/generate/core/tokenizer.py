@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import EngineError, ErrorCode, invalid
+from ...errors import EngineError, ErrorCode, invalid
 from .detokenize import StreamDecoder, Utf8Decoder, WindowDecoder
 
 

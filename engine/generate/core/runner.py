@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import invalid
+from ...errors import invalid
 from .decode_group import DecodeGroup
 from .lora import LoraShape, lora_feed
 from .scheduler import ScheduledChunk

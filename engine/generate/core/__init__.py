@@ -1,0 +1,18 @@
+"""The generation engine: plain and synchronous, like vLLM v1's core. `GenerationEngine.step()` is schedule →
+execute → update, with no event loop, threads or sockets, so every policy here is tested as plain functions.
+
+    request.py       SamplingParams, Request (a state machine: waiting → running ⇄ preempted → finished)
+    block_pool.py    the blocks: free list, reference counts, chained block hashes for prefix sharing
+    kv_manager.py    block tables per sequence, allocation, prefix lookup
+    waiting.py       the waiting sequences of one scheduling class, admitted in turn across API requests
+    scheduler.py     continuous batching, chunked prefill within a token budget, preemption by recompute
+    runner.py        the ONNX decoder session and the KV storage: block tables ↔ dense past tensors
+    decode_group.py  the decode rows' dense past, kept between steps (present fed back as past)
+    shared_group.py  the decode rows' buffers for a shared-KV model (GroupQueryAttention writes them in place)
+    lora.py          LoRA adapters: on disk, loaded on demand, evicted LRU, fed to the runner per row
+    sampler.py       greedy, temperature, top-k, top-p, per-request seeded generators
+    stopping.py      stop tokens, EOS, stop strings, max_tokens, the context limit
+    tokenizer.py     byte-level, or tokenizer.json through the optional `tokenizers` package
+    detokenize.py    a request's output as text, a token at a time
+    engine.py        GenerationEngine: add_request, step, abort_request, stats
+"""
