@@ -387,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         return perf_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "serve":
-        from .access import PolicyError, policies
-        from .access_groups import RestrictionError
-        from .api_keys import ApiKeysError, file_mode_warning
+        from .access.api_keys import ApiKeysError, file_mode_warning
+        from .access.groups import RestrictionError
+        from .access.policy import PolicyError, policies
         from .errors import EngineError
         from .frontend.listeners import PortError
         from .options import ServerOptions

@@ -10,9 +10,9 @@ frontends forward register, unregister and status as they came, with the caller 
 engine reads and writes the regions when it handles a request, so a region registered through one frontend is
 usable from every other.
 
-**Whose regions.** The registry is scoped by API key (engine/caller.py `Caller.owner`): a key's status lists
-its own regions only, its requests find only its own, its unregister (one or all) drops only its own, and two
-keys may use the same region name. A server without keys has one owner.
+**Whose regions.** The registry is scoped by API key (engine/access/caller.py `Caller.owner`): a key's status
+lists its own regions only, its requests find only its own, its unregister (one or all) drops only its own,
+and two keys may use the same region name. A server without keys has one owner.
 
 **Which objects.** A key names any object in /dev/shm, and the server's user can open objects the client's
 user cannot (another user's 0600 object, when the server runs as root; any object of the server's own user),
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from .caller import NOBODY, Caller
+from .access.caller import NOBODY, Caller
 from .errors import EngineError, ErrorCode, invalid, not_found
 from .shm import SHM_ROOT, check_key
 from .socket_owner import client_uid
@@ -198,7 +198,7 @@ class TensorPlace:
 
 class SystemSharedMemory:
     """The registry: owner → region name → ClientRegion. One per server (the DataPlane's), on its event
-    loop. Every call names its caller (engine/caller.py); NOBODY is the keyless owner."""
+    loop. Every call names its caller (engine/access/caller.py); NOBODY is the keyless owner."""
 
     def __init__(self, allowed: bool, limits: ShmLimits = DEFAULT_LIMITS) -> None:
         self.allowed = allowed

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from . import __version__, client_shm, logs, observe, shm_requests
-from .caller import NOBODY, Caller
+from .access.caller import NOBODY, Caller
 from .client_shm import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .access import AccessConfig, access_config
+from .access.policy import AccessConfig, access_config
 from .frontend.tls import TlsSettings
 from .openai.batch.limits import BatchLimits
 
@@ -82,14 +82,15 @@ class ServerOptions:
     client_shm_max_regions: int = 256
     client_shm_max_regions_per_key: int = 64
     client_shm_prefixes: tuple[str, ...] = ()
-    # Who may call what (engine/access.py; README "Security"): Triton's restriction flags as given, the
+    # Who may call what (engine/access/policy.py; README "Security"): Triton's restriction flags as given, the
     # --api-keys file, and the server-wide budget of request bytes in flight (0 = none).
     http_restricted_apis: tuple[str, ...] = ()
     grpc_restricted_protocols: tuple[str, ...] = ()
     api_keys_file: Path | None = None
     max_inflight_bytes: int = 0
-    # The admin groups (access.py ADMIN_GROUPS) opened to clients off loopback with neither a restriction
-    # nor a key (--allow-remote-admin-api, as given); the others answer only loopback until one is configured.
+    # The admin groups (access/policy.py ADMIN_GROUPS) opened to clients off loopback with neither a
+    # restriction nor a key (--allow-remote-admin-api, as given); the others answer only loopback until one is
+    # configured.
     remote_admin_apis: tuple[str, ...] = ()
     # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
     # and the most requests in one, and what one key (owner) may hold (engine/openai/batch/limits.py).

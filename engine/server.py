@@ -13,7 +13,7 @@ import signal
 import time
 
 from . import histograms, observe
-from .access import policies
+from .access.policy import policies
 from .client_shm import ShmLimits
 from .dataplane import DataPlane
 from .frontend import http as http_frontend

@@ -16,7 +16,7 @@ import ipaddress
 import socket
 import struct
 
-from .caller import Address
+from .access.caller import Address
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20

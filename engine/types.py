@@ -155,11 +155,11 @@ class InferenceRequest:
     outputs: list[RequestedOutput] | None = None  # None = every output
     parameters: dict[str, Any] = field(default_factory=dict)
     plan: RequestPlan | None = None  # the frontend's cached decoding of this request's header, if any
-    # The owner id of the API key that sent it (engine/api_keys.py `owner_id`; "" on a server without
+    # The owner id of the API key that sent it (engine/access/api_keys.py `owner_id`; "" on a server without
     # keys), set by the frontend from the access policy's admission, on every path: whose client
     # shared-memory regions it may use, whose share of a sequence backlog it takes and whose tokens_per_minute
-    # a generation charges (generate/triton/model.py) (engine/caller.py). Never taken from the request's own
-    # fields or parameters.
+    # a generation charges (generate/triton/model.py) (engine/access/caller.py). Never taken from the
+    # request's own fields or parameters.
     owner: str = ""
     # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a
     # decoupled model's responses before its final one go, on the loop, in order (an EngineError for an

@@ -182,9 +182,9 @@ def keys_cost(repository: Path, folder: Path, concurrency: int, rounds: int) -> 
 
 
 def policy_cost(keys_in_file: int, n: int = 200_000) -> dict[str, object]:
-    from engine.access import AccessConfig, AccessPolicy
-    from engine.access_groups import ApiGroup
-    from engine.api_keys import parse_api_keys
+    from engine.access.api_keys import parse_api_keys
+    from engine.access.groups import ApiGroup
+    from engine.access.policy import AccessConfig, AccessPolicy
 
     doc = {"keys": [{"key": f"key-{i:04d}-{KEY}", "groups": ["*"], "requests_per_second": 1e9,
                      "max_concurrent": 1_000_000} for i in range(keys_in_file)]}

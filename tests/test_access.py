@@ -1,4 +1,4 @@
-"""The access policy, pure (engine/access.py, access_groups.py, api_keys.py, quotas.py and
+"""The access policy, pure (engine/access/policy.py, groups.py, api_keys.py, quotas.py and
 frontend/api_groups.py): Triton's restriction flags parsed as Triton parses them, the keys file, and every
 decision the frontends ask for, with time passed in. The real servers are tests/test_access_server.py's.
 """
@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.access import (
+from engine.access.api_keys import ApiKeysError, owner_id, parse_api_keys
+from engine.access.groups import (
+    GRPC_RESTRICTED_PREFIX,
+    ApiGroup,
+    Restriction,
+    RestrictionError,
+    parse_restrictions,
+)
+from engine.access.policy import (
     AccessConfig,
     AccessPolicy,
     Admission,
@@ -19,19 +27,11 @@ from engine.access import (
     access_config,
     policies,
 )
-from engine.access_groups import (
-    GRPC_RESTRICTED_PREFIX,
-    ApiGroup,
-    Restriction,
-    RestrictionError,
-    parse_restrictions,
-)
-from engine.api_keys import ApiKeysError, owner_id, parse_api_keys
+from engine.access.quotas import TokenBucket
 from engine.frontend.api_groups import GRPC_GROUPS, grpc_group
 from engine.frontend.grpc_handlers import GrpcHandlers
 from engine.frontend.h2.rpcs import rpc_table
 from engine.frontend.http_path import parse_target
-from engine.quotas import TokenBucket
 
 G = ApiGroup
 KEYS = {"keys": [{"key": "admin", "groups": ["*"]},
@@ -330,7 +330,7 @@ def test_every_grpc_method_has_a_group() -> None:
 
 
 def test_token_quota_reserves_refills_over_a_minute_and_takes_back_the_unused():
-    from engine.quotas import TokenQuota
+    from engine.access.quotas import TokenQuota
     q = TokenQuota(600, now=0.0)  # 10 a second
     assert q.take(500, 0.0) == 0.0 and q.used == 500
     assert q.take(200, 0.0) == 10.0  # 100 short: ten seconds, nothing taken

@@ -1,4 +1,4 @@
-"""Who may call what, and how much, on a real server (engine/access.py wired into both frontends):
+"""Who may call what, and how much, on a real server (engine/access/policy.py wired into both frontends):
 Triton's restriction flags with Triton's answers, hubserve's API keys over both protocols with tritonclient
 (`headers=`), per-key quotas and the in-flight byte budget with raw HTTP (429 + Retry-After, the body
 never buffered), and the flags refused at start. Every test holds under HUBSERVE_TEST_WORKERS=2 (limits

@@ -1,6 +1,7 @@
-"""The secure default of the admin groups (engine/access.py LoopbackOnly): model-repository, logging, trace
-and shared-memory answer only clients on loopback until the operator opens a group, with a restriction on it
-(per protocol), an API key holding it, or --allow-remote-admin-api. Both protocols, both process layouts.
+"""The secure default of the admin groups (engine/access/policy.py LoopbackOnly): model-repository, logging,
+trace and shared-memory answer only clients on loopback until the operator opens a group, with a restriction
+on it (per protocol), an API key holding it, or --allow-remote-admin-api. Both protocols, both process
+layouts.
 
 The remote side is real: the servers listen on every address and the client connects to this machine's own
 non-loopback address (eth0's here), so the server sees a peer that is not 127.0.0.1 and no option makes the

@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, start_server
 from engine import examples
-from engine.access_groups import ApiGroup
+from engine.access.groups import ApiGroup
 from test_http_path import encode_char, same_spellings
 
 G = ApiGroup

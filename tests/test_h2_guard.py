@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from engine.access.quotas import ByteBudget
 from engine.frontend.h2.frames import H2ConnectionError, H2Error
 from engine.frontend.h2.guard import ConnectionClock, Expiry, FloodGuard, MemoryReturn
 from engine.frontend.h2.headers import FieldBlock
 from engine.frontend.h2.streams import Limits
-from engine.quotas import ByteBudget
 
 LIMITS = Limits(flood_window_secs=10.0, max_resets_per_window=3, max_pings_per_window=2,
                 max_settings_per_window=2, max_empty_frames_per_window=2, max_unread_acks=2)

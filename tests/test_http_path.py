@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.access_groups import ApiGroup
+from engine.access.groups import ApiGroup
 from engine.frontend.http_path import Endpoint, HttpTarget, classify, model_target, parse_target
 
 G = ApiGroup

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.api_keys import parse_api_keys
+from engine.access.api_keys import parse_api_keys
 from engine.openai.batch.files import FileStore
 from engine.openai.batch.input import InputReader, check_upload, parse_input, scan_input
 from engine.openai.batch.jobs import JobStore

@@ -111,8 +111,8 @@ def client_of(peername: object) -> str:
 
 def is_loopback(peername: object) -> bool:
     """Whether a transport's peer is on this machine's loopback (127.0.0.0/8, ::1, or 127.x mapped into IPv6):
-    who may call the admin groups by default (engine/access.py LoopbackOnly). A peer with no address (a Unix
-    socket) or one that does not parse is not: the default errs on the closed side. Asked once per
+    who may call the admin groups by default (engine/access/policy.py LoopbackOnly). A peer with no address (a
+    Unix socket) or one that does not parse is not: the default errs on the closed side. Asked once per
     connection. With --workers N the frontend process asks it of the client's own socket, handed over by the
     engine, so it is the real peer."""
     host = client_of(peername)

@@ -18,7 +18,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from .. import logs, observe
-from ..caller import NOBODY, Caller
+from ..access.caller import NOBODY, Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
 from ..proto import grpc_service_pb2, health_pb2
@@ -72,8 +72,8 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
 }
 
-# Unary RPCs whose handlers take the call's Caller too (engine/caller.py): client shared memory is scoped by
-# API key, and registering needs the connection's ends (the client's user).
+# Unary RPCs whose handlers take the call's Caller too (engine/access/caller.py): client shared memory is
+# scoped by API key, and registering needs the connection's ends (the client's user).
 CALLER_RPCS = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
                          "SystemSharedMemoryUnregister"})
 
@@ -208,7 +208,7 @@ class GrpcHandlers:
         with the response (answer with `wire.encode(response)`) or an EngineError, and `on_done` is called
         with it once it is done, right after the request is accounted. Cancelling it drops the request.
         `header_id` is the call's `x-request-id` metadata: the request's id when its message has none; `owner`
-        the owner id of the API key the call presented (engine/caller.py)."""
+        the owner id of the API key the call presented (engine/access/caller.py)."""
         start_ns = start_ns or time.perf_counter_ns()
         request = self._decode(message, header_id, owner, start_ns)
         return self.dp.submit(request, start_ns, on_done)

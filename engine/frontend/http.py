@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..access import AccessPolicy, LoopbackOnly
+from ..access.policy import AccessPolicy, LoopbackOnly
 from ..dataplane import DataPlane
 from ..memory import release_freed_memory
 from .connections import ConnectionCounter
@@ -51,11 +51,11 @@ class HttpApp:
                  counter: ConnectionCounter | None = None, access: AccessPolicy | None = None,
                  loopback_only: LoopbackOnly | None = None) -> None:
         """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `counter`
-        counts the process's connections against its limits (connections.py; shared with gRPC). `access`,
-        when keys, restrictions or a byte budget are configured, is asked by each connection about each
-        request before its body is read (engine/access.py). `loopback_only`: the admin groups that answer
-        only clients on loopback (None: none; engine/access.py LoopbackOnly)."""
+        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `counter` counts
+        the process's connections against its limits (connections.py; shared with gRPC). `access`, when keys,
+        restrictions or a byte budget are configured, is asked by each connection about each request before
+        its body is read (engine/access/policy.py). `loopback_only`: the admin groups that answer only clients
+        on loopback (None: none; engine/access/policy.py LoopbackOnly)."""
         self.counter = counter
         self.routes: Routes = routes or HttpRoutes(dataplane, limits)
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there

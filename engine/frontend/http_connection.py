@@ -26,8 +26,8 @@ close-delimited instead (§6.3), which needs no chunked decoding.
   access check and the routes both read that one result; a path that cannot be read one way only (an
   encoded '/', a dot segment, a control character, bad percent-encoding) is answered 400 and not routed;
 - call an admin group (model-repository, logging, trace, shared-memory) from off loopback while the
-  operator has not opened it (the owner's `loopback_only`, engine/access.py `LoopbackOnly`): 403;
-- get past the access policy (the owner's `access`, engine/access.py): it is asked once the head is in,
+  operator has not opened it (the owner's `loopback_only`, engine/access/policy.py `LoopbackOnly`): 403;
+- get past the access policy (the owner's `access`, engine/access/policy.py): it is asked once the head is in,
   with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
   discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
   admission (a key's concurrency slot, its bytes of the in-flight budget) until it is answered or dropped.
@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import orjson
 
-from ..access import HTTP_STATUS, Refusal, RefusalKind
-from ..caller import ends
+from ..access.caller import ends
+from ..access.policy import HTTP_STATUS, Refusal, RefusalKind
 from .connections import client_of, close_refused, is_loopback
 from .http_path import Endpoint, parse_target
 from .http_types import Answer, HttpRequest, Pending

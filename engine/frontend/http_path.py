@@ -1,13 +1,13 @@
 """One parse of an HTTP request's target: which endpoint it names, and so which API group it is in.
 
-Why one: the access check (engine/access.py, asked by http_connection.py) and the router (http_routes.py,
-and with --workers N the frontend's forwarding and the engine's control runner) must read a request the same
-way. When the check classified the raw path and the router percent-decoded it, `/v2/%72epository/...` was in
-no group for the check and the repository API for the router: every restriction and key group was skipped.
-Now the connection parses the target once (`parse_target`), the check asks the result for its group, and
-the router dispatches on the same result's `endpoint`; a frontend process forwards the parsed result itself
-(`to_wire`), never the text to be read again. An endpoint's group is fixed in `Endpoint`, so whatever routes
-is in the group of what it routes to, by construction.
+Why one: the access check (engine/access/policy.py, asked by http_connection.py) and the router
+(http_routes.py, and with --workers N the frontend's forwarding and the engine's control runner) must read a
+request the same way. When the check classified the raw path and the router percent-decoded it,
+`/v2/%72epository/...` was in no group for the check and the repository API for the router: every restriction
+and key group was skipped. Now the connection parses the target once (`parse_target`), the check asks the
+result for its group, and the router dispatches on the same result's `endpoint`; a frontend process forwards
+the parsed result itself (`to_wire`), never the text to be read again. An endpoint's group is fixed in
+`Endpoint`, so whatever routes is in the group of what it routes to, by construction.
 
 The rules (RFC 3986 §3.3, read strictly, as an API server may):
 - the target is an absolute path (origin-form), with an optional query after the first `?`; no fragment;
@@ -25,7 +25,7 @@ import enum
 import unicodedata
 from typing import Any, NamedTuple
 
-from ..access_groups import ApiGroup
+from ..access.groups import ApiGroup
 
 G = ApiGroup
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from .. import logs, observe
-from ..caller import Caller
+from ..access.caller import Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
 from ..request_ids import check_header_request_id

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..access import Admission, Refusal
-from ..caller import Address
+from ..access.caller import Address
+from ..access.policy import Admission, Refusal
 from .http_path import HttpTarget
 
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
@@ -55,15 +55,15 @@ class ResponseStream(Protocol):
 class HttpRequest:
     """One parsed request. `target` is its URL parsed once (http_path.py), by the connection as the head
     arrives: the access check and the routes read that, never `url` again (`url` stays for messages and
-    nothing else). `body` is the bytes of a body that came in one piece, else a bytearray; `stream`
-    is the connection's, set when the request is dispatched. `admission` is what the access policy
-    (engine/access.py) let it hold, until it is answered or dropped; `refusal` why the policy refused it (its
-    body is then discarded as it arrives, and it is answered in its turn without being routed). `http10`:
-    an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
-    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header. `owner` is the owner
-    id of the API key it presented (engine/api_keys.py `owner_id`; "" without keys) and `ends` its
-    connection's (peer, local) addresses: who sent it (engine/caller.py), set by the connection from its
-    admission, or by the engine for a forwarded request. Routes read `owner`, never the header."""
+    nothing else). `body` is the bytes of a body that came in one piece, else a bytearray; `stream` is the
+    connection's, set when the request is dispatched. `admission` is what the access policy
+    (engine/access/policy.py) let it hold, until it is answered or dropped; `refusal` why the policy refused
+    it (its body is then discarded as it arrives, and it is answered in its turn without being routed).
+    `http10`: an HTTP/1.0 client that asked to keep the connection open, which a streamed answer must not send
+    chunked (RFC 9112 §7.1); only looked up when the request has a Connection header. `owner` is the owner id
+    of the API key it presented (engine/access/api_keys.py `owner_id`; "" without keys) and `ends` its
+    connection's (peer, local) addresses: who sent it (engine/access/caller.py), set by the connection from
+    its admission, or by the engine for a forwarded request. Routes read `owner`, never the header."""
 
     __slots__ = ("admission", "body", "ends", "headers", "http10", "keep_alive", "method", "owner", "refusal",
                  "start_ns", "stream", "target", "url")

@@ -13,7 +13,7 @@ import time
 from pathlib import PurePosixPath
 from typing import Any
 
-from ..api_keys import ApiKey
+from ..access.api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
 from ..generate.core.lora import adapter_names
 from ..generate.core.request import Priority, SamplingParams

@@ -7,9 +7,9 @@ most: its prompt tokens plus `max_tokens` for every choice (when `max_tokens` is
 leaves). When it finishes, the tokens it did not use (it
 stopped early) go back to the key; a request whose client left keeps its whole reservation.
 
-The keys are the `--api-keys` file's, each bucket found by the key's owner id (engine/api_keys.py
-`owner_id`): the request's owner, which the frontend's access policy (engine/access.py) decided once, in
-constant time, as the request's head arrived (HttpRequest.owner, InferenceRequest.owner; a Batch API job's
+The keys are the `--api-keys` file's, each bucket found by the key's owner id (engine/access/api_keys.py
+`owner_id`): the request's owner, which the frontend's access policy (engine/access/policy.py) decided once,
+in constant time, as the request's head arrived (HttpRequest.owner, InferenceRequest.owner; a Batch API job's
 stored owner). Nothing here reads a header. This runs in the process that holds the engines (with
 `--workers N`, the engine process, where every /v1 request is forwarded and every inference submitted, with
 its owner), so one bucket per key serves every frontend and the limit holds server-wide exactly, with no
@@ -21,9 +21,9 @@ from __future__ import annotations
 import math
 import time
 
-from ..api_keys import ApiKey
+from ..access.api_keys import ApiKey
+from ..access.quotas import TokenQuota, retry_after_secs
 from ..errors import EngineError, ErrorCode
-from ..quotas import TokenQuota, retry_after_secs
 from .errors import OpenAIError
 
 # OpenAI's own answer to a request over a tokens-per-minute limit: 429, type "tokens".

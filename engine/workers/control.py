@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..caller import Caller
+from ..access.caller import Caller
 from ..dataplane import DataPlane
 from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.h2.rpcs import Kind, rpc_table

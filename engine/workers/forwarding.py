@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ..caller import NOBODY, Caller
+from ..access.caller import NOBODY, Caller
 from ..errors import EngineError, ErrorCode
 from ..frontend.grpc_handlers import GrpcHandlers
 from ..frontend.http_path import Endpoint, model_target, parse_target

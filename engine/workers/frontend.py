@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import logs
-from ..access import access_config, policies
+from ..access.policy import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend import wire
 from ..frontend.connections import ConnectionCounter, ConnectionLimits

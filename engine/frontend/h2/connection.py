@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ...caller import Address, ends
-from ...quotas import ByteBudget
+from ...access.caller import Address, ends
+from ...access.quotas import ByteBudget
 from ..connections import ConnectionCounter, client_of, close_refused, is_loopback
 from .core import H2Core
 from .frames import H2Error
@@ -73,7 +73,7 @@ class H2Connection(asyncio.Protocol):
         self._on_close = on_close
         self._counter = counter
         self._admitted: str | None = None  # the client address the counter counted this connection under
-        self.on_loopback = False  # whether the peer is on this machine's loopback (access.py LoopbackOnly)
+        self.on_loopback = False  # the peer is on this machine's loopback (access/policy.py LoopbackOnly)
         self._refused = False
         self._transport: Any = None
         self._loop = asyncio.get_running_loop()
@@ -95,7 +95,7 @@ class H2Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ asyncio.Protocol
 
     def ends(self) -> tuple[Address | None, Address | None]:
-        """The connection's (peer, local) addresses (engine/caller.py)."""
+        """The connection's (peer, local) addresses (engine/access/caller.py)."""
         return ends(self._transport)
 
     def connection_made(self, transport: Any) -> None:

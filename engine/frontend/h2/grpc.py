@@ -17,8 +17,8 @@ What a request holds (a partial message, a unary request awaiting END_STREAM) is
 ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
 
 An admin group's call from a peer off loopback is refused first while the operator has not opened the group
-(engine/access.py LoopbackOnly: UNAVAILABLE, as Triton answers a restriction). The access policy
-(engine/access.py), when configured, is asked once per call as its head arrives (Triton's
+(engine/access/policy.py LoopbackOnly: UNAVAILABLE, as Triton answers a restriction). The access policy
+(engine/access/policy.py), when configured, is asked once per call as its head arrives (Triton's
 restriction metadata, the `authorization` key, the key's quotas): a refused call ends at once, trailers only,
 before any message is read. An admitted call holds its admission until it ends; the request bytes it holds
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
@@ -52,8 +52,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from ...access import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
-from ...caller import Caller
+from ...access.caller import Caller
+from ...access.policy import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...errors import EngineError, ErrorCode, endpoint_message
 from ...proto import health_pb2
 from ...request_ids import header_request_id_problem
@@ -102,7 +102,7 @@ class GrpcApp:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
         self.access = access
-        self.loopback_only = loopback_only  # admin groups a peer off loopback may not call (access.py)
+        self.loopback_only = loopback_only  # admin groups a peer off loopback may not call (access/policy.py)
         self.groups = {path: grpc_group(path) for path in self.rpcs}
         self.max_message_bytes = max_message_bytes
         self.max_header_list_bytes = limits.max_header_list_bytes
@@ -612,7 +612,7 @@ class Call:
         self._send_message_parts(parts, size)
 
     def _owner(self) -> str:
-        """The owner id of the API key the call presented ("" without keys): engine/caller.py."""
+        """The owner id of the API key the call presented ("" without keys): engine/access/caller.py."""
         return self.admission.owner if self.admission is not None else ""
 
     # ------------------------------------------------------------------ answers out

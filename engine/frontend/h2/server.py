@@ -17,7 +17,7 @@ import socket
 import ssl
 from typing import Any
 
-from ...access import AccessPolicy, LoopbackOnly
+from ...access.policy import AccessPolicy, LoopbackOnly
 from ...dataplane import DataPlane
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
@@ -66,8 +66,8 @@ class H2GrpcServer:
         """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
         multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
         `ssl_context`: the sockets this server listens on speak TLS (ALPN h2), each handshake bounded by
-        `handshake_timeout_secs`. `counter` counts the process's connections against its limits (shared
-        with HTTP). `access` and `loopback_only`: who may call what (engine/access.py). `call_limits`: what
+        `handshake_timeout_secs`. `counter` counts the process's connections against its limits (shared with
+        HTTP). `access` and `loopback_only`: who may call what (engine/access/policy.py). `call_limits`: what
         gRPC calls may hold (this process's share of the server-wide ones)."""
         self._counter = counter
         self._limits = limits = limits or Limits()

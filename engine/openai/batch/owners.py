@@ -2,12 +2,12 @@
 jobs answer 404, as if they did not exist, on every endpoint; a listing shows the caller's own only. A
 server without `--api-keys` has one owner, KEYLESS ("").
 
-An owner is the key's owner id (engine/api_keys.py `owner_id`, `key-<hex>`): what the access policy admitted
-the request as (engine/access.py `Admission.owner`, read here as `HttpRequest.owner`), and what is kept on
-disk beside each file and job. It follows the secret, not the key's place in the keys file, so reordering or
-removing other keys never hands one key's jobs to another; a key whose secret changes is a new owner (its
-old files and jobs stay on disk, reachable by nobody, until the operator removes them). A job's requests
-draw from the `tokens_per_minute` of the key with its owner id (engine/openai/token_quotas.py).
+An owner is the key's owner id (engine/access/api_keys.py `owner_id`, `key-<hex>`): what the access policy
+admitted the request as (engine/access/policy.py `Admission.owner`, read here as `HttpRequest.owner`), and
+what is kept on disk beside each file and job. It follows the secret, not the key's place in the keys file, so
+reordering or removing other keys never hands one key's jobs to another; a key whose secret changes is a new
+owner (its old files and jobs stay on disk, reachable by nobody, until the operator removes them). A job's
+requests draw from the `tokens_per_minute` of the key with its owner id (engine/openai/token_quotas.py).
 
 Called on the loop by the routes (engine/frontend/openai_batch_routes.py) and by the runner for the jobs
 resumed at start; with `--workers N` in the engine process, where /v1 requests are forwarded with their
@@ -16,7 +16,7 @@ owner.
 
 from __future__ import annotations
 
-from ...api_keys import ApiKey
+from ...access.api_keys import ApiKey
 from ..errors import OpenAIError
 
 KEYLESS = ""  # the keyless server's one owner

@@ -44,7 +44,7 @@ from typing import IO, Any
 
 import orjson
 
-from ...api_keys import ApiKey
+from ...access.api_keys import ApiKey
 from ...generate.core.request import Priority
 from ..errors import RATE_LIMIT, OpenAIError, bad_request
 from ..protocol import parse_request

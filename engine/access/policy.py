@@ -44,8 +44,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .access_groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, RestrictionError, parse_restrictions
 from .api_keys import ApiKey, digest, load_api_keys
+from .groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, RestrictionError, parse_restrictions
 from .quotas import ByteBudget, Concurrency, TokenBucket, retry_after_secs
 
 _BEARER = b"bearer "
@@ -89,10 +89,10 @@ class Refusal:
 class Admission:
     """What an admitted request holds until `AccessPolicy.release`: a slot of its key's concurrency and
     its bytes of the budget; whose key it is (`key`: `admit_part` admits a stream's requests as that key);
-    and `owner`, that key's owner id (engine/api_keys.py `owner_id`; "" when the server has no keys, or for
+    and `owner`, that key's owner id (api_keys.py `owner_id`; "" when the server has no keys, or for
     a health request, which needs none): who sent the request, as everything downstream knows it (its client
     shared-memory regions, its sequence backlog share, its tokens_per_minute, its Batch API files and jobs:
-    engine/caller.py). Decided here, once, as the request's head arrives; nothing past the frontend looks at
+    caller.py). Decided here, once, as the request's head arrives; nothing past the frontend looks at
     the `Authorization` header again."""
 
     __slots__ = ("bytes", "concurrency", "key", "owner")

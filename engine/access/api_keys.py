@@ -1,5 +1,5 @@
 """hubserve's API keys (`--api-keys FILE`): the YAML file read and checked once, at start, into frozen
-`ApiKey`s that `AccessPolicy` (access.py) holds. The form (these names are fixed; README "Security"):
+`ApiKey`s that `AccessPolicy` (policy.py) holds. The form (these names are fixed; README "Security"):
 
     keys:
       - key: "s3cret-admin"
@@ -14,8 +14,8 @@ A field we do not know is refused rather than ignored: a misspelt `max_concurent
 unlimited. Errors name the key by its position (`keys[1]`), never by its secret.
 
 Each key's identity downstream is its `owner` id (`owner_id`), worked out once here: the access policy
-admits a request as that owner (engine/access.py `Admission.owner`), and every part that keeps something per
-key reads it from the request (engine/caller.py): client shared-memory regions, a key's share of a sequence
+admits a request as that owner (policy.py `Admission.owner`), and every part that keeps something per
+key reads it from the request (caller.py): client shared-memory regions, a key's share of a sequence
 backlog, its `tokens_per_minute`, its Batch API files and jobs (kept on disk with it). It follows the
 secret, not the key's place in the file, so reordering or removing other keys changes no one's identity.
 
@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from .access_groups import ApiGroup
+from .groups import ApiGroup
 
 _FIELDS = {"key", "groups", "requests_per_second", "max_concurrent", "tokens_per_minute"}
 

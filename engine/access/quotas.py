@@ -1,5 +1,5 @@
 """The counters behind per-key quotas and the server-wide in-flight byte budget, pure: time is passed in, so
-the tests are plain functions. Owned by `AccessPolicy` (access.py), which the frontends ask; nothing here
+the tests are plain functions. Owned by `AccessPolicy` (policy.py), which the frontends ask; nothing here
 waits: a request that does not fit is refused at once, with how long until it would.
 """
 

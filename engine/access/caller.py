@@ -1,8 +1,8 @@
 """Who sent a request, as far as the server can tell: `Caller`, made by a frontend and read by the data plane
 where it matters (client shared memory: engine/client_shm.py).
 
-- `owner`: the owner id of the API key the request presented (`key-<hex>`, engine/api_keys.py `owner_id`,
-  as the access policy admitted it: engine/access.py `Admission.owner`), "" on a server without keys,
+- `owner`: the owner id of the API key the request presented (`key-<hex>`, api_keys.py `owner_id`,
+  as the access policy admitted it: policy.py `Admission.owner`), "" on a server without keys,
   which therefore has one owner. What one key registers, another key never sees, uses or drops. The same
   id is `HttpRequest.owner` and `InferenceRequest.owner`: the one notion of "who" past the access policy
   (the sequence backlog's share per key, tokens_per_minute and the Batch API's owners read it too).
