@@ -13,10 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from . import __version__, logs
+from . import __version__
 from .flags import HelpFormatter, TritonBool
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
-from .logs import LOG_FORMATS
+from .observability import logs
+from .observability.logs import LOG_FORMATS
 
 PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `hubserve perf --help` for more"
 

@@ -17,15 +17,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import __version__, client_shm, logs, observe, shm_requests
+from . import __version__, client_shm, shm_requests
 from .access.caller import NOBODY, Caller
 from .client_shm import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model
 from .names import check_model_name
+from .observability import logs, observe
+from .observability.stats import Duration, ModelStats
 from .repository.lifecycle import ModelRepository
 from .repository.routing import IndexEntry
-from .stats import Duration, ModelStats
 from .streaming import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse
 
@@ -144,7 +145,7 @@ class DataPlane:
 
     def _unrouted(self, request: InferenceRequest, error: EngineError, start_ns: int) -> NoReturn:
         """A request whose model version is not served: raise why (a name that cannot be a model's says so,
-        INVALID_ARG), after its access line while those are on (engine/observe.py)."""
+        INVALID_ARG), after its access line while those are on (engine/observability/observe.py)."""
         try:
             check_model_name(request.model_name)
         except EngineError as bad_name:
@@ -217,7 +218,7 @@ class DataPlane:
 
     def log_settings(self, changes: dict[str, Any] | None = None, http: bool = True) -> dict[str, Any]:
         """Triton's logging extension: apply `changes` (Python values, each protocol's types already checked
-        by its frontend; engine/logs.py `update`), then answer every setting."""
+        by its frontend; engine/observability/logs.py `update`), then answer every setting."""
         if changes:
             logs.update(changes, http)
             observe.refresh()
@@ -225,7 +226,7 @@ class DataPlane:
 
     def trace_setting(self, model: str = "", changes: dict[str, Any] | None = None) -> dict[str, Any]:
         """Triton's trace extension: the server-wide setting, or a model's (`model`, which must be ready, in
-        Triton's words); `changes` parsed by engine/tracing/settings.py (None: only read)."""
+        Triton's words); `changes` parsed by engine/observability/tracing/settings.py (None: only read)."""
         trace = observe.STATE.trace
         if trace is None:
             trace = observe.STATE.trace = observe.default_tracing()

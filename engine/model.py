@@ -23,10 +23,10 @@ from .instances.canary import CanaryRecord
 from .instances.placement import place
 from .instances.pool import InstancePool
 from .instances.rate_limiter import RateLimiter
+from .observability.stats import ModelStats
 from .scheduling.batching.batcher import Batcher
 from .scheduling.sequence.batcher import SequenceBatcher
 from .scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
-from .stats import ModelStats
 from .types import SHARED_MEMORY_PARAMETERS, Completion, DataType, InferenceRequest, InferenceResponse
 
 

@@ -45,8 +45,8 @@ class ServerOptions:
     log_info: bool = True
     log_warning: bool = True
     log_error: bool = True
-    # Triton's --metrics-config <setting>=<value> (engine/histograms.py) and --trace-config
-    # [<mode>,]<setting>=<value> (engine/tracing/settings.py), as given.
+    # Triton's --metrics-config <setting>=<value> (engine/observability/histograms.py) and --trace-config
+    # [<mode>,]<setting>=<value> (engine/observability/tracing/settings.py), as given.
     metrics_config: tuple[str, ...] = ()
     trace_config: tuple[str, ...] = ()
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files

@@ -12,7 +12,6 @@ import logging
 import signal
 import time
 
-from . import histograms, observe
 from .access.policy import policies
 from .client_shm import ShmLimits
 from .dataplane import DataPlane
@@ -30,20 +29,21 @@ from .frontend.metrics_routes import MetricsRoutes
 from .frontend.openai_routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.serving.registry import GenerationRegistry
-from .histograms import parse_metrics_config
 from .instances.canary import CanaryOptions, CanaryRunner
 from .instances.devices import discover_gpus
 from .instances.rate_limiter import RateLimiter
 from .lifecycle_log import process_age_s, ready_line
-from .metrics import process_registry, render
+from .observability import histograms, observe
+from .observability.histograms import parse_metrics_config
+from .observability.metrics import process_registry, render
+from .observability.tracing.otlp import OtlpExporter
+from .observability.tracing.settings import TraceSettings, parse_trace_config
 from .openai.batch.runner import BatchRunner
 from .openai.service import OpenAIService
 from .options import ServerOptions
 from .repository.lifecycle import ModelRepository
 from .repository.watcher import RepositoryWatcher
 from .scheduling.sequence.policy import BacklogLimits
-from .tracing.otlp import OtlpExporter
-from .tracing.settings import TraceSettings, parse_trace_config
 from .workers.control import ControlRunner
 from .workers.supervisor import FrontendPool
 

@@ -169,9 +169,9 @@ class InferenceRequest:
     # Set with `stream` by a consumer that counts what its client took (engine/stream_window.py): a decoupled
     # model's sends wait while RESPONSE_WINDOW of this request's responses are not yet taken. None: no wait.
     stream_window: StreamWindow | None = None
-    # When it met the batcher (perf_counter ns; 0 = not reached), set only while an access line or a trace
-    # may want them (engine/observe.py): entered the queue, its batch left it, its batch's outputs were
-    # split; and the elements of the batch it ran in.
+    # When it met the batcher (perf_counter ns; 0 = not reached), set only while an access line or a trace may
+    # want them (engine/observability/observe.py): entered the queue, its batch left it, its batch's outputs
+    # were split; and the elements of the batch it ran in.
     queued_ns: int = 0
     dispatched_ns: int = 0
     computed_ns: int = 0

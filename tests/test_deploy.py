@@ -1,8 +1,8 @@
 """deploy/ checked offline: every Kubernetes manifest against Kubernetes' own schemas (kubernetes-validate,
 strict: no unknown field, for every Kubernetes version it ships), the KServe ServingRuntime against the schema
 derived from KServe's documented fields (deploy/schemas/) with its containers against the Pod schema, the
-HPA's metric against what engine/metrics.py really exports, the probes, and the server flags the manifests
-pass against `hubserve serve`'s own parser.
+HPA's metric against what engine/observability/metrics.py really exports, the probes, and the server flags the
+manifests pass against `hubserve serve`'s own parser.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 from kubernetes_validate.utils import all_versions
 
 from engine.__main__ import build_parser
-from engine.metrics import FAMILIES
+from engine.observability.metrics import FAMILIES
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -122,7 +122,7 @@ def test_the_hpa_scales_on_a_gauge_the_engine_exports():
     for metric in metrics:
         assert metric["type"] == "Pods", metric
         name = metric["pods"]["metric"]["name"]
-        assert name in exported, f"{name} is not defined in engine/metrics.py"
+        assert name in exported, f"{name} is not defined in engine/observability/metrics.py"
         # An average per pod of a counter would only ever grow: it must be a gauge.
         assert exported[name] == "gauge", f"{name} is a {exported[name]}"
         assert metric["pods"]["target"]["type"] == "AverageValue"

@@ -1,13 +1,13 @@
-"""The access line's text form, written by engine/logs.py: values a client chose cannot fake a field or a
-line, whatever reaches the writer (the frontends refuse bad ids before that; this is the writer's own
-guarantee). Runs the real writer into a real log file, no server."""
+"""The access line's text form, written by engine/observability/logs.py: values a client chose cannot fake a
+field or a line, whatever reaches the writer (the frontends refuse bad ids before that; this is the writer's
+own guarantee). Runs the real writer into a real log file, no server."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
-from engine import logs
+from engine.observability import logs
 
 
 def test_a_text_access_line_quotes_values_that_could_fake_a_field_or_a_line(tmp_path: Path) -> None:

@@ -1,9 +1,8 @@
-"""Request ids (engine/request_ids.py): printable (ASCII in a header), at most 256 characters, on every way an
-id enters —
-HTTP JSON `id`, X-Request-ID, the generate extension's `id`, gRPC `id` (ModelInfer and ModelStreamInfer) and
-x-request-id metadata. Refused with 400 / INVALID_ARGUMENT in each protocol's form; a valid id is echoed as
-before. The point is the log: a line break in an id forged a second access line (`--log-verbose 1`, text
-format), and an unbounded id wrote itself into every line.
+"""Request ids (engine/observability/request_ids.py): printable (ASCII in a header), at most 256 characters,
+on every way an id enters — HTTP JSON `id`, X-Request-ID, the generate extension's `id`, gRPC `id` (ModelInfer
+and ModelStreamInfer) and x-request-id metadata. Refused with 400 / INVALID_ARGUMENT in each protocol's form;
+a valid id is echoed as before. The point is the log: a line break in an id forged a second access line
+(`--log-verbose 1`, text format), and an unbounded id wrote itself into every line.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import EXAMPLES, assert_simple_over_grpc, start_server, wait_until
 from engine import examples
 from engine.errors import EngineError, ErrorCode
-from engine.request_ids import (
+from engine.observability.request_ids import (
     MAX_REQUEST_ID_CHARS,
     check_header_request_id,
     check_request_id,

@@ -11,9 +11,9 @@ import socket
 import pytest
 
 from engine.errors import EngineError
-from engine.histograms import Histogram, parse_metrics_config
-from engine.tracing.otlp import OtlpExporter, request_spans
-from engine.tracing.settings import (
+from engine.observability.histograms import Histogram, parse_metrics_config
+from engine.observability.tracing.otlp import OtlpExporter, request_spans
+from engine.observability.tracing.settings import (
     ExporterConfig,
     TraceSettings,
     TraceValues,

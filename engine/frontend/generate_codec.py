@@ -28,7 +28,7 @@ import numpy as np
 import orjson
 
 from ..errors import EngineError, ErrorCode, invalid
-from ..request_ids import check_request_id
+from ..observability.request_ids import check_request_id
 from ..types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 PARAMETERS_KEY = "parameters"  # Triton's one nested schema key in a generate request

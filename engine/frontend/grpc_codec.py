@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import invalid
+from ..observability.request_ids import check_request_id
 from ..proto import grpc_service_pb2 as pb
-from ..request_ids import check_request_id
 from ..types import (
     DataType,
     InferenceRequest,

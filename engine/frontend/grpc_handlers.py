@@ -17,13 +17,13 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from .. import logs, observe
 from ..access.caller import NOBODY, Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
+from ..observability import logs, observe
+from ..observability.tracing import settings as trace_settings
 from ..proto import grpc_service_pb2, health_pb2
 from ..stream_window import StreamWindow
-from ..tracing import settings as trace_settings
 from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
 
@@ -187,7 +187,7 @@ class GrpcHandlers:
         """The serialized request decoded; the call's `x-request-id` metadata is its id when its message
         has none; `owner` the owner id of the API key the call presented. A message that cannot be decoded
         raises (an EngineError, or DecodeError for bytes that are no ModelInferRequest), after its access
-        line while those are on (engine/observe.py)."""
+        line while those are on (engine/observability/observe.py)."""
         try:
             request = self.wire.decode(message)
         except Exception as e:

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 
 from ..errors import EngineError, invalid
-from ..request_ids import check_request_id
+from ..observability.request_ids import check_request_id
 from ..types import (
     DataType,
     InferenceRequest,

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .. import logs, observe
 from ..access.caller import Caller
 from ..dataplane import DataPlane
 from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
-from ..request_ids import check_header_request_id
-from ..tracing import settings as trace_settings
+from ..observability import logs, observe
+from ..observability.request_ids import check_header_request_id
+from ..observability.tracing import settings as trace_settings
 from ..types import InferenceRequest, InferenceResponse
 from . import compression
 from .generate import MetadataSource, answer_generate

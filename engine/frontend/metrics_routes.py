@@ -7,7 +7,7 @@ caps its connections in all and per client address (`--metrics-max-connections`,
 take the other's connections: a scraper flood cannot use up the descriptors inference needs, and a flood of
 inference connections does not blind monitoring.
 
-The page is rendered on the event loop at each scrape (engine/metrics.py), as before.
+The page is rendered on the event loop at each scrape (engine/observability/metrics.py), as before.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ import asyncio
 import time
 from typing import Any
 
-from .. import observe
 from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode
-from ..stats import ModelStats
+from ..observability import observe
+from ..observability.stats import ModelStats
 from ..types import Completion, InferenceRequest, InferenceResponse
 
 
@@ -43,7 +43,7 @@ class InflightBatcher:
         """Count an accepted request in flight and give its future the one done-callback: it accounts the
         request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is first taken
         back from the batcher with `_withdraw(token)`), observes it (its access line and spans, while those
-        are on: engine/observe.py) and then calls `on_done`, the frontend's answer."""
+        are on: engine/observability/observe.py) and then calls `on_done`, the frontend's answer."""
         self._inflight += 1
         self._idle.clear()
         stats = self._stats

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import logs
 from ..access.policy import access_config, policies
 from ..frontend import http as http_frontend
 from ..frontend import wire
@@ -35,6 +34,7 @@ from ..frontend.h2.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
+from ..observability import logs
 from ..shm import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
 from .listen import ConnectionReceiver

@@ -18,13 +18,13 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from ... import observe
 from ...config.model_config import ModelConfig
 from ...errors import EngineError
 from ...instances.pool import Instance, InstancePool
+from ...observability import observe
+from ...observability.stats import ModelStats
 from ...scheduling.batching.batcher import Batcher
 from ...scheduling.batching.policy import Pending
-from ...stats import ModelStats
 from ...types import InferenceResponse
 from .answers import AnswerCheck, InstanceBinding, count_error
 from .bls import Router
@@ -83,7 +83,7 @@ class RequestBatcher(Batcher):
         for p in batch:
             self._stats.record_queue(start - p.enqueue_ns)
         elements = sum(p.batch_size for p in batch)
-        observed = observe.STATE.active  # what the access line and the spans read (engine/observe.py)
+        observed = observe.STATE.active  # what the access line and the spans read (observability/observe.py)
         if observed:
             for p in batch:
                 req = p.request

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 
 from ...errors import EngineError
+from ...observability.stats import ModelStats
 from ...scheduling.batching.policy import Pending
-from ...stats import ModelStats
 from ...stream_window import Grant
 from ...types import EMPTY_FINAL, InferenceResponse
 from .runner import Answer

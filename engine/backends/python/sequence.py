@@ -32,9 +32,9 @@ from ...config.model_config import ModelConfig
 from ...config.sequence import StateSpec
 from ...errors import EngineError, ErrorCode
 from ...instances.pool import Instance, InstancePool
+from ...observability.stats import ModelStats
 from ...scheduling.sequence.batcher import Result, SequenceBatcher
 from ...scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry
-from ...stats import ModelStats
 from ...types import InferenceRequest
 from .answers import AnswerCheck, InstanceBinding, count_error
 from .bls import Router

@@ -55,8 +55,8 @@ from google.protobuf.message import DecodeError
 from ...access.caller import Caller
 from ...access.policy import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
 from ...errors import EngineError, ErrorCode, endpoint_message
+from ...observability.request_ids import header_request_id_problem
 from ...proto import health_pb2
-from ...request_ids import header_request_id_problem
 from ...stream_window import StreamWindow
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer

@@ -1,4 +1,5 @@
-"""A generation request's part in its model version's Triton statistics (engine/stats.py `ModelStats`).
+"""A generation request's part in its model version's Triton statistics (engine/observability/stats.py
+`ModelStats`).
 
 A generative model version is one model to Triton's statistics extension and to the `nv_inference_*` metrics,
 whichever API reached its engine: a request through ModelStreamInfer or generate[_stream]
@@ -24,7 +25,7 @@ from __future__ import annotations
 import enum
 import time
 
-from ...stats import ModelStats
+from ...observability.stats import ModelStats
 
 
 class Outcome(enum.Enum):

@@ -4,14 +4,14 @@ per LoRA adapter.
 
 Written only on the event loop (driver.py records as it hands each step's tokens to their
 clients, so the times are what a client sees, not what the engine thread saw), read at scrape time by
-engine/metrics.py: plain numbers, no locks.
+engine/observability/metrics.py: plain numbers, no locks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...histograms import Histogram
+from ...observability.histograms import Histogram
 
 # Seconds. TTFT spans a queue wait and a prefill; inter-token latency one engine step.
 TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

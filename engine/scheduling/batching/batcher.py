@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from ... import observe
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode, invalid
 from ...instances.pool import Instance, InstancePool
-from ...stats import ModelStats
+from ...observability import observe
+from ...observability.stats import ModelStats
 from ...types import Completion, InferenceRequest, InferenceResponse, Tensor
 from ..inflight import InflightBatcher
 from ..timers import THRESHOLD_S, FdTimer, PreciseTimer
@@ -248,7 +248,7 @@ class Batcher(InflightBatcher):
         stats = self._stats
         for p in batch:
             stats.record_queue(start - p.enqueue_ns)
-        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observability/observe.py)
             elements = sum(p.batch_size for p in batch)
             for p in batch:
                 req = p.request

@@ -32,10 +32,11 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
-from ... import classification, observe
+from ... import classification
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode
 from ...model import Model, ModelState
+from ...observability import observe
 from ...types import Completion, InferenceRequest, InferenceResponse, RequestedOutput, RequestPlan, Tensor
 from .plan import EnsemblePlan, PlanProgress
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from ... import observe
 from ...config.model_config import ModelConfig
 from ...config.sequence import ControlInput, ControlKind, SequenceBatchingConfig, StateSpec
 from ...errors import EngineError, ErrorCode, invalid
 from ...instances.pool import Instance, InstancePool
-from ...stats import ModelStats
+from ...observability import observe
+from ...observability.stats import ModelStats
 from ...types import Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 from ..inflight import InflightBatcher
 from .policy import DEFAULT_BACKLOG, BacklogLimits, Batch, CorrId, Entry, SequencePolicy
@@ -228,7 +228,7 @@ class SequenceBatcher(InflightBatcher):
         real = [e for e in rows if e is not None]
         for e in real:
             self._stats.record_queue(start - e.item.enqueue_ns)
-        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observability/observe.py)
             for e in real:
                 req = e.item.request
                 req.queued_ns, req.dispatched_ns, req.executed_batch = e.item.enqueue_ns, start, len(real)
@@ -285,7 +285,7 @@ class SequenceBatcher(InflightBatcher):
         end = time.perf_counter_ns()
         answered = len(results)
         self._stats.record_execution(answered, answered, input_ns, infer_ns, end - out_start_ns)
-        if observe.STATE.active:  # what the access line and the spans read (engine/observe.py)
+        if observe.STATE.active:  # what the access line and the spans read (engine/observability/observe.py)
             for entry, _ in results:
                 entry.item.request.computed_ns = end
         reasons = self._stats.dispatch_reasons

@@ -24,7 +24,7 @@ at well under a microsecond per id, next to the ~20 µs a request costs.
 
 from __future__ import annotations
 
-from .errors import invalid
+from ..errors import invalid
 
 MAX_REQUEST_ID_CHARS = 256
 

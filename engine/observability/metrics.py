@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from .generate.serving.driver import EngineDriver
+from ..generate.serving.driver import EngineDriver
+from ..instances.canary import CanaryRecord
+from ..model import Model
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .histograms import Histogram
-from .instances.canary import CanaryRecord
-from .model import Model
 from .stats import ModelStats
 
 # name -> (type, help, value from stats)
@@ -242,7 +242,7 @@ def _histogram_family(name: str, help_text: str, series: list[tuple[str, Histogr
 
 
 def _histogram_lines(models: list[Model]) -> list[str]:
-    """The latency histograms (engine/histograms.py), in microseconds, per model version."""
+    """The latency histograms (histograms.py), in microseconds, per model version."""
     shown = [(m, m.stats.histograms) for m in models if m.stats.histograms is not None]
     lines: list[str] = []
     for attr, name, help_text in HISTOGRAM_FAMILIES if shown else ():

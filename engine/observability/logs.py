@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from .errors import EngineError, ErrorCode, invalid
+from ..errors import EngineError, ErrorCode, invalid
 
 ACCESS_LOGGER = "hubserve.access"
 # The access line's fields, in order: also the exact keys of a JSON access line.

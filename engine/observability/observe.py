@@ -1,5 +1,5 @@
-"""What happens when an inference is answered, beyond statistics: its access line (engine/logs.py) and, when
-sampled, its spans (engine/tracing/). Called from the batchers' one done-callback
+"""What happens when an inference is answered, beyond statistics: its access line (logs.py) and, when
+sampled, its spans (engine/observability/tracing/). Called from the batchers' one done-callback
 (engine/scheduling/inflight.py), after the request is accounted and before the frontend answers; and, for a
 request refused before it reached a model (malformed, an unknown model, a wrong shape, a full queue),
 `refused` by whoever refused it (the data plane, or a frontend's decoding), only while access lines are on:
@@ -16,12 +16,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..errors import EngineError
+from ..types import InferenceRequest
 from . import logs
-from .errors import EngineError
 from .request_ids import request_id_problem
 from .tracing.otlp import OtlpExporter
 from .tracing.settings import TraceSettings, TraceValues
-from .types import InferenceRequest
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from .errors import invalid
+from ..errors import invalid
 
 # Microseconds: 50 µs to 10 s, about three a decade (a `simple` inference is ~100 µs, a large batch seconds).
 DEFAULT_BUCKETS_US: tuple[float, ...] = (50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
@@ -48,7 +48,7 @@ class Histogram:
     histogram the server exports: these latency ones and the generation engine's
     (generate/serving/latency.py). Each bucket counts its own observations (the last one, +Inf, those above
     every bound); cumulative counts
-    are made at scrape time (engine/metrics.py)."""
+    are made at scrape time (metrics.py)."""
 
     __slots__ = ("bounds", "counts", "sum", "count", "unit")
 

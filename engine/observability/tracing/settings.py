@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import EngineError, ErrorCode, invalid
+from ...errors import EngineError, ErrorCode, invalid
 
 LEVELS = ("TIMESTAMPS", "TENSORS")
 UINT32_MAX = 2**32 - 1

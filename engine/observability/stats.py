@@ -88,7 +88,7 @@ class ModelStats:
         if kind == "success":
             stats.compute_output.add(0)
 
-    # Request, queue and compute latency histograms (engine/histograms.py); None when switched off.
+    # Request, queue and compute latency histograms (histograms.py); None when switched off.
     histograms: LatencyHistograms | None = field(default_factory=new_histograms)
 
     def record_request(self, outcome: Duration, elapsed_ns: int) -> None:

@@ -1,0 +1,10 @@
+"""What the server tells about itself: statistics, metrics, logs, access lines, request ids and traces.
+
+    stats.py        `ModelStats`: per-version counters, the one source of the statistics extension and metrics
+    histograms.py   `Histogram`, and the request, queue and compute latency histograms
+    metrics.py      every Prometheus family, rendered from the stats at scrape time
+    logs.py         the server's logging: where lines go, how they read, which levels pass; the access line
+    observe.py      what an answered (or refused) inference owes beyond statistics: its access line, its spans
+    request_ids.py  what a client's request id may be, checked where it enters
+    tracing/        Triton's trace extension: settings, and the OTLP/HTTP JSON exporter of spans
+"""
