@@ -17,9 +17,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import __version__, client_shm, shm_requests
+from . import __version__
 from .access.caller import NOBODY, Caller
-from .client_shm import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from .model import Model
 from .names import check_model_name
@@ -27,6 +26,9 @@ from .observability import logs, observe
 from .observability.stats import Duration, ModelStats
 from .repository.lifecycle import ModelRepository
 from .repository.routing import IndexEntry
+from .shm import client as client_shm
+from .shm import requests as shm_requests
+from .shm.client import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
 from .streaming import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse
 
@@ -70,7 +72,7 @@ class DataPlane:
         self.info = ServerInfo(extensions=extensions)
         self.strict_readiness = strict_readiness
         self.accepting = True  # False while draining: ready turns false, live stays true
-        # Clients' shared-memory regions (engine/client_shm.py); in the engine process with --workers N.
+        # Clients' shared-memory regions (engine/shm/client.py); in the engine process with --workers N.
         self.shm = SystemSharedMemory(allow_client_shm, shm_limits)
         self.max_tensor_bytes = max_tensor_bytes  # the largest BYTES input read from a region
 

@@ -75,8 +75,8 @@ class ServerOptions:
     max_sequence_queue: int = 1024  # requests one sequence may have waiting (BacklogLimits)
     http_tls: TlsSettings | None = None  # HTTPS (--http-use-ssl ...); None = plain HTTP
     grpc_tls: TlsSettings | None = None  # gRPC over TLS, ALPN h2 (--grpc-use-ssl ...); None = plain h2c
-    allow_client_shm: bool = False  # the system shared memory extension (engine/client_shm.py)
-    # What clients may register with it (client_shm.py ShmLimits): regions server-wide (and never more than a
+    allow_client_shm: bool = False  # the system shared memory extension (engine/shm/client.py)
+    # What clients may register with it (shm/client.py ShmLimits): regions server-wide (and never more than a
     # quarter of the open-file limit) and per API key (0 = no limit); key prefixes registered whoever owns
     # the object (else only objects of the client's own user).
     client_shm_max_regions: int = 256

@@ -13,7 +13,6 @@ import signal
 import time
 
 from .access.policy import policies
-from .client_shm import ShmLimits
 from .dataplane import DataPlane
 from .frontend import http as http_frontend
 from .frontend import wire
@@ -44,6 +43,7 @@ from .options import ServerOptions
 from .repository.lifecycle import ModelRepository
 from .repository.watcher import RepositoryWatcher
 from .scheduling.sequence.policy import BacklogLimits
+from .shm.client import ShmLimits
 from .workers.control import ControlRunner
 from .workers.supervisor import FrontendPool
 

@@ -54,7 +54,7 @@ async def run(repo_dir: Path, repeats: int) -> None:
     from engine.dataplane import DataPlane
     from engine.instances.rate_limiter import RateLimiter
     from engine.repository.lifecycle import ModelRepository
-    from engine.shm import Region
+    from engine.shm.regions import Region
     from engine.types import DataType, InferenceRequest, RequestPlan, Tensor
     from engine.workers.remote import EngineClient
     from engine.workers.session import FrontendSession

@@ -1,4 +1,4 @@
-"""The system shared memory extension (engine/client_shm.py, engine/shm_requests.py) against a real server
+"""The system shared memory extension (engine/shm/client.py, engine/shm/requests.py) against a real server
 started with --allow-client-shm, through tritonclient's own `tritonclient.utils.shared_memory` helpers over
 both protocols: inputs and outputs in regions (at offsets, BYTES too), every error in Triton's words and
 codes, CUDA shared memory refused, the extension off by default, regions truncated or removed by the client

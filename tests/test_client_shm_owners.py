@@ -1,4 +1,4 @@
-"""Who may register which client shared-memory objects, and how many (engine/client_shm.py): one API key
+"""Who may register which client shared-memory objects, and how many (engine/shm/client.py): one API key
 never sees, uses or drops another key's regions; the server opens only objects owned by the user of the
 client's socket, unless the key is under --client-shm-prefix; regions are capped server-wide, per key, and at
 a quarter of the open-file limit, so they cannot take the descriptors connections need. Real servers,

@@ -15,7 +15,7 @@ import pytest
 from engine.errors import EngineError
 from engine.ipc.frames import HEAD, FrameError, FrameReader, encode_frame
 from engine.ipc.tensors import Inline, PeerBlocks, Reads, place, read_arrays, wire_chunks
-from engine.shm import Arena, Region
+from engine.shm.regions import Arena, Region
 from engine.types import DataType, Tensor
 
 
@@ -156,7 +156,7 @@ def test_an_array_read_from_a_region_keeps_its_mapping_after_close() -> None:
     reader = Region.attach(os.dup(region.fd), region.size)
     arrays = read_arrays(Reads([(t.name, t.datatype, t.shape) for t in tensors]), placement, reader,
                          memoryview(b""))
-    reader.close()  # the unmap waits for the arrays (shm.py): reading them must not fault
+    reader.close()  # the unmap waits for the arrays (engine/shm/regions.py): reading them must not fault
     gc.collect()
     assert [a.tolist() for a in arrays] == [t.data.tolist() for t in tensors]
 

@@ -16,7 +16,7 @@ import pytest
 
 from engine.backends.python.channel import Channel, ChannelClosed
 from engine.ipc.frames import HEAD
-from engine.shm import Region
+from engine.shm.regions import Region
 from engine.types import DataType
 
 

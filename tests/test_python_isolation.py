@@ -223,7 +223,7 @@ def memory(server, field: str) -> int:
 
 def shared_mappings(server) -> dict[str, int]:
     """The resident bytes of each memfd region the server's (engine) process maps, by the region's label
-    (engine/shm.py `Region.create`: `<instance>-in` / `-out` for a Python instance,
+    (engine/shm/regions.py `Region.create`: `<instance>-in` / `-out` for a Python instance,
     `hubserve-frontend-<n>-...` for a frontend process's arenas), from /proc/<pid>/smaps."""
     totals: dict[str, int] = {}
     label = None

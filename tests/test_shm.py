@@ -1,8 +1,8 @@
-"""engine/shm.py, the regions: bounds, lifetimes, two processes, crash clean-up, named objects (the arena's
-tests are in test_shm_arena.py).
+"""engine/shm/regions.py, the regions: bounds, lifetimes, two processes, crash clean-up, named objects (the
+arena's tests are in test_shm_arena.py).
 
 Plain synchronous tests; where the point is two processes, a real child process (`subprocess`, the region's
-fd in `pass_fds`) that imports engine.shm from this checkout."""
+fd in `pass_fds`) that imports engine.shm.regions from this checkout."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.shm import SHM_ROOT, Region
+from engine.shm.regions import SHM_ROOT, Region
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD_TIMEOUT_S = 60
@@ -214,7 +214,7 @@ def test_thousands_of_regions_leave_no_fds_or_memory() -> None:
     fds and allocate meanwhile (the arena's RSS test failed a CI run on that)."""
     proc = child("""
 import os
-from engine.shm import Region
+from engine.shm.regions import Region
 
 def rss_bytes():
     with open("/proc/self/status") as status:
@@ -248,7 +248,7 @@ def test_a_child_attaches_by_inherited_fd_and_both_see_each_others_writes() -> N
         region.write(4096, np.arange(100, dtype=np.int64))
         proc = child(f"""
 import sys, numpy as np
-from engine.shm import Region
+from engine.shm.regions import Region
 region = Region.attach({region.fd}, {region.size}, "t-two-child")
 assert bytes(region.view(0, 11)) == b"from parent"
 assert region.array(4096, np.int64, (100,)).sum() == 4950
@@ -278,7 +278,7 @@ def test_a_region_created_by_a_child_is_attached_from_a_received_fd() -> None:
     with ours, theirs:
         proc = child(f"""
 import socket
-from engine.shm import Region
+from engine.shm.regions import Region
 sock = socket.socket(fileno={theirs.fileno()})
 region = Region.create(8192, "t-sent")
 region.write(8000, b"made by the child")
@@ -327,7 +327,7 @@ def test_a_killed_child_leaks_nothing() -> None:
             parents.write(0, b"parent data")
             proc = child(f"""
 import sys
-from engine.shm import Region
+from engine.shm.regions import Region
 own = Region.create({mb << 20}, "{own}")
 own.view(0, own.size)[:] = b"\\x01" * own.size     # resident, not just reserved
 inherited = Region.attach({parents.fd}, {parents.size})

@@ -1,5 +1,6 @@
-"""engine/shm.py, the Arena: alignment, a full arena, bad frees, reuse in any free order, and a million
-out-of-order cycles with flat memory and no fragmentation. Plain synchronous tests over real regions."""
+"""engine/shm/regions.py, the Arena: alignment, a full arena, bad frees, reuse in any free order, and a
+million out-of-order cycles with flat memory and no fragmentation. Plain synchronous tests over real
+regions."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.shm import Arena, Region
+from engine.shm.regions import Arena, Region
 
 
 @contextlib.contextmanager

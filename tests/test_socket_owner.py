@@ -1,5 +1,5 @@
-"""engine/socket_owner.py: the netlink request and reply layouts (pure), and real lookups of the user owning
-the client's end of a loopback connection: this process's, another user's (a child that dropped to
+"""engine/shm/socket_owner.py: the netlink request and reply layouts (pure), and real lookups of the user
+owning the client's end of a loopback connection: this process's, another user's (a child that dropped to
 `nobody`), an IPv4 client of a dual-stack listener, and a peer that is not on this machine."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from engine.socket_owner import NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, client_uid, parse_uid, request
+from engine.shm.socket_owner import NLMSG_ERROR, SOCK_DIAG_BY_FAMILY, client_uid, parse_uid, request
 
 
 def test_the_request_names_the_clients_end_first():

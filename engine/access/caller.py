@@ -1,5 +1,5 @@
 """Who sent a request, as far as the server can tell: `Caller`, made by a frontend and read by the data plane
-where it matters (client shared memory: engine/client_shm.py).
+where it matters (client shared memory: engine/shm/client.py).
 
 - `owner`: the owner id of the API key the request presented (`key-<hex>`, api_keys.py `owner_id`,
   as the access policy admitted it: policy.py `Admission.owner`), "" on a server without keys,
@@ -7,8 +7,8 @@ where it matters (client shared memory: engine/client_shm.py).
   id is `HttpRequest.owner` and `InferenceRequest.owner`: the one notion of "who" past the access policy
   (the sequence backlog's share per key, tokens_per_minute and the Batch API's owners read it too).
 - `peer` and `local`: the connection's two ends, (address, port) each, None where unknown. With them the
-  server can ask the kernel which local user owns the client's socket (engine/socket_owner.py), for a client
-  on this machine.
+  server can ask the kernel which local user owns the client's socket (engine/shm/socket_owner.py), for a
+  client on this machine.
 
 A Caller crosses from a frontend process to the engine (--workers N) as a plain tuple (`as_tuple`,
 `from_tuple`): the frames carry plain values only.

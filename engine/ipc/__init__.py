@@ -7,6 +7,6 @@
                    views a receiver makes of them, with the peer's blocks freed when the last view dies
 
 Only the codec lives here: each channel keeps its own I/O (asyncio protocols for the frontends, blocking
-sockets with reader and writer threads for the Python instances) and its own message shapes. engine/shm.py
-is the memory underneath (regions, arenas); this package is the wire format over it.
+sockets with reader and writer threads for the Python instances) and its own message shapes.
+engine/shm/regions.py is the memory underneath (regions, arenas); this package is the wire format over it.
 """

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..frontend.wire import array_from_bytes, array_to_bytes
-from ..shm import Arena, Region
+from ..shm.regions import Arena, Region
 from ..types import DataType, Tensor, element_count
 
 ALIGN = 64  # each tensor's offset inside a block: every numpy dtype's alignment, and a cache line
@@ -118,7 +118,7 @@ class Reads:
     def arrays(self, locations: Sequence[Location], base: Any) -> list[np.ndarray]:
         """The arrays at `locations` in `base` (a memoryview, or a uint8 array over a block), as views.
         `np.frombuffer` keeps its buffer (the memoryview, or the array) as the array's base, so the mapping
-        under it stays mapped while the array lives (shm.py)."""
+        under it stays mapped while the array lives (engine/shm/regions.py)."""
         fixed = self._fixed
         if fixed is not None and len(locations) == len(fixed):
             size = len(base)

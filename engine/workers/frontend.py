@@ -35,7 +35,7 @@ from ..frontend.h2.streams import Limits
 from ..frontend.http_types import HttpLimits
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 from ..observability import logs
-from ..shm import Region
+from ..shm.regions import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
 from .listen import ConnectionReceiver
 from .remote import EngineClient

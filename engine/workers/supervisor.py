@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import child_pythonpath
 from ..dataplane import DataPlane
-from ..shm import Region
+from ..shm.regions import Region
 from .control import ControlRunner
 from .listen import Dispatcher
 from .session import FrontendSession

@@ -1,12 +1,12 @@
 """One end of the socket between the engine and a Python-model instance process.
 
 Frames and tensor placement are those of every process channel (engine/ipc/): an 8-byte head, metadata of
-plain values only (the reader refuses every class, so a model process cannot make the server run code by
-what it sends), then the inline tensor bytes. Tensors travel through shared memory (engine/shm.py): each
+plain values only (the reader refuses every class, so a model process cannot make the server run code by what
+it sends), then the inline tensor bytes. Tensors travel through shared memory (engine/shm/regions.py): each
 side owns one memfd `Region` it writes, carved by an `Arena`, and maps the other side's region. A message's
-tensors go into one block of the sender's arena; the frame names the block and each tensor's (offset,
-size). Small messages, or any message when the arena is full, carry their bytes inline instead, so nothing
-fails for want of space.
+tensors go into one block of the sender's arena; the frame names the block and each tensor's (offset, size).
+Small messages, or any message when the arena is full, carry their bytes inline instead, so nothing fails for
+want of space.
 
 A frame's metadata is `(meta, specs, placement, freed)`: the caller's message, ((name, datatype, shape),
 ...) of its tensors, where they are, and the blocks of the receiver's region this side no longer views. The
@@ -36,7 +36,7 @@ from ...errors import EngineError, ErrorCode
 from ...frontend.wire import array_to_bytes
 from ...ipc.frames import HEAD, FrameError, encode_frame, parse_frame
 from ...ipc.tensors import Inline, PeerBlocks, place, read_arrays
-from ...shm import Arena, Region
+from ...shm.regions import Arena, Region
 from ...types import DataType
 
 INLINE_BELOW = 4096  # tensors of a message smaller than this in all go inline: a block is not worth it

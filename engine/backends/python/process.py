@@ -38,7 +38,7 @@ from typing import Any
 
 from ... import child_pythonpath
 from ...errors import EngineError, ErrorCode, unavailable
-from ...shm import Region
+from ...shm.regions import Region
 from .channel import Channel, ChannelClosed, Received
 from .outbox import Outbox
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EngineError
-from ...shm import Region
+from ...shm.regions import Region
 from ...types import DataType
 from . import pb_utils
 from .channel import Channel, ChannelClosed, Received

@@ -1,4 +1,4 @@
-"""A request's tensors in clients' shared-memory regions (engine/client_shm.py): inputs read before the
+"""A request's tensors in clients' shared-memory regions (client.py): inputs read before the
 request is queued, outputs written once it is answered. Called by the DataPlane, in the process that owns the
 registry (the engine, with `--workers N`), for requests whose tensors name `shared_memory_region`.
 
@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .client_shm import SystemSharedMemory, TensorPlace
-from .errors import EngineError, ErrorCode, invalid
-from .frontend.wire import array_from_bytes, array_to_bytes
-from .types import (
+from ..errors import EngineError, ErrorCode, invalid
+from ..frontend.wire import array_from_bytes, array_to_bytes
+from ..types import (
     SHARED_MEMORY_PARAMETERS,
     DataType,
     InferenceRequest,
@@ -28,6 +27,7 @@ from .types import (
     Tensor,
     element_count,
 )
+from .client import SystemSharedMemory, TensorPlace
 
 REGION = "shared_memory_region"
 OutputPlaces = dict[str, TensorPlace]

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EngineError, ErrorCode, invalid
+from ..errors import EngineError, ErrorCode, invalid
 
 SHM_ROOT = "/dev/shm"  # where glibc's shm_open puts POSIX shared-memory objects
 NAME_MAX = 255

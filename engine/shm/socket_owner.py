@@ -1,6 +1,6 @@
 """Which local user owns the client's end of a TCP connection: `client_uid(peer, local)`, asked of the kernel
 through NETLINK_SOCK_DIAG (what `ss -e` shows), for the client shared-memory owner rule
-(engine/client_shm.py): the server opens a client's shared-memory object only if the client's own user owns
+(client.py): the server opens a client's shared-memory object only if the client's own user owns
 it, so a client can never reach through the server an object it could not open itself.
 
 Only a client on this machine (in this network namespace) has its socket here: for any other the answer is
@@ -16,7 +16,7 @@ import ipaddress
 import socket
 import struct
 
-from .access.caller import Address
+from ..access.caller import Address
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20

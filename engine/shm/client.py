@@ -2,7 +2,7 @@
 
 A client makes an object with `shm_open` (`/dev/shm/<key>`), registers a named range of it (`register`), and
 then names the region, an offset and a byte size in a request's tensor parameters instead of sending the
-bytes: inputs are read from it, outputs written into it (engine/shm_requests.py). Off unless the server was
+bytes: inputs are read from it, outputs written into it (requests.py). Off unless the server was
 started with `--allow-client-shm`: Triton made it opt-in after client shared memory gave it a CVE chain.
 
 One registry per server, owned by the DataPlane, so with `--workers N` it lives in the engine process: the
@@ -17,7 +17,7 @@ and two keys may use the same region name. A server without keys has one owner.
 **Which objects.** A key names any object in /dev/shm, and the server's user can open objects the client's
 user cannot (another user's 0600 object, when the server runs as root; any object of the server's own user),
 so the server opens an object for a client only if it may (`register`):
-- the object is owned by the user who owns the client's socket (engine/socket_owner.py asks the kernel,
+- the object is owned by the user who owns the client's socket (socket_owner.py asks the kernel,
   for a client on this machine): a client reaches through the server only what it could open itself; or
 - its key starts with a prefix the operator allowed (`--client-shm-prefix`, repeatable; none by default):
   for clients the kernel cannot name (another machine sharing /dev/shm, another network namespace) or
@@ -60,9 +60,9 @@ from typing import Any
 
 import numpy as np
 
-from .access.caller import NOBODY, Caller
-from .errors import EngineError, ErrorCode, invalid, not_found
-from .shm import SHM_ROOT, check_key
+from ..access.caller import NOBODY, Caller
+from ..errors import EngineError, ErrorCode, invalid, not_found
+from .regions import SHM_ROOT, check_key
 from .socket_owner import client_uid
 
 # Triton's words when client shared memory is off (server src/common.h kClientShmDisabledErrorStr), with
