@@ -29,7 +29,7 @@ from .repository.routing import IndexEntry
 from .shm import client as client_shm
 from .shm import requests as shm_requests
 from .shm.client import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
-from .streaming import StreamedResponse, infer_stream
+from .streaming.responses import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse
 
 log = logging.getLogger("hubserve")
@@ -213,7 +213,7 @@ class DataPlane:
 
     def infer_stream(self, request: InferenceRequest, start_ns: int = 0) -> AsyncIterator[StreamedResponse]:
         """The request's responses as they come: one for a non-decoupled model, 0..N and a final one for a
-        decoupled model; leaving early cancels the request (engine/streaming.py)."""
+        decoupled model; leaving early cancels the request (engine/streaming/responses.py)."""
         return infer_stream(self.submit, request, start_ns)
 
     # ------------------------------------------------------------------ logging and trace extensions

@@ -17,7 +17,7 @@ import numpy as np
 from .errors import EngineError, invalid
 
 if TYPE_CHECKING:  # an annotation only: the load tester shares this module and loads no server stage
-    from .stream_window import StreamWindow
+    from .streaming.window import StreamWindow
 
 
 class DataType(enum.Enum):
@@ -161,13 +161,14 @@ class InferenceRequest:
     # a generation charges (generate/triton/model.py) (engine/access/caller.py). Never taken from the
     # request's own fields or parameters.
     owner: str = ""
-    # Set by whoever streams the answer (engine/streaming.py, the gRPC stream, a frontend's session): where a
-    # decoupled model's responses before its final one go, on the loop, in order (an EngineError for an
-    # error response, after which more may follow). None: the request wants exactly one response, and a
-    # decoupled model refuses it.
+    # Set by whoever streams the answer (engine/streaming/responses.py, the gRPC stream, a frontend's
+    # session): where a decoupled model's responses before its final one go, on the loop, in order (an
+    # EngineError for an error response, after which more may follow). None: the request wants exactly one
+    # response, and a decoupled model refuses it.
     stream: StreamSink | None = None
-    # Set with `stream` by a consumer that counts what its client took (engine/stream_window.py): a decoupled
-    # model's sends wait while RESPONSE_WINDOW of this request's responses are not yet taken. None: no wait.
+    # Set with `stream` by a consumer that counts what its client took (engine/streaming/window.py): a
+    # decoupled model's sends wait while RESPONSE_WINDOW of this request's responses are not yet taken. None:
+    # no wait.
     stream_window: StreamWindow | None = None
     # When it met the batcher (perf_counter ns; 0 = not reached), set only while an access line or a trace may
     # want them (engine/observability/observe.py): entered the queue, its batch left it, its batch's outputs

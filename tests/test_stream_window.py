@@ -1,4 +1,4 @@
-"""Response flow control, both ends, in-process: `StreamWindow` (engine/stream_window.py), the consumer's
+"""Response flow control, both ends, in-process: `StreamWindow` (engine/streaming/window.py), the consumer's
 count of what its client took, credited to the producer in batches; and `SendCredits`
 (engine/backends/python/send_credits.py), where a decoupled model's sends wait for that credit. Plain
 objects: the window's tests are plain functions; the credits' use real threads, each wait bounded.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 
 from engine.backends.python.send_credits import SendCredits
-from engine.stream_window import CREDIT_BATCH, RESPONSE_WINDOW, StreamWindow
+from engine.streaming.window import CREDIT_BATCH, RESPONSE_WINDOW, StreamWindow
 
 
 def test_credit_goes_back_in_batches():

@@ -1,8 +1,8 @@
-"""`DataPlane.infer_stream` (engine/streaming.py), the transport-neutral response stream, in-process: one
-final item for a non-decoupled model; a decoupled model's responses in order, then its final flag; an error
-response before the last as an item, the stream going on; an error that ends the request raised as
-EngineError; leaving early (aclose, break, the consuming task cancelled) cancels the request, so
-the model's is_cancelled() turns true and its one instance takes the next request.
+"""`DataPlane.infer_stream` (engine/streaming/responses.py), the transport-neutral response stream,
+in-process: one final item for a non-decoupled model; a decoupled model's responses in order, then its final
+flag; an error response before the last as an item, the stream going on; an error that ends the request raised
+as EngineError; leaving early (aclose, break, the consuming task cancelled) cancels the request, so the
+model's is_cancelled() turns true and its one instance takes the next request.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conftest import run_repository
 from engine.dataplane import DataPlane
 from engine.errors import EngineError, ErrorCode
 from engine.repository.lifecycle import ModelRepository
-from engine.streaming import StreamedResponse
+from engine.streaming.responses import StreamedResponse
 from engine.types import DataType, InferenceRequest, Tensor
 from hubserve_harness import EXAMPLES
 from python_models import DECOUPLED_MISUSE, DECOUPLED_MISUSE_CONFIG, add_simple, write_model

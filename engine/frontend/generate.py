@@ -5,8 +5,8 @@ task per request; the JSON mapping is generate_codec.py's, the event framing sse
 What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRequestClass):
 1. the model's input metadata is looked up (an unknown model or version fails here), the body parsed and
    mapped to an inference;
-2. the responses come from `_responses`, the one seam to the engine (engine/streaming.py's response stream:
-   a decoupled model's responses as it sends them);
+2. the responses come from `_responses`, the one seam to the engine (engine/streaming/responses.py's
+   response stream: a decoupled model's responses as it sends them);
 3. `generate` answers the one response as JSON (other than one response is INTERNAL); `generate_stream`
    writes each response as an event as it comes, `text/event-stream`, chunked, status 200; a decoupled
    model's error response before its last is an `{"error": ...}` event and the stream goes on with its later
@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import orjson
 
 from ..errors import EngineError, invalid
-from ..streaming import StreamedResponse, infer_stream
+from ..streaming.responses import StreamedResponse, infer_stream
 from ..types import InferenceRequest, InferenceResponse
 from . import sse
 from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
@@ -55,7 +55,7 @@ class Submitter(Protocol):
 def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
                ) -> AsyncIterator[StreamedResponse]:
     """The seam between the generate endpoints and the engine: the responses of `request`, in order, the
-    last one `final` (engine/streaming.py: one for a non-decoupled model, 0..N and a final one for a
+    last one `final` (engine/streaming/responses.py: one for a non-decoupled model, 0..N and a final one for a
     decoupled model). Errors (EngineError) are raised from the iterator; closing it early cancels the
     request."""
     return infer_stream(dataplane.submit, request, start_ns)

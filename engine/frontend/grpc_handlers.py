@@ -23,7 +23,7 @@ from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extens
 from ..observability import logs, observe
 from ..observability.tracing import settings as trace_settings
 from ..proto import grpc_service_pb2, health_pb2
-from ..stream_window import StreamWindow
+from ..streaming.window import StreamWindow
 from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 from .grpc_codec import InferWireCodec, param_value
 
@@ -228,7 +228,7 @@ class GrpcHandlers:
         (the stream then ends, as grpc ends it). Cancelling the returned future drops the request (a decoupled
         model sees `is_cancelled()`). `owner`: the owner id of the call's API key (InferenceRequest.owner: a
         generative model charges its tokens to it). `window`: where the caller counts the decoupled responses
-        its client took (engine/stream_window.py), so the model's sends wait while too many are not yet
+        its client took (engine/streaming/window.py), so the model's sends wait while too many are not yet
         taken."""
         def error(e: EngineError, final: bool = True) -> tuple[list[Any], int]:
             # the id is needed only here: parse in full

@@ -119,7 +119,7 @@ class CreditReturns:
 
     def give(self, rid: int, responses: int) -> None:
         """A streaming request's client took `responses` more of its decoupled model's responses (its
-        StreamWindow's credit, engine/stream_window.py): for the next frame."""
+        StreamWindow's credit, engine/streaming/window.py): for the next frame."""
         self._grants.append((rid, responses))
         self._schedule()
 

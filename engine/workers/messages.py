@@ -26,7 +26,7 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
 - credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
   written to its client's connection and the connection took them (credit.py); the engine sends a stream at
   most a window of pieces ahead of its credit. And `(rid, responses)` for a streaming request: its client
-  took that many more of the decoupled model's responses (engine/stream_window.py), so the model may send
+  took that many more of the decoupled model's responses (engine/streaming/window.py), so the model may send
   that many more. (rids and cids are numbered from one counter, so the two never meet.)
 
 Engine → frontend: `(answers, control_answers)`

@@ -28,7 +28,7 @@ from ..frontend.http_types import ResponseStream
 from ..ipc.frames import FrameReader, encode_frame
 from ..ipc.tensors import Inline, PeerBlocks, Reads, place, wire_chunks
 from ..shm.regions import Arena, Region
-from ..streaming import StreamedResponse, infer_stream
+from ..streaming.responses import StreamedResponse, infer_stream
 from ..types import (
     EMPTY_FINAL,
     Completion,

@@ -27,7 +27,7 @@ from ..frontend.wire import array_to_bytes
 from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm.regions import Arena, Region
-from ..stream_window import StreamWindow
+from ..streaming.window import StreamWindow
 from ..types import EMPTY_FINAL, InferenceRequest, InferenceResponse, RequestPlan, Tensor, in_shared_memory
 from .control import ControlRunner
 from .credit import SendWindow

@@ -15,7 +15,7 @@ instance is free again once `execute` returns (as in Triton), so a request outli
 - `fail` (execute raised, the process died) fails a request not yet finished;
 - a cancelled future (the client left) tells the instance, through the `cancel` it bound, so the model's
   `is_cancelled()` turns true; responses after that are dropped;
-- flow control (engine/stream_window.py): the request's consumer counts what its client took in the
+- flow control (engine/streaming/window.py): the request's consumer counts what its client took in the
   request's `stream_window`, whose credit goes to the instance through the `grant` it bound, so the model's
   sends wait while RESPONSE_WINDOW of them are not yet taken (send_credits.py). A request with no window
   gets its credit back as each response is delivered.
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from ...errors import EngineError
 from ...observability.stats import ModelStats
 from ...scheduling.batching.policy import Pending
-from ...stream_window import Grant
+from ...streaming.window import Grant
 from ...types import EMPTY_FINAL, InferenceResponse
 from .runner import Answer
 

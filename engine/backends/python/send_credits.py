@@ -1,5 +1,5 @@
-"""A decoupled model's side of response flow control (engine/stream_window.py): each request (by its sender's
-key) may send `RESPONSE_WINDOW` responses before it waits for credit, which the engine grants as the
+"""A decoupled model's side of response flow control (engine/streaming/window.py): each request (by its
+sender's key) may send `RESPONSE_WINDOW` responses before it waits for credit, which the engine grants as the
 request's client takes them. So a client that stops reading stops the model's thread in `sender.send()`,
 instead of its responses piling up in the server until the client is dropped.
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Container
 
-from ...stream_window import RESPONSE_WINDOW
+from ...streaming.window import RESPONSE_WINDOW
 
 
 class SendCredits:

@@ -36,7 +36,7 @@ later message of the stream arrives, so a stream interleaving many sequences wou
 sequence batcher bounds them, engine/scheduling/sequence/policy.py BacklogLimits), while answers wait on it
 for the client's window, and while its next message does not fit the budget (retried as bytes come back). What
 arrives meanwhile is at most the window the client had left.
-A decoupled model's responses are counted against their request's `StreamWindow` (engine/stream_window.py)
+A decoupled model's responses are counted against their request's `StreamWindow` (engine/streaming/window.py)
 as they leave for the client, so a client that does not read stops the model's sends.
 """
 
@@ -57,7 +57,7 @@ from ...access.policy import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly,
 from ...errors import EngineError, ErrorCode, endpoint_message
 from ...observability.request_ids import header_request_id_problem
 from ...proto import health_pb2
-from ...stream_window import StreamWindow
+from ...streaming.window import StreamWindow
 from ..api_groups import grpc_group
 from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
 from ..grpc_handlers import GrpcStatus as S

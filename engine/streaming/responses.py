@@ -16,7 +16,7 @@ Leaving the iterator early (`break`, `aclose()`, the consuming task cancelled) c
 the queue, or the model's `is_cancelled()` turns true, and nothing is left behind.
 
 The queue between the model and the iterator is bounded: the request's `stream_window`
-(engine/stream_window.py) is credited as the consumer takes each item, so a consumer that stops taking
+(window.py) is credited as the consumer takes each item, so a consumer that stops taking
 (an HTTP client that does not read: its route waits in `drain()`) stops the model's sends once
 RESPONSE_WINDOW responses wait here.
 
@@ -31,9 +31,9 @@ import collections
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from .errors import EngineError, ErrorCode
-from .stream_window import StreamWindow
-from .types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
+from ..errors import EngineError, ErrorCode
+from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
+from .window import StreamWindow
 
 Submit = Callable[[InferenceRequest, int, "Completion | None"], "asyncio.Future[InferenceResponse]"]
 
