@@ -59,12 +59,12 @@ class ServerOptions:
     max_json_depth: int = 32
     grpc_max_concurrent_streams: int = 1024
     # A ModelStreamInfer stream's requests in flight (past it the stream is not read), and Health/Watch
-    # streams open server-wide (frontend/h2/grpc.py CallLimits).
+    # streams open server-wide (frontend/grpc/call.py CallLimits).
     grpc_max_stream_requests: int = 1024
     grpc_max_health_watches: int = 1024
     max_connections: int = 4096
     max_connections_per_client: int = 1024
-    # The metrics port's own connection caps (frontend/metrics_routes.py), apart from the HTTP and gRPC
+    # The metrics port's own connection caps (frontend/http/metrics_routes.py), apart from the HTTP and gRPC
     # ports'; its head and idle timeouts are client_timeout_secs and idle_timeout_secs.
     metrics_max_connections: int = 64
     metrics_max_connections_per_client: int = 16

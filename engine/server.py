@@ -14,18 +14,18 @@ import time
 
 from .access.policy import policies
 from .dataplane import DataPlane
-from .frontend import http as http_frontend
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
-from .frontend.h2.grpc import CallLimits
-from .frontend.h2.server import H2GrpcServer
+from .frontend.grpc.call import CallLimits
+from .frontend.grpc.server import H2GrpcServer
 from .frontend.h2.streams import Limits
-from .frontend.http_routes import HttpRoutes
-from .frontend.http_types import HttpLimits
+from .frontend.http import app as http_frontend
+from .frontend.http.metrics_routes import MAX_BODY_BYTES as METRICS_MAX_BODY_BYTES
+from .frontend.http.metrics_routes import MetricsRoutes
+from .frontend.http.routes import HttpRoutes
+from .frontend.http.types import HttpLimits
 from .frontend.listeners import Listeners, bind_ports
-from .frontend.metrics_routes import MAX_BODY_BYTES as METRICS_MAX_BODY_BYTES
-from .frontend.metrics_routes import MetricsRoutes
-from .frontend.openai_routes import OpenAIRoutes
+from .frontend.openai.routes import OpenAIRoutes
 from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
 from .generate.serving.registry import GenerationRegistry
 from .instances.canary import CanaryOptions, CanaryRunner
@@ -237,7 +237,7 @@ class Server:
 
     async def _start_metrics(self) -> None:
         """The metrics port, on the HTTP/1.1 stack of the KServe port with its timeouts and connection caps
-        of its own (frontend/metrics_routes.py); in the engine process whatever --workers says."""
+        of its own (frontend/http/metrics_routes.py); in the engine process whatever --workers says."""
         opts = self.options
         registry = process_registry()
 

@@ -1,6 +1,6 @@
 """The access policy, pure (engine/access/policy.py, groups.py, api_keys.py, quotas.py and
-frontend/api_groups.py): Triton's restriction flags parsed as Triton parses them, the keys file, and every
-decision the frontends ask for, with time passed in. The real servers are tests/test_access_server.py's.
+frontend/grpc/api_groups.py): Triton's restriction flags parsed as Triton parses them, the keys file, and
+every decision the frontends ask for, with time passed in. The real servers are tests/test_access_server.py's.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from engine.access.policy import (
     policies,
 )
 from engine.access.quotas import TokenBucket
-from engine.frontend.api_groups import GRPC_GROUPS, grpc_group
-from engine.frontend.grpc_handlers import GrpcHandlers
-from engine.frontend.h2.rpcs import rpc_table
-from engine.frontend.http_path import parse_target
+from engine.frontend.grpc.api_groups import GRPC_GROUPS, grpc_group
+from engine.frontend.grpc.handlers import GrpcHandlers
+from engine.frontend.grpc.rpcs import rpc_table
+from engine.frontend.http.path import parse_target
 
 G = ApiGroup
 KEYS = {"keys": [{"key": "admin", "groups": ["*"]},

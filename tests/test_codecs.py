@@ -2,8 +2,8 @@
 
 * engine/types.py               — datatype names: KServe v2 ↔ numpy ↔ model config;
 * engine/frontend/wire.py       — shapes from the wire, raw tensor bytes, BYTES length prefixes;
-* engine/frontend/http_codec.py — the JSON body and the binary tensor data extension;
-* engine/frontend/grpc_codec.py — ModelInferRequest / ModelInferResponse.
+* engine/frontend/http/codec.py — the JSON body and the binary tensor data extension;
+* engine/frontend/grpc/codec.py — ModelInferRequest / ModelInferResponse.
 
 Every rejected input must be `INVALID_ARG` with a message that names the tensor and says what is wrong."""
 
@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.frontend import grpc_codec, http_codec, wire
+from engine.frontend import wire
+from engine.frontend.grpc import codec as grpc_codec
+from engine.frontend.http import codec as http_codec
 from engine.proto import grpc_service_pb2 as gpb
 from engine.proto import model_config_pb2 as cpb
 from engine.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor, element_count

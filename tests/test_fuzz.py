@@ -1,8 +1,8 @@
 """Property tests (hypothesis) of everything that parses what a client or a peer sends, in-process, no server:
 
-* engine/frontend/http_codec.py — any body and Inference-Header-Content-Length → a request or INVALID_ARG;
+* engine/frontend/http/codec.py — any body and Inference-Header-Content-Length → a request or INVALID_ARG;
   encode → decode round trips of every datatype, JSON and binary;
-* engine/frontend/grpc_codec.py — arbitrary bytes and mutated valid ModelInferRequests → a request,
+* engine/frontend/grpc/codec.py — arbitrary bytes and mutated valid ModelInferRequests → a request,
   EngineError, or protobuf's DecodeError (which the gRPC frontend answers as INTERNAL "could not parse");
   the wire fast path agrees with the full decode on everything it accepts;
 * engine/frontend/h2/core.py — arbitrary bytes and random frame sequences, in random chunkings, into a
@@ -30,8 +30,9 @@ from hypothesis import strategies as st
 from case_counts import tried
 from engine.config import steps as cfg
 from engine.errors import EngineError, ErrorCode
-from engine.frontend import grpc_codec, http_codec
+from engine.frontend.grpc import codec as grpc_codec
 from engine.frontend.h2.streams import Limits, Role
+from engine.frontend.http import codec as http_codec
 from engine.ipc.frames import HEAD, FrameError, FrameReader, encode_frame
 from engine.proto import grpc_service_pb2 as gpb
 from engine.proto import model_config_pb2 as pb

@@ -1,4 +1,4 @@
-"""engine/frontend/generate_codec.py: Triton's mapping of generate JSON to an inference and back, pure.
+"""engine/frontend/http/generate_codec.py: Triton's mapping of generate JSON to an inference and back, pure.
 The expected words and shapes are what Triton 2.51 answered to the same bodies."""
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ import orjson
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.frontend.generate_codec import decode_generate, encode_generate, input_metadata, many_responses
+from engine.frontend.http.generate_codec import (
+    decode_generate,
+    encode_generate,
+    input_metadata,
+    many_responses,
+)
 from engine.types import DataType, InferenceResponse, Tensor
 
 SIMPLE = input_metadata({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},

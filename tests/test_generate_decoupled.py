@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import start_server
-from engine.frontend.sse import EventReader
+from engine.frontend.http.sse import EventReader
 from hubserve_harness import EXAMPLES
 from python_models import DECOUPLED_MISUSE, DECOUPLED_MISUSE_CONFIG, write_model
 

@@ -1,6 +1,6 @@
 """The generate extension against the real server (one process and --workers 2), over raw sockets: what
 `/generate` and `/generate_stream` answer, in Triton's words and statuses (Triton 2.51 answered the same
-bodies likewise; the module docstring of engine/frontend/generate_codec.py lists where we differ)."""
+bodies likewise; the module docstring of engine/frontend/http/generate_codec.py lists where we differ)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import EXAMPLES, start_server
 from engine import examples
-from engine.frontend.sse import EventReader
+from engine.frontend.http.sse import EventReader
 from python_models import BEHAVE, BEHAVE_CONFIG, ONE_IN_ONE_OUT, PARAMETER_ECHO, write_model
 
 SIMPLE = {"INPUT0": list(range(16)), "INPUT1": [1] * 16}

@@ -1,6 +1,7 @@
-"""engine/frontend/generate.py `stream_responses`: what generate_stream writes for a sequence of responses,
-driven by small async generators standing in for the engine's stream (several responses, a flag-only final
-one, an error mid-stream: what decoupled models will produce), and a recording ResponseStream."""
+"""engine/frontend/http/generate.py `stream_responses`: what generate_stream writes for a sequence of
+responses, driven by small async generators standing in for the engine's stream (several responses, a
+flag-only final one, an error mid-stream: what decoupled models will produce), and a recording
+ResponseStream."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from engine.errors import EngineError, ErrorCode
-from engine.frontend.generate import StreamedResponse, stream_responses
-from engine.frontend.sse import CONTENT_TYPE
+from engine.frontend.http.generate import StreamedResponse, stream_responses
+from engine.frontend.http.sse import CONTENT_TYPE
 from engine.types import DataType, InferenceResponse, Tensor
 
 

@@ -1,4 +1,4 @@
-"""gRPC's message layer (engine/frontend/h2/grpc_messages.py), pure: framing, decompression and the
+"""gRPC's message layer (engine/frontend/grpc/messages.py), pure: framing, decompression and the
 response encoding, without a server. End to end: tests/test_h2.py (the bare client) and tests/test_parity.py
 (tritonclient.grpc's compression_algorithm)."""
 
@@ -8,8 +8,8 @@ import gzip
 
 import pytest
 
-from engine.frontend.grpc_handlers import GrpcStatus
-from engine.frontend.h2.grpc_messages import (
+from engine.frontend.grpc.handlers import GrpcStatus
+from engine.frontend.grpc.messages import (
     ACCEPT_ENCODING,
     PREFIX,
     MessageError,
@@ -18,7 +18,7 @@ from engine.frontend.h2.grpc_messages import (
     response_encoding,
     response_head,
 )
-from engine.frontend.h2.rpcs import RESPONSE_HEAD
+from engine.frontend.grpc.rpcs import RESPONSE_HEAD
 
 
 def test_an_uncompressed_message_is_prefixed_and_its_parts_kept_as_they_are() -> None:

@@ -1,4 +1,4 @@
-"""The one parse of an HTTP request's target (engine/frontend/http_path.py), pure: every endpoint in its
+"""The one parse of an HTTP request's target (engine/frontend/http/path.py), pure: every endpoint in its
 Triton group, every spelling that names the same endpoint parsed to the same result, and every ambiguous one
 refused. The servers answering these paths, under keys, restrictions and both process layouts, are
 tests/test_encoded_paths.py's.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from engine.access.groups import ApiGroup
-from engine.frontend.http_path import Endpoint, HttpTarget, classify, model_target, parse_target
+from engine.frontend.http.path import Endpoint, HttpTarget, classify, model_target, parse_target
 
 G = ApiGroup
 E = Endpoint

@@ -1,9 +1,9 @@
-"""The metrics port has the frontends' limits (frontend/metrics_routes.py): a request head that never ends is
-answered 408 and closed after --client-timeout-secs, an idle connection is closed after --idle-timeout-secs,
-and connections past --metrics-max-connections (in all) or --metrics-max-connections-per-client (per
-address) are answered 503 and closed, while the HTTP and gRPC ports keep serving. With the server's
-descriptor limit lowered, a flood of idle metrics connections can no longer starve the inference ports.
-Raw sockets throughout: the point is the bytes and the connections.
+"""The metrics port has the frontends' limits (frontend/http/metrics_routes.py): a request head that never
+ends is answered 408 and closed after --client-timeout-secs, an idle connection is closed after
+--idle-timeout-secs, and connections past --metrics-max-connections (in all) or
+--metrics-max-connections-per-client (per address) are answered 503 and closed, while the HTTP and gRPC ports
+keep serving. With the server's descriptor limit lowered, a flood of idle metrics connections can no longer
+starve the inference ports. Raw sockets throughout: the point is the bytes and the connections.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def test_bad_names_are_400_on_every_http_endpoint(which: int, layout, server, ht
         status, text = raw(server, method, path, body)
         assert status == 400, (method, path, status, text)
         # A name the path itself cannot carry one way only (an encoded '/', a dot segment, a control
-        # character: frontend/http_path.py) is refused by the path's rule before it is a name at all.
+        # character: frontend/http/path.py) is refused by the path's rule before it is a name at all.
         error = json.loads(text)["error"]
         assert "invalid model name" in error or "in the request path" in error, error
         assert_no_paths(text, layout["base"], layout["repo"], layout["evil"])

@@ -1,4 +1,4 @@
-"""The SSE writer's logprobs (engine/frontend/openai_stream.py), on an event loop with no sockets: when the
+"""The SSE writer's logprobs (engine/frontend/openai/stream.py), on an event loop with no sockets: when the
 loop has delivered several events before the stream's task reaches them (a client reading slowly, or a busy
 loop), each chunk still carries the logprobs of its own events, not of every event delivered so far."""
 
@@ -9,7 +9,7 @@ import asyncio
 import orjson
 import pytest
 
-from engine.frontend.openai_stream import stream_generation
+from engine.frontend.openai.stream import stream_generation
 from engine.generate.core.request import SamplingParams
 from engine.generate.serving.driver import ShownLogprob, TokenEvent
 from engine.openai.generation import Generation

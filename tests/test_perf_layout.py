@@ -49,9 +49,10 @@ def test_the_http2_client_loads_only_the_http2_core() -> None:
     modules = imported_after("import hubserve_perf.grpc_h2")
     assert modules >= H2_CORE
     assert server_modules(modules) == []
-    # The core is the wire only: no asyncio adapter (connection.py), gRPC (grpc.py, rpcs.py) or listener.
-    assert not {"engine.frontend.h2.connection", "engine.frontend.h2.grpc", "engine.frontend.h2.rpcs",
-                "engine.frontend.h2.server"} & modules
+    # The core is the wire only: no asyncio adapter (connection.py), gRPC (grpc/call.py, grpc/rpcs.py) or
+    # listener.
+    assert not {"engine.frontend.h2.connection", "engine.frontend.grpc.call", "engine.frontend.grpc.rpcs",
+                "engine.frontend.grpc.server"} & modules
 
 
 def test_the_server_never_imports_the_load_tester() -> None:

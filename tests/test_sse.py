@@ -1,10 +1,10 @@
-"""engine/frontend/sse.py: event and chunk framing, and the client's reader, pure."""
+"""engine/frontend/http/sse.py: event and chunk framing, and the client's reader, pure."""
 
 from __future__ import annotations
 
 import orjson
 
-from engine.frontend import sse
+from engine.frontend.http import sse
 
 
 def test_one_event_per_payload_as_triton_writes_it():

@@ -2,7 +2,7 @@
 (`<group>[,<group>...]:<header>=<value>`, repeatable), parsed as Triton parses them (server
 src/command_line_parser.cc, src/restricted_features.h): the groups before the first ':', the header up to
 the first '=' after it, the value after that (which may itself hold '=' or ':'); each group in at most one
-flag. Errors carry Triton's words. Which endpoint or RPC is in which group is frontend/api_groups.py's.
+flag. Errors carry Triton's words. Which endpoint or RPC is in which group is frontend/grpc/api_groups.py's.
 """
 
 from __future__ import annotations

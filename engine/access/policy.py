@@ -1,14 +1,14 @@
-"""Who may call what, and how much: `AccessPolicy`, the one object that decides, pure (time is passed in),
-so its tests are plain functions. Each frontend only asks it, once per request, as soon as the request's
-head is in and before its body is buffered (HTTP: http_connection.py; gRPC: h2/grpc.py `Call`), and turns a
-`Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
+"""Who may call what, and how much: `AccessPolicy`, the one object that decides, pure (time is passed in), so
+its tests are plain functions. Each frontend only asks it, once per request, as soon as the request's head is
+in and before its body is buffered (HTTP: frontend/http/connection.py; gRPC: frontend/grpc/call.py `Call`),
+and turns a `Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
 
 The checks, in order (README "Security"):
 0. Before the policy, in the frontend (no cost for a client on loopback): the admin groups (ADMIN_GROUPS:
    model-repository, logging, trace, shared-memory) answer only clients on loopback until the operator opens
    one, with a restriction on it (per protocol), an API key holding it, or --allow-remote-admin-api
    (`AccessConfig.loopback_only`, `LoopbackOnly`); a client elsewhere gets RESTRICTED saying how to open it.
-   A request whose HTTP path cannot be read one way only (frontend/http_path.py) is MALFORMED (400) before
+   A request whose HTTP path cannot be read one way only (frontend/http/path.py) is MALFORMED (400) before
    anything is asked.
 1. Triton's restrictions (`--http-restricted-api`, `--grpc-restricted-protocol`): the group's header must
    carry its value, else RESTRICTED with Triton's message (HTTP 403, gRPC UNAVAILABLE, as Triton answers).
@@ -57,10 +57,10 @@ class RefusalKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"  # no key, or one we do not know
     FORBIDDEN = "forbidden"  # a known key outside its groups
     EXHAUSTED = "exhausted"  # a quota or the byte budget: retry later
-    MALFORMED = "malformed"  # an HTTP path that cannot be read one way only (frontend/http_path.py)
+    MALFORMED = "malformed"  # an HTTP path that cannot be read one way only (frontend/http/path.py)
 
 
-# How each frontend answers a refusal (gRPC as status numbers: grpc_handlers.GrpcStatus).
+# How each frontend answers a refusal (gRPC as status numbers: frontend/grpc/handlers.py GrpcStatus).
 HTTP_STATUS = {RefusalKind.RESTRICTED: 403, RefusalKind.UNAUTHENTICATED: 401, RefusalKind.FORBIDDEN: 403,
                RefusalKind.EXHAUSTED: 429, RefusalKind.MALFORMED: 400}
 GRPC_STATUS = {RefusalKind.RESTRICTED: 14, RefusalKind.UNAUTHENTICATED: 16, RefusalKind.FORBIDDEN: 7,

@@ -1,1 +1,13 @@
-"""Wire formats only: the v2 codecs and the HTTP and gRPC servers. The only package that knows a transport."""
+"""Wire formats only: the protocols' codecs and servers. The only package that knows a transport.
+
+    http/         KServe v2 over our HTTP/1.1: connections, the one parse of a path, routes, codecs, the
+                  generate extension and its server-sent events, the metrics port
+    openai/       the OpenAI API's HTTP side (/v1): its routes, streamed generations, the Batch API's routes
+    grpc/         KServe v2 and grpc.health.v1 over gRPC: calls, the method table, messages, the per-RPC
+                  handlers, the codec, Health/Watch, the listener
+    h2/           our HTTP/2, and nothing else: a sans-I/O core (shared with the load tester's client) and
+                  its asyncio adapter
+    wire.py       tensor bytes on the wire, shared by both protocols, and what one request may hold
+    compression.py, connections.py, tls.py
+                  what both protocols share: gzip/deflate, connection counts, TLS contexts
+"""

@@ -5,7 +5,7 @@
 output may not exceed the caller's limit (the message or body limit), and zlib is asked for at most one byte
 past it, so a small "decompression bomb" costs the limit, never what it claims to inflate to.
 
-Called by the HTTP routes (frontend/http_routes.py) and the h2 gRPC call (frontend/h2/grpc.py) on the loop.
+Called by the HTTP routes (http/routes.py) and the gRPC call (grpc/call.py) on the loop.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ send nothing costs file descriptors, buffers and sweeper work, and the limits ke
 what every other client needs.
 
 One `ConnectionCounter` per process serves both protocols (HTTP/1.1 and gRPC count together); the metrics
-port has one of its own, with its own limits (frontend/metrics_routes.py). A connection over a limit is
+port has one of its own, with its own limits (frontend/http/metrics_routes.py). A connection over a limit is
 answered at once in its protocol's form, then closed: HTTP 503 with the JSON error, gRPC a GOAWAY with
 ENHANCE_YOUR_CALM and the message (tritonclient reports it as UNAVAILABLE). With `--workers N` each frontend
 process enforces its share of each limit (the limit divided by N, rounded up): the engine hands connections

@@ -14,7 +14,7 @@ import errno
 import socket
 from dataclasses import dataclass
 
-from .h2.server import bind_listeners
+from .grpc.server import bind_listeners
 
 
 class PortError(Exception):

@@ -10,13 +10,14 @@ UUID is 36, a W3C traceparent 55, "<client>-<uuid>-<sequence>" style ids well un
 and keeps an access line about one screen line. Printable non-ASCII stays allowed in the JSON and protobuf
 `id` (Triton takes any string there, and tritonclient users send UTF-8 ids); a header's bytes are not text
 until decoded, so there the rule is ASCII. The OpenAI API's X-Request-ID keeps its own stricter rule
-(frontend/openai_routes.py).
+(frontend/openai/routes.py).
 
-Who checks: every frontend where an id enters, once per request, before the request is queued: the HTTP
-JSON `id` (http_codec.py; a cached plan holds an id checked when the plan was made), X-Request-ID
-(http_routes.py), the generate extension's `id` (generate_codec.py), the gRPC `id` field (grpc_codec.py,
-ModelInfer and ModelStreamInfer) and x-request-id metadata (h2/grpc.py, for every RPC, since every answer
-echoes it). Each answers INVALID_ARG in its protocol's form (HTTP 400, gRPC INVALID_ARGUMENT).
+Who checks: every frontend where an id enters, once per request, before the request is queued: the HTTP JSON
+`id` (frontend/http/codec.py; a cached plan holds an id checked when the plan was made), X-Request-ID
+(frontend/http/routes.py), the generate extension's `id` (frontend/http/generate_codec.py), the gRPC `id`
+field (frontend/grpc/codec.py, ModelInfer and ModelStreamInfer) and x-request-id metadata
+(frontend/grpc/call.py, for every RPC, since every answer echoes it). Each answers INVALID_ARG in its
+protocol's form (HTTP 400, gRPC INVALID_ARGUMENT).
 
 Cost: `str.isprintable` is one C loop over a short string (an ASCII id is checked a byte at a time); measured
 at well under a microsecond per id, next to the ~20 µs a request costs.

@@ -1,5 +1,5 @@
 """The OpenAI-compatible API over the generation engine, transport aside (the HTTP routes are in
-engine/frontend/openai_routes.py and openai_stream.py).
+engine/frontend/openai/).
 
     protocol.py      request bodies checked into ApiRequest, with OpenAI's 400s
     service.py       a request → prompt → limits → a Generation → the answer

@@ -1,5 +1,5 @@
 """OpenAI's response objects, as plain dicts: completions, chat completions, their stream chunks, usage and
-the model list. Pure: what to say is the caller's (service.py, frontend/openai_stream.py)."""
+the model list. Pure: what to say is the caller's (service.py, frontend/openai/stream.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The OpenAI API's requests, transport aside: a checked request (protocol.py) → the prompt (chat template,
 tokenizer) → its limits → the engine (a `Generation`) → the answer (responses.py).
 
-Called on the loop by the HTTP routes (frontend/openai_routes.py). Tokenizing runs on the loop: a prompt is
+Called on the loop by the HTTP routes (frontend/openai/routes.py). Tokenizing runs on the loop: a prompt is
 bounded before it is tokenized (`MAX_PROMPT_CHARS_PER_TOKEN` × the context), so this costs at most about a
 millisecond; every model step runs on its engine's thread (engine/generate/serving/driver.py).
 """

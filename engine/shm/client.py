@@ -89,7 +89,7 @@ FD_SHARE = 4  # regions may hold at most 1/FD_SHARE of the process's open-file l
 
 def disabled() -> EngineError:
     """Client shared memory is off: HTTP 400 naming the flag, gRPC FAILED_PRECONDITION (a method that exists,
-    refused by configuration: frontend/grpc_handlers.py STATUS)."""
+    refused by configuration: frontend/grpc/handlers.py STATUS)."""
     return EngineError(ErrorCode.NOT_ENABLED, DISABLED_MESSAGE)
 
 

@@ -20,7 +20,7 @@ The queue between the model and the iterator is bounded: the request's `stream_w
 (an HTTP client that does not read: its route waits in `drain()`) stops the model's sends once
 RESPONSE_WINDOW responses wait here.
 
-The gRPC stream (frontend/grpc_handlers.py) uses the same two hooks directly, as a callback per response,
+The gRPC stream (frontend/grpc/handlers.py) uses the same two hooks directly, as a callback per response,
 so that a ModelStreamInfer request costs no task.
 """
 

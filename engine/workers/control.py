@@ -15,12 +15,12 @@ from typing import Any
 
 from ..access.caller import Caller
 from ..dataplane import DataPlane
-from ..frontend.grpc_handlers import GrpcHandlers
-from ..frontend.h2.rpcs import Kind, rpc_table
-from ..frontend.http_path import HttpTarget
-from ..frontend.http_routes import HttpRoutes
-from ..frontend.http_types import Answer, HttpLimits, HttpRequest, Pending
-from ..frontend.openai_routes import OpenAIRoutes
+from ..frontend.grpc.handlers import GrpcHandlers
+from ..frontend.grpc.rpcs import Kind, rpc_table
+from ..frontend.http.path import HttpTarget
+from ..frontend.http.routes import HttpRoutes
+from ..frontend.http.types import Answer, HttpLimits, HttpRequest, Pending
+from ..frontend.openai.routes import OpenAIRoutes
 from .credit import SendWindow
 from .messages import GRPC, HEALTH, HTTP, error_payload
 from .streams import StreamHead, StreamOut
@@ -67,8 +67,8 @@ class ControlRunner:
     def _http(self, cid: int, args: tuple[Any, ...], reply: Reply, piece: Piece,
               window: SendWindow | None) -> Pending | None:
         """`args`: (method, url, target, headers, body, owner, (peer, local)) as the frontend had them. The
-        target comes parsed, as the frontend's access check read it (http_path.py): the routes here dispatch
-        on it, never on the URL read again."""
+        target comes parsed, as the frontend's access check read it (frontend/http/path.py): the routes here
+        dispatch on it, never on the URL read again."""
         req = HttpRequest()
         req.method, req.url, target, req.headers, req.body, owner, ends = args
         req.target = HttpTarget.from_wire(target)

@@ -2,21 +2,21 @@
 bytes the engine may send ahead of what the frontend's client connection has taken, and the credit the
 frontend hands back as it takes them.
 
-In one process the route (openai_stream.py, a Batch API download) awaits the connection's `drain()` after
-each piece, so a client that stops reading leaves at most the transport's high-water mark written and the
-rest waits in the route (a generation's small text events; a download's file, still on disk); the engine
+In one process the route (frontend/openai/stream.py, a Batch API download) awaits the connection's `drain()`
+after each piece, so a client that stops reading leaves at most the transport's high-water mark written and
+the rest waits in the route (a generation's small text events; a download's file, still on disk); the engine
 itself goes on to the request's max_tokens (the generation is not paused) and the client is dropped after
-`--client-timeout-secs`. Across processes the route runs in the engine and its `drain()` is
-`SendWindow.wait`: it returns while fewer than `WINDOW_PIECES` pieces and `WINDOW_BYTES` bytes are
-unaccounted for, and otherwise waits for credit. The frontend counts the pieces and bytes it writes to a
-stream's connection (`CreditReturns.written`); after every `CREDIT_EVERY` pieces or `CREDIT_BYTES` bytes it
-awaits that connection's own `drain()` and only then gives them back, in its next frame (messages.py
-`credits`), as a count of pieces (the engine knows their sizes). So a client that stops reading stops the
-pieces in the engine, where a single process holds them too, and its frontend holds at most a window of
-pieces (a window of bytes, for large ones) beyond the transport's mark, whatever the answer's size. Each
-window is larger than its credit batch, so the window never fills with pieces the frontend has not been
-asked to give back. The client timeout works on the connection as in one process: it drops the client,
-which cancels the stream in the engine (streams.py).
+`--client-timeout-secs`. Across processes the route runs in the engine and its `drain()` is `SendWindow.wait`:
+it returns while fewer than `WINDOW_PIECES` pieces and `WINDOW_BYTES` bytes are unaccounted for, and otherwise
+waits for credit. The frontend counts the pieces and bytes it writes to a stream's connection
+(`CreditReturns.written`); after every `CREDIT_EVERY` pieces or `CREDIT_BYTES` bytes it awaits that
+connection's own `drain()` and only then gives them back, in its next frame (messages.py `credits`), as a
+count of pieces (the engine knows their sizes). So a client that stops reading stops the pieces in the engine,
+where a single process holds them too, and its frontend holds at most a window of pieces (a window of bytes,
+for large ones) beyond the transport's mark, whatever the answer's size. Each window is larger than its credit
+batch, so the window never fills with pieces the frontend has not been asked to give back. The client timeout
+works on the connection as in one process: it drops the client, which cancels the stream in the engine
+(streams.py).
 
 Credit is one `(cid, pieces)` in a frame per `CREDIT_EVERY` pieces (or `CREDIT_BYTES`), not a message per
 token; a stream whose connection keeps up runs ahead by up to a window, so the engine never waits on the
@@ -30,7 +30,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from ..frontend.http_types import ResponseStream
+from ..frontend.http.types import ResponseStream
 
 WINDOW_PIECES = 128  # a stream's pieces the engine may have sent and the frontend not yet given back
 CREDIT_EVERY = 32  # the frontend gives credit back in batches of this many pieces (a quarter window)

@@ -13,10 +13,10 @@ import orjson
 
 from ..access.caller import NOBODY, Caller
 from ..errors import EngineError, ErrorCode
-from ..frontend.grpc_handlers import GrpcHandlers
-from ..frontend.http_path import Endpoint, model_target, parse_target
-from ..frontend.http_routes import STATUS, Deferred, HttpRoutes
-from ..frontend.http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+from ..frontend.grpc.handlers import GrpcHandlers
+from ..frontend.http.path import Endpoint, model_target, parse_target
+from ..frontend.http.routes import STATUS, Deferred, HttpRoutes
+from ..frontend.http.types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
 from .remote import EngineClient
 from .streams import cancellable
@@ -52,8 +52,9 @@ class FrontendRoutes:
         self._client = client
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        """The request's target is the one the connection parsed and the access check read (http_path.py);
-        it crosses to the engine as parsed, so the engine routes exactly what was checked here."""
+        """The request's target is the one the connection parsed and the access check read
+        (frontend/http/path.py); it crosses to the engine as parsed, so the engine routes exactly what was
+        checked here."""
         target = req.target if req.target is not None else parse_target(req.url)
         if req.method == b"POST" and target.endpoint in _LOCAL:
             return self.local.handle(req, on_done)
@@ -130,13 +131,13 @@ class FrontendGrpcHandlers(GrpcHandlers):
 
     async def watch_statuses(self, services: list[str]) -> list[int]:
         """What Health/Watch reports, as the engine sees it: one forwarded HEALTH control per read, for every
-        service this process's streams watch (frontend/health_watch.py)."""
+        service this process's streams watch (frontend/grpc/health_watch.py)."""
         return await self._client.forward(HEALTH, services)  # type: ignore[no-any-return]
 
 
 def _forwarder(name: str) -> Any:
     def handler(self: FrontendGrpcHandlers, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
-        return self._forward(name, request, caller)  # the Call passes one to grpc_handlers.CALLER_RPCS
+        return self._forward(name, request, caller)  # the Call passes one to handlers.CALLER_RPCS
 
     handler.__name__ = name
     return handler

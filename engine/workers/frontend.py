@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from ..access.policy import access_config, policies
-from ..frontend import http as http_frontend
 from ..frontend import wire
 from ..frontend.connections import ConnectionCounter, ConnectionLimits
-from ..frontend.h2.grpc import CallLimits
-from ..frontend.h2.server import H2GrpcServer
+from ..frontend.grpc.call import CallLimits
+from ..frontend.grpc.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
-from ..frontend.http_types import HttpLimits
+from ..frontend.http import app as http_frontend
+from ..frontend.http.types import HttpLimits
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 from ..observability import logs
 from ..shm.regions import Region

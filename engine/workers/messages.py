@@ -19,10 +19,10 @@ Frontend → engine: `(requests, cancels, freed, controls, plans_reset, connecti
   decoupled model's responses before its last come back as they are sent.
 - a control: `(cid, kind, args)`, everything that is not inference, run by the engine's own handlers:
   HTTP `(method, url, target, headers, body, owner, (peer, local))` (`target`: the path as the frontend parsed
-  and checked it, frontend/http_path.py `HttpTarget.to_wire`; the engine routes that, and `url` serves
+  and checked it, frontend/http/path.py `HttpTarget.to_wire`; the engine routes that, and `url` serves
   messages only), gRPC `(method name, serialized request, caller)` (the API key's owner id and the
   connection's ends: engine/access/caller.py), HEALTH `[service, ...]` (what gRPC's Health/Watch reads once
-  per tick for every stream of the frontend: health_watch.py).
+  per tick for every stream of the frontend: frontend/grpc/health_watch.py).
 - credits: `(cid, pieces)` for streamed answers (streams.py): that many more of the stream's pieces were
   written to its client's connection and the connection took them (credit.py); the engine sends a stream at
   most a window of pieces ahead of its credit. And `(rid, responses)` for a streaming request: its client

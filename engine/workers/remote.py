@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import EngineError, ErrorCode
-from ..frontend.http_types import ResponseStream
+from ..frontend.http.types import ResponseStream
 from ..ipc.frames import FrameReader, encode_frame
 from ..ipc.tensors import Inline, PeerBlocks, Reads, place, wire_chunks
 from ..shm.regions import Arena, Region

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..dataplane import DataPlane
 from ..errors import EngineError
-from ..frontend.http_types import Pending
+from ..frontend.http.types import Pending
 from ..frontend.wire import array_to_bytes
 from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, Reads, place, read_arrays

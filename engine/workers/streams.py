@@ -7,7 +7,7 @@ no body: the body follows), then each piece as bytes, then None for the end. A f
 sends the control's id with its cancels; the engine then cancels the route's task (the generation stops and
 frees its KV blocks) and sends nothing more for it.
 
-The route writes the one `ResponseStream` interface (http_types.py) on both sides: in the engine, the
+The route writes the one `ResponseStream` interface (frontend/http/types.py) on both sides: in the engine, the
 request's stream is a `StreamOut` (pieces into the session's next frame); in the frontend, remote.py hands
 the head and the pieces to the client's connection (`start`, `send`) and resolves the forwarded request's
 future at the end, so the connection ends the body and releases the request's admission then. Back-pressure
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..frontend.http_path import Endpoint
+from ..frontend.http.path import Endpoint
 from .credit import SendWindow
 
 StreamHead = tuple[int, None, bytes, bytes]
@@ -32,7 +32,7 @@ _CANCELLABLE = Endpoint.OPENAI.name
 
 def cancellable(endpoint: str) -> bool:
     """Whether a forwarded HTTP request is cancelled in the engine when its client leaves, by its parsed
-    target's endpoint name (frontend/http_path.py `HttpTarget.to_wire`): a generation (the OpenAI API), which
+    target's endpoint name (frontend/http/path.py `HttpTarget.to_wire`): a generation (the OpenAI API), which
     would otherwise run on for nobody. Other forwarded requests (a repository load, say) finish whatever
     happens to their client, as they always have with --workers N."""
     return endpoint == _CANCELLABLE

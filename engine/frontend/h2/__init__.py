@@ -1,4 +1,4 @@
-"""gRPC on a lean HTTP/2 implementation of our own: hubserve's one gRPC server.
+"""HTTP/2 (RFC 9113), our own lean implementation, and nothing above it: gRPC is ../grpc/.
 
 The HTTP/2 is a sans-I/O core (bytes in → calls up; commands → bytes out; no sockets, loop or clock), shared
 by the server and the load tester's client (perf/hubserve_perf/grpc_h2.py):
@@ -13,10 +13,8 @@ by the server and the load tester's client (perf/hubserve_perf/grpc_h2.py):
     outbound.py   its sending half: windows out, DATA queued for them, the outbox
     lifecycle.py  its ending half: two-step GOAWAY, connection errors, timeouts
 Above the core, the server only:
-    connection.py the asyncio.Protocol adapter: reads to the core, its outbox out once per loop round
-    grpc.py       gRPC messages, status, deadlines; answers through grpc_handlers.GrpcHandlers
-    rpcs.py       the method table and gRPC wire constants
-    server.py     listener and sweeper
+    connection.py the asyncio.Protocol adapter: reads to the core, its outbox out once per loop round; a
+                  `StreamApp` (frontend/grpc/call.py `GrpcApp`) opens a handler per request stream
 
 Nothing is imported here: the load tester takes the core alone, without the server behind it.
 """

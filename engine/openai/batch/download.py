@@ -1,5 +1,5 @@
 """A Batch API file's bytes for a download (`GET /v1/files/{id}/content`), a chunk at a time: the route
-(engine/frontend/openai_batch_routes.py) writes each chunk to the client's stream and reads the next once the
+(engine/frontend/openai/batch_routes.py) writes each chunk to the client's stream and reads the next once the
 client has taken enough (the stream's `drain`), so a download holds one chunk in memory however large its
 file (up to a key's storage quota) and however slowly its client reads.
 

@@ -9,7 +9,7 @@ reordering or removing other keys never hands one key's jobs to another; a key w
 owner (its old files and jobs stay on disk, reachable by nobody, until the operator removes them). A job's
 requests draw from the `tokens_per_minute` of the key with its owner id (engine/openai/token_quotas.py).
 
-Called on the loop by the routes (engine/frontend/openai_batch_routes.py) and by the runner for the jobs
+Called on the loop by the routes (engine/frontend/openai/batch_routes.py) and by the runner for the jobs
 resumed at start; with `--workers N` in the engine process, where /v1 requests are forwarded with their
 owner.
 """

@@ -1,6 +1,6 @@
 """Batch jobs run: `BatchRunner`, one per server, in the process that holds the engines (with `--workers
 N`, the engine process, where /v1 requests are forwarded). Every method but the job tasks is called on the
-loop by the routes (engine/frontend/openai_batch_routes.py), with the owner id (owners.py) the request acts
+loop by the routes (engine/frontend/openai/batch_routes.py), with the owner id (owners.py) the request acts
 for: a job or file of another owner is 404.
 
 A job is one task: validate the input file (feed.py: read a line at a time on a worker thread, one file at

@@ -1,7 +1,7 @@
 """One HTTP/1.1 connection: parsing (httptools / llhttp), limits, timeouts, flow control and writing answers.
 
 `HttpProtocol` knows no routes: each parsed `HttpRequest` goes to its owner's `handle()` (the routes', in
-http_routes.py), which answers at once (an `Answer`) or later (a `Pending`); those types are http_types.py's.
+routes.py), which answers at once (an `Answer`) or later (a `Pending`); those types are types.py's.
 Answers leave in request order, one request in flight at a time.
 What one client cannot do through it (the limits are `HttpLimits`):
 - send a body over `max_body_bytes`: a declared Content-Length over it is refused before the body is read, a
@@ -16,13 +16,13 @@ What one client cannot do through it (the limits are `HttpLimits`):
 - buffer a streamed answer it does not read: the route awaits `drain()` after each piece, which waits while
   the transport is paused (and one that stops reading is dropped after `client_timeout_secs`).
 
-A streamed answer (generate_stream, the OpenAI API's server-sent events; http_types.py `ResponseStream`, the
+A streamed answer (generate_stream, the OpenAI API's server-sent events; types.py `ResponseStream`, the
 one way a route streams) goes out as it is produced, through the connection's `start`, `send` and `drain`,
 while the request is in flight; it ends when the request's future resolves (`_end_stream`), and only then is
 the request's admission released. It is chunked (RFC 9112 §7.1) when the connection stays open; to a client
 that asked for `Connection: close`, and to every HTTP/1.0 client (chunks are HTTP/1.1's), it is
 close-delimited instead (§6.3), which needs no chunked decoding.
-- be read two ways: its URL is parsed once, as its head completes (http_path.py `parse_target`), and the
+- be read two ways: its URL is parsed once, as its head completes (path.py `parse_target`), and the
   access check and the routes both read that one result; a path that cannot be read one way only (an
   encoded '/', a dot segment, a control character, bad percent-encoding) is answered 400 and not routed;
 - call an admin group (model-repository, logging, trace, shared-memory) from off loopback while the
@@ -49,15 +49,15 @@ from typing import TYPE_CHECKING, Any
 import httptools
 import orjson
 
-from ..access.caller import ends
-from ..access.policy import HTTP_STATUS, Refusal, RefusalKind
-from .connections import client_of, close_refused, is_loopback
-from .http_path import Endpoint, parse_target
-from .http_types import Answer, HttpRequest, Pending
+from ...access.caller import ends
+from ...access.policy import HTTP_STATUS, Refusal, RefusalKind
+from ..connections import client_of, close_refused, is_loopback
+from .path import Endpoint, parse_target
 from .sse import LAST_CHUNK, chunk
+from .types import Answer, HttpRequest, Pending
 
 if TYPE_CHECKING:
-    from .http import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
+    from .app import HttpApp  # the owner: limits, closing, connections, handle(), large_body_dropped()
 
 log = logging.getLogger("hubserve.http")
 

@@ -1,5 +1,5 @@
 """The generate extension over HTTP: `POST /v2/models/{m}[/versions/{v}]/generate` (one JSON answer) and
-`.../generate_stream` (server-sent events, one per response). http_routes.py runs `answer_generate` in a
+`.../generate_stream` (server-sent events, one per response). routes.py runs `answer_generate` in a
 task per request; the JSON mapping is generate_codec.py's, the event framing sse.py's.
 
 What happens, as in Triton (server src/http_server.cc HandleGenerate, GenerateRequestClass):
@@ -30,12 +30,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..errors import EngineError, invalid
-from ..streaming.responses import StreamedResponse, infer_stream
-from ..types import InferenceRequest, InferenceResponse
+from ...errors import EngineError, invalid
+from ...streaming.responses import StreamedResponse, infer_stream
+from ...types import InferenceRequest, InferenceResponse
 from . import sse
 from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
-from .http_types import Answer, ResponseStream
+from .types import Answer, ResponseStream
 
 log = logging.getLogger("hubserve.http")
 

@@ -1,5 +1,5 @@
 """The metrics port: `GET /metrics` (Prometheus' text format), served by the same HTTP/1.1 connections as the
-KServe port (http_connection.py, owned by an `HttpApp` of its own), so it has their limits and timeouts: a
+KServe port (connection.py, owned by an `HttpApp` of its own), so it has their limits and timeouts: a
 request head must arrive within `--client-timeout-secs`, an idle connection is closed after
 `--idle-timeout-secs`, and a body larger than `MAX_BODY_BYTES` is refused. Its own `ConnectionCounter`
 caps its connections in all and per client address (`--metrics-max-connections`,
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import orjson
 
-from .http_types import Answer, HttpRequest, OnDone
+from .types import Answer, HttpRequest, OnDone
 
 MAX_BODY_BYTES = 4096  # a scrape has no body; anything larger is refused (413) before it is read
 METRICS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"  # Prometheus' text exposition format

@@ -1,7 +1,7 @@
 """A generation streamed to its HTTP client as server-sent events, in OpenAI's chunk format.
 
-`stream_generation` runs in the route's task (openai_routes.py) once the generation's first event is in, and
-writes through the request's `ResponseStream` (http_types.py), the one way a route streams an answer: the
+`stream_generation` runs in the route's task (routes.py) once the generation's first event is in, and
+writes through the request's `ResponseStream` (http/types.py), the one way a route streams an answer: the
 head, then one `data: <chunk>\\n\\n` event per engine event (a token's text for one choice), awaiting `drain`
 after each, so a client that reads slowly holds at most a few events in the connection while the rest wait
 here, as the engine's small text events; once every choice has finished, the usage chunk (when the client
@@ -20,12 +20,12 @@ from typing import Any
 
 import orjson
 
-from ..generate.serving.driver import TokenEvent
-from ..openai import responses
-from ..openai.errors import from_engine
-from ..openai.generation import Choice, Generation
-from ..openai.protocol import ApiRequest
-from .http_types import ResponseStream
+from ...generate.serving.driver import TokenEvent
+from ...openai import responses
+from ...openai.errors import from_engine
+from ...openai.generation import Choice, Generation
+from ...openai.protocol import ApiRequest
+from ..http.types import ResponseStream
 
 CONTENT_TYPE = b"text/event-stream; charset=utf-8"
 _DONE = b"data: [DONE]\n\n"

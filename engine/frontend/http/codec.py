@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import EngineError, invalid
-from ..observability.request_ids import check_request_id
-from ..types import (
+from ...errors import EngineError, invalid
+from ...observability.request_ids import check_request_id
+from ...types import (
     DataType,
     InferenceRequest,
     InferenceResponse,
@@ -24,8 +24,8 @@ from ..types import (
     element_count,
     in_shared_memory,
 )
-from .wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
-from .wire import limits as wire_limits
+from ..wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
+from ..wire import limits as wire_limits
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -293,7 +293,7 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
                           ) -> tuple[list[Any], int, int | None]:
     """The response body as parts (the JSON header, then each binary output's bytes: views of the output
     arrays, not copies), its size in bytes, and the JSON header's length when binary data follows (else
-    None). The connection writes the parts as they are (http_connection.py `_write`)."""
+    None). The connection writes the parts as they are (connection.py `_write`)."""
     plan = request.plan if isinstance(request.plan, _Plan) else None
     placed = any(t.parameters for t in response.outputs)  # outputs written to clients' shared memory
     if placed:

@@ -1,5 +1,5 @@
 """The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed
-response header blocks; status trailers; `grpc-timeout`. Used by grpc.py's Call.
+response header blocks; status trailers; `grpc-timeout`. Used by call.py's Call.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...proto import grpc_service_pb2, health_pb2
-from ..grpc_handlers import CALLER_RPCS, GrpcHandlers
-from .headers import indexed, literal
+from ..h2.headers import indexed, literal
+from .handlers import CALLER_RPCS, GrpcHandlers
 
 # RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
@@ -26,7 +26,7 @@ class Kind(enum.Enum):
     # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
     STREAM_INFER = "stream infer"
     # grpc.health.v1 Health/Watch: one request, then the status on every change, from the process's
-    # HealthWatch (frontend/health_watch.py); the handler is the statuses it reads (`watch_statuses`)
+    # HealthWatch (health_watch.py); the handler is the statuses it reads (`watch_statuses`)
     WATCH = "watch"
 
 

@@ -1,6 +1,6 @@
 """The gRPC services' per-RPC logic, apart from the transport: a parsed request message in, a response
 message out (or an `EngineError`); for ModelInfer and ModelStreamInfer, serialized bytes in and out
-(grpc_codec.py's wire codec). The h2 frontend (`h2/`) calls `GrpcHandlers` for every RPC it serves.
+(codec.py's wire codec). The h2 frontend (`h2/`) calls `GrpcHandlers` for every RPC it serves.
 
 `STATUS` is the one table from `ErrorCode` to gRPC status codes, as the numbers the protocol puts on the wire
 (`grpc-status`).
@@ -17,15 +17,15 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from ..access.caller import NOBODY, Caller
-from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
-from ..observability import logs, observe
-from ..observability.tracing import settings as trace_settings
-from ..proto import grpc_service_pb2, health_pb2
-from ..streaming.window import StreamWindow
-from ..types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
-from .grpc_codec import InferWireCodec, param_value
+from ...access.caller import NOBODY, Caller
+from ...dataplane import DataPlane
+from ...errors import EngineError, ErrorCode, invalid, not_found, unserved_extension
+from ...observability import logs, observe
+from ...observability.tracing import settings as trace_settings
+from ...proto import grpc_service_pb2, health_pb2
+from ...streaming.window import StreamWindow
+from ...types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
+from .codec import InferWireCodec, param_value
 
 log = logging.getLogger("hubserve.grpc")
 
@@ -79,7 +79,7 @@ CALLER_RPCS = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister
 
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
-# (http_routes.py _UNSERVED).
+# (http/routes.py _UNSERVED).
 UNIMPLEMENTED_RPCS: dict[str, str] = {}  # every RPC of the protocol is served
 
 # How a ModelStreamInfer request is answered: with its future, and the serialized answer as (parts, size),
@@ -217,7 +217,7 @@ class GrpcHandlers:
                           header_id: bytes | None = None, owner: str = "", window: StreamWindow | None = None
                           ) -> tuple[asyncio.Future[InferenceResponse], bool]:
         """One serialized request of ModelStreamInfer: its future, and whether it belongs to a sequence (has a
-        `sequence_id`: the sequence batcher bounds those, so the stream's own cap leaves them out, h2/grpc.py
+        `sequence_id`: the sequence batcher bounds those, so the stream's own cap leaves them out, call.py
         `_must_wait`). `answered(future, answer)` is called once, when the returned future is done: `answer`
         is the serialized ModelStreamInferResponse as (parts, size), None when there is nothing to send, or
         the exception of a bug. Never an EngineError: as Triton does, an error is an answer on the stream

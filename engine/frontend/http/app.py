@@ -1,5 +1,5 @@
-"""KServe v2 over HTTP/1.1: `HttpApp`, which owns the connections (http_connection.py), their one timeout
-sweeper, the release of freed request memory, and the drain on shutdown. The endpoints are http_routes.py's.
+"""KServe v2 over HTTP/1.1: `HttpApp`, which owns the connections (connection.py), their one timeout
+sweeper, the release of freed request memory, and the drain on shutdown. The endpoints are routes.py's.
 
 Why not a web framework: on the small models that dominate serving traffic, a framework's per-request
 machinery (request objects, middleware, routing tables, header multidicts) costs more CPU than the inference.
@@ -25,13 +25,13 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..access.policy import AccessPolicy, LoopbackOnly
-from ..dataplane import DataPlane
-from ..memory import release_freed_memory
-from .connections import ConnectionCounter
-from .http_connection import HttpProtocol
-from .http_routes import HttpRoutes
-from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
+from ...access.policy import AccessPolicy, LoopbackOnly
+from ...dataplane import DataPlane
+from ...memory import release_freed_memory
+from ..connections import ConnectionCounter
+from .connection import HttpProtocol
+from .routes import HttpRoutes
+from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 
 
 class Routes(Protocol):

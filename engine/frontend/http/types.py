@@ -1,4 +1,4 @@
-"""What the HTTP/1.1 connection (http_connection.py) and the routes (http_routes.py) hand each other: the
+"""What the HTTP/1.1 connection (connection.py) and the routes (routes.py) hand each other: the
 parsed `HttpRequest`, an `Answer` now or a `Pending` one later with its `OnDone`, the `ResponseStream` a
 route may write a streamed answer through, and `HttpLimits`, what one connection may cost. Neither side
 imports the other: both import these.
@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..access.caller import Address
-from ..access.policy import Admission, Refusal
-from .http_path import HttpTarget
+from ...access.caller import Address
+from ...access.policy import Admission, Refusal
+from .path import HttpTarget
 
 # A route's answer: (status, body, content type, extra header lines). A body is bytes, or a list of
 # bytes-likes (an inference's JSON header and views of its output tensors) written as they are.
@@ -53,7 +53,7 @@ class ResponseStream(Protocol):
 
 
 class HttpRequest:
-    """One parsed request. `target` is its URL parsed once (http_path.py), by the connection as the head
+    """One parsed request. `target` is its URL parsed once (path.py), by the connection as the head
     arrives: the access check and the routes read that, never `url` again (`url` stays for messages and
     nothing else). `body` is the bytes of a body that came in one piece, else a bytearray; `stream` is the
     connection's, set when the request is dispatched. `admission` is what the access policy

@@ -21,10 +21,10 @@ from ...access.policy import AccessPolicy, LoopbackOnly
 from ...dataplane import DataPlane
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
-from ..grpc_handlers import GrpcHandlers
-from .connection import H2Connection
-from .grpc import CallLimits, GrpcApp
-from .streams import Limits
+from ..h2.connection import H2Connection
+from ..h2.streams import Limits
+from .call import CallLimits, GrpcApp
+from .handlers import GrpcHandlers
 
 BACKLOG = 1024  # connections the kernel queues for accept, per listening socket
 

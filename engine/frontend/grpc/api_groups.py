@@ -1,11 +1,11 @@
 """Which API group (engine/access/groups.py) each gRPC method is in, as Triton groups them (server
 src/grpc/grpc_server.cc: each RPC's CallData gets one); model readiness is in `health`, as in Triton. An HTTP
-endpoint's group is fixed with the endpoint itself, by the one parse of its path (http_path.py `Endpoint`).
+endpoint's group is fixed with the endpoint itself, by the one parse of its path (http/path.py `Endpoint`).
 """
 
 from __future__ import annotations
 
-from ..access.groups import ApiGroup
+from ...access.groups import ApiGroup
 
 G = ApiGroup
 

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import EngineError, ErrorCode, invalid
-from ..observability.request_ids import check_request_id
-from ..types import DataType, InferenceRequest, InferenceResponse, Tensor
+from ...errors import EngineError, ErrorCode, invalid
+from ...observability.request_ids import check_request_id
+from ...types import DataType, InferenceRequest, InferenceResponse, Tensor
 
 PARAMETERS_KEY = "parameters"  # Triton's one nested schema key in a generate request
 _INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -2,11 +2,11 @@
 a call reads its request head and messages, honours `grpc-timeout`, and answers with `:status 200` +
 `content-type: application/grpc` headers, messages, and `grpc-status` / `grpc-message` trailers (or one
 trailers-only HEADERS frame for an early error). The messages themselves (the 5-byte length prefix,
-compression, the encoding of a call's responses) are grpc_messages.py's.
+compression, the encoding of a call's responses) are messages.py's.
 
 Every RPC of inference.GRPCInferenceService and grpc.health.v1.Health is answered by the transport-neutral
-`GrpcHandlers` (grpc_handlers.py), found through the services' descriptors, so none can be missing.
-ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (grpc_codec.py's cached
+`GrpcHandlers` (handlers.py), found through the services' descriptors, so none can be missing.
+ModelInfer, the hot path, creates no task: `submit_infer_wire` on the message bytes (codec.py's cached
 decoding), and a done-callback that serializes the response by hand and hands headers + message + trailers
 to the connection for one write (its header blocks are built once, in rpcs.py). Health/Watch creates no task
 either: every Watch stream of the process is told by one notifier (`GrpcApp.health`, health_watch.py) when
@@ -58,17 +58,17 @@ from ...errors import EngineError, ErrorCode, endpoint_message
 from ...observability.request_ids import header_request_id_problem
 from ...proto import health_pb2
 from ...streaming.window import StreamWindow
-from ..api_groups import grpc_group
-from ..grpc_handlers import STATUS, GrpcHandlers, StreamAnswer
-from ..grpc_handlers import GrpcStatus as S
-from ..health_watch import HealthWatch
-from .connection import H2Connection
-from .frames import H2Error
-from .grpc_messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
-from .guard import MemoryReturn
-from .headers import RequestHead, literal
+from ..h2.connection import H2Connection
+from ..h2.frames import H2Error
+from ..h2.guard import MemoryReturn
+from ..h2.headers import RequestHead, literal
+from ..h2.streams import H2Stream, Limits
+from .api_groups import grpc_group
+from .handlers import STATUS, GrpcHandlers, StreamAnswer
+from .handlers import GrpcStatus as S
+from .health_watch import HealthWatch
+from .messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
 from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
-from .streams import H2Stream, Limits
 
 log = logging.getLogger("hubserve.h2")
 health: Any = health_pb2  # the generated module carries no type information

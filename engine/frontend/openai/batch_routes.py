@@ -16,7 +16,7 @@ not exist. `handle` answers at once from the runner's indexes in
 memory, or returns a coroutine (the multipart split and file I/O on worker threads) that OpenAIRoutes runs
 as a task. Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
 
-A download streams through the request's `ResponseStream` (http_types.py), a chunk at a time read on a
+A download streams through the request's `ResponseStream` (http/types.py), a chunk at a time read on a
 worker thread (download.py), awaiting the stream's `drain` before the next: N clients downloading a file of
 the size of a key's whole storage quota hold N chunks, not N copies of the file, however slowly they read
 (with --workers N the chunks cross the channel under its window of bytes: engine/workers/credit.py). The
@@ -32,13 +32,13 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ..openai.batch.download import FileChunks
-from ..openai.batch.files import not_found
-from ..openai.batch.multipart import parse_form
-from ..openai.batch.runner import BatchRunner
-from ..openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
-from ..openai.protocol import parse_body
-from .http_types import Answer, HttpRequest, ResponseStream
+from ...openai.batch.download import FileChunks
+from ...openai.batch.files import not_found
+from ...openai.batch.multipart import parse_form
+from ...openai.batch.runner import BatchRunner
+from ...openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
+from ...openai.protocol import parse_body
+from ..http.types import Answer, HttpRequest, ResponseStream
 
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"

@@ -4,12 +4,12 @@
                                              (`model:adapter`)
     POST /v1/completions                     text completion
     POST /v1/chat/completions                chat, through the model folder's chat template
-    /v1/files, /v1/batches                   the Batch API (openai_batch_routes.py)
+    /v1/files, /v1/batches                   the Batch API (batch_routes.py)
 
 A generation request runs as one task: the engine's work is on its own thread
 (engine/generate/serving/driver.py), the task only waits for its events. Without `stream` the task's result is
 the JSON answer; with it, the task writes the events through the request's `ResponseStream` from the first
-event on (openai_stream.py `stream_generation`) and ends when the stream does, so the request's admission (a
+event on (stream.py `stream_generation`) and ends when the stream does, so the request's admission (a
 key's concurrency slot) is held for the stream's life. A client that leaves cancels the task, which aborts the
 generation. Errors leave as OpenAI's error object (engine/openai/errors.py); an error before the first
 event is a plain JSON answer.
@@ -33,14 +33,14 @@ from typing import Any
 
 import orjson
 
-from ..openai.batch.runner import BatchRunner
-from ..openai.errors import NOT_FOUND, OpenAIError, bad_request, from_engine
-from ..openai.generation import Generation
-from ..openai.protocol import ApiRequest, parse_body, parse_request
-from ..openai.service import OpenAIService
-from .http_types import Answer, HttpRequest, OnDone, Pending, ResponseStream
-from .openai_batch_routes import BatchRoutes
-from .openai_stream import stream_generation
+from ...openai.batch.runner import BatchRunner
+from ...openai.errors import NOT_FOUND, OpenAIError, bad_request, from_engine
+from ...openai.generation import Generation
+from ...openai.protocol import ApiRequest, parse_body, parse_request
+from ...openai.service import OpenAIService
+from ..http.types import Answer, HttpRequest, OnDone, Pending, ResponseStream
+from .batch_routes import BatchRoutes
+from .stream import stream_generation
 
 log = logging.getLogger("hubserve.openai")
 

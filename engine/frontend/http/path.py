@@ -1,7 +1,7 @@
 """One parse of an HTTP request's target: which endpoint it names, and so which API group it is in.
 
-Why one: the access check (engine/access/policy.py, asked by http_connection.py) and the router
-(http_routes.py, and with --workers N the frontend's forwarding and the engine's control runner) must read a
+Why one: the access check (engine/access/policy.py, asked by connection.py) and the router
+(routes.py, and with --workers N the frontend's forwarding and the engine's control runner) must read a
 request the same way. When the check classified the raw path and the router percent-decoded it,
 `/v2/%72epository/...` was in no group for the check and the repository API for the router: every restriction
 and key group was skipped. Now the connection parses the target once (`parse_target`), the check asks the
@@ -25,7 +25,7 @@ import enum
 import unicodedata
 from typing import Any, NamedTuple
 
-from ..access.groups import ApiGroup
+from ...access.groups import ApiGroup
 
 G = ApiGroup
 

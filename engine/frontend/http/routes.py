@@ -3,11 +3,11 @@ a `Pending` one for work that finishes later (an inference, a generate request, 
 unload). The generate extension (generate.py) runs in a task per request; `generate_stream` writes its
 events through the connection's `ResponseStream` while that task runs.
 
-Routing dispatches on the request's target, parsed once by the connection (http_path.py), the same result
+Routing dispatches on the request's target, parsed once by the connection (path.py), the same result
 the access check read; no routing table. Inference creates no task: the connection's `on_done` becomes
 the data plane's one done-callback, and `_Infer` answers from that future. Errors leave as
 `{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP. The connections
-that call `handle()` are http_connection.py's, owned by `HttpApp` (http.py).
+that call `handle()` are connection.py's, owned by `HttpApp` (app.py).
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..access.caller import Caller
-from ..dataplane import DataPlane
-from ..errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
-from ..observability import logs, observe
-from ..observability.request_ids import check_header_request_id
-from ..observability.tracing import settings as trace_settings
-from ..types import InferenceRequest, InferenceResponse
-from . import compression
-from .generate import MetadataSource, answer_generate
-from .http_codec import (
+from ...access.caller import Caller
+from ...dataplane import DataPlane
+from ...errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
+from ...observability import logs, observe
+from ...observability.request_ids import check_header_request_id
+from ...observability.tracing import settings as trace_settings
+from ...types import InferenceRequest, InferenceResponse
+from .. import compression
+from ..wire import limits as wire_limits
+from .codec import (
     HEADER_LENGTH,
     HeaderCache,
     check_json_depth,
@@ -37,12 +37,12 @@ from .http_codec import (
     encode_response_parts,
     too_deep,
 )
-from .http_path import Endpoint, HttpTarget, parse_target
-from .http_types import Answer, HttpLimits, HttpRequest, OnDone, Pending
-from .wire import limits as wire_limits
+from .generate import MetadataSource, answer_generate
+from .path import Endpoint, HttpTarget, parse_target
+from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 
 if TYPE_CHECKING:
-    from .openai_routes import OpenAIRoutes
+    from ..openai.routes import OpenAIRoutes
 
 log = logging.getLogger("hubserve.http")
 
@@ -146,7 +146,7 @@ class HttpRoutes:
                  openai: OpenAIRoutes | None = None) -> None:
         """`metadata` is where the generate endpoints learn a model's inputs: the data plane's metadata by
         default; a frontend process asks the engine (workers/forwarding.py). `openai` answers /v1 (the
-        OpenAI-compatible API, openai_routes.py) where the process holds the generation engines; without it
+        OpenAI-compatible API, openai/routes.py) where the process holds the generation engines; without it
         /v1 is no endpoint."""
         self.dp = dataplane
         self.limits = limits
@@ -171,7 +171,7 @@ class HttpRoutes:
             return _error(500, f"internal error: {e}")
 
     def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        """Dispatch on the request's parsed target (http_path.py): the one the access check read. A request
+        """Dispatch on the request's parsed target (path.py): the one the access check read. A request
         that came with none (nothing in the server makes one so) is parsed here by the same function."""
         target = req.target if req.target is not None else parse_target(req.url)
         endpoint, method = target.endpoint, req.method
@@ -351,7 +351,7 @@ class HttpRoutes:
         return Deferred(task)
 
 
-# the generate extension (frontend/generate.py), by its endpoint's action
+# the generate extension (generate.py), by its endpoint's action
 _GENERATE = {Endpoint.MODEL_GENERATE: "generate", Endpoint.MODEL_GENERATE_STREAM: "generate_stream"}
 _MODEL_ENDPOINTS = frozenset({Endpoint.MODEL_METADATA, Endpoint.MODEL_READY, Endpoint.MODEL_CONFIG,
                               Endpoint.MODEL_STATS, Endpoint.MODEL_INFER, Endpoint.MODEL_GENERATE,

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import invalid
-from ..observability.request_ids import check_request_id
-from ..proto import grpc_service_pb2 as pb
-from ..types import (
+from ...errors import invalid
+from ...observability.request_ids import check_request_id
+from ...proto import grpc_service_pb2 as pb
+from ...types import (
     DataType,
     InferenceRequest,
     InferenceResponse,
@@ -33,8 +33,8 @@ from ..types import (
     element_count,
     in_shared_memory,
 )
-from .wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
-from .wire import limits as wire_limits
+from ..wire import array_from_bytes, array_to_bytes, check_bytes_element, check_datatype, check_shape
+from ..wire import limits as wire_limits
 
 # Which typed `contents` field carries each datatype.
 _CONTENTS_FIELD = {

@@ -1,6 +1,6 @@
 """gRPC's message layer (grpc/doc/PROTOCOL-HTTP2.md "Length-Prefixed-Message", grpc/doc/compression.md): the
 5-byte prefix, decompressing a request message, framing (and compressing) a response message, and which
-encoding a call's responses get. Pure functions of bytes and header values; grpc.py's `Call` uses them.
+encoding a call's responses get. Pure functions of bytes and header values; call.py's `Call` uses them.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 from ...errors import EngineError
 from .. import compression
-from ..grpc_handlers import GrpcStatus as S
-from .headers import literal
+from ..h2.headers import literal
+from .handlers import GrpcStatus as S
 from .rpcs import RESPONSE_HEAD
 
 PREFIX = struct.Struct(">BL")  # Compressed-Flag, Message-Length

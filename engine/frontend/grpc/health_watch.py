@@ -7,7 +7,7 @@ second, a task and a timer each, so 4,000 idle streams cost 4 % of a core. Readi
 with --workers N, from another process; one read per tick of the services watched costs the same whatever
 the number of streams, and nothing is added to those paths. A stream pays only when its status changes.
 
-Owned by the process's GrpcApp (h2/grpc.py), which caps the streams (CallLimits); `statuses(services)` is
+Owned by the process's GrpcApp (call.py), which caps the streams (CallLimits); `statuses(services)` is
 the handlers' `watch_statuses` (the DataPlane's readiness here, one forwarded HEALTH control with --workers
 N). A new stream of a service already watched gets the last status read at once; one of a service not yet
 watched wakes the notifier for a read now. The task runs only while some stream watches.
