@@ -34,7 +34,7 @@ install: $(SERVE_STAMP)
 install-test: $(TEST_STAMP)
 
 models: install
-	$(PY) -m engine.examples model_repository
+	$(PY) -m hubserve_models.examples model_repository
 
 serve: models
 	$(VENV)/bin/hubserve serve --model-repository model_repository $(ARGS)

@@ -56,9 +56,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import examples
 from hubserve_harness import ROOT, checkout_env, start_server
 from hubserve_harness.perf_analyzer import PERF_ANALYZER
+from hubserve_models import examples
 from hubserve_perf.control import stats_from
 from hubserve_perf.types import ServerStats
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, not the venv's
 
-from engine import examples
 from hubserve_harness import build_test_repository, start_server
 from hubserve_harness.perf_analyzer import run_perf_analyzer
+from hubserve_models import examples
 
 KEY = "bench-key-0123456789abcdef"
 BIG_CONFIG = """name: "identity_big"

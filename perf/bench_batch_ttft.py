@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, not the venv's
 
-from engine import examples
 from hubserve_harness import start_server
+from hubserve_models import examples
 
 MODEL = "tiny_decoder"
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,9 +24,9 @@ import urllib.request
 from pathlib import Path
 
 from bench_serving import ceiling  # perf/, this script's folder
-from engine import examples
 from hubserve_harness import ROOT, start_server
 from hubserve_harness.perf_analyzer import run_perf_analyzer
+from hubserve_models import examples
 
 
 class Hub:

@@ -21,9 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine import examples
 from hubserve_harness import ROOT, start_server
 from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_models import examples
 
 PREP = ('name: "prep"\nbackend: "onnxruntime"\nmax_batch_size: 64\n'
         'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n'

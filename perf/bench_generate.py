@@ -40,8 +40,8 @@ Output lengths (`--lengths`, seeded by `--seed` + c, the same for every mode):
   positions; ~4 % of draws hit the cap), mean ≈ 97. Its bound is ≈ 2.1 at c = 4, 3.3 at c = 16 and 3.7 at
   c = 32 (uniform: 1.5, 1.7, 1.7).
 
-Model (`--model`), built at bench time in memory with engine/generate/tiny_decoder.py (random fixed weights,
-nothing written to disk or downloaded):
+Model (`--model`), built at bench time in memory with perf/hubserve_models/tiny_decoder.py (random fixed
+weights, nothing written to disk or downloaded):
 - `tiny` (the default): the example `tiny_decoder`, 2 layers, hidden 64 (4 × 16 heads), 1 KiB of cache per
   token; one decode step is ~0.1–0.4 ms in ONNX Runtime, the same order as the engine's Python per step;
 - `l4h256`: the same builder at 4 layers, hidden 256 (8 × 32 heads), FFN 1024, 8 KiB of cache per token:
@@ -80,13 +80,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-from engine import examples
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.request import SamplingParams
 from engine.generate.core.runner import DecoderRunner, RunnerStats, RunShape
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
-from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 MODELS = {"tiny": TinyDecoderShape(),
           "l4h256": TinyDecoderShape(layers=4, heads=8, head_dim=32, ffn=1024)}

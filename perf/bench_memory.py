@@ -27,8 +27,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from engine import examples
 from hubserve_harness import ROOT
+from hubserve_models import examples
 
 # Runs the server with the post-unload trim switched off; everything else is the shipped server.
 BASELINE = ("import sys, engine.memory; engine.memory._libc = None; from engine.__main__ import main; "

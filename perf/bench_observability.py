@@ -33,9 +33,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine import examples
 from hubserve_harness import ROOT, free_port, start_server
 from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_models import examples
 
 
 class Collector:

@@ -36,9 +36,9 @@ from datetime import datetime
 from pathlib import Path
 
 import bench_serving  # perf/, this script's folder, as are peers/ below
-from engine import examples
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+from hubserve_models import examples
 from peers import report, repos, servers, variants
 from peers.report import Measurement, Point
 

@@ -73,7 +73,7 @@ def write_hubserve(root: Path) -> None:
     (root / "simple").mkdir(parents=True)
     simple_config = (ROOT / "model_repository" / "simple" / "config.pbtxt").read_text()
     (root / "simple" / "config.pbtxt").write_text(simple_config)
-    from engine import examples
+    from hubserve_models import examples
 
     examples.build_repository(root, ["simple"])
     (root / "add_sub_py" / "1").mkdir(parents=True)

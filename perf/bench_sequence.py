@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
-from engine import examples
 from hubserve_harness import ROOT, start_server
 from hubserve_harness.perf_analyzer import PerfResult, perf_analyzer_available, run_perf_analyzer
+from hubserve_models import examples
 from peers import repos, servers
 
 TRITON_REPO = servers.PEERS_DIR / "seq_triton_repo"

@@ -22,9 +22,9 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import DTypeLike
 
-from engine import examples
 from hubserve_harness import ROOT, start_server  # the same server start-up the tests use
 from hubserve_harness.perf_analyzer import run_perf_analyzer
+from hubserve_models import examples
 
 MODEL_INPUTS: dict[str, dict[str, tuple[tuple[int, ...], DTypeLike]]] = {
     "simple": {"INPUT0": ((16,), np.int32), "INPUT1": ((16,), np.int32)},

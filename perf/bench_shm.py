@@ -24,9 +24,9 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from engine import examples
 from hubserve_harness import start_server
 from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_models import examples
 
 MODEL = "big"
 CONFIG = """name: "big"

@@ -3,7 +3,7 @@ for one or more source trees side by side (e.g. a frozen copy of main against a 
 
     bash tools/install_perf_analyzer.sh   # once
     git archive <rev> | tar -x -C /tmp/before && ln -s $PWD/.venv /tmp/before/.venv  # a tree to compare
-    (cd /tmp/before && .venv/bin/python -m engine.examples model_repository)
+    (cd /tmp/before && .venv/bin/python -m hubserve_models.examples model_repository)
     flock /work/probes/bench.lock .venv/bin/python perf/bench_workers.py \
         --trees before=/tmp/before,after=. --workers 1,2 --models simple,mlp --protocols grpc,http \
         --concurrency 16,32 [--interval-ms 3000] [--max-trials 5] [--rounds 1]

@@ -25,13 +25,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from engine import examples
 from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.instances.rate_limiter import RateLimiter
 from engine.proto import model_config_pb2 as pb
 from engine.repository.lifecycle import ModelRepository
 from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
+from hubserve_models import examples
 
 if TYPE_CHECKING:
     import openai

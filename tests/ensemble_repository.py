@@ -1,6 +1,7 @@
 """Model repositories for the ensemble and classification tests: configs written as Triton users write them,
-ONNX models from engine/examples.py, and the example image pipeline's committed files (its Python step).
-Not a test file; tests/test_ensemble.py and tests/test_classification.py build their repositories with it.
+ONNX models from perf/hubserve_models/examples.py, and the example image pipeline's committed files (its
+Python step). Not a test file; tests/test_ensemble.py and tests/test_classification.py build their
+repositories with it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import onnx
 
-from engine import examples
+from hubserve_models import examples
 
 LABELS = ("cat", "dog", "parrot", "fish")
 EXAMPLES = Path(__file__).resolve().parents[1] / "model_repository"

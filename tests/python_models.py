@@ -23,7 +23,7 @@ def write_model(repo: Path, name: str, source: str, config: str, version: int = 
 
 def add_simple(repo: Path) -> None:
     """The ONNX example `simple` (INT32 [-1,16] INPUT0 + INPUT1 → OUTPUT0 sum, OUTPUT1 difference)."""
-    from engine import examples
+    from hubserve_models import examples
 
     (repo / "simple").mkdir(parents=True, exist_ok=True)
     for cfg in (EXAMPLES / "simple").glob("config.*"):

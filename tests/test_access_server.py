@@ -22,8 +22,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from engine import examples
 from hubserve_harness import ROOT
+from hubserve_models import examples
 from test_http_limits import INFER, A, B, RawConnection, infer_body, post, wait_for
 
 BUDGET = 4_000_000  # --max-inflight-bytes; with --workers 2 each frontend holds half

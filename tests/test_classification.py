@@ -15,8 +15,8 @@ from tritonclient.utils import InferenceServerException
 
 import ensemble_repository as repo
 from conftest import start_server
-from engine import examples
 from engine.classification import top_k
+from hubserve_models import examples
 
 # ------------------------------------------------------------------------------------------------ pure
 

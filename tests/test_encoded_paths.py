@@ -28,8 +28,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, start_server
-from engine import examples
 from engine.access.groups import ApiGroup
+from hubserve_models import examples
 from test_http_path import encode_char, same_spellings
 
 G = ApiGroup

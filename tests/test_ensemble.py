@@ -211,7 +211,7 @@ def test_classification_of_an_ensemble_output_uses_the_ensembles_labels(client) 
 
 @pytest.mark.parametrize("colour", ["red", "orange", "blue"])
 def test_the_example_image_pipeline_names_the_colour(client, colour: str) -> None:
-    from engine.examples import COLOURS, IMAGE_SIDE
+    from hubserve_models.examples import COLOURS, IMAGE_SIDE
 
     client.load_model("image_pipeline")
     pixels = np.broadcast_to(np.array(COLOURS[colour], np.uint8).reshape(1, 3, 1, 1),
@@ -235,7 +235,7 @@ def test_the_example_image_models_serve_what_tritons_image_client_reads(client, 
     FP32 output, and prints each class-count entry as "score (index) = label"."""
     from tritonclient.grpc import model_config_pb2 as mc
 
-    from engine.examples import IMAGE_SIDE
+    from hubserve_models.examples import IMAGE_SIDE
 
     client.load_model("image_pipeline")
     meta = client.get_model_metadata(name)
@@ -263,7 +263,7 @@ def test_the_example_image_models_serve_what_tritons_image_client_reads(client, 
 
 def test_the_image_pipelines_python_step_computes_the_numpy_formula(client) -> None:
     """image_preprocess (a Triton Python model) answers (x / 255 - mean) / std per channel, batch-aware."""
-    from engine.examples import IMAGE_MEAN, IMAGE_SIDE, IMAGE_STD
+    from hubserve_models.examples import IMAGE_MEAN, IMAGE_SIDE, IMAGE_STD
 
     client.load_model("image_pipeline")
     assert client.is_model_ready("image_preprocess")

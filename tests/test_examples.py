@@ -1,5 +1,6 @@
-"""The example/test model builders (engine/examples.py): each model runs in onnxruntime and computes what it
-says, the builds are byte-for-byte reproducible, and the committed configs agree with the models."""
+"""The example/test model builders (perf/hubserve_models/examples.py): each model runs in onnxruntime and
+computes what it says, the builds are byte-for-byte reproducible, and the committed configs agree with the
+models."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from engine import examples
 from engine.config import steps as cfg
+from hubserve_models import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"

@@ -16,8 +16,8 @@ import openai
 import pytest
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
-from engine.examples import write_model
-from engine.generate.tiny_decoder import tiny_decoder_model
+from hubserve_models.examples import write_model
+from hubserve_models.tiny_decoder import tiny_decoder_model
 from test_generate_lora import ADAPTERS, MODEL, build_model
 
 PLAIN = "tiny_decoder"  # a generative model without adapters

@@ -10,7 +10,6 @@ import asyncio
 import onnxruntime as ort
 import pytest
 
-from engine import examples
 from engine.errors import ErrorCode
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.request import SamplingParams
@@ -18,7 +17,8 @@ from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
 from engine.generate.serving.driver import EngineDriver, TokenEvent
-from engine.generate.tiny_decoder import tiny_decoder_model
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import tiny_decoder_model
 
 
 @pytest.fixture(scope="module")

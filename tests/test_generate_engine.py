@@ -14,7 +14,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from engine import examples
 from engine.errors import EngineError
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.request import FinishReason, SamplingParams
@@ -22,8 +21,9 @@ from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
 from engine.generate.serving.model_folder import load_engine
-from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from engine.generate.triton.request_options import sampling_params
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 MODEL = examples.model_bytes(tiny_decoder_model())
 SHARED_MODEL = examples.model_bytes(tiny_decoder_model(TinyDecoderShape(shared_kv=True)))

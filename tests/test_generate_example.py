@@ -1,7 +1,7 @@
-"""The generative example model (model_repository/tiny_decoder, built by engine/generate/tiny_decoder.py):
-it is a valid ONNX model in Optimum's decoder_with_past form, stepping it token by token agrees with one
-prefill, and the repository loads it beside the others, with the server ready, as a decoupled model with
-the LLM signature (test_generate_triton.py serves it)."""
+"""The generative example model (model_repository/tiny_decoder, built by
+perf/hubserve_models/tiny_decoder.py): it is a valid ONNX model in Optimum's decoder_with_past form, stepping
+it token by token agrees with one prefill, and the repository loads it beside the others, with the server
+ready, as a decoupled model with the LLM signature (test_generate_triton.py serves it)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import onnxruntime as ort
 import tritonclient.http as httpclient
 
 from conftest import EXAMPLES, start_server
-from engine import examples
-from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 SHAPE = TinyDecoderShape()
 KV_NAMES = [f"past_key_values.{i}.{part}" for i in range(SHAPE.layers) for part in ("key", "value")]

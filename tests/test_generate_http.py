@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from conftest import EXAMPLES, start_server
-from engine import examples
 from engine.frontend.http.sse import EventReader
+from hubserve_models import examples
 from python_models import BEHAVE, BEHAVE_CONFIG, ONE_IN_ONE_OUT, PARAMETER_ECHO, write_model
 
 SIMPLE = {"INPUT0": list(range(16)), "INPUT1": [1] * 16}

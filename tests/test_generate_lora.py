@@ -20,11 +20,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from conftest import EXAMPLES, RunningServer, start_server
-from engine.examples import write_model
 from engine.generate.core.lora import AdapterStore, LoraShape
 from engine.generate.core.request import SamplingParams
 from engine.generate.serving.model_folder import load_engine
-from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models.examples import write_model
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 MODEL = "tiny_lora"
 SHAPE = TinyDecoderShape(lora_rank=4)

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from conftest import EXAMPLES, openai_client, start_server
-from engine import examples
 from engine.errors import EngineError
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.request import SamplingParams
 from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.serving.model_folder import load_engine
-from engine.generate.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from test_generate_engine import (
     GREEDY,
     KV,

@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
-from engine import examples
+from hubserve_models import examples
 
 SIMPLE = examples.model_bytes(examples.simple_model())
 PICKUP_S = 10.0  # a dropped or changed folder is served within this (quiet time 1 s + load)

@@ -31,10 +31,10 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from engine import examples
 from engine.errors import EngineError, ErrorCode
 from engine.names import NAME_MAX_BYTES, check_model_name, name_problem
 from engine.repository.overrides import PREFIX, check_files, write_override
+from hubserve_models import examples
 
 SIMPLE_CONFIG = {"name": "from_files", "backend": "onnxruntime", "max_batch_size": 8}
 

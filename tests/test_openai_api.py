@@ -16,9 +16,9 @@ import openai
 import pytest
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
-from engine import examples
 from engine.generate.core.request import SamplingParams
 from engine.generate.serving.model_folder import load_engine
+from hubserve_models import examples
 
 MODEL = "tiny_decoder"
 # the default chat template's (engine/generate/serving/chat_template.py)

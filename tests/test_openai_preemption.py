@@ -10,7 +10,7 @@ import concurrent.futures
 import pytest
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server
-from engine import examples
+from hubserve_models import examples
 from test_openai_api import MODEL, _metric
 
 

@@ -1,6 +1,6 @@
 """What a non-editable install gets: the wheel `pip wheel --no-deps .` builds from this checkout's tracked
-files holds every module of the server, the load tester and the harness (so every package has its
-__init__.py). Built in a temporary copy, so the checkout gets no build/ or egg-info."""
+files holds every module of the server, the load tester, the harness and the model builders (so every
+package has its __init__.py). Built in a temporary copy, so the checkout gets no build/ or egg-info."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIPPED = ("engine/", "perf/hubserve_perf/", "perf/hubserve_harness/")
+SHIPPED = ("engine/", "perf/hubserve_perf/", "perf/hubserve_harness/", "perf/hubserve_models/")
 
 
 def tracked_files() -> list[str]:

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2_grpc as grpc_service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from engine import examples
+from hubserve_models import examples
 
 RESHAPED = """name: "reshaped"
 backend: "onnxruntime"

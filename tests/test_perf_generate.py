@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import examples
 from hubserve_harness import ROOT, RunningServer, checkout_env, start_server
+from hubserve_models import examples
 
 MODEL = "tiny_decoder"
 

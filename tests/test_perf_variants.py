@@ -14,7 +14,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from conftest import EXAMPLES, start_server
-from engine import examples
+from hubserve_models import examples
 from peers import repos, servers, variants
 
 MODELS = ["simple", "mlp", "image"]  # pbtxt with a window, YAML, and `dynamic_batching { }` (no window)

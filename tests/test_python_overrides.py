@@ -18,9 +18,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, assert_simple_over_grpc, start_server
-from engine import examples
 from engine.backends.python.overrides import refuse_python_override
 from engine.errors import EngineError, ErrorCode
+from hubserve_models import examples
 
 MARKER_SCRIPT = """import pathlib
 pathlib.Path({marker!r}).write_text("ran")

@@ -19,7 +19,6 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, assert_simple_over_grpc, start_server, wait_until
-from engine import examples
 from engine.errors import EngineError, ErrorCode
 from engine.observability.request_ids import (
     MAX_REQUEST_ID_CHARS,
@@ -28,6 +27,7 @@ from engine.observability.request_ids import (
     request_id_problem,
 )
 from h2_client import RawClient, grpc_message, status_of
+from hubserve_models import examples
 from test_encoded_paths import INFER
 
 FORGED = "ok\n2026-01-01 00:00:00,000 INFO hubserve.access: model=FORGED version=1 request_id=x status=OK"

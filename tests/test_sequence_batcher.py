@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from engine import examples
+from hubserve_models import examples
 
 ACCUMULATOR = (EXAMPLES / "sequence_accumulator" / "config.pbtxt").read_text()
 

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import EXAMPLES, start_server
-from engine import examples
+from hubserve_models import examples
 
 ACCUMULATOR = (EXAMPLES / "sequence_accumulator" / "config.pbtxt").read_text()
 OLDEST = ACCUMULATOR.replace('name: "sequence_accumulator"', 'name: "acc_oldest"').replace(

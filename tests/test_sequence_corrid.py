@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
-from engine import examples
+from hubserve_models import examples
 
 CONTROLS = """  control_input [
     { name: "START", control [ { kind: CONTROL_SEQUENCE_START, int32_false_true: [ 0, 1 ] } ] },

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from engine import examples
+from hubserve_models import examples
 
 NAME = "acc_reload"
 # One slot (max_batch_size 1, one instance), so a second sequence waits in the backlog until the first is

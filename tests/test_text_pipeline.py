@@ -1,6 +1,6 @@
 """The example text pipeline (model_repository/text_pipeline, issue 14 point 7) through Triton's own clients
 over both protocols: a Python tokenizer, an ONNX classifier and Python post-processing with labels, as an
-ensemble, from the committed files as they are (the ONNX model built by engine/examples.py).
+ensemble, from the committed files as they are (the ONNX model built by perf/hubserve_models/examples.py).
 
 This file imports `tritonclient.grpc` and none of our generated modules.
 """
@@ -15,8 +15,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server
-from engine import examples
 from hubserve_harness import EXAMPLES
+from hubserve_models import examples
 
 PIPELINE = ["text_tokenizer", "text_classifier", "text_postprocess", "text_pipeline"]
 TEXTS = {

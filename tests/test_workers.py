@@ -29,8 +29,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, RunningServer, build_test_repository, start_server
-from engine import examples
 from engine.ipc.frames import HEAD
+from hubserve_models import examples
 
 BATCHER = "batcher"  # identity backend: a batch forms only when 4 requests wait (its window is minutes)
 SLOW = "slow"  # identity backend: each execution sleeps 300 ms, so requests are provably in flight

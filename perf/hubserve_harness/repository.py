@@ -11,7 +11,7 @@ from .checkout import EXAMPLES
 
 def build_test_repository(root: Path) -> Path:
     """The example models with their committed configs, plus test-only models."""
-    from engine import examples
+    from hubserve_models import examples
 
     for name in ("simple", "mlp", "strings"):
         src = EXAMPLES / name

@@ -49,5 +49,5 @@ peer_venv() {
 
 # A generated peer repository is only as fresh as the models hubserve serves: build them first.
 build_models() {
-    "$HUBSERVE_PY" -m engine.examples "$REPO_ROOT/model_repository" >/dev/null
+    "$HUBSERVE_PY" -m hubserve_models.examples "$REPO_ROOT/model_repository" >/dev/null
 }

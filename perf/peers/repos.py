@@ -99,10 +99,11 @@ def served_model(repository: Path, name: str) -> ServedModel:
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
     if not versions:
         raise SystemExit(f"{model_dir}: no version folder; "
-                         f"run `.venv/bin/python -m engine.examples {repository}`")
+                         f"run `.venv/bin/python -m hubserve_models.examples {repository}`")
     path = model_dir / str(versions[-1]) / (msg.default_model_filename or default_filename(backend))
     if not path.is_file():
-        raise SystemExit(f"{path} is missing; run `.venv/bin/python -m engine.examples {repository}`")
+        raise SystemExit(f"{path} is missing; "
+                         f"run `.venv/bin/python -m hubserve_models.examples {repository}`")
     autocomplete(msg, backends.describe(backend, path), name)
     return ServedModel(validate(msg, where), path)
 

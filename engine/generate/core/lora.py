@@ -1,9 +1,9 @@
 """LoRA adapters for a decoder whose graph takes them as inputs: on disk, loaded on demand, evicted LRU.
 
 A model that exports adapter inputs (`lora_a.{i}` FP32 [batch, hidden, r] and `lora_b.{i}` FP32 [batch, r,
-hidden] per layer, as tiny_decoder.py builds with `lora_rank`) is fed each row's matrices by the runner
-(runner.py), zeros for a row without an adapter; so requests with different adapters, and none, run in the
-same batch, row by row, and nothing is grouped by adapter.
+hidden] per layer, as perf/hubserve_models/tiny_decoder.py builds with `lora_rank`) is fed each row's matrices
+by the runner (runner.py), zeros for a row without an adapter; so requests with different adapters, and none,
+run in the same batch, row by row, and nothing is grouped by adapter.
 
 Adapters are folders beside the model's config (the folder name is configurable, `lora_adapters`):
 

@@ -1,9 +1,10 @@
 """Runs a step's chunks through an ONNX decoder that takes and returns its KV cache as dense tensors.
 
-The model (Hugging Face Optimum's `decoder_with_past` form, like tiny_decoder.py) wants each call's past as
-`past_key_values.{i}.key/value` [batch, heads, past_len, head_dim] and gives back `present.*` with the new
-tokens appended. The engine keeps keys and values in fixed-size blocks instead, so that sequences grow,
-share prefixes and leave without moving each other's memory. This runner maps one onto the other:
+The model (Hugging Face Optimum's `decoder_with_past` form, like perf/hubserve_models/tiny_decoder.py) wants
+each call's past as `past_key_values.{i}.key/value` [batch, heads, past_len, head_dim] and gives back
+`present.*` with the new tokens appended. The engine keeps keys and values in fixed-size blocks instead, so
+that sequences grow, share prefixes and leave without moving each other's memory. This runner maps one onto
+the other:
 
 - **Shared-KV models** (`shared_kv`, shared_group.py) instead read and write one buffer per KV tensor in
   place (ONNX Runtime's GroupQueryAttention), contexts left-aligned and each row attending over its own

@@ -1,12 +1,12 @@
 """A decode group's KV buffers for a shared-KV model: one buffer per KV tensor that the model reads as `past`
 and writes as `present` in place, kept for the engine's life.
 
-A shared-KV decoder (tiny_decoder.py's `shared_kv` form; ONNX Runtime's GroupQueryAttention, the form
-onnxruntime-genai's exported models run with `past_present_share_buffer`) takes `past` as a buffer
-[rows, heads, capacity, head_dim] whose row r holds its context left-aligned in slots 0 … len_r - 1, and the
-rows' lengths through `attention_mask` (row r has len_r + new ones). It writes each row's new keys and
-values at slot len_r of that same buffer and attends each row over its own length only. So, unlike the dense
-form (decode_group.py):
+A shared-KV decoder (perf/hubserve_models/tiny_decoder.py's `shared_kv` form; ONNX Runtime's
+GroupQueryAttention, the form onnxruntime-genai's exported models run with `past_present_share_buffer`) takes
+`past` as a buffer [rows, heads, capacity, head_dim] whose row r holds its context left-aligned in slots 0 …
+len_r - 1, and the rows' lengths through `attention_mask` (row r has len_r + new ones). It writes each row's
+new keys and values at slot len_r of that same buffer and attends each row over its own length only. So,
+unlike the dense form (decode_group.py):
 - a step copies no past: nothing is concatenated and no `present` is allocated;
 - rows of different lengths cost no padding: a row's attention reads its own slots, whatever the longest.
 

@@ -1,9 +1,10 @@
 """Text ↔ token ids: a byte-level tokenizer, or a model folder's `tokenizer.json` through `tokenizers`.
 
-The byte-level tokenizer needs nothing: token `b` is byte `b` (0–255) of the UTF-8 text, then BOS (256)
-and EOS (257); the example model (tiny_decoder.py) has exactly this vocabulary. `tokenizer.json` (Hugging
-Face's format, what a real export ships) needs the `tokenizers` package, which hubserve does not depend on:
-a folder that asks for it without the package installed fails with a message saying so.
+The byte-level tokenizer needs nothing: token `b` is byte `b` (0–255) of the UTF-8 text, then BOS (256) and
+EOS (257); the example model (perf/hubserve_models/tiny_decoder.py) has exactly this vocabulary.
+`tokenizer.json` (Hugging Face's format, what a real export ships) needs the `tokenizers` package, which
+hubserve does not depend on: a folder that asks for it without the package installed fails with a message
+saying so.
 """
 
 from __future__ import annotations

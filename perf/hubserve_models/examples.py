@@ -3,15 +3,15 @@
 The example repository (`model_repository/`) and the test suite build their own small models from code
 instead of committing binaries or downloading anything: the files are reproducible byte for byte, cheap to
 rebuild, and their exact contents (names, shapes, weights) are documented right here. Only the config files
-are committed; `python -m engine.examples model_repository` (run by `make models`) writes every
+are committed; `python -m hubserve_models.examples model_repository` (run by `make models`) writes every
 `<root>/<name>/1/model.onnx`, and rewrites none that is already identical.
 
 This module needs the `onnx` package (the `examples` / `test` extras). Only tools and tests import it, so the
 import sits at the top; the server itself never imports this module and serves without `onnx` installed.
 
-Every model uses opset 17 with IR version 8 (engine/onnx_build.py says why). The pipelines' models live in
-engine/example_pipelines.py; their Python steps (image_preprocess, text_tokenizer, text_postprocess) are
-committed model.py files, which need no building.
+Every model uses opset 17 with IR version 8 (onnx_build.py says why). The pipelines' models live in
+pipelines.py; their Python steps (image_preprocess, text_tokenizer, text_postprocess) are committed model.py
+files, which need no building.
 """
 
 from __future__ import annotations
@@ -29,16 +29,6 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .example_pipelines import COLOURS as COLOURS
-from .example_pipelines import IMAGE_MEAN as IMAGE_MEAN
-from .example_pipelines import IMAGE_SIDE as IMAGE_SIDE
-from .example_pipelines import IMAGE_STD as IMAGE_STD
-from .example_pipelines import TEXT_LABELS as TEXT_LABELS
-from .example_pipelines import TEXT_LENGTH as TEXT_LENGTH
-from .example_pipelines import TEXT_VOCAB as TEXT_VOCAB
-from .example_pipelines import image_classifier_model, text_classifier_model
-from .example_pipelines import text_classifier_weights as text_classifier_weights
-from .generate.tiny_decoder import tiny_decoder_model
 from .onnx_build import IR_VERSION as IR_VERSION
 from .onnx_build import ONNX_TYPES as ONNX_TYPES
 from .onnx_build import OPSET as OPSET
@@ -46,6 +36,16 @@ from .onnx_build import PRODUCER as PRODUCER
 from .onnx_build import STRINGS_LOCALE as STRINGS_LOCALE
 from .onnx_build import finish as _model
 from .onnx_build import tensor as _tensor
+from .pipelines import COLOURS as COLOURS
+from .pipelines import IMAGE_MEAN as IMAGE_MEAN
+from .pipelines import IMAGE_SIDE as IMAGE_SIDE
+from .pipelines import IMAGE_STD as IMAGE_STD
+from .pipelines import TEXT_LABELS as TEXT_LABELS
+from .pipelines import TEXT_LENGTH as TEXT_LENGTH
+from .pipelines import TEXT_VOCAB as TEXT_VOCAB
+from .pipelines import image_classifier_model, text_classifier_model
+from .pipelines import text_classifier_weights as text_classifier_weights
+from .tiny_decoder import tiny_decoder_model
 
 # --------------------------------------------------------------------------------------------- models
 
@@ -323,7 +323,7 @@ def build_repository(root: Path | str, models: Iterable[str] | None = None) -> l
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m engine.examples",
+        prog="python -m hubserve_models.examples",
         description="Build the example ONNX models into a Triton-layout model repository.",
     )
     parser.add_argument("root", type=Path, help="the model repository folder, e.g. model_repository")

@@ -2,7 +2,7 @@
 
 Built with the onnx helper API from a seeded numpy RNG (no downloads, byte-for-byte reproducible), so the
 generation engine has a real model to run in tests, benchmarks and `make serve`. Like the other example
-builders (engine/examples.py) it needs the `onnx` package; the server never imports it.
+builders (examples.py) it needs the `onnx` package; the server never imports it.
 
 The interface is Optimum's (the names and layouts the engine's runner expects of any exported model):
 

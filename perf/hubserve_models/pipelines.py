@@ -1,9 +1,9 @@
 """The example pipelines' ONNX models (model_repository/image_pipeline and text_pipeline, both ensembles):
 fixed weights computed here, so each pipeline answers what it says (a red image is "red", "a great movie" is
-"positive") and the files are reproducible byte for byte. engine/examples.py lists and writes them; their
-Python steps (model.py: image_preprocess, text_tokenizer, text_postprocess) and word lists (vocab.txt,
-labels.txt) are committed beside their configs, and tests/test_examples.py checks that those agree with the
-constants here.
+"positive") and the files are reproducible byte for byte. examples.py lists and writes them; their Python
+steps (model.py: image_preprocess, text_tokenizer, text_postprocess) and word lists (vocab.txt, labels.txt)
+are committed beside their configs, and tests/test_examples.py checks that those agree with the constants
+here.
 """
 
 from __future__ import annotations

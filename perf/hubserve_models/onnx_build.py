@@ -1,5 +1,5 @@
-"""The ONNX basics every example builder shares (engine/examples.py, engine/example_pipelines.py): the pinned
-opset and IR version, protocol datatype names to ONNX element types, graph tensors and the finished model.
+"""The ONNX basics every example builder shares (examples.py, pipelines.py): the pinned opset and IR version,
+protocol datatype names to ONNX element types, graph tensors and the finished model.
 
 Every model uses opset 17 with IR version 8, the IR version that introduced opset 17. ONNX 1.23's own default
 (IR 14) is newer than onnxruntime 1.31 accepts (it reads up to IR 13), so the IR version is pinned. Needs the
