@@ -1,9 +1,9 @@
 """The one way an HTTP/1.1 answer streams (engine/frontend/http/types.py ResponseStream), seen from raw
 sockets, for both of its users: generate_stream (the decoupled example `repeat_stream`) and the OpenAI API
-(`tiny_decoder`). - framing: chunked on a connection that stays open, close-delimited for an HTTP/1.0 client
-(RFC 9112 §6.3); - the access policy's admission lives as long as the stream: a key's max_concurrent counts
-open streams; - back-pressure: a client that reads slowly gets every event, in order, and its connection
-serves on; one
+(`tiny_decoder`).
+- framing: chunked on a connection that stays open, close-delimited for an HTTP/1.0 client (RFC 9112 §6.3);
+- the access policy's admission lives as long as the stream: a key's max_concurrent counts open streams;
+- back-pressure: a client that reads slowly gets every event, in order, and its connection serves on; one
   that stops reading is dropped after --client-timeout-secs, and its stream is cancelled (the model's
   instance is free again; the generation's KV blocks are freed).
 Every test holds under HUBSERVE_TEST_WORKERS=2 (then /v1 streams come back from the engine process and the
@@ -21,8 +21,8 @@ import time
 import pytest
 
 from conftest import EXAMPLES, RunningServer, start_server
-from engine import examples
 from engine.frontend.http.sse import EventReader
+from hubserve_models import examples
 
 MODEL = "tiny_decoder"
 WORKERS = int(os.environ.get("HUBSERVE_TEST_WORKERS", "1"))

@@ -43,12 +43,11 @@ FAMILIES = (
 
 
 class Histogram:
-    """A Prometheus histogram's state, in the unit its observations come in (`unit` of them make the unit
-    it is shown in: 1000 for nanoseconds shown as microseconds, 1 for seconds). One class for every
-    histogram the server exports: these latency ones and the generation engine's
-    (generate/serving/latency.py). Each bucket counts its own observations (the last one, +Inf, those above
-    every bound); cumulative counts
-    are made at scrape time (metrics.py)."""
+    """A Prometheus histogram's state, in the unit its observations come in (`unit` of them make the unit it
+    is shown in: 1000 for nanoseconds shown as microseconds, 1 for seconds). One class for every histogram the
+    server exports: these latency ones and the generation engine's (generate/serving/latency.py). Each bucket
+    counts its own observations (the last one, +Inf, those above every bound); cumulative counts are made at
+    scrape time (metrics.py)."""
 
     __slots__ = ("bounds", "counts", "sum", "count", "unit")
 

@@ -1,8 +1,8 @@
 """A `GenerationEngine` on a thread of its own, driven from the event loop: the API layer's one engine thread.
 
 The engine is plain and synchronous (core/engine.py); this is its asynchronous edge, so neither a step nor
-ONNX Runtime ever runs on the loop. Ownership: - the loop calls `submit` and `abort` (they only queue work and
-wake the thread) and receives each step's
+ONNX Runtime ever runs on the loop. Ownership:
+- the loop calls `submit` and `abort` (they only queue work and wake the thread) and receives each step's
   results in `_deliver`, through one `call_soon_threadsafe` per step: no task, no future per token;
 - the thread alone touches the engine: it takes what was queued, steps while anything is unfinished, posts
   each request's new text (the engine's `RequestOutput.new_text`: stop strings and incomplete UTF-8
