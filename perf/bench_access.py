@@ -14,10 +14,11 @@ keys: the real perf_analyzer on `simple` over HTTP (perf_analyzer 2.47's `-H` is
     never refuse), measured alternately `--rounds` times; the throughput ratio says what keys cost.
 
 policy: the in-process cost of one `AccessPolicy.admit` + `release` (what each request pays in either
-    protocol, gRPC included), with `--keys-in-file` keys, the request's key the last of them.
+    protocol, gRPC included), with `--keys-in-file` keys, the request's key the last of them, imported from
+    the `engine` package the venv has (`PYTHONPATH=.`: this checkout's, where a venv is shared).
 
-    flock /work/probes/bench.lock .venv/bin/python perf/bench_access.py [--clients 48] [--body-mib 4]
-        [--budget-mib 32] [--concurrency 8] [--rounds 2]
+    flock /work/probes/bench.lock env PYTHONPATH=. .venv/bin/python perf/bench_access.py [--clients 48]
+        [--body-mib 4] [--budget-mib 32] [--concurrency 8] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -27,13 +28,10 @@ import json
 import os
 import statistics
 import struct
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, not the venv's
 
 from hubserve_harness import build_test_repository, start_server
 from hubserve_harness.perf_analyzer import run_perf_analyzer

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import sys
 import tempfile
 import threading
 import time
@@ -30,13 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's engine, not the venv's
-
-from hubserve_harness import start_server
+from hubserve_harness import ROOT, start_server
 from hubserve_models import examples
 
 MODEL = "tiny_decoder"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def build(root: Path) -> Path:

@@ -1,16 +1,17 @@
 """What the `--workers N` channel costs per request, both ends in one process, without the noise of three
 processes and a load generator sharing two cores.
 
-    flock /work/probes/bench.lock .venv/bin/python perf/bench_channel.py [--tree /tmp/before] [--repeats 5]
+    flock /work/probes/bench.lock env PYTHONPATH=. .venv/bin/python perf/bench_channel.py [--repeats 5]
 
-A repository holding only `simple` (copied from the tree's model_repository/, models built) is loaded into
+A repository holding only `simple` (copied from the checkout's model_repository/, models built) is loaded into
 a DataPlane. 16 concurrent tasks each send `simple` requests (two INT32[1,16] inputs, one RequestPlan
 shared, as a codec's cached header would be) one after another, 20,000 in all, either straight to
 `DataPlane.submit` or through `EngineClient.submit` (a frontend's) over a Unix socketpair to a
 `FrontendSession` (the engine's) and back: the same frames, arenas and callbacks as across processes,
 with both ends on this loop (uvloop). CPU time of this process per request (`time.process_time`), the
 best of `--repeats` runs each, alternated; the difference is the channel's whole cost per request: both
-ends' Python, the frames and their system calls. `--tree` measures another checkout's `engine`.
+ends' Python, the frames and their system calls. It measures the `engine` package the venv has
+(`PYTHONPATH=.`: this checkout's, where a venv is shared); to measure another checkout, run its own copy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import uvloop
+
+from engine.dataplane import DataPlane
+from engine.instances.rate_limiter import RateLimiter
+from engine.repository.lifecycle import ModelRepository
+from engine.shm.regions import Region
+from engine.types import DataType, InferenceRequest, RequestPlan, Tensor
+from engine.workers.remote import EngineClient
+from engine.workers.session import FrontendSession
+from hubserve_harness import ROOT
 
 REQUESTS, CONCURRENCY = 20000, 16
 
@@ -51,13 +62,6 @@ async def drive(submit: Callable[..., Awaitable[Any]], request: Callable[[], Any
 
 
 async def run(repo_dir: Path, repeats: int) -> None:
-    from engine.dataplane import DataPlane
-    from engine.instances.rate_limiter import RateLimiter
-    from engine.repository.lifecycle import ModelRepository
-    from engine.shm.regions import Region
-    from engine.types import DataType, InferenceRequest, RequestPlan, Tensor
-    from engine.workers.remote import EngineClient
-    from engine.workers.session import FrontendSession
 
     loop = asyncio.get_running_loop()
     repository = ModelRepository(repo_dir, RateLimiter())
@@ -99,16 +103,10 @@ async def run(repo_dir: Path, repeats: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
-                        help="the checkout whose engine to measure (its model_repository/ built)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    tree = args.tree.resolve()
-    sys.path.insert(0, str(tree))
-    import uvloop
-
     with tempfile.TemporaryDirectory(prefix="bench_channel.") as tmp:
-        shutil.copytree(tree / "model_repository" / "simple", Path(tmp) / "simple")
+        shutil.copytree(ROOT / "model_repository" / "simple", Path(tmp) / "simple")
         uvloop.run(run(Path(tmp), args.repeats))
     return 0
 

@@ -4,13 +4,13 @@
     .venv/bin/python perf/bench_ensemble.py [--protocols grpc,http] [--concurrency 16] [--interval-ms 3000]
         [--rounds 2]
 
-The repository, written to a temporary folder: `prep`, a cheap ONNX step (Identity on FP32 [1024], dynamic
-batching), `mlp_large` (the example repository's compute-bound MLP, its config as committed), and
-`pipeline`, the ensemble prep -> mlp_large. `mlp_large` alone is the slowest step; the goal is the ensemble
-at >= 90 % of its throughput at concurrency 16. For each protocol the two targets are measured in turn,
-`--rounds` times (A, B, A, B: drift on this shared machine hits both), each a perf_analyzer run at one
-concurrency with `--input-data zero`; the report gives every run and the ratio of the medians, with the exact
-commands, and is printed as markdown.
+The repository, written to a temporary folder (hubserve_harness `build_pipeline_repository`): `prep`, a cheap
+ONNX step (Identity on FP32 [1024], dynamic batching), `mlp_large` (the example repository's compute-bound
+MLP, its config as committed), and `pipeline`, the ensemble prep -> mlp_large. `mlp_large` alone is the
+slowest step; the goal is the ensemble at >= 90 % of its throughput at concurrency 16. For each protocol the
+two targets are measured in turn, `--rounds` times (A, B, A, B: drift on this shared machine hits both), each
+a perf_analyzer run at one concurrency with `--input-data zero`; the report gives every run and the ratio of
+the medians, with the exact commands, and is printed as markdown.
 """
 
 from __future__ import annotations
@@ -21,39 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hubserve_harness import ROOT, start_server
+from hubserve_harness import build_pipeline_repository, start_server
 from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
-from hubserve_models import examples
 
-PREP = ('name: "prep"\nbackend: "onnxruntime"\nmax_batch_size: 64\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n'
-        "dynamic_batching { max_queue_delay_microseconds: 2000 }\n")
-PIPELINE = """name: "pipeline"
-platform: "ensemble"
-max_batch_size: 64
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1024 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1024 ] } ]
-ensemble_scheduling {
-  step [
-    { model_name: "prep" model_version: -1
-      input_map { key: "INPUT0" value: "INPUT0" } output_map { key: "OUTPUT0" value: "prepared" } },
-    { model_name: "mlp_large" model_version: -1
-      input_map { key: "INPUT0" value: "prepared" } output_map { key: "OUTPUT0" value: "OUTPUT0" } }
-  ]
-}
-"""
 TARGETS = ("mlp_large", "pipeline")
-
-
-def build(root: Path) -> None:
-    examples.write_model(examples.identity_model("FP32", (-1, 1024)), root / "prep" / "1" / "model.onnx")
-    (root / "prep" / "config.pbtxt").write_text(PREP)
-    examples.build_repository(root, ["mlp_large"])
-    (root / "mlp_large" / "config.pbtxt").write_bytes(
-        (ROOT / "model_repository" / "mlp_large" / "config.pbtxt").read_bytes())
-    (root / "pipeline" / "1").mkdir(parents=True)
-    (root / "pipeline" / "config.pbtxt").write_text(PIPELINE)
 
 
 def main() -> int:
@@ -70,7 +41,7 @@ def main() -> int:
              f"{args.concurrency} --interval-ms {args.interval_ms} --rounds {args.rounds}`", ""]
     with tempfile.TemporaryDirectory(prefix="bench_ensemble.") as tmp:
         root = Path(tmp) / "repository"
-        build(root)
+        build_pipeline_repository(root)
         server = start_server(root, Path(tmp) / "server.log")
         try:
             for protocol in args.protocols.split(","):

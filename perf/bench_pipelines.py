@@ -8,10 +8,10 @@
 (a) `add_sub_py` is an add/sub in a Triton Python model (`ADD_SUB_PY` below: OUTPUT0 = INPUT0 + INPUT1,
 OUTPUT1 = INPUT0 - INPUT1, INT32 [16], `simple`'s config with `backend: "python"`), measured against the
 ONNX `simple` on hubserve, and the same model.py and config on Triton.
-(b) bench_ensemble.py's pipeline: `prep` (ONNX Identity, FP32 [1024]) -> `mlp_large` (the compute-bound
-example MLP), against `mlp_large` alone, on hubserve and on Triton, where the two steps are Python-backend
-models running the same ONNX files (perf/peers/triton_model.py: Triton here has no ONNX Runtime backend) and
-the ensemble config is the same file.
+(b) the ensemble benchmarks' pipeline (hubserve_harness `build_pipeline_repository`): `prep` (ONNX Identity,
+FP32 [1024]) -> `mlp_large` (the compute-bound example MLP), against `mlp_large` alone, on hubserve and on
+Triton, where the two steps are Python-backend models running the same ONNX files (perf/peers/triton_model.py:
+Triton here has no ONNX Runtime backend) and the ensemble config is the same file.
 
 The servers run one after the other (never both at once), each on its own free loopback ports, from
 repositories written to a temporary folder. Every measurement is one perf_analyzer run at one concurrency,
@@ -26,8 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import bench_ensemble
-from hubserve_harness import ROOT
+from hubserve_harness import ROOT, build_pipeline_repository
 from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
 from peers import repos, servers
 
@@ -69,7 +68,7 @@ class Row:
 
 
 def write_hubserve(root: Path) -> None:
-    bench_ensemble.build(root)  # prep, mlp_large, pipeline
+    build_pipeline_repository(root)  # prep, mlp_large, pipeline
     (root / "simple").mkdir(parents=True)
     simple_config = (ROOT / "model_repository" / "simple" / "config.pbtxt").read_text()
     (root / "simple" / "config.pbtxt").write_text(simple_config)

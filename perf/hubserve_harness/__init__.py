@@ -5,13 +5,13 @@ it, and pytest finds this checkout's copy through `pythonpath` in pyproject.toml
 
     checkout.py       ROOT, EXAMPLES, and the environment a subprocess needs to run this checkout's code
     server.py         start_server → RunningServer (ports, log, /metrics, stop)
-    repository.py     build_test_repository
+    repository.py     build_test_repository, build_pipeline_repository (the ensemble benchmarks')
     perf_analyzer.py  run_perf_analyzer → PerfResult (exit status, output, throughput, CSV rows)
 """
 
 from .checkout import EXAMPLES, ROOT, checkout_env
-from .repository import build_test_repository
+from .repository import build_pipeline_repository, build_test_repository
 from .server import RunningServer, free_port, start_server
 
-__all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_test_repository", "checkout_env", "free_port",
-           "start_server"]
+__all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_pipeline_repository", "build_test_repository",
+           "checkout_env", "free_port", "start_server"]
