@@ -16,7 +16,7 @@ from .access.policy import policies
 from .dataplane import DataPlane
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
-from .frontend.grpc.call import CallLimits
+from .frontend.grpc.app import CallLimits
 from .frontend.grpc.server import H2GrpcServer
 from .frontend.h2.streams import Limits
 from .frontend.http import app as http_frontend

@@ -28,7 +28,7 @@ from typing import Any
 from ..access.policy import access_config, policies
 from ..frontend import wire
 from ..frontend.connections import ConnectionCounter, ConnectionLimits
-from ..frontend.grpc.call import CallLimits
+from ..frontend.grpc.app import CallLimits
 from ..frontend.grpc.server import H2GrpcServer
 from ..frontend.h2.streams import Limits
 from ..frontend.http import app as http_frontend

@@ -1,5 +1,5 @@
-"""gRPC calls over our HTTP/2 connection (grpc/doc/PROTOCOL-HTTP2.md): `GrpcApp` opens a `Call` per stream;
-a call reads its request head and messages, honours `grpc-timeout`, and answers with `:status 200` +
+"""gRPC calls over our HTTP/2 connection (grpc/doc/PROTOCOL-HTTP2.md): `GrpcApp` (app.py) opens a `Call` per
+stream; a call reads its request head and messages, honours `grpc-timeout`, and answers with `:status 200` +
 `content-type: application/grpc` headers, messages, and `grpc-status` / `grpc-message` trailers (or one
 trailers-only HEADERS frame for an early error). The messages themselves (the 5-byte length prefix,
 compression, the encoding of a call's responses) are messages.py's.
@@ -24,51 +24,38 @@ before any message is read. An admitted call holds its admission until it ends; 
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
 the server's in-flight budget too.
 
-A ModelStreamInfer stream is admitted without quotas (who may call only); each of its requests is admitted as
-a unary request is (`AccessPolicy.admit_part`: its key's concurrency slot and rate token), and holds its
-message's bytes of the in-flight budget, reserved as the message's length prefix arrives, until it is answered
-(a decoupled model's final response). A request its key's quotas refuse is answered on the stream with an
-error (`error_message`, its id), and the stream goes on, as for any failed request. Where a stream must wait,
-it is not read (its window is held: HTTP/2 flow control, so the client's messages wait in the client, in
-order, and none is lost or failed): while `CallLimits.max_stream_requests` of its requests are in flight (not
-counting a sequence's requests, `capped`: those wait for their sequence's slot, which may free only when a
-later message of the stream arrives, so a stream interleaving many sequences would wait on itself; the
-sequence batcher bounds them, engine/scheduling/sequence/policy.py BacklogLimits), while answers wait on it
-for the client's window, and while its next message does not fit the budget (retried as bytes come back). What
-arrives meanwhile is at most the window the client had left.
-A decoupled model's responses are counted against their request's `StreamWindow` (engine/streaming/window.py)
-as they leave for the client, so a client that does not read stops the model's sends.
+A ModelStreamInfer stream's reading, its requests and their answers are stream_infer.py's (`StreamInfer`, a
+base of `Call`); what the calls of one server share is app.py's `GrpcApp`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
 
 from ...access.caller import Caller
-from ...access.policy import GRPC_STATUS, AccessPolicy, Admission, LoopbackOnly, Refusal
-from ...errors import EngineError, ErrorCode, endpoint_message
+from ...access.policy import GRPC_STATUS, Admission, Refusal
+from ...errors import EngineError, endpoint_message
 from ...observability.request_ids import header_request_id_problem
 from ...proto import health_pb2
 from ...streaming.window import StreamWindow
 from ..h2.connection import H2Connection
 from ..h2.frames import H2Error
-from ..h2.guard import MemoryReturn
 from ..h2.headers import RequestHead, literal
-from ..h2.streams import H2Stream, Limits
-from .api_groups import grpc_group
-from .handlers import STATUS, GrpcHandlers, StreamAnswer
+from ..h2.streams import H2Stream
+from .handlers import STATUS
 from .handlers import GrpcStatus as S
-from .health_watch import HealthWatch
 from .messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
-from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, rpc_table, status_block
+from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, status_block, with_retry
+from .stream_infer import StreamInfer
+
+if TYPE_CHECKING:
+    from .app import GrpcApp
 
 log = logging.getLogger("hubserve.h2")
 health: Any = health_pb2  # the generated module carries no type information
@@ -77,98 +64,7 @@ _EMPTY = memoryview(b"")
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
 
 
-@dataclass(frozen=True, slots=True)
-class CallLimits:
-    """What gRPC calls may hold beyond their messages (ServerOptions; with --workers N each frontend process
-    gets its share of the server-wide ones)."""
-
-    # A ModelStreamInfer stream's requests in flight; at it, the stream is not read until one is answered.
-    # Sequence clients send many sequences' requests interleaved on one stream, and a request held back
-    # here can wait behind a sequence backlog: the cap is generous, and memory is bounded by the byte budget.
-    max_stream_requests: int = 1024
-    # grpc.health.v1 Health/Watch streams open at once (server-wide: each process holds its share), and on
-    # one connection. A client's health checking watches one service per channel (gRPC's client-side
-    # health checking, Envoy): a handful per connection.
-    max_watches: int = 1024
-    max_watches_per_connection: int = 16
-
-
-class GrpcApp:
-    """The StreamApp of a gRPC server: one per server, shared by its connections."""
-
-    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits,
-                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None,
-                 call_limits: CallLimits | None = None) -> None:
-        self.handlers = handlers
-        self.rpcs = rpc_table(handlers)
-        self.access = access
-        self.loopback_only = loopback_only  # admin groups a peer off loopback may not call (access/policy.py)
-        self.groups = {path: grpc_group(path) for path in self.rpcs}
-        self.max_message_bytes = max_message_bytes
-        self.max_header_list_bytes = limits.max_header_list_bytes
-        self.client_timeout_secs = limits.client_timeout_secs
-        self.call_limits = call_limits or CallLimits()
-        self.partial: set[Call] = set()  # calls holding part of a message: `sweep` resets those that stall
-        # streams whose next message waits for room in the in-flight budget, oldest first (`budget_freed`)
-        self.budget_waiting: dict[Call, None] = {}
-        self.memory = MemoryReturn()  # large dropped buffers, for the server's sweeper to trim
-        # every Health/Watch stream of this process, served by one notifier; and how many are open, in all
-        # and per connection (CallLimits caps both)
-        self.health = HealthWatch(handlers.watch_statuses)
-        self.watches = 0
-        self.connection_watches: dict[H2Connection, int] = {}
-
-    def open_stream(self, conn: H2Connection, stream: H2Stream, head: RequestHead) -> Call:
-        return Call(self, conn, stream, head)
-
-    def sweep(self, now: float) -> None:
-        """Called by the server's sweeper about once a second: a call whose partial message got no DATA for
-        the client timeout is reset (RST_STREAM CANCEL), which drops its buffer."""
-        timeout = self.client_timeout_secs
-        for call in list(self.partial):
-            if call.fed:
-                call.fed = False
-                call.fed_at = now
-            elif now - call.fed_at >= timeout > 0:
-                call.conn.reset_stream(call.stream, H2Error.CANCEL, "no DATA within the client timeout")
-                call.reset()  # (already done through the connection unless the stream was closed)
-        self.budget_freed()  # bytes an HTTP request gave back, too
-
-    def open_watch(self, conn: H2Connection) -> str:
-        """Count a new Health/Watch stream on `conn`; why not, when it is over a cap ("" when counted)."""
-        limits = self.call_limits
-        on_conn = self.connection_watches.get(conn, 0)
-        if on_conn >= limits.max_watches_per_connection:
-            return (f"this connection has {on_conn} Health/Watch streams open, the most one may have: "
-                    "watch each service once")
-        if self.watches >= limits.max_watches:
-            return ("the server holds as many Health/Watch streams as it may (--grpc-max-health-watches): "
-                    "retry later, or use Health/Check")
-        self.watches += 1
-        self.connection_watches[conn] = on_conn + 1
-        return ""
-
-    def close_watch(self, conn: H2Connection) -> None:
-        self.watches -= 1
-        left = self.connection_watches.get(conn, 1) - 1
-        if left > 0:
-            self.connection_watches[conn] = left
-        else:
-            self.connection_watches.pop(conn, None)
-
-    def budget_freed(self) -> None:
-        """Bytes of the in-flight budget came back: streams waiting to reserve their next message read on,
-        oldest first, while it fits."""
-        if not self.budget_waiting or self.access is None or self.access.budget is None:
-            return
-        budget = self.access.budget
-        for call in list(self.budget_waiting):
-            if budget.used + call.waiting_bytes > budget.limit:
-                return
-            call.read_on()
-
-
-class Call:
+class Call(StreamInfer):
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
@@ -246,7 +142,7 @@ class Call:
                                        holds_quotas=kind is not Kind.STREAM_INFER and kind is not Kind.WATCH,
                                        needs_key=True if kind is Kind.WATCH else None)
             if type(verdict) is Refusal:
-                self.finish(GRPC_STATUS[verdict.kind], _with_retry(verdict))
+                self.finish(GRPC_STATUS[verdict.kind], with_retry(verdict))
             else:
                 self.admission = verdict  # type: ignore[assignment]
         if not self.done and self.rpc.kind is Kind.WATCH:
@@ -368,7 +264,7 @@ class Call:
         refusal = access.grow(admission, held - admission.bytes)
         if refusal is None:
             return True
-        self.finish(GRPC_STATUS[refusal.kind], _with_retry(refusal))
+        self.finish(GRPC_STATUS[refusal.kind], with_retry(refusal))
         return False
 
     def _release_access(self) -> None:
@@ -440,177 +336,6 @@ class Call:
         except Exception as e:  # EngineError, DecodeError or a bug: each becomes a status
             self._fail(e)
 
-    # ------------------------------------------------------------------ ModelStreamInfer requests in
-
-    def _read_stream(self, data: memoryview) -> None:
-        """A ModelStreamInfer call's DATA: each message submitted as it completes, its bytes reserved in the
-        in-flight budget as soon as its length prefix is in. Reading stops (`_pause`: the stream's window is
-        held) while `_must_wait` says so or the next message does not fit the budget; what was not read, and
-        what arrives meanwhile, waits as it came (`held`, `held_more`: views, not copies) until `read_on`."""
-        if self.paused:
-            self.held_more.append(data)  # valid as long as we keep it (StreamHandler.data_received)
-            self.held_bytes += len(data)
-            return
-        buf = self.buffer
-        if buf is not None:
-            buf += data
-            self.fed = True
-            if len(buf) < self.need:
-                return
-            data = memoryview(buf)  # `buf` is never resized again: views of it stay valid
-            self.buffer = None
-        offset, size = 0, len(data)
-        max_bytes = self.app.max_message_bytes
-        while True:
-            if self.next_bytes < 0 and self._must_wait():  # between two messages
-                self._pause()
-                break
-            if size - offset < 5:
-                self.need = 5
-                break
-            flag, length = PREFIX.unpack_from(data, offset)
-            if self.next_bytes < 0:
-                if length > max_bytes:  # rejected before it is buffered, as grpc does
-                    self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
-                                                      f"{max_bytes})")
-                    return
-                if not self._reserve(length):
-                    if self.done:
-                        return
-                    break
-                self.next_bytes = length
-            if size - offset - 5 < length:
-                self.need = 5 + length
-                break
-            message = data[offset + 5:offset + 5 + length]
-            offset += 5 + length
-            self.next_bytes = -1
-            if flag:
-                try:
-                    message = decompress(flag, self.encoding, message, max_bytes)  # type: ignore[assignment]
-                except MessageError as e:
-                    self.finish(e.status, e.message, extra=e.extra)
-                    return
-            self._stream_request(message, length)
-            if self.done:
-                return
-        if offset < size:
-            if self.paused:  # unread until read_on: kept as it is, however many messages it holds
-                self.held = data[offset:]
-                self.held_bytes = size - offset
-            else:  # part of one message: copied, so what it came in is not kept
-                self.buffer = bytearray(data[offset:])
-
-    def _take_held(self) -> memoryview | None:
-        """What waited while the stream was not read, as one view (joined only when more came meanwhile)."""
-        held, more = self.held, self.held_more
-        self.held, self.held_more, self.held_bytes = None, [], 0
-        if not more:
-            return held
-        joined = bytearray() if held is None else bytearray(held)
-        for piece in more:
-            joined += piece
-        return memoryview(joined)  # never resized again: views of it stay valid
-
-    def _must_wait(self) -> bool:
-        """Whether the stream's next message must wait: its requests in flight are at the cap, or answers
-        wait on it for the client's window (the drain then reads on)."""
-        if len(self.capped) >= self.app.call_limits.max_stream_requests:
-            return True  # an answer reads on
-        if self.stream.pending:
-            self.stream.on_drained = self._drained
-            return True
-        return False
-
-    def _pause(self) -> None:
-        self.paused = True
-        self.stream.held = True  # no WINDOW_UPDATE: the client's messages wait in the client
-        self.need = 5
-        self.app.partial.discard(self)
-
-    def _reserve(self, length: int) -> bool:
-        """The next message's bytes drawn from the in-flight budget into the call's admission, before it is
-        read. False when they do not fit: the stream waits for room (`GrpcApp.budget_freed`), or, for a
-        message larger than the whole budget, the call ends RESOURCE_EXHAUSTED."""
-        admission, access = self.admission, self.app.access
-        if admission is None or access is None or access.budget is None or not length:
-            return True
-        refusal = access.grow(admission, length)
-        if refusal is None:
-            self.app.budget_waiting.pop(self, None)
-            return True
-        if length > access.budget.limit:  # never fits
-            self.finish(GRPC_STATUS[refusal.kind], _with_retry(refusal))
-            return False
-        self._pause()
-        self.waiting_bytes = length
-        self.app.budget_waiting[self] = None
-        return False
-
-    def read_on(self) -> None:
-        """Called when what held the stream may be gone (an answer, a drained stream, budget come back):
-        read what waited and take DATA again, unless something still holds it; then finish a stream whose
-        client half-closed once nothing is left."""
-        if self.done:
-            return
-        if self.paused:
-            if self._must_wait():
-                return
-            self.paused = False
-            self.app.budget_waiting.pop(self, None)
-            held = self._take_held()
-            if held:
-                self._read_stream(held)
-                if self.done:
-                    return
-            if self.paused:  # held again by what waited: its window stays held
-                self._account()
-                return
-            self.conn.open_window(self.stream)
-            if not self.remote_done:
-                self._account()
-                return
-        if self.remote_done:
-            self._requests_complete()
-
-    def _stream_request(self, message: memoryview, length: int) -> None:
-        """One request of the stream, admitted as a unary request of its key would be (its message's `length`
-        bytes move from the call's admission to its own), then submitted; refused, it is answered with an
-        error on the stream, which goes on."""
-        admission: Admission | None = None
-        access = self.app.access
-        if self.admission is not None and access is not None:
-            verdict = access.admit_part(self.admission, length, time.monotonic())
-            if isinstance(verdict, Refusal):
-                self._refuse_request(message, verdict)
-                return
-            admission = verdict
-        window = StreamWindow()  # a decoupled model's responses, counted as they leave for the client
-        try:
-            # its one done-callback, where a decoupled model's responses before its last go, the call's
-            # x-request-id, its API key's owner id, and where its responses are counted
-            partial = functools.partial(self._stream_partial, window)
-            call = self.admission
-            future, sequenced = self.rpc.handler(message, self._stream_answered, partial, self.request_id,
-                                                 "" if call is None else call.owner, window)
-        except Exception as e:  # an unparsable message ends the stream, as grpc does
-            if admission is not None and access is not None:
-                access.release(admission)
-            self._fail(e)
-            return
-        self.pending[future] = admission
-        if not sequenced:
-            self.capped.add(future)
-
-    def _refuse_request(self, message: memoryview, refusal: Refusal) -> None:
-        try:
-            parts, size = self.app.handlers.stream_refusal(
-                message, EngineError(ErrorCode.RESOURCE_EXHAUSTED, _with_retry(refusal)))
-        except Exception as e:  # an unparsable message ends the stream, as grpc does
-            self._fail(e)
-            return
-        self._send_message_parts(parts, size)
-
     def _owner(self) -> str:
         """The owner id of the API key the call presented ("" without keys): engine/access/caller.py."""
         return self.admission.owner if self.admission is not None else ""
@@ -641,55 +366,6 @@ class Call:
             self._fail(exc)
         else:
             self._reply(task.result().SerializeToString())
-
-    def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
-        admission = self.pending.pop(future, None)
-        self.capped.discard(future)
-        freed = 0
-        if admission is not None:  # what the request held goes back as it is answered
-            freed = admission.bytes
-            self.app.access.release(admission)  # type: ignore[union-attr]
-        if not self.done:
-            if isinstance(answer, BaseException):
-                self._fail(answer)
-            else:
-                if answer is not None:
-                    self._send_message_parts(*answer)
-                if (self.paused or self.remote_done) and not self.done:
-                    self.read_on()
-        if freed and self.app.budget_waiting:
-            self.app.budget_freed()
-
-    def _stream_partial(self, window: StreamWindow, answer: tuple[list[Any], int]) -> None:
-        """A decoupled model's response before its last: out at once; it counts as taken by the client
-        (credit for the model's next send) once it has left, at once or when what waits on the stream
-        drains."""
-        if self.done:
-            return
-        self._send_message_parts(*answer)
-        if self.stream.pending:
-            self.unsent.append(window)
-            self.stream.on_drained = self._drained
-        else:
-            window.taken()
-
-    def _drained(self) -> None:
-        """From the sending half, as what waited on the stream went out: the rest runs in its own callback."""
-        if not self.drain_due and not self.done:
-            self.drain_due = True
-            asyncio.get_running_loop().call_soon(self._after_drain)
-
-    def _after_drain(self) -> None:
-        self.drain_due = False
-        if self.done:
-            return
-        if self.stream.pending:  # more was queued since: wait for that too
-            self.stream.on_drained = self._drained
-            return
-        unsent, self.unsent = self.unsent, []
-        for window in unsent:
-            window.taken()
-        self.read_on()
 
     def _watch_status(self, status: int) -> None:
         """A Health/Watch stream's next message, from the process's HealthWatch."""
@@ -791,10 +467,3 @@ class Call:
                     self.app.access.release(admission)  # type: ignore[union-attr]
             if freed:
                 self.app.budget_freed()
-
-
-def _with_retry(refusal: Refusal) -> str:
-    """A refusal's message; a quota's says when to retry (gRPC has no Retry-After)."""
-    if refusal.retry_after_secs:
-        return f"{refusal.message} (retry after {refusal.retry_after_secs} s)"
-    return refusal.message

@@ -1,5 +1,5 @@
 """The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed
-response header blocks; status trailers; `grpc-timeout`. Used by call.py's Call.
+response header blocks; status trailers and a refusal's message; `grpc-timeout`. Used by call.py's Call.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...access.policy import Refusal
 from ...proto import grpc_service_pb2, health_pb2
 from ..h2.headers import indexed, literal
 from .handlers import CALLER_RPCS, GrpcHandlers
@@ -83,3 +84,10 @@ def parse_timeout(value: bytes) -> float | None:
     if not 2 <= len(value) <= 9 or not value[:-1].isdigit() or value[-1] not in TIMEOUT_UNITS:
         return None
     return int(value[:-1]) * TIMEOUT_UNITS[value[-1]]
+
+
+def with_retry(refusal: Refusal) -> str:
+    """A refusal's message; a quota's says when to retry (gRPC has no Retry-After)."""
+    if refusal.retry_after_secs:
+        return f"{refusal.message} (retry after {refusal.retry_after_secs} s)"
+    return refusal.message

@@ -23,7 +23,7 @@ from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
 from ..h2.connection import H2Connection
 from ..h2.streams import Limits
-from .call import CallLimits, GrpcApp
+from .app import CallLimits, GrpcApp
 from .handlers import GrpcHandlers
 
 BACKLOG = 1024  # connections the kernel queues for accept, per listening socket
