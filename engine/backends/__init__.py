@@ -41,7 +41,7 @@ class Backend(Protocol):
     # Optional, per request: `async execute_requests(requests, inputs, executor) -> list[answer]` answers
     # each request of a batch on its own, errors included (Python models, engine/backends/python/: a model's
     # `execute` gets the requests, not a concatenated batch, and may fail one request alone). A backend
-    # with it gets its batches from python_backend.batcher.RequestBatcher, which checks every answer
+    # with it gets its batches from python/batcher.py's RequestBatcher, which checks every answer
     # against the config; `execute` then serves warm-up only.
 
 
