@@ -170,6 +170,9 @@ def main() -> int:
                         help=f"config variants, each model in each: {', '.join(variants.VARIANTS)}")
     parser.add_argument("--hubserve-args", default="",
                         help='extra arguments for `engine serve`, e.g. --hubserve-args="--workers 2"')
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="another checkout (e.g. `git worktree add /tmp/before <tag>`) whose engine/ is "
+                             "served too, as hubserve@<folder>, after the first hubserve listed")
     parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
@@ -197,8 +200,13 @@ def main() -> int:
 
     skipped: dict[str, str] = {}
     wanted = []
-    for name in args.servers.split(","):
-        kind = servers.KINDS[name]
+    names: list[str | servers.ServerKind] = list(args.servers.split(","))
+    if args.baseline_tree:
+        first = next((i for i, n in enumerate(names) if str(n).startswith("hubserve")), -1)
+        names.insert(first + 1, servers.hubserve_from(args.baseline_tree))
+    for name_or_kind in names:
+        kind = servers.KINDS[name_or_kind] if isinstance(name_or_kind, str) else name_or_kind
+        name = kind.name
         if name.startswith("hubserve") and args.hubserve_args:
             kind = kind.with_args(shlex.split(args.hubserve_args))
         why = kind.missing()

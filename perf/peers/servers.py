@@ -150,6 +150,21 @@ MLSERVER = ServerKind(
         f"http://127.0.0.1:{p.metrics}/metrics", "model_infer_request_duration_count", "model", m),
 )
 
+
+def hubserve_from(tree: Path) -> ServerKind:
+    """hubserve as another checkout's `engine/` has it (e.g. a tag before a refactor), served by this venv
+    beside this checkout's, so a before-and-after comparison runs interleaved in one run. The other tree goes
+    first on `sys.path`, ahead of the working directory and of the editable install."""
+    tree = tree.resolve()
+    boot = (f"import runpy, sys; sys.path.insert(0, {str(tree)!r}); "
+            "runpy.run_module('engine', run_name='__main__', alter_sys=True)")
+    return replace(HUBSERVE, name=f"hubserve@{tree.name}",
+                   command=lambda p, models: [str(ROOT / ".venv/bin/python"), "-c", boot,
+                                              *HUBSERVE.command(p, models)[3:]],
+                   missing=lambda: None if (tree / "engine/__main__.py").exists()
+                   else f"{tree}/engine/__main__.py is missing")
+
+
 # hubserve with `--workers N` beside it, so one run can put process layouts side by side.
 HUBSERVE_WORKERS = tuple(replace(HUBSERVE.with_args(["--workers", str(n)]), name=f"hubserve-w{n}")
                          for n in (1, 2, 3, 4, 8))
