@@ -1,4 +1,4 @@
-"""`ServerOptions`: everything `hubserve serve` was told, as one frozen object. engine/__main__.py builds it
+"""`ServerOptions`: everything `hubserve serve` was told, as one frozen object. engine/cli/serve.py builds it
 from the command line; `Server` (engine/server.py) reads it once, at start, and hands each component the part
 it needs (its own limits object: `HttpLimits`, h2 `Limits`, `BatchLimits`, ...).
 """

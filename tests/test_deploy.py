@@ -20,7 +20,7 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
-from engine.__main__ import build_parser
+from engine.cli.parser import build_parser
 from engine.observability.metrics import FAMILIES
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

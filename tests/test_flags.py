@@ -1,4 +1,4 @@
-"""Triton's boolean flags as `hubserve serve` reads them (engine/flags.py), its help by topic with each
+"""Triton's boolean flags as `hubserve serve` reads them (engine/cli/flags.py), its help by topic with each
 default once, and its port flags; pure: the parser only."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from engine.__main__ import build_parser
+from engine.cli.parser import build_parser
 
 
 def _serve(*flags: str):

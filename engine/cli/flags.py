@@ -57,9 +57,9 @@ class TritonBool(argparse.Action):
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """`hubserve serve --help` (engine/__main__.py): each flag's default once, as "(default: X)" at the end of
-    its help. None for a switch that is off unless given (store_true), one whose default is None, empty or an
-    empty list (not given: nothing happens), or one whose help says its default in words already
+    """`hubserve serve --help` (engine/cli/parser.py): each flag's default once, as "(default: X)" at the
+    end of its help. None for a switch that is off unless given (store_true), one whose default is None,
+    empty or an empty list (not given: nothing happens), or one whose help says its default in words already
     ("(default: off)"); booleans read as Triton writes them, true or false."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:

@@ -30,8 +30,8 @@ request."""
 class HelpFormatter(argparse.HelpFormatter):
     """Each flag's default once, as "(default: X)" at the end of its help: not for a switch that is off unless
     given, a default of None (not given: nothing, or a default the help says in words), nor where the help
-    says "(default: ...)" itself. The server's help does the same (engine/flags.py; the load tester does not
-    import the server's CLI)."""
+    says "(default: ...)" itself. The server's help does the same (engine/cli/flags.py; the load tester does
+    not import the server's CLI)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""

@@ -1,5 +1,5 @@
 """What the Batch API lets a client hold: one frozen object, built from the `--batch-*` flags
-(engine/__main__.py → ServerOptions → here), read by the file store, the job store and the runner.
+(engine/cli/ → ServerOptions → here), read by the file store, the job store and the runner.
 
 "Per key" means per owner (owners.py): a server without `--api-keys` has one owner, so there the per-key
 bounds are the server's. Every list a client grows is bounded by one of these: its files (count and bytes),
