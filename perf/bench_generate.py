@@ -62,7 +62,8 @@ part of this. Wrap it in `flock /work/probes/bench.lock` on a shared machine.
         [--lengths uniform|lognormal] [--model tiny|l4h256] [--kv dense|shared] [--steps 1] [--rounds 1]
         [--seed 0]
 
-`--steps`: the engine's num_scheduler_steps (docs/architecture.md "Multi-step decode"), in every mode.
+`--steps`: the engine's num_scheduler_steps (docs/generative.md "How the engine works", "Multi-step decode"),
+in every mode.
 `--rounds R`: R rounds per point (`Round`: replay, continuous, replay, static, continuous again), and the
 round with the median cont./static is the one printed (every round's figures follow the tables): on a shared
 machine the speed drifts by tens of percent within minutes, and a ratio of two runs minutes apart carries

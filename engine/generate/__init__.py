@@ -9,6 +9,6 @@
     triton/   a generative model as Triton's clients see it: a decoupled model over the driver, its tensors
               and how a request's inputs and parameters become sampling options
 
-The OpenAI API over the same engines is engine/openai/. docs/architecture.md ("Generation engine") describes
+The OpenAI API over the same engines is engine/openai/. docs/generative.md ("How the engine works") describes
 the design and what it costs.
 """
