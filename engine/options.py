@@ -82,7 +82,7 @@ class ServerOptions:
     client_shm_max_regions: int = 256
     client_shm_max_regions_per_key: int = 64
     client_shm_prefixes: tuple[str, ...] = ()
-    # Who may call what (engine/access/policy.py; README "Security"): Triton's restriction flags as given, the
+    # Who may call what (engine/access/policy.py; docs/security.md): Triton's restriction flags as given, the
     # --api-keys file, and the server-wide budget of request bytes in flight (0 = none).
     http_restricted_apis: tuple[str, ...] = ()
     grpc_restricted_protocols: tuple[str, ...] = ()

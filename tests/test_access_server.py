@@ -313,7 +313,7 @@ def test_bad_flags_fail_at_start_in_tritons_words(repository: Path, tmp_path: Pa
 
 
 def test_no_flags_means_everything_open(server):
-    """The default: no keys, no restrictions, no budget (README "Security")."""
+    """The default: no keys, no restrictions, no budget (docs/security.md)."""
     with httpclient.InferenceServerClient(server.http_url) as client:
         assert client.get_model_repository_index()
     assert raw_get(server.http_port, "/v2", {}).status == 200

@@ -1,5 +1,5 @@
-"""A sequence model reloaded while sequences are active, as Triton does it (docs/architecture.md, "Sequence
-batching", Reload): requests the old version accepted finish there with their state; the new version starts
+"""A sequence model reloaded while sequences are active, as Triton does it (docs/sequences-streaming.md,
+"Reload and unload"): requests the old version accepted finish there with their state; the new version starts
 with no sequences, so the next request of an old sequence is refused (INVALID_ARG, "must specify the START
 flag") until the client starts it again. A reload that changes nothing keeps the version and its sequences."""
 

@@ -1,5 +1,5 @@
 """hubserve's API keys (`--api-keys FILE`): the YAML file read and checked once, at start, into frozen
-`ApiKey`s that `AccessPolicy` (policy.py) holds. The form (these names are fixed; README "Security"):
+`ApiKey`s that `AccessPolicy` (policy.py) holds. The form (these names are fixed; docs/security.md):
 
     keys:
       - key: "s3cret-admin"

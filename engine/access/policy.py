@@ -3,7 +3,7 @@ its tests are plain functions. Each frontend only asks it, once per request, as 
 in and before its body is buffered (HTTP: frontend/http/connection.py; gRPC: frontend/grpc/call.py `Call`),
 and turns a `Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
 
-The checks, in order (README "Security"):
+The checks, in order (docs/security.md "Who may call what"):
 0. Before the policy, in the frontend (no cost for a client on loopback): the admin groups (ADMIN_GROUPS:
    model-repository, logging, trace, shared-memory) answer only clients on loopback until the operator opens
    one, with a restriction on it (per protocol), an API key holding it, or --allow-remote-admin-api
@@ -31,7 +31,7 @@ nothing held); each request on it is then admitted as a unary request would be (
 concurrency slot and rate token, and its message's bytes, reserved in the call's admission as the message's
 length prefix arrived, moved to it), and holds that until it is answered (a decoupled model's final
 response). With `--workers N` each frontend process holds its own policy with 1/N of every limit
-(`share`), so the limits hold server-wide whichever process a connection lands in (README "Security").
+(`share`), so the limits hold server-wide whichever process a connection lands in (docs/security.md).
 """
 
 from __future__ import annotations

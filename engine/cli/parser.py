@@ -219,7 +219,7 @@ def _scheduling_flags(serve: argparse.ArgumentParser) -> None:
 def _access_flags(serve: argparse.ArgumentParser) -> None:
     group = serve.add_argument_group("access and API keys")
     group.add_argument("--api-keys", type=Path, default=None, metavar="FILE",
-                       help="YAML file of API keys (README \"Security\"): every API but health then needs "
+                       help="YAML file of API keys (docs/security.md): every API but health then needs "
                             "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
                             "whose groups include it; per-key requests_per_second, max_concurrent and "
                             "tokens_per_minute (the OpenAI API)")

@@ -18,8 +18,9 @@ from ..types import DataType, element_count
 
 @dataclass(frozen=True, slots=True)
 class TensorLimits:
-    """What one decoded tensor may be, whatever the protocol (ServerOptions carries them; the README states
-    the defaults). Set once per process, at start (`configure`), so the codecs need no extra argument."""
+    """What one decoded tensor may be, whatever the protocol (ServerOptions carries them; docs/security.md
+    states the defaults). Set once per process, at start (`configure`), so the codecs need no extra
+    argument."""
 
     max_elements: int = 1 << 31  # --max-tensor-elements: a shape claiming more is refused before allocating
     max_bytes_element: int = 16 << 20  # --max-bytes-element-size: one BYTES element's bytes

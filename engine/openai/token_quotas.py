@@ -1,4 +1,5 @@
-"""Per-key `tokens_per_minute` for generation (README "Security"): the one place it is charged.
+"""Per-key `tokens_per_minute` for generation (docs/security.md "Quotas and backpressure"): the one place it
+is charged.
 
 `OpenAIService.start` calls `charge` once a request's cost is known and before it reaches the engine, and
 Triton's generate paths call `charge_triton` likewise (generate/triton/model.py), so one bucket per key

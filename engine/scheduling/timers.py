@@ -8,9 +8,9 @@ loop's own timers, whose error is then small relative to the wait.
 `FdTimer` (Linux): a timerfd the loop watches (`add_reader`). The kernel makes it readable at the deadline,
 to the microsecond, and the loop's next poll returns at once; arming it is one `timerfd_settime` call. No
 thread: nothing contends for the GIL, and a window costs one syscall to arm, one readiness event and one read.
-Issue 13 measured why that matters (perf/README.md "Issue 13: the window at c = 32"): with the thread below,
-a 1 ms window at 32 clients cost about 5 context switches and 14 futex calls per batch, 10 µs of the timer
-thread's CPU per inference, and the loop thread's own time rose with the GIL hand-offs.
+Issue 13 measured why that matters (perf/history/batching.md "Issue 13: the window at c = 32"): with the
+thread below, a 1 ms window at 32 clients cost about 5 context switches and 14 futex calls per batch, 10 µs of
+the timer thread's CPU per inference, and the loop thread's own time rose with the GIL hand-offs.
 
 `PreciseTimer` (anywhere): one thread that sleeps until the earliest of its deadlines (clock_nanosleep-grade
 precision) and hands the callback to the loop with `call_soon_threadsafe`. Used where timerfd is missing.

@@ -3,8 +3,8 @@
 
 Why not grpcio: its Python layer costs 300–400 µs of client CPU per unary call on a 2-core machine — about
 twice perf_analyzer's C++ client. On cores shared with the server that CPU is taken from the server, and the
-tool measured 30 % less throughput than perf_analyzer at the same settings (perf/README.md). This client
-costs a few tens of µs per call. `--grpc-client grpcio` still selects grpc.aio, to cross-check.
+tool measured 30 % less throughput than perf_analyzer at the same settings (perf/history/agreement.md).
+This client costs a few tens of µs per call. `--grpc-client grpcio` still selects grpc.aio, to cross-check.
 
 The client side of RFC 9113 that unary gRPC needs, and no more:
   - connection preface, SETTINGS both ways (acknowledged), no server push;
@@ -311,8 +311,8 @@ class GrpcH2Client:
     Why spread at all when HTTP/2 multiplexes: the number of connections shapes what the server sees per
     read — sixteen calls on one connection arrive in one recv() and tend to form one batch, on three
     connections they arrive apart. Matching perf_analyzer here is part of measuring what it measures
-    (perf/README.md, "hubserve perf vs perf_analyzer"); `--grpc-calls-per-connection 0` puts every call on
-    one connection."""
+    (perf/history/agreement.md, "hubserve perf vs perf_analyzer"); `--grpc-calls-per-connection 0` puts
+    every call on one connection."""
 
     HANDSHAKE_TIMEOUT_S = 10.0
 

@@ -1,4 +1,4 @@
-"""Who owns a Batch API file or job: the API key that created it (README "Security"). Another key's files and
+"""Who owns a Batch API file or job: the API key that created it (docs/security.md). Another key's files and
 jobs answer 404, as if they did not exist, on every endpoint; a listing shows the caller's own only. A
 server without `--api-keys` has one owner, KEYLESS ("").
 

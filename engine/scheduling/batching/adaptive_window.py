@@ -19,7 +19,7 @@ The window is an upper bound, not a wait: with early dispatch (join_forecast.py,
 leaves as soon as no other request can join it, e.g. once every client of a closed loop is in. So the budget
 buys batch size and never idle time. Without it the instance idled out the rest of the window after each
 batch had all it could get: mlp_large at c=16, 60 ms target, ran at 58-63 % of the best fixed window's
-throughput in batches of 16; with it, the same batches of 16 run at 1.01-1.11 of it (perf/README.md,
+throughput in batches of 16; with it, the same batches of 16 run at 1.01-1.11 of it (perf/history/batching.md,
 "Issue 13: batcher"): a batch of 16 costs less than two of 8, so growing it was right, waiting was not.
 
 Feedback: the model ignores queueing under overload and the network, so the measured p95 of the latency the
