@@ -1,4 +1,5 @@
-"""Every relative link in the user's documents resolves: README.md, docs/*.md and perf/README.md.
+"""Every relative link in the documents resolves: README.md, docs/*.md, perf/README.md and the other pages
+(perf/history/, model_repository/, deploy/).
 
 A link is `[text](target)`; a target that is not a URL must name a file or folder of this checkout, and its
 `#anchor`, if any, a heading of the Markdown file it names (as GitHub slugs headings). Pages move and
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = sorted([ROOT / "README.md", ROOT / "perf" / "README.md", *(ROOT / "docs").glob("*.md")])
+DOCUMENTS = sorted([ROOT / "README.md", ROOT / "perf" / "README.md", *(ROOT / "docs").glob("*.md"),
+                    *(ROOT / "perf" / "history").glob("*.md"), ROOT / "model_repository" / "README.md",
+                    ROOT / "deploy" / "README.md"])
 
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
