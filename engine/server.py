@@ -17,6 +17,7 @@ from .dataplane import DataPlane
 from .frontend import wire
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
 from .frontend.grpc.app import CallLimits
+from .frontend.grpc.handlers import GrpcHandlers
 from .frontend.grpc.server import H2GrpcServer
 from .frontend.h2.streams import Limits
 from .frontend.http import app as http_frontend
@@ -171,7 +172,7 @@ class Server:
         http_access, grpc_access = policies(access)
         limits = self._http_limits()
         routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai, self.batches))
-        self._http = http_frontend.HttpApp(self.dataplane, limits, routes, counter=counter,
+        self._http = http_frontend.HttpApp(routes, limits, counter=counter,
                                            access=http_access, loopback_only=access.loopback_only(grpc=False))
         http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
         assert self._listeners is not None  # start() bound them
@@ -179,7 +180,7 @@ class Server:
                                                        handshake_secs)
 
         grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
-        self._grpc = H2GrpcServer(self.dataplane, opts.max_message_bytes, self._h2_limits(),
+        self._grpc = H2GrpcServer(GrpcHandlers(self.dataplane), opts.max_message_bytes, self._h2_limits(),
                                   ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
                                   counter=counter, access=grpc_access,
                                   loopback_only=access.loopback_only(grpc=True),
@@ -251,7 +252,7 @@ class Server:
         # refused connections linger (holding a descriptor each) no more than the port may hold open
         counter = ConnectionCounter(caps, max_lingering=min(MAX_LINGERING, opts.metrics_max_connections or
                                                             MAX_LINGERING))
-        self._metrics = http_frontend.HttpApp(self.dataplane, limits, MetricsRoutes(page), counter=counter)
+        self._metrics = http_frontend.HttpApp(MetricsRoutes(page), limits, counter=counter)
         assert self._listeners is not None  # start() bound them
         self._metrics_servers = await http_frontend.serve(self._metrics, self._listeners.metrics)
 

@@ -48,7 +48,7 @@ class FrontendRoutes:
 
     def __init__(self, client: EngineClient, limits: HttpLimits) -> None:
         # only submit() of the client is reached: metadata comes through _metadata
-        self.local = HttpRoutes(client, limits, self._metadata)  # type: ignore[arg-type]
+        self.local = HttpRoutes(client, limits, self._metadata)
         self._client = client
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
@@ -76,10 +76,11 @@ class FrontendRoutes:
         path = target.path.encode("utf-8", "replace")
         args: tuple[Any, ...] = (b"GET", path, target.to_wire(), {}, b"", "", (None, None))
         status, body, _, _ = await self._client.forward(HTTP, args)
-        doc = orjson.loads(body)  # the engine sends a body as one bytes object (control.py _flat)
+        # the engine sends a body as one bytes object (control.py _flat)
+        doc: dict[str, Any] = orjson.loads(body)
         if status != 200:
             raise EngineError(_CODE_OF_STATUS.get(status, ErrorCode.INTERNAL), doc.get("error", ""))
-        return doc  # type: ignore[no-any-return]
+        return doc
 
 
 class _Forwarded(Deferred):
@@ -109,7 +110,7 @@ class FrontendGrpcHandlers(GrpcHandlers):
     stream_infer_wire call `self.dp.submit`) and whose other RPCs are answered by the engine."""
 
     def __init__(self, client: EngineClient) -> None:
-        super().__init__(client)  # type: ignore[arg-type]
+        super().__init__(client)
         self._client = client
 
     def _forward(self, method: str, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
@@ -132,7 +133,8 @@ class FrontendGrpcHandlers(GrpcHandlers):
     async def watch_statuses(self, services: list[str]) -> list[int]:
         """What Health/Watch reports, as the engine sees it: one forwarded HEALTH control per read, for every
         service this process's streams watch (frontend/grpc/health_watch.py)."""
-        return await self._client.forward(HEALTH, services)  # type: ignore[no-any-return]
+        statuses: list[int] = await self._client.forward(HEALTH, services)
+        return statuses
 
 
 def _forwarder(name: str) -> Any:

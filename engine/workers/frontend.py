@@ -82,8 +82,8 @@ async def serve(spec: dict[str, Any]) -> int:
     h = spec["http"]
     http_limits = HttpLimits(h["max_body_bytes"], h["max_header_bytes"], h["max_header_count"],
                              h["client_timeout_secs"], h["idle_timeout_secs"])
-    app = http_frontend.HttpApp(client, http_limits, FrontendRoutes(client, http_limits),  # type: ignore[arg-type]
-                                counter=counter, access=http_access,
+    app = http_frontend.HttpApp(FrontendRoutes(client, http_limits), http_limits, counter=counter,
+                                access=http_access,
                                 loopback_only=config.loopback_only(grpc=False))
     g = spec["grpc"]
     limits = Limits(max_concurrent_streams=g["max_concurrent_streams"],
@@ -91,8 +91,8 @@ async def serve(spec: dict[str, Any]) -> int:
                     max_buffered_request_bytes=g["max_buffered_request_bytes"],
                     max_queued_response_bytes=g["max_queued_response_bytes"],
                     client_timeout_secs=g["client_timeout_secs"], idle_timeout_secs=g["idle_timeout_secs"])
-    grpc = H2GrpcServer(client, g["max_message_bytes"], limits,  # type: ignore[arg-type]
-                        handlers=FrontendGrpcHandlers(client), counter=counter, access=grpc_access,
+    grpc = H2GrpcServer(FrontendGrpcHandlers(client), g["max_message_bytes"], limits, counter=counter,
+                        access=grpc_access,
                         loopback_only=config.loopback_only(grpc=True),
                         call_limits=CallLimits(**g["call_limits"]))
     await grpc.start()  # no sockets of its own: the sweeper only
@@ -126,7 +126,8 @@ def read_secrets(fd: int) -> dict[str, Any]:
     closed."""
     with os.fdopen(fd, "rb") as pipe:
         data = pipe.read()
-    return json.loads(data) if data else {}  # type: ignore[no-any-return]
+    secrets: dict[str, Any] = json.loads(data) if data else {}
+    return secrets
 
 
 def main(argv: list[str]) -> int:

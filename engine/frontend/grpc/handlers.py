@@ -25,6 +25,7 @@ from ...observability.tracing import settings as trace_settings
 from ...proto import grpc_service_pb2, health_pb2
 from ...streaming.window import StreamWindow
 from ...types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
+from ..engine import Engine
 from .codec import InferWireCodec, param_value
 
 log = logging.getLogger("hubserve.grpc")
@@ -97,9 +98,20 @@ class GrpcHandlers:
     `EngineError`. Inference returns a future, so the frontend answers from its callback without a task:
     `submit_infer_wire` queues, `wire.encode` serializes the result."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
-        self.dp = dataplane
+    def __init__(self, engine: Engine) -> None:
+        """`engine` takes the inferences (engine/frontend/engine.py): the DataPlane, or in a frontend process
+        the engine client (workers/forwarding.py FrontendGrpcHandlers forwards every other RPC)."""
+        self.engine = engine
+        self._dataplane = engine if isinstance(engine, DataPlane) else None
         self.wire = InferWireCodec()
+
+    @property
+    def dp(self) -> DataPlane:
+        """The DataPlane, for every RPC but inference: only the engine process answers those (a frontend
+        process forwards them), and there the engine is the DataPlane."""
+        if self._dataplane is None:
+            raise TypeError("only inference is answered over the engine client; the engine answers the rest")
+        return self._dataplane
 
     # ------------------------------------------------------------------ inference.GRPCInferenceService
 
@@ -211,7 +223,7 @@ class GrpcHandlers:
         the owner id of the API key the call presented (engine/access/caller.py)."""
         start_ns = start_ns or time.perf_counter_ns()
         request = self._decode(message, header_id, owner, start_ns)
-        return self.dp.submit(request, start_ns, on_done)
+        return self.engine.submit(request, start_ns, on_done)
 
     def stream_infer_wire(self, message: Any, answered: StreamAnswered, partial: StreamPartial | None = None,
                           header_id: bytes | None = None, owner: str = "", window: StreamWindow | None = None
@@ -266,7 +278,7 @@ class GrpcHandlers:
             empty_final = request.parameters.get("triton_enable_empty_final_response") is True
             request.stream = streamed
             request.stream_window = window
-            return self.dp.submit(request, start_ns, done), bool(request.parameters.get("sequence_id"))
+            return self.engine.submit(request, start_ns, done), bool(request.parameters.get("sequence_id"))
         except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
             future.set_exception(e)

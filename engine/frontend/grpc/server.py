@@ -18,7 +18,6 @@ import ssl
 from typing import Any
 
 from ...access.policy import AccessPolicy, LoopbackOnly
-from ...dataplane import DataPlane
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
 from ..h2.connection import H2Connection
@@ -58,13 +57,12 @@ def bind_listeners(host: str, port: int) -> list[socket.socket]:
 
 
 class H2GrpcServer:
-    def __init__(self, dataplane: DataPlane, max_message_bytes: int, limits: Limits | None = None,
-                 handlers: GrpcHandlers | None = None, ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout_secs: float | None = None, counter: ConnectionCounter | None = None,
-                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None,
-                 call_limits: CallLimits | None = None) -> None:
-        """`handlers` answers the RPCs (default: GrpcHandlers over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendGrpcHandlers).
+    def __init__(self, handlers: GrpcHandlers, max_message_bytes: int, limits: Limits | None = None,
+                 ssl_context: ssl.SSLContext | None = None, handshake_timeout_secs: float | None = None,
+                 counter: ConnectionCounter | None = None, access: AccessPolicy | None = None,
+                 loopback_only: LoopbackOnly | None = None, call_limits: CallLimits | None = None) -> None:
+        """`handlers` answers the RPCs: GrpcHandlers over the engine, or a frontend process's
+        (engine/workers/forwarding.py FrontendGrpcHandlers); the server itself calls nothing on the engine.
         `ssl_context`: the sockets this server listens on speak TLS (ALPN h2), each handshake bounded by
         `handshake_timeout_secs`. `counter` counts the process's connections against its limits (shared with
         HTTP). `access` and `loopback_only`: who may call what (engine/access/policy.py). `call_limits`: what
@@ -73,7 +71,7 @@ class H2GrpcServer:
         self._limits = limits = limits or Limits()
         self._tls: dict[str, Any] = ({"ssl": ssl_context, "ssl_handshake_timeout": handshake_timeout_secs}
                                      if ssl_context is not None else {})
-        self._app = GrpcApp(handlers or GrpcHandlers(dataplane), max_message_bytes, limits, access,
+        self._app = GrpcApp(handlers, max_message_bytes, limits, access,
                             loopback_only, call_limits)
         timeouts = [t for t in (limits.client_timeout_secs, limits.idle_timeout_secs) if t > 0]
         self._tick_secs = min(1.0, max(0.05, min(timeouts, default=1.0) / 4))

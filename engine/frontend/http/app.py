@@ -26,11 +26,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ...access.policy import AccessPolicy, LoopbackOnly
-from ...dataplane import DataPlane
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
 from .connection import HttpProtocol
-from .routes import HttpRoutes
 from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 
 
@@ -47,17 +45,17 @@ class HttpApp:
     """One per server: the routes (`handle`, called by each connection per request), the set of open
     connections, their sweeper and the release of freed request memory."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits, routes: Routes | None = None,
-                 counter: ConnectionCounter | None = None, access: AccessPolicy | None = None,
-                 loopback_only: LoopbackOnly | None = None) -> None:
-        """`routes` answers the requests (default: HttpRoutes over `dataplane`); a frontend process of a
-        multi-process server passes its own (engine/workers/forwarding.py FrontendRoutes). `counter` counts
+    def __init__(self, routes: Routes, limits: HttpLimits, counter: ConnectionCounter | None = None,
+                 access: AccessPolicy | None = None, loopback_only: LoopbackOnly | None = None) -> None:
+        """`routes` answers the requests: HttpRoutes (routes.py) over the engine, the metrics port's, or a
+        frontend process's forwarding routes (engine/workers/forwarding.py FrontendRoutes); the app itself
+        calls nothing on the engine. `counter` counts
         the process's connections against its limits (connections.py; shared with gRPC). `access`, when keys,
         restrictions or a byte budget are configured, is asked by each connection about each request before
         its body is read (engine/access/policy.py). `loopback_only`: the admin groups that answer only clients
         on loopback (None: none; engine/access/policy.py LoopbackOnly)."""
         self.counter = counter
-        self.routes: Routes = routes or HttpRoutes(dataplane, limits)
+        self.routes = routes
         self.handle = self.routes.handle  # bound once: a connection's call per request goes straight there
         self.limits = limits
         self.access = access

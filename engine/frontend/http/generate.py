@@ -23,16 +23,16 @@ iterator, which cancels the request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from ...errors import EngineError, invalid
 from ...streaming.responses import StreamedResponse, infer_stream
 from ...types import InferenceRequest, InferenceResponse
+from ..engine import Engine
 from . import sse
 from .generate_codec import decode_generate, encode_generate, input_metadata, many_responses
 from .types import Answer, ResponseStream
@@ -44,24 +44,16 @@ MetadataSource = Callable[[str, str], Awaitable[dict[str, Any]]]
 _JSON = b"application/json"
 
 
-class Submitter(Protocol):
-    """What `_responses` needs of the engine: DataPlane here, workers/remote.py's EngineClient in a
-    frontend process."""
-
-    def submit(self, request: InferenceRequest, start_ns: int = ..., on_done: Any = ...
-               ) -> asyncio.Future[InferenceResponse]: ...
-
-
-def _responses(dataplane: Submitter, request: InferenceRequest, start_ns: int
+def _responses(engine: Engine, request: InferenceRequest, start_ns: int
                ) -> AsyncIterator[StreamedResponse]:
     """The seam between the generate endpoints and the engine: the responses of `request`, in order, the
     last one `final` (engine/streaming/responses.py: one for a non-decoupled model, 0..N and a final one for a
     decoupled model). Errors (EngineError) are raised from the iterator; closing it early cancels the
     request."""
-    return infer_stream(dataplane.submit, request, start_ns)
+    return infer_stream(engine.submit, request, start_ns)
 
 
-async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: str, version: str,
+async def answer_generate(engine: Engine, metadata: MetadataSource, name: str, version: str,
                           body: bytes | bytearray, max_input_bytes: int, start_ns: int,
                           stream: ResponseStream | None, owner: str = "") -> Answer | None:
     """One generate request, run as the route's task. `stream` None: `generate`, the answer returned (an
@@ -77,7 +69,7 @@ async def answer_generate(submitter: Submitter, metadata: MetadataSource, name: 
     request = decode_generate(name, version, doc, inputs, max_input_bytes)
     request.owner = owner
     del doc  # the parsed JSON (a Python object per element): not held for as long as the stream runs
-    responses = _responses(submitter, request, start_ns)
+    responses = _responses(engine, request, start_ns)
     try:
         if stream is None:
             return await _collect(responses)
@@ -136,4 +128,4 @@ async def stream_responses(responses: AsyncIterator[StreamedResponse], stream: R
         stream.start(200, sse.CONTENT_TYPE)
 
 
-__all__ = ["MetadataSource", "StreamedResponse", "Submitter", "answer_generate", "stream_responses"]
+__all__ = ["MetadataSource", "StreamedResponse", "answer_generate", "stream_responses"]

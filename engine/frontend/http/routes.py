@@ -28,6 +28,7 @@ from ...observability.request_ids import check_header_request_id
 from ...observability.tracing import settings as trace_settings
 from ...types import InferenceRequest, InferenceResponse
 from .. import compression
+from ..engine import Engine
 from ..wire import limits as wire_limits
 from .codec import (
     HEADER_LENGTH,
@@ -142,18 +143,28 @@ class HttpRoutes:
     """The endpoints, over the data plane. One per server (`HttpApp` holds it); keeps the tasks of the
     routes answered later (compressed inferences, repository load and unload) until they are done."""
 
-    def __init__(self, dataplane: DataPlane, limits: HttpLimits, metadata: MetadataSource | None = None,
+    def __init__(self, engine: Engine, limits: HttpLimits, metadata: MetadataSource | None = None,
                  openai: OpenAIRoutes | None = None) -> None:
-        """`metadata` is where the generate endpoints learn a model's inputs: the data plane's metadata by
-        default; a frontend process asks the engine (workers/forwarding.py). `openai` answers /v1 (the
-        OpenAI-compatible API, openai/routes.py) where the process holds the generation engines; without it
-        /v1 is no endpoint."""
-        self.dp = dataplane
+        """`engine` takes the inferences (engine/frontend/engine.py): the DataPlane, or in a frontend process
+        the engine client, whose routes here answer inference alone. `metadata` is where the generate
+        endpoints learn a model's inputs: the data plane's metadata by default; a frontend process asks the
+        engine (workers/forwarding.py). `openai` answers /v1 (the OpenAI-compatible API, openai/routes.py)
+        where the process holds the generation engines; without it /v1 is no endpoint."""
+        self.engine = engine
+        self._dataplane = engine if isinstance(engine, DataPlane) else None
         self.limits = limits
         self.openai = openai
         self.header_cache = HeaderCache()
         self.metadata = metadata or self._local_metadata
         self._tasks: set[asyncio.Future[Any]] = set()
+
+    @property
+    def dp(self) -> DataPlane:
+        """The DataPlane, for every endpoint but inference: only the engine process answers those (a frontend
+        process forwards them: workers/forwarding.py), and there the engine is the DataPlane."""
+        if self._dataplane is None:
+            raise TypeError("only inference is answered over the engine client; the engine answers the rest")
+        return self._dataplane
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
         """Called by a connection for each request, in order; never raises. An answer still being computed
@@ -223,7 +234,7 @@ class HttpRoutes:
                 return _error(405, f"{action} needs POST")
             body = _body(req, self.limits.max_body_bytes)
             stream = req.stream if endpoint is Endpoint.MODEL_GENERATE_STREAM else None
-            return self._spawn(answer_generate(self.dp, self.metadata, name, version, body,
+            return self._spawn(answer_generate(self.engine, self.metadata, name, version, body,
                                                self.limits.max_body_bytes, req.start_ns, stream, req.owner),
                                on_done)
         if method not in (b"GET", b"HEAD"):
@@ -261,8 +272,8 @@ class HttpRoutes:
         accept = req.headers.get(b"accept-encoding")
         encoding = compression.accepted(accept.decode("latin-1")) if accept else None
         if encoding is None:
-            return _Infer(self.dp.submit(request, req.start_ns, on_done), request)
-        future = self.dp.submit(request, req.start_ns)
+            return _Infer(self.engine.submit(request, req.start_ns, on_done), request)
+        future = self.engine.submit(request, req.start_ns)
         return self._spawn(_compressed_answer(future, request, encoding), on_done)
 
     async def _local_metadata(self, name: str, version: str) -> dict[str, Any]:
