@@ -7,7 +7,6 @@ connections and wait for in-flight calls, the models drain their queues, then ev
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import time
@@ -15,6 +14,7 @@ import time
 from .access.policy import policies
 from .dataplane import DataPlane
 from .frontend import wire
+from .frontend.build import build_frontends
 from .frontend.connections import MAX_LINGERING, ConnectionCounter, ConnectionLimits
 from .frontend.grpc.app import CallLimits
 from .frontend.grpc.handlers import GrpcHandlers
@@ -27,7 +27,15 @@ from .frontend.http.routes import HttpRoutes
 from .frontend.http.types import HttpLimits
 from .frontend.listeners import Listeners, bind_ports
 from .frontend.openai.routes import OpenAIRoutes
-from .frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsSettings, handshake_timeout_secs, server_context
+from .frontend.options import (
+    AccessInputs,
+    FrontendOptions,
+    GrpcOptions,
+    LogOptions,
+    RestrictionSecrets,
+    TlsOptions,
+)
+from .frontend.tls import TlsSettings, handshake_timeout_secs
 from .generate.serving.registry import GenerationRegistry
 from .instances.canary import CanaryOptions, CanaryRunner
 from .instances.devices import discover_gpus
@@ -139,52 +147,37 @@ class Server:
         opts = self.options
         return wire.TensorLimits(opts.max_tensor_elements, opts.max_bytes_element_bytes, opts.max_json_depth)
 
-    def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(self.options.max_connections, self.options.max_connections_per_client)
-
-    def _http_limits(self) -> http_frontend.HttpLimits:
+    def frontend_options(self, frontends: int = 1) -> FrontendOptions:
+        """What the HTTP and gRPC frontends are built from (frontend/build.py); `frontends`: the processes
+        splitting the server-wide limits (connections, gRPC health watches, access budgets)."""
         opts = self.options
-        return http_frontend.HttpLimits(opts.http_max_input_bytes or opts.max_message_bytes,
-                                        opts.max_header_bytes, opts.max_header_count,
-                                        opts.client_timeout_secs, opts.idle_timeout_secs)
-
-    def _h2_limits(self) -> Limits:
-        opts = self.options
-        return Limits(max_concurrent_streams=opts.grpc_max_concurrent_streams,
-                      max_header_list_bytes=opts.max_header_bytes,
-                      max_buffered_request_bytes=2 * opts.max_message_bytes,
-                      max_queued_response_bytes=2 * opts.max_message_bytes,
-                      client_timeout_secs=opts.client_timeout_secs,
-                      idle_timeout_secs=opts.idle_timeout_secs)
-
-    def call_limits(self, share: int = 1) -> CallLimits:
-        """What gRPC calls may hold; `share`: the frontend processes splitting the server-wide ones."""
-        opts = self.options
-        return CallLimits(max_stream_requests=opts.grpc_max_stream_requests,
-                          max_watches=max(1, opts.grpc_max_health_watches // share))
+        http = HttpLimits(opts.http_max_input_bytes or opts.max_message_bytes, opts.max_header_bytes,
+                          opts.max_header_count, opts.client_timeout_secs, opts.idle_timeout_secs)
+        h2 = Limits(max_concurrent_streams=opts.grpc_max_concurrent_streams,
+                    max_header_list_bytes=opts.max_header_bytes,
+                    max_buffered_request_bytes=2 * opts.max_message_bytes,
+                    max_queued_response_bytes=2 * opts.max_message_bytes,
+                    client_timeout_secs=opts.client_timeout_secs, idle_timeout_secs=opts.idle_timeout_secs)
+        calls = CallLimits(max_stream_requests=opts.grpc_max_stream_requests,
+                           max_watches=max(1, opts.grpc_max_health_watches // frontends))
+        tls = TlsOptions(opts.http_tls, opts.grpc_tls, handshake_timeout_secs(opts.client_timeout_secs))
+        access = AccessInputs(None if opts.api_keys_file is None else str(opts.api_keys_file),
+                              opts.max_inflight_bytes, tuple(opts.remote_admin_apis))
+        log = LogOptions(opts.log_file, opts.log_format, opts.log_verbose, opts.log_info, opts.log_warning,
+                         opts.log_error)
+        return FrontendOptions(http, GrpcOptions(opts.max_message_bytes, h2, calls), tls,
+                               ConnectionLimits(opts.max_connections, opts.max_connections_per_client),
+                               self.tensor_limits(), access, log, frontends, opts.exit_timeout_secs)
 
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
-        opts = self.options
-        handshake_secs = handshake_timeout_secs(opts.client_timeout_secs)
-        counter = ConnectionCounter(self.connection_limits())  # HTTP and gRPC together
-        access = opts.access()
-        http_access, grpc_access = policies(access)
-        limits = self._http_limits()
-        routes = HttpRoutes(self.dataplane, limits, openai=OpenAIRoutes(self.openai, self.batches))
-        self._http = http_frontend.HttpApp(routes, limits, counter=counter,
-                                           access=http_access, loopback_only=access.loopback_only(grpc=False))
-        http_ssl = server_context(opts.http_tls, ALPN_HTTP) if opts.http_tls else None
+        options = self.frontend_options()
+        routes = HttpRoutes(self.dataplane, options.http, openai=OpenAIRoutes(self.openai, self.batches))
+        frontends = build_frontends(options, self.options.access(), routes, GrpcHandlers(self.dataplane))
+        self._http, self._grpc = frontends.http, frontends.grpc
         assert self._listeners is not None  # start() bound them
-        self._http_servers = await http_frontend.serve(self._http, self._listeners.http, http_ssl,
-                                                       handshake_secs)
-
-        grpc_ssl = server_context(opts.grpc_tls, ALPN_GRPC) if opts.grpc_tls else None
-        self._grpc = H2GrpcServer(GrpcHandlers(self.dataplane), opts.max_message_bytes, self._h2_limits(),
-                                  ssl_context=grpc_ssl, handshake_timeout_secs=handshake_secs,
-                                  counter=counter, access=grpc_access,
-                                  loopback_only=access.loopback_only(grpc=True),
-                                  call_limits=self.call_limits())
+        self._http_servers = await http_frontend.serve(self._http, self._listeners.http, frontends.http_ssl,
+                                                       frontends.handshake_timeout_secs)
         self._grpc.add_sockets(self._listeners.grpc)
         await self._grpc.start()
 
@@ -194,46 +187,17 @@ class Server:
         serves and a restarted one serves on."""
         opts = self.options
         assert self._listeners is not None  # start() bound them
-        http_sockets, grpc_sockets = self._listeners.http, self._listeners.grpc
-        http = self._http_limits()
-        h2 = self._h2_limits()
-        spec = {"http": {"max_body_bytes": http.max_body_bytes, "max_header_bytes": http.max_header_bytes,
-                         "max_header_count": http.max_header_count,
-                         "client_timeout_secs": http.client_timeout_secs,
-                         "idle_timeout_secs": http.idle_timeout_secs},
-                "grpc": {"max_message_bytes": opts.max_message_bytes,
-                         "max_concurrent_streams": h2.max_concurrent_streams,
-                         "max_header_list_bytes": h2.max_header_list_bytes,
-                         "max_buffered_request_bytes": h2.max_buffered_request_bytes,
-                         "max_queued_response_bytes": h2.max_queued_response_bytes,
-                         "client_timeout_secs": h2.client_timeout_secs,
-                         "idle_timeout_secs": h2.idle_timeout_secs,
-                         "call_limits": dataclasses.asdict(self.call_limits(opts.workers))},
-                "tls": {"http": opts.http_tls.to_spec() if opts.http_tls else None,
-                        "grpc": opts.grpc_tls.to_spec() if opts.grpc_tls else None,
-                        "handshake_timeout_secs": handshake_timeout_secs(opts.client_timeout_secs)},
-                "exit_timeout_secs": opts.exit_timeout_secs, "log_verbose": opts.log_verbose,
-                "log": {"log_file": opts.log_file, "log_format": opts.log_format,
-                        "log_verbose": opts.log_verbose,
-                        "log_info": opts.log_info, "log_warning": opts.log_warning,
-                        "log_error": opts.log_error},
-                "tensor_limits": dataclasses.asdict(self.tensor_limits()),
-                "connection_limits": dataclasses.asdict(self.connection_limits()),
-                "frontends": opts.workers,
-                # No secret here: the spec is a frontend's command line, which `ps` and /proc/<pid>/cmdline
-                # show to every local user. The keys file goes by its path (the frontend reads it); the
-                # restriction flags, whose values are secrets, through a pipe (`secrets`: supervisor.py).
-                "access": {"api_keys_file": None if opts.api_keys_file is None else str(opts.api_keys_file),
-                           "max_inflight_bytes": opts.max_inflight_bytes, "workers": opts.workers,
-                           "remote_admin_apis": list(opts.remote_admin_apis)}}
-        secrets = {"http_restricted_apis": list(opts.http_restricted_apis),
-                   "grpc_restricted_protocols": list(opts.grpc_restricted_protocols)}
+        options = self.frontend_options(opts.workers)
+        # No secret in the options: they are a frontend's command line, which `ps` and /proc/<pid>/cmdline
+        # show to every local user. The keys file goes by its path (the frontend reads it); the restriction
+        # flags, whose values are secrets, through a pipe (supervisor.py).
+        secrets = RestrictionSecrets(tuple(opts.http_restricted_apis), tuple(opts.grpc_restricted_protocols))
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
         # (workers/streams.py)
-        self._control = ControlRunner(self.dataplane, http, OpenAIRoutes(self.openai, self.batches))
-        self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, http_sockets,
-                                       grpc_sockets, spec, opts.worker_arena_bytes, secrets)
+        self._control = ControlRunner(self.dataplane, options.http, OpenAIRoutes(self.openai, self.batches))
+        self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, self._listeners.http,
+                                       self._listeners.grpc, options, opts.worker_arena_bytes, secrets)
         await self._frontends.start()
 
     async def _start_metrics(self) -> None:

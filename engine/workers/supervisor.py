@@ -20,7 +20,6 @@ young. Its clients see their connections drop; every other client is served on.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -33,8 +32,10 @@ from typing import Any
 
 from .. import child_pythonpath
 from ..dataplane import DataPlane
+from ..frontend.options import FrontendOptions, RestrictionSecrets
 from ..shm.regions import Region
 from .control import ControlRunner
+from .frontend import FrontendSpec
 from .listen import Dispatcher
 from .session import FrontendSession
 
@@ -59,15 +60,16 @@ class FrontendPool:
     """Owned by the engine's Server. `start()` spawns every frontend; `stop(grace)` drains them."""
 
     def __init__(self, count: int, dataplane: DataPlane, control: ControlRunner,
-                 http_sockets: list[socket.socket], grpc_sockets: list[socket.socket], spec: dict[str, Any],
-                 arena_bytes: int, secrets: dict[str, Any] | None = None) -> None:
+                 http_sockets: list[socket.socket], grpc_sockets: list[socket.socket],
+                 options: FrontendOptions, arena_bytes: int,
+                 secrets: RestrictionSecrets | None = None) -> None:
         self._dp = dataplane
         self._control = control
         self._http = http_sockets
         self._grpc = grpc_sockets
-        self._spec = spec
+        self._options = options
         self._arena_bytes = arena_bytes
-        self._secrets = json.dumps(secrets or {}).encode()
+        self._secrets = (secrets or RestrictionSecrets()).to_json()
         self._slots = [_Slot(i) for i in range(count)]
         self._stopping = False
         self._restarts: set[asyncio.Task[None]] = set()
@@ -93,13 +95,12 @@ class FrontendPool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         handoff, their_handoff = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         secrets_in, secrets_out = os.pipe()
-        spec = {**self._spec, "index": slot.index, "channel": theirs.fileno(),
-                "handoff": their_handoff.fileno(), "requests": [requests.fd, requests.size],
-                "responses": [responses.fd, responses.size], "secrets_fd": secrets_in}
+        spec = FrontendSpec(slot.index, theirs.fileno(), their_handoff.fileno(), (requests.fd, requests.size),
+                            (responses.fd, responses.size), secrets_in, self._options)
         env = dict(os.environ)
         env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))
         try:
-            process = subprocess.Popen([sys.executable, "-m", "engine.workers.frontend", json.dumps(spec)],
+            process = subprocess.Popen([sys.executable, "-m", "engine.workers.frontend", spec.to_json()],
                                        pass_fds=[theirs.fileno(), their_handoff.fileno(), requests.fd,
                                                  responses.fd, secrets_in], env=env)
         finally:
