@@ -7,6 +7,10 @@
                   handlers, the codec, Health/Watch, the listener
     h2/           our HTTP/2, and nothing else: a sans-I/O core (shared with the load tester's client) and
                   its asyncio adapter
+    engine.py     the engine seam: what the frontends call on the engine (the DataPlane, or the workers'
+                  engine client), as a Protocol
+    options.py    what a process's frontends are built from, one frozen value per component
+    build.py      the one place a process's HTTP and gRPC frontends are built, in either layout
     wire.py       tensor bytes on the wire, shared by both protocols, and what one request may hold
     compression.py, connections.py, tls.py
                   what both protocols share: gzip/deflate, connection counts, TLS contexts

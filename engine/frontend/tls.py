@@ -35,13 +35,10 @@ class TlsSettings:
     mutual: bool = False  # require and verify a client certificate (mTLS)
     flag_prefix: str = "--grpc"
 
-    def to_spec(self) -> dict[str, Any]:
-        """Plain values for a frontend process's JSON spec."""
-        return {"server_cert": self.server_cert, "server_key": self.server_key, "root_cert": self.root_cert,
-                "mutual": self.mutual, "flag_prefix": self.flag_prefix}
-
     @classmethod
     def from_spec(cls, spec: dict[str, Any] | None) -> TlsSettings | None:
+        """Settings read back from their plain fields (FrontendOptions.from_dict: a frontend process's JSON
+        spec, written by dataclasses.asdict); None stays None."""
         return None if spec is None else cls(**spec)
 
 
