@@ -7,6 +7,8 @@
                   handlers, the codec, Health/Watch, the listener
     h2/           our HTTP/2, and nothing else: a sans-I/O core (shared with the load tester's client) and
                   its asyncio adapter
+    endpoints.py  the endpoint table: every HTTP endpoint and gRPC method, its handler, API group, where it
+                  runs with --workers N and whether its client leaving cancels it; the matcher of a path
     engine.py     the engine seam: what the frontends call on the engine (the DataPlane, or the workers'
                   engine client), as a Protocol
     options.py    what a process's frontends are built from, one frozen value per component

@@ -6,8 +6,9 @@ request the same way. When the check classified the raw path and the router perc
 `/v2/%72epository/...` was in no group for the check and the repository API for the router: every restriction
 and key group was skipped. Now the connection parses the target once (`parse_target`), the check asks the
 result for its group, and the router dispatches on the same result's `endpoint`; a frontend process forwards
-the parsed result itself (`to_wire`), never the text to be read again. An endpoint's group is fixed in
-`Endpoint`, so whatever routes is in the group of what it routes to, by construction.
+the parsed result itself (`to_wire`), never the text to be read again. The decoded segments are matched
+against the endpoint table (frontend/endpoints.py), whose row fixes both the group and the handler, so
+whatever routes is in the group of what it routes to, by construction.
 
 The rules (RFC 3986 §3.3, read strictly, as an API server may):
 - the target is an absolute path (origin-form), with an optional query after the first `?`; no fragment;
@@ -21,50 +22,11 @@ The query is kept as it came (`query`): the batch API reads its own parameters f
 
 from __future__ import annotations
 
-import enum
 import unicodedata
 from typing import Any, NamedTuple
 
 from ...access.groups import ApiGroup
-
-G = ApiGroup
-
-
-class Endpoint(enum.Enum):
-    """What a path names, with its API group as Triton groups them (server src/http_server.cc: each Handle*
-    checks one category). NONE: no endpoint (404, in no group: it still needs a key). MALFORMED: a target
-    refused before anything else (400)."""
-
-    SERVER_METADATA = ("server_metadata", G.METADATA)
-    HEALTH_LIVE = ("health_live", G.HEALTH)
-    HEALTH_READY = ("health_ready", G.HEALTH)
-    MODELS_STATS = ("models_stats", G.STATISTICS)  # /v2/models/stats: every model's
-    MODEL_METADATA = ("model_metadata", G.METADATA)
-    MODEL_READY = ("model_ready", G.HEALTH)  # model readiness is in `health`, as in Triton
-    MODEL_CONFIG = ("model_config", G.MODEL_CONFIG)
-    MODEL_STATS = ("model_stats", G.STATISTICS)
-    MODEL_INFER = ("model_infer", G.INFERENCE)
-    MODEL_GENERATE = ("model_generate", G.INFERENCE)
-    MODEL_GENERATE_STREAM = ("model_generate_stream", G.INFERENCE)
-    MODEL_TRACE = ("model_trace", G.TRACE)
-    TRACE = ("trace", G.TRACE)
-    LOGGING = ("logging", G.LOGGING)
-    REPOSITORY_INDEX = ("repository_index", G.MODEL_REPOSITORY)
-    REPOSITORY_LOAD = ("repository_load", G.MODEL_REPOSITORY)
-    REPOSITORY_UNLOAD = ("repository_unload", G.MODEL_REPOSITORY)
-    SYSTEM_SHM = ("system_shm", G.SHARED_MEMORY)
-    CUDA_SHM = ("cuda_shm", G.SHARED_MEMORY)
-    OPENAI = ("openai", G.INFERENCE)  # /v1/...: the OpenAI-compatible API; generation is inference
-    NONE = ("none", None)
-    MALFORMED = ("malformed", None)
-
-    def __init__(self, label: str, group: ApiGroup | None) -> None:
-        self.label = label
-        self.group = group  # a plain attribute: read once per request, by the access check
-
-    # Members are singletons: identity hashing (C, not Enum's hash of the name) for the sets and dicts of
-    # endpoints the routes test on every request. Never hashed across processes (they cross by name).
-    __hash__ = object.__hash__
+from ..endpoints import Endpoint, match
 
 
 class HttpTarget(NamedTuple):
@@ -146,12 +108,7 @@ def _parse(url: bytes) -> HttpTarget:
         if not text.isprintable() or "" in segments or "." in segments or ".." in segments:
             return malformed(next(_segment_problem(s) for s in segments
                                   if s in _DOTS_OR_EMPTY or not s.isprintable()))
-        found = tuple(segments)
-        if len(found) == 4 and found[0] == "v2" and found[1] == "models":  # the usual request, at once
-            endpoint = _MODEL_ACTIONS.get(found[3])
-            if endpoint is not None:
-                return _new(HttpTarget, (endpoint, found, query, found[2], "", "", ""))
-        return classify(found, query)
+        return classify(tuple(segments), query)
     if b"#" in path:
         return malformed("the request target must not carry a fragment ('#')")
     parts = path[1:].split(b"/")
@@ -221,80 +178,13 @@ def _segment_problem(segment: str) -> str:
     return "control character in the request path (raw or percent-encoded) is refused"
 
 
-_MODEL_ACTIONS = {"ready": Endpoint.MODEL_READY, "config": Endpoint.MODEL_CONFIG,
-                  "stats": Endpoint.MODEL_STATS, "infer": Endpoint.MODEL_INFER,
-                  "generate": Endpoint.MODEL_GENERATE, "generate_stream": Endpoint.MODEL_GENERATE_STREAM}
-_SHM = {"systemsharedmemory": Endpoint.SYSTEM_SHM, "cudasharedmemory": Endpoint.CUDA_SHM}
-_SHM_ACTIONS = ("status", "register", "unregister")
-_HEALTH = {"live": Endpoint.HEALTH_LIVE, "ready": Endpoint.HEALTH_READY}
-_METADATA, _MODEL_METADATA = Endpoint.SERVER_METADATA, Endpoint.MODEL_METADATA
-_MODEL_TRACE = Endpoint.MODEL_TRACE
-
-
 def classify(segments: tuple[str, ...], query: str = "") -> HttpTarget:
-    """The endpoint decoded segments name (Triton's endpoints, server src/http_server.cc, and /v1)."""
-    n = len(segments)
-    if not n:
-        return HttpTarget(_NONE, segments, query)
-    first = segments[0]
-    if first == "v2":
-        if n >= 3 and segments[1] == "models":
-            return _model(segments, n, query)
-        return _v2(segments, n, query)
-    if first == "v1":
-        return HttpTarget(Endpoint.OPENAI, segments, query)
-    return HttpTarget(_NONE, segments, query)
-
-
-def _model(segments: tuple[str, ...], n: int, query: str) -> HttpTarget:
-    """/v2/models/stats, /v2/models/{name}[/versions/{v}][/{action} | /trace/setting]."""
-    name = segments[2]
-    if n == 4:  # /v2/models/{name}/{action}: the usual request
-        endpoint = _MODEL_ACTIONS.get(segments[3])
-        if endpoint is not None:
-            return HttpTarget(endpoint, segments, query, name)
-        return HttpTarget(_NONE, segments, query)
-    if n == 3:
-        if name == "stats":
-            return HttpTarget(Endpoint.MODELS_STATS, segments, query)
-        return HttpTarget(_MODEL_METADATA, segments, query, name)
-    rest, version = segments[3:], ""
-    if len(rest) >= 2 and rest[0] == "versions":
-        version, rest = rest[1], rest[2:]
-    if not rest:
-        return HttpTarget(_MODEL_METADATA, segments, query, name, version)
-    if len(rest) == 1:
-        endpoint = _MODEL_ACTIONS.get(rest[0])
-        if endpoint is not None:
-            return HttpTarget(endpoint, segments, query, name, version)
-    elif rest == ("trace", "setting"):
-        return HttpTarget(_MODEL_TRACE, segments, query, name, version)
-    return HttpTarget(_NONE, segments, query)
-
-
-def _v2(segments: tuple[str, ...], n: int, query: str) -> HttpTarget:
-    """Every /v2 endpoint but the models'."""
-    if n == 1:
-        return HttpTarget(_METADATA, segments, query)
-    second = segments[1]
-    if n == 3 and second == "health" and segments[2] in _HEALTH:
-        return HttpTarget(_HEALTH[segments[2]], segments, query)
-    if n == 2 and second == "logging":
-        return HttpTarget(Endpoint.LOGGING, segments, query)
-    if n == 3 and second == "trace" and segments[2] == "setting":
-        return HttpTarget(Endpoint.TRACE, segments, query)
-    if second == "repository":
-        if n == 3 and segments[2] == "index":
-            return HttpTarget(Endpoint.REPOSITORY_INDEX, segments, query)
-        if n == 5 and segments[2] == "models" and segments[4] in ("load", "unload"):
-            endpoint = Endpoint.REPOSITORY_LOAD if segments[4] == "load" else Endpoint.REPOSITORY_UNLOAD
-            return HttpTarget(endpoint, segments, query, segments[3])
-    if second in _SHM:  # /v2/<kind>[/region/<name>]/<action>
-        if n == 3 and segments[2] in _SHM_ACTIONS:
-            return HttpTarget(_SHM[second], segments, query, "", "", segments[2])
-        if n == 5 and segments[2] == "region" and segments[4] in _SHM_ACTIONS:
-            return HttpTarget(_SHM[second], segments, query, segments[3], "", segments[4])
-    return HttpTarget(_NONE, segments, query)
+    """The endpoint decoded segments name, matched against the endpoint table (frontend/endpoints.py)."""
+    endpoint, captured = match(segments)
+    if not captured:
+        return _new(HttpTarget, (endpoint, segments, query, "", "", "", ""))
+    return _new(HttpTarget, (endpoint, segments, query, captured.get("name", ""), captured.get("version", ""),
+                             captured.get("action", ""), ""))
 
 
 def model_target(endpoint: Endpoint, name: str, version: str = "") -> HttpTarget:

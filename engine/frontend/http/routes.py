@@ -4,7 +4,8 @@ unload). The generate extension (generate.py) runs in a task per request; `gener
 events through the connection's `ResponseStream` while that task runs.
 
 Routing dispatches on the request's target, parsed once by the connection (path.py), the same result
-the access check read; no routing table. Inference creates no task: the connection's `on_done` becomes
+the access check read: its endpoint's row in the endpoint table (frontend/endpoints.py) names the methods
+it answers and the handler here that answers it. Inference creates no task: the connection's `on_done` becomes
 the data plane's one done-callback, and `_Infer` answers from that future. Errors leave as
 `{"error": "..."}` with the status from `STATUS`, the one table from `ErrorCode` to HTTP. The connections
 that call `handle()` are connection.py's, owned by `HttpApp` (app.py).
@@ -16,6 +17,7 @@ import asyncio
 import base64
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -29,6 +31,7 @@ from ...observability.tracing import settings as trace_settings
 from ...types import InferenceRequest, InferenceResponse
 from .. import compression
 from ..engine import Engine
+from ..endpoints import Endpoint, HttpRow, WrongMethod
 from ..wire import limits as wire_limits
 from .codec import (
     HEADER_LENGTH,
@@ -39,7 +42,7 @@ from .codec import (
     too_deep,
 )
 from .generate import MetadataSource, answer_generate
-from .path import Endpoint, HttpTarget, parse_target
+from .path import HttpTarget, parse_target
 from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 
 if TYPE_CHECKING:
@@ -182,77 +185,83 @@ class HttpRoutes:
             return _error(500, f"internal error: {e}")
 
     def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
-        """Dispatch on the request's parsed target (path.py): the one the access check read. A request
-        that came with none (nothing in the server makes one so) is parsed here by the same function."""
+        """Dispatch on the request's parsed target (path.py): the one the access check read. Its endpoint's
+        row (frontend/endpoints.py) names the methods it answers and the handler below that answers it. A
+        request that came with none (nothing in the server makes one so) is parsed here by the same
+        function."""
         target = req.target if req.target is not None else parse_target(req.url)
-        endpoint, method = target.endpoint, req.method
-        if endpoint in _MODEL_ENDPOINTS:
-            return self._model_route(req, method, target, on_done)
-        if endpoint is Endpoint.OPENAI and self.openai is not None:
-            return self.openai.handle(req, list(target.segments[1:]), on_done)
-        if endpoint is Endpoint.MALFORMED:
-            raise invalid(target.problem)
-        if endpoint in (Endpoint.SYSTEM_SHM, Endpoint.CUDA_SHM):
-            return self._shared_memory(req, target)
-        if endpoint is Endpoint.LOGGING:
-            return self._logging(req, method)
-        if endpoint is Endpoint.TRACE:
-            return self._trace(req, method, "")
-        if method in (b"GET", b"HEAD"):
-            if endpoint is Endpoint.SERVER_METADATA:
-                return _json(self.dp.server_metadata())
-            if endpoint is Endpoint.HEALTH_LIVE:
-                return _status(self.dp.live())
-            if endpoint is Endpoint.HEALTH_READY:
-                return _status(self.dp.ready())
-            if endpoint is Endpoint.MODELS_STATS:
-                return _json({"model_stats": self.dp.statistics()})
-        if method == b"POST":
-            if endpoint is Endpoint.REPOSITORY_INDEX:
-                return self._index(req)
-            if endpoint in (Endpoint.REPOSITORY_LOAD, Endpoint.REPOSITORY_UNLOAD):
-                # parsed here, so its errors are answered here
-                doc = _json_body(req, self.limits.max_body_bytes)
-                return self._spawn(self._load(doc, target.name) if endpoint is Endpoint.REPOSITORY_LOAD else
-                                   self._unload(doc, target.name), on_done)
-        if endpoint is Endpoint.NONE or endpoint is Endpoint.OPENAI:
+        row = target.endpoint.row
+        if row.methods is not None and req.method not in row.methods:
+            return _wrong_method(row, req.method, target)
+        return _HANDLERS[target.endpoint](self, req, target, on_done)
+
+    # The handlers, one per row of the endpoint table (frontend/endpoints.py `Endpoint`), each called as
+    # handler(req, target, on_done) once the row's methods were checked.
+
+    def server_metadata(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json(self.dp.server_metadata())
+
+    def health_live(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _status(self.dp.live())
+
+    def health_ready(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _status(self.dp.ready())
+
+    def models_stats(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json({"model_stats": self.dp.statistics()})
+
+    def model_metadata(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json(self.dp.model_metadata(target.name, target.version))
+
+    def model_ready(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _status(self.dp.require_model_ready(target.name, target.version))
+
+    def model_config(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json(self.dp.model_config(target.name, target.version))
+
+    def model_stats(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json({"model_stats": self.dp.statistics(target.name, target.version)})
+
+    def generate(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Pending:
+        """generate and generate_stream (generate.py); the stream's events go through the connection's
+        `ResponseStream`."""
+        body = _body(req, self.limits.max_body_bytes)
+        stream = req.stream if target.endpoint is Endpoint.MODEL_GENERATE_STREAM else None
+        return self._spawn(answer_generate(self.engine, self.metadata, target.name, target.version, body,
+                                           self.limits.max_body_bytes, req.start_ns, stream, req.owner),
+                           on_done)
+
+    def repository_index(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return self._index(req)
+
+    def repository_load(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Pending:
+        doc = _json_body(req, self.limits.max_body_bytes)  # parsed here, so its errors are answered here
+        return self._spawn(self._load(doc, target.name), on_done)
+
+    def repository_unload(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Pending:
+        doc = _json_body(req, self.limits.max_body_bytes)
+        return self._spawn(self._unload(doc, target.name), on_done)
+
+    def openai_api(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        """/v1: the OpenAI-compatible API, which routes within it (openai/routes.py); no endpoint in a
+        process without it."""
+        if self.openai is None:
             raise not_found(f"no endpoint at {target.path}")
-        raise not_found(f"no endpoint {method.decode()} {target.path}")
+        return self.openai.handle(req, list(target.segments[1:]), on_done)
 
-    def _model_route(self, req: HttpRequest, method: bytes, target: HttpTarget, on_done: OnDone
-                     ) -> Answer | Pending:
-        endpoint, name, version = target.endpoint, target.name, target.version
-        if endpoint is Endpoint.MODEL_TRACE:
-            return self._trace(req, method, name)
-        if endpoint is Endpoint.MODEL_INFER:
-            if method != b"POST":
-                return _error(405, "infer needs POST")
-            return self._infer(req, name, version, on_done)
-        if endpoint in _GENERATE:
-            action = _GENERATE[endpoint]
-            if method != b"POST":
-                return _error(405, f"{action} needs POST")
-            body = _body(req, self.limits.max_body_bytes)
-            stream = req.stream if endpoint is Endpoint.MODEL_GENERATE_STREAM else None
-            return self._spawn(answer_generate(self.engine, self.metadata, name, version, body,
-                                               self.limits.max_body_bytes, req.start_ns, stream, req.owner),
-                               on_done)
-        if method not in (b"GET", b"HEAD"):
-            action = "metadata" if endpoint is Endpoint.MODEL_METADATA else target.segments[-1]
-            return _error(405, f"{action} needs GET")
-        if endpoint is Endpoint.MODEL_METADATA:
-            return _json(self.dp.model_metadata(name, version))
-        if endpoint is Endpoint.MODEL_READY:
-            return _status(self.dp.require_model_ready(name, version))
-        if endpoint is Endpoint.MODEL_CONFIG:
-            return _json(self.dp.model_config(name, version))
-        return _json({"model_stats": self.dp.statistics(name, version)})  # MODEL_STATS
+    def no_endpoint(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        raise not_found(f"no endpoint at {target.path}")
 
-    def _infer(self, req: HttpRequest, name: str, version: str, on_done: OnDone) -> Pending:
+    def malformed(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        """Refused by the connection before routing (400); answered the same should one get here."""
+        raise invalid(target.problem)
+
+    def infer(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Pending:
         """Decode and submit, with `on_done` as the answer: the data plane's one done-callback accounts the
         request, then calls it. A compressed body is decompressed first (Inference-Header-Content-Length
         counts the JSON of the decompressed body, as tritonclient sends it); a client accepting a compressed
         response gets one, built in a task of its own."""
+        name, version = target.name, target.version
         header_id = req.headers.get(b"x-request-id")
         checked = check_header_request_id(header_id, "header X-Request-ID") if header_id else ""
         try:
@@ -279,13 +288,13 @@ class HttpRoutes:
     async def _local_metadata(self, name: str, version: str) -> dict[str, Any]:
         return self.dp.model_metadata(name, version)
 
-    def _shared_memory(self, req: HttpRequest, target: HttpTarget) -> Answer:
+    def shared_memory(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
         """/v2/{system,cuda}sharedmemory[/region/{name}]/{status,register,unregister} (Triton's endpoints,
         server src/http_server.cc HandleSystemSharedMemory / HandleCudaSharedMemory)."""
         cuda = target.endpoint is Endpoint.CUDA_SHM
         name, action = target.name, target.action
         if (req.method not in (b"GET", b"HEAD")) if action == "status" else req.method != b"POST":
-            return _error(405, "Method Not Allowed")
+            return _error(405, "Method Not Allowed")  # the row lists no methods: they depend on the action
         caller = Caller(req.owner, *req.ends)
         if action == "status":
             return _json(self.dp.shm_status(cuda, name, caller))
@@ -307,24 +316,20 @@ class HttpRoutes:
         self.dp.shm_register(name, doc["key"], doc.get("offset", 0), doc["byte_size"], caller)
         return 200, b"", _JSON, b""
 
-    def _logging(self, req: HttpRequest, method: bytes) -> Answer:
+    def log_settings(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
         """Triton's logging extension: GET reads the settings, POST changes those it names (null: left as
         is), each checked for its JSON type first."""
-        if method not in (b"GET", b"POST"):
-            return _error(405, "Method Not Allowed")
         changes = None
-        if method == b"POST":
+        if req.method == b"POST":
             changes = _log_changes(_json_body(req, self.limits.max_body_bytes))
         return _json(self.dp.log_settings(changes, http=True))
 
-    def _trace(self, req: HttpRequest, method: bytes, model: str) -> Answer:
-        """Triton's trace extension, server-wide (`model` "") or for one model."""
-        if method not in (b"GET", b"POST"):
-            return _error(405, "Method Not Allowed")
+    def trace_setting(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        """Triton's trace extension, server-wide (/v2/trace/setting: `target.name` "") or for one model."""
         changes = None
-        if method == b"POST":
+        if req.method == b"POST":
             changes = trace_settings.changes_from_json(_json_body(req, self.limits.max_body_bytes))
-        return _json(self.dp.trace_setting(model, changes))
+        return _json(self.dp.trace_setting(target.name, changes))
 
     def _index(self, req: HttpRequest) -> Answer:
         doc = _json_body(req, self.limits.max_body_bytes)
@@ -362,11 +367,20 @@ class HttpRoutes:
         return Deferred(task)
 
 
-# the generate extension (generate.py), by its endpoint's action
-_GENERATE = {Endpoint.MODEL_GENERATE: "generate", Endpoint.MODEL_GENERATE_STREAM: "generate_stream"}
-_MODEL_ENDPOINTS = frozenset({Endpoint.MODEL_METADATA, Endpoint.MODEL_READY, Endpoint.MODEL_CONFIG,
-                              Endpoint.MODEL_STATS, Endpoint.MODEL_INFER, Endpoint.MODEL_GENERATE,
-                              Endpoint.MODEL_GENERATE_STREAM, Endpoint.MODEL_TRACE})
+# Each endpoint's handler, by the name its row gives (frontend/endpoints.py): a row without one fails here, at
+# import.
+_HANDLERS: dict[Endpoint, Callable[[HttpRoutes, HttpRequest, HttpTarget, OnDone], Answer | Pending]] = {
+    endpoint: getattr(HttpRoutes, endpoint.row.handler) for endpoint in Endpoint}
+
+
+def _wrong_method(row: HttpRow, method: bytes, target: HttpTarget) -> Answer:
+    """A method the endpoint's row does not list, answered as the row says."""
+    if row.wrong_method is WrongMethod.NEEDS:
+        assert row.methods is not None
+        return _error(405, f"{row.action} needs {row.methods[0].decode()}")
+    if row.wrong_method is WrongMethod.NOT_ALLOWED:
+        return _error(405, "Method Not Allowed")
+    raise not_found(f"no endpoint {method.decode()} {target.path}")
 
 
 def _log_changes(doc: dict[str, Any]) -> dict[str, Any]:
