@@ -8,7 +8,7 @@
     handlers.py      `GrpcHandlers`: each RPC's logic, message in, message out; ErrorCode → status (`STATUS`)
     codec.py         ModelInferRequest / ModelInferResponse ↔ engine types
     health_watch.py  Health/Watch: one notifier per process for every stream watched
-    api_groups.py    which API group each method is in, as Triton groups them
+    api_groups.py    which API group each method is in, by `:path`, from the endpoint table (../endpoints.py)
 
 gRPC lives here rather than in h2/ so that h2/ stays HTTP/2 only: the load tester's client takes the HTTP/2
 core without any of the server's gRPC, and a second protocol on HTTP/2 would sit beside this one.

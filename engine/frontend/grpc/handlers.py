@@ -73,11 +73,6 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.INTERNAL: GrpcStatus.INTERNAL,
 }
 
-# Unary RPCs whose handlers take the call's Caller too (engine/access/caller.py): client shared memory is
-# scoped by API key, and registering needs the connection's ends (the client's user).
-CALLER_RPCS = frozenset({"SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
-                         "SystemSharedMemoryUnregister"})
-
 # RPCs of inference.GRPCInferenceService that hubserve answers with UNIMPLEMENTED, by the extension they
 # belong to (Triton's names, core src/server.cc); HTTP answers their endpoints with 501
 # (http/routes.py _UNSERVED).

@@ -1,34 +1,25 @@
-"""The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`; the fixed
+"""The gRPC side of the wire (grpc/doc/PROTOCOL-HTTP2.md): the methods we serve, by `:path`, built from the
+endpoint table (frontend/endpoints.py); the fixed
 response header blocks; status trailers and a refusal's message; `grpc-timeout`. Used by call.py's Call.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ...access.policy import Refusal
 from ...proto import grpc_service_pb2, health_pb2
+from ..endpoints import GRPC_BY_PATH, Kind
 from ..h2.headers import indexed, literal
-from .handlers import CALLER_RPCS, GrpcHandlers
+from .handlers import GrpcHandlers
 
 # RFC 7541 Appendix A: static index 8 is ":status: 200", 31 the name "content-type".
 RESPONSE_HEAD = indexed(8) + literal(31, b"application/grpc")
 OK_TRAILERS = literal(b"grpc-status", b"0")
 TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0,
                  ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
-
-
-class Kind(enum.Enum):
-    UNARY = "unary"  # one request, one response; the handler may return an awaitable
-    INFER = "infer"  # ModelInfer: the message bytes to submit_infer_wire, answered from its future's callback
-    # ModelStreamInfer: each request's bytes to stream_infer_wire, answered as it completes
-    STREAM_INFER = "stream infer"
-    # grpc.health.v1 Health/Watch: one request, then the status on every change, from the process's
-    # HealthWatch (health_watch.py); the handler is the statuses it reads (`watch_statuses`)
-    WATCH = "watch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,25 +31,23 @@ class Rpc:
 
 
 def rpc_table(handlers: GrpcHandlers) -> dict[bytes, Rpc]:
-    """`:path` → Rpc for every method the services declare. A method without a handler fails here, at
+    """`:path` → Rpc for every method the services declare, each as its row in the endpoint table says. A
+    method without a row, a row without a method, or a streaming method its row calls unary fails here, at
     start."""
     table = {}
     for module in (grpc_service_pb2, health_pb2):
         for service in module.DESCRIPTOR.services_by_name.values():  # type: ignore[attr-defined]
             for method in service.methods:
+                path = f"/{service.full_name}/{method.name}".encode()
+                row = GRPC_BY_PATH.get(path)
+                if row is None:
+                    raise TypeError(f"no row in the endpoint table for RPC {method.full_name}")
+                if row.kind is Kind.UNARY and (method.client_streaming or method.server_streaming):
+                    raise TypeError(f"streaming RPC {method.full_name} has a unary row")
                 request_type = getattr(module, method.input_type.name)
-                if method.name == "ModelInfer":
-                    rpc = Rpc(Kind.INFER, request_type, handlers.submit_infer_wire)
-                elif method.name == "ModelStreamInfer":
-                    rpc = Rpc(Kind.STREAM_INFER, request_type, handlers.stream_infer_wire)
-                elif method.full_name == "grpc.health.v1.Health.Watch":
-                    rpc = Rpc(Kind.WATCH, request_type, handlers.watch_statuses)
-                elif method.client_streaming or method.server_streaming:
-                    raise TypeError(f"no handler for streaming RPC {method.full_name}")
-                else:
-                    rpc = Rpc(Kind.UNARY, request_type, getattr(handlers, method.name),
-                              caller=method.name in CALLER_RPCS)
-                table[f"/{service.full_name}/{method.name}".encode()] = rpc
+                table[path] = Rpc(row.kind, request_type, getattr(handlers, row.handler), row.caller)
+    if missing := GRPC_BY_PATH.keys() - table.keys():
+        raise TypeError(f"rows for RPCs no service declares: {sorted(missing)}")
     return table
 
 
