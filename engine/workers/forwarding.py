@@ -13,8 +13,9 @@ import orjson
 
 from ..access.caller import NOBODY, Caller
 from ..errors import EngineError, ErrorCode
+from ..frontend.endpoints import GRPC_METHODS, Endpoint, Kind, Where
 from ..frontend.grpc.handlers import GrpcHandlers
-from ..frontend.http.path import Endpoint, model_target, parse_target
+from ..frontend.http.path import model_target, parse_target
 from ..frontend.http.routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http.types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 from .messages import GRPC, HEALTH, HTTP
@@ -22,23 +23,19 @@ from .remote import EngineClient
 from .streams import cancellable
 
 log = logging.getLogger("hubserve.workers")
+_LOCAL = Where.LOCAL
 
-# decoded here, submitted as inferences
-_LOCAL = frozenset({Endpoint.MODEL_INFER, Endpoint.MODEL_GENERATE, Endpoint.MODEL_GENERATE_STREAM})
 _CODE_OF_STATUS = {status: code for code, status in STATUS.items()}
-# The unary RPCs answered by the engine; the other unary RPCs refuse at once (extensions hubserve lacks), the
-# same in every process.
-FORWARDED_RPCS = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
-                  "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload",
-                  "Check", "SystemSharedMemoryStatus", "SystemSharedMemoryRegister",
-                  "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus", "CudaSharedMemoryRegister",
-                  "CudaSharedMemoryUnregister", "LogSettings", "TraceSetting")
+# The unary RPCs answered by the engine, as the endpoint table (frontend/endpoints.py) places them; the others
+# (inference, Health/Watch) run here.
+FORWARDED_RPCS = tuple(row for row in GRPC_METHODS if row.where is Where.FORWARDED and row.kind is Kind.UNARY)
 
 
 class FrontendRoutes:
-    """`handle` as HttpRoutes has it: POST to infer, generate and generate_stream go to the local routes
-    (decoded here, submitted over the engine client); any other request is forwarded, and the engine's
-    HttpRoutes answers it. Only inference is decoded here: every other route reads the repository or
+    """`handle` as HttpRoutes has it: a request to an endpoint whose row (frontend/endpoints.py) is LOCAL
+    (infer, generate and generate_stream), with a method the row lists, goes to the local routes (decoded
+    here, submitted over the engine client); any other request is forwarded, and the engine's HttpRoutes
+    answers it. Only inference is decoded here: every other route reads the repository or
     statistics, which only the engine has.
 
     A generate request needs the model's inputs to map its JSON: the frontend asks the engine for the
@@ -56,7 +53,8 @@ class FrontendRoutes:
         (frontend/http/path.py); it crosses to the engine as parsed, so the engine routes exactly what was
         checked here."""
         target = req.target if req.target is not None else parse_target(req.url)
-        if req.method == b"POST" and target.endpoint in _LOCAL:
+        row = target.endpoint.row
+        if row.where is _LOCAL and row.methods is not None and req.method in row.methods:
             return self.local.handle(req, on_done)
         body = req.body if isinstance(req.body, bytes) else bytes(req.body)
         # A generation (the OpenAI API) is cancelled in the engine when its client leaves, and may stream:
@@ -139,11 +137,11 @@ class FrontendGrpcHandlers(GrpcHandlers):
 
 def _forwarder(name: str) -> Any:
     def handler(self: FrontendGrpcHandlers, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
-        return self._forward(name, request, caller)  # the Call passes one to handlers.CALLER_RPCS
+        return self._forward(name, request, caller)  # the Call passes one where the row says `caller`
 
     handler.__name__ = name
     return handler
 
 
-for _name in FORWARDED_RPCS:
-    setattr(FrontendGrpcHandlers, _name, _forwarder(_name))
+for _row in FORWARDED_RPCS:  # the row's handler, here, forwards its method to the engine's (control.py)
+    setattr(FrontendGrpcHandlers, _row.handler, _forwarder(_row.method))

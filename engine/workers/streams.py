@@ -23,19 +23,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..frontend.http.path import Endpoint
+from ..frontend.endpoints import Endpoint, Where
 from .credit import SendWindow
 
 StreamHead = tuple[int, None, bytes, bytes]
-_CANCELLABLE = Endpoint.OPENAI.name
+# the endpoints, by name, whose forwarded requests the engine cancels when their client leaves
+_CANCELLABLE = frozenset(e.name for e in Endpoint if e.row.cancellable and e.row.where is Where.FORWARDED)
 
 
 def cancellable(endpoint: str) -> bool:
     """Whether a forwarded HTTP request is cancelled in the engine when its client leaves, by its parsed
-    target's endpoint name (frontend/http/path.py `HttpTarget.to_wire`): a generation (the OpenAI API), which
-    would otherwise run on for nobody. Other forwarded requests (a repository load, say) finish whatever
-    happens to their client, as they always have with --workers N."""
-    return endpoint == _CANCELLABLE
+    target's endpoint name (frontend/http/path.py `HttpTarget.to_wire`): a forwarded endpoint whose row
+    (frontend/endpoints.py) says so, a generation (the OpenAI API), which would otherwise run on for nobody.
+    Other forwarded requests (a repository load, say) finish whatever happens to their client, as they always
+    have with --workers N; a local endpoint's request forwarded only to be refused (a GET to infer) is
+    answered at once."""
+    return endpoint in _CANCELLABLE
 
 
 def is_stream_head(result: Any) -> bool:
