@@ -367,10 +367,20 @@ class HttpRoutes:
         return Deferred(task)
 
 
-# Each endpoint's handler, by the name its row gives (frontend/endpoints.py): a row without one fails here, at
-# import.
-_HANDLERS: dict[Endpoint, Callable[[HttpRoutes, HttpRequest, HttpTarget, OnDone], Answer | Pending]] = {
-    endpoint: getattr(HttpRoutes, endpoint.row.handler) for endpoint in Endpoint}
+Handler = Callable[[HttpRoutes, HttpRequest, HttpTarget, OnDone], "Answer | Pending"]
+
+
+def _handlers() -> dict[Endpoint, Handler]:
+    """Each endpoint's handler, by the name its row gives (frontend/endpoints.py): a row without one fails
+    here, at import."""
+    missing = [f"{e.name} ({e.row.handler})" for e in Endpoint
+               if not callable(getattr(HttpRoutes, e.row.handler, None))]
+    if missing:
+        raise TypeError(f"endpoint rows without a handler in HttpRoutes: {', '.join(missing)}")
+    return {endpoint: getattr(HttpRoutes, endpoint.row.handler) for endpoint in Endpoint}
+
+
+_HANDLERS = _handlers()
 
 
 def _wrong_method(row: HttpRow, method: bytes, target: HttpTarget) -> Answer:
