@@ -30,8 +30,8 @@ from ...observability.request_ids import check_header_request_id
 from ...observability.tracing import settings as trace_settings
 from ...types import InferenceRequest, InferenceResponse
 from .. import compression
-from ..engine import Engine
 from ..endpoints import Endpoint, HttpRow, WrongMethod
+from ..engine import Engine
 from ..wire import limits as wire_limits
 from .codec import (
     HEADER_LENGTH,
