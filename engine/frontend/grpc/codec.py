@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ...bounded_cache import BoundedCache
 from ...errors import invalid
 from ...observability.request_ids import check_request_id
 from ...proto import grpc_service_pb2 as pb
@@ -249,8 +250,8 @@ class InferWireCodec:
     MAX_KEY_BYTES = 8192
 
     def __init__(self) -> None:
-        self.plans: dict[bytes, _WirePlan] = {}
-        self.heads: dict[Any, bytes] = {}
+        self.plans: BoundedCache[bytes, _WirePlan] = BoundedCache(self.MAX_ENTRIES, self.MAX_KEY_BYTES)
+        self.heads: BoundedCache[Any, bytes] = BoundedCache(self.MAX_ENTRIES)
 
     def decode(self, message: Any) -> InferenceRequest:
         """Raises EngineError for a request the protocol or the engine refuses, DecodeError for bytes that
@@ -271,11 +272,9 @@ class InferWireCodec:
         request = decode_request(pb.ModelInferRequest.FromString(message))
         if len(request.parameters) > 1:  # a cached plan keeps this order: the hot path pays nothing
             request.parameters = in_wire_order(message, request.parameters)
-        if cut is not None and cut[2] and len(cut[0]) <= self.MAX_KEY_BYTES:
+        if cut is not None and cut[2]:
             # Only raw-content requests: typed contents are data, in the key, different every time.
-            if len(self.plans) >= self.MAX_ENTRIES:
-                self.plans.clear()
-            self.plans[cut[0]] = _WirePlan(request)
+            self.plans.put(cut[0], _WirePlan(request))
         return request
 
     def encode(self, response: InferenceResponse) -> tuple[list[Any], int]:
@@ -286,10 +285,7 @@ class InferWireCodec:
                tuple([(t.name, t.datatype, t.shape) for t in outputs]))
         head = self.heads.get(key)
         if head is None:
-            head = _response_head(response).SerializeToString()
-            if len(self.heads) >= self.MAX_ENTRIES:
-                self.heads.clear()
-            self.heads[key] = head
+            head = self.heads.put(key, _response_head(response).SerializeToString())
         parts: list[Any] = [head]
         size = len(head)
         if response.id:

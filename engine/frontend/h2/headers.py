@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hpack
 
+from ...bounded_cache import BoundedCache
 from .frames import H2ConnectionError, H2Error
 
 _CACHE_ENTRIES = 512  # distinct blocks kept (grpc-timeout values make blocks vary; bounded, then cleared)
@@ -71,7 +72,7 @@ class HeaderDecoder:
     def __init__(self, max_block_bytes: int) -> None:
         # hpack's own list-size guard only protects memory; our advertised limit is checked by the caller.
         self._decoder = hpack.Decoder(max_header_list_size=4 * max_block_bytes + 4096)
-        self._cache: dict[bytes, RequestHead] = {}
+        self._cache: BoundedCache[bytes, RequestHead] = BoundedCache(_CACHE_ENTRIES)
 
     def table_size_acknowledged(self) -> None:
         """The client acknowledged our SETTINGS_HEADER_TABLE_SIZE 0: a larger table is now an error."""
@@ -87,9 +88,7 @@ class HeaderDecoder:
                 return head
         head = _request_head(decoder.decode(block, raw=True))  # type: ignore[arg-type]
         if stateless:
-            if len(self._cache) >= _CACHE_ENTRIES:
-                self._cache.clear()
-            self._cache[block] = head
+            self._cache.put(block, head)
         return head
 
 
@@ -101,7 +100,7 @@ class ResponseDecoder:
     def __init__(self, max_block_bytes: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=4 * max_block_bytes + 4096)
         self._decoder.header_table_size = 0
-        self._cache: dict[bytes, dict[bytes, bytes]] = {}
+        self._cache: BoundedCache[bytes, dict[bytes, bytes]] = BoundedCache(_CACHE_ENTRIES)
 
     def table_size_acknowledged(self) -> None:
         self._decoder.max_allowed_table_size = 0
@@ -109,10 +108,8 @@ class ResponseDecoder:
     def decode(self, block: bytes) -> dict[bytes, bytes]:
         fields = self._cache.get(block)
         if fields is None:
-            fields = dict(self._decoder.decode(block, raw=True))  # type: ignore[arg-type]
-            if len(self._cache) >= _CACHE_ENTRIES:  # distinct blocks (error messages) must not pile up
-                self._cache.clear()
-            self._cache[block] = fields
+            # bounded: distinct blocks (error messages) must not pile up
+            fields = self._cache.put(block, dict(self._decoder.decode(block, raw=True)))  # type: ignore[arg-type]
         return fields
 
 

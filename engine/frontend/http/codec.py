@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ...bounded_cache import BoundedCache
 from ...errors import EngineError, invalid
 from ...observability.request_ids import check_request_id
 from ...types import (
@@ -42,17 +43,13 @@ class HeaderCache:
     MAX_HEADER_BYTES = 8192
 
     def __init__(self) -> None:
-        self.plans: dict[bytes, _Plan] = {}
+        self.plans: BoundedCache[bytes, _Plan] = BoundedCache(self.MAX_ENTRIES, self.MAX_HEADER_BYTES)
 
     def get(self, header: bytes) -> _Plan | None:
         return self.plans.get(header)
 
     def put(self, header: bytes, plan: _Plan) -> None:
-        if len(header) > self.MAX_HEADER_BYTES:
-            return
-        if len(self.plans) >= self.MAX_ENTRIES:
-            self.plans.clear()
-        self.plans[header] = plan
+        self.plans.put(header, plan)
 
 
 class _Plan(RequestPlan):

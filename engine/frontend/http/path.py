@@ -26,6 +26,7 @@ import unicodedata
 from typing import Any, NamedTuple
 
 from ...access.groups import ApiGroup
+from ...bounded_cache import BoundedCache
 from ..endpoints import Endpoint, match
 
 
@@ -75,9 +76,9 @@ def malformed(problem: str) -> HttpTarget:
 # Parses of recent targets, by the target's bytes: a client repeats the same few (its model's infer), and a
 # lookup costs a tenth of a parse. Bounded in entries and key size, and emptied when full, so distinct
 # targets cannot grow it; a target is immutable, so handing one out twice is safe.
-_CACHE: dict[bytes, HttpTarget] = {}
 CACHE_MAX_ENTRIES = 1024
 CACHE_MAX_URL_BYTES = 256
+_CACHE: BoundedCache[bytes, HttpTarget] = BoundedCache(CACHE_MAX_ENTRIES, CACHE_MAX_URL_BYTES)
 
 
 def parse_target(url: bytes) -> HttpTarget:
@@ -85,11 +86,7 @@ def parse_target(url: bytes) -> HttpTarget:
     Never raises: a target that breaks a rule comes back MALFORMED with the rule in `problem`."""
     target = _CACHE.get(url)
     if target is None:
-        target = _parse(url)
-        if len(url) <= CACHE_MAX_URL_BYTES:
-            if len(_CACHE) >= CACHE_MAX_ENTRIES:
-                _CACHE.clear()
-            _CACHE[url] = target
+        target = _CACHE.put(url, _parse(url))
     return target
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ... import classification
+from ...bounded_cache import BoundedCache
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode
 from ...model import Model, ModelState
@@ -68,7 +69,7 @@ class EnsembleModel(Model):
         self._idle.set()
         # What each step asks of its model, worked out once: the outputs it maps, nothing else.
         self.step_outputs = [[RequestedOutput(name) for name, _ in step.outputs] for step in plan.steps]
-        self._step_plans: dict[tuple, RequestPlan] = {}
+        self._step_plans: BoundedCache[tuple, RequestPlan] = BoundedCache(_MAX_PLANS)
 
     @property
     def model_dir(self) -> Path:
@@ -157,9 +158,7 @@ class EnsembleModel(Model):
         key = (index, *((t.name, t.datatype, t.shape) for t in inputs))
         plan = self._step_plans.get(key)
         if plan is None:
-            if len(self._step_plans) >= _MAX_PLANS:
-                self._step_plans.clear()
-            plan = self._step_plans[key] = RequestPlan()
+            plan = self._step_plans.put(key, RequestPlan())
         return plan
 
 
