@@ -50,7 +50,7 @@ WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_complet
 	tests/test_python_sequence.py tests/test_sequence_clients.py tests/test_decoupled.py tests/test_client_shm.py \
 	tests/test_access_server.py tests/test_canary.py tests/test_openai_api.py tests/test_openai_errors.py \
 	tests/test_observability.py tests/test_abuse.py tests/test_faults.py tests/test_generate_triton.py \
-	tests/test_openai_quota.py tests/test_generate_adapters.py tests/test_generate_statistics.py \
+	tests/test_openai_quota.py tests/test_generate_adapters.py tests/test_generate_statistics.py tests/test_generate_access.py \
 	tests/test_generate_limits.py tests/test_openai_batch_access.py tests/test_client_shm_owners.py \
 	tests/test_stream_backpressure.py tests/test_health_watch.py
 

@@ -5,6 +5,7 @@
     metrics.py      every Prometheus family, rendered from the stats at scrape time
     logs.py         the server's logging: where lines go, how they read, which levels pass; the access line
     observe.py      what an answered (or refused) inference owes beyond statistics: its access line, its spans
+    request_life.py the one end of every request that reached a model: its outcome counted, then observed
     request_ids.py  what a client's request id may be, checked where it enters
     tracing/        Triton's trace extension: settings, and the OTLP/HTTP JSON exporter of spans
 """

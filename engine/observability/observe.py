@@ -1,6 +1,7 @@
 """What happens when an inference is answered, beyond statistics: its access line (logs.py) and, when
-sampled, its spans (engine/observability/tracing/). Called from the batchers' one done-callback
-(engine/scheduling/inflight.py), after the request is accounted and before the frontend answers; and, for a
+sampled, its spans (engine/observability/tracing/). Called from request_life.py, the one end of every
+request that reached a model (a batcher's, an ensemble's, a generation's), after the request is counted and
+before the frontend answers; and, for a
 request refused before it reached a model (malformed, an unknown model, a wrong shape, a full queue),
 `refused` by whoever refused it (the data plane, or a frontend's decoding), only while access lines are on:
 its line, with its status and zero queue and compute time. Such a request has no spans.

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import EngineError
 from ..generate.core.request import SamplingParams
-from ..generate.serving.accounting import Outcome, RequestAccount
+from ..generate.serving.accounting import RequestAccount
 from ..generate.serving.driver import EngineDriver, ShownLogprob, TokenEvent
 
 
@@ -103,7 +103,7 @@ class Generation:
     def abort(self) -> None:
         """Stop every choice still running (the client left, or another choice failed)."""
         if self.error is None and self._left:
-            self._account(Outcome.CANCELLED)
+            self._account(None, cancelled=True)
         for choice in self.choices:
             if not choice.finished:
                 choice.finish_reason = "abort"
@@ -116,7 +116,7 @@ class Generation:
         if event.error is not None:
             self.error = event.error
             choice.finish_reason = "error"
-            self._account(Outcome.FAIL)
+            self._account(event.error)
             self.abort()
             self._settle(self.first)
             self._settle(self.done)
@@ -135,14 +135,14 @@ class Generation:
             self._left -= 1
         self._settle(self.first)
         if self._left == 0:
-            self._account(Outcome.SUCCESS)
+            self._account(None)
             self._settle(self.done)
         if self.listener is not None:  # after `done`: the listener's last event sees the generation done
             self.listener(choice, event)
 
-    def _account(self, outcome: Outcome) -> None:
+    def _account(self, error: EngineError | None, cancelled: bool = False) -> None:
         if self._started and self.account is not None:
-            self.account.finish(outcome)  # once: later calls do nothing
+            self.account.finish(error, cancelled)  # once: later calls do nothing
 
     @staticmethod
     def _settle(future: asyncio.Future[None]) -> None:

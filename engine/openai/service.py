@@ -22,6 +22,7 @@ from ..generate.serving.chat_template import ChatTemplate
 from ..generate.serving.model_folder import adapters_folder
 from ..generate.serving.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..model import Model
+from ..types import InferenceRequest
 from . import responses
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
@@ -101,8 +102,10 @@ class OpenAIService:
         cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
         reservation = self.quotas.charge(owner, cost) if priority is not Priority.BATCH \
             else charge_waiting(self.quotas, owner, cost)
-        gen = Generation(version.driver, request_id, prompts, api.n, params,
-                         RequestAccount(version.model.stats, received_ns))
+        model = version.model
+        request = InferenceRequest(model.name, model.version_str, [], id=request_id)  # for its access line
+        account = RequestAccount(model.stats, model.name, model.version_str, request, received_ns)
+        gen = Generation(version.driver, request_id, prompts, api.n, params, account)
         try:
             gen.start()
         except EngineError as e:

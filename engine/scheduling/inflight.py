@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode
-from ..observability import observe
+from ..observability.request_life import request_ended
 from ..observability.stats import ModelStats
 from ..types import Completion, InferenceRequest, InferenceResponse
 
@@ -42,8 +42,9 @@ class InflightBatcher:
                 received_ns: int, on_done: Completion | None) -> None:
         """Count an accepted request in flight and give its future the one done-callback: it accounts the
         request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is first taken
-        back from the batcher with `_withdraw(token)`), observes it (its access line and spans, while those
-        are on: engine/observability/observe.py) and then calls `on_done`, the frontend's answer."""
+        back from the batcher with `_withdraw(token)`) and observes it (its access line and spans, while
+        those are on), both in engine/observability/request_life.py, and then calls `on_done`, the
+        frontend's answer."""
         self._inflight += 1
         self._idle.clear()
         stats = self._stats
@@ -51,18 +52,11 @@ class InflightBatcher:
 
         def completed(f: asyncio.Future[InferenceResponse]) -> None:
             end = time.perf_counter_ns()
-            elapsed = end - received_ns
             cancelled = f.cancelled()
-            error = None
             if cancelled:
                 self._withdraw(token)
-                stats.cancelled.add(elapsed)
-            elif (error := f.exception()) is not None:
-                stats.record_request(stats.fail, elapsed)
-            else:
-                stats.record_request(stats.success, elapsed)
-            if observe.STATE.active:
-                observe.finished(self.config.name, version, request, error, cancelled, received_ns, end)
+            request_ended(stats, self.config.name, version, request, None if cancelled else f.exception(),
+                          cancelled, received_ns, end)
             if on_done is not None:
                 on_done(f)
 

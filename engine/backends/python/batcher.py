@@ -56,6 +56,11 @@ class RequestBatcher(Batcher):
         start = time.perf_counter_ns()
         for p in batch:
             self._stats.queue.add(start - p.enqueue_ns)
+        if observe.STATE.active:  # its access line's queue; its compute ends at its final response (Relay)
+            elements = sum(p.batch_size for p in batch)
+            for p in batch:
+                req = p.request
+                req.queued_ns, req.dispatched_ns, req.executed_batch = p.enqueue_ns, start, elements
         relays = [Relay(p, self._response, self._relay_finished, self._stats, start) for p in batch]
         failure: EngineError | None = None
         try:

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 
 from ...errors import EngineError
+from ...observability import observe
 from ...observability.stats import ModelStats
 from ...scheduling.batching.policy import Pending
 from ...streaming.window import Grant
@@ -88,6 +89,8 @@ class Relay:
             if self._grant is not None:
                 self._grant(1)
             return
+        if observe.STATE.active:  # its compute, on its access line and spans, ends with its final response
+            self.pending.request.computed_ns = now
         if isinstance(response, EngineError):
             future.set_exception(response)
         else:

@@ -12,7 +12,9 @@ model's request does:
   for every request that reached the engine, however it ended, as a decoupled Python model's execute
   counts whatever its responses did;
 - its outcome once: `success`, `fail` (an error, before or during generation) or `cancelled` (its client
-  left), each with the time since its arrival.
+  left), each with the time since its arrival;
+- then, as every request's end (engine/observability/request_life.py), its access line and, when sampled,
+  its spans, from the same times: queue until the hand-off, compute the whole generation, batch size 1.
 While it is open the request counts in `ModelStats.generating`, the version's pending count (the
 `nv_inference_pending_request_count` gauge). Per-response statistics (`response_stats`) are the Triton
 path's own (generate/triton/model.py): an OpenAI stream's chunks are not Triton responses.
@@ -22,26 +24,27 @@ Made and used on the loop only.
 
 from __future__ import annotations
 
-import enum
 import time
 
+from ...observability import observe
+from ...observability.request_life import request_ended
 from ...observability.stats import ModelStats
-
-
-class Outcome(enum.Enum):
-    SUCCESS = "success"
-    FAIL = "fail"
-    CANCELLED = "cancelled"
+from ...types import InferenceRequest
 
 
 class RequestAccount:
     """One request's times; `finish` records it, `drop` forgets one refused before it started (either once;
-    later calls do nothing)."""
+    later calls do nothing). `request` carries the times its access line and spans read (engine/observability/
+    request_life.py): Triton's request as decoded, or one made for a /v1 request (its id the API's)."""
 
-    __slots__ = ("finished", "received_ns", "stats", "submitted_ns")
+    __slots__ = ("finished", "model", "received_ns", "request", "stats", "submitted_ns", "version")
 
-    def __init__(self, stats: ModelStats, received_ns: int) -> None:
+    def __init__(self, stats: ModelStats, model: str, version: str, request: InferenceRequest,
+                 received_ns: int) -> None:
         self.stats = stats
+        self.model = model
+        self.version = version
+        self.request = request
         self.received_ns = received_ns
         self.submitted_ns = 0  # 0: not (yet) in the engine
         self.finished = False
@@ -59,16 +62,21 @@ class RequestAccount:
             self.finished = True
             self.stats.generating -= 1
 
-    def finish(self, outcome: Outcome) -> None:
+    def finish(self, error: BaseException | None, cancelled: bool = False) -> None:
+        """It ended: success (`error` None), fail (`error`, before or during generation) or cancelled (its
+        client left). Counted, then its access line and spans."""
         if self.finished:
             return
         self.finished = True
         stats, now = self.stats, time.perf_counter_ns()
         stats.generating -= 1
-        if self.submitted_ns:
-            stats.record_execution(1, 1, 0, now - self.submitted_ns, 0)
-        elapsed = now - self.received_ns
-        if outcome is Outcome.CANCELLED:
-            stats.cancelled.add(elapsed)
-        else:
-            stats.record_request(stats.success if outcome is Outcome.SUCCESS else stats.fail, elapsed)
+        submitted = self.submitted_ns
+        if submitted:
+            stats.record_execution(1, 1, 0, now - submitted, 0)
+        request = self.request
+        if observe.STATE.active:  # its queue: arrival to hand-off; its compute: the whole generation
+            request.queued_ns = self.received_ns
+            if submitted:
+                request.dispatched_ns, request.computed_ns, request.executed_batch = submitted, now, 1
+        request_ended(stats, self.model, self.version, request, None if cancelled else error, cancelled,
+                      self.received_ns, now)

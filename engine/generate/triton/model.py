@@ -44,7 +44,7 @@ from ...errors import EngineError, decoupled_unary, invalid
 from ...model import Model, ModelState
 from ...types import EMPTY_FINAL, Completion, DataType, InferenceRequest, InferenceResponse, Tensor
 from ..core.request import SamplingParams
-from ..serving.accounting import Outcome, RequestAccount
+from ..serving.accounting import RequestAccount
 from ..serving.driver import TokenEvent
 from ..serving.registry import GenerativeVersion, Reservation, TokenCharger, check_adapter
 from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
@@ -117,7 +117,8 @@ class GenerativeModel(Model):
             raise decoupled_unary()
         options = read_options(self.prepare(request), request.parameters)
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-        account = RequestAccount(self.stats, received_ns or time.perf_counter_ns())
+        account = RequestAccount(self.stats, self.name, self.version_str, request,
+                                 received_ns or time.perf_counter_ns())
         run = _Run(request, options, future, account)
         future.add_done_callback(functools.partial(self._completed, run, on_done))
         self._runs.add(run)
@@ -209,14 +210,14 @@ class GenerativeModel(Model):
             run.reservation.settle(run.prompt_tokens + run.generated if run.submitted else 0)
         if future.cancelled():
             self._responded(run, "cancel", time.perf_counter_ns() - now)
-            run.account.finish(Outcome.CANCELLED)
+            run.account.finish(None, cancelled=True)
         elif future.exception() is not None:
             self._responded(run, "fail", now - run.last_ns)
-            run.account.finish(Outcome.FAIL)
+            run.account.finish(future.exception())
         else:
             kind = "empty_response" if future.result() is EMPTY_FINAL else "success"
             self._responded(run, kind, now - run.last_ns)
-            run.account.finish(Outcome.SUCCESS)
+            run.account.finish(None)
         self._runs.discard(run)
         if not self._runs:
             self._idle.set()

@@ -38,6 +38,7 @@ from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode
 from ...model import Model, ModelState
 from ...observability import observe
+from ...observability.request_life import request_ended
 from ...types import Completion, InferenceRequest, InferenceResponse, RequestedOutput, RequestPlan, Tensor
 from .plan import EnsemblePlan, PlanProgress
 
@@ -122,15 +123,18 @@ class EnsembleModel(Model):
         """The ensemble future's one done-callback: account, cancel what still runs, let a waiting request
         in, then answer."""
         now = time.perf_counter_ns()
-        stats = self.stats
-        if future.cancelled():
-            stats.cancelled.add(now - received_ns)
-        elif future.exception() is not None:
-            stats.record_request(stats.fail, now - received_ns)
-        else:
-            stats.record_request(stats.success, now - received_ns)
-            batch = request_batch(run.request, self.config.max_batch_size > 0)
-            stats.record_execution(batch, 1, 0, now - run.started_ns, 0)
+        cancelled = future.cancelled()
+        error = None if cancelled else future.exception()
+        request = run.request
+        if observe.STATE.active:  # the ensemble's own access line and spans (its steps have theirs)
+            if run.started_ns:
+                request.queued_ns, request.dispatched_ns = run.enqueue_ns, run.started_ns
+                request.computed_ns = now
+            request.executed_batch = request_batch(request, self.config.max_batch_size > 0)
+        request_ended(self.stats, self.name, self.version_str, request, error, cancelled, received_ns, now)
+        if not cancelled and error is None:
+            self.stats.record_execution(request_batch(request, self.config.max_batch_size > 0), 1, 0,
+                                        now - run.started_ns, 0)
         run.cancel_steps()
         if run.started_ns:
             self._running -= 1
@@ -140,15 +144,6 @@ class EnsembleModel(Model):
             self._begin(self._waiting.popleft())
         if not self._running and not self._waiting:
             self._idle.set()
-        if observe.STATE.active:  # the ensemble's own access line and spans (its steps have theirs)
-            request = run.request
-            if run.started_ns:
-                request.queued_ns, request.dispatched_ns = run.enqueue_ns, run.started_ns
-                request.computed_ns = now
-            request.executed_batch = request_batch(request, self.config.max_batch_size > 0)
-            cancelled = future.cancelled()
-            observe.finished(self.name, self.version_str, request, None if cancelled else future.exception(),
-                             cancelled, received_ns, now)
         if on_done is not None:
             on_done(future)
 

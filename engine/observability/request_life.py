@@ -1,0 +1,44 @@
+"""The end of one request's life, whoever served it: its outcome counted in its version's statistics, then its
+access line and spans (observe.py) written from the same times.
+
+Why one function: a request reaches a model through one of four doors, and each used to account its end on
+its own: the batchers' one done-callback (engine/scheduling/inflight.py, for the dynamic, sequence and Python
+request batchers), the ensemble driver (scheduling/ensemble/driver.py), and generation, for Triton's
+generate and ModelStreamInfer (engine/generate/triton/model.py) and for the OpenAI API and its Batch API
+(engine/openai/generation.py) through engine/generate/serving/accounting.py. Each now ends here, so every
+answered inference counts once and writes one access line and, when sampled, its spans.
+
+The times a request carries (engine/types.py `InferenceRequest`, perf_counter ns, 0 = never reached): when
+it entered its queue (`queued_ns`), when its batch left the queue (`dispatched_ns`), when its outputs were
+ready (`computed_ns`), and the elements of the batch it ran in (`executed_batch`). Whoever serves it stamps
+them only while `observe.STATE.active`, so a server with lines and tracing off pays one attribute read.
+What each door stamps:
+- a batcher: its queue and its batch's execution (a decoupled Python model's compute lasts until its final
+  response: backends/python/decoupled.py);
+- an ensemble: from its arrival until its first step began, and the whole plan as its compute;
+- a generation: from its arrival until it was handed to the engine's driver (the wait for the engine's
+  build, then tokenizing), and the whole generation as its compute, batch size 1 (as its statistics count
+  it: engine/generate/serving/accounting.py).
+"""
+
+from __future__ import annotations
+
+from ..types import InferenceRequest
+from . import observe
+from .stats import ModelStats
+
+
+def request_ended(stats: ModelStats, model: str, version: str, request: InferenceRequest,
+                  error: BaseException | None, cancelled: bool, received_ns: int, end_ns: int) -> None:
+    """Count the request's outcome (success, fail with `error`, or cancelled: its client left) with its time
+    since `received_ns` (when the frontend received it), then observe it. Called once per request, on the
+    loop, before the frontend answers."""
+    elapsed = end_ns - received_ns
+    if cancelled:
+        stats.cancelled.add(elapsed)
+    elif error is not None:
+        stats.record_request(stats.fail, elapsed)
+    else:
+        stats.record_request(stats.success, elapsed)
+    if observe.STATE.active:
+        observe.finished(model, version, request, error, cancelled, received_ns, end_ns)
