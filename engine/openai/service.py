@@ -1,9 +1,10 @@
 """The OpenAI API's requests, transport aside: a checked request (protocol.py) → the prompt (chat template,
 tokenizer) → its limits → the engine (a `Generation`) → the answer (responses.py).
 
-Called on the loop by the HTTP routes (frontend/openai/routes.py). Tokenizing runs on the loop: a prompt is
-bounded before it is tokenized (`MAX_PROMPT_CHARS_PER_TOKEN` × the context), so this costs at most about a
-millisecond; every model step runs on its engine's thread (engine/generate/serving/driver.py).
+Called on the loop by the HTTP routes (frontend/openai/routes.py). The prompt goes through the generation
+APIs' one front door (engine/generate/serving/prompt.py: tokenizing, bounded, on the loop; the context's
+limits), refusals in OpenAI's words; every model step runs on its engine's thread
+(engine/generate/serving/driver.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..generate.core.request import Priority, SamplingParams
 from ..generate.serving.accounting import RequestAccount
 from ..generate.serving.chat_template import ChatTemplate
 from ..generate.serving.model_folder import adapters_folder
+from ..generate.serving.prompt import PromptDoor, PromptProblem, PromptRefused
 from ..generate.serving.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..model import Model
 from ..types import InferenceRequest
@@ -28,11 +30,6 @@ from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
 from .protocol import ApiRequest
 from .token_quotas import TokenQuotas, charge_waiting
-
-# A prompt longer than this many characters per token of context is refused before it is tokenized: no
-# tokenizer in use packs more characters into a token on average, and the bound keeps a huge prompt from
-# costing the loop its tokenization.
-MAX_PROMPT_CHARS_PER_TOKEN = 32
 
 
 class OpenAIService:
@@ -95,8 +92,9 @@ class OpenAIService:
                 check_adapter(version, adapter)
         except EngineError as e:
             raise _model_error(api.model, e) from None
-        prompts = self._prompts(api, version)
-        params = self._params(api, version, max(len(p) for p in prompts), priority)
+        door = PromptDoor.of(version.driver.engine)
+        prompts = self._prompts(api, door, version)
+        params = self._params(api, door, version, max(len(p) for p in prompts), priority)
         if adapter:
             params = dataclasses.replace(params, lora=adapter)
         cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
@@ -123,43 +121,21 @@ class OpenAIService:
             raise from_engine(gen.error)
         return responses.completion(gen, api.chat, api.model, created)
 
-    def _prompts(self, api: ApiRequest, version: GenerativeVersion) -> list[list[int]]:
-        engine = version.driver.engine
-        limit = engine.cache_config.max_model_len
-        param = "messages" if api.chat else "prompt"
+    def _prompts(self, api: ApiRequest, door: PromptDoor, version: GenerativeVersion) -> list[list[int]]:
+        """Each prompt's token ids, through the generation APIs' front door (generate/serving/prompt.py)."""
         texts: tuple[str | tuple[int, ...], ...] = (_render(version.chat_template, api),) if api.chat \
             else api.prompts
-        out = []
-        vocab = engine.tokenizer.vocab_size
-        for prompt in texts:
-            if isinstance(prompt, str):
-                if len(prompt) > MAX_PROMPT_CHARS_PER_TOKEN * limit:
-                    raise _context_error(limit, f"a prompt of {len(prompt)} characters", param)
-                ids = engine.tokenizer.encode(prompt)
-            else:
-                ids = list(prompt)
-                bad = next((t for t in ids if not 0 <= t < vocab), None)
-                if bad is not None:
-                    raise bad_request(f"Token id {bad} in 'prompt' is outside the model's vocabulary "
-                                      f"(0 - {vocab - 1}).", "prompt", "invalid_value")
-            if not ids:
-                raise bad_request(f"The {param} is empty after tokenizing: send at least one token.", param)
-            out.append(ids)
-        return out
+        try:
+            return [door.tokens(prompt) for prompt in texts]
+        except PromptRefused as e:
+            raise _refusal(e, api) from None
 
-    def _params(self, api: ApiRequest, version: GenerativeVersion, prompt_tokens: int,
+    def _params(self, api: ApiRequest, door: PromptDoor, version: GenerativeVersion, prompt_tokens: int,
                 priority: Priority) -> SamplingParams:
-        limit = version.driver.engine.cache_config.max_model_len
-        param = "messages" if api.chat else "prompt"
-        max_tokens = api.max_tokens
-        if max_tokens is None:
-            max_tokens = limit - prompt_tokens
-            if max_tokens < 1:
-                raise _context_error(limit, f"{prompt_tokens} tokens in the {param}, leaving none for the "
-                                            "completion", param)
-        elif prompt_tokens + max_tokens > limit:
-            raise _context_error(limit, f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
-                                        f"{param}, {max_tokens} in the completion)", param)
+        try:
+            max_tokens = door.budget(prompt_tokens, api.max_tokens)
+        except PromptRefused as e:
+            raise _refusal(e, api) from None
         stop = api.stop + (version.chat_template.stop if api.chat else ())
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
@@ -191,6 +167,23 @@ def _adapter_root(model: Model, adapter: str) -> str | None:
 
 def _render(template: ChatTemplate, api: ApiRequest) -> str:
     return template.render(api.messages)
+
+
+def _refusal(refused: PromptRefused, api: ApiRequest) -> OpenAIError:
+    """A prompt refused (generate/serving/prompt.py) in OpenAI's words, naming `messages` or `prompt`."""
+    param = "messages" if api.chat else "prompt"
+    limit, problem, value = refused.context_tokens, refused.problem, refused.value
+    if problem is PromptProblem.TOO_LONG_TO_TOKENIZE:
+        return _context_error(limit, f"a prompt of {value} characters", param)
+    if problem is PromptProblem.TOKEN_OUTSIDE_VOCABULARY:
+        return bad_request(f"Token id {value} in 'prompt' is outside the model's vocabulary "
+                           f"(0 - {refused.vocab_size - 1}).", "prompt", "invalid_value")
+    if problem is PromptProblem.EMPTY:
+        return bad_request(f"The {param} is empty after tokenizing: send at least one token.", param)
+    if problem is PromptProblem.NO_ROOM_FOR_COMPLETION:
+        return _context_error(limit, f"{value} tokens in the {param}, leaving none for the completion", param)
+    return _context_error(limit, f"{value + refused.max_tokens} tokens ({value} in the {param}, "
+                                 f"{refused.max_tokens} in the completion)", param)
 
 
 def _context_error(limit: int, requested: str, param: str) -> OpenAIError:

@@ -4,6 +4,7 @@
     registry.py       `GenerationRegistry`: which served models generate, one driver per version
     model_folder.py   a model folder's config parameters → a ready `GenerationEngine`
     chat_template.py  a folder's chat template: chat messages → one prompt
+    prompt.py         `PromptDoor`: both APIs' prompt checks: tokenizing, the context's limits
     latency.py        TTFT and inter-token histograms and token counters, for the metrics
     accounting.py     `RequestAccount`: a generation request's part in its version's Triton statistics
 """

@@ -46,8 +46,9 @@ from ...types import EMPTY_FINAL, Completion, DataType, InferenceRequest, Infere
 from ..core.request import SamplingParams
 from ..serving.accounting import RequestAccount
 from ..serving.driver import TokenEvent
+from ..serving.prompt import PromptDoor, PromptProblem, PromptRefused
 from ..serving.registry import GenerativeVersion, Reservation, TokenCharger, check_adapter
-from .request_options import MAX_PROMPT_CHARS_PER_TOKEN, RequestOptions, read_options
+from .request_options import RequestOptions, read_options
 from .signature import TEXT_OUTPUT
 
 log = logging.getLogger("hubserve.generate")
@@ -145,21 +146,31 @@ class GenerativeModel(Model):
 
     def _prompt(self, options: RequestOptions, version: GenerativeVersion
                 ) -> tuple[list[int], SamplingParams]:
-        engine = version.driver.engine
-        limit = engine.cache_config.max_model_len
-        if len(options.prompt) > MAX_PROMPT_CHARS_PER_TOKEN * limit:
-            raise invalid(f"text_input of {len(options.prompt)} characters is far longer than model "
-                          f"'{self.name}''s context of {limit} tokens")
-        ids = engine.tokenizer.encode(options.prompt)
-        if not ids:
-            raise invalid("text_input is empty after tokenizing: send at least one token")
+        """The prompt through the generation APIs' one front door (serving/prompt.py), in Triton's words."""
+        door = PromptDoor.of(version.driver.engine)
         params = options.sampling
-        if params.lora is not None:
-            check_adapter(version, params.lora)
-        if len(ids) + params.max_tokens > limit:
-            raise invalid(f"model '{self.name}' has a context of {limit} tokens; the prompt's {len(ids)} "
-                          f"tokens plus max_tokens {params.max_tokens} exceed it")
+        try:
+            ids = door.tokens(options.prompt)
+            if params.lora is not None:
+                check_adapter(version, params.lora)
+            door.budget(len(ids), params.max_tokens)
+        except PromptRefused as e:
+            raise self._refusal(e) from None
         return ids, params
+
+    def _refusal(self, refused: PromptRefused) -> EngineError:
+        """A prompt refused (serving/prompt.py) as INVALID_ARG naming text_input, Triton's field."""
+        limit, problem = refused.context_tokens, refused.problem
+        if problem is PromptProblem.TOO_LONG_TO_TOKENIZE:
+            return invalid(f"text_input of {refused.value} characters is far longer than model "
+                           f"'{self.name}''s context of {limit} tokens")
+        if problem is PromptProblem.EMPTY:
+            return invalid("text_input is empty after tokenizing: send at least one token")
+        if problem is PromptProblem.TOKEN_OUTSIDE_VOCABULARY:  # a text prompt: never
+            return invalid(f"text_input token id {refused.value} is outside the vocabulary "
+                           f"(0 - {refused.vocab_size - 1})")
+        return invalid(f"model '{self.name}' has a context of {limit} tokens; the prompt's {refused.value} "
+                       f"tokens plus max_tokens {refused.max_tokens} exceed it")
 
     def _on_event(self, run: _Run, event: TokenEvent) -> None:
         """A step's news for this request, on the loop (serving/driver.py `_deliver`)."""

@@ -26,9 +26,6 @@ from ...errors import EngineError, invalid
 from ..core.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, SamplingParams
 from .signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, STREAM, TEXT_INPUT
 
-# A prompt longer than this many characters per token of context is refused before it is tokenized (as the
-# OpenAI API does: openai/service.py), so a huge prompt never costs the loop its tokenization.
-MAX_PROMPT_CHARS_PER_TOKEN = 32
 DEFAULT_MAX_TOKENS = 16
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids",
                  "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty")
