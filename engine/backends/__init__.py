@@ -8,11 +8,15 @@ the backend it returns is run and closed on that same thread only.
     identity.py     no runtime (OUTPUTn = INPUTn), for tests of the batcher and the instance pool
     python/         Triton's Python backend: models in their own processes (its __init__ lists its modules)
 
+`BACKENDS` is the one table of them: name, Triton platform name, default model file, module.
+
 Kept light, like python/: a Python model's instance process imports this package on its way to python/.
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -45,32 +49,53 @@ class Backend(Protocol):
     # against the config; `execute` then serves warm-up only.
 
 
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    """One runtime a config may name (`backend`, or Triton's `platform` spelling), and where its code is.
+
+    `module` (in this package) is imported only when a version of that backend loads: ONNX Runtime and the
+    Python backend's machinery cost nothing to a server that serves neither. It has `create(config,
+    model_path, device, instance_name) -> Backend`, and, when `describe` names one, a function
+    `(model_path, model_name) -> ModelIO` that tells auto-complete what the model file declares."""
+
+    name: str
+    model_filename: str  # `default_model_filename` when the config names none
+    module: str
+    platform: str = ""  # Triton's platform name for the backend, accepted in configs and reported in metadata
+    describe: str = ""
+
+
+# Every backend a config may name, in the order messages list them. The one list: config validation
+# (engine/config/steps.py), platform names (engine/config/model_config.py) and `create` read it.
+BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
+    BackendEntry("onnxruntime", "model.onnx", ".onnxruntime", platform="onnxruntime_onnx",
+                 describe="describe_onnx"),
+    BackendEntry("tensorrt", "model.plan", ".tensorrt", platform="tensorrt_plan"),
+    BackendEntry("identity", "model.txt", ".identity"),
+    # Python models answer per request: engine/backends/python/backend.py has the wider seam.
+    BackendEntry("python", "model.py", ".python.backend"),
+)}
+# Platform spellings accepted in configs, mapped to backend names.
+PLATFORMS: dict[str, str] = {entry.platform: entry.name for entry in BACKENDS.values() if entry.platform}
+
+
 def create(config: ModelConfig, model_path: Path, device: Device, instance_name: str = "") -> Backend:
-    if config.backend == "onnxruntime":
-        from .onnxruntime import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend(config, model_path, device)
-    if config.backend == "tensorrt":
-        from .tensorrt import TensorRTBackend
-
-        return TensorRTBackend(config, model_path, device)
-    if config.backend == "identity":
-        from .identity import IdentityBackend
-
-        return IdentityBackend(config)
-    if config.backend == "python":
-        # Python models answer per request: see engine/backends/python/backend.py for the wider seam.
-        from .python import backend as python
-
-        return python.create(config, model_path, device, instance_name or f"{config.name}_0_0")  # type: ignore
-    raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")
+    """The backend of one instance, from its module's `create`. Called on the instance's own thread
+    (engine/instances/pool.py)."""
+    entry = BACKENDS.get(config.backend)
+    if entry is None:
+        raise EngineError(ErrorCode.UNSUPPORTED, f"backend '{config.backend}' is not supported")
+    module = importlib.import_module(entry.module, __name__)
+    backend: Backend = module.create(config, model_path, device, instance_name or f"{config.name}_0_0")
+    return backend
 
 
 def describe(backend: str, model_path: Path, model_name: str = "") -> ModelIO | None:
     """What the model file declares, for auto-complete; None when the backend cannot tell. `model_name`
     names the file in messages (`<model>/<version>/<file>`; by default from the path)."""
-    if backend == "onnxruntime":
-        from .onnxruntime import describe_onnx
-
-        return describe_onnx(model_path, model_name)
-    return None
+    entry = BACKENDS.get(backend)
+    if entry is None or not entry.describe:
+        return None
+    module = importlib.import_module(entry.module, __name__)
+    io: ModelIO = getattr(module, entry.describe)(model_path, model_name)
+    return io

@@ -105,6 +105,11 @@ def describe_onnx(model_path: Path, model_name: str = "") -> ModelIO:
     return io
 
 
+def create(config: ModelConfig, model_path: Path, device: Device, instance_name: str) -> OnnxRuntimeBackend:
+    """One instance's session (the registry's factory: engine/backends/__init__.py)."""
+    return OnnxRuntimeBackend(config, model_path, device)
+
+
 class OnnxRuntimeBackend:
     def __init__(self, config: ModelConfig, model_path: Path, device: Device) -> None:
         try:

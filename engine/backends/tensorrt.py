@@ -17,6 +17,11 @@ from ..errors import unavailable
 from ..instances.devices import Device
 
 
+def create(config: ModelConfig, model_path: Path, device: Device, instance_name: str) -> TensorRTBackend:
+    """The registry's factory (engine/backends/__init__.py)."""
+    return TensorRTBackend(config, model_path, device)
+
+
 class TensorRTBackend:
     def __init__(self, config: ModelConfig, model_path: Path, device: Device) -> None:
         if device.kind != "gpu":

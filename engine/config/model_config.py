@@ -12,13 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..backends import PLATFORMS
 from ..proto import model_config_pb2 as pb
 from ..types import DataType
 from .json_form import message_to_json
 from .sequence import SequenceBatchingConfig
 
-# Platform spellings we accept, mapped to our backend names; and back, for the platform metadata reports.
-PLATFORMS = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+# Platform spellings we accept (engine/backends/__init__.py), back from backend names, for the platform the
+# metadata reports.
 _BACKEND_PLATFORMS = {backend: platform for platform, backend in PLATFORMS.items()}
 # Triton's: a pipeline of other models, run by engine/scheduling/ensemble/driver.py
 ENSEMBLE_PLATFORM = "ensemble"

@@ -22,12 +22,13 @@ from typing import Any
 import yaml
 from google.protobuf import json_format, text_format
 
+from ..backends import BACKENDS as BACKEND_TABLE
+from ..backends import PLATFORMS
 from ..errors import invalid
 from ..proto import model_config_pb2 as pb
 from ..types import DataType
 from .model_config import (
     ENSEMBLE_PLATFORM,
-    PLATFORMS,
     DynamicBatchingConfig,
     ExecutionAccelerator,
     InstanceGroupConfig,
@@ -48,16 +49,15 @@ from .sequence import sequence_batching
 CONFIG_FILES = ("config.pbtxt", "config.yaml", "config.yml")
 DEFAULT_MAX_BATCH_SIZE = 4  # what auto-complete picks for a model that can batch, as Triton does
 
-BACKENDS = ("onnxruntime", "tensorrt", "identity", "python")
-_DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan", "identity": "model.txt",
-                      "python": "model.py"}
+BACKENDS = tuple(BACKEND_TABLE)  # the backends a config may name (engine/backends/__init__.py)
 
 # Plain YAML keys of ours that are not protocol fields; they become `parameters` entries.
 _YAML_PARAMETER_KEYS = ("p95_latency_target_ms", "early_dispatch")
 
 
 def default_filename(backend: str) -> str:
-    return _DEFAULT_FILENAMES.get(backend, "model.onnx")
+    entry = BACKEND_TABLE.get(backend)
+    return entry.model_filename if entry is not None else "model.onnx"
 
 
 # --------------------------------------------------------------------------------------------- 1. parse
