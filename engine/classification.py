@@ -9,7 +9,7 @@ from line `index` of the output's `label_filename` in the model folder; without 
 "score:index". A count above the number of classes returns them all. Equal scores keep index order; NaN
 ranks last.
 
-`Model.prepare` checks the requests (`check`), `Model.start` reads the label files (`read_labels`), and the
+`Model.prepare` checks the requests (`check`), `start()` reads the label files (`read_labels`), and the
 request's completion replaces the raw output by its classes (`classifying`) before the frontend answers, so
 both protocols, the ensemble driver and any in-process caller get the same tensor.
 """

@@ -1,17 +1,20 @@
-"""A loaded model version: its config, instance pool, batcher and statistics.
+"""A loaded model version: `Model`, what every kind of version shares (config, state and health, statistics,
+the checks of a request, metadata), and `InstanceModel`, a version run by instances of a backend.
 
 `prepare()` checks a request against the config before it is queued, so one bad request never spoils a batch.
-An ensemble is a `Model` too (engine/scheduling/ensemble/driver.py `EnsembleModel`): the same checks and
-metadata, with steps run on other models in place of instances.
+Every kind is a `Model` and calls its `__init__`: an ensemble (engine/scheduling/ensemble/driver.py
+`EnsembleModel`) runs steps on other models, a generative model (engine/generate/triton/model.py) hands its
+requests to the generation engine, a Python model (engine/backends/python/model.py) is an `InstanceModel`
+whose batcher answers each request alone. Which kind a folder is: engine/repository/kinds.py.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import enum
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,33 +40,16 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
-class Model:
-    """One served version. Created LOADING; `start()` makes it READY; `stop()` drains then frees it."""
+class Model(abc.ABC):
+    """One served version, whatever runs it: created LOADING; `start()` makes it READY; `stop()` drains then
+    frees it. What every kind shares lives here: state and health, the checks of a request against the config
+    (`prepare`), metadata. How requests run is the kind's (engine/repository/kinds.py): instances and a
+    batcher (`InstanceModel` below; a Python model's in engine/backends/python/model.py), steps on other
+    models (engine/scheduling/ensemble/driver.py), or the generation engine (engine/generate/triton/model.py).
+    """
 
-    def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
-                 limiter: RateLimiter, router: Any = None, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
-        """`backlog`: how many sequences may wait for a slot, for a sequence model
-        (engine/scheduling/sequence/policy.py)."""
-        self._init_version(config, version, model_path)
-        self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
-        self.batcher: Batcher | SequenceBatcher
-        if config.sequence_batching is not None and config.backend == "python":
-            from .backends.python.sequence import PythonSequenceBatcher  # one request per row
-
-            self.batcher = PythonSequenceBatcher(config, self.version_str, self.pool, self.stats, router,
-                                                 self._instances_health, backlog)
-        elif config.sequence_batching is not None:  # stateful models: engine/scheduling/sequence/batcher.py
-            self.batcher = SequenceBatcher(config, self.version_str, self.pool, self.stats, backlog)
-        elif config.backend == "python":  # one answer per request: engine/backends/python/batcher.py
-            from .backends.python.batcher import RequestBatcher
-
-            self.batcher = RequestBatcher(config, self.version_str, self.pool, self.stats, router,
-                                          self._instances_health)
-        else:
-            self.batcher = Batcher(config, self.version_str, self.pool, self.stats)
-
-    def _init_version(self, config: ModelConfig, version: int, model_path: Path) -> None:
-        """What every served version has, whatever runs it (instances here; steps in an EnsembleModel)."""
+    def __init__(self, config: ModelConfig, version: int, model_path: Path) -> None:
+        """`model_path`: the version's model file (an ensemble's: its version folder, which holds nothing)."""
         self.config = config
         self.name = config.name
         self.version = version
@@ -73,7 +59,6 @@ class Model:
         self.reason = ""  # why a version that was READY does not serve now (a Python instance restarting)
         self._unhealthy: dict[str, str] = {}  # health source -> why it says the version cannot serve
         self.canary = CanaryRecord()  # engine/instances/canary.py; read by the metrics
-        self.instances_back = 0.0  # time.monotonic() when its instances last served again after one went down
         self.stats = ModelStats()
         self._inputs = {spec.name: spec for spec in config.inputs}
         self._outputs = {spec.name: spec for spec in config.outputs}
@@ -83,28 +68,27 @@ class Model:
         # not the model, so a plan cached by a frontend never keeps a retired version alive.
         self.plan_key = object()
 
+    @abc.abstractmethod
     async def start(self) -> None:
-        """Create the instances, then warm them up (engine/instances/warmup.py); READY only if both succeed.
-        On a failure everything made so far is freed and the error says why."""
-        self.labels = await asyncio.to_thread(classification.read_labels, self.config, self.model_dir)
-        await self.pool.start()
-        bind = getattr(self.batcher, "bind", None)  # a Python model's batcher wires its instances
-        if bind is not None:
-            bind()
-        try:
-            await warmup.run(self.config, self.pool, self.model_path.parent.parent, self.version)
-        except BaseException:
-            await self.pool.close()
-            raise
-        self.state = ModelState.READY
+        """Make the version ready to serve, then READY; on a failure free what was made and raise why.
+        Called once, by the repository, before routing sends it anything."""
 
-    def _instances_health(self, reason: str) -> None:
-        """An instance went down (`reason`) or every instance serves again (""). A canary that failed while it
-        was down judged the process that is gone: the canary runner checks again at once (`instances_back`)
-        rather than leaving the version UNAVAILABLE until its next round."""
-        if not reason and "instances" in self._unhealthy:
-            self.instances_back = time.monotonic()
-        self.set_health("instances", reason)
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """UNLOADING, finish what was accepted, then free what the version holds. Called once, after routing
+        has moved away."""
+
+    @abc.abstractmethod
+    def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
+        """Validate and start the request; raises at once for a bad request or a full queue. The future
+        resolves with the answer; the request is accounted in `stats` when it is done, and then `on_done` is
+        called with it."""
+
+    @property
+    @abc.abstractmethod
+    def pending_count(self) -> int:
+        """Requests accepted and not yet answered (the pending-request gauge)."""
 
     def set_health(self, source: str, reason: str) -> None:
         """A health source (the Python instances' supervision, the canary: engine/instances/canary.py) says
@@ -127,35 +111,10 @@ class Model:
             return True
         return self.state is ModelState.UNAVAILABLE and set(self._unhealthy) == {canary.SOURCE}
 
-    async def stop(self) -> None:
-        """Finish what was accepted, then free the backends. Called once, after routing has moved away."""
-        self.state = ModelState.UNLOADING
-        await self.batcher.drain()
-        self.batcher.close()
-        await self.pool.close()
-
-    def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
-               ) -> asyncio.Future[InferenceResponse]:
-        """Validate and queue; raises at once for a bad request or a full queue. The request is accounted in
-        `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue). Outputs
-        asked for with a class count are classified (engine/classification.py) before `on_done` sees them."""
-        if self.config.decoupled and request.stream is None:
-            raise decoupled_unary()  # its responses have nowhere to go but a stream
-        inputs = self.prepare(request)
-        wanted = classification.counts(request.outputs)
-        if wanted is not None:
-            on_done = classification.classifying(on_done, wanted, self.config.max_batch_size > 0, self.labels)
-        return self.batcher.enqueue(request, inputs, received_ns, on_done)
-
     @property
     def model_dir(self) -> Path:
         """The model's folder (`<root>/<model>`, or the override folder of a load that sent files)."""
         return self.model_path.parent.parent
-
-    @property
-    def pending_count(self) -> int:
-        """Requests accepted and not yet answered (the pending-request gauge)."""
-        return self.batcher.pending_count
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
         return await self.submit(request)
@@ -276,6 +235,77 @@ class Model:
         }
 
 
+class InstanceModel(Model):
+    """A version served by instances of a backend (engine/backends/): an instance pool and the batcher that
+    feeds it, dynamic or sequence. The kind every model folder is unless another kind claims it."""
+
+    def __init__(self, config: ModelConfig, version: int, model_path: Path, gpus: tuple[int, ...],
+                 limiter: RateLimiter, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
+        """`backlog`: how many sequences may wait for a slot, for a sequence model
+        (engine/scheduling/sequence/policy.py)."""
+        super().__init__(config, version, model_path)
+        self.instances_back = 0.0  # time.monotonic() when its instances last served again after one went down
+        self.pool = InstancePool(config, model_path, place(config, gpus), limiter)
+        self.batcher: Batcher | SequenceBatcher = self._make_batcher(backlog)
+
+    def _make_batcher(self, backlog: BacklogLimits) -> Batcher | SequenceBatcher:
+        """The scheduler of this kind of version, over `self.pool` (a Python model's answers per request:
+        engine/backends/python/model.py)."""
+        if self.config.sequence_batching is not None:  # stateful: engine/scheduling/sequence/batcher.py
+            return SequenceBatcher(self.config, self.version_str, self.pool, self.stats, backlog)
+        return Batcher(self.config, self.version_str, self.pool, self.stats)
+
+    async def start(self) -> None:
+        """Create the instances, then warm them up (engine/instances/warmup.py); READY only if both succeed.
+        On a failure everything made so far is freed and the error says why."""
+        self.labels = await asyncio.to_thread(classification.read_labels, self.config, self.model_dir)
+        await self.pool.start()
+        self._instances_started()
+        try:
+            await warmup.run(self.config, self.pool, self.model_path.parent.parent, self.version)
+        except BaseException:
+            await self.pool.close()
+            raise
+        self.state = ModelState.READY
+
+    def _instances_started(self) -> None:
+        """Called by `start()` once the instances are up, before warm-up (a Python model wires them to its
+        batcher)."""
+
+    def _instances_health(self, reason: str) -> None:
+        """An instance went down (`reason`) or every instance serves again (""). A canary that failed while it
+        was down judged the process that is gone: the canary runner checks again at once (`instances_back`)
+        rather than leaving the version UNAVAILABLE until its next round."""
+        if not reason and "instances" in self._unhealthy:
+            self.instances_back = time.monotonic()
+        self.set_health("instances", reason)
+
+    async def stop(self) -> None:
+        """Finish what was accepted, then free the backends. Called once, after routing has moved away."""
+        self.state = ModelState.UNLOADING
+        await self.batcher.drain()
+        self.batcher.close()
+        await self.pool.close()
+
+    def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
+               ) -> asyncio.Future[InferenceResponse]:
+        """Validate and queue; raises at once for a bad request or a full queue. The request is accounted in
+        `stats` when its future is done, and then `on_done` is called with it (Batcher.enqueue). Outputs
+        asked for with a class count are classified (engine/classification.py) before `on_done` sees them."""
+        if self.config.decoupled and request.stream is None:
+            raise decoupled_unary()  # its responses have nowhere to go but a stream
+        inputs = self.prepare(request)
+        wanted = classification.counts(request.outputs)
+        if wanted is not None:
+            on_done = classification.classifying(on_done, wanted, self.config.max_batch_size > 0, self.labels)
+        return self.batcher.enqueue(request, inputs, received_ns, on_done)
+
+    @property
+    def pending_count(self) -> int:
+        """Requests accepted and not yet answered (the pending-request gauge)."""
+        return self.batcher.pending_count
+
+
 def refuse_unsupported(what: str, parameters: dict) -> None:
     """Tensor parameters of extensions hubserve does not implement are refused, never ignored: ignoring them
     would answer something other than what was asked. UNSUPPORTED (HTTP 501, gRPC UNIMPLEMENTED), as Triton
@@ -288,4 +318,4 @@ def refuse_unsupported(what: str, parameters: dict) -> None:
                           "the request instead")
 
 
-__all__ = ["Model", "ModelState", "DataType", "refuse_unsupported"]
+__all__ = ["InstanceModel", "Model", "ModelState", "DataType", "refuse_unsupported"]

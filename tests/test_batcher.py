@@ -22,7 +22,7 @@ from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.instances.rate_limiter import RateLimiter
-from engine.model import Model
+from engine.model import InstanceModel
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
@@ -47,13 +47,13 @@ def model_config(body: str, name: str = "ident", inputs: int = 1, dims: str = "[
     return cfg.validate(msg, f"{name}/config.pbtxt")
 
 
-async def started(config: ModelConfig, limiter: RateLimiter | None = None) -> Model:
-    model = Model(config, 1, Path("unused"), (), limiter or RateLimiter())
+async def started(config: ModelConfig, limiter: RateLimiter | None = None) -> InstanceModel:
+    model = InstanceModel(config, 1, Path("unused"), (), limiter or RateLimiter())
     await model.start()
     return model
 
 
-def request(model: Model, *arrays: np.ndarray, id: str = "", outputs: list[str] | None = None,
+def request(model: InstanceModel, *arrays: np.ndarray, id: str = "", outputs: list[str] | None = None,
             **parameters: Any) -> InferenceRequest:
     tensors = [Tensor(f"INPUT{i}", DataType.INT32, a.shape, a) for i, a in enumerate(arrays)]
     wanted = [RequestedOutput(n) for n in outputs] if outputs is not None else None
@@ -85,7 +85,7 @@ async def bounded(awaitable: Awaitable[T]) -> T:
     return await asyncio.wait_for(awaitable, BOUND_S)
 
 
-def executing(model: Model) -> int:
+def executing(model: InstanceModel) -> int:
     """Requests taken from the queue and not yet answered."""
     return model.batcher.pending_count - len(model.batcher.policy)
 
@@ -226,7 +226,7 @@ def test_a_queue_timeout_fires_while_the_only_instance_is_busy() -> None:
 
 
 def test_the_timeout_parameter_is_honored_only_with_allow_timeout_override() -> None:
-    async def scenario(allow: bool) -> tuple[Model, BaseException | InferenceResponse, bool]:
+    async def scenario(allow: bool) -> tuple[InstanceModel, BaseException | InferenceResponse, bool]:
         flag = str(allow).lower()
         body = f"dynamic_batching {{ default_queue_policy {{ allow_timeout_override: {flag} }} }}"
         model = await started(model_config(body, name=f"allow_{allow}", execute_delay_ms=300))
@@ -493,7 +493,7 @@ def test_stop_drains_accepted_requests_before_returning() -> None:
 
 # ------------------------------------------------------------------------------------- inline execution
 
-def backend_threads(model: Model) -> list[int]:
+def backend_threads(model: InstanceModel) -> list[int]:
     return model.pool._instances[0].backend.threads  # the identity backend's record of where it ran
 
 
@@ -610,7 +610,7 @@ def test_one_done_callback_accounts_then_answers() -> None:
 
 # --------------------------------------------------------------------------------------------- early dispatch
 
-async def closed_loop_until_early(model: Model, clients: int, early_batches: int) -> None:
+async def closed_loop_until_early(model: InstanceModel, clients: int, early_batches: int) -> None:
     """`clients` closed-loop clients (each sends its next request when answered) until the model has sent
     `early_batches` batches early, within BOUND_S."""
     stop = asyncio.Event()

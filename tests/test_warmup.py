@@ -15,7 +15,7 @@ from engine.config.model_config import ModelConfig
 from engine.errors import EngineError, ErrorCode
 from engine.instances.rate_limiter import RateLimiter
 from engine.instances.warmup import build_samples
-from engine.model import Model
+from engine.model import InstanceModel
 from engine.proto import model_config_pb2 as pb
 
 IO = ('input { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] }\n'
@@ -102,9 +102,9 @@ def test_short_data_file_is_rejected(tmp_path: Path):
         build_samples(config(text), tmp_path)
 
 
-def start(model_config: ModelConfig) -> Model:
-    async def go() -> Model:
-        model = Model(model_config, 1, Path("unused/1/model.txt"), (), RateLimiter())
+def start(model_config: ModelConfig) -> InstanceModel:
+    async def go() -> InstanceModel:
+        model = InstanceModel(model_config, 1, Path("unused/1/model.txt"), (), RateLimiter())
         await model.start()
         await model.stop()
         return model

@@ -1,11 +1,12 @@
 """Model warm-up (`model_warmup` in the config): synthetic requests run on every instance before a version is
 READY, so the first real request does not pay for lazy allocations, kernel selection or graph compilation.
 
-Called by `Model.start()` once the instances exist; a failure there leaves the version UNAVAILABLE with the
-reason, and the repository keeps the previous version serving. Each sample is built once (`build_samples`, on
-a worker thread: it may read files) and run `count` times on each instance through `InstancePool.warm_up`,
-which goes straight to the backends: as in Triton, warm-up is not queued behind requests and is not counted in
-the statistics extension or the metrics (those describe traffic). The log says what ran and how long it took.
+Called by `InstanceModel.start()` once the instances exist; a failure there leaves the version UNAVAILABLE
+with the reason, and the repository keeps the previous version serving. Each sample is built once
+(`build_samples`, on a worker thread: it may read files) and run `count` times on each instance through
+`InstancePool.warm_up`, which goes straight to the backends: as in Triton, warm-up is not queued behind
+requests and is not counted in the statistics extension or the metrics (those describe traffic). The log says
+what ran and how long it took.
 
 Triton's rules are kept: `batch_size` (0 means 1) is the leading dimension of every input of a batching model
 and must be 1 for a model that does not batch; `dims` exclude the batch dimension and must be fixed;

@@ -46,7 +46,7 @@ from ..generate.triton.signature import complete_generative, is_generative_confi
 from ..instances.rate_limiter import RateLimiter
 from ..lifecycle_log import reload_line
 from ..memory import release_freed_memory
-from ..model import Model, ModelState
+from ..model import InstanceModel, Model, ModelState
 from ..names import name_problem
 from ..proto import model_config_pb2 as pb
 from ..scheduling.ensemble import loading as ensemble_loading
@@ -334,9 +334,12 @@ class ModelRepository(RoutingTable):
                 raise invalid(f"{where}: generative models are served only by a server with a generation "
                               "registry")
             model = GenerativeModel(config, version, path, self.generation)
+        elif config.backend == "python":
+            from ..backends.python.model import PythonModel
+
+            model = PythonModel(config, version, path, self._gpus, self._limiter, self, self._backlog)
         else:
-            model = Model(config, version, path, self._gpus, self._limiter, router=self,
-                          backlog=self._backlog)
+            model = InstanceModel(config, version, path, self._gpus, self._limiter, self._backlog)
         await model.start()
         return model
 

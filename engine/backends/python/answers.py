@@ -97,8 +97,8 @@ def _parameters(text: str) -> dict[str, Any]:
 
 
 class InstanceBinding:
-    """Wires a version's Python instances to the loop, BLS and readiness (`bind`, from `Model.start` before
-    warm-up), and keeps the model's readiness true (`on_health`): while an instance is down (crashed or
+    """Wires a version's Python instances to the loop, BLS and readiness (`bind`, from `PythonModel.start`
+    before warm-up), and keeps the model's readiness true (`on_health`): while an instance is down (crashed or
     hung, being restarted), the version is not ready and the index says why."""
 
     def __init__(self, pool: InstancePool, router: Router | None, on_health: Callable[[str], None]) -> None:

@@ -6,7 +6,7 @@ instance as its requests (`execute_requests`, backend.py), and each answer is ch
 and against what that request asked for (answers.py `AnswerCheck`), so one bad answer fails its own request
 only; a count of responses other than the count of requests fails the batch (Triton's rule), saying both.
 
-Its `bind()` (from `Model.start`, before warm-up) wires each instance to the loop, BLS and the model's
+Its `bind()` (from `PythonModel.start`, before warm-up) wires each instance to the loop, BLS and the model's
 readiness (answers.py `InstanceBinding`).
 
 Runs on the event loop, as the Batcher does.

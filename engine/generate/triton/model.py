@@ -90,7 +90,7 @@ class _Run:
 
 class GenerativeModel(Model):
     def __init__(self, config: ModelConfig, version: int, model_path: Path, source: GenerationSource) -> None:
-        self._init_version(config, version, model_path)
+        super().__init__(config, version, model_path)
         self.source = source
         self._runs: set[_Run] = set()
         self._idle = asyncio.Event()

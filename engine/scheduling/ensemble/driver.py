@@ -60,7 +60,7 @@ class EnsembleModel(Model):
     def __init__(self, config: ModelConfig, version: int, model_path: Path, plan: EnsemblePlan,
                  models: ModelLookup) -> None:
         assert config.ensemble is not None
-        self._init_version(config, version, model_path)
+        super().__init__(config, version, model_path)
         self.plan = plan
         self.models = models
         self._limit = config.ensemble.max_inflight_requests
