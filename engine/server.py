@@ -207,7 +207,8 @@ class Server:
         registry = process_registry()
 
         def page() -> bytes:
-            return render(self.repository.loaded_models(), registry, self.generation.drivers())
+            return render(self.repository.loaded_models(), registry,
+                          [driver.sample() for driver in self.generation.drivers()])
 
         limits = HttpLimits(METRICS_MAX_BODY_BYTES, opts.max_header_bytes, opts.max_header_count,
                             opts.client_timeout_secs, opts.idle_timeout_secs)

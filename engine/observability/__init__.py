@@ -3,6 +3,7 @@
     stats.py        `ModelStats`: per-version counters, the one source of the statistics extension and metrics
     histograms.py   `Histogram`, and the request, queue and compute latency histograms
     metrics.py      every Prometheus family, rendered from the stats at scrape time
+    generation.py   `GenerationSample`: what the metrics read of a generative version (its driver fills it)
     logs.py         the server's logging: where lines go, how they read, which levels pass; the access line
     observe.py      what an answered (or refused) inference owes beyond statistics: its access line, its spans
     request_life.py the one end of every request that reached a model: its outcome counted, then observed

@@ -8,13 +8,13 @@ Counters are written in the text format by hand because prometheus_client rename
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from ..generate.serving.driver import EngineDriver
 from ..instances.canary import CanaryRecord
 from ..model import Model
+from .generation import GenerationSample, LoraSample
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .histograms import Histogram
 from .stats import ModelStats
@@ -53,7 +53,7 @@ def _escape(value: str) -> str:
 
 
 def render(models: Iterable[Model], process: CollectorRegistry | None = None,
-           generation: Iterable[EngineDriver] = ()) -> bytes:
+           generation: Iterable[GenerationSample] = ()) -> bytes:
     models = list(models)
     lines: list[str] = []
     for name, kind, help_text, value in FAMILIES:
@@ -132,40 +132,39 @@ def _canary_lines(models: list[Model]) -> list[str]:
     return lines
 
 
-# Generative models (engine/generate/): name -> (type, help, value from the driver). Read at scrape time from
-# the driver's counters (written on the loop) and its engine's last stats (replaced after each step).
-_GENERATION_FAMILIES: list[tuple[str, str, str, Callable[[EngineDriver], float]]] = [
+# Generative models (engine/generate/): name -> (type, help, value from the version's sample, generation.py).
+_GENERATION_FAMILIES: list[tuple[str, str, str, Callable[[GenerationSample], float]]] = [
     ("hubserve_generation_tokens_total", "counter", "Tokens generated (sent to clients)",
-     lambda d: d.metrics.generation_tokens),
+     lambda d: d.generation_tokens),
     ("hubserve_generation_prompt_tokens_total", "counter", "Prompt tokens of the generation requests taken",
-     lambda d: d.metrics.prompt_tokens),
+     lambda d: d.prompt_tokens),
     ("hubserve_generation_running_sequences", "gauge", "Sequences in the running batch (holding KV blocks)",
-     lambda d: d.stats.running),
+     lambda d: d.running),
     ("hubserve_generation_waiting_sequences", "gauge", "Sequences waiting for admission (or preempted)",
-     lambda d: d.stats.waiting),
+     lambda d: d.waiting),
     ("hubserve_generation_kv_blocks_used", "gauge", "KV cache blocks held by sequences",
-     lambda d: d.stats.kv_blocks_used),
+     lambda d: d.kv_blocks_used),
     ("hubserve_generation_kv_blocks_free", "gauge", "KV cache blocks free (cached prefixes included)",
-     lambda d: d.stats.kv_blocks_free),
+     lambda d: d.kv_blocks_free),
     ("hubserve_generation_prefix_cache_hit_rate", "gauge",
      "Prompt tokens found in the prefix cache / prompt tokens looked up, since the engine started",
-     lambda d: d.stats.prefix_cache_hit_rate),
+     lambda d: d.prefix_cache_hit_rate),
     ("hubserve_generation_preemptions_total", "counter", "Sequences preempted (KV blocks ran out)",
-     lambda d: d.stats.preemptions),
+     lambda d: d.preemptions),
 ]
-_HISTOGRAMS: list[tuple[str, str, Callable[[EngineDriver], Histogram]]] = [
+_HISTOGRAMS: list[tuple[str, str, Callable[[GenerationSample], Histogram]]] = [
     ("hubserve_generation_time_to_first_token_seconds",
-     "Time from a generation request's arrival to its first token", lambda d: d.metrics.time_to_first_token),
+     "Time from a generation request's arrival to its first token", lambda d: d.time_to_first_token),
     ("hubserve_generation_inter_token_latency_seconds",
-     "Time between consecutive tokens of a generation request", lambda d: d.metrics.inter_token_latency),
+     "Time between consecutive tokens of a generation request", lambda d: d.inter_token_latency),
 ]
 
 
-def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
-    if not drivers:
+def _generation_lines(samples: list[GenerationSample]) -> list[str]:
+    if not samples:
         return []
     lines = []
-    labelled = [(d, f'model="{_escape(d.model_name)}",version="{d.version}"') for d in drivers]
+    labelled = [(d, f'model="{_escape(d.model_name)}",version="{d.version}"') for d in samples]
     for name, kind, help_text, value in _GENERATION_FAMILIES:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
@@ -174,40 +173,38 @@ def _generation_lines(drivers: list[EngineDriver]) -> list[str]:
                  "stop, length, abort (client gone), error")
     lines.append("# TYPE hubserve_generation_requests_finished_total counter")
     for d, labels in labelled:
-        for reason, count in sorted(d.metrics.finished.items()):
+        for reason, count in sorted(d.finished.items()):
             lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
     for name, help_text, histogram in _HISTOGRAMS:
         lines.extend(_histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled]))
-    lines.extend(_lora_lines([(d, labels) for d, labels in labelled if d.engine.adapters is not None]))
+    lines.extend(_lora_lines([(d.lora, labels) for d, labels in labelled if d.lora is not None]))
     return lines
 
 
 # LoRA adapters (engine/generate/core/lora.py), for versions whose graph takes them: per adapter (label
-# `adapter`), then per version, what sizing the adapter cache (`max_loras`) needs. Counts of the loop's
-# (generate/serving/driver.py) and of the engine thread's store (plain integers, read as they are).
-_LORA_PER_ADAPTER: list[tuple[str, str, Callable[[EngineDriver], dict[str, int]]]] = [
+# `adapter`), then per version, what sizing the adapter cache (`max_loras`) needs.
+_LORA_PER_ADAPTER: list[tuple[str, str, Callable[[LoraSample], Mapping[str, int]]]] = [
     ("hubserve_generation_lora_requests_total", "Generation requests taken that run with the LoRA adapter "
-     "(each choice counts)", lambda d: d.metrics.lora_requests),
+     "(each choice counts)", lambda lora: lora.requests),
     ("hubserve_generation_lora_tokens_total", "Tokens generated with the LoRA adapter",
-     lambda d: d.metrics.lora_tokens),
+     lambda lora: lora.tokens),
 ]
-_LORA_FAMILIES: list[tuple[str, str, str, Callable[[EngineDriver], int]]] = [
+_LORA_FAMILIES: list[tuple[str, str, str, Callable[[LoraSample], int]]] = [
     ("hubserve_generation_lora_adapters_loaded", "gauge", "LoRA adapters resident in memory",
-     lambda d: d.engine.adapters.num_loaded if d.engine.adapters else 0),
+     lambda lora: lora.loaded),
     ("hubserve_generation_lora_adapters_max", "gauge",
      "LoRA adapters kept resident at most (max_loras; the least recently used is evicted)",
-     lambda d: d.engine.adapters.max_loaded if d.engine.adapters else 0),
+     lambda lora: lora.max_loaded),
     ("hubserve_generation_lora_adapters_in_flight", "gauge",
-     "Distinct LoRA adapters of the requests queued or running", lambda d: d.adapters_in_flight()),
+     "Distinct LoRA adapters of the requests queued or running", lambda lora: lora.in_flight),
     ("hubserve_generation_lora_loads_total", "counter", "LoRA adapters read from disk (first use, or again "
-     "after an eviction)", lambda d: d.engine.adapters.loads if d.engine.adapters else 0),
+     "after an eviction)", lambda lora: lora.loads),
     ("hubserve_generation_lora_evictions_total", "counter",
-     "LoRA adapters evicted to stay within max_loras", lambda d: d.engine.adapters.evictions
-     if d.engine.adapters else 0),
+     "LoRA adapters evicted to stay within max_loras", lambda lora: lora.evictions),
 ]
 
 
-def _lora_lines(labelled: list[tuple[EngineDriver, str]]) -> list[str]:
+def _lora_lines(labelled: list[tuple[LoraSample, str]]) -> list[str]:
     if not labelled:
         return []
     lines = []

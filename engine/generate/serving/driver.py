@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...errors import EngineError, ErrorCode
+from ...observability.generation import GenerationSample, LoraSample
 from ..core.engine import EngineStats, GenerationEngine
 from ..core.request import RequestOutput, SamplingParams
 from .latency import GenerationMetrics
@@ -130,6 +131,19 @@ class EngineDriver:
     @property
     def in_flight(self) -> int:
         return len(self._clients)
+
+    def sample(self) -> GenerationSample:
+        """This version's numbers for the metrics (engine/observability/generation.py), on the loop (a
+        scrape): the loop's counters and the engine's statistics of its last step."""
+        metrics, stats, adapters = self.metrics, self.stats, self.engine.adapters
+        lora = None if adapters is None else LoraSample(
+            metrics.lora_requests, metrics.lora_tokens, adapters.num_loaded, adapters.max_loaded,
+            self.adapters_in_flight(), adapters.loads, adapters.evictions)
+        return GenerationSample(
+            self.model_name, self.version, metrics.generation_tokens, metrics.prompt_tokens, stats.running,
+            stats.waiting, stats.kv_blocks_used, stats.kv_blocks_free, stats.prefix_cache_hit_rate,
+            stats.preemptions, metrics.finished, metrics.time_to_first_token, metrics.inter_token_latency,
+            lora)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
