@@ -11,6 +11,7 @@ import logging
 import signal
 import time
 
+from . import kinds  # noqa: F401  (registers every plug-in kind of model with the repository)
 from .access.policy import policies
 from .dataplane import DataPlane
 from .frontend import wire

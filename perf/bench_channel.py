@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import uvloop
 
+import engine.kinds  # noqa: F401  (every kind of model, as the server serves them)
 from engine.dataplane import DataPlane
 from engine.instances.rate_limiter import RateLimiter
 from engine.repository.lifecycle import ModelRepository

@@ -25,6 +25,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+import engine.kinds  # noqa: F401  (the in-process repositories serve every kind, as the server does)
 from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.instances.rate_limiter import RateLimiter

@@ -2,6 +2,7 @@
 
     lifecycle.py    `ModelRepository`: load, reload (new versions READY beside the old before routing moves),
                     unload, and the repository API's load with sent files or a config override
+    kinds.py        the kind registry: which kind of version a model's config is, and how it loads and builds
     routing.py      `RoutingTable`: which loaded version a request goes to, readiness, the index
     fingerprint.py  what a model folder looked like, to tell whether (and which versions of) it changed
     watcher.py      poll mode: file-system events and a rescan, a folder reconciled once it has settled

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import backends
-from ..backends.python.overrides import refuse_python_override
 from ..config.model_config import ENSEMBLE_PLATFORM, ModelConfig
 from ..config.steps import (
     CONFIG_FILES,
@@ -40,20 +39,15 @@ from ..config.steps import (
     version_policy_of,
 )
 from ..errors import EngineError, ErrorCode, invalid, not_found
-from ..generate.serving.model_folder import is_generative
-from ..generate.triton.model import GenerationSource, GenerativeModel
-from ..generate.triton.signature import complete_generative, is_generative_config
 from ..instances.rate_limiter import RateLimiter
 from ..lifecycle_log import reload_line
 from ..memory import release_freed_memory
-from ..model import InstanceModel, Model, ModelState
+from ..model import Model, ModelState
 from ..names import name_problem
 from ..proto import model_config_pb2 as pb
-from ..scheduling.ensemble import loading as ensemble_loading
-from ..scheduling.ensemble.driver import EnsembleModel
-from ..scheduling.ensemble.plan import EnsemblePlan
 from ..scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
 from .fingerprint import Fingerprint, fingerprint, split_fingerprint
+from .kinds import ComposingFailure, ModelKind, kind_of, kinds
 from .load_errors import load_failure_text
 from .overrides import remove_override, write_override
 from .routing import ModelEntry, RoutingTable, inside
@@ -75,15 +69,18 @@ class ModelRepository(RoutingTable):
     def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = (),
                  allow_python_uploads: bool = False, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
         super().__init__(root)
-        self._limiter = limiter
-        self._gpus = gpus
-        self._backlog = backlog  # how many sequences may wait for a slot, per sequence model version
+        # What a kind builds an instance model with (kinds.py): the rate limiter, the GPUs, and how many
+        # sequences may wait for a slot, per sequence model version.
+        self.limiter = limiter
+        self.gpus = gpus
+        self.backlog = backlog
         # Whether a repository `load` may send a Python model's files (--allow-python-model-upload): a Python
         # model is code the server runs, so by default only the operator's repository folder may hold one.
         self._allow_python_uploads = allow_python_uploads
-        # Where a generative model's requests go (engine/generate/serving/registry.py); set by the server,
-        # which makes the registry over this repository. None: such a model fails to load.
-        self.generation: GenerationSource | None = None
+        # Where a generative model's requests go (engine/generate/serving/registry.py's GenerationRegistry,
+        # read by the generative kind: engine/generate/triton/kind.py); set by the server, which makes the
+        # registry over this repository. None: such a model fails to load.
+        self.generation: Any = None
 
     async def load_all(self) -> None:
         await asyncio.gather(*(self.load(name) for name in self._on_disk()))
@@ -152,7 +149,7 @@ class ModelRepository(RoutingTable):
             raise EngineError(ErrorCode.INTERNAL, f"failed to load '{name}', failed to poll from model "
                               f"repository: it has no folder '{name}'")
         if config_json is not None and not self._allow_python_uploads:  # the client's code choice: refused
-            await asyncio.to_thread(refuse_python_override, name, self.root / name, config_json)
+            await asyncio.to_thread(_refuse_override, name, self.root / name, config_json)
         await self._load(name, self.root / name, config_json, self.root)
 
     def _refuse_python_upload(self, name: str, config_json: dict[str, Any], files: dict[str, bytes]) -> None:
@@ -173,7 +170,8 @@ class ModelRepository(RoutingTable):
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the
         override folder)."""
-        await ensemble_loading.load_composing(self, name, model_dir, config_json)
+        for kind in kinds():
+            await kind.load_first(self, name, model_dir, config_json)
         while True:
             entry = self._models.setdefault(name, ModelEntry(name))
             async with entry.lock:
@@ -193,8 +191,9 @@ class ModelRepository(RoutingTable):
             await asyncio.to_thread(fingerprint, model_dir)
         try:
             config, selected = await asyncio.to_thread(self._read_config, name, model_dir, config_json, base)
-            plan = ensemble_loading.plan_ensemble(self, config) if config.ensemble is not None else None
-        except ensemble_loading.EnsembleFailure as e:
+            kind = kind_of(config, model_dir)  # which kind of version every one of this load is
+            prepared = kind.prepare(self, config)
+        except ComposingFailure as e:
             reason = load_failure_text(e, model_dir, name, self.root)
             self._record_model_failure(entry, reason, composing=True)
             return []
@@ -214,7 +213,8 @@ class ModelRepository(RoutingTable):
         to_load = [v for v in selected if v not in new]
         failed: dict[int, str] = {}
         results = await asyncio.gather(
-            *(self._load_version(config, model_dir, v, base, plan) for v in to_load), return_exceptions=True
+            *(self._load_version(config, model_dir, v, base, kind, prepared) for v in to_load),
+            return_exceptions=True
         )
         for version, result in zip(to_load, results, strict=True):
             if isinstance(result, Model):
@@ -299,27 +299,21 @@ class ModelRepository(RoutingTable):
         filename = msg.default_model_filename or default_filename(backend)
         io = None
         latest_file = model_dir / str(selected[-1]) / filename
-        # a Triton LLM signature, not its ONNX tensors (generate/triton/signature.py)
-        if is_generative_config(msg):
-            complete_generative(msg, where)
-        elif latest_file.exists() and backend != ENSEMBLE_PLATFORM:
+        # a kind that completes its config from its declaration (a generative model's Triton LLM signature)
+        completed = any(kind.complete(msg, where) for kind in kinds())
+        if not completed and latest_file.exists() and backend != ENSEMBLE_PLATFORM:
             try:
                 self._outside(where, latest_file, f"{name}/{selected[-1]}/{filename}", base)
                 io = backends.describe(backend, latest_file, name)
-                if backend == "python":  # the model's own auto_complete_config, in a process of its own
-                    from ..backends.python import autocomplete as python_complete
-                    from ..backends.python import environment
-
-                    params = {k: v.string_value for k, v in msg.parameters.items()}
-                    python = environment.options(params, model_dir, where).interpreter
-                    python_complete.complete(msg, latest_file, model_dir, name, python)
+                for kind in kinds():  # e.g. a Python model's own auto_complete_config
+                    kind.complete_from_file(msg, backend, latest_file, model_dir, name)
             except EngineError as e:
                 raise _VersionFailure(selected[-1], e) from None
         autocomplete(msg, io, name)
         return validate(msg, where, model_dir), selected
 
     async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path,
-                            plan: EnsemblePlan | None) -> Model:
+                            kind: ModelKind, prepared: Any) -> Model:
         path = model_dir / str(version) / config.default_model_filename
         where = f"model '{config.name}' version {version}"
         shown = f"{config.name}/{version}/{config.default_model_filename}"
@@ -327,19 +321,7 @@ class ModelRepository(RoutingTable):
         if config.backend not in ("identity", ENSEMBLE_PLATFORM) and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
-        if plan is not None:  # an ensemble: its version folder holds nothing, its steps run on other models
-            model: Model = EnsembleModel(config, version, model_dir / str(version), plan, self)
-        elif is_generative(config):  # its requests go to the generation engine (generate/triton/model.py)
-            if self.generation is None:
-                raise invalid(f"{where}: generative models are served only by a server with a generation "
-                              "registry")
-            model = GenerativeModel(config, version, path, self.generation)
-        elif config.backend == "python":
-            from ..backends.python.model import PythonModel
-
-            model = PythonModel(config, version, path, self._gpus, self._limiter, self, self._backlog)
-        else:
-            model = InstanceModel(config, version, path, self._gpus, self._limiter, self._backlog)
+        model = kind.build(self, config, version, model_dir / str(version), prepared)
         await model.start()
         return model
 
@@ -369,7 +351,7 @@ class ModelRepository(RoutingTable):
         if entry is None:
             raise not_found(f"unknown model '{name}'")
         if unload_dependents:
-            composing = ensemble_loading.dependents(self, name)
+            composing = [other for kind in kinds() for other in kind.dependents(self, name)]
             await self.unload(name)
             for other in composing:
                 if other in self._models:
@@ -388,6 +370,13 @@ class ModelRepository(RoutingTable):
     async def close(self) -> None:
         await asyncio.gather(*(self.unload(name) for name in list(self._models)),
                              return_exceptions=True)
+
+
+def _refuse_override(name: str, model_dir: Path, config_json: dict[str, Any]) -> None:
+    """INVALID_ARG when a client's config override would choose code the server runs (a Python model's:
+    engine/backends/python/overrides.py, through its kind). On a worker thread."""
+    for kind in kinds():
+        kind.refuse_override(name, model_dir, config_json)
 
 
 async def _write_override(name: str, files: dict[str, bytes]) -> Path:

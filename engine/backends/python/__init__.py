@@ -10,7 +10,9 @@ execute / finalize, converts responses) → pb_utils.py (the API the model impor
 `triton_python_backend_utils`). bls.py carries a model's requests to other models back into the engine and
 refuses the calls that could never be answered (a deadlock); autocomplete.py runs a model's static
 `auto_complete_config`; environment.py picks the interpreter (EXECUTION_ENV_PATH); overrides.py says what a
-repository load's config override may not change of a Python model.
+repository load's config override may not change of a Python model. model.py is a Python model's version
+(`PythonModel`, its batcher chosen and its instances wired), and kind.py registers the Python kind with the
+repository (engine/repository/kinds.py); neither is imported by an instance process.
 
 Kept light: the instance process imports this package, so nothing here may import protobuf or the server.
 """

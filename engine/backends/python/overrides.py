@@ -14,7 +14,8 @@ sending back the config it read, with a changed `max_batch_size` or instance cou
 a model that is not and does not become a Python model. The folder's own config is the operator's: the
 comparison is always with it, never with what a previous override loaded.
 
-Called by ModelRepository.load on a worker thread (it reads the folder's config).
+Called through the Python kind (kind.py) by ModelRepository.load on a worker thread (it reads the folder's
+config).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""How the repository loads and unloads ensembles (called by engine/repository/lifecycle.py
-`ModelRepository`).
+"""How the repository loads and unloads ensembles (called through the ensemble kind, kind.py, by
+engine/repository/lifecycle.py `ModelRepository`).
 
 - `load_composing`: before an ensemble loads, its composing models that serve nothing yet are loaded, as
   Triton's explicit mode does ("loading an ensemble loads its composing models"); in poll mode and at start-up
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...config.model_config import ENSEMBLE_PLATFORM, ModelConfig
 from ...config.steps import parse_dict, read_config_proto
-from ...errors import EngineError, ErrorCode
+from ...errors import EngineError
 from ...proto import model_config_pb2 as pb
+from ...repository.kinds import ComposingFailure
 from .plan import EnsemblePlan
 
 if TYPE_CHECKING:
@@ -36,11 +37,8 @@ log = logging.getLogger("hubserve.repository")
 _LOADING: ContextVar[tuple[str, ...]] = ContextVar("hubserve_ensembles_loading", default=())
 
 
-class EnsembleFailure(EngineError):
+class EnsembleFailure(ComposingFailure):
     """An ensemble that cannot serve with the composing models there are (INVALID_ARG)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.INVALID_ARG, message)
 
 
 def composing_names(model_dir: Path, config_json: dict[str, Any] | None) -> list[str]:

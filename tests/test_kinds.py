@@ -1,0 +1,60 @@
+"""The model-kind seam (engine/repository/kinds.py, engine/kinds.py): the core imports no plug-in kind, the
+plug-ins register themselves when engine/kinds.py imports them, and the registry names each config's kind.
+Loading and serving each kind is tested with the real server in test_repository.py, test_ensemble*.py,
+test_python_*.py and test_generate_triton.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import config_from_pbtxt
+from engine.repository.kinds import kind_of, kinds
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The core: every module of these is imported, in a fresh interpreter, and none may bring in a plug-in.
+CORE_MODULES = ["engine.model"]
+CORE_PACKAGES = ["engine.repository", "engine.observability", "engine.scheduling.batching",
+                 "engine.scheduling.sequence"]
+PLUGINS = ("engine.generate", "engine.backends.python", "engine.scheduling.ensemble")
+
+_IMPORT_CORE = """
+import importlib, json, pkgutil, sys
+names = list(sys.argv[1].split(","))
+for package in sys.argv[2].split(","):
+    names.append(package)
+    names += [m.name for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + ".")]
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({"imported": names, "loaded": sorted(sys.modules)}))
+"""
+
+
+def test_the_core_imports_no_plugin_kind() -> None:
+    argv = [sys.executable, "-c", _IMPORT_CORE, ",".join(CORE_MODULES), ",".join(CORE_PACKAGES)]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    result = json.loads(out)
+    assert "engine.repository.lifecycle" in result["imported"]
+    assert "engine.observability.metrics" in result["imported"]
+    plugins = [m for m in result["loaded"] if m.startswith(PLUGINS)]
+    assert plugins == [], f"the core imported plug-in modules: {plugins}"
+
+
+def test_plugins_register_themselves_in_the_order_they_are_asked() -> None:
+    import engine.kinds  # noqa: F401  (conftest imported it already; the point is what it registers)
+
+    assert [kind.name for kind in kinds()] == ["ensemble", "generative", "python", "instances"]
+
+
+def test_each_config_gets_one_kind() -> None:
+    io = 'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }] ' \
+         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }]'
+    def kind(text: str) -> str:
+        return kind_of(config_from_pbtxt(text), Path("unused")).name
+
+    assert kind(f'backend: "identity" max_batch_size: 8 {io}') == "instances"
+    assert kind(f'backend: "onnxruntime" {io}') == "instances"
+    assert kind(f'backend: "python" max_batch_size: 8 {io}') == "python"
