@@ -58,3 +58,44 @@ def test_each_config_gets_one_kind() -> None:
     assert kind(f'backend: "identity" max_batch_size: 8 {io}') == "instances"
     assert kind(f'backend: "onnxruntime" {io}') == "instances"
     assert kind(f'backend: "python" max_batch_size: 8 {io}') == "python"
+
+
+_BARE_REPOSITORY = """
+import asyncio, json, sys
+from pathlib import Path
+from engine.instances.rate_limiter import RateLimiter
+from engine.repository.lifecycle import ModelRepository
+
+async def main():
+    repo = ModelRepository(Path(sys.argv[1]), RateLimiter())
+    try:
+        await repo.load_all()
+        print(json.dumps([[e.name, e.version, e.state.value, e.reason] for e in repo.index()]))
+    finally:
+        await repo.close()
+
+asyncio.run(main())
+"""
+
+
+def test_without_the_python_kind_a_python_model_never_runs(tmp_path: Path) -> None:
+    """A repository made in an interpreter that did not import engine/kinds.py has no Python kind: the core's
+    instance kind refuses a Python model rather than run its code under none of that kind's rules."""
+    marker = tmp_path / "initialized"
+    model = tmp_path / "repo" / "py"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(
+        'backend: "python" max_batch_size: 0 '
+        'input [{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }] '
+        'output [{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }]')
+    (model / "1" / "model.py").write_text(
+        "import pathlib\n\n"
+        "class TritonPythonModel:\n"
+        f"    def initialize(self, args):\n        pathlib.Path({str(marker)!r}).write_text('ran')\n\n"
+        "    def execute(self, requests):\n        return []\n")
+    argv = [sys.executable, "-c", _BARE_REPOSITORY, str(tmp_path / "repo")]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    [(name, _, state, reason)] = json.loads(out.splitlines()[-1])
+    assert (name, state) == ("py", "UNAVAILABLE")
+    assert "backend 'python' is served by the python kind, which this server has not registered" in reason
+    assert not marker.exists()

@@ -63,6 +63,9 @@ class BackendEntry:
     module: str
     platform: str = ""  # Triton's platform name for the backend, accepted in configs and reported in metadata
     describe: str = ""
+    # The plug-in kind of model that serves it (engine/repository/kinds.py), when the core's instance kind
+    # must not: a Python model's versions answer per request, and its code runs only under its kind's rules.
+    kind: str = ""
 
 
 # Every backend a config may name, in the order messages list them. The one list: config validation
@@ -73,7 +76,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("tensorrt", "model.plan", ".tensorrt", platform="tensorrt_plan"),
     BackendEntry("identity", "model.txt", ".identity"),
     # Python models answer per request: engine/backends/python/backend.py has the wider seam.
-    BackendEntry("python", "model.py", ".python.backend"),
+    BackendEntry("python", "model.py", ".python.backend", kind="python"),
 )}
 # Platform spellings accepted in configs, mapped to backend names.
 PLATFORMS: dict[str, str] = {entry.platform: entry.name for entry in BACKENDS.values() if entry.platform}

@@ -16,16 +16,18 @@ repository made without engine/kinds.py imported serves only instance models of 
 plug-in (engine/backends/__init__.py).
 
 Besides building, a kind may take part in a load before its config is frozen (`complete`,
-`complete_from_file`: auto-complete), before it is read (`refuse_override`, `load_first`) and when a model is
-unloaded with its dependents (`dependents`). Every registered kind is asked those, in rank order; the
-defaults do nothing.
+`complete_from_file`: auto-complete), before it is read (`refuse_upload`, `refuse_override`, `load_first`) and
+when a model is unloaded with its dependents (`dependents`). Every registered kind is asked those, in rank
+order; the defaults do nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends import BACKENDS
 from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode
 from ..model import InstanceModel, Model
@@ -78,6 +80,13 @@ class ModelKind:
         """After the backend described the latest model file: what this kind adds (a Python model's own
         `auto_complete_config`). On a worker thread; an EngineError is the latest version's failure."""
 
+    def refuse_upload(self, name: str, config_json: dict[str, Any], files: Mapping[str, bytes],
+                      serving: Sequence[ModelConfig]) -> None:
+        """INVALID_ARG when model files sent with a load (`files`, `<version>/<name>` → bytes, with
+        `config_json`) would create or replace a version of this kind, whose code the server would run;
+        `serving`: the configs of the model's versions loaded now. Asked on the loop, before the files are
+        written, only when the server does not allow that (--allow-python-model-upload)."""
+
     def refuse_override(self, name: str, model_dir: Path, config_json: dict[str, Any]) -> None:
         """INVALID_ARG when a client's config override (a load without files) would make this kind run
         code the operator did not choose. Asked only when the server does not allow that
@@ -104,6 +113,11 @@ class InstanceKind(ModelKind):
 
     def build(self, repository: ModelRepository, config: ModelConfig, version: int, version_dir: Path,
               prepared: Any) -> Model:
+        entry = BACKENDS.get(config.backend)
+        if entry is not None and entry.kind:  # a repository made without engine/kinds.py imported
+            raise EngineError(ErrorCode.UNAVAILABLE, f"model '{config.name}' version {version}: backend "
+                              f"'{config.backend}' is served by the {entry.kind} kind, which this server has "
+                              "not registered (engine/kinds.py)")
         return InstanceModel(config, version, version_dir / config.default_model_filename, repository.gpus,
                              repository.limiter, repository.backlog)
 

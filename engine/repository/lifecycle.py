@@ -127,8 +127,11 @@ class ModelRepository(RoutingTable):
             if config_json is None:
                 raise EngineError(ErrorCode.INTERNAL, f"{failed}model '{name}': loading model files needs "
                                                       "the 'config' parameter as well")
-            if not self._allow_python_uploads:
-                self._refuse_python_upload(name, config_json, files)
+            if not self._allow_python_uploads:  # the client's code choice: refused
+                entry = self._models.get(name)
+                serving = [m.config for m in entry.versions.values()] if entry is not None else []
+                for kind in kinds():
+                    kind.refuse_upload(name, config_json, files, serving)
             try:
                 override = await _write_override(name, files)
             except EngineError as e:
@@ -151,21 +154,6 @@ class ModelRepository(RoutingTable):
         if config_json is not None and not self._allow_python_uploads:  # the client's code choice: refused
             await asyncio.to_thread(_refuse_override, name, self.root / name, config_json)
         await self._load(name, self.root / name, config_json, self.root)
-
-    def _refuse_python_upload(self, name: str, config_json: dict[str, Any], files: dict[str, bytes]) -> None:
-        """INVALID_ARG when model files sent with a load would create or replace a Python model: its code
-        would run in the server's name. The operator allows it with --allow-python-model-upload."""
-        backend = str(config_json.get("backend", "")) or str(config_json.get("platform", ""))
-        script = next((f for f in sorted(files) if f.endswith(".py")), None)
-        replaced = any(m.config.backend == "python" for m in self._models[name].versions.values()) \
-            if name in self._models else False
-        why = ("its config names backend 'python'" if backend == "python" else
-               f"it sends the Python file '{script}'" if script is not None else
-               f"it would replace the Python model '{name}'" if replaced else "")
-        if why:
-            raise invalid(f"load of model '{name}' refused: {why}, and Python models are code the server "
-                          "would run; model files sent with a load may not create or replace a Python model "
-                          "unless the server runs with --allow-python-model-upload")
 
     async def _load(self, name: str, model_dir: Path, config_json: dict[str, Any] | None, base: Path) -> None:
         """Load from `model_dir`, whose files must all resolve inside `base` (the repository root, or the

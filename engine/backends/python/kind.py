@@ -4,15 +4,19 @@ it.
 
 Its part in a load: the model's own static `auto_complete_config`, run in a process of its own
 (autocomplete.py, with the interpreter environment.py picks), after the backend table's description of the
-file; and the refusal of a client's config override that would choose its code (overrides.py).
+file; and, unless the server runs with --allow-python-model-upload, the refusal of what a client's load would
+make the server run: model files that create or replace a Python model (`refuse_upload`), a config override
+that chooses its interpreter or script (`refuse_override`, overrides.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...config.model_config import ModelConfig
+from ...errors import invalid
 from ...model import Model
 from ...proto import model_config_pb2 as pb
 from ...repository.kinds import ModelKind, register
@@ -43,6 +47,19 @@ class PythonKind(ModelKind):
         params = {k: v.string_value for k, v in msg.parameters.items()}
         python = environment.options(params, model_dir, f"model '{name}'").interpreter
         autocomplete.complete(msg, model_file, model_dir, name, python)
+
+    def refuse_upload(self, name: str, config_json: dict[str, Any], files: Mapping[str, bytes],
+                      serving: Sequence[ModelConfig]) -> None:
+        backend = str(config_json.get("backend", "")) or str(config_json.get("platform", ""))
+        script = next((f for f in sorted(files) if f.endswith(".py")), None)
+        replaced = any(config.backend == "python" for config in serving)
+        why = ("its config names backend 'python'" if backend == "python" else
+               f"it sends the Python file '{script}'" if script is not None else
+               f"it would replace the Python model '{name}'" if replaced else "")
+        if why:
+            raise invalid(f"load of model '{name}' refused: {why}, and Python models are code the server "
+                          "would run; model files sent with a load may not create or replace a Python model "
+                          "unless the server runs with --allow-python-model-upload")
 
     def refuse_override(self, name: str, model_dir: Path, config_json: dict[str, Any]) -> None:
         refuse_python_override(name, model_dir, config_json)

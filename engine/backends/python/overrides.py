@@ -6,7 +6,7 @@ Why: a load request is a client's. A Python model's `EXECUTION_ENV_PATH` names t
 script they import; `backend: "python"` makes a folder's `.py` file code the server runs. Sent in an
 override, each let a client run any folder's `bin/python3`, or another model's script, in the server's
 name. Model files sent with a load are already refused when they would create or replace a Python model
-(engine/repository/lifecycle.py `_refuse_python_upload`); this closes the override without files, on the same
+(kind.py `PythonKind.refuse_upload`); this closes the override without files, on the same
 flag: only `--allow-python-model-upload` lets a request choose Python code.
 
 What stays allowed: an override that leaves those three as the model folder's own config has them (a client
