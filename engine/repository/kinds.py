@@ -12,8 +12,9 @@ the kind it got. Kinds, in the order they are asked (`rank`):
 The first three are plug-ins: each registers itself when its module is imported, and engine/kinds.py (which
 the server imports) imports them all. Instance models are the core's own and claim whatever no plug-in
 claims, so nothing here, in engine/model.py or in the rest of the repository imports a plug-in. A
-repository made without engine/kinds.py imported serves only instance models of the backends that need no
-plug-in (engine/backends/__init__.py).
+repository made without engine/kinds.py imported serves only instance models: a Python model is then
+UNAVAILABLE with the reason, its code never run (the backend table names the kind each backend needs:
+engine/backends/__init__.py).
 
 Besides building, a kind may take part in a load before its config is frozen (`complete`,
 `complete_from_file`: auto-complete), before it is read (`refuse_upload`, `refuse_override`, `load_first`) and
