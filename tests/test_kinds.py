@@ -1,5 +1,6 @@
 """The model-kind seam (engine/repository/kinds.py, engine/kinds.py): the core imports no plug-in kind, the
-plug-ins register themselves when engine/kinds.py imports them, and the registry names each config's kind.
+plug-ins register themselves when engine/kinds.py imports them, the registry names each config's kind, and
+the backend table (engine/backends/__init__.py) says which backends need their kind and their model file.
 Loading and serving each kind is tested with the real server in test_repository.py, test_ensemble*.py,
 test_python_*.py and test_generate_triton.py."""
 
@@ -10,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import config_from_pbtxt
+from conftest import config_from_pbtxt, run_repository
+from engine.model import ModelState
 from engine.repository.kinds import kind_of, kinds
+from engine.repository.lifecycle import ModelRepository
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,3 +102,20 @@ def test_without_the_python_kind_a_python_model_never_runs(tmp_path: Path) -> No
     assert (name, state) == ("py", "UNAVAILABLE")
     assert "backend 'python' is served by the python kind, which this server has not registered" in reason
     assert not marker.exists()
+
+
+def test_the_backend_table_says_which_versions_need_their_model_file(tmp_path: Path) -> None:
+    io = 'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }] ' \
+         'output [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }]'
+    for name, backend in (("onnx", "onnxruntime"), ("ident", "identity")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(f'backend: "{backend}" {io}')
+
+    async def check(repo: ModelRepository) -> None:
+        await repo.load_all()
+        rows = {row.name: row for row in repo.index()}
+        assert rows["ident"].state is ModelState.READY
+        assert rows["onnx"].state is ModelState.UNAVAILABLE
+        assert "model 'onnx' version 1: missing model file onnx/1/model.onnx" in rows["onnx"].reason
+
+    run_repository(check, tmp_path)

@@ -66,6 +66,7 @@ class BackendEntry:
     # The plug-in kind of model that serves it (engine/repository/kinds.py), when the core's instance kind
     # must not: a Python model's versions answer per request, and its code runs only under its kind's rules.
     kind: str = ""
+    needs_file: bool = True  # whether a version without its model file fails to load
 
 
 # Every backend a config may name, in the order messages list them. The one list: config validation
@@ -74,7 +75,7 @@ BACKENDS: dict[str, BackendEntry] = {entry.name: entry for entry in (
     BackendEntry("onnxruntime", "model.onnx", ".onnxruntime", platform="onnxruntime_onnx",
                  describe="describe_onnx"),
     BackendEntry("tensorrt", "model.plan", ".tensorrt", platform="tensorrt_plan"),
-    BackendEntry("identity", "model.txt", ".identity"),
+    BackendEntry("identity", "model.txt", ".identity", needs_file=False),
     # Python models answer per request: engine/backends/python/backend.py has the wider seam.
     BackendEntry("python", "model.py", ".python.backend", kind="python"),
 )}

@@ -306,7 +306,8 @@ class ModelRepository(RoutingTable):
         where = f"model '{config.name}' version {version}"
         shown = f"{config.name}/{version}/{config.default_model_filename}"
         self._outside(where, path, shown, base)
-        if config.backend not in ("identity", ENSEMBLE_PLATFORM) and not path.exists():
+        entry = backends.BACKENDS.get(config.backend)  # none for an ensemble: its steps run other models
+        if entry is not None and entry.needs_file and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
         model = kind.build(self, config, version, model_dir / str(version), prepared)
