@@ -44,7 +44,7 @@ import logging
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 import orjson
@@ -54,6 +54,7 @@ from ...access.policy import HTTP_STATUS, Refusal, RefusalKind
 from ..connections import client_of, close_refused, is_loopback
 from .path import Endpoint, parse_target
 from .sse import LAST_CHUNK, chunk
+from .states import ENDED, AnswerEvent, AnswerState, ReadEvent, ReadState, answer_after, read_after
 from .types import Answer, HttpRequest, Pending
 
 if TYPE_CHECKING:
@@ -74,6 +75,9 @@ LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is c
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
 _monotonic = time.monotonic  # looked up once: it runs twice per request
 _MALFORMED = Endpoint.MALFORMED
+_IDLE, _HEAD, _BODY, _STOPPED = ReadState.IDLE, ReadState.HEAD, ReadState.BODY, ReadState.STOPPED
+_ANSWER_IDLE, _WAITING = AnswerState.IDLE, AnswerState.WAITING
+_STREAMING, _STREAMING_TO_CLOSE = AnswerState.STREAMING, AnswerState.STREAMING_TO_CLOSE
 
 
 class _Reject(Exception):
@@ -98,25 +102,22 @@ class HttpProtocol(asyncio.Protocol):
         self._ends: tuple[Any, Any] = (None, None)  # (peer, local) addresses, each request's `ends`
         self._admitted: str | None = None  # the client address the counter counted this connection under
         self._current: HttpRequest | None = None  # being parsed
-        self._in_head = False  # between the first byte of a request and its headers' end
-        self._in_body = False  # between the headers' end and the message's end
+        self._read = _IDLE  # the client's side (states.py): the request being read
+        self._answer = _ANSWER_IDLE  # our side (states.py): the answer in flight, or how the connection ends
         self._head_fed = 0  # bytes fed since the current head began (may miss part of one read)
         self._max_head_bytes = self._limits.max_header_bytes
         self._head_size = 0  # the head's header fields, measured once its reads pass max_head_bytes
         self._header_count = 0
         self._rejection: tuple[int, str] | None = None
-        self._queue: deque[HttpRequest] = deque()  # parsed, waiting for the one in flight
-        self._inflight: Pending | None = None
+        # Parsed, waiting for the one in flight. Reading is paused exactly while this is not empty.
+        self._queue: deque[HttpRequest] = deque()
+        self._inflight: Pending | None = None  # set while WAITING or STREAMING
         self._inflight_req: HttpRequest | None = None
         self._final: tuple[int, str] | None = None  # an error to send once the requests before it are out
-        self._streamed: bool | None = None  # the in-flight request's streamed answer is out: whether chunked
-        self._streamed_keep = False  # and whether the connection stays open after it
         self._drained: asyncio.Future[None] | None = None  # a streaming route waiting in drain()
-        self._done = False  # no more answers on this connection (closing, lingering or gone)
-        self._reading_paused = False
-        self._write_paused_at = 0.0
-        self._linger_at = 0.0
-        self._closing_at = 0.0
+        self._write_paused_at = 0.0  # when the transport stopped taking our writes; 0 while it takes them
+        self._linger_at = 0.0  # when LINGERING began
+        self._closing_at = 0.0  # when CLOSING began
         now = _monotonic()
         self._last_rx = now
         self._last_tx = now
@@ -124,8 +125,8 @@ class HttpProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ transport events
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        self._transport = transport = cast(asyncio.Transport, base)  # a stream transport: TCP, TLS or Unix
         sock = transport.get_extra_info("socket")
         with contextlib.suppress(AttributeError, OSError):  # not a TCP socket
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -141,16 +142,16 @@ class HttpProtocol(asyncio.Protocol):
             refused = counter.admit(client)
             if refused:  # answered and closed at once: a refused connection holds nothing while it lingers
                 log.warning("HTTP %s: refused: %s", self._peer, refused)
-                self._done = True
+                self._lose()
                 self._parser = None
-                transport.write(_refusal(refused))  # type: ignore[attr-defined]
+                transport.write(_refusal(refused))
                 close_refused(transport, counter)
                 return
             self._admitted = client
         self._owner.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._done = True
+        self._lose()
         self._owner.connections.discard(self)
         if self._admitted is not None and self._owner.counter is not None:
             self._owner.counter.release(self._admitted)
@@ -180,7 +181,7 @@ class HttpProtocol(asyncio.Protocol):
         parser = self._parser
         if parser is None:  # rejected or closing: discard what the client still sends
             return
-        if not self._in_body:
+        if self._read is not _BODY:
             self._head_fed += len(data)
         try:
             parser.feed_data(data)
@@ -188,16 +189,18 @@ class HttpProtocol(asyncio.Protocol):
             self._fail(400, "protocol upgrades are not supported")
         except httptools.HttpParserError as e:
             rejection, self._rejection = self._rejection, None
-            if self._done:
+            if self._answer in ENDED:
                 pass  # our last answer is out: the rest of this input was cut off on purpose
             elif rejection is not None:
                 self._fail(*rejection)
             else:
                 self._fail(400, f"malformed HTTP request: {e}")
         else:
-            if self._in_head and self._head_fed > self._limits.max_header_bytes:
-                self._fail(431, self._head_too_large())
-            elif not self._in_head and not self._in_body:
+            read = self._read
+            if read is _HEAD:
+                if self._head_fed > self._limits.max_header_bytes:
+                    self._fail(431, self._head_too_large())
+            elif read is not _BODY:
                 self._head_fed = 0
 
     def pause_writing(self) -> None:
@@ -206,17 +209,17 @@ class HttpProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._write_paused_at = 0.0
         self._wake_drain()
-        if self._inflight is None:
+        if self._answer is _ANSWER_IDLE:
             self._next()
 
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
-        if self._done:
+        if self._read is _STOPPED:
             raise _Reject("the connection is closing")  # stop llhttp: no more requests on this connection
+        self._read = read_after(self._read, ReadEvent.BEGIN)
         self._current = req = HttpRequest()
         req.ends = self._ends
-        self._in_head = True
         self._head_at = self._last_rx
         self._head_size = 0
         self._header_count = 0
@@ -238,8 +241,7 @@ class HttpProtocol(asyncio.Protocol):
         assert req is not None
         if parser is None:
             raise _Reject("the connection is closing")
-        self._in_head = False
-        self._in_body = True
+        self._read = read_after(self._read, ReadEvent.HEAD_END)
         limits = self._limits
         if self._header_count > limits.max_header_count:
             self._reject(431, f"Request has more than {limits.max_header_count} header fields")
@@ -261,11 +263,11 @@ class HttpProtocol(asyncio.Protocol):
         elif (access := self._access) is not None:
             declared = int(length) if length is not None and length.isdigit() else 0
             verdict = access.admit(target.group, req.headers, declared, self._last_rx)
-            if type(verdict) is Refusal:
+            if isinstance(verdict, Refusal):
                 req.refusal = verdict
             else:
-                req.admission = verdict  # type: ignore[assignment]
-                req.owner = verdict.owner  # type: ignore[union-attr]
+                req.admission = verdict
+                req.owner = verdict.owner
         if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
@@ -281,13 +283,14 @@ class HttpProtocol(asyncio.Protocol):
         else:
             if len(req.body) + len(body) > self._limits.max_body_bytes:
                 self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
-            if type(req.body) is bytes:
-                req.body = bytearray(req.body)
-            req.body += body  # type: ignore[operator]
-        admission = req.admission
-        if admission is not None and len(req.body) > admission.bytes and self._access.budget is not None:  # type: ignore[union-attr]
+            joined = req.body if isinstance(req.body, bytearray) else bytearray(req.body)
+            joined += body
+            req.body = joined
+        admission, access = req.admission, self._access  # an admission comes from `access`
+        if admission is not None and access is not None and len(req.body) > admission.bytes \
+                and access.budget is not None:
             # a body larger than it declared (chunked): its reservation grows with it, or it is refused
-            refusal = self._access.grow(admission, len(req.body) - admission.bytes)  # type: ignore[union-attr]
+            refusal = access.grow(admission, len(req.body) - admission.bytes)
             if refusal is not None:
                 req.refusal = refusal
                 req.body = b""
@@ -295,18 +298,19 @@ class HttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         req = self._current
         self._current = None
-        self._in_body = False
         self._head_fed = 0
-        if req is None or self._done:
+        if req is None or self._read is _STOPPED:
             return
-        self._queue.append(req)
-        if self._inflight is None:
-            self._next()
-        if self._queue and not self._reading_paused and self._transport is not None:
-            # One request in flight and another complete one waiting: read no further until it is answered,
-            # so a pipelining client cannot make us buffer body after body.
-            self._reading_paused = True
-            self._transport.pause_reading()
+        self._read = read_after(self._read, ReadEvent.COMPLETE)
+        queue = self._queue
+        if not queue and self._answer is _ANSWER_IDLE and not self._write_paused_at:
+            self._dispatch(req)  # the usual case: nothing before it, so it goes at once
+        else:
+            # One request in flight (or its answer unread) and this complete one waiting: read no further
+            # until it is answered, so a pipelining client cannot make us buffer body after body.
+            if not queue and self._transport is not None:
+                self._transport.pause_reading()
+            queue.append(req)
 
     def _reject(self, status: int, message: str) -> None:
         self._rejection = (status, message)
@@ -318,43 +322,48 @@ class HttpProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ dispatch and answers
 
     def _next(self) -> None:
-        """Dispatch waiting requests in order while none is in flight. Called when a request has been parsed,
-        an answer written, or writing resumed. Stops while the client leaves answers unread."""
-        while self._queue and not self._done and not self._write_paused_at:
-            req = self._queue.popleft()
-            if req.refusal is not None:
-                self._respond(req, refusal_answer(req.refusal))
-                continue
-            req.stream = self
-            answer = self._owner.handle(req, self._on_done)
-            if isinstance(answer, tuple):
-                self._respond(req, answer)
-                continue
-            self._inflight = answer
-            self._inflight_req = req
-            break
-        if self._done or self._queue:
-            return
-        if self._reading_paused and self._transport is not None:
-            self._reading_paused = False
-            self._transport.resume_reading()
-        if self._inflight is None and self._final is not None:
+        """Dispatch waiting requests in order while none is in flight, then the error that waited for them.
+        Called when an answer is written or writing resumed. Stops while the client leaves answers unread.
+        Reading resumes as the last waiting request leaves the queue."""
+        queue = self._queue
+        while queue and self._answer is _ANSWER_IDLE and not self._write_paused_at:
+            req = queue.popleft()
+            if not queue and self._transport is not None:
+                self._transport.resume_reading()
+            self._dispatch(req)
+        if self._final is not None and not queue and self._answer is _ANSWER_IDLE:
             self._send_error(*self._final)
+
+    def _dispatch(self, req: HttpRequest) -> None:
+        """Answer `req` now (a refusal, or a route's answer at once) or put it in flight; called with nothing
+        in flight."""
+        if req.refusal is not None:
+            self._respond(req, refusal_answer(req.refusal))
+            return
+        req.stream = self
+        answer = self._owner.handle(req, self._on_done)
+        if isinstance(answer, tuple):
+            self._respond(req, answer)
+            return
+        self._inflight = answer
+        self._inflight_req = req
+        self._answer = answer_after(self._answer, AnswerEvent.DISPATCH)
 
     def _on_done(self, fut: asyncio.Future[Any]) -> None:
         """The in-flight request's future is done (called once, after the data plane's accounting)."""
         pending, req = self._inflight, self._inflight_req
-        if pending is None or pending.future is not fut:
+        if pending is None or pending.future is not fut or req is None:
             return  # the connection went away (it cancelled the request): nobody to answer
         self._inflight = self._inflight_req = None
-        if req is None or self._done:
-            self._streamed = None
+        state = self._answer
+        if state in ENDED:  # dropped while it ran
             self._release(req)
             return
-        if self._streamed is not None:
-            self._end_stream(req, fut)
-        else:
+        self._answer = answer_after(state, AnswerEvent.ANSWERED)
+        if state is _WAITING:
             self._respond(req, pending.answer())
+        else:
+            self._end_stream(req, fut, chunked=state is _STREAMING)
         self._next()
 
     def _respond(self, req: HttpRequest, answer: Answer) -> None:
@@ -367,14 +376,18 @@ class HttpProtocol(asyncio.Protocol):
     def _keep(self, req: HttpRequest) -> bool:
         """Whether the connection stays open after answering `req`. Draining: close after this answer,
         unless more of this client's requests are already here."""
-        return req.keep_alive and not (self._owner.closing and not self._queue and not self._in_head
-                                       and not self._in_body and self._final is None)
+        return req.keep_alive and not (self._owner.closing and self._quiet())
+
+    def _quiet(self) -> bool:
+        """No request of this client's is here beyond the one being answered: none waits, none is being
+        read, and no error waits to be sent (one does only after reading STOPPED)."""
+        return not self._queue and self._read is _IDLE
 
     def _release(self, req: HttpRequest | None) -> None:
         """The request was answered or dropped: what the access policy let it hold goes back, once."""
-        if req is not None and req.admission is not None:
+        if req is not None and req.admission is not None and self._access is not None:
             admission, req.admission = req.admission, None
-            self._access.release(admission)  # type: ignore[union-attr]
+            self._access.release(admission)
 
     def _write(self, answer: Answer, keep: bool) -> None:
         transport = self._transport
@@ -401,10 +414,11 @@ class HttpProtocol(asyncio.Protocol):
         after it; close-delimited (no length, no chunks: the body ends at our FIN) when it does not, and
         for an HTTP/1.0 client, which may not understand chunks."""
         req, transport = self._inflight_req, self._transport
-        if req is None or transport is None or self._streamed is not None:
+        if req is None or transport is None or self._answer is not _WAITING:
             return
-        keep = self._keep(req) and not req.http10
-        self._streamed, self._streamed_keep = keep, keep  # chunked only when the connection stays open
+        keep = self._keep(req) and not req.http10  # chunked only when the connection stays open
+        self._answer = answer_after(self._answer,
+                                    AnswerEvent.STREAM_CHUNKED if keep else AnswerEvent.STREAM_TO_CLOSE)
         framing = b"Transfer-Encoding: chunked\r\n" if keep else b"Connection: close\r\n"
         transport.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n%s%s\r\n" % (
             status, REASONS.get(status, b"Unknown"), content_type, extra, framing))
@@ -412,10 +426,15 @@ class HttpProtocol(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         """One piece of the streamed answer, written now (TCP_NODELAY: it leaves at once)."""
-        transport = self._transport
-        if transport is None or self._streamed is None or not data:
+        transport, state = self._transport, self._answer
+        if transport is None or not data:
             return
-        transport.write(chunk(data) if self._streamed else data)
+        if state is _STREAMING:
+            transport.write(chunk(data))
+        elif state is _STREAMING_TO_CLOSE:
+            transport.write(data)
+        else:
+            return
         self._last_tx = _monotonic()
 
     async def drain(self) -> None:
@@ -430,10 +449,10 @@ class HttpProtocol(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _end_stream(self, req: HttpRequest, fut: asyncio.Future[Any]) -> None:
-        """The streaming route's task is done: end the body (the last chunk, or the close)."""
-        chunked, keep = self._streamed, self._streamed_keep
-        self._streamed = None
+    def _end_stream(self, req: HttpRequest, fut: asyncio.Future[Any], chunked: bool) -> None:
+        """The streaming route's task is done: end the body (the last chunk, or the close). A chunked body
+        is the one that keeps the connection open."""
+        keep = chunked
         if not fut.cancelled() and fut.exception() is not None:
             log.error("HTTP %s: streamed answer failed: %r", self._peer, fut.exception())
             keep = False
@@ -453,15 +472,15 @@ class HttpProtocol(asyncio.Protocol):
         level = logging.INFO if status == 400 else logging.WARNING
         log.log(level, "HTTP %s: %d %s", self._peer, status, message)
         self._parser = None
+        self._read = read_after(self._read, ReadEvent.STOP)
         dropped = self._current
         self._current = None
-        self._in_head = self._in_body = False
         self._release(dropped)
         if dropped is not None and len(dropped.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
-        if self._done:
+        if self._answer in ENDED:
             return
-        if self._inflight is not None or self._queue:
+        if self._answer is not _ANSWER_IDLE or self._queue:
             self._final = (status, message)
         else:
             self._send_error(status, message)
@@ -473,18 +492,21 @@ class HttpProtocol(asyncio.Protocol):
     def _close_gracefully(self) -> None:
         """After our last answer: send FIN once it is flushed, then read and discard until the client closes
         or falls silent. Closing at once with unread input would reset the connection, and a reset can destroy
-        the answer before the client has read it (a client still uploading a refused body, say)."""
-        self._done = True
+        the answer before the client has read it (a client still uploading a refused body, say). Called with
+        nothing in flight, as our answer is written."""
+        self._answer = answer_after(self._answer, AnswerEvent.LINGER)
         self._parser = None
-        for req in self._queue:
+        self._read = read_after(self._read, ReadEvent.STOP)
+        queue = self._queue
+        reading_paused = bool(queue)
+        for req in queue:
             self._release(req)
-        self._queue.clear()
+        queue.clear()
         transport = self._transport
-        if transport is None or self._linger_at:
+        if transport is None:
             return
         self._linger_at = _monotonic()
-        if self._reading_paused:
-            self._reading_paused = False
+        if reading_paused:
             transport.resume_reading()
         if not transport.can_write_eof():
             transport.close()
@@ -495,29 +517,28 @@ class HttpProtocol(asyncio.Protocol):
 
     def sweep(self, now: float) -> None:
         """Apply the timeouts. Called by the owner's sweeper every fraction of `client_timeout_secs`."""
-        transport = self._transport
-        if transport is None:
+        transport, state = self._transport, self._answer
+        if transport is None or state is AnswerState.GONE:
             return
         timeout = self._limits.client_timeout_secs
-        if self._closing_at:  # close() waits for our answers to flush; a client not reading them is dropped
+        if state is AnswerState.CLOSING:  # close() waits for our answers to flush; one not read is dropped
             if now - self._closing_at > timeout:
-                transport.abort()
+                self.abort()
             return
         if self._write_paused_at and now - self._write_paused_at > timeout:
             log.warning("HTTP %s: answers left unread for over %g s, disconnecting (--client-timeout-secs)",
                         self._peer, timeout)
-            self._done = True
-            transport.abort()
-        elif self._linger_at:
+            self.abort()
+        elif state is AnswerState.LINGERING:
             if now - max(self._last_rx, self._linger_at) > min(LINGER_QUIET_SECS, timeout) \
                     or now - self._linger_at > timeout:
                 self._close(now)
-        elif self._reading_paused or self._done:
+        elif self._queue:
             pass  # we stopped reading: the client cannot make progress, and it is not its fault
-        elif self._in_head and now - self._head_at > timeout:
+        elif self._read is _HEAD and now - self._head_at > timeout:
             self._fail(408, f"Request head not complete within {timeout:g} s of its first byte "
                             "(--client-timeout-secs)")
-        elif self._in_body and now - self._last_rx > timeout:
+        elif self._read is _BODY and now - self._last_rx > timeout:
             self._fail(408, f"Request body stalled for over {timeout:g} s (--client-timeout-secs)")
         elif self._idle() and now - max(self._last_rx, self._last_tx) > self._limits.idle_timeout_secs:
             log.info("HTTP %s: idle for over %g s, closing (--idle-timeout-secs)", self._peer,
@@ -527,25 +548,33 @@ class HttpProtocol(asyncio.Protocol):
     def close_if_quiet(self, now: float, quiet_secs: float) -> None:
         """Draining: close a connection with nothing in flight once no bytes have passed for `quiet_secs`, so
         a client that read our last answer a moment ago and is sending its next request is not cut off."""
-        if self._transport is not None and not self._done and self._idle() \
+        if self._transport is not None and self._idle() \
                 and now - max(self._last_rx, self._last_tx) >= quiet_secs:
             self._close(now)
 
     def abort(self) -> None:
-        """The exit deadline has passed: drop the connection whatever it is doing."""
+        """Drop the connection whatever it is doing: called when the exit deadline has passed, and by the
+        sweeper for a client that leaves our answers unread. connection_lost follows."""
         if self._transport is not None:
-            self._done = True
+            self._lose()
             self._transport.abort()
 
     def _close(self, now: float) -> None:
-        self._done = True
+        """Close once what we wrote is flushed (idle, draining, or a lingering client fell silent)."""
+        self._answer = answer_after(self._answer, AnswerEvent.CLOSE)
+        self._read = read_after(self._read, ReadEvent.STOP)
         self._closing_at = now
         if self._transport is not None:
             self._transport.close()
 
+    def _lose(self) -> None:
+        """No more answers and nothing more read: the connection is gone, or going at once."""
+        self._answer = answer_after(self._answer, AnswerEvent.LOSE)
+        self._read = read_after(self._read, ReadEvent.STOP)
+
     def _idle(self) -> bool:
-        return (self._inflight is None and not self._queue and not self._in_head
-                and not self._in_body and self._final is None)
+        """Nothing in flight, waiting or being read: the connection may be closed without losing a request."""
+        return self._answer is _ANSWER_IDLE and self._quiet()
 
 
 def refusal_answer(refusal: Refusal) -> Answer:
