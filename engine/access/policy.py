@@ -1,6 +1,6 @@
 """Who may call what, and how much: `AccessPolicy`, the one object that decides, pure (time is passed in), so
 its tests are plain functions. Each frontend only asks it, once per request, as soon as the request's head is
-in and before its body is buffered (HTTP: frontend/http/connection.py; gRPC: frontend/grpc/call.py `Call`),
+in and before its body is buffered (HTTP: frontend/http/reader.py; gRPC: frontend/grpc/call.py `Call`),
 and turns a `Refusal` into its own protocol's answer (`HTTP_STATUS`, `GRPC_STATUS`).
 
 The checks, in order (docs/security.md "Who may call what"):

@@ -1,20 +1,22 @@
-"""One HTTP/1.1 connection: parsing (httptools / llhttp), limits, timeouts, flow control and writing answers.
+"""One HTTP/1.1 connection: its two states (states.py), timeouts, flow control and writing answers.
 
-`HttpProtocol` knows no routes: each parsed `HttpRequest` goes to its owner's `handle()` (the routes', in
-routes.py), which answers at once (an `Answer`) or later (a `Pending`); those types are types.py's.
-Answers leave in request order, one request in flight at a time.
-What one client cannot do through it (the limits are `HttpLimits`):
-- send a body over `max_body_bytes`: a declared Content-Length over it is refused before the body is read, a
-  chunked body as soon as it passes it (413);
-- send a head over `max_header_bytes` or `max_header_count` fields (431). Bytes fed while a head is incomplete
-  are counted and feeding stops once over, so a huge header never piles up in llhttp (which joins pieces
-  quadratically);
+`HttpProtocol` knows no routes: each request its `RequestReader` (reader.py: llhttp, the head and body
+limits, the access check) completes goes to its owner's `handle()` (the routes', in routes.py), which answers
+at once (an `Answer`) or later (a `Pending`); those types are types.py's. Answers leave in request order,
+one request in flight at a time. Two states drive it (states.py): the reader's `ReadState`, and
+`AnswerState`, ours: IDLE, WAITING for the one request in flight, STREAMING its answer, then LINGERING,
+CLOSING, GONE as the connection ends.
+What one client cannot do through it, beyond what the reader refuses (the limits are `HttpLimits`):
 - stall: a head must be complete within `client_timeout_secs` of its first byte and a body may pause no longer
   (408); answers left unread that long abort the connection; `idle_timeout_secs` with nothing in flight closes
   it. The owner's one sweeper calls `sweep()`: no timer per request;
-- pile up pipelined requests: with one in flight and another complete one waiting, reading pauses;
+- pile up pipelined requests: with one in flight and another complete one waiting, reading pauses (exactly
+  while a request waits in the queue);
 - buffer a streamed answer it does not read: the route awaits `drain()` after each piece, which waits while
-  the transport is paused (and one that stops reading is dropped after `client_timeout_secs`).
+  the transport is paused (and one that stops reading is dropped after `client_timeout_secs`);
+- hold what the access policy let a request hold past its answer: an admitted request's admission (a key's
+  concurrency slot, its bytes of the in-flight budget) goes back when it is answered or dropped, and a
+  refused one is answered in its turn.
 
 A streamed answer (generate_stream, the OpenAI API's server-sent events; types.py `ResponseStream`, the
 one way a route streams) goes out as it is produced, through the connection's `start`, `send` and `drain`,
@@ -22,17 +24,8 @@ while the request is in flight; it ends when the request's future resolves (`_en
 the request's admission released. It is chunked (RFC 9112 §7.1) when the connection stays open; to a client
 that asked for `Connection: close`, and to every HTTP/1.0 client (chunks are HTTP/1.1's), it is
 close-delimited instead (§6.3), which needs no chunked decoding.
-- be read two ways: its URL is parsed once, as its head completes (path.py `parse_target`), and the
-  access check and the routes both read that one result; a path that cannot be read one way only (an
-  encoded '/', a dot segment, a control character, bad percent-encoding) is answered 400 and not routed;
-- call an admin group (model-repository, logging, trace, shared-memory) from off loopback while the
-  operator has not opened it (the owner's `loopback_only`, engine/access/policy.py `LoopbackOnly`): 403;
-- get past the access policy (the owner's `access`, engine/access/policy.py): it is asked once the head is in,
-  with the declared body size, so a refused request (401, 403, 429 with Retry-After) has its body
-  discarded as it arrives, never buffered, and is answered in its turn; an admitted one holds its
-  admission (a key's concurrency slot, its bytes of the in-flight budget) until it is answered or dropped.
 
-A body lives in its request object only, and the parser's callbacks (our bound methods, a reference cycle) are
+A body lives in its request object only, and the reader's parser (a reference cycle through its callbacks) is
 cut loose when the connection ends, so buffers are freed by reference counting, not by the cycle collector.
 """
 
@@ -46,15 +39,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-import httptools
-import orjson
-
 from ...access.caller import ends
-from ...access.policy import HTTP_STATUS, Refusal, RefusalKind
 from ..connections import client_of, close_refused, is_loopback
-from .path import Endpoint, parse_target
+from .answers import REASONS, connection_refusal, error_answer, refusal_answer
+from .reader import RequestReader
 from .sse import LAST_CHUNK, chunk
-from .states import ENDED, AnswerEvent, AnswerState, ReadEvent, ReadState, answer_after, read_after
+from .states import ANSWER_AFTER, ENDED, AnswerEvent, AnswerState, ReadState, answer_after, answer_refused
 from .types import Answer, HttpRequest, Pending
 
 if TYPE_CHECKING:
@@ -62,32 +52,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubserve.http")
 
-REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found",
-           405: b"Method Not Allowed",
-           408: b"Request Timeout", 409: b"Conflict", 413: b"Payload Too Large",
-           415: b"Unsupported Media Type", 429: b"Too Many Requests",
-           431: b"Request Header Fields Too Large", 499: b"Client Closed Request",
-           500: b"Internal Server Error", 501: b"Not Implemented", 503: b"Service Unavailable",
-           504: b"Gateway Timeout"}
-
 LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand freed heap back to the OS
 LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
 _monotonic = time.monotonic  # looked up once: it runs twice per request
-_MALFORMED = Endpoint.MALFORMED
-_IDLE, _HEAD, _BODY, _STOPPED = ReadState.IDLE, ReadState.HEAD, ReadState.BODY, ReadState.STOPPED
+_IDLE, _HEAD, _BODY = ReadState.IDLE, ReadState.HEAD, ReadState.BODY
 _ANSWER_IDLE, _WAITING = AnswerState.IDLE, AnswerState.WAITING
 _STREAMING, _STREAMING_TO_CLOSE = AnswerState.STREAMING, AnswerState.STREAMING_TO_CLOSE
-
-
-class _Reject(Exception):
-    """Raised inside a parser callback to stop llhttp at once; `HttpProtocol._rejection` says why."""
-
-
-def _refusal(message: str) -> bytes:
-    body = orjson.dumps({"error": message})
-    return b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" \
-        b"Connection: close\r\n\r\n%s" % (len(body), body)
+# the two moves of each request answered later, looked up once (states.py: one dict lookup per move)
+_DISPATCH, _ANSWERED = AnswerEvent.DISPATCH, AnswerEvent.ANSWERED
+_AFTER_DISPATCH, _AFTER_ANSWERED = ANSWER_AFTER[_DISPATCH], ANSWER_AFTER[_ANSWERED]
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -95,20 +69,14 @@ class HttpProtocol(asyncio.Protocol):
         self._owner = owner
         self._limits = owner.limits
         self._access = owner.access
-        self._loopback_only = owner.loopback_only  # None once the peer is known to be on loopback
-        self._parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
+        now = _monotonic()
+        # the client's side (its `state` is states.py's ReadState); it hands us each request it completes
+        self._reader = RequestReader(self._limits, self._access, self._received, now)
+        self._feed = self._reader.feed  # bound once: called per read
         self._transport: asyncio.Transport | None = None
         self._peer = "?"
-        self._ends: tuple[Any, Any] = (None, None)  # (peer, local) addresses, each request's `ends`
         self._admitted: str | None = None  # the client address the counter counted this connection under
-        self._current: HttpRequest | None = None  # being parsed
-        self._read = _IDLE  # the client's side (states.py): the request being read
         self._answer = _ANSWER_IDLE  # our side (states.py): the answer in flight, or how the connection ends
-        self._head_fed = 0  # bytes fed since the current head began (may miss part of one read)
-        self._max_head_bytes = self._limits.max_header_bytes
-        self._head_size = 0  # the head's header fields, measured once its reads pass max_head_bytes
-        self._header_count = 0
-        self._rejection: tuple[int, str] | None = None
         # Parsed, waiting for the one in flight. Reading is paused exactly while this is not empty.
         self._queue: deque[HttpRequest] = deque()
         self._inflight: Pending | None = None  # set while WAITING or STREAMING
@@ -118,10 +86,7 @@ class HttpProtocol(asyncio.Protocol):
         self._write_paused_at = 0.0  # when the transport stopped taking our writes; 0 while it takes them
         self._linger_at = 0.0  # when LINGERING began
         self._closing_at = 0.0  # when CLOSING began
-        now = _monotonic()
-        self._last_rx = now
         self._last_tx = now
-        self._head_at = now
 
     # ------------------------------------------------------------------ transport events
 
@@ -133,9 +98,10 @@ class HttpProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = f"{peer[0]}:{peer[1]}"
-        if self._loopback_only is not None and is_loopback(peer):
-            self._loopback_only = None
-        self._ends = ends(transport)
+        loopback_only = self._owner.loopback_only
+        if loopback_only is not None and is_loopback(peer):
+            loopback_only = None  # a peer on loopback may call every group
+        self._reader.connected(transport, ends(transport), loopback_only)
         counter = self._owner.counter
         if counter is not None:
             client = client_of(peer)
@@ -143,8 +109,7 @@ class HttpProtocol(asyncio.Protocol):
             if refused:  # answered and closed at once: a refused connection holds nothing while it lingers
                 log.warning("HTTP %s: refused: %s", self._peer, refused)
                 self._lose()
-                self._parser = None
-                transport.write(_refusal(refused))
+                transport.write(connection_refusal(refused))
                 close_refused(transport, counter)
                 return
             self._admitted = client
@@ -162,14 +127,12 @@ class HttpProtocol(asyncio.Protocol):
             # its KV blocks, a decoupled request is cancelled, a forwarded stream is cancelled in the engine)
             inflight.future.cancel()
         self._wake_drain()
-        held = (self._current, self._inflight_req, *self._queue)
+        held = (self._reader.drop_partial(), self._inflight_req, *self._queue)
         large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES for r in held)
         if self._access is not None:
             for r in held:
                 self._release(r)
-        # Break the reference cycle (the parser's callbacks are our bound methods) and drop every request.
-        self._parser = None
-        self._current = None
+        # Drop every request (the reader's cycle through its parser was cut as it stopped).
         self._queue.clear()
         self._inflight = self._inflight_req = None
         self._transport = None
@@ -177,31 +140,9 @@ class HttpProtocol(asyncio.Protocol):
             self._owner.large_body_dropped()
 
     def data_received(self, data: bytes) -> None:
-        self._last_rx = _monotonic()
-        parser = self._parser
-        if parser is None:  # rejected or closing: discard what the client still sends
-            return
-        if self._read is not _BODY:
-            self._head_fed += len(data)
-        try:
-            parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as e:
-            rejection, self._rejection = self._rejection, None
-            if self._answer in ENDED:
-                pass  # our last answer is out: the rest of this input was cut off on purpose
-            elif rejection is not None:
-                self._fail(*rejection)
-            else:
-                self._fail(400, f"malformed HTTP request: {e}")
-        else:
-            read = self._read
-            if read is _HEAD:
-                if self._head_fed > self._limits.max_header_bytes:
-                    self._fail(431, self._head_too_large())
-            elif read is not _BODY:
-                self._head_fed = 0
+        problem = self._feed(data, _monotonic())
+        if problem is not None:
+            self._fail(*problem)
 
     def pause_writing(self) -> None:
         self._write_paused_at = _monotonic()
@@ -212,96 +153,11 @@ class HttpProtocol(asyncio.Protocol):
         if self._answer is _ANSWER_IDLE:
             self._next()
 
-    # ------------------------------------------------------------------ parser callbacks
+    # ------------------------------------------------------------------ dispatch and answers
 
-    def on_message_begin(self) -> None:
-        if self._read is _STOPPED:
-            raise _Reject("the connection is closing")  # stop llhttp: no more requests on this connection
-        self._read = read_after(self._read, ReadEvent.BEGIN)
-        self._current = req = HttpRequest()
-        req.ends = self._ends
-        self._head_at = self._last_rx
-        self._head_size = 0
-        self._header_count = 0
-
-    def on_url(self, url: bytes) -> None:
-        assert self._current is not None
-        self._current.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        assert self._current is not None
-        self._current.headers[name.lower()] = value
-        self._header_count += 1
-        if self._head_fed > self._max_head_bytes:  # the reads of this head are large: measure it
-            self._head_size += len(name) + len(value) + 4
-
-    def on_headers_complete(self) -> None:
-        req = self._current
-        parser = self._parser
-        assert req is not None
-        if parser is None:
-            raise _Reject("the connection is closing")
-        self._read = read_after(self._read, ReadEvent.HEAD_END)
-        limits = self._limits
-        if self._header_count > limits.max_header_count:
-            self._reject(431, f"Request has more than {limits.max_header_count} header fields")
-        if self._head_size and self._head_size + len(req.url) > limits.max_header_bytes:
-            self._reject(431, self._head_too_large())
-        req.method = parser.get_method()
-        req.keep_alive = parser.should_keep_alive()
-        if req.keep_alive and b"connection" in req.headers:  # HTTP/1.0 keeps alive only when it asks
-            req.http10 = parser.get_http_version() == "1.0"
-        length = req.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-            self._reject(413, _too_large(f"Request body size of {int(length)} bytes", limits.max_body_bytes))
-        req.target = target = parse_target(req.url)  # the one reading of the path: access and routes use it
-        if target.endpoint is _MALFORMED:
-            req.refusal = Refusal(RefusalKind.MALFORMED, target.problem)
-        elif self._loopback_only is not None and \
-                (refusal := self._loopback_only.refusal(target.group)) is not None:
-            req.refusal = refusal
-        elif (access := self._access) is not None:
-            declared = int(length) if length is not None and length.isdigit() else 0
-            verdict = access.admit(target.group, req.headers, declared, self._last_rx)
-            if isinstance(verdict, Refusal):
-                req.refusal = verdict
-            else:
-                req.admission = verdict
-                req.owner = verdict.owner
-        if req.headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        req = self._current
-        assert req is not None
-        if req.refusal is not None:
-            return  # refused at its head: the body is discarded, not buffered
-        if not req.body:
-            req.body = body  # the usual case: the whole body in one piece, kept without a copy
-            if len(body) > self._limits.max_body_bytes:
-                self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
-        else:
-            if len(req.body) + len(body) > self._limits.max_body_bytes:
-                self._reject(413, _too_large("Request body size", self._limits.max_body_bytes))
-            joined = req.body if isinstance(req.body, bytearray) else bytearray(req.body)
-            joined += body
-            req.body = joined
-        admission, access = req.admission, self._access  # an admission comes from `access`
-        if admission is not None and access is not None and len(req.body) > admission.bytes \
-                and access.budget is not None:
-            # a body larger than it declared (chunked): its reservation grows with it, or it is refused
-            refusal = access.grow(admission, len(req.body) - admission.bytes)
-            if refusal is not None:
-                req.refusal = refusal
-                req.body = b""
-
-    def on_message_complete(self) -> None:
-        req = self._current
-        self._current = None
-        self._head_fed = 0
-        if req is None or self._read is _STOPPED:
-            return
-        self._read = read_after(self._read, ReadEvent.COMPLETE)
+    def _received(self, req: HttpRequest) -> None:
+        """The reader completed `req` (called from inside its feed, in order): dispatch it now, or queue
+        it behind the one in flight."""
         queue = self._queue
         if not queue and self._answer is _ANSWER_IDLE and not self._write_paused_at:
             self._dispatch(req)  # the usual case: nothing before it, so it goes at once
@@ -311,15 +167,6 @@ class HttpProtocol(asyncio.Protocol):
             if not queue and self._transport is not None:
                 self._transport.pause_reading()
             queue.append(req)
-
-    def _reject(self, status: int, message: str) -> None:
-        self._rejection = (status, message)
-        raise _Reject(message)
-
-    def _head_too_large(self) -> str:
-        return f"Request line and header fields exceed {self._limits.max_header_bytes} bytes"
-
-    # ------------------------------------------------------------------ dispatch and answers
 
     def _next(self) -> None:
         """Dispatch waiting requests in order while none is in flight, then the error that waited for them.
@@ -347,7 +194,7 @@ class HttpProtocol(asyncio.Protocol):
             return
         self._inflight = answer
         self._inflight_req = req
-        self._answer = answer_after(self._answer, AnswerEvent.DISPATCH)
+        self._answer = _AFTER_DISPATCH.get(self._answer) or answer_refused(self._answer, _DISPATCH)
 
     def _on_done(self, fut: asyncio.Future[Any]) -> None:
         """The in-flight request's future is done (called once, after the data plane's accounting)."""
@@ -359,7 +206,7 @@ class HttpProtocol(asyncio.Protocol):
         if state in ENDED:  # dropped while it ran
             self._release(req)
             return
-        self._answer = answer_after(state, AnswerEvent.ANSWERED)
+        self._answer = _AFTER_ANSWERED.get(state) or answer_refused(state, _ANSWERED)
         if state is _WAITING:
             self._respond(req, pending.answer())
         else:
@@ -381,7 +228,7 @@ class HttpProtocol(asyncio.Protocol):
     def _quiet(self) -> bool:
         """No request of this client's is here beyond the one being answered: none waits, none is being
         read, and no error waits to be sent (one does only after reading STOPPED)."""
-        return not self._queue and self._read is _IDLE
+        return not self._queue and self._reader.state is _IDLE
 
     def _release(self, req: HttpRequest | None) -> None:
         """The request was answered or dropped: what the access policy let it hold goes back, once."""
@@ -471,10 +318,8 @@ class HttpProtocol(asyncio.Protocol):
         the requests before it."""
         level = logging.INFO if status == 400 else logging.WARNING
         log.log(level, "HTTP %s: %d %s", self._peer, status, message)
-        self._parser = None
-        self._read = read_after(self._read, ReadEvent.STOP)
-        dropped = self._current
-        self._current = None
+        self._reader.stop()
+        dropped = self._reader.drop_partial()
         self._release(dropped)
         if dropped is not None and len(dropped.body) >= LARGE_BODY_BYTES:
             self._owner.large_body_dropped()
@@ -487,7 +332,7 @@ class HttpProtocol(asyncio.Protocol):
 
     def _send_error(self, status: int, message: str) -> None:
         self._final = None
-        self._write((status, orjson.dumps({"error": message}), b"application/json", b""), keep=False)
+        self._write(error_answer(status, message), keep=False)
 
     def _close_gracefully(self) -> None:
         """After our last answer: send FIN once it is flushed, then read and discard until the client closes
@@ -495,8 +340,7 @@ class HttpProtocol(asyncio.Protocol):
         the answer before the client has read it (a client still uploading a refused body, say). Called with
         nothing in flight, as our answer is written."""
         self._answer = answer_after(self._answer, AnswerEvent.LINGER)
-        self._parser = None
-        self._read = read_after(self._read, ReadEvent.STOP)
+        self._reader.stop()
         queue = self._queue
         reading_paused = bool(queue)
         for req in queue:
@@ -521,6 +365,7 @@ class HttpProtocol(asyncio.Protocol):
         if transport is None or state is AnswerState.GONE:
             return
         timeout = self._limits.client_timeout_secs
+        reader = self._reader
         if state is AnswerState.CLOSING:  # close() waits for our answers to flush; one not read is dropped
             if now - self._closing_at > timeout:
                 self.abort()
@@ -530,17 +375,17 @@ class HttpProtocol(asyncio.Protocol):
                         self._peer, timeout)
             self.abort()
         elif state is AnswerState.LINGERING:
-            if now - max(self._last_rx, self._linger_at) > min(LINGER_QUIET_SECS, timeout) \
+            if now - max(reader.last_rx, self._linger_at) > min(LINGER_QUIET_SECS, timeout) \
                     or now - self._linger_at > timeout:
                 self._close(now)
         elif self._queue:
             pass  # we stopped reading: the client cannot make progress, and it is not its fault
-        elif self._read is _HEAD and now - self._head_at > timeout:
+        elif reader.state is _HEAD and now - reader.head_at > timeout:
             self._fail(408, f"Request head not complete within {timeout:g} s of its first byte "
                             "(--client-timeout-secs)")
-        elif self._read is _BODY and now - self._last_rx > timeout:
+        elif reader.state is _BODY and now - reader.last_rx > timeout:
             self._fail(408, f"Request body stalled for over {timeout:g} s (--client-timeout-secs)")
-        elif self._idle() and now - max(self._last_rx, self._last_tx) > self._limits.idle_timeout_secs:
+        elif self._idle() and now - max(reader.last_rx, self._last_tx) > self._limits.idle_timeout_secs:
             log.info("HTTP %s: idle for over %g s, closing (--idle-timeout-secs)", self._peer,
                      self._limits.idle_timeout_secs)
             self._close(now)
@@ -549,7 +394,7 @@ class HttpProtocol(asyncio.Protocol):
         """Draining: close a connection with nothing in flight once no bytes have passed for `quiet_secs`, so
         a client that read our last answer a moment ago and is sending its next request is not cut off."""
         if self._transport is not None and self._idle() \
-                and now - max(self._last_rx, self._last_tx) >= quiet_secs:
+                and now - max(self._reader.last_rx, self._last_tx) >= quiet_secs:
             self._close(now)
 
     def abort(self) -> None:
@@ -562,7 +407,7 @@ class HttpProtocol(asyncio.Protocol):
     def _close(self, now: float) -> None:
         """Close once what we wrote is flushed (idle, draining, or a lingering client fell silent)."""
         self._answer = answer_after(self._answer, AnswerEvent.CLOSE)
-        self._read = read_after(self._read, ReadEvent.STOP)
+        self._reader.stop()
         self._closing_at = now
         if self._transport is not None:
             self._transport.close()
@@ -570,27 +415,11 @@ class HttpProtocol(asyncio.Protocol):
     def _lose(self) -> None:
         """No more answers and nothing more read: the connection is gone, or going at once."""
         self._answer = answer_after(self._answer, AnswerEvent.LOSE)
-        self._read = read_after(self._read, ReadEvent.STOP)
+        self._reader.stop()
 
     def _idle(self) -> bool:
         """Nothing in flight, waiting or being read: the connection may be closed without losing a request."""
         return self._answer is _ANSWER_IDLE and self._quiet()
 
 
-def refusal_answer(refusal: Refusal) -> Answer:
-    """The access policy's refusal as HTTP answers it: 401 (with `WWW-Authenticate: Bearer`), 403, or 429
-    with `Retry-After`; the message in `{"error": ...}`, as every error here."""
-    extra = b""
-    if refusal.kind is RefusalKind.EXHAUSTED:
-        extra = b"Retry-After: %d\r\n" % refusal.retry_after_secs
-    elif refusal.kind is RefusalKind.UNAUTHENTICATED:
-        extra = b"WWW-Authenticate: Bearer\r\n"
-    return HTTP_STATUS[refusal.kind], orjson.dumps({"error": refusal.message}), b"application/json", extra
-
-
-def _too_large(what: str, limit: int) -> str:
-    return (f"{what} exceeds the maximum allowed value of {limit} bytes. "
-            "Use --http-max-input-size to increase the limit.")
-
-
-__all__ = ["LARGE_BODY_BYTES", "REASONS", "HttpProtocol", "refusal_answer"]
+__all__ = ["LARGE_BODY_BYTES", "HttpProtocol"]

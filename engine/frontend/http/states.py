@@ -26,6 +26,7 @@ the client gets wrong before the table is asked. So a refused move raises Runtim
 from __future__ import annotations
 
 import enum
+from typing import NoReturn
 
 
 class ReadState(enum.Enum):
@@ -105,8 +106,8 @@ ANSWER_TRANSITIONS: dict[tuple[AnswerState, AnswerEvent], AnswerState] = {
 # No more answers on the connection: the request path's "is it over" test, one set lookup.
 ENDED = frozenset((A.LINGERING, A.CLOSING, A.GONE))
 
-# The tables by event, for the request path: `..._AFTER[event].get(state)` is one dict lookup and builds no
-# tuple. None where the table has no move: then the function raises.
+# The tables by event, for the request path: `READ_AFTER[event].get(state) or read_refused(state, event)` is
+# one dict lookup, builds no tuple and calls nothing on a move the table has (each request makes five).
 READ_AFTER: dict[ReadEvent, dict[ReadState, ReadState]] = {event: {} for event in ReadEvent}
 for (_read, _read_event), _read_next in READ_TRANSITIONS.items():
     READ_AFTER[_read_event][_read] = _read_next
@@ -117,19 +118,22 @@ for (_answer, _answer_event), _answer_next in ANSWER_TRANSITIONS.items():
 
 def read_after(state: ReadState, event: ReadEvent) -> ReadState:
     """The read side's state after `event`; RuntimeError when the table has no such move (our bug)."""
-    new = READ_AFTER[event].get(state)
-    if new is None:
-        raise RuntimeError(f"HTTP/1.1 connection: {event.value} while reading is {state.value}")
-    return new
+    return READ_AFTER[event].get(state) or read_refused(state, event)
 
 
 def answer_after(state: AnswerState, event: AnswerEvent) -> AnswerState:
     """Our side's state after `event`; RuntimeError when the table has no such move (our bug)."""
-    new = ANSWER_AFTER[event].get(state)
-    if new is None:
-        raise RuntimeError(f"HTTP/1.1 connection: cannot {event.value} while {state.value}")
-    return new
+    return ANSWER_AFTER[event].get(state) or answer_refused(state, event)
 
 
-__all__ = ["ANSWER_TRANSITIONS", "ENDED", "READ_TRANSITIONS", "AnswerEvent", "AnswerState", "ReadEvent",
-           "ReadState", "answer_after", "read_after"]
+def read_refused(state: ReadState, event: ReadEvent) -> NoReturn:
+    raise RuntimeError(f"HTTP/1.1 connection: {event.value} while reading is {state.value}")
+
+
+def answer_refused(state: AnswerState, event: AnswerEvent) -> NoReturn:
+    raise RuntimeError(f"HTTP/1.1 connection: cannot {event.value} while {state.value}")
+
+
+__all__ = ["ANSWER_AFTER", "ANSWER_TRANSITIONS", "ENDED", "READ_AFTER", "READ_TRANSITIONS", "AnswerEvent",
+           "AnswerState", "ReadEvent", "ReadState", "answer_after", "answer_refused", "read_after",
+           "read_refused"]
