@@ -6,7 +6,12 @@ execute → update, with no event loop, threads or sockets, so every policy here
     kv_manager.py    block tables per sequence, allocation, prefix lookup
     waiting.py       the waiting sequences of one scheduling class, admitted in turn across API requests
     scheduler.py     continuous batching, chunked prefill within a token budget, preemption by recompute
-    runner.py        the ONNX decoder session and the KV storage: block tables ↔ dense past tensors
+    runner.py        DecoderRunner: a step's chunks through the decoder, grouped; its KV layout chosen once
+    decoder_model.py the ONNX session and what the runner learned about its inputs; a run's feed
+    kv_blocks.py     the KV blocks' storage: gather contexts by slot, write new tokens back
+    kv_layout.py     KVLayout, the seam: how the model takes its past (dense or shared buffers)
+    dense_layout.py  past in as dense tensors, contexts right-aligned; present = past + new (Optimum's form)
+    shared_layout.py one buffer per KV tensor bound as past and present, written in place (GQA)
     decode_group.py  the decode rows' dense past, kept between steps (present fed back as past)
     shared_group.py  the decode rows' buffers for a shared-KV model (GroupQueryAttention writes them in place)
     lora.py          LoRA adapters: on disk, loaded on demand, evicted LRU, fed to the runner per row

@@ -1,0 +1,125 @@
+"""The dense KV layout: a decoder that takes its past as tensors and returns past + new as `present`.
+
+The model (Hugging Face Optimum's `decoder_with_past` form, like perf/hubserve_models/tiny_decoder.py) wants
+each call's past as `past_key_values.{i}.key/value` [batch, heads, past_len, head_dim] and gives back
+`present.*` with the new tokens appended.
+
+- **Gather (blocks → dense past).** For a group of B rows, the past is [B, heads, P, head_dim] with P the
+  longest context in the group; each row's context is right-aligned (left padding) and its padding masked
+  out by `attention_mask` (0).
+- **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
+  causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
+- **The decode group's past is kept** (decode_group.py): a decode run's `present` is the next decode run's
+  `past` for the same rows, so while the decoding requests stay the same nothing is gathered and ONNX
+  Runtime is fed its own output back; when they change, the continuing rows are copied over (trimmed to the
+  new longest context) and only the joining rows are gathered from blocks.
+
+Chosen by `DecoderRunner` (runner.py) for a model served without `past_present_share_buffer`; called on the
+engine's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import invalid
+from .decode_group import DecodeGroup
+from .decoder_model import DecoderModel
+from .kv_blocks import KVBlocks
+from .kv_layout import Prefilled
+from .scheduler import ScheduledChunk
+
+
+class DenseLayout:
+    """The `KVLayout` (kv_layout.py) of a model that returns past + new as present."""
+
+    def __init__(self, model: DecoderModel, blocks: KVBlocks) -> None:
+        self.model, self.blocks = model, blocks
+        self.group = DecodeGroup(blocks.block_size, blocks.flush_rows)
+
+    def _gather(self, group: Sequence[ScheduledChunk], width: int) -> np.ndarray:
+        return self.blocks.gather(group, width, left_aligned=False)
+
+    def check(self, where: str) -> None:
+        """Contexts are right-aligned behind masked padding, which a length-based attention (ONNX Runtime's
+        GroupQueryAttention counts the mask's ones) would misread: the same token over one past slot, with
+        and without a masked slot before it, must give the same logits."""
+        model = self.model
+        if not model.has_mask:
+            return
+        rng = np.random.default_rng(0)
+        rows: list[ScheduledChunk | None] = [None]
+        ids, positions = np.zeros((1, 1), np.int64), np.ones((1, 1), np.int64)
+        shape = (1, model.heads, 1, model.head_dim)
+        past = [rng.standard_normal(shape).astype(model.kv_dtype) for _ in model.kv_names]
+        padded = [np.concatenate([np.zeros_like(p), p], axis=2) for p in past]
+        plain = model.session.run(["logits"], model.feed(ids, np.ones((1, 2), np.int64), positions, past,
+                                                         rows))[0]
+        behind = model.session.run(["logits"], model.feed(ids, np.array([[0, 1, 1]], np.int64), positions,
+                                                          padded, rows))[0]
+        if not np.allclose(plain, behind, rtol=1e-3, atol=1e-3):
+            raise invalid(f"{where}: the model does not ignore past slots its attention_mask marks 0 (the "
+                          "dense layout pads shorter contexts that way); a model with GroupQueryAttention "
+                          "and a shared past/present buffer is served with past_present_share_buffer true")
+
+    def prefill_groups(self, chunks: Sequence[ScheduledChunk], groups: list[list[int]]) -> list[list[int]]:
+        return groups
+
+    def prefill(self, group: Sequence[ScheduledChunk], input_ids: np.ndarray,
+                positions: np.ndarray) -> Prefilled:
+        """Each context right-aligned before the group's longest (P), the new tokens in slots P … P+S-1."""
+        model, batch = self.model, len(group)
+        past = max(c.start for c in group)
+        mask = np.zeros((batch, past + input_ids.shape[1]), np.int64)
+        for row, c in enumerate(group):
+            mask[row, past - c.start:past + len(c.token_ids)] = 1
+        feed = model.feed(input_ids, mask, positions, list(self._gather(group, past)), group)
+        started = time.perf_counter_ns()
+        model.record(input_ids, mask)
+        logits, *outs = model.session.run(model.output_names, feed)
+        return Prefilled(logits, outs, [past] * batch, batch * past, started)
+
+    def place(self, group: Sequence[ScheduledChunk]) -> DenseDecodeRun:
+        before = self.group.rebuilds
+        order, pasts, gathered = self.group.prepare(group, self._gather)
+        return DenseDecodeRun(self, order, pasts, gathered, self.group.rebuilds - before)
+
+    def clear(self) -> None:
+        self.group.clear()
+
+
+class DenseDecodeRun:
+    """Decode runs over the decode group's kept past: each run's `present` is the next run's past
+    (right-aligned, one slot wider each run)."""
+
+    def __init__(self, layout: DenseLayout, order: list[int], pasts: list[np.ndarray], gathered: int,
+                 regrouped: int) -> None:
+        self._layout, self._model = layout, layout.model
+        self.order, self._pasts, self.gathered, self.regrouped = order, pasts, gathered, regrouped
+        self.input_ids = self.positions = np.empty((0, 1), np.int64)
+        self._rows: Sequence[ScheduledChunk | None] = ()
+        self._mask = np.empty((0, 0), np.int64)
+        self._feed: dict[str, np.ndarray] = {}
+
+    def load(self, starts: list[int], token_ids: list[int], rows: Sequence[ScheduledChunk | None]) -> None:
+        self.positions = np.array(starts, np.int64)[:, None]
+        self.input_ids = np.array(token_ids, np.int64).reshape(len(starts), 1)
+        self._rows = rows
+
+    def ready(self, context: int) -> int:
+        width = self._pasts[0].shape[2]
+        self._mask = (np.arange(width + 1) >= width - self.positions).astype(np.int64)
+        self._feed = self._model.feed(self.input_ids, self._mask, self.positions, self._pasts, self._rows)
+        return len(self.order) * width
+
+    def run(self) -> np.ndarray:
+        model = self._model
+        model.record(self.input_ids, self._mask)
+        logits, *self._pasts = model.session.run(model.output_names, self._feed)
+        return logits
+
+    def finish(self, group: Sequence[ScheduledChunk], steps: int) -> None:
+        self._layout.group.advance(group, self.order, self._pasts, steps)
