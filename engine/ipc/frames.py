@@ -1,8 +1,9 @@
 """Frames on a process channel: length-prefixed, plain-values metadata, tensor bytes inline after it.
 
 A frame is an 8-byte head (the payload's length, then the metadata's length, both big-endian u32), the
-metadata (a pickle of plain values only: tuples, lists, dicts, sets, str, bytes, numbers, bools, None) and
-then the inline bytes (tensor bytes that did not go through a shared-memory arena), which the metadata
+metadata (by default a pickle of plain values only: tuples, lists, dicts, sets, str, bytes, numbers, bools,
+None; the workers' channel passes its own codec instead: typed msgspec messages, engine/workers/messages.py)
+and then the inline bytes (tensor bytes that did not go through a shared-memory arena), which the metadata
 addresses by offset. Tensor bytes are never pickled: a sender lists them as buffers after the metadata and
 the socket write gathers them; a receiver makes numpy views over the received frame.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import io
 import pickle
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 HEAD = struct.Struct(">II")  # payload length (metadata + inline bytes), metadata length
@@ -53,12 +54,19 @@ def load_meta(data: bytes | bytearray | memoryview) -> Any:
         raise FrameError(f"unreadable frame metadata: {e}") from None
 
 
-def encode_frame(meta: Any, inline: Sequence[Any] = ()) -> list[Any]:
-    """A frame as buffers for one gathered write: head, pickled `meta`, then the `inline` buffers as they
-    are (not copied here). `meta` refers to inline bytes by their offset from the first inline buffer.
-    A frame under JOIN_BELOW_BYTES is one bytes object instead: copying a few KiB costs less than handing
-    the transport and the kernel a buffer per small tensor (`simple`'s answers: 2 × 64 bytes each)."""
-    body = dump_meta(meta)
+# A channel's metadata codec: the plain-values pickle here by default; the workers' channel encodes its typed
+# messages (engine/workers/messages.py) instead. A decoder raises FrameError for anything it cannot read.
+Encode = Callable[[Any], bytes]
+Decode = Callable[[memoryview], Any]
+
+
+def encode_frame(meta: Any, inline: Sequence[Any] = (), encode: Encode = dump_meta) -> list[Any]:
+    """A frame as buffers for one gathered write: head, `meta` encoded (pickled unless `encode` says
+    otherwise), then the `inline` buffers as they are (not copied here). `meta` refers to inline bytes by
+    their offset from the first inline buffer. A frame under JOIN_BELOW_BYTES is one bytes object instead:
+    copying a few KiB costs less than handing the transport and the kernel a buffer per small tensor
+    (`simple`'s answers: 2 × 64 bytes each)."""
+    body = encode(meta)
     size = len(body)
     for part in inline:
         size += part.nbytes if isinstance(part, memoryview) else len(part)
@@ -69,23 +77,25 @@ def encode_frame(meta: Any, inline: Sequence[Any] = ()) -> list[Any]:
     return [HEAD.pack(size, len(body)), body, *inline]
 
 
-def parse_frame(view: memoryview, pos: int = 0) -> tuple[Any, memoryview]:
+def parse_frame(view: memoryview, pos: int = 0, decode: Decode = load_meta) -> tuple[Any, memoryview]:
     """The frame whose head starts at `pos` in `view` (all of it there): (metadata, inline bytes)."""
     size, meta_size = HEAD.unpack_from(view, pos)
     if meta_size > size:
         raise FrameError(f"frame metadata of {meta_size} bytes in a payload of {size}")
     start = pos + HEAD.size
-    return load_meta(view[start:start + meta_size]), view[start + meta_size:start + size]
+    return decode(view[start:start + meta_size]), view[start + meta_size:start + size]
 
 
 class FrameReader:
     """Cuts a byte stream into frames: `feed(data)` returns the (meta, inline) pairs completed by `data`,
     where `inline` is a memoryview of the frame's inline bytes (valid as long as anything references it).
-    Raises FrameError for a broken frame; the stream is then out of step and the channel must close."""
+    Raises FrameError for a broken frame; the stream is then out of step and the channel must close.
+    `decode`: the channel's metadata codec (`load_meta` unless the channel's messages are typed)."""
 
-    __slots__ = ("_buf", "_in_head", "_want")
+    __slots__ = ("_buf", "_decode", "_in_head", "_want")
 
-    def __init__(self) -> None:
+    def __init__(self, decode: Decode = load_meta) -> None:
+        self._decode = decode
         # A frame being collected: its head, then head + payload. It grows with the bytes that arrive, never
         # to the size a head declares before they do: a broken or hostile peer declaring 1 GiB costs only
         # what it really sends.
@@ -103,7 +113,7 @@ class FrameReader:
                 if end - pos >= HEAD.size:
                     size, _ = HEAD.unpack_from(view, pos)
                     if end - pos - HEAD.size >= size:  # the whole frame is in this read: no copy
-                        frames.append(parse_frame(view, pos))
+                        frames.append(parse_frame(view, pos, self._decode))
                         pos += HEAD.size + size
                         continue
                     self._want, self._in_head = HEAD.size + size, False
@@ -121,5 +131,5 @@ class FrameReader:
                 if size:
                     continue
             self._buf = None
-            frames.append(parse_frame(memoryview(buf), 0))
+            frames.append(parse_frame(memoryview(buf), 0, self._decode))
         return frames
