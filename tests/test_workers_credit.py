@@ -16,6 +16,7 @@ from engine.workers.credit import (
     CreditReturns,
     SendWindow,
 )
+from engine.workers.messages import Credit
 
 
 class Connection:
@@ -83,7 +84,7 @@ def test_credit_goes_back_per_batch_and_only_once_the_connection_takes_it():
         conn.resume()
         await _rounds()
         frames.append(credit.take())
-        assert frames == [[(7, CREDIT_EVERY + 1)]] and not credit.pending
+        assert frames == [[Credit(7, CREDIT_EVERY + 1)]] and not credit.pending
 
     asyncio.run(go())
 
@@ -125,7 +126,7 @@ def test_large_pieces_fill_the_window_by_their_bytes_and_credit_goes_back_by_byt
         assert not credit.pending
         credit.written(5, conn, piece)
         await _rounds()
-        assert credit.take() == [(5, CREDIT_BYTES // piece)]
+        assert credit.take() == [Credit(5, CREDIT_BYTES // piece)]
 
     asyncio.run(go())
 
@@ -143,8 +144,8 @@ def test_engine_and_frontend_together_never_send_more_than_a_window_ahead_of_the
         payload = b"x" * size
 
         def deliver() -> None:
-            for _, pieces in credit.take():
-                window.grant(pieces)
+            for given in credit.take():
+                window.grant(given.count)
 
         def arrive(i: int) -> None:  # the frontend receives a piece and writes it to the connection
             conn.send(payload)

@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..frontend.http.types import ResponseStream
+from .messages import Credit
 
 WINDOW_PIECES = 128  # a stream's pieces the engine may have sent and the frontend not yet given back
 CREDIT_EVERY = 32  # the frontend gives credit back in batches of this many pieces (a quarter window)
@@ -94,7 +95,7 @@ class CreditReturns:
         self._schedule = schedule
         self._counts: dict[int, tuple[int, int]] = {}  # cid → (pieces, bytes) written since its last credit
         self._draining: dict[int, asyncio.Future[None]] = {}  # cid → awaiting its connection's drain
-        self._grants: list[tuple[int, int]] = []
+        self._grants: list[Credit] = []
 
     @property
     def pending(self) -> bool:
@@ -114,13 +115,13 @@ class CreditReturns:
             return  # forgotten while waiting: the stream ended or was cancelled
         pieces, _ = self._counts.pop(cid, (0, 0))
         if pieces:
-            self._grants.append((cid, pieces))
+            self._grants.append(Credit(cid, pieces))
             self._schedule()
 
     def give(self, rid: int, responses: int) -> None:
         """A streaming request's client took `responses` more of its decoupled model's responses (its
         StreamWindow's credit, engine/streaming/window.py): for the next frame."""
-        self._grants.append((rid, responses))
+        self._grants.append(Credit(rid, responses))
         self._schedule()
 
     def forget(self, cid: int) -> None:
@@ -130,7 +131,7 @@ class CreditReturns:
         if waiting is not None:
             waiting.cancel()
 
-    def take(self) -> list[tuple[int, int]]:
+    def take(self) -> list[Credit]:
         """The credit collected since the last frame, for this one."""
         grants, self._grants = self._grants, []
         return grants

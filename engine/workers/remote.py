@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import EngineError, ErrorCode
 from ..frontend.http.types import ResponseStream
-from ..ipc.frames import FrameReader, encode_frame
+from ..ipc.frames import FrameReader, dump_meta, encode_frame, load_meta
 from ..ipc.tensors import Inline, PeerBlocks, Reads, place, wire_chunks
 from ..shm.regions import Arena, Region
 from ..streaming.responses import StreamedResponse, infer_stream
@@ -39,7 +39,24 @@ from ..types import (
     Tensor,
 )
 from .credit import CreditReturns
-from .messages import CANCELLED, OK, STREAMED, datatype, error_from_payload, outputs_header
+from .messages import (
+    CANCELLED,
+    OK,
+    STREAMED,
+    Control,
+    EngineFrame,
+    FrontendFrame,
+    Header,
+    InputSpec,
+    OutputSpec,
+    Response,
+    Submit,
+    datatype,
+    decode_engine_frame,
+    encode_message,
+    error_from_payload,
+    outputs_header,
+)
 from .streams import is_stream_head
 
 log = logging.getLogger("hubserve.workers")
@@ -64,7 +81,7 @@ class EngineClient(asyncio.Protocol):
         self._arena = Arena(requests)
         self._responses = PeerBlocks(responses, read_only=True)  # answers only: never written here
         self._on_lost = on_lost
-        self._reader = FrameReader()
+        self._reader = FrameReader(decode_engine_frame)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_event_loop()
         self._next_id = 1
@@ -74,15 +91,15 @@ class EngineClient(asyncio.Protocol):
         self._control_streams: dict[int, ResponseStream] = {}  # where forwarded answers in pieces go
         self._credit = CreditReturns(self._schedule)  # what those connections took, for the engine
         self._plans: dict[RequestPlan, int] = {}
-        # an answer's output header ((name, datatype, shape), ...) → how to read it: the same few repeat
-        self._answer_reads: dict[Any, Reads] = {}
+        # an answer's output header (OutputSpec, ...) → how to read it: the same few repeat
+        self._answer_reads: dict[tuple[OutputSpec, ...], Reads] = {}
         self._next_plan = 1
         self._plans_reset = False
-        self._requests: list[Any] = []
+        self._requests: list[Submit] = []
         self._streams: dict[int, StreamSink] = {}  # rid → where its streamed responses go
         self._streaming: list[int] = []  # this round's rids that stream
         self._cancels: list[int] = []
-        self._control_out: list[Any] = []
+        self._control_out: list[Control] = []
         self._inline = Inline()
         self._flush_scheduled = False
         self._free_timer: asyncio.TimerHandle | None = None
@@ -117,24 +134,20 @@ class EngineClient(asyncio.Protocol):
         self._next_id = rid + 1
         placement = place(wire_chunks(request.inputs), self._arena, self._region, self._inline,
                           INLINE_BELOW_BYTES)
-        desc: tuple[Any, ...] = (rid, 0, start_ns, request.id, placement, request.model_name,
-                                 request.model_version)
         plan = request.plan
         plan_no = 0 if plan is None else self._plans.get(plan)
+        header: Header | None = None  # only with a new plan, or with no plan: the engine keeps the rest
         if plan_no is None:
             if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
                 self._plans_reset = True
             plan_no = self._plans[plan] = self._next_plan  # type: ignore[index]
             self._next_plan += 1
-            desc = (rid, plan_no, *desc[2:], _header(request))
-        elif plan_no:
-            desc = (rid, plan_no, *desc[2:])
-        else:
-            desc = (*desc, _header(request))
-        if request.owner:  # the API key that sent it, after the header slot (None when the plan is known)
-            desc = (*desc, request.owner) if len(desc) > 7 else (*desc, None, request.owner)
-        self._requests.append(desc)
+            header = _header(request)
+        elif not plan_no:
+            header = _header(request)
+        self._requests.append(Submit(rid, plan_no, start_ns, request.id, placement, request.model_name,
+                                     request.model_version, header, request.owner or None))
         self._pending[rid] = (future, placement[0])
         if request.stream is not None:
             self._streams[rid] = request.stream
@@ -164,7 +177,7 @@ class EngineClient(asyncio.Protocol):
         cid = self._next_id
         self._next_id = cid + 1
         self._controls[cid] = future
-        self._control_out.append((cid, kind, args))
+        self._control_out.append(Control(cid, kind, dump_meta(args)))
         if stream is not None:
             self._control_streams[cid] = stream
         if cancellable:
@@ -217,15 +230,17 @@ class EngineClient(asyncio.Protocol):
         self._streaming = []
         self._send(requests, cancels, controls, reset, streaming)
 
-    def _send(self, requests: list[Any], cancels: list[int], controls: list[Any], reset: bool,
+    def _send(self, requests: list[Submit], cancels: list[int], controls: list[Control], reset: bool,
               streaming: list[int] | None = None) -> None:
         """One frame: these, the blocks freed so far, the streams' credit and the connection count; the
         inline bytes are those of `requests` (submit() adds them and schedules the round's flush, so without
         one there are none)."""
         blocks = self._responses.take_freed()
         self._reported = connections = self._count_connections()
-        meta = (requests, cancels, blocks, controls, reset, connections, streaming or [], self._credit.take())
-        self._transport.writelines(encode_frame(meta, self._inline.take()))  # type: ignore[union-attr]
+        frame = FrontendFrame(requests, cancels, blocks, controls, reset, connections, streaming or [],
+                              self._credit.take())
+        self._transport.writelines(  # type: ignore[union-attr]
+            encode_frame(frame, self._inline.take(), encode_message))
 
     def _flush_freed(self) -> None:
         """Blocks freed while nothing else went out, sent on their own, so the engine's arena cannot fill."""
@@ -252,15 +267,16 @@ class EngineClient(asyncio.Protocol):
             return
         self._schedule()  # the blocks this round's answers free once written go out with the next frame
 
-    def _frame(self, meta: Any, inline: memoryview) -> None:
-        answers, control_answers = meta
+    def _frame(self, frame: EngineFrame, inline: memoryview) -> None:
         pending = self._pending
-        for rid, status, payload in answers:
+        for answer in frame.answers:
+            rid, status, payload = answer.rid, answer.status, answer.payload
             if status >= STREAMED:  # a decoupled model's response before its last
                 sink = self._streams.get(rid)
                 entry = pending.get(rid)
                 if sink is not None and entry is not None and not entry[0].done():
-                    sink(self._response(payload, inline) if status == STREAMED else _stream_error(payload))
+                    sink(self._response(payload, inline) if isinstance(payload, Response)
+                         else _stream_error(payload))
                 continue
             entry = pending.pop(rid, None)
             if entry is None:
@@ -272,12 +288,14 @@ class EngineClient(asyncio.Protocol):
             if future.done():
                 continue  # cancelled here: the answer confirms the engine let go
             if status == OK:
-                future.set_result(EMPTY_FINAL if payload is None else self._response(payload, inline))
+                response = self._response(payload, inline) if isinstance(payload, Response) else EMPTY_FINAL
+                future.set_result(response)
             elif status == CANCELLED:
                 future.cancel()
             else:
                 future.set_exception(error_from_payload(payload))
-        for cid, ok, result in control_answers:
+        for control_answer in frame.control_answers:
+            cid, ok, result = control_answer.cid, control_answer.ok, load_meta(control_answer.result)
             control = self._controls.get(cid)
             if control is None or control.done():
                 self._controls.pop(cid, None)
@@ -302,37 +320,40 @@ class EngineClient(asyncio.Protocol):
             else:
                 control.set_result(result)
 
-    def _response(self, payload: Any, inline: memoryview) -> InferenceResponse:
-        model_name, model_version, response_id, params, specs, placement = payload
+    def _response(self, payload: Response, inline: memoryview) -> InferenceResponse:
+        specs = payload.outputs
         try:
             reads = self._answer_reads[specs]
         except KeyError:
-            if any(len(spec) != 3 for spec in specs):
+            if any(spec.parameters is not None for spec in specs):
                 return self._placed_response(payload, inline)
             reads = self._answer_reads_for(specs)
         except TypeError:  # an output in a client's shared-memory region: its parameters (a dict) are in it
             return self._placed_response(payload, inline)
-        arrays = self._responses.read(reads, placement, inline)
+        arrays = self._responses.read(reads, payload.placement, inline)
         outputs = [Tensor(name, dt, shape, array)
                    for (name, dt, shape), array in zip(reads.specs, arrays, strict=True)]
-        return InferenceResponse(model_name, model_version, outputs, response_id, params)
+        return InferenceResponse(payload.model_name, payload.model_version, outputs, payload.response_id,
+                                 payload.parameters)
 
-    def _answer_reads_for(self, specs: Any) -> Reads:
+    def _answer_reads_for(self, specs: tuple[OutputSpec, ...]) -> Reads:
         if len(self._answer_reads) >= MAX_ANSWER_HEADERS:
             self._answer_reads.clear()
-        reads = self._answer_reads[specs] = Reads([(name, datatype(dt), shape) for name, dt, shape in specs])
+        reads = self._answer_reads[specs] = Reads([(s.name, datatype(s.datatype), s.shape) for s in specs])
         return reads
 
-    def _placed_response(self, payload: Any, inline: memoryview) -> InferenceResponse:
+    def _placed_response(self, payload: Response, inline: memoryview) -> InferenceResponse:
         """An answer with outputs written to a client's shared-memory region, which crossed with no bytes."""
-        model_name, model_version, response_id, params, specs, placement = payload
-        typed = [(spec[0], datatype(spec[1]), spec[2]) for spec in specs]
-        reads = [t if len(spec) == 3 else (t[0], t[1], (0,)) for t, spec in zip(typed, specs, strict=True)]
-        arrays = self._responses.read(reads, placement, inline)
-        outputs = [Tensor(name, dt, shape, array) if len(spec) == 3 else
-                   Tensor(name, dt, shape, array, spec[3])
+        specs = payload.outputs
+        typed = [(spec.name, datatype(spec.datatype), spec.shape) for spec in specs]
+        reads = [t if spec.parameters is None else (t[0], t[1], (0,))
+                 for t, spec in zip(typed, specs, strict=True)]
+        arrays = self._responses.read(reads, payload.placement, inline)
+        outputs = [Tensor(name, dt, shape, array) if spec.parameters is None else
+                   Tensor(name, dt, shape, array, spec.parameters)
                    for (name, dt, shape), spec, array in zip(typed, specs, arrays, strict=True)]
-        return InferenceResponse(model_name, model_version, outputs, response_id, params)
+        return InferenceResponse(payload.model_name, payload.model_version, outputs, payload.response_id,
+                                 payload.parameters)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.lost:
@@ -365,6 +386,6 @@ def _stream_error(payload: Any) -> EngineError:
     return error if isinstance(error, EngineError) else EngineError(ErrorCode.INTERNAL, str(error))
 
 
-def _header(request: InferenceRequest) -> tuple[Any, ...]:
-    inputs = tuple((t.name, t.datatype.value, t.shape, t.parameters) for t in request.inputs)
-    return inputs, outputs_header(request.outputs), request.parameters
+def _header(request: InferenceRequest) -> Header:
+    inputs = tuple(InputSpec(t.name, t.datatype.value, t.shape, t.parameters) for t in request.inputs)
+    return Header(inputs, outputs_header(request.outputs), request.parameters)

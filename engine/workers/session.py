@@ -24,7 +24,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError
 from ..frontend.http.types import Pending
 from ..frontend.wire import array_to_bytes
-from ..ipc.frames import FrameError, FrameReader, encode_frame
+from ..ipc.frames import FrameError, FrameReader, dump_meta, encode_frame, load_meta
 from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm.regions import Arena, Region
 from ..streaming.window import StreamWindow
@@ -38,8 +38,18 @@ from .messages import (
     OK,
     STREAMED,
     STREAMED_ERROR,
+    Answer,
+    ControlAnswer,
+    EngineFrame,
+    FrontendFrame,
+    Header,
+    OutputSpec,
+    Response,
+    Submit,
     datatype,
-    error_payload,
+    decode_frontend_frame,
+    encode_message,
+    failure,
     outputs_from_header,
 )
 from .streams import StreamHead, cancellable
@@ -76,12 +86,12 @@ class FrontendSession(asyncio.Protocol):
         self._responses: Region | None = responses
         self._arena: Arena | None = Arena(responses)
         self._on_lost = on_lost
-        self._reader = FrameReader()
+        self._reader = FrameReader(decode_frontend_frame)
         self._transport: asyncio.Transport | None = None
         self._pending: dict[int, asyncio.Future[InferenceResponse]] = {}
         self._plans: dict[int, _Plan] = {}
-        self._answers: list[Any] = []
-        self._control_answers: list[Any] = []
+        self._answers: list[Answer] = []
+        self._control_answers: list[ControlAnswer] = []
         # forwarded generations being answered, by cid, streaming ones (streams.py) until their end, and
         # the pieces of each the frontend has not yet given back (credit.py)
         self._control_pending: dict[int, Pending] = {}
@@ -157,33 +167,33 @@ class FrontendSession(asyncio.Protocol):
 
     # ------------------------------------------------------------------ requests in
 
-    def _frame(self, meta: Any, inline: memoryview) -> None:
-        requests, cancels, freed, controls, plans_reset, connections, streaming, credits = meta
-        if connections >= 0:
-            self._reported_connections, self._handed_since = connections, 0
+    def _frame(self, frame: FrontendFrame, inline: memoryview) -> None:
+        if frame.connections >= 0:
+            self._reported_connections, self._handed_since = frame.connections, 0
         arena = self._arena
         if arena is not None:
-            for offset in freed:
+            for offset in frame.freed:
                 arena.free(offset)
-        if plans_reset:
+        if frame.plans_reset:
             self._plans.clear()
-        streams = set(streaming)
-        for request in requests:
-            self._submit(request, inline, request[0] in streams)
-        for rid in cancels:
+        streams = set(frame.streaming)
+        for request in frame.requests:
+            self._submit(request, inline, request.rid in streams)
+        for rid in frame.cancels:
             future = self._pending.get(rid)
             if future is not None:
                 future.cancel()  # its done-callback answers CANCELLED
             else:
                 self._cancel_control(rid)
-        for cid, pieces in credits:
+        for credit in frame.credits:
+            cid, pieces = credit.id, credit.count
             window = self._windows.get(cid)
             if window is not None:
                 window.grant(pieces)
             elif (stream_window := self._stream_windows.get(cid)) is not None:
                 stream_window.taken(pieces)  # the frontend batched them already
-        for control in controls:
-            cid, kind, args = control
+        for sent in frame.controls:
+            cid, kind, args = control = sent.cid, sent.kind, load_meta(sent.args)
             if kind != HTTP or not cancellable(args[2][0]):  # the parsed target's endpoint
                 self._control.run(control, self._control_answered, self._stream_piece)
                 continue
@@ -200,11 +210,11 @@ class FrontendSession(asyncio.Protocol):
         if pending is not None:
             pending.future.cancel()  # the route's task is cancelled: a streaming generation stops too
 
-    def _submit(self, desc: tuple[Any, ...], inline: memoryview, streamed: bool = False) -> None:
-        rid, plan_no, start_ns, request_id, placement, model, version = desc[:7]
+    def _submit(self, desc: Submit, inline: memoryview, streamed: bool = False) -> None:
+        rid, plan_no, placement = desc.rid, desc.plan_no, desc.placement
         try:
-            if len(desc) > 7 and desc[7] is not None:
-                plan = _plan(desc[7], plan_no)
+            if desc.header is not None:
+                plan = _plan(desc.header, plan_no)
                 if plan_no:
                     self._plans[plan_no] = plan
             else:
@@ -213,19 +223,20 @@ class FrontendSession(asyncio.Protocol):
             arrays = read_arrays(reads, placement, self._requests, inline)
             inputs = [Tensor(name, dt, shape, array, p)
                       for (name, dt, shape, p), array in zip(tensors, arrays, strict=True)]
-            request = InferenceRequest(model, version, inputs, request_id, outputs, params, request_plan)
-            if len(desc) > 8:
-                request.owner = desc[8]
+            request = InferenceRequest(desc.model, desc.version, inputs, desc.request_id, outputs, params,
+                                       request_plan)
+            if desc.owner is not None:
+                request.owner = desc.owner
             if streamed:
                 request.stream = functools.partial(self._streamed, rid)
                 # the frontend's client's credit, as it comes (its own window batched it)
                 request.stream_window = self._stream_windows[rid] = StreamWindow(batch=1)
-            future = self._dp.submit(request, start_ns, functools.partial(self._answered, rid))
+            future = self._dp.submit(request, desc.start_ns, functools.partial(self._answered, rid))
         except Exception as e:  # refused before queueing (EngineError), or a bug: answered this round
             self._stream_windows.pop(rid, None)
             if not isinstance(e, EngineError):
                 log.exception("frontend %d: request could not be submitted", self.index)
-            self._queue_answer((rid, FAILED, error_payload(e)))
+            self._queue_answer(Answer(rid, FAILED, failure(e)))
             return
         self._pending[rid] = future
 
@@ -237,21 +248,21 @@ class FrontendSession(asyncio.Protocol):
         if self._pending.pop(rid, None) is None or self.closed:
             return
         if future.cancelled():
-            self._queue_answer((rid, CANCELLED, None))
+            self._queue_answer(Answer(rid, CANCELLED, None))
             return
         exc = future.exception()
         if exc is not None:
-            self._queue_answer((rid, FAILED, error_payload(exc)))
+            self._queue_answer(Answer(rid, FAILED, failure(exc)))
             return
         response = future.result()
         if response is EMPTY_FINAL:
-            self._queue_answer((rid, OK, None))
+            self._queue_answer(Answer(rid, OK, None))
             return
         try:
-            answer: tuple[int, int, Any] = (rid, OK, self._payload(response))
+            answer = Answer(rid, OK, self._payload(response))
         except Exception as e:  # a bug in copying out: the request fails, the session goes on
             log.exception("frontend %d: answer could not be placed", self.index)
-            answer = (rid, FAILED, error_payload(e))
+            answer = Answer(rid, FAILED, failure(e))
         self._queue_answer(answer)
 
     def _streamed(self, rid: int, response: InferenceResponse | EngineError) -> None:
@@ -259,25 +270,24 @@ class FrontendSession(asyncio.Protocol):
         if self.closed or rid not in self._pending:
             return
         if isinstance(response, EngineError):
-            self._queue_answer((rid, STREAMED_ERROR, error_payload(response)))
+            self._queue_answer(Answer(rid, STREAMED_ERROR, failure(response)))
             return
         try:
-            self._queue_answer((rid, STREAMED, self._payload(response)))
+            self._queue_answer(Answer(rid, STREAMED, self._payload(response)))
         except Exception as e:
             log.exception("frontend %d: a streamed response could not be placed", self.index)
-            self._queue_answer((rid, STREAMED_ERROR, error_payload(e)))
+            self._queue_answer(Answer(rid, STREAMED_ERROR, failure(e)))
 
-    def _payload(self, response: InferenceResponse) -> Any:
+    def _payload(self, response: InferenceResponse) -> Response:
         chunks = []
         specs = []
         for t in response.outputs:  # one pass: each output's bytes in wire form and its header
             chunks.append(array_to_bytes(t.data, t.datatype))
             # an output written to a client's shared-memory region has no bytes: its parameters say where
-            specs.append((t.name, t.datatype.value, t.shape) if not t.parameters else
-                         (t.name, t.datatype.value, t.shape, t.parameters))
+            specs.append(OutputSpec(t.name, t.datatype.value, t.shape, t.parameters or None))
         placement = place(chunks, self._arena, self._responses, self._inline, INLINE_BELOW_BYTES)
-        return (response.model_name, response.model_version, response.id, response.parameters, tuple(specs),
-                placement)
+        return Response(response.model_name, response.model_version, response.id, response.parameters,
+                        tuple(specs), placement)
 
     def _control_answered(self, cid: int, ok: bool, result: Any) -> None:
         """A control's answer, or a streamed answer's end (`result` None, streams.py), once."""
@@ -285,7 +295,7 @@ class FrontendSession(asyncio.Protocol):
         self._windows.pop(cid, None)
         if self.closed:
             return
-        self._control_answers.append((cid, ok, result))
+        self._control_answers.append(ControlAnswer(cid, ok, dump_meta(result)))
         self._schedule()
 
     def _stream_piece(self, cid: int, item: StreamHead | bytes) -> None:
@@ -293,10 +303,10 @@ class FrontendSession(asyncio.Protocol):
         frame; nothing once the frontend cancelled it."""
         if self.closed or cid not in self._control_pending:
             return
-        self._control_answers.append((cid, True, item))
+        self._control_answers.append(ControlAnswer(cid, True, dump_meta(item)))
         self._schedule()
 
-    def _queue_answer(self, answer: tuple[int, int, Any]) -> None:
+    def _queue_answer(self, answer: Answer) -> None:
         self._answers.append(answer)
         self._schedule()
 
@@ -311,15 +321,15 @@ class FrontendSession(asyncio.Protocol):
         transport = self._transport
         if transport is None or (not self._answers and not self._control_answers):
             return
-        meta = (self._answers, self._control_answers)
+        frame = EngineFrame(self._answers, self._control_answers)
         self._answers, self._control_answers = [], []
-        transport.writelines(encode_frame(meta, self._inline.take()))
+        transport.writelines(encode_frame(frame, self._inline.take(), encode_message))
 
 
-def _plan(header: Any, plan_no: int) -> _Plan:
-    inputs, outputs, params = header
-    tensors = [(name, datatype(dt), tuple(shape), p) for name, dt, shape, p in inputs]
+def _plan(header: Header, plan_no: int) -> _Plan:
+    tensors = [(i.name, datatype(i.datatype), i.shape, i.parameters) for i in header.inputs]
     # An input placed in a client's shared-memory region has no bytes here (the codecs give it none): the
     # DataPlane reads it from the region, as in a single process.
     reads = Reads([(name, dt, (0,) if in_shared_memory(p) else shape) for name, dt, shape, p in tensors])
-    return reads, tensors, outputs_from_header(outputs), params, RequestPlan() if plan_no else None
+    return reads, tensors, outputs_from_header(header.outputs), header.parameters, \
+        RequestPlan() if plan_no else None
