@@ -12,12 +12,13 @@ from hubserve_harness import ROOT, checkout_env
 
 # What the load tester may take from the server package: the wire, never a stage. The sans-I/O HTTP/2 core
 # (frames, HPACK, stream states, windows, the core with its sending and ending halves, its limits and
-# policies, with their packages' __init__), the generated protobuf messages, and the datatype table
-# (engine.types, with engine.errors, which it raises).
+# policies, with their packages' __init__), the generated protobuf messages, the datatype table
+# (engine.types, with engine.errors, which it raises), and the bounded memo HPACK decoding keeps its blocks in
+# (engine.bounded_cache).
 H2_CORE = {f"engine.frontend.h2.{m}" for m in ("frames", "headers", "states", "windows", "streams", "guard",
                                                "outbound", "control", "lifecycle", "core")}
 SHARED = {"engine", "engine.errors", "engine.types", "engine.proto", "engine.frontend", "engine.frontend.h2",
-          *H2_CORE}
+          "engine.bounded_cache", *H2_CORE}
 
 
 def imported_after(code: str) -> set[str]:
