@@ -4,6 +4,7 @@
 #   make test    install the test tools as well (tritonclient, grpcio-tools, the real perf_analyzer, ruff, mypy,
 #                ...), build models, run every test, then make lint (ruff and mypy at the versions pinned in
 #                pyproject.toml's test extra)
+#   make test-fast   the in-process half of the tests only (tests/unit/), in about a minute
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,7 +15,7 @@ ARGS ?=
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test models serve test lint perf-analyzer protos clean
+.PHONY: install install-test models serve test test-fast lint perf-analyzer protos clean
 
 $(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,19 +46,46 @@ perf-analyzer: install
 # The whole suite runs as the default layout is chosen here (one process below 4 cores: engine/workers/); the
 # protocol, completion, parity, perf_analyzer, sequence, ensemble, decoupled, shared-memory, access, canary and
 # OpenAI suites run again with --workers 2, so both layouts stay tested whichever the machine picks.
-WORKER_SUITES = tests/test_http_api.py tests/test_grpc_api.py tests/test_completion.py tests/test_parity.py \
-	tests/test_perf_analyzer.py tests/test_sequence_batcher.py tests/test_ensemble.py tests/test_classification.py \
-	tests/test_python_sequence.py tests/test_sequence_clients.py tests/test_decoupled.py tests/test_client_shm.py \
-	tests/test_access_server.py tests/test_canary.py tests/test_openai_api.py tests/test_openai_errors.py \
-	tests/test_observability.py tests/test_abuse.py tests/test_faults.py tests/test_generate_triton.py \
-	tests/test_openai_quota.py tests/test_generate_adapters.py tests/test_generate_statistics.py tests/test_generate_access.py \
-	tests/test_generate_limits.py tests/test_openai_batch_access.py tests/test_client_shm_owners.py \
-	tests/test_stream_backpressure.py tests/test_health_watch.py
+WORKER_SUITES = \
+	tests/functional/frontend/http/test_http_api.py \
+	tests/functional/frontend/grpc/test_grpc_api.py \
+	tests/functional/test_completion.py \
+	tests/functional/test_parity.py \
+	tests/functional/perf/test_perf_analyzer.py \
+	tests/functional/scheduling/sequence/test_sequence_batcher.py \
+	tests/functional/scheduling/ensemble/test_ensemble.py \
+	tests/functional/test_classification.py \
+	tests/functional/backends/python/test_python_sequence.py \
+	tests/functional/scheduling/sequence/test_sequence_clients.py \
+	tests/functional/backends/python/test_decoupled.py \
+	tests/functional/shm/test_client_shm.py \
+	tests/functional/access/test_access_server.py \
+	tests/functional/instances/test_canary.py \
+	tests/functional/openai/test_openai_api.py \
+	tests/functional/openai/test_openai_errors.py \
+	tests/functional/observability/test_observability.py \
+	tests/functional/frontend/test_abuse.py \
+	tests/functional/test_faults.py \
+	tests/functional/generate/triton/test_generate_triton.py \
+	tests/functional/observability/test_generate_access.py \
+	tests/functional/openai/test_openai_quota.py \
+	tests/functional/generate/serving/test_generate_adapters.py \
+	tests/functional/generate/triton/test_generate_statistics.py \
+	tests/functional/generate/serving/test_generate_limits.py \
+	tests/functional/openai/batch/test_openai_batch_access.py \
+	tests/functional/shm/test_client_shm_owners.py \
+	tests/functional/streaming/test_stream_backpressure.py \
+	tests/functional/frontend/grpc/test_health_watch.py
 
 test: install-test models perf-analyzer
 	$(PY) -m pytest -q tests
 	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
 	$(MAKE) --no-print-directory lint
+
+# The in-process half alone (tests/unit/: no server process, no socket to our server), for the inner loop:
+# about a minute on 2 cores. tests/functional/ runs against real servers; make test runs both.
+test-fast: install-test models
+	$(PY) -m pytest -q tests/unit
 
 lint: install-test
 	$(VENV)/bin/ruff check .

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -38,6 +39,22 @@ if TYPE_CHECKING:
     import openai
 
 T = TypeVar("T")
+
+
+def _add_test_folders_to_path() -> None:
+    """Put every folder of tests/unit and tests/functional on sys.path, once, before any test module loads.
+
+    Test modules import each other's builders by module name (`from test_openai_api import build_repository`,
+    this file's `reference_session`) across the folders that mirror engine/; pytest's default import mode puts
+    only the importing module's own folder on the path. Test module names stay unique across folders, as that
+    mode needs anyway. A subprocess a test starts gets the path it passes itself."""
+    here = Path(__file__).resolve().parent
+    for folder in sorted({str(p.parent) for p in here.glob("*/**/test_*.py")}):
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
+_add_test_folders_to_path()
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "assert_serves_simple", "build_test_repository",
            "config_from_pbtxt", "free_port",

@@ -1,6 +1,6 @@
 """Model repositories for the ensemble and classification tests: configs written as Triton users write them,
 ONNX models from perf/hubserve_models/examples.py, and the example image pipeline's committed files (its
-Python step). Not a test file; tests/test_ensemble.py and tests/test_classification.py build their
+Python step). Not a test file; test_ensemble.py and test_classification.py build their
 repositories with it.
 """
 

@@ -333,7 +333,7 @@ CALLER_CONFIG = io([("INPUT0", "TYPE_INT32", "1, 16"), ("INPUT1", "TYPE_INT32", 
                    [("OUTPUT0", "TYPE_INT32", "1, 16"), ("OUTPUT1", "TYPE_INT32", "1, 16")])
 
 
-# A decoupled model for tests/test_decoupled.py and test_streaming.py: MODE (INT32 [1]) picks what it
+# A decoupled model for test_decoupled.py and test_streaming.py: MODE (INT32 [1]) picks what it
 # does; OUT (BYTES [1]) reports. One instance, so "the next request ran"
 # proves the instance was free.
 DECOUPLED_MISUSE = '''

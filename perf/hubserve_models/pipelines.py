@@ -2,8 +2,8 @@
 fixed weights computed here, so each pipeline answers what it says (a red image is "red", "a great movie" is
 "positive") and the files are reproducible byte for byte. examples.py lists and writes them; their Python
 steps (model.py: image_preprocess, text_tokenizer, text_postprocess) and word lists (vocab.txt, labels.txt)
-are committed beside their configs, and tests/test_examples.py checks that those agree with the constants
-here.
+are committed beside their configs, and tests/unit/perf/test_examples.py checks that those agree with the
+constants here.
 """
 
 from __future__ import annotations

@@ -25,6 +25,6 @@ protocol (hubserve or Triton). From the server package it takes only what descri
 of the request path: the sans-I/O HTTP/2 core the server runs on (engine/frontend/h2/core.py, in the client
 role, with its frames, HPACK, stream states and windows; none of it imports gRPC or the data plane), the
 generated protobuf messages (engine/proto/) and the datatype table (engine.types.DataType).
-tests/test_perf_layout.py checks that importing it loads no other server module, and that the server never
-imports it.
+tests/unit/perf/test_perf_layout.py checks that importing it loads no other server module, and that the server
+never imports it.
 """

@@ -32,7 +32,7 @@ from typing import Any
 
 # The HTTP/2 core the server runs on (framing, stream states, flow control), in the client role, with its
 # frame numbers and HPACK encoders: all the load tester shares with the server. None of it imports gRPC or
-# the data plane (tests/test_perf_layout.py).
+# the data plane (tests/unit/perf/test_perf_layout.py).
 from engine.frontend.h2 import frames as f
 from engine.frontend.h2.core import H2Core
 from engine.frontend.h2.headers import hpack_integer, hpack_string

@@ -4,14 +4,14 @@ case the server answers a correct inference over HTTP and gRPC (`still_serves`),
 pending; every case counts towards "faults: N cases tried" at the end of the run.
 
 What other suites already cover is not repeated here:
-* tests/test_canary.py — a hung Python instance turns its version not-ready and back (canaries), a model
+* test_canary.py — a hung Python instance turns its version not-ready and back (canaries), a model
   that raises on the operator's warm-up data fails its canary;
-* tests/test_shutdown.py — SIGTERM with 8 requests in flight on a slow model: each answered, exit 0;
-* tests/test_http_limits.py — SIGTERM while 32 HTTP keep-alive clients loop: no request sent on an open
+* test_shutdown.py — SIGTERM with 8 requests in flight on a slow model: each answered, exit 0;
+* test_http_limits.py — SIGTERM while 32 HTTP keep-alive clients loop: no request sent on an open
   connection is lost;
-* tests/test_h2.py — RST_STREAM mid-request and in flight, a gRPC client gone after its request (cancelled);
-* tests/test_lifecycle.py — a model file corrupted while serving in poll mode: the loaded version serves on;
-* tests/test_completion.py — success, failure and cancel each accounted once.
+* test_h2.py — RST_STREAM mid-request and in flight, a gRPC client gone after its request (cancelled);
+* test_lifecycle.py — a model file corrupted while serving in poll mode: the loaded version serves on;
+* test_completion.py — success, failure and cancel each accounted once.
 
 The module's server runs in explicit mode (so a reload happens only when asked), with canaries every 0.2 s.
 Each wait is for a condition, bounded.

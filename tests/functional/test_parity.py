@@ -186,7 +186,7 @@ def test_classification_request_is_answered_as_triton_does(client):
 
 
 def test_shared_memory_tensors_are_refused_while_client_shm_is_off(client):
-    # Off by default (--allow-client-shm turns it on: tests/test_client_shm.py): refused, never ignored, in
+    # Off by default (--allow-client-shm turns it on: test_client_shm.py): refused, never ignored, in
     # Triton's words for it, with our flag named; HTTP 400 as the issue asks, gRPC FAILED_PRECONDITION
     # (the method exists: refused by configuration, not unimplemented).
     inputs = simple_inputs(client.module)

@@ -4,13 +4,13 @@ protocols. After each case the server must answer a correct inference over HTTP 
 and every case counts towards "abuse: N cases tried" at the end of the run.
 
 What other suites already cover is not repeated here:
-* tests/test_http_limits.py — one trickled head (408), declared and chunked bodies over the limit on infer
+* test_http_limits.py — one trickled head (408), declared and chunked bodies over the limit on infer
   (413), heads too large (431), stalled bodies, idle connections, unread answers, pipelining, memory;
-* tests/test_h2_limits.py — rapid reset, CONTINUATION floods, PING and SETTINGS floods from a client that
+* test_h2_limits.py — rapid reset, CONTINUATION floods, PING and SETTINGS floods from a client that
   never reads, unread ACKs, abandoned uploads, buffered requests, zero windows, no preface, stalls;
-* tests/test_h2.py — a message over the limit on ModelInfer, oversized header lists, decompression bombs;
-* tests/test_limits.py — JSON depth, tensor elements, BYTES sizes, concurrent streams, connection floods;
-* tests/test_bad_input.py — each malformed inference request, one by one, with its message.
+* test_h2.py — a message over the limit on ModelInfer, oversized header lists, decompression bombs;
+* test_limits.py — JSON depth, tensor elements, BYTES sizes, concurrent streams, connection floods;
+* test_bad_input.py — each malformed inference request, one by one, with its message.
 
 Everything is bounded in count and time; randomness comes from a fixed seed.
 """

@@ -263,7 +263,7 @@ def test_mutual_tls_refuses_clients_without_a_trusted_certificate(mtls_server, c
 
 def _perf_analyzer(*args: str) -> subprocess.CompletedProcess[str]:
     """perf_analyzer once; on exit 2 ("no stable measurement": the shared machine's noise, not the protocol,
-    which is 99) once more with a looser stability rule, as tests/test_perf_analyzer.py does."""
+    which is 99) once more with a looser stability rule, as test_perf_analyzer.py does."""
     def run(*more: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(PERF_ANALYZER), "-m", "simple", *DEFAULT_ARGS, *args, *more],
                               capture_output=True, text=True, timeout=120)

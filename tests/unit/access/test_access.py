@@ -1,6 +1,6 @@
 """The access policy, pure (engine/access/policy.py, groups.py, api_keys.py, quotas.py and
 frontend/grpc/api_groups.py): Triton's restriction flags parsed as Triton parses them, the keys file, and
-every decision the frontends ask for, with time passed in. The real servers are tests/test_access_server.py's.
+every decision the frontends ask for, with time passed in. The real servers are test_access_server.py's.
 """
 
 from __future__ import annotations

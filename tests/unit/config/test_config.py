@@ -1,6 +1,6 @@
 """Tests of engine/config/steps.py: each step alone (parse → auto-complete → validate), the version policy,
 the typed warm-up and accelerator settings, and the example repository's real configs. Pure functions; no
-server. Triton's JSON form: tests/test_config_json.py."""
+server. Triton's JSON form: test_config_json.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import EXAMPLES
 from engine.config import steps as cfg
 from engine.config.model_config import (
     ExecutionAccelerator,
@@ -26,7 +27,6 @@ from engine.errors import EngineError, ErrorCode
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "model_repository"
 WHERE = "model 'm'"
 
 IO = """
@@ -462,7 +462,7 @@ def test_kind_model_unsupported() -> None:
 
 
 def test_ensemble_scheduling_needs_the_ensemble_platform() -> None:
-    # Triton's words (core model_config_utils.cc); ensembles themselves: tests/test_ensemble_plan.py
+    # Triton's words (core model_config_utils.cc); ensembles themselves: test_ensemble_plan.py
     invalid_config(IO + "ensemble_scheduling { }", "ensemble scheduling cannot be set",
                    "platform is not ensemble")
 
@@ -576,7 +576,7 @@ def test_example_simple_uses_the_triton_platform_spelling() -> None:
                                   'version_policy: ["\\ud800\\udc00"]'],
                          ids=["top level", "nested", "a list for a message"])
 def test_yaml_field_names_that_are_not_unicode_text_are_refused(text: str) -> None:
-    """Found by tests/test_fuzz.py: a lone surrogate in a field name (YAML's escape gives one; protobuf also
+    """Found by test_fuzz.py: a lone surrogate in a field name (YAML's escape gives one; protobuf also
     reads the items of a list given for a message as names) made protobuf's field lookup raise SystemError,
     which no caller expects."""
     with pytest.raises(EngineError) as info:

@@ -11,7 +11,6 @@ import copy
 import json
 import re
 import shlex
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -20,10 +19,11 @@ import pytest
 import yaml
 from kubernetes_validate.utils import all_versions
 
+from conftest import ROOT
 from engine.cli.parser import build_parser
 from engine.observability.metrics import FAMILIES
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+DEPLOY = ROOT / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 KSERVE_SCHEMA = DEPLOY / "schemas" / "kserve-servingruntime-v1alpha1.json"
 KUBERNETES_VERSIONS = sorted({re.sub(r"^v?(\d+\.\d+).*", r"\1", v) for v in all_versions()})

@@ -1,6 +1,6 @@
 """Tests of engine/instances/inline_policy.py's `InlinePolicy`: which batch sizes run on the loop, from the
 CPU time and wall time each run reports. Plain synchronous tests: no threads, no loop, no backend; the pool
-that measures real runs is exercised in tests/test_batcher.py."""
+that measures real runs is exercised in test_batcher.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Tests of engine/instances/rate_limiter.py's `RateLimiter`: its arithmetic and whom it tells of a release.
-Plain synchronous tests; the pools that listen to it are exercised in tests/test_batcher.py."""
+Plain synchronous tests; the pools that listen to it are exercised in test_batcher.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The OpenAI request bodies checked into ApiRequest (engine/openai/protocol.py): defaults, the accepted
 shapes of prompts and messages, and what is refused with which `param`. Pure: no server (the same refusals
-over HTTP, with their statuses, are tests/test_openai_errors.py)."""
+over HTTP, with their statuses, are test_openai_errors.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 SHIPPED = ("engine/", "perf/hubserve_perf/", "perf/hubserve_harness/", "perf/hubserve_models/")
 
 

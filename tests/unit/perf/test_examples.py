@@ -13,10 +13,10 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from conftest import ROOT
 from engine.config import steps as cfg
 from hubserve_models import examples
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_REPOSITORY = ROOT / "model_repository"
 SMALL_EXAMPLES = ["simple", "mlp", "strings", "image", "simple_string", "simple_identity",
                   "sequence_accumulator", "simple_sequence", "simple_dyna_sequence",

@@ -20,22 +20,19 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from google.protobuf import descriptor_pool, text_format
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # Ours and tritonclient's, deliberately imported into the same process.
-import tritonclient.grpc as triton_grpc  # noqa: E402
-from tritonclient.grpc import model_config_pb2 as triton_mc  # noqa: E402
-from tritonclient.grpc import service_pb2 as triton_svc  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
+import tritonclient.grpc as triton_grpc
+from google.protobuf import descriptor_pool, text_format
+from tritonclient.grpc import model_config_pb2 as triton_mc
+from tritonclient.grpc import service_pb2 as triton_svc
+from tritonclient.utils import InferenceServerException
 
-from engine.proto import _pool, health_pb2, health_pb2_grpc  # noqa: E402
-from engine.proto import grpc_service_pb2 as svc  # noqa: E402
-from engine.proto import grpc_service_pb2_grpc as svc_grpc  # noqa: E402
-from engine.proto import model_config_pb2 as mc  # noqa: E402
+from conftest import ROOT
+from engine.proto import _pool, health_pb2, health_pb2_grpc
+from engine.proto import grpc_service_pb2 as svc
+from engine.proto import grpc_service_pb2_grpc as svc_grpc
+from engine.proto import model_config_pb2 as mc
 
 GENERATED_DIR = ROOT / "engine" / "proto"
 GENERATE = ROOT / "protos" / "generate.py"

@@ -1,6 +1,6 @@
 """Tests of engine/repository/routing.py's pure parts: requested version strings, and the inside-the-root
 check. Routing to loaded versions and the index are exercised through ModelRepository
-(tests/test_repository.py) and real servers (tests/test_lifecycle.py, tests/test_repository_api.py)."""
+(test_repository.py) and real servers (test_lifecycle.py, test_repository_api.py)."""
 
 from __future__ import annotations
 

@@ -22,10 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import ROOT
 from engine.errors import EngineError, ErrorCode
 from engine.shm.regions import SHM_ROOT, Region
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 CHILD_TIMEOUT_S = 60
 
 

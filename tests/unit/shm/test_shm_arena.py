@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from engine.errors import EngineError, ErrorCode
 from engine.shm.regions import Arena, Region
 
@@ -170,6 +171,7 @@ def million_out_of_order_cycles() -> None:
 def test_a_million_out_of_order_cycles_keep_memory_flat_and_space_bounded() -> None:
     child = subprocess.run(
         [sys.executable, "-c", "import test_shm_arena; test_shm_arena.million_out_of_order_cycles()"],
-        cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        # the child imports this module, its conftest and this checkout's engine as this run does
+        cwd=Path(__file__).parent, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])},
         capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Sequences through every way tritonclient sends them, beside what tests/test_sequence_batcher.py covers
+"""Sequences through every way tritonclient sends them, beside what test_sequence_batcher.py covers
 (sync over both protocols, one gRPC stream, errors, backlog, idle release): HTTP `async_infer`, gRPC
 `async_infer` with a callback, and several client threads at once, each on its own protocol (HTTP sync,
 gRPC sync, its own gRPC stream), with uint64 ids (above 2^63 over HTTP, whose JSON carries them unsigned)

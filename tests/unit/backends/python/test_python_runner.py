@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 MODEL = textwrap.dedent('''
     import time

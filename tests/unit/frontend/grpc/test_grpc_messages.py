@@ -1,5 +1,5 @@
 """gRPC's message layer (engine/frontend/grpc/messages.py), pure: framing, decompression and the
-response encoding, without a server. End to end: tests/test_h2.py (the bare client) and tests/test_parity.py
+response encoding, without a server. End to end: test_h2.py (the bare client) and test_parity.py
 (tritonclient.grpc's compression_algorithm)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one parse of an HTTP request's target (engine/frontend/http/path.py), pure: every endpoint in its
 Triton group, every spelling that names the same endpoint parsed to the same result, and every ambiguous one
 refused. The servers answering these paths, under keys, restrictions and both process layouts, are
-tests/test_encoded_paths.py's.
+test_encoded_paths.py's.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from conftest import EXAMPLES
 from engine.errors import EngineError
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.request import FinishReason, SamplingParams
@@ -376,8 +377,7 @@ def test_tritons_sampling_parameters_are_bounded(raw, message):
 def test_the_example_folder_loads_into_an_engine(tmp_path: Path):
     folder = tmp_path / "tiny_decoder"
     folder.mkdir()
-    (folder / "config.pbtxt").write_bytes((examples.Path(__file__).parents[1] / "model_repository" /
-                                           "tiny_decoder" / "config.pbtxt").read_bytes())
+    (folder / "config.pbtxt").write_bytes((EXAMPLES / "tiny_decoder" / "config.pbtxt").read_bytes())
     examples.build_repository(tmp_path, ["tiny_decoder"])
     engine = load_engine(folder)
     assert engine.cache_config == CacheConfig(16, 1024, 512, True)

@@ -1,7 +1,7 @@
 """Tests of engine/scheduling/batching/policy.py's `BatchPolicy`: plain functions, no event loop.
 
 Requests are `Pending` objects built by hand with a fake clock (nanoseconds), so every decision is exact.
-The asyncio side (`Batcher`) is tested in tests/test_batcher.py.
+The asyncio side (`Batcher`) is tested in test_batcher.py.
 """
 
 from __future__ import annotations

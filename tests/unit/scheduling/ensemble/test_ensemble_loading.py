@@ -1,7 +1,7 @@
-"""engine/scheduling/ensemble/loading.py through ModelRepository in-process (as tests/test_repository.py
+"""engine/scheduling/ensemble/loading.py through ModelRepository in-process (as test_repository.py
 does), with identity-backend models in a tmp folder: an ensemble's load loads its composing models,
 `unload_dependents` unloads those no other ensemble uses, and ensembles that contain each other are refused,
-never loaded forever. The repository API's answers over real clients: tests/test_ensemble.py."""
+never loaded forever. The repository API's answers over real clients: test_ensemble.py."""
 
 from __future__ import annotations
 
