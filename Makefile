@@ -4,7 +4,7 @@
 #   make test    install the test tools as well (tritonclient, grpcio-tools, the real perf_analyzer, ruff, mypy,
 #                ...), build models, run every test, then make lint (ruff and mypy at the versions pinned in
 #                pyproject.toml's test extra)
-#   make test-fast   the in-process half of the tests only (tests/unit/), in about a minute
+#   make test-fast   the in-process half of the tests only (tests/unit/), in about a minute and a half
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +15,7 @@ ARGS ?=
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test models serve test test-fast lint perf-analyzer protos clean
+.PHONY: install install-test models serve test test-a test-b test-fast lint perf-analyzer protos clean
 
 $(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,14 +44,15 @@ perf-analyzer: install
 	PYTHON=$(PY) bash tools/install_perf_analyzer.sh
 
 # The whole suite runs as the default layout is chosen here (one process below 4 cores: engine/workers/); the
-# protocol, completion, parity, perf_analyzer, sequence, ensemble, decoupled, shared-memory, access, canary and
-# OpenAI suites run again with --workers 2, so both layouts stay tested whichever the machine picks.
+# protocol, completion, parity, sequence, ensemble, decoupled, shared-memory, access, canary and OpenAI suites
+# run again with --workers 2, so both layouts stay tested whichever the machine picks. perf_analyzer's suite
+# is not among them: its requests are the protocol suites' infers of `simple` (sync, async, batched), and
+# functional/frontend/test_tls.py runs the real perf_analyzer against --workers 2 in every run.
 WORKER_SUITES = \
 	tests/functional/frontend/http/test_http_api.py \
 	tests/functional/frontend/grpc/test_grpc_api.py \
 	tests/functional/test_completion.py \
 	tests/functional/test_parity.py \
-	tests/functional/perf/test_perf_analyzer.py \
 	tests/functional/scheduling/sequence/test_sequence_batcher.py \
 	tests/functional/scheduling/ensemble/test_ensemble.py \
 	tests/functional/test_classification.py \
@@ -77,13 +78,26 @@ WORKER_SUITES = \
 	tests/functional/streaming/test_stream_backpressure.py \
 	tests/functional/frontend/grpc/test_health_watch.py
 
+# make test runs the suite as two pytest processes side by side, each printing when it ends: most of a
+# functional test's time is spent waiting on a server (a serial run keeps about half of one core busy), so two
+# fit on 2 cores. test-a: tests/unit, then the functional folders not in SPLIT_B (a new folder lands here);
+# test-b: the SPLIT_B folders, then WORKER_SUITES with --workers 2. Each also runs alone.
+SPLIT_B = tests/functional/perf tests/functional/openai tests/functional/access tests/functional/backends \
+	tests/functional/frontend/openai
+
 test: install-test models perf-analyzer
-	$(PY) -m pytest -q tests
-	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-a test-b
 	$(MAKE) --no-print-directory lint
 
+test-a: install-test models perf-analyzer
+	$(PY) -m pytest -q tests $(addprefix --ignore=,$(SPLIT_B))
+
+test-b: install-test models perf-analyzer
+	$(PY) -m pytest -q $(SPLIT_B)
+	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
+
 # The in-process half alone (tests/unit/: no server process, no socket to our server), for the inner loop:
-# about a minute on 2 cores. tests/functional/ runs against real servers; make test runs both.
+# about a minute and a half on 2 cores. tests/functional/ runs against real servers; make test runs both.
 test-fast: install-test models
 	$(PY) -m pytest -q tests/unit
 
