@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 DOCUMENTS = sorted([ROOT / "README.md", ROOT / "perf" / "README.md", *(ROOT / "docs").glob("*.md"),
                     *(ROOT / "perf" / "history").glob("*.md"), ROOT / "model_repository" / "README.md",
                     ROOT / "deploy" / "README.md"])

@@ -11,12 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import config_from_pbtxt, run_repository
+from conftest import ROOT, config_from_pbtxt, run_repository
 from engine.model import ModelState
 from engine.repository.kinds import kind_of, kinds
 from engine.repository.lifecycle import ModelRepository
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # The core: every module of these is imported, in a fresh interpreter, and none may bring in a plug-in.
 CORE_MODULES = ["engine.model"]
