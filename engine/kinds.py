@@ -3,7 +3,7 @@ by importing it here. The server imports this module; so does anything else that
 `ModelRepository` meant to serve every kind (the tests' in-process repositories, perf/bench_channel.py).
 
 The core (engine/model.py, engine/repository/, engine/observability/, engine/scheduling/'s batchers)
-imports none of these: tests/test_kinds.py holds it to that.
+imports none of these: tests/unit/repository/test_kinds.py holds it to that.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Handle* checks one category; src/grpc/grpc_server.cc, each RPC's CallData gets o
 
 Why one table: the access check and the router reading one path differently is how an encoded path once
 skipped every restriction (issue 27); four lists of gRPC methods could drift the same way. Adding an endpoint
-is one row here and its handler; a unit test (tests/test_endpoints.py) checks that every row has a handler
+is one row here and its handler; a unit test (tests/.../test_endpoints.py) checks that every row has a handler
 and every handler a row.
 
 An HTTP path is decoded by frontend/http/path.py (`parse_target`, the one parse) and matched here (`match`).

@@ -84,7 +84,7 @@ def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
 def _draw(scaled: np.ndarray, order: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """top-k → top-p → one draw from `rng`: the inverse of the kept tokens' cumulative distribution at one
     uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks of `p`
-    (a quarter of a step's Python time at 16 sampled rows; tests/test_generate_sampler.py holds the draws
+    (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds the draws
     equal)."""
     if 0 < params.top_k < len(order):
         order = order[:params.top_k]

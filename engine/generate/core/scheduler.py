@@ -2,7 +2,7 @@
 
 `schedule()` is called once per engine step and returns the step's work; `update()` is called with what the
 model produced and advances every request. Pure bookkeeping over the KV cache manager: no model, no I/O, so
-its tests are plain functions (tests/test_generate_scheduler.py).
+its tests are plain functions (tests/unit/generate/core/test_generate_scheduler.py).
 
 Each step (vLLM v1's order):
 1. Running requests first, oldest first. Each computes what it lacks: one token when decoding, the rest of

@@ -119,7 +119,7 @@ class OtlpExporter:
         assert self._wake is not None
         delay_s = self.config.schedule_delay_ms / 1000
         # The flag, not only the cancel, ends the loop: Python 3.11's wait_for can swallow a cancel that
-        # arrives as the event is set (seen in tests/test_tracing.py), and the task would then never end.
+        # arrives as the event is set (seen in tests/.../test_tracing.py), and the task would then never end.
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay_s)

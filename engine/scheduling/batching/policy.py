@@ -1,7 +1,7 @@
 """The dynamic-batching policy, pure: which queued requests form the next batch now, or how long to wait.
 
 `BatchPolicy` is synchronous and owns the queues: it answers "which requests form the next batch, now" or
-"wait N ns", given the clock. It has no event loop, so its tests are plain functions (tests/test_batching.py);
+"wait N ns", given the clock. It has no event loop, so its tests are plain functions (test_batching.py);
 `Batcher` (batcher.py) drives it on the loop.
 
 Semantics follow Triton's `dynamic_batching`: the window (`max_queue_delay_microseconds`) runs from the oldest

@@ -2,7 +2,7 @@
 
 IMAGE (UINT8 [batch, 3, H, W], channels first: red, green, blue) -> PIXELS (FP32, the same shape): each
 channel (x / 255 - mean) / std, with ImageNet's usual mean and std. perf/hubserve_models/pipelines.py holds
-the same constants (IMAGE_MEAN, IMAGE_STD) for the classifier after this step; tests/test_ensemble.py checks
+the same constants (IMAGE_MEAN, IMAGE_STD) for the classifier after this step; test_ensemble.py checks
 that this step's output equals that formula.
 """
 
