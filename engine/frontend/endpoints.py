@@ -2,13 +2,15 @@
 matcher of a decoded HTTP path against the rows.
 
 A row says what the endpoint is (its path pattern and methods, or its gRPC method), who answers it (the
-`handler`: a method of HttpRoutes, frontend/http/routes.py, or of GrpcHandlers, frontend/grpc/handlers.py),
+`handler`: a method of the router its `api` names, HttpRoutes in frontend/http/routes.py or OpenAIRoutes or
+BatchRoutes in frontend/openai/, or of GrpcHandlers, frontend/grpc/handlers.py),
 which API group it is in (engine/access/groups.py, as Triton groups them: server src/http_server.cc, each
 Handle* checks one category; src/grpc/grpc_server.cc, each RPC's CallData gets one), where it runs with
 `--workers N` (`Where`) and whether its client leaving cancels it. Every reader reads the row:
 
 - the access check (engine/access/policy.py, asked by http/connection.py and grpc/call.py) reads `group`;
-- the HTTP router (HttpRoutes.route) calls `handler` after checking `methods`;
+- the HTTP router (HttpRoutes.route) calls `handler` after checking `methods`, and hands an OpenAI API row to
+  the OpenAI router (OpenAIRoutes.handle), which does the same in the OpenAI API's words;
 - the gRPC dispatch (grpc/rpcs.py `rpc_table`) builds its method table from GRPC_METHODS;
 - the workers (engine/workers/forwarding.py, session.py, streams.py) read `where` and `cancellable`.
 
@@ -23,6 +25,14 @@ Patterns are segments: a literal, `{name}` or `{version}` (any one segment, kept
 optional part in `[...]`. A literal is tried before a capture and a longer match before `{rest*}`, so
 `/v2/models/stats` is every model's statistics while `/v2/models/stats/ready` is the readiness of a model
 named `stats`, as Triton reads them.
+
+The OpenAI API's endpoints (/v1/...) are rows of the same table, not a table of their own: one parse and one
+matcher read every path, so the access check, the router and the workers' forwarding read the same row for
+/v1/batches as for /v2/models/m/infer, and the drift test covers both APIs. What differs is said in the row:
+its `api` (which router answers; the Batch API's rows answer 501 while it is off, before anything else) and
+its wrong method (OpenAI's error object). A path under /v1 that no row names is still the OpenAI API's
+(`OPENAI_UNKNOWN`, `{rest*}`): OpenAI's 404 "Unknown request URL", after the Batch API's 501 under /v1/files
+and /v1/batches.
 """
 
 from __future__ import annotations
@@ -42,24 +52,41 @@ class Where(enum.Enum):
     FORWARDED = "forwarded"  # forwarded as it came and answered by the engine's own handler
 
 
+class Api(enum.Enum):
+    """Which router answers a row: its `handler` is a method of that router's class."""
+
+    KSERVE = "KServe v2"  # HttpRoutes (frontend/http/routes.py): KServe v2 and Triton's extensions
+    OPENAI = "OpenAI"  # OpenAIRoutes (frontend/openai/routes.py), handed the request by HttpRoutes
+    # BatchRoutes (frontend/openai/batch_routes.py), through OpenAIRoutes: 501 while the Batch API is off,
+    # then 401 for a request that acts for no key's owner, before the method is checked
+    BATCH = "OpenAI Batch"
+
+
 class WrongMethod(enum.Enum):
     """How the router answers a method the row does not list (Triton's answers)."""
 
     NO_ENDPOINT = "no endpoint"  # 404 "no endpoint GET /v2/repository/index"
     NEEDS = "needs"  # 405 "infer needs POST": the row's `action` and its first method
     NOT_ALLOWED = "not allowed"  # 405 "Method Not Allowed"
+    # 405 as OpenAI's error object: "GET is not allowed on /v1/completions; use POST." (the row's `action`,
+    # or the path, and its first method)
+    OPENAI = "openai"
 
 
 GET = (b"GET", b"HEAD")
 POST = (b"POST",)
 GET_POST = (b"GET", b"POST")
+POST_GET = (b"POST", b"GET")  # GET lists; any other method is told to POST
+GET_DELETE = (b"GET", b"DELETE")
+GET_ONLY = (b"GET",)  # HEAD too is told to GET (the Batch API's jobs and file contents)
 
 
 @dataclass(frozen=True, slots=True)
 class HttpRow:
-    """One HTTP endpoint. `methods`: those it answers (None: its handler decides, per action or in the
-    OpenAI API's own words); any other is answered as `wrong_method` says. `handler`: the HttpRoutes method
-    that answers it, called as `handler(req, target, on_done)`. `action`: the endpoint's word in a 405."""
+    """One HTTP endpoint. `methods`: those it answers (None: its handler decides, per action, or answers
+    every method alike); any other is answered as `wrong_method` says. `handler`: the method of the router
+    `api` names that answers it, called as `handler(req, target, on_done)` (a BatchRoutes one as
+    `handler(req, target, owner)`). `action`: the endpoint's word in a 405."""
 
     pattern: str
     methods: tuple[bytes, ...] | None
@@ -69,11 +96,22 @@ class HttpRow:
     cancellable: bool = False
     wrong_method: WrongMethod = WrongMethod.NO_ENDPOINT
     action: str = ""
+    api: Api = Api.KSERVE
 
 
 _MODEL = "/v2/models/{name}[/versions/{version}]"
 _SHM = "[/region/{name}]/{action:status|register|unregister}"
 L, NEEDS, NOT_ALLOWED = Where.LOCAL, WrongMethod.NEEDS, WrongMethod.NOT_ALLOWED
+
+
+def _v1(pattern: str, methods: tuple[bytes, ...] | None, handler: str, api: Api = Api.OPENAI,
+        action: str = "") -> HttpRow:
+    """An OpenAI API row: inference, as its generation is (the Batch API's files and jobs are its inputs and
+    outputs); answered in the engine process (forwarded with --workers N), and cancelled there when its
+    client leaves (a generation would run on for nobody, a download read on; and only a cancellable
+    forwarded request streams back: workers/streams.py)."""
+    return HttpRow(pattern, methods, G.INFERENCE, handler, Where.FORWARDED, True, WrongMethod.OPENAI, action,
+                   api)
 
 
 class Endpoint(enum.Enum):
@@ -108,9 +146,22 @@ class Endpoint(enum.Enum):
     # status needs GET, register and unregister POST: the handler checks, per action
     SYSTEM_SHM = HttpRow("/v2/systemsharedmemory" + _SHM, None, G.SHARED_MEMORY, "shared_memory")
     CUDA_SHM = HttpRow("/v2/cudasharedmemory" + _SHM, None, G.SHARED_MEMORY, "shared_memory")
-    # the OpenAI-compatible API (frontend/openai/routes.py routes within it); generation is inference, made
-    # in the engine process, and cancelled there when its client leaves (it would run on for nobody)
-    OPENAI = HttpRow("/v1[/{rest*}]", None, G.INFERENCE, "openai_api", cancellable=True)
+    # the OpenAI-compatible API (frontend/openai/); `name` captures a model, file or batch id
+    OPENAI_MODELS = _v1("/v1/models", GET, "list_models", action="/v1/models")
+    OPENAI_MODEL = _v1("/v1/models/{name}", GET, "retrieve_model", action="/v1/models")
+    OPENAI_COMPLETIONS = _v1("/v1/completions", POST, "completions")
+    OPENAI_CHAT_COMPLETIONS = _v1("/v1/chat/completions", POST, "chat_completions")
+    OPENAI_FILES = _v1("/v1/files", POST_GET, "files", Api.BATCH)  # upload, or list
+    OPENAI_FILE = _v1("/v1/files/{name}", GET_DELETE, "file", Api.BATCH)  # its object, or delete it
+    OPENAI_FILE_CONTENT = _v1("/v1/files/{name}/content", GET_ONLY, "file_content", Api.BATCH)
+    OPENAI_BATCHES = _v1("/v1/batches", POST_GET, "batches", Api.BATCH)  # create, or list
+    OPENAI_BATCH = _v1("/v1/batches/{name}", GET_ONLY, "batch", Api.BATCH)
+    OPENAI_BATCH_CANCEL = _v1("/v1/batches/{name}/cancel", POST, "cancel_batch", Api.BATCH)
+    # no endpoint, in OpenAI's words (404 "Unknown request URL"); under /v1/files and /v1/batches only once
+    # the Batch API is on and the request's owner known
+    OPENAI_UNKNOWN = _v1("/v1[/{rest*}]", None, "unknown_url")
+    OPENAI_FILES_UNKNOWN = _v1("/v1/files/{rest*}", None, "unknown_url", Api.BATCH)
+    OPENAI_BATCHES_UNKNOWN = _v1("/v1/batches/{rest*}", None, "unknown_url", Api.BATCH)
     NONE = HttpRow("", None, None, "no_endpoint")
     MALFORMED = HttpRow("", None, None, "malformed")
 
@@ -273,5 +324,5 @@ def _walk(node: _Node, segments: tuple[str, ...], i: int) -> tuple[Endpoint, Cap
     return (node.tail, {}) if node.tail is not None else None
 
 
-__all__ = ["GRPC_BY_PATH", "GRPC_METHODS", "Endpoint", "GrpcRow", "HttpRow", "Kind", "Where", "WrongMethod",
-           "match"]
+__all__ = ["GRPC_BY_PATH", "GRPC_METHODS", "Api", "Endpoint", "GrpcRow", "HttpRow", "Kind", "Where",
+           "WrongMethod", "match"]

@@ -30,7 +30,7 @@ from ...observability.request_ids import check_header_request_id
 from ...observability.tracing import settings as trace_settings
 from ...types import InferenceRequest, InferenceResponse
 from .. import compression
-from ..endpoints import Endpoint, HttpRow, WrongMethod
+from ..endpoints import Api, Endpoint, HttpRow, WrongMethod
 from ..engine import Engine
 from ..wire import limits as wire_limits
 from .codec import (
@@ -191,7 +191,9 @@ class HttpRoutes:
         function."""
         target = req.target if req.target is not None else parse_target(req.url)
         row = target.endpoint.row
-        if row.methods is not None and req.method not in row.methods:
+        # an OpenAI API row's router checks the method itself, after its own first checks (the Batch API
+        # off: 501)
+        if row.methods is not None and req.method not in row.methods and row.api is Api.KSERVE:
             return _wrong_method(row, req.method, target)
         return _HANDLERS[target.endpoint](self, req, target, on_done)
 
@@ -243,11 +245,11 @@ class HttpRoutes:
         return self._spawn(self._unload(doc, target.name), on_done)
 
     def openai_api(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
-        """/v1: the OpenAI-compatible API, which routes within it (openai/routes.py); no endpoint in a
-        process without it."""
+        """The handler of every OpenAI API row (/v1/...): its own router answers it (openai/routes.py, from
+        the same row); no endpoint in a process without it."""
         if self.openai is None:
             raise not_found(f"no endpoint at {target.path}")
-        return self.openai.handle(req, list(target.segments[1:]), on_done)
+        return self.openai.handle(req, target, on_done)
 
     def no_endpoint(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
         raise not_found(f"no endpoint at {target.path}")
@@ -372,12 +374,16 @@ Handler = Callable[[HttpRoutes, HttpRequest, HttpTarget, OnDone], "Answer | Pend
 
 def _handlers() -> dict[Endpoint, Handler]:
     """Each endpoint's handler, by the name its row gives (frontend/endpoints.py): a row without one fails
-    here, at import."""
-    missing = [f"{e.name} ({e.row.handler})" for e in Endpoint
+    here, at import. The OpenAI API's rows are handed to its router (`openai_api`), which reads their
+    handlers there."""
+    kserve = [e for e in Endpoint if e.row.api is Api.KSERVE]
+    missing = [f"{e.name} ({e.row.handler})" for e in kserve
                if not callable(getattr(HttpRoutes, e.row.handler, None))]
     if missing:
         raise TypeError(f"endpoint rows without a handler in HttpRoutes: {', '.join(missing)}")
-    return {endpoint: getattr(HttpRoutes, endpoint.row.handler) for endpoint in Endpoint}
+    handlers: dict[Endpoint, Handler] = {e: HttpRoutes.openai_api for e in Endpoint}
+    handlers.update((e, getattr(HttpRoutes, e.row.handler)) for e in kserve)
+    return handlers
 
 
 _HANDLERS = _handlers()

@@ -1,4 +1,5 @@
-"""The Batch API's endpoints, under /v1 (OpenAIRoutes hands /v1/files and /v1/batches here):
+"""The Batch API's endpoints, under /v1, each a row of the endpoint table (frontend/endpoints.py, `Api.BATCH`)
+whose handler is a method here; OpenAIRoutes calls it:
 
     POST   /v1/files                    upload a JSONL of requests (multipart/form-data, purpose "batch")
     GET    /v1/files                    the caller's files, newest first (?purpose= ?limit= ?order= ?after=)
@@ -12,9 +13,10 @@
 
 Every endpoint acts for the request's owner, the owner id of its key as the access policy admitted it
 (`HttpRequest.owner`; engine/openai/batch/owners.py): another key's files and jobs answer 404 as if they did
-not exist. `handle` answers at once from the runner's indexes in
-memory, or returns a coroutine (the multipart split and file I/O on worker threads) that OpenAIRoutes runs
-as a task. Off (every endpoint answers 501 saying how to turn it on) unless the server has a `--batch-dir`.
+not exist. A handler answers at once from the runner's indexes in memory, or returns a coroutine (the
+multipart split and file I/O on worker threads) that OpenAIRoutes runs as a task. Off (every endpoint, and
+every other path under /v1/files and /v1/batches, answers 501 saying how to turn it on: OpenAIRoutes checks
+that first) unless the server has a `--batch-dir`.
 
 A download streams through the request's `ResponseStream` (http/types.py), a chunk at a time read on a
 worker thread (download.py), awaiting the stream's `drain` before the next: N clients downloading a file of
@@ -36,8 +38,9 @@ from ...openai.batch.download import FileChunks
 from ...openai.batch.files import not_found
 from ...openai.batch.multipart import parse_form
 from ...openai.batch.runner import BatchRunner
-from ...openai.errors import NOT_FOUND, NOT_IMPLEMENTED, OpenAIError, bad_request
+from ...openai.errors import NOT_FOUND, OpenAIError, bad_request
 from ...openai.protocol import parse_body
+from ..http.path import HttpTarget
 from ..http.types import Answer, HttpRequest, ResponseStream
 
 _JSON = b"application/json"
@@ -52,46 +55,45 @@ def _json(doc: Any) -> Answer:
 
 
 class BatchRoutes:
-    def __init__(self, runner: BatchRunner | None) -> None:
+    """The Batch API's handlers, one per row of the endpoint table whose `api` is BATCH
+    (frontend/endpoints.py), each called by OpenAIRoutes as handler(req, target, owner) once it has found the
+    Batch API on, the owner known and the row's methods right. Each raises OpenAIError."""
+
+    def __init__(self, runner: BatchRunner) -> None:
         self.runner = runner
 
-    def handle(self, req: HttpRequest, parts: list[str]) -> Reply:
-        """`parts`: the path after "v1" ("files" or "batches" first). Raises OpenAIError."""
-        runner = self.runner
-        if runner is None:
-            raise OpenAIError(501, "The Batch API is off on this server: start it with --batch-dir PATH (a "
-                                   "folder for its files and jobs).", NOT_IMPLEMENTED)
-        owner = runner.owners.of_request(req.owner)
-        method = req.method
-        if parts[0] == "files":
-            files = runner.files
-            if len(parts) == 1:
-                if method == b"GET":
-                    return _json(files.list(owner, *_file_page(req.url)))
-                _allow(method, b"POST", parts)
-                return _upload(runner, owner, req)
-            if len(parts) == 2:
-                if method == b"DELETE":
-                    return _json(files.delete(owner, parts[1]))
-                _allow(method, b"GET", parts)
-                return _json(files.get(owner, parts[1]))
-            if len(parts) == 3 and parts[2] == "content":
-                _allow(method, b"GET", parts)
-                return _content(runner, owner, parts[1], req.stream)
-        else:
-            if len(parts) == 1:
-                if method == b"GET":
-                    return _json(runner.list(owner, *_page(req.url)))
-                _allow(method, b"POST", parts)
-                return _json(runner.create(owner, parse_body(req.body)))
-            if len(parts) == 2:
-                _allow(method, b"GET", parts)
-                return _json(runner.get(owner, parts[1]))
-            if len(parts) == 3 and parts[2] == "cancel":
-                _allow(method, b"POST", parts)
-                return _json(runner.cancel(owner, parts[1]))
-        raise OpenAIError(404, f"Unknown request URL: {method.decode()} /v1/{'/'.join(parts)}.", NOT_FOUND,
-                          code="unknown_url")
+    def files(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        if req.method == b"GET":
+            return _json(self.runner.files.list(owner, *_file_page(req.url)))
+        return _upload(self.runner, owner, req)
+
+    def file(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        if req.method == b"DELETE":
+            return _json(self.runner.files.delete(owner, target.name))
+        return _json(self.runner.files.get(owner, target.name))
+
+    def file_content(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        return _content(self.runner, owner, target.name, req.stream)
+
+    def batches(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        if req.method == b"GET":
+            return _json(self.runner.list(owner, *_page(req.url)))
+        return _json(self.runner.create(owner, parse_body(req.body)))
+
+    def batch(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        return _json(self.runner.get(owner, target.name))
+
+    def cancel_batch(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        return _json(self.runner.cancel(owner, target.name))
+
+    def unknown_url(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
+        raise unknown_url(req.method, target)
+
+
+def unknown_url(method: bytes, target: HttpTarget) -> OpenAIError:
+    """OpenAI's 404 for a path under /v1 that names no endpoint."""
+    return OpenAIError(404, f"Unknown request URL: {method.decode()} /v1/{'/'.join(target.segments[1:])}.",
+                       NOT_FOUND, code="unknown_url")
 
 
 async def _upload(runner: BatchRunner, owner: str, req: HttpRequest) -> Answer:
@@ -140,12 +142,6 @@ def _content(runner: BatchRunner, owner: str, file_id: str, stream: ResponseStre
             await chunks.close()
 
     return send()
-
-
-def _allow(method: bytes, allowed: bytes, parts: list[str]) -> None:
-    if method != allowed:
-        raise OpenAIError(405, f"{method.decode()} is not allowed on /v1/{'/'.join(parts)}; use "
-                               f"{allowed.decode()}.")
 
 
 def _query(url: bytes) -> dict[str, list[str]]:

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible endpoints on the HTTP port, under /v1 (HttpRoutes hands every /v1 path here):
+"""The OpenAI-compatible endpoints on the HTTP port, under /v1, each a row of the endpoint table
+(frontend/endpoints.py) whose handler is a method here or of BatchRoutes; HttpRoutes hands each here:
 
     GET  /v1/models, /v1/models/{model}      the generative models that serve now, and their LoRA adapters
                                              (`model:adapter`)
@@ -29,17 +30,20 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from ...openai.batch.runner import BatchRunner
-from ...openai.errors import NOT_FOUND, OpenAIError, bad_request, from_engine
+from ...openai.errors import NOT_IMPLEMENTED, OpenAIError, bad_request, from_engine
 from ...openai.generation import Generation
 from ...openai.protocol import ApiRequest, parse_body, parse_request
 from ...openai.service import OpenAIService
+from ..endpoints import Api, Endpoint, HttpRow
+from ..http.path import HttpTarget
 from ..http.types import Answer, HttpRequest, OnDone, Pending, ResponseStream
-from .batch_routes import BatchRoutes
+from .batch_routes import BatchRoutes, Reply, unknown_url
 from .stream import stream_generation
 
 log = logging.getLogger("hubserve.openai")
@@ -87,39 +91,40 @@ class _Task:
 
 
 class OpenAIRoutes:
-    """One per server, beside HttpRoutes (which calls `handle` for /v1 paths)."""
+    """One per server, beside HttpRoutes (which calls `handle` for the OpenAI API's rows of the endpoint
+    table, frontend/endpoints.py). Each row names its handler: a method here (`Api.OPENAI`), called as
+    `handler(req, target, on_done)`, or one of BatchRoutes (`Api.BATCH`), called as
+    `handler(req, target, owner)`."""
 
     def __init__(self, service: OpenAIService, batches: BatchRunner | None = None) -> None:
         self.service = service
-        self.batches = BatchRoutes(batches)
+        self.batches = BatchRoutes(batches) if batches is not None else None
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def handle(self, req: HttpRequest, parts: list[str], on_done: OnDone) -> Answer | Pending:
-        """`parts`: the path's segments after "v1". Never raises."""
+    def handle(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        """`target`: the request's parsed target (http/path.py), one of the OpenAI API's rows. Never
+        raises."""
         try:
-            return self._route(req, parts, on_done)
+            return self._route(req, target, on_done)
         except OpenAIError as e:
             return _error_answer(e)
         except Exception as e:  # a bug: answer 500, keep serving
             log.exception("OpenAI handler failed")
             return _error_answer(OpenAIError(500, f"internal error: {e}", "server_error"))
 
-    def _route(self, req: HttpRequest, parts: list[str], on_done: OnDone) -> Answer | Pending:
-        method = req.method
-        if parts and parts[0] == "models" and len(parts) <= 2:
-            if method not in (b"GET", b"HEAD"):
-                raise OpenAIError(405, f"{method.decode()} is not allowed on /v1/models; use GET.")
-            if len(parts) == 1:
-                return _json(self.service.list_models())
-            return _json(self.service.retrieve_model(parts[1]))
-        chat = parts == ["chat", "completions"]
-        if chat or parts == ["completions"]:
-            if method != b"POST":
-                raise OpenAIError(405, f"{method.decode()} is not allowed on /v1/{'/'.join(parts)}; "
-                                       "use POST.")
-            return self._generate(req, chat, on_done)
-        if parts and parts[0] in ("files", "batches"):
-            reply = self.batches.handle(req, parts)
+    def _route(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        """The checks in their order: the Batch API on (501) and the request's owner known (401), for its
+        rows; then the row's methods (405); then its handler."""
+        endpoint = target.endpoint
+        row = endpoint.row
+        if row.api is Api.BATCH:
+            batches = self.batches
+            if batches is None:
+                raise OpenAIError(501, "The Batch API is off on this server: start it with --batch-dir PATH "
+                                       "(a folder for its files and jobs).", NOT_IMPLEMENTED)
+            owner = batches.runner.owners.of_request(req.owner)
+            _check_method(req.method, row, target)
+            reply = _BATCH_HANDLERS[endpoint](batches, req, target, owner)
             if isinstance(reply, tuple):
                 return reply
             batch_task: asyncio.Future[Answer | None] = asyncio.ensure_future(reply)
@@ -127,8 +132,26 @@ class OpenAIRoutes:
             batch_task.add_done_callback(self._tasks.discard)
             batch_task.add_done_callback(on_done)
             return _Task(batch_task, b"")
-        raise OpenAIError(404, f"Unknown request URL: {method.decode()} /v1/{'/'.join(parts)}.", NOT_FOUND,
-                          code="unknown_url")
+        _check_method(req.method, row, target)
+        return _HANDLERS[endpoint](self, req, target, on_done)
+
+    # The handlers of the OpenAI API's rows (Api.OPENAI), each called as handler(req, target, on_done) once
+    # the row's methods were checked.
+
+    def list_models(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json(self.service.list_models())
+
+    def retrieve_model(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json(self.service.retrieve_model(target.name))
+
+    def completions(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        return self._generate(req, False, on_done)
+
+    def chat_completions(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        return self._generate(req, True, on_done)
+
+    def unknown_url(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        raise unknown_url(req.method, target)
 
     def _generate(self, req: HttpRequest, chat: bool, on_done: OnDone) -> Answer | Pending:
         request_id = _request_id(req, chat)
@@ -174,3 +197,29 @@ def _request_id(req: HttpRequest, chat: bool) -> str:
         raise bad_request("X-Request-ID must be 1-128 characters of letters, digits and . _ : -",
                           "X-Request-ID")
     return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def _check_method(method: bytes, row: HttpRow, target: HttpTarget) -> None:
+    """A method the row does not list: 405, naming the row's `action` (or the path) and its first method."""
+    if row.methods is not None and method not in row.methods:
+        where = row.action or "/v1/" + "/".join(target.segments[1:])
+        raise OpenAIError(405, f"{method.decode()} is not allowed on {where}; use {row.methods[0].decode()}.")
+
+
+OpenAIHandler = Callable[[OpenAIRoutes, HttpRequest, HttpTarget, OnDone], "Answer | Pending"]
+BatchHandler = Callable[[BatchRoutes, HttpRequest, HttpTarget, str], Reply]
+
+
+def _handlers(api: Api, routes: type) -> dict[Endpoint, Any]:
+    """The handlers of `api`'s rows, by the names the rows give (frontend/endpoints.py): a row without one
+    fails here, at import."""
+    rows = [e for e in Endpoint if e.row.api is api]
+    missing = [f"{e.name} ({e.row.handler})" for e in rows
+               if not callable(getattr(routes, e.row.handler, None))]
+    if missing:
+        raise TypeError(f"endpoint rows without a handler in {routes.__name__}: {', '.join(missing)}")
+    return {e: getattr(routes, e.row.handler) for e in rows}
+
+
+_HANDLERS: dict[Endpoint, OpenAIHandler] = _handlers(Api.OPENAI, OpenAIRoutes)
+_BATCH_HANDLERS: dict[Endpoint, BatchHandler] = _handlers(Api.BATCH, BatchRoutes)

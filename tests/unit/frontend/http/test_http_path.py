@@ -41,9 +41,9 @@ CANONICAL = [
     ("/v2/systemsharedmemory/region/r/register", E.SYSTEM_SHM, G.SHARED_MEMORY, "r", ""),
     ("/v2/cudasharedmemory/unregister", E.CUDA_SHM, G.SHARED_MEMORY, "", ""),
     ("/v2/cudasharedmemory/region/r/status", E.CUDA_SHM, G.SHARED_MEMORY, "r", ""),
-    ("/v1/chat/completions", E.OPENAI, G.INFERENCE, "", ""),
-    ("/v1/models", E.OPENAI, G.INFERENCE, "", ""),
-    ("/v1/batches/b/cancel", E.OPENAI, G.INFERENCE, "", ""),
+    ("/v1/chat/completions", E.OPENAI_CHAT_COMPLETIONS, G.INFERENCE, "", ""),
+    ("/v1/models", E.OPENAI_MODELS, G.INFERENCE, "", ""),
+    ("/v1/batches/b/cancel", E.OPENAI_BATCH_CANCEL, G.INFERENCE, "b", ""),
 ]
 IDS = [c[0] for c in CANONICAL]
 
