@@ -1,9 +1,12 @@
 """The wire form of the answers an HTTP/1.1 connection (connection.py) writes on its own, without a route:
 the reason phrases of its status lines, the error body every error here has (`{"error": ...}`), the access
-policy's refusals, and the 503 that refuses a connection over the connection limits.
+policy's refusals, and the 503 that refuses a connection over the connection limits; and the two plain
+answers of the KServe v2 routes (routes.py, extension_routes.py): an error and a JSON document.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
@@ -20,8 +23,14 @@ REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidd
 
 
 def error_answer(status: int, message: str) -> Answer:
-    """An error the connection answers itself (a broken rule: 400, 408, 413, 431), as every error here."""
+    """An error the connection answers itself (a broken rule: 400, 408, 413, 431), or a route does, as every
+    error here."""
     return status, orjson.dumps({"error": message}), b"application/json", b""
+
+
+def json_answer(data: Any, status: int = 200) -> Answer:
+    """A route's JSON answer."""
+    return status, orjson.dumps(data), b"application/json", b""
 
 
 def refusal_answer(refusal: Refusal) -> Answer:
@@ -43,4 +52,4 @@ def connection_refusal(message: str) -> bytes:
         b"Connection: close\r\n\r\n%s" % (len(body), body)
 
 
-__all__ = ["REASONS", "connection_refusal", "error_answer", "refusal_answer"]
+__all__ = ["REASONS", "connection_refusal", "error_answer", "json_answer", "refusal_answer"]
