@@ -329,6 +329,22 @@ class TritonPythonModel:
                 pb_utils.get_output_tensor_by_name(second, "OUTPUT1")]))
         return responses
 '''
+# A decoupled CALLER without a chain: OUTPUT0 (sum) and OUTPUT1 (difference) in one response sent with the
+# final flag. For tests/test_python_bls.py (a BLS call to a decoupled model).
+DECOUPLED_ADDER = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            outputs = [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]
+            request.get_response_sender().send(
+                pb_utils.InferenceResponse(outputs),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
 CALLER_CONFIG = io([("INPUT0", "TYPE_INT32", "1, 16"), ("INPUT1", "TYPE_INT32", "1, 16")],
                    [("OUTPUT0", "TYPE_INT32", "1, 16"), ("OUTPUT1", "TYPE_INT32", "1, 16")])
 

@@ -1,10 +1,11 @@
 """Business Logic Scripting: a Python model's requests to other models, carried into the engine.
 
 A BLS request enters exactly as a client's does once decoded: the router picks the model version, and
-`Model.submit` validates and queues it on that version's batcher, so it is batched, rate-limited and counted
-with everything else. Its answer (or error) goes back to the calling instance, which gives the model a
-response whose `has_error()` says whether it failed; nothing a called model does can fail the caller's
-batch on its own. Everything here runs on the event loop.
+`Model.submit` validates and queues it on that version's batcher (an ensemble runs its steps, each on its
+model's batcher), so it is batched, rate-limited and counted with everything else. Its answer (or error)
+goes back to the calling instance, which gives the model a response whose `has_error()` says whether it
+failed; nothing a called model does can fail the caller's batch on its own. Everything here runs on the
+event loop.
 
 Timeouts: a request's `timeout` (microseconds, as Triton) bounds its whole wait; when it passes the request
 leaves the queue it is in and the caller gets an UNAVAILABLE error response.
@@ -22,13 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 
 from ...errors import EngineError, ErrorCode
+from ...model import InstanceModel, Model
 from ...types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
+
+log = logging.getLogger("hubserve.python")
 
 # Request parameters Triton turns into request fields: they are not the model's `parameters()`.
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
@@ -137,9 +142,8 @@ class Gateway:
         name = request.model_name
         try:
             model = self._router.get(name, request.model_version)
-            batcher = model.batcher
-            answerers = getattr(batcher, "wait_nodes", None)
-            call = Call(list(answerers) if answerers else None)
+            answerers = _answerers(model)
+            call = Call(answerers)
             if not self._graph.add(caller, call):
                 raise EngineError(ErrorCode.UNAVAILABLE, _deadlock_message(caller, name, answerers or []))
             try:
@@ -149,6 +153,11 @@ class Gateway:
                 raise
         except EngineError as e:
             loop.call_soon(done, e)
+            return
+        except Exception as e:  # a bug: answered, so the calling instance does not wait forever
+            log.error("BLS request to model '%s' failed", name, exc_info=e)
+            loop.call_soon(done, EngineError(ErrorCode.INTERNAL,
+                                             f"BLS request to model '{name}' failed: {e!r}"))
             return
         timer = None
         if timeout_us > 0:
@@ -181,6 +190,17 @@ class Gateway:
                 finish_with(f.result())
 
         future.add_done_callback(completed)
+
+
+def _answerers(model: Model) -> list[WaitNode] | None:
+    """The Python-model instances that answer a request to `model`, for the wait graph; None for any other
+    kind (an ONNX model's instances, an ensemble, a generative model), which answers without waiting on BLS.
+    Only an `InstanceModel` has a batcher: an ensemble (scheduling/ensemble/driver.py) and a generative model
+    (generate/triton/model.py) take requests through their own `submit`."""
+    if not isinstance(model, InstanceModel):
+        return None
+    answerers = getattr(model.batcher, "wait_nodes", None)  # a Python model's batchers have them
+    return list(answerers) if answerers else None
 
 
 def _deadlock_message(caller: WaitNode, name: str, answerers: list[WaitNode]) -> str:

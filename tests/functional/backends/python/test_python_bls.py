@@ -1,9 +1,10 @@
 """BLS: a Python model's `exec()` / `async_exec()` into the engine, through the same batchers as clients.
 
-What is checked: calls to an ONNX model (counted in its statistics) and to a Python model, sync and async;
-a failed call is a response with `has_error()`; `timeout` bounds the wait; a call waits for a busy instance
-and is answered; a model calling itself with one instance, or two models calling each other, is refused at
-once instead of hanging, and with two instances the self-call is answered.
+What is checked: calls to an ONNX model (counted in its statistics), to an ensemble and to a Python model,
+sync and async; a call to a decoupled model is an error response; a failed call is a response with
+`has_error()`; `timeout` bounds the wait; a call waits for a busy instance and is answered; a model calling
+itself with one instance, or two models calling each other, is refused at once instead of hanging, and with
+two instances the self-call is answered.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import start_server, wait_until
-from python_models import ASYNC_CALLER, CALLER, CALLER_CONFIG, add_simple, write_model
+from ensemble_repository import ensemble, step, write_ensemble
+from python_models import ASYNC_CALLER, CALLER, CALLER_CONFIG, DECOUPLED_ADDER, add_simple, write_model
 
 TWO = "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
 IN_PROCESS = 'parameters { key: "in_process" value: { string_value: "true" } }\n'
@@ -33,7 +35,15 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     for name, extra in MODELS.items():
         source = ASYNC_CALLER if name.endswith("async_caller") or name == "inproc_async" else CALLER
         write_model(repo, name, source, CALLER_CONFIG + extra)
-    args = ["--model-control-mode", "explicit", "--load-model", "simple"]
+    int16 = [("INPUT0", "TYPE_INT32", [16]), ("INPUT1", "TYPE_INT32", [16])]
+    write_ensemble(repo, "simple_ensemble", ensemble("simple_ensemble", int16, [
+        ("OUTPUT0", "TYPE_INT32", [16]), ("OUTPUT1", "TYPE_INT32", [16])], [
+        step("simple", {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+             {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"})]))
+    write_model(repo, "decoupled_adder", DECOUPLED_ADDER,
+                CALLER_CONFIG + "model_transaction_policy { decoupled: true }\n")
+    args = ["--model-control-mode", "explicit", "--load-model", "simple", "--load-model", "simple_ensemble",
+            "--load-model", "decoupled_adder"]
     args += [a for n in MODELS for a in ("--load-model", n)]
     srv = start_server(repo, tmp_path_factory.mktemp("bls_server") / "server.log", *args, ready_timeout=120)
     yield srv
@@ -72,6 +82,26 @@ def test_bls_to_an_onnx_model_goes_through_its_batcher(server, protocol: str) ->
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
     assert executions(server, "simple") == before + 1
+
+
+def test_bls_to_an_ensemble_runs_its_steps(server) -> None:
+    """Triton lets a BLS request target an ensemble: it runs as a client's request to it would."""
+    before = executions(server, "simple")
+    result = infer(server, "caller", chain="simple_ensemble")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
+    assert executions(server, "simple") == before + 1
+    assert executions(server, "simple_ensemble") >= 1
+
+
+def test_bls_to_a_decoupled_model_is_an_error_response_not_a_hang(server) -> None:
+    """hubserve serves no BLS call to a decoupled model yet (pb_utils refuses `decoupled=True`; Triton answers
+    both forms since 23.03): `exec()` on one is an error response the caller can act on, as a unary client's
+    request to it is, and the caller goes on."""
+    with pytest.raises(InferenceServerException,
+                       match="BLS: this request doesn't support models with decoupled transaction policy"):
+        infer(server, "caller", chain="decoupled_adder")
+    assert infer(server, "caller", chain="simple").as_numpy("OUTPUT0") is not None  # the caller goes on
 
 
 def test_bls_to_a_python_model_and_on(server) -> None:
