@@ -1,7 +1,8 @@
 """The gRPC server's `StreamApp`: `GrpcApp` opens a `Call` (call.py) per HTTP/2 stream and holds what the
-calls of one server share: the method table, the access policy, the limits (`CallLimits`), the calls whose
-partial message may stall (reset by `sweep`), the streams waiting for the in-flight budget, and the
-process's one Health/Watch notifier with the counts its caps read.
+calls of one server share: the method table and what a call's head is checked against (head.py), the
+access policy, the limits (`CallLimits`), the calls whose partial message may stall (reset by `sweep`), the
+streams waiting for the in-flight budget, and the process's one Health/Watch notifier with the counts its
+caps read.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..h2.streams import H2Stream, Limits
 from .api_groups import grpc_group
 from .call import Call
 from .handlers import GrpcHandlers
+from .head import HeadRules
 from .health_watch import HealthWatch
 from .rpcs import rpc_table
 from .stream_infer import StreamInfer
@@ -47,10 +49,11 @@ class GrpcApp:
         self.handlers = handlers
         self.rpcs = rpc_table(handlers)
         self.access = access
-        self.loopback_only = loopback_only  # admin groups a peer off loopback may not call (access/policy.py)
-        self.groups = {path: grpc_group(path) for path in self.rpcs}
+        # what every call's head is checked against (head.py); loopback_only: the admin groups a peer off
+        # loopback may not call (access/policy.py)
+        self.head_rules = HeadRules(self.rpcs, {path: grpc_group(path) for path in self.rpcs},
+                                    limits.max_header_list_bytes, loopback_only, access)
         self.max_message_bytes = max_message_bytes
-        self.max_header_list_bytes = limits.max_header_list_bytes
         self.client_timeout_secs = limits.client_timeout_secs
         self.call_limits = call_limits or CallLimits()
         self.partial: set[Call] = set()  # calls holding part of a message: `sweep` resets those that stall

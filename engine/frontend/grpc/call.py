@@ -39,9 +39,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.message import DecodeError
 
 from ...access.caller import Caller
-from ...access.policy import GRPC_STATUS, Admission, Refusal
+from ...access.policy import GRPC_STATUS, Admission
 from ...errors import EngineError, endpoint_message
-from ...observability.request_ids import header_request_id_problem
 from ...proto import health_pb2
 from ...streaming.window import StreamWindow
 from ..h2.connection import H2Connection
@@ -50,8 +49,9 @@ from ..h2.headers import RequestHead, literal
 from ..h2.streams import H2Stream
 from .handlers import STATUS
 from .handlers import GrpcStatus as S
+from .head import HeadRefusal, admit_head
 from .messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
-from .rpcs import OK_TRAILERS, Kind, Rpc, parse_timeout, status_block, with_retry
+from .rpcs import OK_TRAILERS, Kind, Rpc, status_block, with_retry
 from .stream_infer import StreamInfer
 
 if TYPE_CHECKING:
@@ -99,58 +99,33 @@ class Call(StreamInfer):
         self.waiting_bytes = 0  # ModelStreamInfer: what the next message waits for in the budget
         self.unsent: list[StreamWindow] = []  # decoupled responses waiting on the stream for the client
         self.drain_due = False  # a read-on after the stream drained is scheduled
-        self.watch_counted = False  # Health/Watch: counted against the caps (GrpcApp.open_watch)
         self.watching: str | None = None  # Health/Watch: the service it watches, once its request came
         self.remote_done = False
         self.headers_sent = False
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
-        self.admission: Admission | None = None  # what the access policy let this call hold
         fields = head.fields
         self.request_id = fields.get(b"x-request-id")  # a request without an `id` takes it (ModelInfer)
-        bad_id = self.request_id is not None and header_request_id_problem(self.request_id)
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
-        rpc = app.rpcs.get(fields.get(b":path", b""))
-        self.rpc: Rpc = rpc  # type: ignore[assignment]  # None only when finished below
-        if bad_id:  # echoed in every answer's head and written to access lines: refused, and not echoed
-            self.request_id = None
-            self.finish(S.INVALID_ARGUMENT, f"metadata x-request-id {bad_id}")
-        elif head.list_size > app.max_header_list_bytes:
-            self.finish(S.RESOURCE_EXHAUSTED, f"request headers of {head.list_size} bytes exceed the limit "
-                                              f"of {app.max_header_list_bytes}")
-        elif fields[b":method"] != b"POST":
-            self.finish(S.UNIMPLEMENTED, "gRPC needs POST", http_status=405)
-        elif not fields.get(b"content-type", b"").startswith(b"application/grpc"):
-            # PROTOCOL-HTTP2.md
-            self.finish(S.UNKNOWN, "content-type must be application/grpc", http_status=415)
-        elif rpc is None:
-            self.finish(S.UNIMPLEMENTED, f"unknown method {fields[b':path'].decode('utf-8', 'replace')}")
-        elif (timeout := fields.get(b"grpc-timeout")) is not None:
-            seconds = parse_timeout(timeout)
-            if seconds is not None:
-                self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
-        if app.loopback_only is not None and not self.done and not conn.on_loopback:
-            refusal = app.loopback_only.refusal(app.groups[fields[b":path"]])
-            if refusal is not None:
-                self.finish(GRPC_STATUS[refusal.kind], refusal.message)
-        if app.access is not None and not self.done:
-            # A stream's requests are admitted one by one (_stream_request); a Watch, held as long as its
-            # client likes, takes no slot of its key's concurrency (its own caps bound it) but needs a key.
-            kind = self.rpc.kind
-            verdict = app.access.admit(app.groups[fields[b":path"]], fields, 0, time.monotonic(),
-                                       holds_quotas=kind is not Kind.STREAM_INFER and kind is not Kind.WATCH,
-                                       needs_key=True if kind is Kind.WATCH else None)
-            if type(verdict) is Refusal:
-                self.finish(GRPC_STATUS[verdict.kind], with_retry(verdict))
-            else:
-                self.admission = verdict  # type: ignore[assignment]
-        if not self.done and self.rpc.kind is Kind.WATCH:
-            refused = app.open_watch(conn)
-            if refused:
-                self.finish(S.RESOURCE_EXHAUSTED, refused)
-            else:
-                self.watch_counted = True
+        outcome = admit_head(app.head_rules, head, conn.on_loopback, time.monotonic(), self._open_watch)
+        if type(outcome) is HeadRefusal:
+            self.rpc = None  # type: ignore[assignment]  # never read: the call is done
+            self.admission = None
+            self.watch_counted = False
+            if outcome.bad_request_id:  # echoed in every answer's head and in access lines: not echoed
+                self.request_id = None
+            self.finish(outcome.status, outcome.message, outcome.http_status)
+            return
+        self.rpc: Rpc = outcome.rpc  # type: ignore[union-attr]
+        self.admission: Admission | None = outcome.admission  # type: ignore[union-attr]  # until the call ends
+        self.watch_counted = outcome.watch_counted  # type: ignore[union-attr]  # Health/Watch: GrpcApp.open_watch
+        if (seconds := outcome.timeout_s) is not None:  # type: ignore[union-attr]
+            self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
+
+    def _open_watch(self) -> str:
+        """Count this Health/Watch against the caps (admit_head asks): why not, or "" when counted."""
+        return self.app.open_watch(self.conn)
 
     # ------------------------------------------------------------------ StreamHandler
 
