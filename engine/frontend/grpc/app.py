@@ -111,6 +111,6 @@ class GrpcApp:
             return
         budget = self.access.budget
         for call in list(self.budget_waiting):
-            if budget.used + call.waiting_bytes > budget.limit:
+            if budget.used + call.streaming.waiting_bytes > budget.limit:
                 return
             call.read_on()

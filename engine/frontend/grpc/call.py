@@ -16,10 +16,8 @@ Watch needs one (a stream held as long as its client likes; one-shot health chec
 What a request holds (a partial message, a unary request awaiting END_STREAM) is drawn from its connection's
 ByteBudget and dropped however the call ends; GrpcApp.sweep resets calls whose partial message stalls.
 
-An admin group's call from a peer off loopback is refused first while the operator has not opened the group
-(engine/access/policy.py LoopbackOnly: UNAVAILABLE, as Triton answers a restriction). The access policy
-(engine/access/policy.py), when configured, is asked once per call as its head arrives (Triton's
-restriction metadata, the `authorization` key, the key's quotas): a refused call ends at once, trailers only,
+A call's head is checked once, as it arrives, by head.py's `admit_head` (request id, limits, method, the
+loopback-only admin groups, the access policy, the Watch caps): a refused call ends at once, trailers only,
 before any message is read. An admitted call holds its admission until it ends; the request bytes it holds
 (as counted for the connection's budget, and a unary request handed on until it is answered) are drawn from
 the server's in-flight budget too.
@@ -42,7 +40,6 @@ from ...access.caller import Caller
 from ...access.policy import GRPC_STATUS, Admission
 from ...errors import EngineError, endpoint_message
 from ...proto import health_pb2
-from ...streaming.window import StreamWindow
 from ..h2.connection import H2Connection
 from ..h2.frames import H2Error
 from ..h2.headers import RequestHead, literal
@@ -53,6 +50,7 @@ from .head import HeadRefusal, admit_head
 from .messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
 from .rpcs import OK_TRAILERS, Kind, Rpc, status_block, with_retry
 from .stream_infer import StreamInfer
+from .stream_state import StreamState
 
 if TYPE_CHECKING:
     from .app import GrpcApp
@@ -68,11 +66,9 @@ class Call(StreamInfer):
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("admission", "app", "buffer", "capped", "conn", "done", "drain_due", "encoding", "fed",
-                 "fed_at", "headers_sent", "held", "held_bytes", "held_more", "need", "next_bytes", "paused",
-                 "pending", "remote_done", "request", "request_id", "reserved",
-                 "response_encoding", "rpc", "start_ns", "stream", "timer", "unsent", "waiting_bytes",
-                 "watch_counted", "watching", "work")
+    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
+                 "need", "remote_done", "request", "request_id", "reserved", "response_encoding", "rpc",
+                 "start_ns", "stream", "streaming", "timer", "watch_counted", "watching", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -86,19 +82,9 @@ class Call(StreamInfer):
         self.fed_at = 0.0
         self.request: memoryview | None = None  # the one request message of a unary call
         self.work: asyncio.Future[Any] | None = None  # the handler's future or task, cancelled on reset
-        # ModelStreamInfer: requests in flight, each with what its admission holds (None: no access policy)
-        self.pending: dict[asyncio.Future[Any], Admission | None] = {}
-        self.capped: set[asyncio.Future[Any]] = set()  # of those, what the stream's cap counts (_must_wait)
-        self.paused = False  # ModelStreamInfer: not read for now (the stream's window is held)
-        # ModelStreamInfer, while not read: what was not read of the DATA it stopped in, what came since,
-        # and their bytes (drawn from the connection's budget)
-        self.held: memoryview | None = None
-        self.held_more: list[memoryview] = []
-        self.held_bytes = 0
-        self.next_bytes = -1  # ModelStreamInfer: the length of the message being read, once reserved
-        self.waiting_bytes = 0  # ModelStreamInfer: what the next message waits for in the budget
-        self.unsent: list[StreamWindow] = []  # decoupled responses waiting on the stream for the client
-        self.drain_due = False  # a read-on after the stream drained is scheduled
+        # a ModelStreamInfer call's reading and requests (stream_state.py); None for any other RPC
+        # (StreamInfer types it as set: only a stream call runs its methods)
+        self.streaming = None  # type: ignore[assignment]
         self.watching: str | None = None  # Health/Watch: the service it watches, once its request came
         self.remote_done = False
         self.headers_sent = False
@@ -109,7 +95,7 @@ class Call(StreamInfer):
         self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
         self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
         outcome = admit_head(app.head_rules, head, conn.on_loopback, time.monotonic(), self._open_watch)
-        if type(outcome) is HeadRefusal:
+        if isinstance(outcome, HeadRefusal):
             self.rpc = None  # type: ignore[assignment]  # never read: the call is done
             self.admission = None
             self.watch_counted = False
@@ -117,10 +103,12 @@ class Call(StreamInfer):
                 self.request_id = None
             self.finish(outcome.status, outcome.message, outcome.http_status)
             return
-        self.rpc: Rpc = outcome.rpc  # type: ignore[union-attr]
-        self.admission: Admission | None = outcome.admission  # type: ignore[union-attr]  # until the call ends
-        self.watch_counted = outcome.watch_counted  # type: ignore[union-attr]  # Health/Watch: GrpcApp.open_watch
-        if (seconds := outcome.timeout_s) is not None:  # type: ignore[union-attr]
+        self.rpc: Rpc = outcome.rpc
+        self.admission: Admission | None = outcome.admission  # the access policy's, held till the call ends
+        self.watch_counted = outcome.watch_counted  # Health/Watch: counted against the caps (open_watch)
+        if outcome.rpc.kind is Kind.STREAM_INFER:
+            self.streaming = StreamState()
+        if (seconds := outcome.timeout_s) is not None:
             self.timer = asyncio.get_running_loop().call_later(seconds, self._deadline)
 
     def _open_watch(self) -> str:
@@ -141,7 +129,7 @@ class Call(StreamInfer):
                 return
         if end_stream:
             self.remote_done = True
-            if not self.paused:
+            if self.streaming is None or not self.streaming.paused:
                 self._requests_complete()
             elif data:
                 self._account()
@@ -207,7 +195,10 @@ class Call(StreamInfer):
         length, a unary request awaiting END_STREAM) is drawn from the connection's budget, or the call ends
         RESOURCE_EXHAUSTED; a call holding a partial message is watched for stalls."""
         buf = self.buffer
-        held = self.held_bytes if buf is None else max(self.need, len(buf))
+        if buf is not None:
+            held = max(self.need, len(buf))
+        else:
+            held = 0 if self.streaming is None else self.streaming.held_bytes
         if self.request is not None:
             held += len(self.request)
         # (a stream's messages are reserved in the in-flight budget as their lengths arrive: _reserve)
@@ -260,8 +251,8 @@ class Call(StreamInfer):
             self.buffer = None
             if len(buf) >= _LARGE_BUFFER:
                 self.app.memory.freed(len(buf))
-        if self.held_bytes:
-            self.held, self.held_more, self.held_bytes = None, [], 0
+        if self.streaming is not None:
+            self.streaming.drop_held()
         if self.reserved:
             self._release_budget()
 
@@ -279,7 +270,7 @@ class Call(StreamInfer):
         if self.reserved:  # what the request held is handed on now
             self._release_budget()
         if rpc.kind is Kind.STREAM_INFER:
-            if not self.pending:
+            if not self.streaming.pending:
                 self.finish(S.OK, "")
             return
         if self.request is None:
@@ -429,16 +420,5 @@ class Call(StreamInfer):
         if self.work is not None:
             self.work.cancel()
             self.work = None
-        self.unsent.clear()
-        self.app.budget_waiting.pop(self, None)
-        self.capped.clear()
-        if self.pending:
-            pending, self.pending = self.pending, {}
-            freed = 0
-            for future, admission in pending.items():
-                future.cancel()
-                if admission is not None:
-                    freed += admission.bytes
-                    self.app.access.release(admission)  # type: ignore[union-attr]
-            if freed:
-                self.app.budget_freed()
+        if self.streaming is not None:
+            self._stop_stream()

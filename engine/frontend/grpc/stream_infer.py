@@ -17,9 +17,10 @@ arrives meanwhile is at most the window the client had left.
 A decoupled model's responses are counted against their request's `StreamWindow` (engine/streaming/window.py)
 as they leave for the client, so a client that does not read stops the model's sends.
 
-`StreamInfer` is a base of `Call`, not an object of its own: these methods read and write the call's own
-fields (declared in `Call.__slots__`), on the hot path of every streamed request, so they stay plain methods
-of the one object.
+`StreamInfer` is a base of `Call`, not an object of its own: these methods read and write the call's fields
+(declared in `Call.__slots__`) and its `StreamState` (`Call.streaming`, stream_state.py: what only a stream
+holds, so a unary call allocates none of it), on the hot path of every streamed request, so they stay plain
+methods of the one object.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from ..h2.streams import H2Stream
     from .app import GrpcApp
     from .rpcs import Rpc
+    from .stream_state import StreamState
 
 
 class StreamInfer:
@@ -60,16 +62,7 @@ class StreamInfer:
         fed: bool
         done: bool
         remote_done: bool
-        pending: dict[asyncio.Future[Any], Admission | None]
-        capped: set[asyncio.Future[Any]]
-        paused: bool
-        held: memoryview | None
-        held_more: list[memoryview]
-        held_bytes: int
-        next_bytes: int
-        waiting_bytes: int
-        unsent: list[StreamWindow]
-        drain_due: bool
+        streaming: StreamState  # (None on a Call of any other RPC, which never runs these)
 
         def finish(self, status: int, message: str, http_status: int = 200, extra: bytes = b"") -> None: ...
         def _fail(self, error: BaseException) -> None: ...
@@ -86,9 +79,9 @@ class StreamInfer:
         in-flight budget as soon as its length prefix is in. Reading stops (`_pause`: the stream's window is
         held) while `_must_wait` says so or the next message does not fit the budget; what was not read, and
         what arrives meanwhile, waits as it came (`held`, `held_more`: views, not copies) until `read_on`."""
-        if self.paused:
-            self.held_more.append(data)  # valid as long as we keep it (StreamHandler.data_received)
-            self.held_bytes += len(data)
+        if self.streaming.paused:
+            self.streaming.held_more.append(data)  # valid as long as we keep it (StreamHandler.data_received)
+            self.streaming.held_bytes += len(data)
             return
         buf = self.buffer
         if buf is not None:
@@ -101,14 +94,14 @@ class StreamInfer:
         offset, size = 0, len(data)
         max_bytes = self.app.max_message_bytes
         while True:
-            if self.next_bytes < 0 and self._must_wait():  # between two messages
+            if self.streaming.next_bytes < 0 and self._must_wait():  # between two messages
                 self._pause()
                 break
             if size - offset < 5:
                 self.need = 5
                 break
             flag, length = PREFIX.unpack_from(data, offset)
-            if self.next_bytes < 0:
+            if self.streaming.next_bytes < 0:
                 if length > max_bytes:  # rejected before it is buffered, as grpc does
                     self.finish(S.RESOURCE_EXHAUSTED, f"received message larger than max ({length} vs. "
                                                       f"{max_bytes})")
@@ -117,13 +110,13 @@ class StreamInfer:
                     if self.done:
                         return
                     break
-                self.next_bytes = length
+                self.streaming.next_bytes = length
             if size - offset - 5 < length:
                 self.need = 5 + length
                 break
             message = data[offset + 5:offset + 5 + length]
             offset += 5 + length
-            self.next_bytes = -1
+            self.streaming.next_bytes = -1
             if flag:
                 try:
                     message = decompress(flag, self.encoding, message, max_bytes)  # type: ignore[assignment]
@@ -134,27 +127,16 @@ class StreamInfer:
             if self.done:
                 return
         if offset < size:
-            if self.paused:  # unread until read_on: kept as it is, however many messages it holds
-                self.held = data[offset:]
-                self.held_bytes = size - offset
+            if self.streaming.paused:  # unread until read_on: kept as it is, however many messages it holds
+                self.streaming.held = data[offset:]
+                self.streaming.held_bytes = size - offset
             else:  # part of one message: copied, so what it came in is not kept
                 self.buffer = bytearray(data[offset:])
-
-    def _take_held(self) -> memoryview | None:
-        """What waited while the stream was not read, as one view (joined only when more came meanwhile)."""
-        held, more = self.held, self.held_more
-        self.held, self.held_more, self.held_bytes = None, [], 0
-        if not more:
-            return held
-        joined = bytearray() if held is None else bytearray(held)
-        for piece in more:
-            joined += piece
-        return memoryview(joined)  # never resized again: views of it stay valid
 
     def _must_wait(self) -> bool:
         """Whether the stream's next message must wait: its requests in flight are at the cap, or answers
         wait on it for the client's window (the drain then reads on)."""
-        if len(self.capped) >= self.app.call_limits.max_stream_requests:
+        if len(self.streaming.capped) >= self.app.call_limits.max_stream_requests:
             return True  # an answer reads on
         if self.stream.pending:
             self.stream.on_drained = self._drained
@@ -162,7 +144,7 @@ class StreamInfer:
         return False
 
     def _pause(self) -> None:
-        self.paused = True
+        self.streaming.paused = True
         self.stream.held = True  # no WINDOW_UPDATE: the client's messages wait in the client
         self.need = 5
         self.app.partial.discard(self)
@@ -182,7 +164,7 @@ class StreamInfer:
             self.finish(GRPC_STATUS[refusal.kind], with_retry(refusal))
             return False
         self._pause()
-        self.waiting_bytes = length
+        self.streaming.waiting_bytes = length
         self.app.budget_waiting[self] = None
         return False
 
@@ -192,17 +174,17 @@ class StreamInfer:
         client half-closed once nothing is left."""
         if self.done:
             return
-        if self.paused:
+        if self.streaming.paused:
             if self._must_wait():
                 return
-            self.paused = False
+            self.streaming.paused = False
             self.app.budget_waiting.pop(self, None)
-            held = self._take_held()
+            held = self.streaming.take_held()
             if held:
                 self._read_stream(held)
                 if self.done:
                     return
-            if self.paused:  # held again by what waited: its window stays held
+            if self.streaming.paused:  # held again by what waited: its window stays held
                 self._account()
                 return
             self.conn.open_window(self.stream)
@@ -237,9 +219,9 @@ class StreamInfer:
                 access.release(admission)
             self._fail(e)
             return
-        self.pending[future] = admission
+        self.streaming.pending[future] = admission
         if not sequenced:
-            self.capped.add(future)
+            self.streaming.capped.add(future)
 
     def _refuse_request(self, message: memoryview, refusal: Refusal) -> None:
         try:
@@ -253,8 +235,8 @@ class StreamInfer:
     # ------------------------------------------------------------------ answers out
 
     def _stream_answered(self, future: asyncio.Future[Any], answer: StreamAnswer) -> None:
-        admission = self.pending.pop(future, None)
-        self.capped.discard(future)
+        admission = self.streaming.pending.pop(future, None)
+        self.streaming.capped.discard(future)
         freed = 0
         if admission is not None:  # what the request held goes back as it is answered
             freed = admission.bytes
@@ -265,7 +247,7 @@ class StreamInfer:
             else:
                 if answer is not None:
                     self._send_message_parts(*answer)
-                if (self.paused or self.remote_done) and not self.done:
+                if (self.streaming.paused or self.remote_done) and not self.done:
                     self.read_on()
         if freed and self.app.budget_waiting:
             self.app.budget_freed()
@@ -278,25 +260,43 @@ class StreamInfer:
             return
         self._send_message_parts(*answer)
         if self.stream.pending:
-            self.unsent.append(window)
+            self.streaming.unsent.append(window)
             self.stream.on_drained = self._drained
         else:
             window.taken()
 
     def _drained(self) -> None:
         """From the sending half, as what waited on the stream went out: the rest runs in its own callback."""
-        if not self.drain_due and not self.done:
-            self.drain_due = True
+        if not self.streaming.drain_due and not self.done:
+            self.streaming.drain_due = True
             asyncio.get_running_loop().call_soon(self._after_drain)
 
     def _after_drain(self) -> None:
-        self.drain_due = False
+        self.streaming.drain_due = False
         if self.done:
             return
         if self.stream.pending:  # more was queued since: wait for that too
             self.stream.on_drained = self._drained
             return
-        unsent, self.unsent = self.unsent, []
+        unsent, self.streaming.unsent = self.streaming.unsent, []
         for window in unsent:
             window.taken()
         self.read_on()
+
+    def _stop_stream(self) -> None:
+        """The call ended (Call._stop_work): its requests in flight are cancelled and what their admissions
+        held goes back; nothing more is sent or read."""
+        streaming = self.streaming
+        streaming.unsent.clear()
+        self.app.budget_waiting.pop(self, None)
+        streaming.capped.clear()
+        if streaming.pending:
+            pending, streaming.pending = streaming.pending, {}
+            freed = 0
+            for future, admission in pending.items():
+                future.cancel()
+                if admission is not None:
+                    freed += admission.bytes
+                    self.app.access.release(admission)  # type: ignore[union-attr]
+            if freed:
+                self.app.budget_freed()
