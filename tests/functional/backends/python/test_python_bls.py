@@ -9,6 +9,7 @@ two instances the self-call is answered.
 
 from __future__ import annotations
 
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import start_server, wait_until
 from ensemble_repository import ensemble, step, write_ensemble
+from hubserve_harness import EXAMPLES
 from python_models import ASYNC_CALLER, CALLER, CALLER_CONFIG, DECOUPLED_ADDER, add_simple, write_model
 
 TWO = "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
@@ -42,8 +44,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
              {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"})]))
     write_model(repo, "decoupled_adder", DECOUPLED_ADDER,
                 CALLER_CONFIG + "model_transaction_policy { decoupled: true }\n")
+    shutil.copytree(EXAMPLES / "tiny_decoder", repo / "tiny_decoder")  # a generative model (decoupled)
     args = ["--model-control-mode", "explicit", "--load-model", "simple", "--load-model", "simple_ensemble",
-            "--load-model", "decoupled_adder"]
+            "--load-model", "decoupled_adder", "--load-model", "tiny_decoder"]
     args += [a for n in MODELS for a in ("--load-model", n)]
     srv = start_server(repo, tmp_path_factory.mktemp("bls_server") / "server.log", *args, ready_timeout=120)
     yield srv
@@ -94,14 +97,15 @@ def test_bls_to_an_ensemble_runs_its_steps(server) -> None:
     assert executions(server, "simple_ensemble") >= 1
 
 
-def test_bls_to_a_decoupled_model_is_an_error_response_not_a_hang(server) -> None:
+@pytest.mark.parametrize("model", ["decoupled_adder", "tiny_decoder"])
+def test_bls_to_a_decoupled_model_is_an_error_response_not_a_hang(server, model: str) -> None:
     """hubserve serves no BLS call to a decoupled model yet (pb_utils refuses `decoupled=True`; Triton answers
-    both forms since 23.03): `exec()` on one is an error response the caller can act on, as a unary client's
-    request to it is, and the caller goes on."""
+    both forms since 23.03): `exec()` on one, a Python model or a generative one, is an error response the
+    caller can act on, as a unary client's request to it is, and the caller goes on."""
     with pytest.raises(InferenceServerException,
                        match="BLS: this request doesn't support models with decoupled transaction policy"):
-        infer(server, "caller", chain="decoupled_adder")
-    assert infer(server, "caller", chain="simple").as_numpy("OUTPUT0") is not None  # the caller goes on
+        infer(server, "caller", chain=model)
+    assert infer(server, "caller", chain="simple").as_numpy("OUTPUT0") is not None
 
 
 def test_bls_to_a_python_model_and_on(server) -> None:
