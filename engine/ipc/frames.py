@@ -2,7 +2,8 @@
 
 A frame is an 8-byte head (the payload's length, then the metadata's length, both big-endian u32), the
 metadata (by default a pickle of plain values only: tuples, lists, dicts, sets, str, bytes, numbers, bools,
-None; the workers' channel passes its own codec instead: typed msgspec messages, engine/workers/messages.py)
+None; the workers' channel and the Python instances' channel pass their own codecs instead: typed msgspec
+messages, engine/workers/messages.py and engine/backends/python/messages.py)
 and then the inline bytes (tensor bytes that did not go through a shared-memory arena), which the metadata
 addresses by offset. Tensor bytes are never pickled: a sender lists them as buffers after the metadata and
 the socket write gathers them; a receiver makes numpy views over the received frame.
@@ -54,8 +55,9 @@ def load_meta(data: bytes | bytearray | memoryview) -> Any:
         raise FrameError(f"unreadable frame metadata: {e}") from None
 
 
-# A channel's metadata codec: the plain-values pickle here by default; the workers' channel encodes its typed
-# messages (engine/workers/messages.py) instead. A decoder raises FrameError for anything it cannot read.
+# A channel's metadata codec: the plain-values pickle here by default; the workers' channel and the Python
+# instances' encode their typed messages (engine/workers/messages.py, engine/backends/python/messages.py)
+# instead. A decoder raises FrameError for anything it cannot read.
 Encode = Callable[[Any], bytes]
 Decode = Callable[[memoryview], Any]
 

@@ -39,6 +39,7 @@ from .bls import RESERVED_PARAMETERS, Gateway, WaitNode, engine_request
 from .channel import Received
 from .decoupled import Relay
 from .environment import options
+from .messages import Bls, BlsResult, Cancel, Error, Ok, RequestHeader, Resp, Result, SendCredit
 from .process import InstanceProcess, LaunchSpec
 from .runner import Answer, ModelError, ModelRunner, convert_response
 from .send_credits import SendCredits
@@ -102,6 +103,14 @@ def _failed_batch(instance: str, message: str) -> EngineError:
                                            f"message: {message}")
 
 
+def _answer(answer: Ok | Error, tensors: list[Received]) -> Answer:
+    """An answer as it crossed the channel (`tensors`: its outputs) as runner.py's `Answer`, which the
+    batchers check (answers.py) and relays pass on (decoupled.py)."""
+    if isinstance(answer, Ok):
+        return ("ok", tensors, answer.parameters)
+    return ("error", answer.code, answer.message)
+
+
 def error_tuple(error: EngineError) -> tuple[str, str]:
     code = error.code.name if error.code.name in pb_utils.CODE_NAMES.values() else "INTERNAL"
     return code, error.message
@@ -148,10 +157,10 @@ class IsolatedInstance:
         if self._broken:
             raise unavailable(self._broken)
         keys = self._register(relays) if relays is not None else None
-        metas, tensors = self._frame(requests, inputs, keys)
+        headers, tensors = self._frame(requests, inputs, keys)
         try:
-            meta, out = await asyncio.wrap_future(self._proc.call((metas,), tensors))
-            return self._answers(meta, out)
+            result, out = await asyncio.wrap_future(self._proc.call(headers, tensors))
+            return self._answers(result, out)
         except BaseException:
             for key in keys or ():  # the batcher fails these requests with the batch's error
                 self._relays.pop(key, None)
@@ -169,82 +178,79 @@ class IsolatedInstance:
     def _cancelled(self, key: int) -> None:
         """The request's client left: the model's is_cancelled() turns true; what it sends is dropped."""
         if self._relays.pop(key, None) is not None:
-            self._proc.send(("cancel", key))
+            self._proc.send(Cancel(key))
 
     def _grant(self, key: int, n: int) -> None:
         """The request's client took `n` more responses: its sender may send that many more."""
         if key in self._relays:
-            self._proc.send(("credit", key, n))
+            self._proc.send(SendCredit(key, n))
 
-    def _on_response(self, meta: Any, tensors: list[Received]) -> None:
+    def _on_response(self, resp: Resp, tensors: list[Received]) -> None:
         """A decoupled model's send, from the reader thread, in the order the model sent."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._respond, meta, tensors)
+            self._loop.call_soon_threadsafe(self._respond, resp, tensors)
 
-    def _respond(self, meta: Any, tensors: list[Received]) -> None:
-        _, key, final, answer = meta
+    def _respond(self, resp: Resp, tensors: list[Received]) -> None:
+        key, final = resp.key, resp.final
         relay = self._relays.pop(key, None) if final else self._relays.get(key)
         if relay is None:
             return
-        if answer is not None and answer[0] == "ok":
-            answer = ("ok", tensors, answer[2])
-        relay.respond(None if answer is None else tuple(answer), bool(final))
+        relay.respond(None if resp.answer is None else _answer(resp.answer, tensors), final)
 
     def execute(self, inputs: dict[str, np.ndarray], output_names: list[str]) -> dict[str, np.ndarray]:
         """One warm-up sample, from the instance's thread."""
-        meta = ("warmup", 0, 0, "{}", list(output_names), len(inputs), 0)
+        header = RequestHeader("warmup", 0, 0, "{}", list(output_names), len(inputs), 0)
         tensors = [(n, self._types[n], a) for n, a in inputs.items()]
-        result, out = self._proc.call(([meta],), tensors).result()
+        result, out = self._proc.call([header], tensors).result()
         return _single(self._answers(result, out), self.name)
 
     def _frame(self, requests: list[InferenceRequest], inputs: list[dict[str, np.ndarray]],
-               keys: list[int] | None = None) -> tuple[list[Any], list[Any]]:
-        metas: list[Any] = []
+               keys: list[int] | None = None) -> tuple[list[RequestHeader], list[Any]]:
+        headers: list[RequestHeader] = []
         tensors: list[Any] = []
         types = self._types
         for i, (request, arrays) in enumerate(zip(requests, inputs, strict=True)):
-            metas.append((*request_meta(self._config, request), len(arrays), keys[i] if keys else 0))
+            key = keys[i] if keys else 0
+            headers.append(RequestHeader(*request_meta(self._config, request), len(arrays), key))
             tensors.extend((name, types[name], array) for name, array in arrays.items())
-        return metas, tensors
+        return headers, tensors
 
-    def _answers(self, meta: Any, tensors: list[Received]) -> list[Answer]:
-        _, _, batch_error, answers = meta
-        if batch_error:
-            raise _failed_batch(self.name, batch_error)
+    def _answers(self, result: Result, tensors: list[Received]) -> list[Answer]:
+        if result.error:
+            raise _failed_batch(self.name, result.error)
         out: list[Answer] = []
         position = 0
-        for answer in answers:
-            if answer[0] == "ok":
-                count = answer[1]
-                out.append(("ok", tensors[position:position + count], answer[2]))
+        for answer in result.answers:
+            if isinstance(answer, Ok):
+                count = answer.count
+                out.append(_answer(answer, tensors[position:position + count]))
                 position += count
             else:
-                out.append(tuple(answer))
+                out.append(_answer(answer, []))
         return out
 
     # ------------------------------------------------------------------ BLS (reader thread → loop)
 
-    def _on_bls(self, meta: Any, tensors: list[Received]) -> None:
+    def _on_bls(self, bls: Bls, tensors: list[Received]) -> None:
         proc = self._proc
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._bls, proc, meta, tensors)
+            self._loop.call_soon_threadsafe(self._bls, proc, bls, tensors)
 
-    def _bls(self, proc: InstanceProcess, meta: Any, tensors: list[Received]) -> None:
-        _, call, model, version, request_id, correlation, flags, timeout_us, params, requested = meta
+    def _bls(self, proc: InstanceProcess, bls: Bls, tensors: list[Received]) -> None:
+        call = bls.call
 
         def done(result: InferenceResponse | EngineError) -> None:
             if isinstance(result, EngineError):
-                proc.send(("bls_result", call, error_tuple(result), "{}"))
+                proc.send(BlsResult(call, Error(*error_tuple(result)), "{}"))
             else:
-                proc.send(("bls_result", call, None, "{}"),
-                          [(t.name, t.datatype, t.data) for t in result.outputs])
+                proc.send(BlsResult(call, None, "{}"), [(t.name, t.datatype, t.data) for t in result.outputs])
 
         if self._gateway is None:
             done(unavailable("BLS requests can be made only once the model is loaded"))
             return
-        request = engine_request(model, version, request_id, correlation, flags, params, list(requested),
-                                 tensors)
-        self._gateway.submit(self.node, request, int(timeout_us), done)
+        request = engine_request(bls.model, bls.version, bls.request_id, bls.correlation_id, bls.flags,
+                                 bls.parameters, bls.outputs, tensors)
+        self._gateway.submit(self.node, request, bls.timeout_us, done)
 
     # ------------------------------------------------------------------ crashes and restarts
 

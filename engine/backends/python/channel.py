@@ -1,17 +1,16 @@
 """One end of the socket between the engine and a Python-model instance process.
 
-Frames and tensor placement are those of every process channel (engine/ipc/): an 8-byte head, metadata of
-plain values only (the reader refuses every class, so a model process cannot make the server run code by what
-it sends), then the inline tensor bytes. Tensors travel through shared memory (engine/shm/regions.py): each
-side owns one memfd `Region` it writes, carved by an `Arena`, and maps the other side's region. A message's
-tensors go into one block of the sender's arena; the frame names the block and each tensor's (offset, size).
-Small messages, or any message when the arena is full, carry their bytes inline instead, so nothing fails for
-want of space.
+Frames and tensor placement are those of every process channel (engine/ipc/): an 8-byte head, the metadata,
+then the inline tensor bytes. The metadata is a typed envelope (messages.py): the message, the headers of its
+tensors, where they are, and the blocks of the receiver's region this side no longer views; the reader checks
+every field's type, so a model process cannot make the server run code by what it sends. Tensors travel
+through shared memory (engine/shm/regions.py): each side owns one memfd `Region` it writes, carved by an
+`Arena`, and maps the other side's region. A message's tensors go into one block of the sender's arena; the
+frame names the block and each tensor's (offset, size). Small messages, or any message when the arena is
+full, carry their bytes inline instead, so nothing fails for want of space.
 
-A frame's metadata is `(meta, specs, placement, freed)`: the caller's message, ((name, datatype, shape),
-...) of its tensors, where they are, and the blocks of the receiver's region this side no longer views. The
-receiver's arrays are numpy views over the peer's block (engine/ipc/tensors.py `PeerBlocks`): when the last
-view is gone the block's offset is queued, and the next frame this side sends tells the peer to free it
+The receiver's arrays are numpy views over the peer's block (engine/ipc/tensors.py `PeerBlocks`): when the
+last view is gone the block's offset is queued, and the next frame this side sends tells the peer to free it
 (the engine pings every instance every second or so, so frees never wait long). BYTES tensors cross in
 their wire form, so object arrays are never pickled.
 
@@ -38,11 +37,14 @@ from ...ipc.frames import HEAD, FrameError, encode_frame, parse_frame
 from ...ipc.tensors import Inline, PeerBlocks, place, read_arrays
 from ...shm.regions import Arena, Region
 from ...types import DataType
+from .messages import Envelope, TensorHeader, ToEngineFrame, ToInstanceFrame, decoder, encode_envelope
 
 INLINE_BELOW = 4096  # tensors of a message smaller than this in all go inline: a block is not worth it
 
 # A received tensor: name, datatype, array (a view over the peer's block or the frame).
 Received = tuple[str, DataType, np.ndarray]
+# Tensors to send: name, datatype, array.
+Tensors = Sequence[tuple[str, DataType, np.ndarray]]
 
 
 class ChannelClosed(Exception):
@@ -50,10 +52,15 @@ class ChannelClosed(Exception):
 
 
 class Channel:
-    """Frames over `sock`; tensors written into `own` (this side's region) and read from `peer`."""
+    """Frames over `sock`; tensors written into `own` (this side's region) and read from `peer`. `sends` and
+    `receives`: the envelopes of this side's frames and of the peer's (messages.py): `engine_side` and
+    `instance_side` make the two ends."""
 
-    def __init__(self, sock: socket.socket, own: Region | None, peer: Region | None) -> None:
+    def __init__(self, sock: socket.socket, own: Region | None, peer: Region | None, sends: Envelope,
+                 receives: Envelope) -> None:
         self._sock = sock
+        self._envelope = sends
+        self._decode = decoder(receives)
         self._own = own
         self._arena = Arena(own) if own is not None else None
         self._peer = peer
@@ -67,18 +74,19 @@ class Channel:
     def socket(self) -> socket.socket:
         return self._sock
 
-    def send(self, meta: Any, tensors: Sequence[tuple[str, DataType, np.ndarray]] = ()) -> None:
-        """Send one frame: `meta` (plain values) and `tensors` (name, datatype, array), blocking until the
-        socket took it all. The instance process's side uses it; the engine's side writes through an
-        `Outbox` (outbox.py) instead, which never blocks its caller. Do not mix the two on one channel."""
+    def send(self, message: Any, tensors: Tensors = ()) -> None:
+        """Send one frame: `message` (one of messages.py's, for the peer's side) and `tensors` (name,
+        datatype, array), blocking until the socket took it all. The instance process's side uses it; the
+        engine's side writes through an `Outbox` (outbox.py) instead, which never blocks its caller. Do not
+        mix the two on one channel."""
         with self._send_lock:
-            chunks = collections.deque(self.frame(meta, tensors))
+            chunks = collections.deque(self.frame(message, tensors))
             try:
                 write_some(self._sock, chunks, 0)
             except OSError as e:
                 raise ChannelClosed(str(e)) from None
 
-    def frame(self, meta: Any, tensors: Sequence[tuple[str, DataType, np.ndarray]] = ()) -> list[memoryview]:
+    def frame(self, message: Any, tensors: Tensors = ()) -> list[memoryview]:
         """One frame's bytes, ready to write in order: the tensors placed in an arena block (copied there) or
         left inline as views of the arrays (no copy). Raises EngineError when a frame is too large or a
         tensor has no wire form. Thread-safe; the frees this side owes the peer ride on this frame."""
@@ -87,9 +95,10 @@ class Channel:
         with self._lock:
             placement = place(chunks, self._arena, self._own, inline, INLINE_BELOW)
         freed = self._blocks.take_freed() if self._blocks is not None else []
-        specs = tuple((name, dt.value, tuple(int(d) for d in a.shape)) for name, dt, a in tensors)
+        specs = tuple(TensorHeader(name, dt.value, tuple(int(d) for d in a.shape)) for name, dt, a in tensors)
         try:
-            parts = encode_frame((meta, specs, placement, freed), inline.take())
+            parts = encode_frame(self._envelope(message, specs, placement, freed), inline.take(),
+                                 encode_envelope)
         except FrameError as e:
             with self._lock:
                 if placement[0] >= 0 and self._arena is not None:
@@ -101,23 +110,25 @@ class Channel:
         return [memoryview(p).cast("B") for p in parts]
 
     def recv(self) -> tuple[Any, list[Received]]:
-        """The next frame's metadata and tensors. Raises ChannelClosed at EOF, and for a frame that is not
-        one (its metadata not plain values, a block outside the peer's region)."""
+        """The next frame's message and tensors. Raises ChannelClosed at EOF, and for a frame that is not
+        one (its metadata not an envelope of the peer's messages, a block outside the peer's region)."""
         head = self._read(HEAD.size)
         size, _ = HEAD.unpack(head)
         frame = self._read(HEAD.size + size, head)
         try:
-            (meta, specs, placement, freed), inline = parse_frame(memoryview(frame))
-            if freed and self._arena is not None:
+            envelope, inline = parse_frame(memoryview(frame), 0, self._decode)
+            if envelope.freed and self._arena is not None:
                 with self._lock:
-                    for offset in freed:
+                    for offset in envelope.freed:
                         self._arena.free(offset)
-            typed = [(name, DataType.from_v2(dt), tuple(shape)) for name, dt, shape in specs]
+            typed = [(t.name, DataType.from_v2(t.datatype), t.shape) for t in envelope.tensors]
+            placement = envelope.placement
             arrays = (self._blocks.read(typed, placement, inline) if self._blocks is not None
                       else read_arrays(typed, placement, None, inline))
         except (FrameError, ValueError, TypeError) as e:  # a broken peer
             raise ChannelClosed(f"unreadable frame: {e}") from None
-        return meta, [(name, dt, array) for (name, dt, _), array in zip(typed, arrays, strict=True)]
+        received = [(name, dt, array) for (name, dt, _), array in zip(typed, arrays, strict=True)]
+        return envelope.message, received
 
     def _read(self, n: int, head: bytes | bytearray = b"") -> bytearray:
         """`n` bytes from the socket, the first of them `head` (already read)."""
@@ -147,6 +158,16 @@ class Channel:
             self._own.close()
         if self._peer is not None:
             self._peer.close()
+
+
+def engine_side(sock: socket.socket, own: Region | None, peer: Region | None) -> Channel:
+    """The engine's end (process.py): sends messages.ToInstance, receives messages.ToEngine."""
+    return Channel(sock, own, peer, ToInstanceFrame, ToEngineFrame)
+
+
+def instance_side(sock: socket.socket, own: Region | None, peer: Region | None) -> Channel:
+    """The instance process's end (stub.py): sends messages.ToEngine, receives messages.ToInstance."""
+    return Channel(sock, own, peer, ToEngineFrame, ToInstanceFrame)
 
 
 def write_some(sock: socket.socket, chunks: collections.deque[memoryview], flags: int) -> None:

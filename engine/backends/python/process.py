@@ -1,8 +1,9 @@
 """The engine's side of one Python-model instance process: start it, talk to it, watch it, see it end.
 
 `InstanceProcess.start()` (blocking; called on the instance's thread) makes the two shared-memory regions and
-a socket pair, starts `python -m engine.backends.python.stub` with them as inherited fds, sends `init` and
-waits for `ready` (or `init_failed`: the model's import or `initialize` error, with its last lines).
+a socket pair, starts `python -m engine.backends.python.stub` with them as inherited fds, sends `Init` and
+waits for `Ready` (or `InitFailed`: the model's import or `initialize` error, with its last lines). The
+messages are messages.py's.
 
 Then four threads of its own, none of them the event loop:
 - the reader takes frames off the socket: results resolve the futures `call()` returned, BLS requests go to
@@ -39,7 +40,8 @@ from typing import Any
 from ... import child_pythonpath
 from ...errors import EngineError, ErrorCode, unavailable
 from ...shm.regions import Region
-from .channel import Channel, ChannelClosed, Received
+from .channel import Channel, ChannelClosed, Received, engine_side
+from .messages import Bls, Bye, Exec, Finalize, Init, Ping, Ready, RequestHeader, Resp, Result, ToInstance
 from .outbox import Outbox
 
 PING_INTERVAL_S = 1.0
@@ -66,13 +68,13 @@ class LaunchSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-Result = tuple[Any, list[Received]]
+Answered = tuple[Result, list[Received]]
 
 
 class InstanceProcess:
-    def __init__(self, spec: LaunchSpec, on_bls: Callable[[Any, list[Received]], None],
+    def __init__(self, spec: LaunchSpec, on_bls: Callable[[Bls, list[Received]], None],
                  on_exit: Callable[[str], None],
-                 on_response: Callable[[Any, list[Received]], None] | None = None) -> None:
+                 on_response: Callable[[Resp, list[Received]], None] | None = None) -> None:
         self.spec = spec
         self._on_bls = on_bls
         self._on_response = on_response
@@ -80,7 +82,7 @@ class InstanceProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
         self._outbox: Outbox | None = None  # every write after start-up
-        self._pending: dict[int, tuple[Future[Result], float]] = {}
+        self._pending: dict[int, tuple[Future[Answered], float]] = {}
         self._lock = threading.Lock()
         self._next_batch = 0
         self._last_heard = time.monotonic()
@@ -93,7 +95,7 @@ class InstanceProcess:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Start the process and wait for its `ready`; raises EngineError with the model's error."""
+        """Start the process and wait for its `Ready`; raises EngineError with the model's error."""
         spec = self.spec
         to_child = Region.create(spec.region_bytes, f"{spec.instance_name}-in")
         from_child = Region.create(spec.region_bytes, f"{spec.instance_name}-out")
@@ -119,20 +121,20 @@ class InstanceProcess:
             theirs.close()
         self.pid = self._proc.pid
         threading.Thread(target=self._pump, name=f"{spec.instance_name}.out", daemon=True).start()
-        channel = self._channel = Channel(ours, to_child, from_child)
+        channel = self._channel = engine_side(ours, to_child, from_child)
         ours.settimeout(spec.init_timeout_s)
         try:
-            channel.send(("init", {"model_file": str(spec.model_file), "model_dir": str(spec.model_dir),
-                                   "shown": spec.shown, "args": spec.args, "log_level": spec.log_level,
-                                   "instance_name": spec.instance_name}))
-            meta, _ = channel.recv()
+            channel.send(Init(str(spec.model_file), str(spec.model_dir), spec.shown, spec.args,
+                              spec.log_level, spec.instance_name))
+            message, _ = channel.recv()
         except ChannelClosed:
             self._abandon()
             raise unavailable(f"instance '{spec.instance_name}' {self._exit_reason(spec.init_timeout_s)} "
                               f"before it was initialized{self._tail_text()}") from None
-        if meta[0] != "ready":
+        if not isinstance(message, Ready):
             self._abandon()
-            raise EngineError(ErrorCode.INTERNAL, f"instance '{spec.instance_name}': {meta[1]}")
+            text = getattr(message, "text", f"sent {type(message).__name__} before it was ready")
+            raise EngineError(ErrorCode.INTERNAL, f"instance '{spec.instance_name}': {text}")
         ours.settimeout(None)
         self._outbox = Outbox(channel, spec.instance_name)
         self._last_heard = time.monotonic()
@@ -150,10 +152,10 @@ class InstanceProcess:
 
     # ------------------------------------------------------------------ calls
 
-    def call(self, meta_tail: tuple[Any, ...], tensors: list[Any]) -> Future[Result]:
-        """Send one batch (`("exec", id, *meta_tail)`); the future resolves with the result frame or fails
-        with the reason the process ended."""
-        future: Future[Result] = Future()
+    def call(self, requests: list[RequestHeader], tensors: list[Any]) -> Future[Answered]:
+        """Send one batch (an `Exec` numbered here); the future resolves with its `Result` and the result's
+        tensors, or fails with the reason the process ended."""
+        future: Future[Answered] = Future()
         outbox = self._outbox
         with self._lock:
             self._next_batch += 1
@@ -170,21 +172,21 @@ class InstanceProcess:
                 entry[0].set_exception(error)
 
         try:
-            outbox.post(("exec", batch, *meta_tail), tensors, unsendable)
+            outbox.post(Exec(batch, requests), tensors, unsendable)
         except ChannelClosed:
             pass  # the reader fails the pending batches with the reason the process ended
         except EngineError as e:
             unsendable(e)
         return future
 
-    def send(self, meta: tuple[Any, ...], tensors: list[Any] = ()) -> None:  # type: ignore[assignment]
+    def send(self, message: ToInstance, tensors: list[Any] = ()) -> None:  # type: ignore[assignment]
         """A frame that expects no answer (a BLS result, a ping); lost quietly when the process is gone.
         Never blocks (outbox.py)."""
         outbox = self._outbox
         if outbox is None:
             return
         with contextlib.suppress(ChannelClosed):
-            outbox.post(meta, tensors)
+            outbox.post(message, tensors)
 
     # ------------------------------------------------------------------ threads
 
@@ -193,21 +195,21 @@ class InstanceProcess:
         assert channel is not None
         try:
             while True:
-                meta, tensors = channel.recv()
+                message, tensors = channel.recv()
                 self._last_heard = time.monotonic()
-                kind = meta[0]
-                if kind == "result":
+                if isinstance(message, Result):
                     with self._lock:
-                        entry = self._pending.pop(meta[1], None)
+                        entry = self._pending.pop(message.batch, None)
                     if entry is not None:
-                        entry[0].set_result((meta, tensors))
-                elif kind == "resp" and self._on_response is not None:
-                    self._on_response(meta, tensors)  # a decoupled model's send
-                elif kind == "bls":
-                    self._on_bls(meta, tensors)
-                elif kind == "bye":
-                    if meta[1]:
-                        log.error("instance %s: finalize failed: %s", self.spec.instance_name, meta[1])
+                        entry[0].set_result((message, tensors))
+                elif isinstance(message, Resp):
+                    if self._on_response is not None:
+                        self._on_response(message, tensors)  # a decoupled model's send
+                elif isinstance(message, Bls):
+                    self._on_bls(message, tensors)
+                elif isinstance(message, Bye):
+                    if message.text:
+                        log.error("instance %s: finalize failed: %s", self.spec.instance_name, message.text)
                     self._bye.set()
         except ChannelClosed:
             pass
@@ -247,7 +249,7 @@ class InstanceProcess:
                     return
             if now - last_ping >= PING_INTERVAL_S:
                 last_ping = now
-                self.send(("ping", int(now)))
+                self.send(Ping(int(now)))
 
     def _pump(self) -> None:
         proc = self._proc
@@ -308,7 +310,7 @@ class InstanceProcess:
         proc, channel, outbox = self._proc, self._channel, self._outbox
         if not was_stopping and outbox is not None:
             with contextlib.suppress(ChannelClosed):
-                outbox.post(("finalize",))
+                outbox.post(Finalize())
                 self._bye.wait(timeout_s)
         if outbox is not None:
             outbox.close()

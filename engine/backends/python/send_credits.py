@@ -4,7 +4,7 @@ request's client takes them. So a client that stops reading stops the model's th
 instead of its responses piling up in the server until the client is dropped.
 
 Shared by both sinks of decoupled sends: the instance process's (stub.py `StubSink`; the engine's grants
-arrive as `("credit", key, n)` frames on its reader thread) and an in-process instance's (backend.py
+arrive as `SendCredit` messages on its reader thread: messages.py) and an in-process instance's (backend.py
 `InProcessSink`; grants come from the loop). Thread-safe: `acquire` runs on the model's threads, `grant`
 and `cancel` on another.
 

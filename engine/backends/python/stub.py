@@ -1,22 +1,15 @@
 """The instance process of a Python model: `python -m engine.backends.python.stub SOCK OWN SIZE PEER SIZE`.
 
 Started by process.py with the socket and the two shared-memory regions as inherited fds. It waits for
-`init`, imports the model and calls `initialize`, answers `ready` (or `init_failed` with the error's last
+`Init`, imports the model and calls `initialize`, answers `Ready` (or `InitFailed` with the error's last
 lines), then serves until `finalize` or until the engine is gone (the socket closes: the process exits, so
 an instance never outlives its server).
 
 Two threads: the main thread runs the model (initialize, execute, finalize: user code, in order); a reader
 thread takes frames off the socket, answers pings at once (so a busy model still shows it is alive, and a
-frozen process shows it is not), hands BLS responses to the waiting calls and queues work for the main
-thread. Messages (metadata tuples; tensors travel beside them, channel.py):
-
-    engine → instance: ("init", {...}), ("exec", batch, requests), ("bls_result", call, error, params),
-                       ("cancel", key), ("credit", key, n) (its client took n more responses:
-                       send_credits.py), ("ping", n), ("finalize",)
-    instance → engine: ("ready",), ("init_failed", text), ("result", batch, error, answers),
-                       ("resp", key, final, answer | None) (a decoupled model's send; key names the request),
-                       ("bls", call, model, version, id, correlation, flags, timeout_us, params, outputs),
-                       ("pong", n), ("bye", text)
+frozen process shows it is not), hands BLS responses to the waiting calls, cancels and credits to the
+decoupled sends, and queues work (`Exec`, `Finalize`) for the main thread. The messages, each way, are
+messages.py's; tensors travel beside them (channel.py).
 """
 
 from __future__ import annotations
@@ -36,13 +29,33 @@ from ...errors import EngineError
 from ...shm.regions import Region
 from ...types import DataType
 from . import pb_utils
-from .channel import Channel, ChannelClosed, Received
+from .channel import Channel, ChannelClosed, Received, instance_side
+from .messages import (
+    Answer,
+    Bls,
+    BlsResult,
+    Bye,
+    Cancel,
+    Error,
+    Exec,
+    Finalize,
+    Init,
+    InitFailed,
+    Ok,
+    Ping,
+    Pong,
+    Ready,
+    RequestHeader,
+    Resp,
+    Result,
+    SendCredit,
+)
 from .runner import ModelError, ModelRunner, convert_response
 from .send_credits import SendCredits
 
 
 class StubSink(pb_utils.ResponseSink):
-    """A decoupled model's sends, from whichever thread of the model: each a `resp` frame to the engine (the
+    """A decoupled model's sends, from whichever thread of the model: each a `Resp` frame to the engine (the
     channel's lock keeps frames whole), a send before the last waiting for its request's credit
     (send_credits.py); `cancelled` holds the keys the engine said are cancelled (written by the reader
     thread, which also hands over the engine's credit)."""
@@ -59,14 +72,14 @@ class StubSink(pb_utils.ResponseSink):
         else:
             self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
         if response is None:
-            self._channel.send(("resp", key, final, None))
+            self._channel.send(Resp(key, final, None))
             return
         answer = convert_response(response, 0)
         try:
             if answer[0] == "ok":
-                self._channel.send(("resp", key, final, ("ok", len(answer[1]), answer[2])), answer[1])
+                self._channel.send(Resp(key, final, Ok(len(answer[1]), answer[2])), answer[1])
             else:
-                self._channel.send(("resp", key, final, answer))
+                self._channel.send(Resp(key, final, Error(answer[1], answer[2])))
         except EngineError as e:  # e.g. a tensor no wire form fits: the model learns it from send()
             raise pb_utils.TritonModelException(f"the response could not be sent: {e.message}") from None
         except ChannelClosed:
@@ -77,25 +90,26 @@ class StubSink(pb_utils.ResponseSink):
         return key in self.cancelled
 
 
-def requests_from(meta: list[Any], tensors: list[Received], sink: pb_utils.ResponseSink | None = None
-                  ) -> list[pb_utils.InferenceRequest]:
+def requests_from(headers: list[RequestHeader], tensors: list[Received],
+                  sink: pb_utils.ResponseSink | None = None) -> list[pb_utils.InferenceRequest]:
     """The batch's requests as pb_utils objects; each takes its inputs from `tensors` in order. A request
     with a key (a decoupled model's) gets a response sender over `sink`."""
     out = []
     position = 0
-    for request_id, correlation_id, flags, parameters, requested, count, key in meta:
+    for header in headers:
+        count, key = header.count, header.key
         inputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in
                   tensors[position:position + count]]
         position += count
         sender = pb_utils.InferenceResponseSender(key, sink) if key and sink is not None else None
-        out.append(pb_utils.make_request(inputs, list(requested), request_id, correlation_id, flags,
-                                         parameters, sender))
+        out.append(pb_utils.make_request(inputs, header.requested, header.request_id, header.correlation_id,
+                                         header.flags, header.parameters, sender))
     return out
 
 
 class StubTransport(pb_utils.Transport):
-    """BLS from the instance process: each request goes to the engine as a `bls` frame; the reader thread
-    resolves its future when `bls_result` comes back."""
+    """BLS from the instance process: each request goes to the engine as a `Bls` frame; the reader thread
+    resolves its future when its `BlsResult` comes back."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
@@ -115,25 +129,25 @@ class StubTransport(pb_utils.Transport):
                 return future
             tensors.append((t.name(), _datatype(t), t.as_numpy()))
         try:
-            self._channel.send(("bls", call, request.model_name, request.model_version, request.request_id(),
-                                request.correlation_id(), request.flags(), request.timeout(),
-                                request.parameters(), request.requested_output_names()), tensors)
+            self._channel.send(Bls(call, request.model_name, request.model_version, request.request_id(),
+                                   request.correlation_id(), request.flags(), request.timeout(),
+                                   request.parameters(), request.requested_output_names()), tensors)
         except (EngineError, ChannelClosed) as e:
             self.waiting.pop(call, None)
             future.set_result(_error_response(f"BLS request could not be sent: {e}"))
         return future
 
-    def answered(self, call: int, error: Any, parameters: str, tensors: list[Received]) -> None:
-        future = self.waiting.pop(call, None)
+    def answered(self, result: BlsResult, tensors: list[Received]) -> None:
+        future = self.waiting.pop(result.call, None)
         if future is None:
             return
+        error = result.error
         if error is not None:
-            code, message = error
             future.set_result(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code, 1))))
+                error=pb_utils.TritonError(error.message, getattr(pb_utils.TritonError, error.code, 1))))
             return
         outputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in tensors]
-        future.set_result(pb_utils.InferenceResponse(outputs, parameters=parameters))
+        future.set_result(pb_utils.InferenceResponse(outputs, parameters=result.parameters))
 
 
 def _datatype(tensor: pb_utils.Tensor) -> DataType:
@@ -148,19 +162,18 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, s
     """The reader thread's loop; at EOF (the engine is gone) the process exits at once."""
     try:
         while True:
-            meta, tensors = channel.recv()
-            kind = meta[0]
-            if kind == "ping":
-                channel.send(("pong", meta[1]))
-            elif kind == "bls_result":
-                transport.answered(meta[1], meta[2], meta[3], tensors)
-            elif kind == "cancel":
-                sink.cancelled.add(meta[1])
-                sink.credits.cancel(meta[1])
-            elif kind == "credit":
-                sink.credits.grant(meta[1], meta[2])
-            else:
-                work.put((meta, tensors))
+            message, tensors = channel.recv()
+            if isinstance(message, Ping):
+                channel.send(Pong(message.n))
+            elif isinstance(message, BlsResult):
+                transport.answered(message, tensors)
+            elif isinstance(message, Cancel):
+                sink.cancelled.add(message.key)
+                sink.credits.cancel(message.key)
+            elif isinstance(message, SendCredit):
+                sink.credits.grant(message.key, message.count)
+            elif isinstance(message, (Exec, Finalize)):
+                work.put((message, tensors))
     except ChannelClosed:
         pass
     except BaseException:  # a bug here must not leave a silent process behind
@@ -171,12 +184,12 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, s
 def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any], sink: StubSink) -> None:
     """The main thread's loop: run each batch and answer it; finalize and say goodbye."""
     while True:
-        meta, tensors = work.get()
-        if meta[0] == "finalize":
-            channel.send(("bye", runner.finalize()))
+        message, tensors = work.get()
+        if isinstance(message, Finalize):
+            channel.send(Bye(runner.finalize()))
             return
-        _, batch, request_meta = meta
-        requests = requests_from(request_meta, tensors, sink)
+        batch = message.batch
+        requests = requests_from(message.requests, tensors, sink)
         del tensors
         try:
             answers = runner.execute(requests)
@@ -187,40 +200,40 @@ def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any], sink: S
                     sender.close()
                     sink.credits.finished(sender._key)
             del requests
-            channel.send(("result", batch, str(e), []))
+            channel.send(Result(batch, str(e), []))
             continue
         del requests  # the inputs' views: their blocks go back with this frame where nothing else holds them
-        metas: list[Any] = []
+        metas: list[Answer] = []
         outputs: list[Any] = []
         for answer in answers:
             if answer[0] == "ok":
-                metas.append(("ok", len(answer[1]), answer[2]))
+                metas.append(Ok(len(answer[1]), answer[2]))
                 outputs.extend(answer[1])
             else:
-                metas.append(answer)
+                metas.append(Error(answer[1], answer[2]))
         try:
-            channel.send(("result", batch, None, metas), outputs)
+            channel.send(Result(batch, None, metas), outputs)
         except EngineError as e:  # e.g. a tensor no wire form fits
-            channel.send(("result", batch, f"the responses could not be sent: {e.message}", []))
+            channel.send(Result(batch, f"the responses could not be sent: {e.message}", []))
 
 
 def main(argv: list[str]) -> int:
     sock_fd, own_fd, own_size, peer_fd, peer_size = (int(a) for a in argv)
     sock = socket.socket(fileno=sock_fd)
-    channel = Channel(sock, Region.attach(own_fd, own_size, "instance-out"),
-                      Region.attach(peer_fd, peer_size, "instance-in"))
-    meta, _ = channel.recv()
-    init = meta[1]
-    name = init["instance_name"]
+    channel = instance_side(sock, Region.attach(own_fd, own_size, "instance-out"),
+                            Region.attach(peer_fd, peer_size, "instance-in"))
+    init, _ = channel.recv()
+    if not isinstance(init, Init):
+        channel.send(InitFailed(f"the engine sent {type(init).__name__} before Init"))
+        return 1
     # The engine's output pump reads the level from the \x1f marks and logs the line under the instance.
-    logging.basicConfig(level=init.get("log_level", logging.INFO), stream=sys.stderr,
-                        format="\x1f%(levelno)d\x1f%(message)s")
-    pb_utils.set_logger_name(f"hubserve.python.{name}")
-    model_dir = Path(init["model_dir"])
+    logging.basicConfig(level=init.log_level, stream=sys.stderr, format="\x1f%(levelno)d\x1f%(message)s")
+    pb_utils.set_logger_name(f"hubserve.python.{init.instance_name}")
+    model_dir = Path(init.model_dir)
     try:
-        runner = ModelRunner(Path(init["model_file"]), init["args"], model_dir, init["shown"])
+        runner = ModelRunner(Path(init.model_file), init.args, model_dir, init.shown)
     except ModelError as e:
-        channel.send(("init_failed", str(e)))
+        channel.send(InitFailed(str(e)))
         return 1
     transport = StubTransport(channel)
     pb_utils.set_transport(transport)
@@ -228,7 +241,7 @@ def main(argv: list[str]) -> int:
     sink = StubSink(channel)
     threading.Thread(target=reader, args=(channel, work, transport, sink), name="channel",
                      daemon=True).start()
-    channel.send(("ready",))
+    channel.send(Ready())
     serve(channel, runner, work, sink)
     return 0
 

@@ -9,6 +9,8 @@
   server core → frames handled, or the connection closed with a GOAWAY; nothing escapes `receive`;
 * engine/config/steps.py — arbitrary and grammar-built pbtxt, YAML and JSON → a ModelConfig or EngineError;
 * engine/ipc/frames.py — any split and any mutation of a frame stream → the frames back, or FrameError.
+* engine/backends/python/messages.py — any mutation of an instance's frame metadata → an envelope of the
+  instance's messages with fields of their types, or FrameError.
 
 Deterministic (`derandomize=True`, no example database) and bounded: each test runs a modest number of
 examples, so the whole file takes a few seconds. Every example counts towards "fuzz: N cases tried" at the
@@ -28,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from case_counts import tried
+from engine.backends.python import messages as py_messages
 from engine.config import steps as cfg
 from engine.errors import EngineError, ErrorCode
 from engine.frontend.grpc import codec as grpc_codec
@@ -529,3 +532,38 @@ def test_ipc_a_mutated_frame_stream_gives_frames_or_frame_error(stream: tuple[li
                 assert isinstance(inline, memoryview)
     except FrameError:
         pass
+
+
+# ------------------------------------------------------------------------------------ python channel
+
+PY_MESSAGES = [
+    py_messages.Result(3, None, [py_messages.Ok(2, '{"a":1}'), py_messages.Error("INTERNAL", "failed")]),
+    py_messages.Result(4, "ValueError: no", []),
+    py_messages.Resp(7, False, py_messages.Ok(1, "{}")), py_messages.Resp(7, True, None),
+    py_messages.Bls(1, "add_sub", -1, "id", "corr", 3, 500, "{}", ["OUTPUT0"]),
+    py_messages.Ready(), py_messages.InitFailed("ImportError: x"), py_messages.Pong(12), py_messages.Bye(""),
+]
+TO_ENGINE = (py_messages.Ready, py_messages.InitFailed, py_messages.Result, py_messages.Resp, py_messages.Bls,
+             py_messages.Pong, py_messages.Bye)
+PY_DECODE = py_messages.decoder(py_messages.ToEngineFrame)
+
+
+@FUZZ
+@given(st.sampled_from(PY_MESSAGES), st.data())
+def test_python_channel_a_mutated_envelope_is_one_of_its_messages_or_frame_error(message: Any,
+                                                                                 data: st.DataObject) -> None:
+    """What an instance process sends the engine, bytes changed: an envelope whose every field has its
+    declared type, or FrameError (channel.py closes the channel); never another exception."""
+    tried("fuzz")
+    headers = (py_messages.TensorHeader("OUTPUT0", "INT32", (1, 16)),)
+    raw = bytearray(py_messages.encode_envelope(py_messages.ToEngineFrame(message, headers, (-1, ((0, 64),)),
+                                                                          [128])))
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        frame = PY_DECODE(memoryview(bytes(raw)))
+    except FrameError:
+        return
+    assert isinstance(frame, py_messages.ToEngineFrame) and isinstance(frame.message, TO_ENGINE)
+    assert all(isinstance(t.name, str) and all(isinstance(d, int) for d in t.shape) for t in frame.tensors)
+    assert all(isinstance(offset, int) for offset in frame.freed)
