@@ -183,7 +183,7 @@ def decode_frontend_frame(data: memoryview) -> FrontendFrame:
     """A frontend's frame, as the engine's FrameReader decodes it; FrameError for anything else."""
     try:
         return _frontend_frames.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # text that is not UTF-8 raises the latter
         raise FrameError(f"unreadable frame metadata: {e}") from None
 
 
@@ -191,7 +191,7 @@ def decode_engine_frame(data: memoryview) -> EngineFrame:
     """The engine's frame, as a frontend's FrameReader decodes it; FrameError for anything else."""
     try:
         return _engine_frames.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise FrameError(f"unreadable frame metadata: {e}") from None
 
 

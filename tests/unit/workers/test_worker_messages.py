@@ -1,6 +1,7 @@
 """The typed frames between the engine and its frontend processes (engine/workers/messages.py): each kind
 comes back as it was sent through the frame codec (engine/ipc/frames.py), and anything else a peer could
-write (a pickle naming a class, the other direction's frame, a field of the wrong type) is a FrameError."""
+write (a pickle naming a class, the other direction's frame, a field of the wrong type, text that is not
+UTF-8) is a FrameError."""
 
 from __future__ import annotations
 
@@ -81,6 +82,9 @@ class _RunsCode:
     encode_message(EngineFrame([], [])),  # the other direction's frame
     encode_message(FrontendFrame([], [], [], [], False, "three", [], [])),  # type: ignore[arg-type]
     b"\xc1",  # not MessagePack
+    # a request id whose text is not UTF-8 (msgspec raises UnicodeDecodeError, not its DecodeError, for it)
+    encode_message(FrontendFrame([Submit(1, 0, 0, "request-7", (-1, ()), "simple", "")], [], [], [], False,
+                                 -1, [], [])).replace(b"request-7", b"\xffequest-7"),
 ])
 def test_anything_but_a_frontend_frame_is_a_frame_error(meta: bytes) -> None:
     with pytest.raises(FrameError, match="unreadable frame metadata"):
