@@ -10,8 +10,8 @@ where it matters (client shared memory: engine/shm/client.py).
   server can ask the kernel which local user owns the client's socket (engine/shm/socket_owner.py), for a
   client on this machine.
 
-A Caller crosses from a frontend process to the engine (--workers N) as a plain tuple (`as_tuple`,
-`from_tuple`): the frames carry plain values only.
+A Caller crosses from a frontend process to the engine (--workers N) as three fields of the forwarded call
+(engine/workers/messages.py `HttpCall`, `GrpcCall`), whose types the engine's decoder checks.
 """
 
 from __future__ import annotations
@@ -27,14 +27,6 @@ class Caller:
     owner: str = ""
     peer: Address | None = None
     local: Address | None = None
-
-    def as_tuple(self) -> tuple[str, Address | None, Address | None]:
-        return self.owner, self.peer, self.local
-
-    @classmethod
-    def from_tuple(cls, value: Any) -> Caller:
-        owner, peer, local = value
-        return cls(str(owner), _address(peer), _address(local))
 
 
 NOBODY = Caller()  # a request with no connection (in-process callers, tests): the keyless owner

@@ -22,7 +22,7 @@ from ..frontend.http.routes import HttpRoutes
 from ..frontend.http.types import Answer, HttpLimits, HttpRequest, Pending
 from ..frontend.openai.routes import OpenAIRoutes
 from .credit import SendWindow
-from .messages import GRPC, HEALTH, HTTP, error_payload
+from .messages import Control, GrpcCall, HealthCall, HttpCall, error_payload
 from .streams import StreamHead, StreamOut
 
 log = logging.getLogger("hubserve.workers")
@@ -45,35 +45,31 @@ class ControlRunner:
                        if rpc.kind is Kind.UNARY}
         self._tasks: set[asyncio.Future[Any]] = set()
 
-    def run(self, control: tuple[int, int, Any], reply: Reply, piece: Piece,
+    def run(self, control: Control, reply: Reply, piece: Piece,
             window: SendWindow | None = None) -> Pending | None:
         """Returns an HTTP request's `Pending` while it is being answered (or streamed, through `piece`,
         paced by `window`: credit.py), so the session can cancel it (its client left); None when it was
         answered at once or is not HTTP."""
-        cid, kind, args = control
+        cid, call = control.cid, control.call
         try:
-            if kind == HTTP:
-                return self._http(cid, args, reply, piece, window)
-            if kind == GRPC:
-                self._grpc(cid, args, reply)
-            elif kind == HEALTH:
-                reply(cid, True, self.grpc.health_statuses(list(args)))
-            else:
-                raise ValueError(f"unknown control kind {kind!r}")
+            if isinstance(call, HttpCall):
+                return self._http(cid, call, reply, piece, window)
+            if isinstance(call, GrpcCall):
+                self._grpc(cid, call, reply)
+            elif isinstance(call, HealthCall):
+                reply(cid, True, self.grpc.health_statuses(list(call.services)))
         except Exception as e:  # EngineError (gRPC), or a bug: the frontend answers it as it would its own
             reply(cid, False, error_payload(e))
         return None
 
-    def _http(self, cid: int, args: tuple[Any, ...], reply: Reply, piece: Piece,
+    def _http(self, cid: int, call: HttpCall, reply: Reply, piece: Piece,
               window: SendWindow | None) -> Pending | None:
-        """`args`: (method, url, target, headers, body, owner, (peer, local)) as the frontend had them. The
-        target comes parsed, as the frontend's access check read it (frontend/http/path.py): the routes here
-        dispatch on it, never on the URL read again."""
+        """The request as the frontend had it. The target comes parsed, as the frontend's access check read
+        it (frontend/http/path.py): the routes here dispatch on it, never on the URL read again."""
         req = HttpRequest()
-        req.method, req.url, target, req.headers, req.body, owner, ends = args
-        req.target = HttpTarget.from_wire(target)
-        caller = Caller.from_tuple((owner, *ends))
-        req.owner, req.ends = caller.owner, (caller.peer, caller.local)
+        req.method, req.url, req.headers, req.body = call.method, call.url, call.headers, call.body
+        req.target = HttpTarget.from_wire(call.target)
+        req.owner, req.ends = call.owner, (call.peer, call.local)
         stream = StreamOut(cid, piece, window)
         req.stream = stream
         held: list[Pending] = []
@@ -91,14 +87,14 @@ class ControlRunner:
         held.append(answer)
         return answer
 
-    def _grpc(self, cid: int, args: tuple[str, bytes, Any], reply: Reply) -> None:
-        """`args`: (method, serialized request, the call's Caller as a tuple)."""
-        method, message, caller = args
+    def _grpc(self, cid: int, call: GrpcCall, reply: Reply) -> None:
+        method = call.method
         rpc = self._unary.get(method)
         if rpc is None:
             raise ValueError(f"no unary RPC {method!r} to forward to")
-        request = rpc.request_type.FromString(message)
-        result = rpc.handler(request, Caller.from_tuple(caller)) if rpc.caller else rpc.handler(request)
+        request = rpc.request_type.FromString(call.request)
+        result = rpc.handler(request, Caller(call.owner, call.peer, call.local)) if rpc.caller \
+            else rpc.handler(request)
         if not inspect.isawaitable(result):
             reply(cid, True, result.SerializeToString())
             return
@@ -123,7 +119,8 @@ class ControlRunner:
 
 
 def _flat(answer: Answer) -> Answer:
-    """An HTTP answer whose body may be parts, with the body as one bytes object (it is pickled)."""
+    """An HTTP answer whose body may be parts, with the body as one bytes object (messages.py
+    `HttpAnswer`)."""
     status, body, content_type, extra = answer
     if isinstance(body, list):
         body = b"".join(bytes(p) for p in body)

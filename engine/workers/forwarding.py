@@ -18,7 +18,7 @@ from ..frontend.grpc.handlers import GrpcHandlers
 from ..frontend.http.path import model_target, parse_target
 from ..frontend.http.routes import STATUS, Deferred, HttpRoutes
 from ..frontend.http.types import Answer, HttpLimits, HttpRequest, OnDone, Pending
-from .messages import GRPC, HEALTH, HTTP
+from .messages import GrpcCall, HealthCall, HttpCall
 from .remote import EngineClient
 from .streams import cancellable
 
@@ -61,9 +61,8 @@ class FrontendRoutes:
         # then its head and pieces are written to the connection (req.stream) as they come, and the future
         # resolves at the stream's end.
         generation = cancellable(target.endpoint.name)
-        args = (req.method, req.url, target.to_wire(), req.headers, body, req.owner, req.ends)
-        future = self._client.forward(HTTP, args,
-                                      cancellable=generation, stream=req.stream if generation else None)
+        call = HttpCall(req.method, req.url, target.to_wire(), req.headers, body, req.owner, *req.ends)
+        future = self._client.forward(call, cancellable=generation, stream=req.stream if generation else None)
         future.add_done_callback(on_done)
         return _Forwarded(future)
 
@@ -72,8 +71,8 @@ class FrontendRoutes:
         """The model's metadata from the engine; its error (an unknown model, say) as the engine said it."""
         target = model_target(Endpoint.MODEL_METADATA, name, version)  # built, never encoded and read back
         path = target.path.encode("utf-8", "replace")
-        args: tuple[Any, ...] = (b"GET", path, target.to_wire(), {}, b"", "", (None, None))
-        status, body, _, _ = await self._client.forward(HTTP, args)
+        call = HttpCall(b"GET", path, target.to_wire(), {}, b"", "", None, None)
+        status, body, _, _ = await self._client.forward(call)
         # the engine sends a body as one bytes object (control.py _flat)
         doc: dict[str, Any] = orjson.loads(body)
         if status != 200:
@@ -112,7 +111,8 @@ class FrontendGrpcHandlers(GrpcHandlers):
         self._client = client
 
     def _forward(self, method: str, request: Any, caller: Caller = NOBODY) -> asyncio.Future[Any]:
-        future = self._client.forward(GRPC, (method, request.SerializeToString(), caller.as_tuple()))
+        call = GrpcCall(method, request.SerializeToString(), caller.owner, caller.peer, caller.local)
+        future = self._client.forward(call)
         out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def done(f: asyncio.Future[Any]) -> None:
@@ -131,7 +131,7 @@ class FrontendGrpcHandlers(GrpcHandlers):
     async def watch_statuses(self, services: list[str]) -> list[int]:
         """What Health/Watch reports, as the engine sees it: one forwarded HEALTH control per read, for every
         service this process's streams watch (frontend/grpc/health_watch.py)."""
-        statuses: list[int] = await self._client.forward(HEALTH, services)
+        statuses: list[int] = await self._client.forward(HealthCall(services))
         return statuses
 
 

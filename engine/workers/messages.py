@@ -7,9 +7,9 @@ tagged with its kind; the items in them are Structs too. Decoding checks every f
 that is compromised or broken can make the engine run no code by what it sends, only break its own channel
 (FrameError, upon which the channel is closed), as the plain-values pickle did before.
 
-The non-inference requests (`Control`) and their answers (`ControlAnswer`) carry the engine's own handlers'
-arguments and answers (HTTP routes, gRPC methods, health), whose shapes are the handlers' own: they cross as
-a plain-values pickle in a bytes field (frames.dump_meta / load_meta, which refuse every class).
+The non-inference requests (`Control`) carry one typed call per kind (`HttpCall`, `GrpcCall`, `HealthCall`)
+for the engine's own handlers (control.py), and their answers (`ControlAnswer`) one typed result per kind of
+answer (`HttpAnswer`, serialized gRPC bytes or a streamed piece, `HealthAnswer`, `Failure`).
 
 Errors keep their code and message (`Failure`; `error_payload` for a control), so both protocols answer them
 exactly as a single process does; anything else (a bug) crosses with no code and is raised there as a
@@ -28,7 +28,7 @@ from ..ipc.tensors import Placement
 from ..types import DataType, RequestedOutput
 
 OK, FAILED, CANCELLED, STREAMED, STREAMED_ERROR = 0, 1, 2, 3, 4
-HTTP, GRPC, HEALTH = 0, 1, 2
+Address = tuple[str, int]  # engine/access/caller.py's
 
 
 class InputSpec(msgspec.Struct, array_like=True, frozen=True):
@@ -75,17 +75,45 @@ class Submit(msgspec.Struct, array_like=True):
     owner: str | None = None
 
 
+class HttpCall(msgspec.Struct, array_like=True, frozen=True, tag=0):
+    """An HTTP request for the engine's HttpRoutes, as the frontend's connection read it. `target`: the path
+    as the frontend parsed and checked it (frontend/http/path.py `HttpTarget.to_wire`); the engine routes
+    that, and `url` serves messages only. `owner`: the API key's owner id ("" without keys); `peer` and
+    `local`: the connection's ends (engine/access/caller.py; None where it has none)."""
+
+    method: bytes
+    url: bytes
+    target: tuple[str, tuple[str, ...], str, str, str, str]
+    headers: dict[bytes, bytes]
+    body: bytes
+    owner: str
+    peer: Address | None
+    local: Address | None
+
+
+class GrpcCall(msgspec.Struct, array_like=True, frozen=True, tag=1):
+    """A unary gRPC method for the engine's GrpcHandlers: its name, the serialized request and the caller
+    (as `HttpCall` has it)."""
+
+    method: str
+    request: bytes
+    owner: str
+    peer: Address | None
+    local: Address | None
+
+
+class HealthCall(msgspec.Struct, array_like=True, frozen=True, tag=2):
+    """What gRPC's Health/Watch reads once per tick for every stream of the frontend
+    (frontend/grpc/health_watch.py): these services' statuses."""
+
+    services: list[str]
+
+
 class Control(msgspec.Struct, array_like=True):
-    """Everything that is not inference, run by the engine's own handlers (control.py). `args`, pickled
-    plain values: HTTP `(method, url, target, headers, body, owner, (peer, local))` (`target`: the path as
-    the frontend parsed and checked it, frontend/http/path.py `HttpTarget.to_wire`; the engine routes that,
-    and `url` serves messages only), gRPC `(method name, serialized request, caller)` (the API key's owner
-    id and the connection's ends: engine/access/caller.py), HEALTH `[service, ...]` (what gRPC's
-    Health/Watch reads once per tick for every stream of the frontend: frontend/grpc/health_watch.py)."""
+    """Everything that is not inference, run by the engine's own handlers (control.py)."""
 
     cid: int
-    kind: int  # HTTP, GRPC or HEALTH
-    args: bytes
+    call: HttpCall | GrpcCall | HealthCall
 
 
 class Credit(msgspec.Struct, array_like=True):
@@ -157,13 +185,30 @@ class Answer(msgspec.Struct, array_like=True):
     payload: Response | Failure | None
 
 
+class HttpAnswer(msgspec.Struct, array_like=True, frozen=True, tag=2):
+    """An HTTP route's answer (frontend/http/types.py `Answer`, its body in one piece), or with `body` None
+    the head of an answer whose body follows in pieces (streams.py `StreamHead`)."""
+
+    status: int
+    body: bytes | None
+    content_type: bytes
+    extra: bytes  # more header lines, as the route wrote them
+
+
+class HealthAnswer(msgspec.Struct, array_like=True, frozen=True, tag=3):
+    """A `HealthCall`'s statuses, one per service in order."""
+
+    statuses: list[int]
+
+
 class ControlAnswer(msgspec.Struct, array_like=True):
-    """A control's answer: `ok` and the result (HTTP: the route's answer; gRPC: serialized response bytes;
-    HEALTH: the status numbers, in order), or not `ok` and `error_payload`; pickled plain values."""
+    """A control's answer: an HTTP route's (`HttpAnswer`), a gRPC method's serialized response (bytes), a
+    `HealthAnswer`, or the error (`Failure`). A streamed HTTP answer comes as its head (`HttpAnswer`, body
+    None), its pieces (bytes) and then None, its end. `ok` is false for a `Failure` alone."""
 
     cid: int
     ok: bool
-    result: bytes
+    result: HttpAnswer | HealthAnswer | Failure | bytes | None
 
 
 class EngineFrame(msgspec.Struct, array_like=True, tag=1):
@@ -195,6 +240,29 @@ def decode_engine_frame(data: memoryview) -> EngineFrame:
         raise FrameError(f"unreadable frame metadata: {e}") from None
 
 
+def control_result(ok: bool, result: Any) -> HttpAnswer | HealthAnswer | Failure | bytes | None:
+    """A control's answer as control.py replies it (`Reply`), typed for the frame: called by the engine's
+    session for each answer and each piece of a streamed one."""
+    if not ok:
+        return Failure(*result)  # error_payload's
+    if result is None or isinstance(result, bytes):
+        return result  # a gRPC response, a streamed piece, a stream's end
+    if isinstance(result, list):
+        return HealthAnswer(result)
+    status, body, content_type, extra = result  # an HTTP Answer (its body flat) or a StreamHead
+    return HttpAnswer(status, body, content_type, extra)
+
+
+def control_value(result: HttpAnswer | HealthAnswer | Failure | bytes | None) -> Any:
+    """A control's answer as the frontend's callers take it (forwarding.py): an HTTP answer or stream head as
+    the route's tuple, health statuses as their list; the rest as it came."""
+    if isinstance(result, HttpAnswer):
+        return result.status, result.body, result.content_type, result.extra
+    if isinstance(result, HealthAnswer):
+        return result.statuses
+    return result
+
+
 def error_payload(error: BaseException) -> tuple[str | None, str]:
     """An exception as it crosses in a control answer, in plain values: EngineError as (code, message);
     anything else as (None, its text), which the frontend answers as the internal error a single process
@@ -210,6 +278,7 @@ def failure(error: BaseException) -> Failure:
 
 
 def error_from_payload(payload: Failure | Any) -> BaseException:
+    """The exception a frontend raises for an answer's `Failure` (or `error_payload`'s pair)."""
     code, message = (payload.code, payload.message) if isinstance(payload, Failure) else payload
     if code is None:
         return RuntimeError(message)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import EngineError, ErrorCode
 from ..frontend.http.types import ResponseStream
-from ..ipc.frames import FrameReader, dump_meta, encode_frame, load_meta
+from ..ipc.frames import FrameReader, encode_frame
 from ..ipc.tensors import Inline, PeerBlocks, Reads, place, wire_chunks
 from ..shm.regions import Arena, Region
 from ..streaming.responses import StreamedResponse, infer_stream
@@ -46,11 +46,15 @@ from .messages import (
     Control,
     EngineFrame,
     FrontendFrame,
+    GrpcCall,
     Header,
+    HealthCall,
+    HttpCall,
     InputSpec,
     OutputSpec,
     Response,
     Submit,
+    control_value,
     datatype,
     decode_engine_frame,
     encode_message,
@@ -164,9 +168,9 @@ class EngineClient(asyncio.Protocol):
         """DataPlane.infer_stream's shape: the responses cross the channel as they come."""
         return infer_stream(self.submit, request, start_ns)
 
-    def forward(self, kind: int, args: Any, cancellable: bool = False,
+    def forward(self, call: HttpCall | GrpcCall | HealthCall, cancellable: bool = False,
                 stream: ResponseStream | None = None) -> asyncio.Future[Any]:
-        """A non-inference request for the engine's own handlers (messages.py: HTTP, GRPC, HEALTH). Its
+        """A non-inference request for the engine's own handlers (messages.py `Control`). Its
         future resolves with the answer; an HTTP answer that streams (streams.py) is written to `stream` as
         its head and pieces come, and resolves the future with None at its end. `cancellable`: cancelling
         the future cancels the request in the engine too (a generation)."""
@@ -177,7 +181,7 @@ class EngineClient(asyncio.Protocol):
         cid = self._next_id
         self._next_id = cid + 1
         self._controls[cid] = future
-        self._control_out.append(Control(cid, kind, dump_meta(args)))
+        self._control_out.append(Control(cid, call))
         if stream is not None:
             self._control_streams[cid] = stream
         if cancellable:
@@ -295,7 +299,7 @@ class EngineClient(asyncio.Protocol):
             else:
                 future.set_exception(error_from_payload(payload))
         for control_answer in frame.control_answers:
-            cid, ok, result = control_answer.cid, control_answer.ok, load_meta(control_answer.result)
+            cid, ok, result = control_answer.cid, control_answer.ok, control_value(control_answer.result)
             control = self._controls.get(cid)
             if control is None or control.done():
                 self._controls.pop(cid, None)

@@ -24,7 +24,7 @@ from ..dataplane import DataPlane
 from ..errors import EngineError
 from ..frontend.http.types import Pending
 from ..frontend.wire import array_to_bytes
-from ..ipc.frames import FrameError, FrameReader, dump_meta, encode_frame, load_meta
+from ..ipc.frames import FrameError, FrameReader, encode_frame
 from ..ipc.tensors import Inline, Reads, place, read_arrays
 from ..shm.regions import Arena, Region
 from ..streaming.window import StreamWindow
@@ -34,7 +34,6 @@ from .credit import SendWindow
 from .messages import (
     CANCELLED,
     FAILED,
-    HTTP,
     OK,
     STREAMED,
     STREAMED_ERROR,
@@ -43,9 +42,11 @@ from .messages import (
     EngineFrame,
     FrontendFrame,
     Header,
+    HttpCall,
     OutputSpec,
     Response,
     Submit,
+    control_result,
     datatype,
     decode_frontend_frame,
     encode_message,
@@ -193,12 +194,13 @@ class FrontendSession(asyncio.Protocol):
             elif (stream_window := self._stream_windows.get(cid)) is not None:
                 stream_window.taken(pieces)  # the frontend batched them already
         for sent in frame.controls:
-            cid, kind, args = control = sent.cid, sent.kind, load_meta(sent.args)
-            if kind != HTTP or not cancellable(args[2][0]):  # the parsed target's endpoint
-                self._control.run(control, self._control_answered, self._stream_piece)
+            cid, call = sent.cid, sent.call
+            # a request to a cancellable endpoint (by its parsed target) is held, so the session can stop it
+            if not isinstance(call, HttpCall) or not cancellable(call.target[0]):
+                self._control.run(sent, self._control_answered, self._stream_piece)
                 continue
             window = SendWindow()
-            pending = self._control.run(control, self._control_answered, self._stream_piece, window)
+            pending = self._control.run(sent, self._control_answered, self._stream_piece, window)
             if pending is not None:
                 self._control_pending[cid] = pending
                 self._windows[cid] = window
@@ -295,7 +297,7 @@ class FrontendSession(asyncio.Protocol):
         self._windows.pop(cid, None)
         if self.closed:
             return
-        self._control_answers.append(ControlAnswer(cid, ok, dump_meta(result)))
+        self._control_answers.append(ControlAnswer(cid, ok, control_result(ok, result)))
         self._schedule()
 
     def _stream_piece(self, cid: int, item: StreamHead | bytes) -> None:
@@ -303,7 +305,7 @@ class FrontendSession(asyncio.Protocol):
         frame; nothing once the frontend cancelled it."""
         if self.closed or cid not in self._control_pending:
             return
-        self._control_answers.append(ControlAnswer(cid, True, dump_meta(item)))
+        self._control_answers.append(ControlAnswer(cid, True, control_result(True, item)))
         self._schedule()
 
     def _queue_answer(self, answer: Answer) -> None:

@@ -54,8 +54,8 @@ class HttpTarget(NamedTuple):
         """The decoded path, for messages."""
         return "/" + "/".join(self.segments)
 
-    def to_wire(self) -> tuple[Any, ...]:
-        """Plain values, as a forwarded request crosses to the engine (workers/messages.py)."""
+    def to_wire(self) -> tuple[str, tuple[str, ...], str, str, str, str]:
+        """Plain values, as a forwarded request crosses to the engine (workers/messages.py `HttpCall`)."""
         return (self.endpoint.name, self.segments, self.query, self.name, self.version, self.action)
 
     @staticmethod
