@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,18 +26,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from hubserve_harness import ROOT
+from hubserve_harness import ROOT, free_ports
 from hubserve_models import examples
 
 # Runs the server with the post-unload trim switched off; everything else is the shipped server.
 BASELINE = ("import sys, engine.memory; engine.memory._libc = None; from engine.__main__ import main; "
             "sys.exit(main())")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mib(pid: int) -> float:
@@ -50,9 +43,9 @@ def rss_mib(pid: int) -> float:
 
 class Server:
     def __init__(self, repository: Path, log_path: Path, trim: bool) -> None:
-        self.http = free_port()
+        self.http, grpc = free_ports(2)
         args = ["serve", "--model-repository", str(repository), "--host", "127.0.0.1", "--http-port",
-                str(self.http), "--grpc-port", str(free_port()), "--metrics-port", "0",
+                str(self.http), "--grpc-port", str(grpc), "--metrics-port", "0",
                 "--model-control-mode", "explicit"]
         cmd = [sys.executable, "-m", "engine", *args] if trim else [sys.executable, "-c", BASELINE, *args]
         with open(log_path, "wb") as log:  # the server holds its own copy of the descriptor

@@ -36,7 +36,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from hubserve_harness import free_port
+from hubserve_harness import free_ports
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -67,13 +67,13 @@ class Server:
     def __init__(self, label: str, tree: Path, workers: int, models: list[str], log_dir: Path) -> None:
         self.name = f"{label} --workers {workers}"
         self.workers = workers
-        self.http, self.grpc = free_port(), free_port()
+        self.http, self.grpc, metrics = free_ports(3)
         python = tree / ".venv" / "bin" / "python"
         self.command = [str(python if python.exists() else sys.executable), "-m", "engine", "serve",
                         "--model-repository", "model_repository", "--model-control-mode", "explicit",
                         *[arg for m in models for arg in ("--load-model", m)], "--host", "127.0.0.1",
                         "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-                        "--metrics-port", str(free_port()), "--workers", str(workers)]
+                        "--metrics-port", str(metrics), "--workers", str(workers)]
         with open(log_dir / f"{label}-w{workers}.log", "ab") as log:
             self.process = subprocess.Popen(self.command, cwd=tree, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,

@@ -32,7 +32,15 @@ from engine.config.model_config import ModelConfig
 from engine.instances.rate_limiter import RateLimiter
 from engine.proto import model_config_pb2 as pb
 from engine.repository.lifecycle import ModelRepository
-from hubserve_harness import EXAMPLES, ROOT, RunningServer, build_test_repository, free_port, start_server
+from hubserve_harness import (
+    EXAMPLES,
+    ROOT,
+    RunningServer,
+    build_test_repository,
+    free_port,
+    free_ports,
+    start_server,
+)
 from hubserve_models import examples
 
 if TYPE_CHECKING:
@@ -57,7 +65,7 @@ def _add_test_folders_to_path() -> None:
 _add_test_folders_to_path()
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "assert_serves_simple", "build_test_repository",
-           "config_from_pbtxt", "free_port",
+           "config_from_pbtxt", "free_port", "free_ports",
            "openai_client", "run_repository", "start_example_server", "start_server", "wait_until"]
 
 

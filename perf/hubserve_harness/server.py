@@ -30,6 +30,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` different free ports. Picked one after another, the kernel may hand back a port it has just
+    released, and a server given one port for two flags refuses to start; held open together, they differ."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+
+
 @dataclass
 class RunningServer:
     process: subprocess.Popen
@@ -133,7 +143,7 @@ class _PortTaken(RuntimeError):
 
 def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float, wait_ready: bool,
                   env: dict[str, str] | None, https: ssl.SSLContext | None) -> RunningServer:
-    http, grpc_port, metrics = free_port(), free_port(), free_port()
+    http, grpc_port, metrics = free_ports(3)
     workers = () if "--workers" in extra else ("--workers", os.environ.get("HUBSERVE_TEST_WORKERS", "1"))
     cmd = [sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
            "--host", "127.0.0.1", "--http-port", str(http), "--grpc-port", str(grpc_port),

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -24,17 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from hubserve_harness import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
 HUBSERVE_REPO = PEERS_DIR / "hubserve_repo"
 """What hubserve serves here: `repos.write_hubserve_repo` writes it from model_repository/ before a run."""
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +214,7 @@ def start(kind: ServerKind, models: list[str], log_dir: Path,
           ready_timeout_s: float = 180.0) -> RunningServer:
     """Start a server and return once it and every model in `models` answer ready; raise RuntimeError if
     not."""
-    ports = Ports(free_port(), free_port(), free_port())
+    ports = Ports(*free_ports(3))
     command = kind.command(ports, models)
     log_path = log_dir / f"{kind.name}.log"
     with open(log_path, "ab") as log:  # appended: a server restarted mid-run keeps its first log

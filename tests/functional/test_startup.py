@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, free_port, start_server, wait_until
+from conftest import ROOT, free_ports, start_server, wait_until
 from python_models import add_simple, write_model
 
 # A model that takes a minute to load: were the ports checked after loading, the start would take that long.
@@ -62,7 +62,7 @@ def serve(repository: Path, ports: dict[str, int], workers: str) -> tuple[int, s
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("flag", ["--http-port", "--grpc-port", "--metrics-port"])
 def test_a_taken_port_fails_at_once_in_one_line_naming_the_flag(slow_repository, taken_port, flag, workers):
-    ports = {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port(),
+    ports = {**dict(zip(("--http-port", "--grpc-port", "--metrics-port"), free_ports(3), strict=True)),
              flag: taken_port}
     code, output, took_s = serve(slow_repository, ports, workers)
     assert code == 2, output
@@ -76,8 +76,8 @@ def test_a_taken_port_fails_at_once_in_one_line_naming_the_flag(slow_repository,
                                                 (("--grpc-port", "--metrics-port"), "1"),
                                                 (("--http-port", "--metrics-port"), "2")])
 def test_one_port_for_two_flags_fails_at_once_naming_both(slow_repository, flags, workers):
-    port = free_port()
-    ports = {"--http-port": free_port(), "--grpc-port": free_port(), "--metrics-port": free_port(),
+    port, *others = free_ports(4)
+    ports = {**dict(zip(("--http-port", "--grpc-port", "--metrics-port"), others, strict=True)),
              **dict.fromkeys(flags, port)}
     code, output, took_s = serve(slow_repository, ports, workers)
     first, second = flags
