@@ -1,8 +1,8 @@
 """The frames and tensor placement that both process channels speak: engine ↔ frontend processes
 (engine/workers/) and engine ↔ Python-model instance processes (engine/backends/python/).
 
-    frames.py      the frame codec: head, metadata (a restricted unpickler, or the channel's own typed
-                   codec), inline bytes, and the sans-I/O FrameReader
+    frames.py      the frame codec: head, metadata in the channel's own typed codec, inline bytes, and the
+                   sans-I/O FrameReader
     tensors.py     where a message's tensor bytes go (one shared-memory arena block, or inline) and the numpy
                    views a receiver makes of them, with the peer's blocks freed when the last view dies
 

@@ -1,27 +1,23 @@
-"""Frames on a process channel: length-prefixed, plain-values metadata, tensor bytes inline after it.
+"""Frames on a process channel: length-prefixed, typed metadata, tensor bytes inline after it.
 
 A frame is an 8-byte head (the payload's length, then the metadata's length, both big-endian u32), the
-metadata (by default a pickle of plain values only: tuples, lists, dicts, sets, str, bytes, numbers, bools,
-None; the workers' channel and the Python instances' channel pass their own codecs instead: typed msgspec
-messages, engine/workers/messages.py and engine/backends/python/messages.py)
+metadata in the channel's own codec (typed msgspec messages: engine/workers/messages.py between the engine
+and its frontends, engine/backends/python/messages.py between the engine and a Python model's instances),
 and then the inline bytes (tensor bytes that did not go through a shared-memory arena), which the metadata
-addresses by offset. Tensor bytes are never pickled: a sender lists them as buffers after the metadata and
+addresses by offset. Tensor bytes are never encoded: a sender lists them as buffers after the metadata and
 the socket write gathers them; a receiver makes numpy views over the received frame.
 
-The metadata is unpickled by `load_meta`, which refuses every class: a peer process (a frontend, a Python
-model's instance) that is compromised or broken cannot make the engine run code by what it sends, only
-break its own channel (FrameError, upon which the channel is closed).
+Nothing here unpickles: a peer process (a frontend, a Python model's instance) that is compromised or broken
+cannot make the engine run code by what it sends, only break its own channel (the codec raises FrameError,
+upon which the channel is closed).
 
 `FrameReader` is sans-I/O: bytes in, complete frames out. A frame larger than what one read brings is
 collected into one buffer allocated at its full size, so a large inline tensor costs one copy out of the
 socket, not a chain of growing copies. A blocking reader that knows the sizes (the head first) can read the
 payload itself and call `parse_frame`.
 """
-
 from __future__ import annotations
 
-import io
-import pickle
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,39 +28,19 @@ JOIN_BELOW_BYTES = 65536  # a frame smaller than this leaves `encode_frame` as o
 
 
 class FrameError(Exception):
-    """The peer sent bytes that are not a frame, or metadata that is not plain values: the channel is broken
-    and is closed. Raised by `encode_frame` too, for a frame too large for the head."""
+    """The peer sent bytes that are not a frame, or metadata its channel's codec cannot read: the channel is
+    broken and is closed. Raised by `encode_frame` too, for a frame too large for the head."""
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Unpickles plain values only: any class or function reference (the way a pickle runs code) fails."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"frame metadata may hold only plain values, not {module}.{name}")
-
-
-def dump_meta(meta: Any) -> bytes:
-    return pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def load_meta(data: bytes | bytearray | memoryview) -> Any:
-    """The metadata's plain values; FrameError for anything else (a class, a broken pickle)."""
-    try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
-    except Exception as e:  # anything unpickling can raise: the peer is broken
-        raise FrameError(f"unreadable frame metadata: {e}") from None
-
-
-# A channel's metadata codec: the plain-values pickle here by default; the workers' channel and the Python
-# instances' encode their typed messages (engine/workers/messages.py, engine/backends/python/messages.py)
-# instead. A decoder raises FrameError for anything it cannot read.
+# A channel's metadata codec (engine/workers/messages.py, engine/backends/python/messages.py). A decoder
+# raises FrameError for anything it cannot read.
 Encode = Callable[[Any], bytes]
 Decode = Callable[[memoryview], Any]
 
 
-def encode_frame(meta: Any, inline: Sequence[Any] = (), encode: Encode = dump_meta) -> list[Any]:
-    """A frame as buffers for one gathered write: head, `meta` encoded (pickled unless `encode` says
-    otherwise), then the `inline` buffers as they are (not copied here). `meta` refers to inline bytes by
+def encode_frame(meta: Any, inline: Sequence[Any], encode: Encode) -> list[Any]:
+    """A frame as buffers for one gathered write: head, `meta` encoded by the channel's `encode`, then the
+    `inline` buffers as they are (not copied here). `meta` refers to inline bytes by
     their offset from the first inline buffer. A frame under JOIN_BELOW_BYTES is one bytes object instead:
     copying a few KiB costs less than handing the transport and the kernel a buffer per small tensor
     (`simple`'s answers: 2 × 64 bytes each)."""
@@ -79,7 +55,7 @@ def encode_frame(meta: Any, inline: Sequence[Any] = (), encode: Encode = dump_me
     return [HEAD.pack(size, len(body)), body, *inline]
 
 
-def parse_frame(view: memoryview, pos: int = 0, decode: Decode = load_meta) -> tuple[Any, memoryview]:
+def parse_frame(view: memoryview, pos: int, decode: Decode) -> tuple[Any, memoryview]:
     """The frame whose head starts at `pos` in `view` (all of it there): (metadata, inline bytes)."""
     size, meta_size = HEAD.unpack_from(view, pos)
     if meta_size > size:
@@ -92,11 +68,11 @@ class FrameReader:
     """Cuts a byte stream into frames: `feed(data)` returns the (meta, inline) pairs completed by `data`,
     where `inline` is a memoryview of the frame's inline bytes (valid as long as anything references it).
     Raises FrameError for a broken frame; the stream is then out of step and the channel must close.
-    `decode`: the channel's metadata codec (`load_meta` unless the channel's messages are typed)."""
+    `decode`: the channel's metadata decoder."""
 
     __slots__ = ("_buf", "_decode", "_in_head", "_want")
 
-    def __init__(self, decode: Decode = load_meta) -> None:
+    def __init__(self, decode: Decode) -> None:
         self._decode = decode
         # A frame being collected: its head, then head + payload. It grows with the bytes that arrive, never
         # to the size a head declares before they do: a broken or hostile peer declaring 1 GiB costs only

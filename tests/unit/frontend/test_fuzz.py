@@ -36,7 +36,7 @@ from engine.errors import EngineError, ErrorCode
 from engine.frontend.grpc import codec as grpc_codec
 from engine.frontend.h2.streams import Limits, Role
 from engine.frontend.http import codec as http_codec
-from engine.ipc.frames import HEAD, FrameError, FrameReader, encode_frame
+from engine.ipc.frames import HEAD, FrameError
 from engine.proto import grpc_service_pb2 as gpb
 from engine.proto import model_config_pb2 as pb
 from engine.types import DataType, InferenceRequest, RequestedOutput, Tensor, element_count
@@ -67,6 +67,7 @@ from test_codecs import (
     split_response,
 )
 from test_h2_core import Peer, answer_at_once, parse, request_block
+from test_ipc import frame_reader, ipc_frame
 
 FUZZ = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -477,15 +478,17 @@ def test_config_yaml_of_any_text_is_a_config_or_invalid_arg(text: str) -> None:
 
 # ------------------------------------------------------------------------------------ ipc frames
 
-PLAIN = st.recursive(JSON_SCALARS | st.binary(max_size=8), lambda inner: st.lists(inner, max_size=3)
-                     | st.lists(inner, max_size=3).map(tuple)
+# What untyped MessagePack carries (test_ipc.py's codec): 64-bit integers, lists (a tuple comes back a list)
+PLAIN = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
+                               st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8)),
+                     lambda inner: st.lists(inner, max_size=3)
                      | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=10)
 
 
 @st.composite
 def frame_streams(draw: st.DrawFn) -> tuple[list[tuple[Any, bytes]], bytes]:
     sent = draw(st.lists(st.tuples(PLAIN, st.binary(max_size=40)), min_size=1, max_size=4))
-    return sent, b"".join(bytes(part) for meta, inline in sent for part in encode_frame(meta, [inline]))
+    return sent, b"".join(bytes(part) for meta, inline in sent for part in ipc_frame(meta, [inline]))
 
 
 def meta_equal(a: Any, b: Any) -> bool:
@@ -500,7 +503,7 @@ def test_ipc_frames_come_back_from_any_split(stream: tuple[list[tuple[Any, bytes
                                              ) -> None:
     tried("fuzz")
     sent, data = stream
-    reader = FrameReader()
+    reader = frame_reader()
     got = [(meta, bytes(inline)) for chunk in chunked(data, cuts) for meta, inline in reader.feed(chunk)]
     assert len(got) == len(sent)
     for (meta, inline), (meta_back, inline_back) in zip(sent, got, strict=True):
@@ -512,7 +515,7 @@ def test_ipc_frames_come_back_from_any_split(stream: tuple[list[tuple[Any, bytes
 def test_ipc_a_mutated_frame_stream_gives_frames_or_frame_error(stream: tuple[list[tuple[Any, bytes]], bytes],
                                                                 data: st.DataObject) -> None:
     """Bytes of the stream changed (the heads' lengths kept small: a head may declare up to 4 GiB, which
-    the reader allocates at once; see the report) → frames of plain values, or FrameError."""
+    the reader allocates at once; see the report) → frames, or FrameError."""
     tried("fuzz")
     sent, raw = stream
     buf = bytearray(raw)
@@ -525,7 +528,7 @@ def test_ipc_a_mutated_frame_stream_gives_frames_or_frame_error(stream: tuple[li
         size = min(size, len(buf) - pos - HEAD.size + data.draw(st.integers(0, 8)))
         HEAD.pack_into(buf, pos, size, meta_size)
         pos += HEAD.size + size
-    reader = FrameReader()
+    reader = frame_reader()
     try:
         for chunk in chunked(bytes(buf), data.draw(st.lists(st.integers(0, 4096), max_size=4))):
             for _, inline in reader.feed(chunk):
