@@ -82,8 +82,8 @@ class OpenAIService:
         (HttpRequest.owner) or of the key that owns a Batch API job; "" for none. `priority`: BATCH for such
         offline jobs (batch/runner.py), which the scheduler serves last, and which wait for their key's
         minute (QuotaWait, nothing submitted) rather than be refused while it is spent.
-        The request counts in its model version's Triton statistics from here (its queue time is the wait
-        for the engine: engine/generate/serving/accounting.py)."""
+        The request counts in its model version's Triton statistics from here (its queue time lasts
+        until the hand-off to the engine: engine/generate/serving/accounting.py)."""
         received_ns = time.perf_counter_ns()
         base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
         try:

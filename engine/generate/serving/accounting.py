@@ -5,8 +5,8 @@ A generative model version is one model to Triton's statistics extension and to 
 whichever API reached its engine: a request through ModelStreamInfer or generate[_stream]
 (generate/triton/model.py) and one through /v1 (engine/openai/generation.py) each count once, as a decoupled
 model's request does:
-- `queue`: from its arrival until it is handed to the engine's driver (the wait for the version's engine to
-  be built, on the first request; then the tokenizing and checks, microseconds);
+- `queue`: from its arrival until it is handed to the engine's driver (the tokenizing and checks,
+  microseconds: the version's engine was built when it loaded);
 - one execution of batch size 1 (`execution_count`, `inference_count`, `compute_infer` = from the hand-off
   to the end: the whole generation, the engine's own queue and steps; compute_input and compute_output 0)
   for every request that reached the engine, however it ended, as a decoupled Python model's execute

@@ -1,11 +1,14 @@
 """Which served models generate, and each one's engine: one `EngineDriver` per generative model version.
 
 A generative model is loaded by the repository like any other (its config, its version policy, load and
-unload, readiness); what makes it generative is its config's `generation` parameter (model_folder.py). The
-first generation request to a version builds that version's engine (the ONNX Runtime session, the KV cache,
-the tokenizer and chat template of its folder) on a worker thread; requests arriving meanwhile wait for the
-same build. When routing moves to another version (a reload, an unload), the old version's engine finishes
-what it has and its thread ends (`EngineDriver.close`).
+unload, readiness); what makes it generative is its config's `generation` parameter (model_folder.py). While
+a version loads, before it is READY, its `start()` has the registry build its engine (the ONNX Runtime
+session, the KV cache, the tokenizer and chat template of its folder) on a worker thread and run one short
+greedy generation through it (`check_generation`): a version that cannot generate (a package missing, a
+graph or layout the engine does not take, a tokenizer that does not load) fails its load, UNAVAILABLE with
+the reason in the repository index, its ready endpoint and the log, and no request ever builds anything.
+When the version is retired (a reload, an unload), its `stop()` has the registry end its engine, which
+finishes what it has first (`EngineDriver.close`).
 
 One per server, in the process that holds the repository: with `--workers N` that is the engine process,
 so there is one KV cache whichever frontend a client reached. Used on the loop only.
@@ -16,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode, not_found
-from ...model import Model, ModelState
+from ...model import Model
 from ...repository.routing import RoutingTable
+from ..core.engine import GenerationEngine
+from ..core.request import SamplingParams
 from .chat_template import ChatTemplate, load_chat_template
 from .driver import EngineDriver
 from .model_folder import build_engine, is_generative
@@ -54,13 +59,37 @@ class TokenCharger(Protocol):
     def charge_triton(self, owner: str, tokens: int) -> Reservation | None: ...
 
 
+# The generation each version runs at load (`check_generation`): a fixed prompt, a few greedy tokens.
+LOAD_CHECK_PROMPT = "Hello"
+LOAD_CHECK_TOKENS = 2
+
+
+def check_generation(engine: GenerationEngine, where: str) -> None:
+    """Run one short greedy generation through a freshly built engine, on the loading thread, before its
+    driver exists: the whole path a request takes (encode, prefill, decode, sample, detokenize), so a graph
+    that takes the KV layout's inputs but cannot run them fails here, not on a client's request. Its KV blocks
+    are freed when it finishes; nothing of it reaches the version's statistics or metrics."""
+    ids = engine.tokenizer.encode(LOAD_CHECK_PROMPT) or [0]  # a vocabulary without those characters
+    engine.add_request("load-check", ids, SamplingParams(max_tokens=LOAD_CHECK_TOKENS, ignore_eos=True))
+    try:
+        done = engine.run_to_completion(max_steps=len(ids) + 8 * LOAD_CHECK_TOKENS)
+    except RuntimeError:
+        done = {}
+    output = done.get("load-check")
+    if output is None or len(output.output_token_ids) != LOAD_CHECK_TOKENS:
+        engine.abort_request("load-check")
+        raise EngineError(ErrorCode.INTERNAL, f"{where}: the load check did not generate its "
+                                              f"{LOAD_CHECK_TOKENS} tokens")
+
+
 class GenerationRegistry:
     def __init__(self, repository: RoutingTable) -> None:
         self.repository = repository
         # the OpenAI service's quotas, which Triton's generate paths charge too (set by the server)
         self.token_quotas: TokenCharger | None = None
-        self._versions: dict[str, tuple[Model, asyncio.Future[GenerativeVersion]]] = {}
-        self._closing: set[asyncio.Future[Any]] = set()
+        # each loaded version's engine, by the version's identity (the version kept beside it, so an id is
+        # never reused while its entry lives): added by `load`, removed by `release`
+        self._loaded: dict[int, tuple[Model, GenerativeVersion]] = {}
 
     def models(self) -> list[Model]:
         """The generative models that serve now (the version routing picks for each), by name."""
@@ -82,71 +111,59 @@ class GenerationRegistry:
         return model
 
     async def version(self, name: str) -> GenerativeVersion:
-        """The driver of the version routing picks for `name`, built on first use."""
-        self._evict_unserved()
+        """The engine of the version routing picks for `name`, built when that version loaded."""
         model = self.model(name)
-        held = self._versions.get(name)
-        if held is None or held[0] is not model:
-            if held is not None:
-                self._retire(held[1])
-            future = asyncio.ensure_future(self._build(model))
-            held = self._versions[name] = (model, future)
-        return await asyncio.shield(held[1])
+        held = self._loaded.get(id(model))
+        if held is None or held[0] is not model:  # routed to, but unloading already
+            raise EngineError(ErrorCode.UNAVAILABLE, f"model '{name}' is unloading; retry")
+        return held[1]
 
     def drivers(self) -> list[EngineDriver]:
-        """Every engine of a served version (for metrics)."""
-        self._evict_unserved()
-        return [f.result().driver for _, f in self._versions.values()
-                if f.done() and not f.cancelled() and f.exception() is None]
+        """Every engine of a served version (for metrics): not a version still loading beside the one it
+        replaces, nor one retired and draining."""
+        loaded = {id(m) for m in self.repository.loaded_models()}
+        return [version.driver for key, (_, version) in self._loaded.items() if key in loaded]
 
-    async def _build(self, model: Model) -> GenerativeVersion:
-        where = f"model '{model.name}'"
+    async def load(self, model: Model) -> None:
+        """Build `model`'s engine and run the load check (`check_generation`) on a worker thread, then start
+        its driver. Called by the version's `start()`, before it is READY; raises UNAVAILABLE with the reason
+        when it cannot generate (the repository records the version's load as failed)."""
+        where = f"model '{model.name}' version {model.version_str}"
+
+        def build() -> tuple[GenerationEngine, ChatTemplate]:
+            engine = build_engine(model.config, model.model_path, model.model_dir)
+            template = load_chat_template(model.model_dir, f"model '{model.name}'")
+            check_generation(engine, where)
+            return engine, template
+
         try:
-            engine, template = await asyncio.to_thread(
-                lambda: (build_engine(model.config, model.model_path, model.model_dir),
-                         load_chat_template(model.model_dir, where)))
+            engine, template = await asyncio.to_thread(build)
         except EngineError as e:
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e.message}") from None
-        except Exception as e:  # ONNX Runtime refusing the file, say
+        except Exception as e:  # ONNX Runtime refusing the file or failing a run, say
             log.exception("%s: building its generation engine failed", where)
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e}") from None
         driver = EngineDriver(engine, model.name, model.version_str)
+        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, template))
         cache, runner = engine.cache_config, engine.runner
         shared = runner.shared_group
         layout = "dense KV" if shared is None else \
             f"shared KV buffers {shared.nbytes / 2**20:.0f} MiB ({len(shared.buffers[0])} rows)"
-        log.info("%s version %s: generation engine ready (%d KV blocks of %d tokens, %.0f MiB; %s; "
-                 "context %d)", model.name, model.version_str, cache.num_blocks, cache.block_size,
-                 runner.cache.nbytes / 2**20, layout, cache.max_model_len)
-        return GenerativeVersion(model, driver, template)
+        log.info("model %s version %s: generation engine ready, load check passed (%d KV blocks of %d "
+                 "tokens, %.0f MiB; %s; context %d)", model.name, model.version_str, cache.num_blocks,
+                 cache.block_size, runner.cache.nbytes / 2**20, layout, cache.max_model_len)
 
-    def _retire(self, future: asyncio.Future[GenerativeVersion]) -> None:
-        async def retire() -> None:
-            try:
-                version = await future
-            except Exception:
-                return
-            await version.driver.close()
-
-        task = asyncio.ensure_future(retire())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+    async def release(self, model: Model) -> None:
+        """End `model`'s engine: it finishes the requests it has, then its thread ends. Called by the
+        version's `stop()`, once routing has moved away from it."""
+        held = self._loaded.pop(id(model), None)
+        if held is not None:
+            await held[1].driver.close()
 
     async def close(self) -> None:
         """End every engine (the server is stopping: the frontends have drained)."""
-        for _, future in self._versions.values():
-            self._retire(future)
-        self._versions.clear()
-        await asyncio.gather(*self._closing, return_exceptions=True)
-
-    def _evict_unserved(self) -> None:
-        """Retire the engines of versions no longer loaded (a model unloaded for good, whose name no request
-        looks up again). Called by `version` and `drivers`: a scan of the loaded versions, a few objects."""
-        loaded = {id(m) for m in self.repository.loaded_models()}
-        for name, (model, future) in list(self._versions.items()):
-            if model.state is ModelState.UNLOADING or id(model) not in loaded:
-                del self._versions[name]
-                self._retire(future)
+        held, self._loaded = list(self._loaded.values()), {}
+        await asyncio.gather(*(version.driver.close() for _, version in held), return_exceptions=True)
 
 
 def check_adapter(version: GenerativeVersion, name: str) -> None:

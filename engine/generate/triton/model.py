@@ -9,7 +9,8 @@ ModelInfer and HTTP infer get Triton's decoupled refusal, as Triton answers its 
 
 One request, on the loop (`submit`):
 1. the inputs are checked against the config, the prompt and sampling options read (request_options.py);
-2. a task awaits the version's engine (built on first use), tokenizes, checks the context and submits;
+2. a task takes the version's engine (built when the version loaded), tokenizes, checks the context and
+   submits;
 3. each step's `TokenEvent` becomes a response: with `stream` true one per new text piece (the last piece
    carries the final flag, or the flag comes alone), otherwise one response with the whole text at the end;
 4. the future resolves with the final response; cancelling it (the client left) aborts the generation,
@@ -62,6 +63,10 @@ class GenerationSource(Protocol):
 
     async def version(self, name: str) -> GenerativeVersion: ...
 
+    async def load(self, model: Model) -> None: ...
+
+    async def release(self, model: Model) -> None: ...
+
 
 class _Run:
     """One request in flight: its options, where it stands in the engine, its future, its statistics
@@ -97,12 +102,17 @@ class GenerativeModel(Model):
         self._idle.set()
 
     async def start(self) -> None:
-        self.state = ModelState.READY  # the engine is built by the registry on the first request
+        """Build this version's engine and run its load check (serving/registry.py `load`, on a worker
+        thread): READY only if it generates; otherwise the load fails with the reason."""
+        await self.source.load(self)
+        self.state = ModelState.READY
 
     async def stop(self) -> None:
-        """Wait for the requests accepted (their engine finishes them). Called once, after routing moved."""
+        """Wait for the requests accepted, then end the engine (it finishes the OpenAI API's too). Called
+        once, after routing moved."""
         self.state = ModelState.UNLOADING
         await self._idle.wait()
+        await self.source.release(self)
 
     @property
     def pending_count(self) -> int:
@@ -137,7 +147,7 @@ class GenerativeModel(Model):
                 run.reservation = quotas.charge_triton(run.request.owner, len(ids) + params.max_tokens)
             version.driver.submit(run.engine_id, ids, params, functools.partial(self._on_event, run))
             run.submitted = True
-            run.last_ns = run.account.submitted()  # its queue time: the wait for the engine's build
+            run.last_ns = run.account.submitted()  # its queue time: the prompt's tokenizing and checks
             log.debug("request %s (Triton id %r): generating for model '%s'", run.engine_id, run.request.id,
                       self.name)
         except EngineError as e:
