@@ -105,5 +105,10 @@ def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: st
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise invalid(f"{where}: tokenizer 'tokenizer.json' but the folder has no tokenizer.json")
-        return JsonTokenizer(path, params.get("bos_token"), params.get("eos_token"))
+        try:
+            return JsonTokenizer(path, params.get("bos_token"), params.get("eos_token"))
+        except EngineError:
+            raise
+        except Exception as e:  # the `tokenizers` package refusing the file (its own words)
+            raise invalid(f"{where}: its tokenizer.json cannot be loaded: {e}") from None
     raise invalid(f"{where}: tokenizer must be 'bytes' or 'tokenizer.json', got {kind!r}")
