@@ -64,22 +64,23 @@ LOAD_CHECK_PROMPT = "Hello"
 LOAD_CHECK_TOKENS = 2
 
 
-def check_generation(engine: GenerationEngine, where: str) -> None:
+def check_generation(engine: GenerationEngine) -> None:
     """Run one short greedy generation through a freshly built engine, on the loading thread, before its
     driver exists: the whole path a request takes (encode, prefill, decode, sample, detokenize), so a graph
     that takes the KV layout's inputs but cannot run them fails here, not on a client's request. Its KV blocks
     are freed when it finishes; nothing of it reaches the version's statistics or metrics."""
+    what = f"its load check ({LOAD_CHECK_TOKENS} greedy tokens from {LOAD_CHECK_PROMPT!r})"
     ids = engine.tokenizer.encode(LOAD_CHECK_PROMPT) or [0]  # a vocabulary without those characters
     engine.add_request("load-check", ids, SamplingParams(max_tokens=LOAD_CHECK_TOKENS, ignore_eos=True))
     try:
         done = engine.run_to_completion(max_steps=len(ids) + 8 * LOAD_CHECK_TOKENS)
-    except RuntimeError:
-        done = {}
+    except EngineError as e:
+        raise EngineError(e.code, f"{what} failed: {e.message}") from None
+    except Exception as e:  # ONNX Runtime refusing the run: its own words name what the graph lacks
+        raise EngineError(ErrorCode.INTERNAL, f"{what} failed: {e}") from None
     output = done.get("load-check")
     if output is None or len(output.output_token_ids) != LOAD_CHECK_TOKENS:
-        engine.abort_request("load-check")
-        raise EngineError(ErrorCode.INTERNAL, f"{where}: the load check did not generate its "
-                                              f"{LOAD_CHECK_TOKENS} tokens")
+        raise EngineError(ErrorCode.INTERNAL, f"{what} ended without its tokens")
 
 
 class GenerationRegistry:
@@ -133,7 +134,7 @@ class GenerationRegistry:
         def build() -> tuple[GenerationEngine, ChatTemplate]:
             engine = build_engine(model.config, model.model_path, model.model_dir)
             template = load_chat_template(model.model_dir, f"model '{model.name}'")
-            check_generation(engine, where)
+            check_generation(engine)
             return engine, template
 
         try:
