@@ -2,9 +2,8 @@
 
 The byte-level tokenizer needs nothing: token `b` is byte `b` (0–255) of the UTF-8 text, then BOS (256) and
 EOS (257); the example model (perf/hubserve_models/tiny_decoder.py) has exactly this vocabulary.
-`tokenizer.json` (Hugging Face's format, what a real export ships) needs the `tokenizers` package, which
-hubserve does not depend on: a folder that asks for it without the package installed fails with a message
-saying so.
+`tokenizer.json` (Hugging Face's format, what a real export ships) needs the `tokenizers` package, a
+dependency of hubserve's (pyproject.toml); an install without it fails such a folder's load saying so.
 """
 
 from __future__ import annotations
@@ -92,7 +91,7 @@ class JsonTokenizer:
     def stream_decoder(self) -> StreamDecoder:
         # a few tokens' decode per token; equal to the whole output's decode wherever a token's text depends
         # only on the tokens just before it (byte-level BPE, SentencePiece), not verified against a real
-        # tokenizer.json here (the package is not installed in this project's tests)
+        # tokenizer.json here (no test serves a real one yet)
         return WindowDecoder(self.decode)
 
 
