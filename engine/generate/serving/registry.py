@@ -160,6 +160,7 @@ class GenerationRegistry:
         held = self._loaded.pop(id(model), None)
         if held is not None:
             await held[1].driver.close()
+            log.info("model %s version %s: generation engine ended", model.name, model.version_str)
 
     async def close(self) -> None:
         """End every engine (the server is stopping: the frontends have drained)."""

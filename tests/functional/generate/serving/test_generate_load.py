@@ -2,7 +2,8 @@
 engine is made and one short greedy generation runs before it is READY, so a folder that cannot generate is
 UNAVAILABLE with the reason (the load's answer, the repository index, the model's ready endpoint, the log)
 and /v1/models does not list it, while the example tiny_decoder is READY with its engine built, so its first
-request builds nothing. Explicit model control: the repository API loads each folder and answers for it.
+request builds nothing; unloading it ends that engine. Explicit model control: the repository API loads
+each folder and answers for it.
 
 The broken folders are tiny_decoder's own files with one fault each: a tokenizer.json that is not one, and a
 graph whose `attention_mask` input is renamed, which ONNX Runtime opens and the engine takes (a decoder with
@@ -24,6 +25,7 @@ from test_openai_api import MODEL, build_repository
 BAD_TOKENIZER = "bad_tokenizer"
 BAD_GRAPH = "bad_graph"
 ENGINE_READY = f"model {MODEL} version 1: generation engine ready, load check passed"
+ENGINE_ENDED = f"model {MODEL} version 1: generation engine ended"
 
 
 def copy_decoder(root: Path, name: str) -> Path:
@@ -109,3 +111,14 @@ def test_a_folder_that_cannot_generate_is_unavailable_with_the_reason(server: Ru
     assert status == 503 and reason in doc["error"], doc
     assert name not in served_models(server) and MODEL in served_models(server)
     assert f"model {name} version 1 UNAVAILABLE: {reason}" in server.log()
+
+
+def test_unloading_the_example_ends_its_engine_and_loading_it_builds_a_new_one(server: RunningServer):
+    assert ENGINE_ENDED not in server.log()
+    assert call(server, "POST", f"/v2/repository/models/{MODEL}/unload", {})[0] == 200
+    log = server.log()  # the unload answers once the version is drained and freed
+    assert log.index(f"model {MODEL} version 1 UNLOADING") < log.index(ENGINE_ENDED) \
+        < log.index(f"model {MODEL} version 1 unloaded"), log
+    assert MODEL not in served_models(server)
+    assert call(server, "POST", f"/v2/repository/models/{MODEL}/load", {})[0] == 200
+    assert server.log().count(ENGINE_READY) == 2 and MODEL in served_models(server)
