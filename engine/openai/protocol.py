@@ -3,10 +3,11 @@
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
 field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (tools,
 `echo`, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
-servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names (the
-`openai` client sends them through `extra_body`): `top_k`, `ignore_eos`, `stop_token_ids`,
-`repetition_penalty`. What the engine checks after every token is bounded here (generate/core/request.py): at
-most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
+servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names and with
+vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
+`stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
+`truncate_prompt_tokens`. What the engine checks after every token is bounded here
+(generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class ApiRequest:
     stream: bool
     include_usage: bool
     logprobs: int | None = None      # each token's log-probability and this many most likely; None: none
+    # vLLM's extensions (sampling: generate/core/request.py SamplingParams; the prompt: prompt.py PromptDoor)
+    min_p: float = 0.0
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    add_special_tokens: bool = True  # vLLM's default for completions; we keep it for chat too (see service)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens; -1: the context's
 
 
 def parse_body(body: bytes | bytearray) -> dict[str, Any]:
@@ -101,6 +108,15 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
     top_p = _number(doc, "top_p", 0.0, 1.0)
     if top_p is not None and top_p == 0.0:
         top_p = 1e-9  # OpenAI accepts 0: only the most likely token remains
+    min_tokens = _int(doc, "min_tokens", 0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        field = "max_completion_tokens" if doc.get("max_completion_tokens") is not None else "max_tokens"
+        raise bad_request(f"Invalid 'min_tokens': {min_tokens}; it must be at most '{field}' ({max_tokens}).",
+                          "min_tokens", "invalid_value")
+    truncate = _int(doc, "truncate_prompt_tokens", -1)
+    if truncate == 0:
+        raise bad_request("Invalid 'truncate_prompt_tokens': 0; it must be at least 1 (-1: the model's "
+                          "context).", "truncate_prompt_tokens", "invalid_value")
     repetition = _number(doc, "repetition_penalty", 0.0, 100.0)
     if repetition == 0.0:
         raise bad_request("Invalid 'repetition_penalty': 0; it must be greater than 0 (1: no penalty).",
@@ -118,7 +134,10 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         frequency_penalty=_number(doc, "frequency_penalty", -2.0, 2.0) or 0.0,
         repetition_penalty=1.0 if repetition is None else repetition,
         n=_int(doc, "n", 1, MAX_N) or 1,
-        stream=stream, include_usage=include_usage, logprobs=logprobs)
+        stream=stream, include_usage=include_usage, logprobs=logprobs,
+        min_p=_number(doc, "min_p", 0.0, 1.0) or 0.0, min_tokens=min_tokens,
+        include_stop_str_in_output=_bool(doc, "include_stop_str_in_output", False),
+        add_special_tokens=_bool(doc, "add_special_tokens", True), truncate_prompt_tokens=truncate)
 
 
 # Fields whose value would change the answer in ways we do not serve: (field, what may be sent).

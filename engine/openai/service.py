@@ -122,11 +122,14 @@ class OpenAIService:
         return responses.completion(gen, api.chat, api.model, created)
 
     def _prompts(self, api: ApiRequest, door: PromptDoor, version: GenerativeVersion) -> list[list[int]]:
-        """Each prompt's token ids, through the generation APIs' front door (generate/serving/prompt.py)."""
+        """Each prompt's token ids, through the generation APIs' front door (generate/serving/prompt.py).
+        `add_special_tokens` defaults to true for chat too (vLLM's chat default is false, as a model's own
+        template writes its BOS; ours do not)."""
         texts: tuple[str | tuple[int, ...], ...] = (_render(version.chat_template, api),) if api.chat \
             else api.prompts
+        keep = door.context_tokens if api.truncate_prompt_tokens == -1 else api.truncate_prompt_tokens
         try:
-            return [door.tokens(prompt) for prompt in texts]
+            return [door.tokens(prompt, api.add_special_tokens, keep) for prompt in texts]
         except PromptRefused as e:
             raise _refusal(e, api) from None
 
@@ -139,9 +142,12 @@ class OpenAIService:
         stop = api.stop + (version.chat_template.stop if api.chat else ())
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
-                                  top_k=api.top_k, seed=None if api.seed is None else api.seed % 2**64,
+                                  top_k=api.top_k, min_p=api.min_p,
+                                  seed=None if api.seed is None else api.seed % 2**64,
                                   stop=tuple(dict.fromkeys(stop)),
                                   stop_token_ids=frozenset(api.stop_token_ids), ignore_eos=api.ignore_eos,
+                                  min_tokens=api.min_tokens,
+                                  include_stop_str_in_output=api.include_stop_str_in_output,
                                   presence_penalty=api.presence_penalty,
                                   frequency_penalty=api.frequency_penalty,
                                   repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,

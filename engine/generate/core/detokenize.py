@@ -129,13 +129,17 @@ class OutputText:
         self._scan_from = max(0, before - self.holdback)
         self._ends.append(len(self))
 
-    def find_stop(self) -> int | None:
-        """Where the text ends if the last token completed a stop string: before the first one found."""
+    def find_stop(self) -> tuple[int, int] | None:
+        """If the last token completed a stop string: where the first one found starts and ends."""
         if not self._stop:
             return None
         window, start = self._tail + self._pending, self._tail_start
-        cuts = [i for i in (window.find(s, self._scan_from - start) for s in self._stop) if i >= 0]
-        return start + min(cuts) if cuts else None
+        at = self._scan_from - start
+        found = [(i, i + len(s)) for i, s in ((window.find(s, at), s) for s in self._stop) if i >= 0]
+        if not found:
+            return None
+        cut, end = min(found)
+        return start + cut, start + end
 
     def text(self) -> str:
         """All of it (once, when the request finishes)."""

@@ -111,16 +111,18 @@ class GenerationEngine:
         # 2. execute: the model over the chunks, then the next token of each request that samples (or,
         # in a multi-step decode, `steps` tokens of each, every one fed back but the last)
         samplers = [c.request for c in plan.chunks if c.sample]
+        eos = self.tokenizer.eos_token_id
         steps = self._steps(plan)
         sampled: dict[str, Sequence[int]]
         logprobs: dict[str, TokenLogprob] = {}
         if steps > 1:
-            tokens = self.runner.execute_steps(plan.chunks, steps, lambda logits: sample(logits, samplers))
+            tokens = self.runner.execute_steps(plan.chunks, steps,
+                                               lambda logits: sample(logits, samplers, eos))
             sampled = dict(zip((r.request_id for r in samplers), tokens.tolist(), strict=True))
         else:
             logits = self.runner.execute(plan.chunks)
             # no row when no chunk samples: a step of prefill chunks only (a prompt longer than the budget)
-            picked = sample(logits, samplers) if samplers else []
+            picked = sample(logits, samplers, eos) if samplers else []
             sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in picked), strict=True))
             for row, request in enumerate(samplers):  # a plan with such a request runs one step (`_steps`)
                 if request.params.logprobs is not None:

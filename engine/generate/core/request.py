@@ -65,17 +65,23 @@ class SamplingParams:
     (argmax of those logits). Otherwise logits are divided by the temperature, then cut to the `top_k` most
     likely tokens (0: all), then to the smallest set whose probability reaches `top_p`, and one token is
     drawn with the request's own generator, seeded by `seed` (None: a fresh seed from the engine's
-    generator), so a seeded request gives the same tokens whatever else runs beside it.
+    generator), so a seeded request gives the same tokens whatever else runs beside it. `min_p` (vLLM's)
+    first drops the tokens less likely than `min_p` × the most likely one's probability, before top-k.
+    Until `min_tokens` tokens are generated, the end-of-sequence token and the stop tokens cannot be drawn
+    (sampler.py `hold_stops`) and stop strings do not stop (stopping.py), as vLLM serves it.
     """
 
     max_tokens: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0                    # vLLM's, in [0, 1]: 0 keeps every token
     seed: int | None = None
     stop: tuple[str, ...] = ()            # stop strings: the text ends before the first one
     stop_token_ids: frozenset[int] = frozenset()  # stop tokens: generated, then generation stops
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
+    min_tokens: int = 0                   # vLLM's: no stop (EOS, stop token or string) before this many
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string found ends the text, not cut off
     presence_penalty: float = 0.0         # OpenAI's, in [-2, 2]: once for each token generated at least once
     frequency_penalty: float = 0.0        # OpenAI's, in [-2, 2]: per time a token was generated
     repetition_penalty: float = 1.0       # vLLM's (CTRL's), > 0: for each token of the prompt or the output
@@ -92,6 +98,11 @@ class SamplingParams:
             raise invalid(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise invalid(f"top_k must be 0 (all tokens) or positive, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise invalid(f"min_p must be between 0 and 1, got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise invalid(f"min_tokens must be between 0 and max_tokens ({self.max_tokens}), got "
+                          f"{self.min_tokens}")
         if any(not s for s in self.stop):
             raise invalid("stop strings must not be empty")
         if len(self.stop) > 2 * MAX_STOP_STRINGS:
@@ -125,8 +136,9 @@ class SamplingParams:
     @property
     def stepwise(self) -> bool:
         """Each token must be recorded before the next is computed: its penalties count the tokens so far,
-        or it reports each token's log-probabilities (engine.py `_steps`: one step per schedule)."""
-        return self.penalized or self.logprobs is not None
+        or it reports each token's log-probabilities, or its stops are held until `min_tokens` (engine.py
+        `_steps`: one step per schedule)."""
+        return self.penalized or self.logprobs is not None or self.min_tokens > 0
 
 
 @dataclass(slots=True)

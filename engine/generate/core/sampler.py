@@ -1,4 +1,4 @@
-"""The next token of each request from its logits: greedy, or temperature → top-k → top-p → a draw.
+"""The next token of each request from its logits: greedy, or temperature → min-p → top-k → top-p → a draw.
 
 Called by the engine once per step with the logits of the requests that sample this step, one row each.
 A penalized request's row is first changed by its penalties (`penalize`), over its tokens so far: the
@@ -17,18 +17,24 @@ import numpy as np
 from .request import Request, SamplingParams, TokenLogprob
 
 
-def sample(logits: np.ndarray, requests: Sequence[Request]) -> list[int]:
+def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | None = None) -> list[int]:
     """One token id per row of `logits` ([len(requests), vocab]), in order. The sampled rows are scaled and
-    sorted together (one numpy call each for the whole step, not one per row); each then draws alone."""
+    sorted together (one numpy call each for the whole step, not one per row); each then draws alone.
+    `eos_token_id`: the model's end-of-sequence token, which a request short of its `min_tokens` may not
+    draw."""
     if len(requests) != logits.shape[0]:
         raise ValueError(f"{logits.shape[0]} rows of logits for {len(requests)} requests")
     if not requests:  # a step in which nobody samples (prefill chunks only): numpy has no argmax of nothing
         return []
     penalized = [row for row, request in enumerate(requests) if request.params.penalized]
-    if penalized:
+    held = [row for row, request in enumerate(requests)
+            if request.params.min_tokens and len(request.output_token_ids) < request.params.min_tokens]
+    if penalized or held:
         logits = logits.copy()  # the runner's array is not ours to change
         for row in penalized:
             penalize(logits[row], requests[row])
+        for row in held:
+            hold_stops(logits[row], requests[row], eos_token_id)
     tokens = logits.argmax(axis=1).tolist()
     rows = [row for row, request in enumerate(requests) if not request.params.greedy]
     if rows:
@@ -60,6 +66,18 @@ def penalize(row: np.ndarray, request: Request) -> None:
         row -= (params.frequency_penalty * counts + params.presence_penalty * (counts > 0)).astype(row.dtype)
 
 
+def hold_stops(row: np.ndarray, request: Request, eos_token_id: int | None) -> None:
+    """A request short of its `min_tokens` may not draw a token that would stop it (vLLM's min_tokens): its
+    stop tokens and, unless it ignores it, the end-of-sequence token get -inf in `row`, in place. The
+    engine runs such a request one step per schedule (`SamplingParams.stepwise`), so its count is current."""
+    params, vocab = request.params, row.shape[0]
+    stops = set(params.stop_token_ids)
+    if eos_token_id is not None and not params.ignore_eos:
+        stops.add(eos_token_id)
+    ids = np.fromiter((t for t in stops if t < vocab), np.int64)
+    row[ids] = -np.inf
+
+
 def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
     """`token`'s log-probability under the raw logits `row`, and the `top` most likely tokens', most likely
     first, in float64 (one partition, not a sort of the whole vocabulary)."""
@@ -82,10 +100,14 @@ def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
 
 
 def _draw(scaled: np.ndarray, order: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """top-k → top-p → one draw from `rng`: the inverse of the kept tokens' cumulative distribution at one
-    uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks of `p`
-    (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds the draws
-    equal)."""
+    """min-p → top-k → top-p → one draw from `rng`: the inverse of the kept tokens' cumulative distribution at
+    one uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks of
+    `p` (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds the
+    draws equal). min-p keeps the tokens whose probability is at least min_p × the most likely one's: whose
+    scaled logit is at least the highest + log(min_p)."""
+    if params.min_p > 0.0:
+        floor = scaled[order[0]] + np.log(params.min_p)
+        order = order[:int(np.searchsorted(-scaled[order], -floor, side="right"))]
     if 0 < params.top_k < len(order):
         order = order[:params.top_k]
     kept = scaled[order]

@@ -1,12 +1,15 @@
 """When a request is done: after each token it generates, in this order (OpenAI's finish reasons).
 
 1. the model's end-of-sequence token (unless `ignore_eos`) or one of the request's stop tokens → "stop";
-2. a stop string in the decoded text → "stop", the text cut before it (the tokens stay as generated);
+2. a stop string in the decoded text → "stop", the text cut before it (after it with
+   `include_stop_str_in_output`; the tokens stay as generated);
 3. `max_tokens` generated, or the model's context full → "length".
 
 Called by the engine once for each token a request generates, in order: it adds the token to the request's
 text (detokenize.py `OutputText`), so each call costs work bounded by the longest stop string, not the
-output's length; the rest is pure apart from setting the request's `output_text` once it finishes.
+output's length. Until more than `min_tokens` tokens are generated neither 1 nor 2 stops the request (vLLM's
+min_tokens; the sampler keeps it from drawing a stop token meanwhile). The rest is pure apart from setting
+the request's `output_text` once it finishes.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> Fi
     assert text is not None, "the engine makes a request's text when it adds the request"
     text.push(last)
     reason: FinishReason | None = None
-    if (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
+    if params.min_tokens and len(request.output_token_ids) <= params.min_tokens:
+        pass  # the sampler held the stop tokens; a stop string counts only past min_tokens, as in vLLM
+    elif (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
         reason = FinishReason.STOP
-    elif (cut := text.find_stop()) is not None:
-        request.output_text = text.text()[:cut]
+    elif (found := text.find_stop()) is not None:
+        request.output_text = text.text()[:found[1] if params.include_stop_str_in_output else found[0]]
         return FinishReason.STOP
     if reason is None and (len(request.output_token_ids) >= params.max_tokens
                            or request.num_tokens >= max_model_len):

@@ -21,8 +21,9 @@ class Tokenizer(Protocol):
     bos_token_id: int | None
     eos_token_id: int | None
 
-    def encode(self, text: str) -> list[int]:
-        """The prompt's token ids, with BOS first where the tokenizer has one."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The prompt's token ids, with BOS first where the tokenizer has one (and `add_special_tokens`:
+        False leaves out what the tokenizer adds, as vLLM's field of that name asks)."""
         ...
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -45,8 +46,9 @@ class ByteTokenizer:
     bos_token_id: int | None = 256
     eos_token_id: int | None = 257
 
-    def encode(self, text: str) -> list[int]:
-        return [256, *text.encode("utf-8")]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raw = list(text.encode("utf-8"))
+        return [256, *raw] if add_special_tokens else raw
 
     def decode(self, token_ids: Sequence[int]) -> str:
         # a multi-byte character cut by the end of the output shows as U+FFFD until its last byte arrives
@@ -77,8 +79,8 @@ class JsonTokenizer:
         self.bos_token_id = self._tok.token_to_id(bos_token) if bos_token else None
         self.eos_token_id = self._tok.token_to_id(eos_token) if eos_token else None
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text).ids)
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))

@@ -6,7 +6,8 @@ Why one place: Triton's generate / ModelStreamInfer (engine/generate/triton/mode
 1. a text prompt longer than `MAX_PROMPT_CHARS_PER_TOKEN` × the context is refused before it is tokenized
    (no tokenizer in use packs more characters into a token on average, and the bound keeps a huge prompt
    from costing the loop its tokenization, at most about a millisecond; tokenizing runs on the loop);
-2. token ids must be in the vocabulary; a prompt must have at least one token;
+2. token ids must be in the vocabulary; a prompt asked to be truncated keeps its last tokens (vLLM's
+   `truncate_prompt_tokens`); a prompt must have at least one token;
 3. the prompt's tokens plus the completion's `max_tokens` must fit the context (`budget`); with no
    `max_tokens` the completion gets what the context leaves, which must be at least one token.
 Each API words a refusal in its own protocol's form (the field it names, its error type), so a refusal here
@@ -66,18 +67,23 @@ class PromptDoor:
     def of(cls, engine: GenerationEngine) -> PromptDoor:
         return cls(engine.tokenizer, engine.cache_config.max_model_len)
 
-    def tokens(self, prompt: str | Sequence[int]) -> list[int]:
-        """The prompt's token ids (rules 1 and 2); PromptRefused for one the model cannot take."""
+    def tokens(self, prompt: str | Sequence[int], add_special_tokens: bool = True,
+               keep_last: int | None = None) -> list[int]:
+        """The prompt's token ids (rules 1 and 2); PromptRefused for one the model cannot take.
+        `add_special_tokens`: False encodes a text without the BOS the tokenizer adds; `keep_last`: only
+        the prompt's last this many tokens (None: all)."""
         if isinstance(prompt, str):
             if len(prompt) > MAX_PROMPT_CHARS_PER_TOKEN * self.context_tokens:
                 raise self._refused(PromptProblem.TOO_LONG_TO_TOKENIZE, len(prompt))
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt, add_special_tokens)
         else:
             ids = list(prompt)
             vocab = self.vocab_size
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise self._refused(PromptProblem.TOKEN_OUTSIDE_VOCABULARY, bad)
+        if keep_last is not None:
+            ids = ids[-keep_last:]
         if not ids:
             raise self._refused(PromptProblem.EMPTY)
         return ids

@@ -92,3 +92,34 @@ def test_a_body_must_be_a_json_object():
         with pytest.raises(OpenAIError) as refused:
             parse_body(body)
         assert refused.value.status == 400
+
+
+def test_vllms_sampling_and_prompt_fields_are_read():
+    api = parse_request({"model": "m", "prompt": "x", "max_tokens": 8, "min_p": 0.1, "min_tokens": 8,
+                         "include_stop_str_in_output": True, "add_special_tokens": False,
+                         "truncate_prompt_tokens": 5}, chat=False)
+    assert (api.min_p, api.min_tokens, api.include_stop_str_in_output) == (0.1, 8, True)
+    assert (api.add_special_tokens, api.truncate_prompt_tokens) == (False, 5)
+    plain = parse_request({"model": "m", "prompt": "x"}, chat=False)
+    assert (plain.min_p, plain.min_tokens, plain.include_stop_str_in_output) == (0.0, 0, False)
+    assert (plain.add_special_tokens, plain.truncate_prompt_tokens) == (True, None)
+    assert parse_request({"model": "m", "prompt": "x", "truncate_prompt_tokens": -1},
+                         chat=False).truncate_prompt_tokens == -1
+
+
+@pytest.mark.parametrize(("doc", "param", "message"), [
+    ({"min_p": 1.5}, "min_p", "Invalid 'min_p': 1.5; it must be between 0 and 1."),
+    ({"min_p": "0.1"}, "min_p", "\"0.1\" is not of type 'number' - 'min_p'"),
+    ({"min_tokens": -1}, "min_tokens", "Invalid 'min_tokens': -1; it must be at least 0."),
+    ({"min_tokens": 17}, "min_tokens", "Invalid 'min_tokens': 17; it must be at most 'max_tokens' (16)."),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "Invalid 'truncate_prompt_tokens': 0;"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens", "Invalid 'truncate_prompt_tokens': -2;"),
+    ({"include_stop_str_in_output": 1}, "include_stop_str_in_output", "1 is not of type 'boolean'"),
+    ({"add_special_tokens": "no"}, "add_special_tokens", "\"no\" is not of type 'boolean'"),
+])
+def test_vllms_fields_out_of_range_are_refused_by_name(doc, param, message):
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", "prompt": "x", **doc}, chat=False)
+    error = refused.value.body()["error"]
+    assert refused.value.status == 400 and error["param"] == param and error["message"].startswith(message)
+    assert error["type"] == "invalid_request_error"

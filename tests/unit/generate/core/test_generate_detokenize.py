@@ -10,7 +10,9 @@ import random
 import time
 
 import numpy as np
+import pytest
 
+from engine.errors import EngineError
 from engine.generate.core.detokenize import OutputText, WindowDecoder
 from engine.generate.core.request import FinishReason, Request, SamplingParams
 from engine.generate.core.stopping import check_stop
@@ -52,8 +54,9 @@ def run(tokens: list[int], stop: tuple[str, ...]) -> tuple[list[str], str | None
     for token in tokens:
         text.push(token)
         texts.append(text.text())
-        cut = text.find_stop()
-        if cut is not None:
+        found = text.find_stop()
+        if found is not None:
+            cut = found[0]
             shown.append(text.release(True, text.text()[:cut])[0])
             return shown, text.text()[:cut], texts
         shown.append(text.release(False, "")[0])
@@ -91,6 +94,37 @@ def test_check_stop_cuts_the_text_before_the_first_stop_string():
             break
     assert reasons[-1] is FinishReason.STOP and len(reasons) == len("hello w")
     assert request.output_text == "hel"
+
+
+def feed(params: SamplingParams, output: bytes) -> tuple[list[FinishReason | None], str]:
+    """check_stop after each byte of `output` until it finishes: (its answers, the finished text)."""
+    request = Request("r", [256], params, np.random.default_rng(0),
+                      text=OutputText(TOKENIZER.stream_decoder(), params.stop))
+    reasons: list[FinishReason | None] = []
+    for byte in output:
+        request.output_token_ids.append(byte)
+        reasons.append(check_stop(request, TOKENIZER, 512))
+        if reasons[-1] is not None:
+            break
+    return reasons, request.output_text
+
+
+def test_include_stop_str_in_output_ends_the_text_after_the_stop_string():
+    params = SamplingParams(max_tokens=100, stop=("lo w", "d!"), include_stop_str_in_output=True)
+    reasons, text = feed(params, b"hello world!")
+    assert reasons[-1] is FinishReason.STOP and text == "hello w"
+
+
+def test_no_stop_counts_until_past_min_tokens():
+    """vLLM's min_tokens: a stop string (or token) completed within the first min_tokens tokens is passed;
+    the first one after them stops."""
+    stop_at_e = SamplingParams(max_tokens=100, stop=("e",), stop_token_ids=frozenset({ord("l")}),
+                               min_tokens=4)
+    reasons, text = feed(stop_at_e, b"hello there")
+    assert len(reasons) == len("hello the") and text == "hello th"
+    assert feed(SamplingParams(max_tokens=100, stop=("e",), min_tokens=1), b"ee")[1] == "e"
+    with pytest.raises(EngineError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)
 
 
 def test_a_tokens_work_does_not_grow_with_the_output():

@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import EngineError
 from engine.generate.core.request import Request, SamplingParams
-from engine.generate.core.sampler import penalize, sample, sample_row, token_logprob
+from engine.generate.core.sampler import hold_stops, penalize, sample, sample_row, token_logprob
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -108,3 +108,36 @@ def test_a_step_in_which_nobody_samples_picks_nothing() -> None:
     """Prefill chunks only (a prompt longer than the token budget, alone): no rows, no tokens, no error."""
     for width in (258, 0):  # 0: what the runner once returned for such a step
         assert sample(np.empty((0, width), np.float32), []) == []
+
+
+def test_min_p_keeps_only_tokens_within_its_fraction_of_the_most_likely() -> None:
+    """Probabilities 0.5, 0.3, 0.15, 0.05: min_p 0.5 keeps the first two (0.3 ≥ 0.25, 0.15 < 0.25), so a
+    thousand draws give only those; min_p 1 is greedy; min_p 0 draws as before."""
+    logits = np.log(np.array([0.15, 0.5, 0.05, 0.3]))
+    params = SamplingParams(max_tokens=1, temperature=1.0, min_p=0.5)
+    rng = np.random.default_rng(0)
+    drawn = {sample_row(logits, params, rng) for _ in range(1000)}
+    assert drawn == {1, 3}
+    greedy = SamplingParams(max_tokens=1, temperature=1.0, min_p=1.0)
+    assert {sample_row(logits, greedy, rng) for _ in range(200)} == {1}
+    plain = SamplingParams(max_tokens=1, temperature=1.0)
+    assert sample_row(logits, plain, np.random.default_rng(5)) == \
+        reference_row(logits, plain, np.random.default_rng(5))
+    with pytest.raises(EngineError, match="min_p"):
+        SamplingParams(max_tokens=1, min_p=1.5)
+
+
+def test_min_tokens_holds_the_stop_tokens_and_eos_until_reached() -> None:
+    logits = np.zeros((1, 8), np.float32)
+    logits[0, 7] = 5.0  # EOS, the most likely
+    logits[0, 3] = 4.0  # a stop token, next
+    params = SamplingParams(max_tokens=8, min_tokens=2, stop_token_ids=frozenset({3}))
+    request = Request("r", [1], params, np.random.default_rng(0))
+    assert sample(logits, [request], eos_token_id=7) != [7] and sample(logits, [request], 7) != [3]
+    assert sample(logits, [request], 7) == [0] and logits[0, 7] == 5.0  # the runner's logits untouched
+    request.output_token_ids = [0, 0]
+    assert sample(logits, [request], eos_token_id=7) == [7]
+    row = logits[0].copy()
+    hold_stops(row, Request("i", [1], SamplingParams(max_tokens=8, min_tokens=2, ignore_eos=True),
+                            np.random.default_rng(0)), 7)
+    assert row[7] == 5.0 and np.isfinite(row).all()

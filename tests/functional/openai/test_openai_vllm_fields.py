@@ -1,0 +1,123 @@
+"""vLLM's request fields on the OpenAI API (/v1), sent as vLLM's users send them: through the `openai`
+package's `extra_body`. Each is shown to change the answer as the generation engine in this process does
+over the same model folder (tiny_decoder, byte tokenizer: one token per ASCII character, BOS 256 first), or
+to be refused by name with OpenAI's 400."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from conftest import EXAMPLES, RunningServer, openai_client, start_server
+from engine.generate.core.request import SamplingParams
+from engine.generate.serving.model_folder import load_engine
+from hubserve_models import examples
+
+MODEL = "tiny_decoder"
+PROMPT = "The answer is"
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("vllm_fields") / "repo"
+    (root / MODEL).mkdir(parents=True)
+    shutil.copy(EXAMPLES / MODEL / "config.pbtxt", root / MODEL / "config.pbtxt")
+    examples.build_repository(root, [MODEL])
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    running = start_server(repo, tmp_path_factory.mktemp("vllm_fields_log") / "server.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai_client(server)
+
+
+@pytest.fixture(scope="module")
+def reference(repo: Path):
+    """The engine in this process over the same folder: (text, tokens generated) of a greedy run."""
+    engine = load_engine(repo / MODEL)
+
+    def run(prompt: str | list[int], max_tokens: int, **params: Any) -> tuple[str, int]:
+        engine.add_request("ref", prompt, SamplingParams(max_tokens=max_tokens, **params))
+        out = engine.run_to_completion()["ref"]
+        return out.output_text, len(out.output_token_ids)
+
+    return run
+
+
+def complete(client: openai.OpenAI, prompt: str | list[int] = PROMPT, max_tokens: int = 40,
+             **fields: Any) -> Any:
+    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                     extra_body=fields)
+
+
+def test_min_p_one_keeps_only_the_most_likely_token(client: openai.OpenAI, reference):
+    greedy, _ = reference(PROMPT, 24)
+    hot = {"model": MODEL, "prompt": PROMPT, "max_tokens": 24, "temperature": 2.0, "seed": 5}
+    assert client.completions.create(**hot).choices[0].text != greedy  # so min_p's effect shows
+    assert client.completions.create(**hot, extra_body={"min_p": 1.0}).choices[0].text == greedy
+
+
+def test_min_tokens_passes_stops_until_that_many_tokens(client: openai.OpenAI, reference):
+    full, _ = reference(PROMPT, 40, ignore_eos=True)
+    stop = full[2]  # greedy decoding writes it third: without min_tokens the text ends before it
+    early, _ = reference(PROMPT, 40, stop=(stop,))
+    late, count = reference(PROMPT, 40, stop=(stop,), min_tokens=10)
+    assert len(early) <= 2 and len(late) >= 10 and late != early
+    out = complete(client, stop=[stop], min_tokens=10)
+    assert out.choices[0].text == late and out.usage.completion_tokens == count
+    assert complete(client, stop=[stop]).choices[0].text == early
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client: openai.OpenAI, reference):
+    full, _ = reference(PROMPT, 40, ignore_eos=True)
+    stop = full[10:13]
+    want = full[:full.find(stop) + len(stop)]
+    out = complete(client, stop=[stop], include_stop_str_in_output=True)
+    assert out.choices[0].text == want and out.choices[0].finish_reason == "stop"
+    pieces = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0,
+                                            stop=stop, stream=True,
+                                            extra_body={"include_stop_str_in_output": True}))
+    assert "".join(p.choices[0].text for p in pieces) == want
+
+
+def test_add_special_tokens_false_leaves_out_the_bos(client: openai.OpenAI, reference):
+    raw = list(PROMPT.encode())
+    with_bos = complete(client, max_tokens=16)
+    without = complete(client, max_tokens=16, add_special_tokens=False)
+    assert (with_bos.usage.prompt_tokens, without.usage.prompt_tokens) == (len(raw) + 1, len(raw))
+    assert without.choices[0].text == reference(raw, 16)[0]
+    assert with_bos.choices[0].text == reference([256, *raw], 16)[0]
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(client: openai.OpenAI, reference):
+    prompt = "A long preamble that will be cut. The answer is"
+    out = complete(client, prompt, 16, truncate_prompt_tokens=6)
+    assert out.usage.prompt_tokens == 6
+    assert out.choices[0].text == reference(list(prompt.encode()[-6:]), 16)[0]
+    assert out.choices[0].text != reference(prompt, 16)[0]
+    whole = complete(client, prompt, 16, truncate_prompt_tokens=-1)  # the context's worth: all of it
+    assert whole.usage.prompt_tokens == len(prompt) + 1
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_tokens": 41}, "min_tokens"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+])
+def test_out_of_range_values_are_refused_by_name(client: openai.OpenAI, fields: dict, param: str):
+    with pytest.raises(openai.BadRequestError) as refused:
+        complete(client, **fields)
+    assert refused.value.status_code == 400 and refused.value.param == param
+    assert refused.value.type == "invalid_request_error"
