@@ -1,10 +1,11 @@
 """The request bodies of `POST /v1/completions` and `POST /v1/chat/completions`, checked into `ApiRequest`.
 
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
-field, as OpenAI's own 400s do. Fields we do not serve with a value that would change the answer (tools,
-`echo`, ...) are refused rather than silently ignored; other unknown fields are ignored, as OpenAI-compatible
-servers do for clients that send newer fields. Extensions beyond OpenAI's fields, in vLLM's names and with
-vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
+field, as OpenAI's own 400s do. Every field is served, or on the compatibility list of fields that change no
+answer (`_IGNORED`, each with why), or refused by name: those we do not serve (tools, `echo`, vLLM's guided
+decoding and chat template fields, ...) unless sent with a value that asks for nothing, and unknown ones
+with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in vLLM's names
+and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
 `stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
 `truncate_prompt_tokens`. What the engine checks after every token is bounded here
 (generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
@@ -74,7 +75,7 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         raise bad_request("You must provide a model parameter.", "model")
     if not isinstance(model, str) or not model:
         raise bad_request(f"{_show(model)} is not a valid model name - 'model'", "model")
-    _refuse_unserved(doc, chat)
+    _check_fields(doc, chat)
     messages: tuple[tuple[str, str], ...] = ()
     prompts: tuple[str | tuple[int, ...], ...] = ()
     if chat:
@@ -140,24 +141,62 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         add_special_tokens=_bool(doc, "add_special_tokens", True), truncate_prompt_tokens=truncate)
 
 
-# Fields whose value would change the answer in ways we do not serve: (field, what may be sent).
-_UNSERVED = ("logit_bias", "tools", "functions", "tool_choice", "function_call",
-             "suffix", "response_format", "echo", "best_of", "audio", "prediction")
+# Every field a request may carry is in one of the lists below; any other is refused by name
+# (`_check_fields`), so that no field is silently ignored unless we know it changes nothing (the `openai`
+# package sends only the fields its caller passes, and vLLM's through `extra_body`).
+#
+# Read and served by parse_request:
+_SERVED_BOTH = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options",
+    "presence_penalty", "frequency_penalty", "logprobs",
+    # vLLM's extensions, with vLLM's meaning
+    "top_k", "min_p", "ignore_eos", "stop_token_ids", "repetition_penalty", "min_tokens",
+    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens"})
+_SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs"},
+           False: _SERVED_BOTH | {"prompt"}}
+
+# The compatibility list: accepted and ignored, each because it cannot change the answer here.
+_IGNORED: dict[str, str] = {
+    "user": "OpenAI's end-user id for its abuse monitoring",
+    "safety_identifier": "OpenAI's successor to `user`",
+    "prompt_cache_key": "a routing hint for OpenAI's prompt cache; ours finds shared prefixes itself",
+    "metadata": "tags for OpenAI's stored completions; nothing is stored here",
+    "store": "whether OpenAI keeps the completion for its dashboards; nothing is kept here",
+    "service_tier": "OpenAI's price and latency tier; every request here is served alike",
+    "parallel_tool_calls": "only says how tools are called, and `tools` is refused",
+}
+
+# Not served, refused by name unless sent with a value that asks for nothing (field → the values that may
+# be sent besides null). vLLM's among them stay here until they are served.
+_OFF: tuple[Any, ...] = (False, 0, "", [], {})
+_UNSERVED: dict[str, tuple[Any, ...]] = {
+    "logit_bias": _OFF, "tools": _OFF, "functions": _OFF, "tool_choice": (*_OFF, "none"),
+    "function_call": (*_OFF, "none"), "suffix": _OFF, "response_format": (*_OFF, {"type": "text"}),
+    "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "prediction": _OFF, "modalities": ([], ["text"]),
+    "reasoning_effort": (), "verbosity": (), "web_search_options": (),
+    # vLLM's: the chat template's inputs (the template here is the folder's own fixed format)
+    "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
+    "continue_final_message": (False,),
+    # vLLM's: special tokens in the output text (the byte tokenizer's have none; tokenizer.json's are left
+    # out, as vLLM does by default)
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    # vLLM's guided decoding
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structured_outputs": (),
+}
 
 
-def _refuse_unserved(doc: dict[str, Any], chat: bool) -> None:
-    for key in _UNSERVED:
-        value = doc.get(key)
-        if value in (None, False, 0, 0.0, "", [], {}):
+def _check_fields(doc: dict[str, Any], chat: bool) -> None:
+    served = _SERVED[chat]
+    for key, value in doc.items():
+        if key in served or key in _IGNORED:
             continue
-        if key == "best_of" and value == 1:
-            continue
-        if key == "response_format" and value == {"type": "text"}:
-            continue
-        if key in ("tool_choice", "function_call") and value == "none":
-            continue
-        raise bad_request(f"'{key}' is not supported by this server; leave it out.", key,
-                          "unsupported_parameter")
+        allowed = _UNSERVED.get(key)
+        if allowed is None:
+            raise bad_request(f"Unrecognized request argument supplied: {key}", key, "unknown_parameter")
+        if value is not None and not any(type(value) is type(ok) and value == ok for ok in allowed):
+            raise bad_request(f"'{key}' is not supported by this server; leave it out.", key,
+                              "unsupported_parameter")
 
 
 def _messages(value: Any) -> tuple[tuple[str, str], ...]:

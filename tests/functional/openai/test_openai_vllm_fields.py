@@ -1,7 +1,8 @@
 """vLLM's request fields on the OpenAI API (/v1), sent as vLLM's users send them: through the `openai`
 package's `extra_body`. Each is shown to change the answer as the generation engine in this process does
 over the same model folder (tiny_decoder, byte tokenizer: one token per ASCII character, BOS 256 first), or
-to be refused by name with OpenAI's 400."""
+to be refused by name with OpenAI's 400, as are the fields not served (guided decoding, the chat template's
+inputs) and unknown ones."""
 
 from __future__ import annotations
 
@@ -121,3 +122,23 @@ def test_out_of_range_values_are_refused_by_name(client: openai.OpenAI, fields: 
         complete(client, **fields)
     assert refused.value.status_code == 400 and refused.value.param == param
     assert refused.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("fields", "code"), [
+    ({"guided_json": {"type": "object"}}, "unsupported_parameter"),
+    ({"guided_choice": ["yes", "no"]}, "unsupported_parameter"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter"),
+    ({"continue_final_message": True}, "unsupported_parameter"),
+    ({"skip_special_tokens": False}, "unsupported_parameter"),
+    ({"a_newer_field": 1}, "unknown_parameter"),
+])
+def test_fields_not_served_are_refused_not_ignored(client: openai.OpenAI, fields: dict, code: str):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+                                       extra_body=fields)
+    [field] = fields
+    assert refused.value.status_code == 400 and refused.value.param == field and refused.value.code == code
+    defaults = {"add_generation_prompt": True, "skip_special_tokens": True, "chat_template_kwargs": {}}
+    ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=4, user="u", extra_body=defaults)
+    assert ok.choices[0].finish_reason is not None

@@ -37,8 +37,46 @@ def test_max_completion_tokens_wins_and_stop_may_be_one_string():
 
 def test_fields_that_change_nothing_are_accepted():
     api = parse_request({"model": "m", "prompt": "x", "logprobs": None, "echo": False, "best_of": 1,
-                         "presence_penalty": 0, "user": "someone", "a_newer_field": {"x": 1}}, chat=False)
+                         "presence_penalty": 0, "user": "someone", "metadata": {"k": "v"}, "store": True,
+                         "skip_special_tokens": True, "guided_json": None}, chat=False)
     assert api.prompts == ("x",)
+    chat = parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                          "add_generation_prompt": True, "continue_final_message": False,
+                          "chat_template_kwargs": {}, "response_format": {"type": "text"},
+                          "tool_choice": "none", "modalities": ["text"]}, chat=True)
+    assert chat.messages == (("user", "x"),)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("chat_template_kwargs", {"enable_thinking": False}), ("add_generation_prompt", False),
+    ("continue_final_message", True), ("chat_template", "{{ messages }}"),
+    ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
+    ("guided_grammar", "root ::= 'a'"), ("guided_decoding_backend", "xgrammar"),
+    ("structured_outputs", {"json": {}}), ("skip_special_tokens", False), ("reasoning_effort", "low"),
+])
+def test_unserved_fields_are_refused_by_name(field: str, value: object):
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}, chat=True)
+    error = refused.value.body()["error"]
+    assert refused.value.status == 400 and error["param"] == field
+    assert error["code"] == "unsupported_parameter"
+    assert error["message"] == f"'{field}' is not supported by this server; leave it out."
+
+
+@pytest.mark.parametrize(("doc", "chat", "field"), [
+    ({"prompt": "x", "a_newer_field": {"x": 1}}, False, "a_newer_field"),
+    ({"prompt": "x", "temprature": 0.5}, False, "temprature"),
+    ({"prompt": "x", "messages": []}, False, "messages"),       # chat's, not completions'
+    ({"prompt": "x", "max_completion_tokens": 4}, False, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, True, "prompt"),
+    ({"messages": [{"role": "user", "content": "x"}], "use_beam_search": None}, True, "use_beam_search"),
+])
+def test_unknown_fields_are_refused_in_openais_words(doc: dict, chat: bool, field: str):
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", **doc}, chat)
+    error = refused.value.body()["error"]
+    assert refused.value.status == 400 and error["param"] == field and error["code"] == "unknown_parameter"
+    assert error["message"] == f"Unrecognized request argument supplied: {field}"
 
 
 @pytest.mark.parametrize(("doc", "param"), [
