@@ -7,7 +7,7 @@ decoding and chat template fields, ...) unless sent with a value that asks for n
 with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in vLLM's names
 and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
 `stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
-`truncate_prompt_tokens`. What the engine checks after every token is bounded here
+`truncate_prompt_tokens`, `skip_special_tokens`. What the engine checks after every token is bounded here
 (generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
@@ -56,6 +56,7 @@ class ApiRequest:
     include_stop_str_in_output: bool = False
     add_special_tokens: bool = True  # vLLM's default for completions; we keep it for chat too (see service)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens; -1: the context's
+    skip_special_tokens: bool = True
 
 
 def parse_body(body: bytes | bytearray) -> dict[str, Any]:
@@ -138,7 +139,8 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         stream=stream, include_usage=include_usage, logprobs=logprobs,
         min_p=_number(doc, "min_p", 0.0, 1.0) or 0.0, min_tokens=min_tokens,
         include_stop_str_in_output=_bool(doc, "include_stop_str_in_output", False),
-        add_special_tokens=_bool(doc, "add_special_tokens", True), truncate_prompt_tokens=truncate)
+        add_special_tokens=_bool(doc, "add_special_tokens", True), truncate_prompt_tokens=truncate,
+        skip_special_tokens=_bool(doc, "skip_special_tokens", True))
 
 
 # Every field a request may carry is in one of the lists below; any other is refused by name
@@ -151,7 +153,7 @@ _SERVED_BOTH = frozenset({
     "presence_penalty", "frequency_penalty", "logprobs",
     # vLLM's extensions, with vLLM's meaning
     "top_k", "min_p", "ignore_eos", "stop_token_ids", "repetition_penalty", "min_tokens",
-    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens"})
+    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens"})
 _SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs"},
            False: _SERVED_BOTH | {"prompt"}}
 
@@ -177,9 +179,8 @@ _UNSERVED: dict[str, tuple[Any, ...]] = {
     # vLLM's: the chat template's inputs (the template here is the folder's own fixed format)
     "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
     "continue_final_message": (False,),
-    # vLLM's: special tokens in the output text (the byte tokenizer's have none; tokenizer.json's are left
-    # out, as vLLM does by default)
-    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    # vLLM's: how special tokens are joined to the text when written (`tokenizers` writes them its own way)
+    "spaces_between_special_tokens": (True,),
     # vLLM's guided decoding
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
     "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structured_outputs": (),

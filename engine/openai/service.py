@@ -148,6 +148,7 @@ class OpenAIService:
                                   stop_token_ids=frozenset(api.stop_token_ids), ignore_eos=api.ignore_eos,
                                   min_tokens=api.min_tokens,
                                   include_stop_str_in_output=api.include_stop_str_in_output,
+                                  skip_special_tokens=api.skip_special_tokens,
                                   presence_penalty=api.presence_penalty,
                                   frequency_penalty=api.frequency_penalty,
                                   repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,

@@ -88,8 +88,9 @@ class GenerationEngine:
                               "inputs")
             adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
+        text = OutputText(self.tokenizer.stream_decoder(params.skip_special_tokens), params.stop)
         request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter,
-                          group=group, text=OutputText(self.tokenizer.stream_decoder(), params.stop))
+                          group=group, text=text)
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request

@@ -82,6 +82,7 @@ class SamplingParams:
     ignore_eos: bool = False              # keep going past the model's end-of-sequence token
     min_tokens: int = 0                   # vLLM's: no stop (EOS, stop token or string) before this many
     include_stop_str_in_output: bool = False  # vLLM's: the stop string found ends the text, not cut off
+    skip_special_tokens: bool = True      # vLLM's: special tokens are left out of the text (tokenizer.py)
     presence_penalty: float = 0.0         # OpenAI's, in [-2, 2]: once for each token generated at least once
     frequency_penalty: float = 0.0        # OpenAI's, in [-2, 2]: per time a token was generated
     repetition_penalty: float = 1.0       # vLLM's (CTRL's), > 0: for each token of the prompt or the output

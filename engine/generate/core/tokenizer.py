@@ -8,6 +8,7 @@ dependency of hubserve's (pyproject.toml); an install without it fails such a fo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,8 +27,9 @@ class Tokenizer(Protocol):
         False leaves out what the tokenizer adds, as vLLM's field of that name asks)."""
         ...
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of generated ids; special tokens are left out."""
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of generated ids; special tokens are left out (unless not `skip_special_tokens`: then
+        written as the tokenizer writes them, vLLM's field of that name)."""
         ...
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -35,13 +37,15 @@ class Tokenizer(Protocol):
         token."""
         ...
 
-    def stream_decoder(self) -> StreamDecoder:
+    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
         """A new decoder for one request's output a token at a time (detokenize.py), whose text after each
         token is `decode` of the tokens so far."""
         ...
 
 
 class ByteTokenizer:
+    """Its special tokens (BOS, EOS) have no text: `skip_special_tokens` changes nothing here."""
+
     vocab_size = 258
     bos_token_id: int | None = 256
     eos_token_id: int | None = 257
@@ -50,7 +54,7 @@ class ByteTokenizer:
         raw = list(text.encode("utf-8"))
         return [256, *raw] if add_special_tokens else raw
 
-    def decode(self, token_ids: Sequence[int]) -> str:
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         # a multi-byte character cut by the end of the output shows as U+FFFD until its last byte arrives
         try:
             raw = bytes(token_ids)  # the usual case, all bytes: one C call (the driver decodes every step)
@@ -61,7 +65,7 @@ class ByteTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes((token_id,)) if 0 <= token_id < 256 else b""
 
-    def stream_decoder(self) -> StreamDecoder:
+    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
         return Utf8Decoder()
 
 
@@ -82,19 +86,19 @@ class JsonTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     def token_bytes(self, token_id: int) -> bytes:
         # the token decoded alone: exact for a token of whole characters; a byte-level BPE token holding part
         # of a multi-byte character shows as U+FFFD (its raw bytes are not asked of `tokenizers` here)
         return self.decode((token_id,)).encode()
 
-    def stream_decoder(self) -> StreamDecoder:
+    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
         # a few tokens' decode per token; equal to the whole output's decode wherever a token's text depends
         # only on the tokens just before it (byte-level BPE, SentencePiece), not verified against a real
         # tokenizer.json here (no test serves a real one yet)
-        return WindowDecoder(self.decode)
+        return WindowDecoder(functools.partial(self.decode, skip_special_tokens=skip_special_tokens))
 
 
 def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:

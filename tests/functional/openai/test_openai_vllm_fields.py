@@ -6,6 +6,7 @@ inputs) and unknown ones."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from engine.generate.serving.model_folder import load_engine
 from hubserve_models import examples
 
 MODEL = "tiny_decoder"
+JSON_MODEL = "tiny_decoder_words"
+WORD_PROMPT = [256, 72, 105, 33]
 PROMPT = "The answer is"
 
 
@@ -28,7 +31,35 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / MODEL).mkdir(parents=True)
     shutil.copy(EXAMPLES / MODEL / "config.pbtxt", root / MODEL / "config.pbtxt")
     examples.build_repository(root, [MODEL])
+    if importlib.util.find_spec("tokenizers") is not None:
+        add_word_tokenizer_model(root)
     return root
+
+
+def add_word_tokenizer_model(root: Path) -> None:
+    """JSON_MODEL: tiny_decoder's graph with a tokenizer.json of one word per id ("t0" … "t255"), BOS
+    "<s>" (256) and EOS "</s>" (257), in which the first token greedy decoding writes after WORD_PROMPT is a
+    special token too, so that the answer has a special token to show or leave out."""
+    import tokenizers
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    shutil.copytree(root / MODEL, root / JSON_MODEL)
+    config = root / JSON_MODEL / "config.pbtxt"
+    text = config.read_text().replace(f'name: "{MODEL}"', f'name: "{JSON_MODEL}"')
+    text = text.replace('string_value: "bytes"', 'string_value: "tokenizer.json"')
+    text += ('parameters { key: "bos_token" value { string_value: "<s>" } }\n'
+             'parameters { key: "eos_token" value { string_value: "</s>" } }\n')
+    config.write_text(text)
+    engine = load_engine(root / MODEL)
+    engine.add_request("first", WORD_PROMPT, SamplingParams(max_tokens=1))
+    first = engine.run_to_completion()["first"].output_token_ids[0]
+    vocab = {f"t{i}": i for i in range(256)} | {"<s>": 256, "</s>": 257}
+    tok = tokenizers.Tokenizer(WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    tok.add_special_tokens([tokenizers.AddedToken(word, special=True)
+                            for word, i in vocab.items() if i in (first, 256, 257)])
+    tok.save(str(root / JSON_MODEL / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +160,7 @@ def test_out_of_range_values_are_refused_by_name(client: openai.OpenAI, fields: 
     ({"guided_choice": ["yes", "no"]}, "unsupported_parameter"),
     ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter"),
     ({"continue_final_message": True}, "unsupported_parameter"),
-    ({"skip_special_tokens": False}, "unsupported_parameter"),
+    ({"spaces_between_special_tokens": False}, "unsupported_parameter"),
     ({"a_newer_field": 1}, "unknown_parameter"),
 ])
 def test_fields_not_served_are_refused_not_ignored(client: openai.OpenAI, fields: dict, code: str):
@@ -138,7 +169,23 @@ def test_fields_not_served_are_refused_not_ignored(client: openai.OpenAI, fields
                                        extra_body=fields)
     [field] = fields
     assert refused.value.status_code == 400 and refused.value.param == field and refused.value.code == code
-    defaults = {"add_generation_prompt": True, "skip_special_tokens": True, "chat_template_kwargs": {}}
+    defaults = {"add_generation_prompt": True, "spaces_between_special_tokens": True,
+                "chat_template_kwargs": {}}
     ok = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                         max_tokens=4, user="u", extra_body=defaults)
     assert ok.choices[0].finish_reason is not None
+
+
+def test_skip_special_tokens_false_writes_them_in_the_text(client: openai.OpenAI, repo: Path):
+    tokenizers = pytest.importorskip("tokenizers")
+    engine = load_engine(repo / JSON_MODEL)
+    prompt = WORD_PROMPT
+    engine.add_request("ref", prompt, SamplingParams(max_tokens=16, ignore_eos=True))
+    ids = list(engine.run_to_completion()["ref"].output_token_ids)
+    tok = tokenizers.Tokenizer.from_file(str(repo / JSON_MODEL / "tokenizer.json"))
+    shown, skipped = tok.decode(ids, skip_special_tokens=False), tok.decode(ids)
+    assert shown != skipped  # the answer has special tokens: the field's effect shows
+    for skip, want in ((False, shown), (True, skipped)):
+        out = client.completions.create(model=JSON_MODEL, prompt=prompt, max_tokens=16, temperature=0,
+                                        extra_body={"ignore_eos": True, "skip_special_tokens": skip})
+        assert out.choices[0].text == want

@@ -52,7 +52,8 @@ def test_fields_that_change_nothing_are_accepted():
     ("continue_final_message", True), ("chat_template", "{{ messages }}"),
     ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
     ("guided_grammar", "root ::= 'a'"), ("guided_decoding_backend", "xgrammar"),
-    ("structured_outputs", {"json": {}}), ("skip_special_tokens", False), ("reasoning_effort", "low"),
+    ("structured_outputs", {"json": {}}), ("spaces_between_special_tokens", False),
+    ("reasoning_effort", "low"),
 ])
 def test_unserved_fields_are_refused_by_name(field: str, value: object):
     with pytest.raises(OpenAIError) as refused:
@@ -135,7 +136,8 @@ def test_a_body_must_be_a_json_object():
 def test_vllms_sampling_and_prompt_fields_are_read():
     api = parse_request({"model": "m", "prompt": "x", "max_tokens": 8, "min_p": 0.1, "min_tokens": 8,
                          "include_stop_str_in_output": True, "add_special_tokens": False,
-                         "truncate_prompt_tokens": 5}, chat=False)
+                         "truncate_prompt_tokens": 5, "skip_special_tokens": False}, chat=False)
+    assert not api.skip_special_tokens
     assert (api.min_p, api.min_tokens, api.include_stop_str_in_output) == (0.1, 8, True)
     assert (api.add_special_tokens, api.truncate_prompt_tokens) == (False, 5)
     plain = parse_request({"model": "m", "prompt": "x"}, chat=False)
