@@ -37,9 +37,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def add_word_tokenizer_model(root: Path) -> None:
-    """JSON_MODEL: tiny_decoder's graph with a tokenizer.json of one word per id ("t0" … "t255"), BOS
-    "<s>" (256) and EOS "</s>" (257), in which the first token greedy decoding writes after WORD_PROMPT is a
-    special token too, so that the answer has a special token to show or leave out."""
+    """JSON_MODEL: tiny_decoder's graph with a tokenizer.json of one word per id ("t0" … "t255", "<s>",
+    "</s>"), in which the first token greedy decoding writes after WORD_PROMPT is the end-of-sequence token
+    (and special, as EOS tokens are): a greedy answer ends at once unless `ignore_eos` or `min_tokens` say
+    otherwise, and has a special token to show or leave out."""
     import tokenizers
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
@@ -48,12 +49,12 @@ def add_word_tokenizer_model(root: Path) -> None:
     config = root / JSON_MODEL / "config.pbtxt"
     text = config.read_text().replace(f'name: "{MODEL}"', f'name: "{JSON_MODEL}"')
     text = text.replace('string_value: "bytes"', 'string_value: "tokenizer.json"')
-    text += ('parameters { key: "bos_token" value { string_value: "<s>" } }\n'
-             'parameters { key: "eos_token" value { string_value: "</s>" } }\n')
-    config.write_text(text)
     engine = load_engine(root / MODEL)
     engine.add_request("first", WORD_PROMPT, SamplingParams(max_tokens=1))
     first = engine.run_to_completion()["first"].output_token_ids[0]
+    text += ('parameters { key: "bos_token" value { string_value: "<s>" } }\n'
+             f'parameters {{ key: "eos_token" value {{ string_value: "t{first}" }} }}\n')
+    config.write_text(text)
     vocab = {f"t{i}": i for i in range(256)} | {"<s>": 256, "</s>": 257}
     tok = tokenizers.Tokenizer(WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = WhitespaceSplit()
@@ -189,3 +190,19 @@ def test_skip_special_tokens_false_writes_them_in_the_text(client: openai.OpenAI
         out = client.completions.create(model=JSON_MODEL, prompt=prompt, max_tokens=16, temperature=0,
                                         extra_body={"ignore_eos": True, "skip_special_tokens": skip})
         assert out.choices[0].text == want
+
+
+def test_ignore_eos_and_min_tokens_go_past_the_end_of_sequence_token(client: openai.OpenAI, repo: Path):
+    pytest.importorskip("tokenizers")
+    ask = {"model": JSON_MODEL, "prompt": WORD_PROMPT, "max_tokens": 16, "temperature": 0}
+    ends = client.completions.create(**ask)
+    assert (ends.usage.completion_tokens, ends.choices[0].finish_reason) == (1, "stop")
+    runs = client.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert (runs.usage.completion_tokens, runs.choices[0].finish_reason) == (16, "length")
+    held = client.completions.create(**ask, extra_body={"min_tokens": 5})
+    assert held.usage.completion_tokens > 5  # EOS could not be drawn before 5 tokens
+    engine = load_engine(repo / JSON_MODEL)
+    engine.add_request("ref", WORD_PROMPT, SamplingParams(max_tokens=16, min_tokens=5))
+    want = engine.run_to_completion()["ref"]
+    assert (held.choices[0].text, held.usage.completion_tokens) == (want.output_text,
+                                                                     len(want.output_token_ids))
