@@ -1,6 +1,7 @@
 """When a request is done: after each token it generates, in this order (OpenAI's finish reasons).
 
-1. the model's end-of-sequence token (unless `ignore_eos`) or one of the request's stop tokens → "stop";
+1. the model's end-of-sequence token (unless `ignore_eos`) or one of the request's stop tokens → "stop",
+   the text without that token's (with it under `include_stop_str_in_output`, as vLLM does);
 2. a stop string in the decoded text → "stop", the text cut before it (after it with
    `include_stop_str_in_output`; the tokens stay as generated);
 3. `max_tokens` generated, or the model's context full → "length".
@@ -21,12 +22,14 @@ from .tokenizer import Tokenizer
 def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> FinishReason | None:
     params, last, text = request.params, request.output_token_ids[-1], request.text
     assert text is not None, "the engine makes a request's text when it adds the request"
+    before = len(text)
     text.push(last)
     reason: FinishReason | None = None
     if params.min_tokens and len(request.output_token_ids) <= params.min_tokens:
         pass  # the sampler held the stop tokens; a stop string counts only past min_tokens, as in vLLM
     elif (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
-        reason = FinishReason.STOP
+        request.output_text = text.text() if params.include_stop_str_in_output else text.text()[:before]
+        return FinishReason.STOP
     elif (found := text.find_stop()) is not None:
         request.output_text = text.text()[:found[1] if params.include_stop_str_in_output else found[0]]
         return FinishReason.STOP

@@ -206,3 +206,15 @@ def test_ignore_eos_and_min_tokens_go_past_the_end_of_sequence_token(client: ope
     want = engine.run_to_completion()["ref"]
     assert (held.choices[0].text, held.usage.completion_tokens) == (want.output_text,
                                                                      len(want.output_token_ids))
+
+
+def test_the_end_of_sequence_tokens_text_shows_only_when_asked(client: openai.OpenAI, repo: Path):
+    """vLLM's: the token that stopped a request is not in its text unless `include_stop_str_in_output`;
+    EOS being special, `skip_special_tokens` false is needed to see it."""
+    pytest.importorskip("tokenizers")
+    ask = {"model": JSON_MODEL, "prompt": WORD_PROMPT, "max_tokens": 16, "temperature": 0}
+    eos = f"t{load_engine(repo / JSON_MODEL).tokenizer.eos_token_id}"
+    shown = {"skip_special_tokens": False}
+    assert client.completions.create(**ask, extra_body=shown).choices[0].text == ""
+    out = client.completions.create(**ask, extra_body={**shown, "include_stop_str_in_output": True})
+    assert out.choices[0].text == eos and out.choices[0].finish_reason == "stop"

@@ -115,6 +115,15 @@ def test_include_stop_str_in_output_ends_the_text_after_the_stop_string():
     assert reasons[-1] is FinishReason.STOP and text == "hello w"
 
 
+def test_a_stop_tokens_text_is_left_out_unless_include_stop_str_in_output():
+    """vLLM's: a request ended by a stop token (or EOS) does not show that token's text, unless asked."""
+    stop_at_l = SamplingParams(max_tokens=100, stop_token_ids=frozenset({ord("l")}))
+    assert feed(stop_at_l, b"hello") == ([None, None, FinishReason.STOP], "he")
+    kept = SamplingParams(max_tokens=100, stop_token_ids=frozenset({ord("l")}),
+                          include_stop_str_in_output=True)
+    assert feed(kept, b"hello")[1] == "hel"
+
+
 def test_no_stop_counts_until_past_min_tokens():
     """vLLM's min_tokens: a stop string (or token) completed within the first min_tokens tokens is passed;
     the first one after them stops."""
