@@ -6,13 +6,13 @@ inputs) and unknown ones."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
+import tokenizers
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server
 from engine.generate.core.request import SamplingParams
@@ -31,8 +31,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / MODEL).mkdir(parents=True)
     shutil.copy(EXAMPLES / MODEL / "config.pbtxt", root / MODEL / "config.pbtxt")
     examples.build_repository(root, [MODEL])
-    if importlib.util.find_spec("tokenizers") is not None:
-        add_word_tokenizer_model(root)
+    add_word_tokenizer_model(root)
     return root
 
 
@@ -178,7 +177,6 @@ def test_fields_not_served_are_refused_not_ignored(client: openai.OpenAI, fields
 
 
 def test_skip_special_tokens_false_writes_them_in_the_text(client: openai.OpenAI, repo: Path):
-    tokenizers = pytest.importorskip("tokenizers")
     engine = load_engine(repo / JSON_MODEL)
     prompt = WORD_PROMPT
     engine.add_request("ref", prompt, SamplingParams(max_tokens=16, ignore_eos=True))
@@ -193,7 +191,6 @@ def test_skip_special_tokens_false_writes_them_in_the_text(client: openai.OpenAI
 
 
 def test_ignore_eos_and_min_tokens_go_past_the_end_of_sequence_token(client: openai.OpenAI, repo: Path):
-    pytest.importorskip("tokenizers")
     ask = {"model": JSON_MODEL, "prompt": WORD_PROMPT, "max_tokens": 16, "temperature": 0}
     ends = client.completions.create(**ask)
     assert (ends.usage.completion_tokens, ends.choices[0].finish_reason) == (1, "stop")
@@ -211,7 +208,6 @@ def test_ignore_eos_and_min_tokens_go_past_the_end_of_sequence_token(client: ope
 def test_the_end_of_sequence_tokens_text_shows_only_when_asked(client: openai.OpenAI, repo: Path):
     """vLLM's: the token that stopped a request is not in its text unless `include_stop_str_in_output`;
     EOS being special, `skip_special_tokens` false is needed to see it."""
-    pytest.importorskip("tokenizers")
     ask = {"model": JSON_MODEL, "prompt": WORD_PROMPT, "max_tokens": 16, "temperature": 0}
     eos = f"t{load_engine(repo / JSON_MODEL).tokenizer.eos_token_id}"
     shown = {"skip_special_tokens": False}

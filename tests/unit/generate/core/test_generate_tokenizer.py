@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import tokenizers
 
 from engine.generate.core.detokenize import OutputText
 from engine.generate.core.tokenizer import JsonTokenizer
-
-tokenizers = pytest.importorskip("tokenizers")
 
 
 def word_tokenizer(folder: Path) -> JsonTokenizer:
