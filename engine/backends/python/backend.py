@@ -42,7 +42,7 @@ from .environment import options
 from .messages import Bls, BlsResult, Cancel, Error, Ok, RequestHeader, Resp, Result, SendCredit
 from .process import InstanceProcess, LaunchSpec
 from .runner import Answer, ModelError, ModelRunner, convert_response
-from .send_credits import SendCredits
+from .send_credits import CreditedSink
 
 log = logging.getLogger("hubserve.python")
 RESTART_ATTEMPTS = 3
@@ -346,28 +346,19 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-class InProcessSink(pb_utils.ResponseSink):
+class InProcessSink(CreditedSink):
     """A decoupled in-process model's sends: converted on the model's thread, handed to the loop in order; a
     send before the last waits for its request's credit (send_credits.py), granted from the loop."""
 
     def __init__(self, instance: InProcessInstance) -> None:
+        super().__init__()
         self._instance = instance
-        self.cancelled: set[int] = set()
-        self.credits = SendCredits(self.cancelled)
 
-    def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
-        if final:
-            self.cancelled.discard(key)
-            self.credits.finished(key)
-        else:
-            self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
+    def deliver(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         answer = None if response is None else convert_response(response, 0)
         loop = self._instance.loop
         if loop is not None:
             loop.call_soon_threadsafe(self._instance.respond, key, answer, final)
-
-    def is_cancelled(self, key: int) -> bool:
-        return key in self.cancelled
 
 
 class InProcessInstance:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Container
 
 from ...streaming.window import RESPONSE_WINDOW
+from . import pb_utils
 
 
 class SendCredits:
@@ -60,3 +61,27 @@ class SendCredits:
 
 
 __all__ = ["SendCredits"]
+
+
+class CreditedSink(pb_utils.ResponseSink):
+    """What both sinks of decoupled sends share: the keys the engine cancelled, the credits, and the order of
+    a send (a final send frees its key; any other waits for credit first). `deliver` is where the response
+    goes: the instance's channel (stub.py `StubSink`) or the event loop (backend.py `InProcessSink`)."""
+
+    def __init__(self) -> None:
+        self.cancelled: set[int] = set()
+        self.credits = SendCredits(self.cancelled)
+
+    def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if final:
+            self.cancelled.discard(key)
+            self.credits.finished(key)
+        else:
+            self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
+        self.deliver(key, response, final)
+
+    def deliver(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
+        raise NotImplementedError
+
+    def is_cancelled(self, key: int) -> bool:
+        return key in self.cancelled

@@ -51,26 +51,20 @@ from .messages import (
     SendCredit,
 )
 from .runner import ModelError, ModelRunner, convert_response
-from .send_credits import SendCredits
+from .send_credits import CreditedSink
 
 
-class StubSink(pb_utils.ResponseSink):
+class StubSink(CreditedSink):
     """A decoupled model's sends, from whichever thread of the model: each a `Resp` frame to the engine (the
     channel's lock keeps frames whole), a send before the last waiting for its request's credit
     (send_credits.py); `cancelled` holds the keys the engine said are cancelled (written by the reader
     thread, which also hands over the engine's credit)."""
 
     def __init__(self, channel: Channel) -> None:
+        super().__init__()
         self._channel = channel
-        self.cancelled: set[int] = set()
-        self.credits = SendCredits(self.cancelled)
 
-    def send(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
-        if final:
-            self.cancelled.discard(key)
-            self.credits.finished(key)
-        else:
-            self.credits.acquire(key)  # waits while its client has RESPONSE_WINDOW responses not yet taken
+    def deliver(self, key: int, response: pb_utils.InferenceResponse | None, final: bool) -> None:
         if response is None:
             self._channel.send(Resp(key, final, None))
             return
@@ -85,9 +79,6 @@ class StubSink(pb_utils.ResponseSink):
         except ChannelClosed:
             raise pb_utils.TritonModelException("the response could not be sent: the server is gone") \
                 from None
-
-    def is_cancelled(self, key: int) -> bool:
-        return key in self.cancelled
 
 
 def requests_from(headers: list[RequestHeader], tensors: list[Received],
