@@ -79,8 +79,8 @@ class Server:
         self.dataplane = DataPlane(self.repository, options.strict_readiness, options.allow_client_shm,
                                    options.max_message_bytes, options.model_control_mode, shm)
         wire.configure(self.tensor_limits())
-        # The generative models' engines (one per version, built on first use), for the OpenAI API on the
-        # HTTP port; here, in the process that holds the repository, whatever --workers says.
+        # The generative models' engines (one per version, built and checked while it loads), for the OpenAI
+        # API on the HTTP port; here, in the process that holds the repository, whatever --workers says.
         self.generation = GenerationRegistry(self.repository)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         keys = options.access().keys

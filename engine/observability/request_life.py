@@ -16,8 +16,8 @@ What each door stamps:
 - a batcher: its queue and its batch's execution (a decoupled Python model's compute lasts until its final
   response: backends/python/decoupled.py);
 - an ensemble: from its arrival until its first step began, and the whole plan as its compute;
-- a generation: from its arrival until it was handed to the engine's driver (the wait for the engine's
-  build, then tokenizing), and the whole generation as its compute, batch size 1 (as its statistics count
+- a generation: from its arrival until it was handed to the engine's driver (tokenizing its prompt), and
+  the whole generation as its compute, batch size 1 (as its statistics count
   it: engine/generate/serving/accounting.py).
 """
 
