@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...errors import EngineError, ErrorCode
-from ...model import InstanceModel, Model
+from ...model import Model
 from ...types import DataType, InferenceRequest, InferenceResponse, RequestedOutput, Tensor
 
 log = logging.getLogger("hubserve.python")
@@ -193,13 +193,10 @@ class Gateway:
 
 
 def _answerers(model: Model) -> list[WaitNode] | None:
-    """The Python-model instances that answer a request to `model`, for the wait graph; None for any other
-    kind (an ONNX model's instances, an ensemble, a generative model), which answers without waiting on BLS.
-    Only an `InstanceModel` has a batcher: an ensemble (scheduling/ensemble/driver.py) and a generative model
-    (generate/triton/model.py) take requests through their own `submit`."""
-    if not isinstance(model, InstanceModel):
-        return None
-    answerers = getattr(model.batcher, "wait_nodes", None)  # a Python model's batchers have them
+    """The Python-model instances that answer a request to `model`, for the wait graph (model.py
+    `PythonModel.wait_nodes`); None for any other kind (an ONNX model's instances, an ensemble, a generative
+    model), which answers without waiting on BLS."""
+    answerers: list[WaitNode] | None = getattr(model, "wait_nodes", None)
     return list(answerers) if answerers else None
 
 

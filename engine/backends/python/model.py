@@ -17,7 +17,7 @@ from ...scheduling.batching.batcher import Batcher
 from ...scheduling.sequence.batcher import SequenceBatcher
 from ...scheduling.sequence.policy import DEFAULT_BACKLOG, BacklogLimits
 from .batcher import RequestBatcher
-from .bls import Router
+from .bls import Router, WaitNode
 from .sequence import PythonSequenceBatcher
 
 
@@ -38,6 +38,12 @@ class PythonModel(InstanceModel):
     def _instances_started(self) -> None:
         assert isinstance(self.batcher, (RequestBatcher, PythonSequenceBatcher))
         self.batcher.bind()
+
+    @property
+    def wait_nodes(self) -> list[WaitNode]:
+        """This version's instances, for BLS deadlock detection (bls.py `WaitGraph`)."""
+        assert isinstance(self.batcher, (RequestBatcher, PythonSequenceBatcher))
+        return self.batcher.wait_nodes
 
 
 __all__ = ["PythonModel"]
