@@ -92,6 +92,8 @@ class ServerOptions:
     # restriction nor a key (--allow-remote-admin-api, as given); the others answer only loopback until one is
     # configured.
     remote_admin_apis: tuple[str, ...] = ()
+    # Whether the OpenAI API renders a chat request's own `chat_template` (--trust-request-chat-template).
+    trust_request_chat_template: bool = False
     # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
     # and the most requests in one, and what one key (owner) may hold (engine/openai/batch/limits.py).
     batch_dir: Path | None = None

@@ -84,7 +84,7 @@ class Server:
         self.generation = GenerationRegistry(self.repository)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         keys = options.access().keys
-        self.openai = OpenAIService(self.generation, keys)
+        self.openai = OpenAIService(self.generation, keys, options.trust_request_chat_template)
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         self.batches = None if options.batch_dir is None else BatchRunner(
             options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)

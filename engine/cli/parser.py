@@ -238,6 +238,10 @@ def _access_flags(serve: argparse.ArgumentParser) -> None:
                             "clients on loopback until a restriction on the group or an API key holding it "
                             "is configured; this opens the groups listed to every client without either, as "
                             "Triton does by default (repeatable)")
+    group.add_argument("--trust-request-chat-template", action="store_true",
+                       help="the OpenAI API serves a chat request's own 'chat_template' (vLLM's flag): Jinja "
+                            "rendered in a sandbox, yet code a client wrote; off, such a request is refused "
+                            "and each model's own template is used")
 
 
 def _client_shm_flags(serve: argparse.ArgumentParser) -> None:

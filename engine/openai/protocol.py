@@ -7,7 +7,9 @@ decoding and chat template fields, ...) unless sent with a value that asks for n
 with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in vLLM's names
 and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
 `stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
-`truncate_prompt_tokens`, `skip_special_tokens`. What the engine checks after every token is bounded here
+`truncate_prompt_tokens`, `skip_special_tokens`, and chat's `chat_template_kwargs`, `add_generation_prompt`,
+`continue_final_message` and `chat_template` (the service refuses the last unless the operator trusts
+request templates). What the engine checks after every token is bounded here
 (generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
@@ -54,9 +56,15 @@ class ApiRequest:
     min_p: float = 0.0
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
-    add_special_tokens: bool = True  # vLLM's default for completions; we keep it for chat too (see service)
+    add_special_tokens: bool = True  # vLLM's defaults: true for completions, false for chat (its template
+    # writes the BOS)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens; -1: the context's
     skip_special_tokens: bool = True
+    # chat only: how the messages are rendered (generate/serving/chat_template.py)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # a request's own Jinja template (served only when trusted: service)
 
 
 def parse_body(body: bytes | bytearray) -> dict[str, Any]:
@@ -119,6 +127,11 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
     if truncate == 0:
         raise bad_request("Invalid 'truncate_prompt_tokens': 0; it must be at least 1 (-1: the model's "
                           "context).", "truncate_prompt_tokens", "invalid_value")
+    add_generation_prompt = _bool(doc, "add_generation_prompt", True)
+    continue_final = _bool(doc, "continue_final_message", False)
+    if chat and continue_final and add_generation_prompt:
+        raise bad_request("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                          "continue_final_message", "invalid_value")
     repetition = _number(doc, "repetition_penalty", 0.0, 100.0)
     if repetition == 0.0:
         raise bad_request("Invalid 'repetition_penalty': 0; it must be greater than 0 (1: no penalty).",
@@ -139,8 +152,11 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         stream=stream, include_usage=include_usage, logprobs=logprobs,
         min_p=_number(doc, "min_p", 0.0, 1.0) or 0.0, min_tokens=min_tokens,
         include_stop_str_in_output=_bool(doc, "include_stop_str_in_output", False),
-        add_special_tokens=_bool(doc, "add_special_tokens", True), truncate_prompt_tokens=truncate,
-        skip_special_tokens=_bool(doc, "skip_special_tokens", True))
+        add_special_tokens=_bool(doc, "add_special_tokens", not chat), truncate_prompt_tokens=truncate,
+        skip_special_tokens=_bool(doc, "skip_special_tokens", True),
+        add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
+        chat_template_kwargs=_template_kwargs(doc.get("chat_template_kwargs")),
+        chat_template=_template(doc.get("chat_template")))
 
 
 # Every field a request may carry is in one of the lists below; any other is refused by name
@@ -154,7 +170,8 @@ _SERVED_BOTH = frozenset({
     # vLLM's extensions, with vLLM's meaning
     "top_k", "min_p", "ignore_eos", "stop_token_ids", "repetition_penalty", "min_tokens",
     "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens"})
-_SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs"},
+_SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs", "chat_template",
+                                 "chat_template_kwargs", "add_generation_prompt", "continue_final_message"},
            False: _SERVED_BOTH | {"prompt"}}
 
 # The compatibility list: accepted and ignored, each because it cannot change the answer here.
@@ -176,7 +193,7 @@ _UNSERVED: dict[str, tuple[Any, ...]] = {
     "function_call": (*_OFF, "none"), "suffix": _OFF, "response_format": (*_OFF, {"type": "text"}),
     "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "prediction": _OFF, "modalities": ([], ["text"]),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (),
-    # vLLM's: the chat template's inputs (the template here is the folder's own fixed format)
+    # vLLM's chat template inputs, served for chat (above); a completion has no template
     "chat_template": (), "chat_template_kwargs": ({},), "add_generation_prompt": (True,),
     "continue_final_message": (False,),
     # vLLM's: how special tokens are joined to the text when written (`tokenizers` writes them its own way)
@@ -221,6 +238,31 @@ def _messages(value: Any) -> tuple[tuple[str, str], ...]:
                               "'developer', 'user' and 'assistant' messages.", f"{where}.role")
         out.append((role, _content(message.get("content"), f"{where}.content")))
     return tuple(out)
+
+
+# The render variables a request's chat_template_kwargs may not replace (jinja_template.py sets them).
+_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
+def _template_kwargs(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request(f"{_show(value)} is not of type 'object' - 'chat_template_kwargs'",
+                          "chat_template_kwargs", "invalid_type")
+    taken = sorted(_TEMPLATE_VARIABLES & set(value))
+    if taken:
+        raise bad_request(f"'chat_template_kwargs' may not set {taken}: the server sets them (send "
+                          "'add_generation_prompt' as its own field).", "chat_template_kwargs",
+                          "invalid_value")
+    return value
+
+
+def _template(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"{_show(value)} is not of type 'string' - 'chat_template'", "chat_template",
+                          "invalid_type")
+    return value
 
 
 def _content(value: Any, where: str) -> str:

@@ -19,9 +19,10 @@ from ..errors import EngineError, ErrorCode
 from ..generate.core.lora import adapter_names
 from ..generate.core.request import Priority, SamplingParams
 from ..generate.serving.accounting import RequestAccount
-from ..generate.serving.chat_template import ChatTemplate
+from ..generate.serving.chat_template import ChatOptions, ChatTemplate, render_chat
+from ..generate.serving.jinja_template import JinjaTemplate, RenderedTooLong, TemplateRenderError
 from ..generate.serving.model_folder import adapters_folder
-from ..generate.serving.prompt import PromptDoor, PromptProblem, PromptRefused
+from ..generate.serving.prompt import MAX_PROMPT_CHARS_PER_TOKEN, PromptDoor, PromptProblem, PromptRefused
 from ..generate.serving.registry import GenerationRegistry, GenerativeVersion, check_adapter
 from ..model import Model
 from ..types import InferenceRequest
@@ -35,8 +36,12 @@ from .token_quotas import TokenQuotas, charge_waiting
 class OpenAIService:
     """One per server, in the process that holds the repository and the engines."""
 
-    def __init__(self, registry: GenerationRegistry, keys: tuple[ApiKey, ...] = ()) -> None:
+    def __init__(self, registry: GenerationRegistry, keys: tuple[ApiKey, ...] = (),
+                 trust_request_chat_template: bool = False) -> None:
         self.registry = registry
+        # a request's own `chat_template` is user-supplied template code (sandboxed, yet code): served only
+        # when the operator says so (--trust-request-chat-template), as vLLM's flag of that name
+        self.trust_request_chat_template = trust_request_chat_template
         self.quotas = TokenQuotas(keys)
         self._created: dict[str, int] = {}
 
@@ -123,10 +128,10 @@ class OpenAIService:
 
     def _prompts(self, api: ApiRequest, door: PromptDoor, version: GenerativeVersion) -> list[list[int]]:
         """Each prompt's token ids, through the generation APIs' front door (generate/serving/prompt.py).
-        `add_special_tokens` defaults to true for chat too (vLLM's chat default is false, as a model's own
-        template writes its BOS; ours do not)."""
-        texts: tuple[str | tuple[int, ...], ...] = (_render(version.chat_template, api),) if api.chat \
-            else api.prompts
+        A chat is rendered by its template first; `add_special_tokens` defaults to false for chat (vLLM's
+        default: the template writes the BOS), true for completions."""
+        texts: tuple[str | tuple[int, ...], ...] = \
+            (self._render(api, version, door.context_tokens),) if api.chat else api.prompts
         keep = door.context_tokens if api.truncate_prompt_tokens == -1 else api.truncate_prompt_tokens
         try:
             return [door.tokens(prompt, api.add_special_tokens, keep) for prompt in texts]
@@ -139,7 +144,9 @@ class OpenAIService:
             max_tokens = door.budget(prompt_tokens, api.max_tokens)
         except PromptRefused as e:
             raise _refusal(e, api) from None
-        stop = api.stop + (version.chat_template.stop if api.chat else ())
+        template = version.chat.template
+        stop = api.stop + (template.stop if api.chat and template is not None and api.chat_template is None
+                           else ())
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
                                   top_k=api.top_k, min_p=api.min_p,
@@ -156,6 +163,36 @@ class OpenAIService:
         except EngineError as e:
             raise from_engine(e) from None
 
+    def _render(self, api: ApiRequest, version: GenerativeVersion, context_tokens: int) -> str:
+        """The chat's prompt text, by the request's own template (when trusted) or the folder's: a 400
+        when the model has none, or the template refuses the chat or fails on it (its own words); a
+        rendered text past the prompt's character bound is a context error, found while it is written."""
+        template: ChatTemplate | None = version.chat.template
+        if api.chat_template is not None:
+            if not self.trust_request_chat_template:
+                raise bad_request("'chat_template' is not accepted by this server: it serves each model's "
+                                  "own chat template (its operator may allow request templates with "
+                                  "--trust-request-chat-template); leave it out.", "chat_template",
+                                  "unsupported_parameter")
+            try:
+                template = JinjaTemplate(api.chat_template, version.chat.special_tokens, "request")
+            except TemplateRenderError as e:
+                raise bad_request(f"Invalid 'chat_template': {e}", "chat_template", "invalid_value") from None
+        if template is None:
+            raise bad_request(f"model {api.model} has no chat template; use /v1/completions or add "
+                              "chat_template.jinja", "messages", "chat_template_missing")
+        options = ChatOptions(api.add_generation_prompt, api.continue_final_message,
+                              api.chat_template_kwargs or {})
+        limit = MAX_PROMPT_CHARS_PER_TOKEN * context_tokens
+        try:
+            return render_chat(template, api.messages, options, limit)
+        except TemplateRenderError as e:
+            raise bad_request(f"The chat template refused the messages: {e}", "messages",
+                              "chat_template_error") from None
+        except RenderedTooLong:
+            raise _context_error(context_tokens, f"a chat of more than {limit} characters once rendered",
+                                 "messages") from None
+
 
 def _declared_adapters(model: Model) -> list[str]:
     """The adapters the model's folder holds (generate/core/lora.py `adapter_names`: a scan, nothing
@@ -170,10 +207,6 @@ def _adapter_root(model: Model, adapter: str) -> str | None:
     if folder.is_absolute() or ".." in folder.parts:
         return None
     return f"{model.name}/{folder}"
-
-
-def _render(template: ChatTemplate, api: ApiRequest) -> str:
-    return template.render(api.messages)
 
 
 def _refusal(refused: PromptRefused, api: ApiRequest) -> OpenAIError:

@@ -45,7 +45,7 @@ from .pipelines import TEXT_LENGTH as TEXT_LENGTH
 from .pipelines import TEXT_VOCAB as TEXT_VOCAB
 from .pipelines import image_classifier_model, text_classifier_model
 from .pipelines import text_classifier_weights as text_classifier_weights
-from .tiny_decoder import tiny_decoder_model
+from .tiny_decoder import CHAT_TEMPLATE, tiny_decoder_model
 
 # --------------------------------------------------------------------------------------------- models
 
@@ -281,6 +281,9 @@ EXAMPLES: dict[str, Callable[[], onnx.ModelProto]] = {
     "tiny_decoder": tiny_decoder_model,
     "text_classifier": text_classifier_model,
 }
+# Files an example's folder holds beside its config and model, as its exporter writes them (name -> file ->
+# text): the decoder's chat template.
+EXAMPLE_FILES: dict[str, dict[str, str]] = {"tiny_decoder": {"chat_template.jinja": CHAT_TEMPLATE}}
 # Example ensembles: no model file, only the (empty) version folder build_repository creates.
 EXAMPLE_ENSEMBLES = ("image_pipeline", "text_pipeline")
 VERSION = "1"
@@ -295,8 +298,9 @@ class Built(NamedTuple):
 def build_repository(root: Path | str, models: Iterable[str] | None = None) -> list[Built]:
     """Write `<root>/<name>/1/model.onnx` for the example models (all, or those named in `models`).
 
-    Only model files are written; config files are committed beside them. A file that already holds the same
-    bytes is left alone, so rebuilding is cheap and does not touch mtimes a polling server would notice.
+    Only model files (and EXAMPLE_FILES) are written; config files are committed beside them. A file that
+    already holds the same bytes is left alone, so rebuilding is cheap and does not touch mtimes a polling
+    server would notice.
     """
     root = Path(root)
     names = list(EXAMPLES) + list(EXAMPLE_ENSEMBLES) if models is None else list(dict.fromkeys(models))
@@ -309,16 +313,22 @@ def build_repository(root: Path | str, models: Iterable[str] | None = None) -> l
         if name in EXAMPLE_ENSEMBLES:
             (root / name / VERSION).mkdir(parents=True, exist_ok=True)  # Triton wants the empty folder
             continue
+        for file, text in EXAMPLE_FILES.get(name, {}).items():
+            _write_if_changed(text.encode(), root / name / file)
         path = root / name / VERSION / "model.onnx"
-        data = model_bytes(EXAMPLES[name]())
-        try:
-            same = path.stat().st_size == len(data) and path.read_bytes() == data
-        except FileNotFoundError:
-            same = False
-        if not same:
-            _write_bytes(data, path)
-        built.append(Built(name, path, not same))
+        written = _write_if_changed(model_bytes(EXAMPLES[name]()), path)
+        built.append(Built(name, path, written))
     return built
+
+
+def _write_if_changed(data: bytes, path: Path) -> bool:
+    try:
+        same = path.stat().st_size == len(data) and path.read_bytes() == data
+    except FileNotFoundError:
+        same = False
+    if not same:
+        _write_bytes(data, path)
+    return not same
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -34,6 +34,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+# Its chat template (chat_template.jinja beside its config, written by examples.build_repository): Jinja as a
+# Hugging Face folder ships it, in the Zephyr-like form <|role|>\ntext\n, ending with <|assistant|>\n when the
+# answer is to start. The byte tokenizer's BOS has no text, so the template writes none.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
 OPSET = 17  # LayerNormalization arrived in opset 17
 IR_VERSION = 8
 PRODUCER = "hubserve.engine.examples"

@@ -1,6 +1,13 @@
 """A model folder's chat template: how a list of chat messages becomes one prompt string.
 
-Our own small format, not Jinja: `chat_template.json` beside the model's config.pbtxt, every key optional:
+Where it comes from, the first found (`load_chat_template`, at load):
+1. `chat_template.json` beside the config: our own small format, an explicit override (below);
+2. `chat_template.jinja`, the model's own Jinja template as newer transformers saves it;
+3. `tokenizer_config.json`'s `chat_template` (jinja_template.py renders 2 and 3 as transformers does).
+A folder with none serves no chat (`ModelChat.template` None: the API refuses chat requests saying so);
+completions still work. There is no silent default.
+
+`chat_template.json`, every key optional (the defaults are those shown):
 
     {
       "system":    "<|system|>\\n{content}\\n",      one message of each role: {content} is its text
@@ -11,53 +18,128 @@ Our own small format, not Jinja: `chat_template.json` beside the model's config.
       "stop":      ["<|user|>", "<|system|>"]       stop strings every chat request gets, besides its own
     }                                                 (at most 4, of at most 256 characters: core/request.py)
 
-A folder without the file gets `DEFAULT` (the values above). The role `developer` is written as `system`
-(OpenAI renamed it); `tool` and `function` messages are refused. `{content}` is replaced literally
-(str.replace), so braces in a message are text, never a format field. A message's content is its string, or
-the `text` of its parts of type "text" joined with "\\n".
+`{content}` is replaced literally (str.replace), so braces in a message are text, never a format field.
+Messages reach either kind as (role, text): the role `developer` is written as `system` (OpenAI renamed
+it), and a message's content is its string, or the `text` of its parts of type "text" joined with "\\n"
+(engine/openai/protocol.py).
+
+`render_chat` serves a request's `add_generation_prompt` and `continue_final_message` the same way for
+both kinds: the latter renders without the generation prompt and cuts the text after the final message's
+content, as transformers does, so the model continues that message.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from ...errors import invalid
 from ..core.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from .jinja_template import JinjaTemplate, TemplateRenderError, folder_template_source, special_token_texts
 
 FILENAME = "chat_template.json"
 ROLES = ("system", "user", "assistant")
 
 
+class ChatTemplate(Protocol):
+    @property
+    def source(self) -> str:
+        """Where it came from (a file name), for the load log."""
+        ...
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        """The stop strings every chat request gets."""
+        ...
+
+    def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool,
+               variables: Mapping[str, Any], max_chars: int) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
-class ChatTemplate:
+class JsonChatTemplate:
+    """chat_template.json's format. It has no variables: a request's `chat_template_kwargs` change
+    nothing."""
+
     system: str = "<|system|>\n{content}\n"
     user: str = "<|user|>\n{content}\n"
     assistant: str = "<|assistant|>\n{content}\n"
     prefix: str = ""
     generation_prompt: str = "<|assistant|>\n"
     stop: tuple[str, ...] = ("<|user|>", "<|system|>")
+    source: str = FILENAME
 
-    def render(self, messages: Sequence[tuple[str, str]]) -> str:
-        """The prompt for (role, text) messages whose roles are already among ROLES."""
+    def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True,
+               variables: Mapping[str, Any] | None = None, max_chars: int = 0) -> str:
+        """The prompt for (role, text) messages whose roles are already among ROLES (its length is
+        bounded by the messages', which the request's size bounds)."""
         parts = [self.prefix]
         for role, text in messages:
             parts.append(getattr(self, role).replace("{content}", text))
-        parts.append(self.generation_prompt)
+        if add_generation_prompt:
+            parts.append(self.generation_prompt)
         return "".join(parts)
 
 
-DEFAULT = ChatTemplate()
+@dataclass(frozen=True, slots=True)
+class ModelChat:
+    """A model version's chat: its folder's template (None: it serves no chat) and the special tokens' text
+    a request's own Jinja template is rendered with."""
+
+    template: ChatTemplate | None
+    special_tokens: Mapping[str, str] = field(default_factory=dict)
 
 
-def load_chat_template(folder: Path, where: str) -> ChatTemplate:
-    """The folder's template, or DEFAULT without a chat_template.json. INVALID_ARG naming the problem for a
-    malformed file (the model then cannot serve chat requests, and says why)."""
-    path = folder / FILENAME
-    if not path.is_file():
-        return DEFAULT
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """A request's say in how its chat is rendered (vLLM's fields of these names)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    variables: Mapping[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+
+
+def render_chat(template: ChatTemplate, messages: Sequence[tuple[str, str]], options: ChatOptions,
+                max_chars: int) -> str:
+    """The prompt text. TemplateRenderError when the template refuses the chat, or the final message to
+    continue is not in what it wrote; jinja_template.RenderedTooLong past `max_chars`."""
+    add_prompt = options.add_generation_prompt and not options.continue_final_message
+    text = template.render(messages, add_prompt, options.variables, max_chars)
+    if not options.continue_final_message:
+        return text
+    final = messages[-1][1]
+    loc = text.rfind(final.strip())
+    if loc < 0:
+        raise TemplateRenderError("continue_final_message is set but the final message does not appear in "
+                                  "the chat after applying the chat template")
+    # as transformers: keep the message's own trailing spaces where the template kept them
+    if text[loc:loc + len(final.lstrip())] == final:
+        return text[:loc + len(final.lstrip())]
+    return text[:loc + len(final.strip())]
+
+
+def load_chat_template(folder: Path, where: str, params: Mapping[str, str] | None = None) -> ModelChat:
+    """The folder's chat (see the module docstring for the order). INVALID_ARG naming the problem for a
+    malformed file or a template that does not parse (the version's load fails, saying why). `params`: the
+    config's parameters (its `bos_token` / `eos_token` name the special tokens when tokenizer_config.json
+    does not)."""
+    tokens = special_token_texts(folder, params or {}, where)
+    if (folder / FILENAME).is_file():
+        return ModelChat(_load_json(folder / FILENAME, where), tokens)
+    found = folder_template_source(folder, where)
+    if found is None:
+        return ModelChat(None, tokens)
+    source, origin = found
+    try:
+        return ModelChat(JinjaTemplate(source, tokens, origin), tokens)
+    except TemplateRenderError as e:
+        raise invalid(f"{where}: {origin}: {e}") from None
+
+
+def _load_json(path: Path, where: str) -> JsonChatTemplate:
     try:
         doc = json.loads(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -84,4 +166,4 @@ def load_chat_template(folder: Path, where: str) -> ChatTemplate:
             raise invalid(f"{where}: {FILENAME} '{key}' must contain {{content}}")
         else:
             fields[key] = value
-    return ChatTemplate(**fields)  # type: ignore[arg-type]
+    return JsonChatTemplate(**fields)  # type: ignore[arg-type]

@@ -27,7 +27,7 @@ from ...model import Model
 from ...repository.routing import RoutingTable
 from ..core.engine import GenerationEngine
 from ..core.request import SamplingParams
-from .chat_template import ChatTemplate, load_chat_template
+from .chat_template import ModelChat, load_chat_template
 from .driver import EngineDriver
 from .model_folder import build_engine, is_generative
 
@@ -36,11 +36,12 @@ log = logging.getLogger("hubserve.generate")
 
 @dataclass(frozen=True, slots=True)
 class GenerativeVersion:
-    """A generative model version ready to take requests: its engine's driver and its chat template."""
+    """A generative model version ready to take requests: its engine's driver and its chat template (None
+    in `chat.template`: its folder has none, and it serves no chat)."""
 
     model: Model
     driver: EngineDriver
-    chat_template: ChatTemplate
+    chat: ModelChat
 
     @property
     def config(self) -> ModelConfig:
@@ -131,28 +132,29 @@ class GenerationRegistry:
         when it cannot generate (the repository records the version's load as failed)."""
         where = f"model '{model.name}' version {model.version_str}"
 
-        def build() -> tuple[GenerationEngine, ChatTemplate]:
+        def build() -> tuple[GenerationEngine, ModelChat]:
             engine = build_engine(model.config, model.model_path, model.model_dir)
-            template = load_chat_template(model.model_dir, f"model '{model.name}'")
+            chat = load_chat_template(model.model_dir, f"model '{model.name}'", model.config.parameters)
             check_generation(engine)
-            return engine, template
+            return engine, chat
 
         try:
-            engine, template = await asyncio.to_thread(build)
+            engine, chat = await asyncio.to_thread(build)
         except EngineError as e:
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e.message}") from None
         except Exception as e:  # ONNX Runtime refusing the file or failing a run, say
             log.exception("%s: building its generation engine failed", where)
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e}") from None
         driver = EngineDriver(engine, model.name, model.version_str)
-        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, template))
+        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, chat))
         cache, runner = engine.cache_config, engine.runner
         shared = runner.shared_group
         layout = "dense KV" if shared is None else \
             f"shared KV buffers {shared.nbytes / 2**20:.0f} MiB ({len(shared.buffers[0])} rows)"
         log.info("model %s version %s: generation engine ready, load check passed (%d KV blocks of %d "
-                 "tokens, %.0f MiB; %s; context %d)", model.name, model.version_str, cache.num_blocks,
-                 cache.block_size, runner.cache.nbytes / 2**20, layout, cache.max_model_len)
+                 "tokens, %.0f MiB; %s; context %d; chat template: %s)", model.name, model.version_str,
+                 cache.num_blocks, cache.block_size, runner.cache.nbytes / 2**20, layout, cache.max_model_len,
+                 "none (chat refused)" if chat.template is None else chat.template.source)
 
     async def release(self, model: Model) -> None:
         """End `model`'s engine: it finishes the requests it has, then its thread ends. Called by the

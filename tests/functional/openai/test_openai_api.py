@@ -21,8 +21,8 @@ from engine.generate.serving.model_folder import load_engine
 from hubserve_models import examples
 
 MODEL = "tiny_decoder"
-# the default chat template's (engine/generate/serving/chat_template.py)
-CHAT_STOPS = ("<|user|>", "<|system|>")
+# the example's chat template (chat_template.jinja, perf/hubserve_models/tiny_decoder.py) adds no stop strings
+CHAT_STOPS: tuple[str, ...] = ()
 
 
 def build_repository(root: Path) -> Path:
@@ -55,19 +55,21 @@ def reference(repo: Path):
     """The engine in this process, over the same folder: what greedy decoding must give."""
     engine = load_engine(repo / MODEL)
 
-    def run(prompt: str, max_tokens: int, stop: tuple[str, ...] = (), **penalties: float,
+    def run(prompt: str | list[int], max_tokens: int, stop: tuple[str, ...] = (), **penalties: float,
             ) -> tuple[str, int, int]:
         engine.add_request("ref", prompt, SamplingParams(max_tokens=max_tokens, stop=stop, **penalties))
         out = engine.run_to_completion()["ref"]
-        return out.output_text, len(out.output_token_ids), len(engine.tokenizer.encode(prompt))
+        prompt_tokens = len(engine.tokenizer.encode(prompt)) if isinstance(prompt, str) else len(prompt)
+        return out.output_text, len(out.output_token_ids), prompt_tokens
 
     return run
 
 
-def chat_prompt(user: str, system: str | None = None) -> str:
-    """The default template, written out (docs: model_repository/README.md)."""
+def chat_prompt(user: str, system: str | None = None) -> list[int]:
+    """The example's template, written out, as the byte tokenizer encodes it for chat: without the BOS
+    (vLLM's add_special_tokens default for chat; this template writes none)."""
     head = f"<|system|>\n{system}\n" if system is not None else ""
-    return f"{head}<|user|>\n{user}\n<|assistant|>\n"
+    return list(f"{head}<|user|>\n{user}\n<|assistant|>\n".encode())
 
 
 def test_models_lists_the_generative_models_only(client: openai.OpenAI):
@@ -105,10 +107,10 @@ def test_chat_greedy_equals_the_engine(client: openai.OpenAI, reference):
 
 def test_streaming_chat_gives_the_same_text_in_chunks(client: openai.OpenAI, reference):
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Tell me a story"}], max_tokens=30, temperature=0,
+        model=MODEL, messages=[{"role": "user", "content": "Write a poem"}], max_tokens=30, temperature=0,
         stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
-    text, tokens, prompt_tokens = reference(chat_prompt("Tell me a story"), 30, CHAT_STOPS)
+    text, tokens, prompt_tokens = reference(chat_prompt("Write a poem"), 30, CHAT_STOPS)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
     content = [c.choices[0].delta.content or "" for c in chunks if c.choices]
@@ -196,7 +198,8 @@ def test_completion_logprobs_in_the_legacy_shape(client: openai.OpenAI):
 def test_n_choices_with_a_seed_are_reproducible(client: openai.OpenAI):
     def ask() -> list[str]:
         out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go"}],
-                                             max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, n=3)
+                                             max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, n=3,
+                                             extra_body={"ignore_eos": True})
         assert [c.index for c in out.choices] == [0, 1, 2]
         assert out.usage.completion_tokens == 36
         return [c.message.content or "" for c in out.choices]

@@ -158,8 +158,7 @@ def test_out_of_range_values_are_refused_by_name(client: openai.OpenAI, fields: 
 @pytest.mark.parametrize(("fields", "code"), [
     ({"guided_json": {"type": "object"}}, "unsupported_parameter"),
     ({"guided_choice": ["yes", "no"]}, "unsupported_parameter"),
-    ({"chat_template_kwargs": {"enable_thinking": False}}, "unsupported_parameter"),
-    ({"continue_final_message": True}, "unsupported_parameter"),
+    ({"chat_template": "{{ messages }}"}, "unsupported_parameter"),  # without --trust-request-chat-template
     ({"spaces_between_special_tokens": False}, "unsupported_parameter"),
     ({"a_newer_field": 1}, "unknown_parameter"),
 ])

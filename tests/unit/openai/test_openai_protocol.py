@@ -47,9 +47,49 @@ def test_fields_that_change_nothing_are_accepted():
     assert chat.messages == (("user", "x"),)
 
 
+def test_chat_template_fields_are_read_for_chat():
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    api = parse_request({"model": "m", "messages": messages, "add_generation_prompt": False,
+                         "continue_final_message": True, "chat_template_kwargs": {"enable_thinking": False},
+                         "chat_template": "{{ messages }}"}, chat=True)
+    assert (api.add_generation_prompt, api.continue_final_message) == (False, True)
+    assert api.chat_template_kwargs == {"enable_thinking": False} and api.chat_template == "{{ messages }}"
+    plain = parse_request({"model": "m", "messages": messages}, chat=True)
+    assert (plain.add_generation_prompt, plain.continue_final_message) == (True, False)
+    assert (plain.chat_template_kwargs, plain.chat_template) == (None, None)
+    assert not plain.add_special_tokens  # vLLM's chat default: the template writes the BOS
+    assert parse_request({"model": "m", "messages": messages, "add_special_tokens": True},
+                         chat=True).add_special_tokens
+
+
+@pytest.mark.parametrize(("doc", "param", "message"), [
+    ({"continue_final_message": True}, "continue_final_message",
+     "Cannot set both `continue_final_message` and `add_generation_prompt` to True."),
+    ({"chat_template_kwargs": [1]}, "chat_template_kwargs",
+     "[1] is not of type 'object' - 'chat_template_kwargs'"),
+    ({"chat_template_kwargs": {"messages": [], "tools": 1}}, "chat_template_kwargs",
+     "'chat_template_kwargs' may not set ['messages', 'tools']"),
+    ({"chat_template": 3}, "chat_template", "3 is not of type 'string' - 'chat_template'"),
+    ({"add_generation_prompt": "no"}, "add_generation_prompt", '"no" is not of type \'boolean\''),
+])
+def test_chat_template_fields_are_checked(doc: dict, param: str, message: str):
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", "messages": [{"role": "user", "content": "x"}], **doc}, chat=True)
+    error = refused.value.body()["error"]
+    assert refused.value.status == 400 and error["param"] == param and error["message"].startswith(message)
+
+
+@pytest.mark.parametrize("field", ["chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                                   "chat_template"])
+def test_chat_template_fields_are_refused_for_completions(field: str):
+    value = {"chat_template_kwargs": {"a": 1}, "add_generation_prompt": False, "continue_final_message": True,
+             "chat_template": "{{ messages }}"}[field]
+    with pytest.raises(OpenAIError) as refused:
+        parse_request({"model": "m", "prompt": "x", field: value}, chat=False)
+    assert refused.value.body()["error"]["code"] == "unsupported_parameter"
+
+
 @pytest.mark.parametrize(("field", "value"), [
-    ("chat_template_kwargs", {"enable_thinking": False}), ("add_generation_prompt", False),
-    ("continue_final_message", True), ("chat_template", "{{ messages }}"),
     ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
     ("guided_grammar", "root ::= 'a'"), ("guided_decoding_backend", "xgrammar"),
     ("structured_outputs", {"json": {}}), ("spaces_between_special_tokens", False),

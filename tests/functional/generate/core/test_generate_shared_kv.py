@@ -20,7 +20,7 @@ from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.serving.model_folder import load_engine
 from hubserve_models import examples
-from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models.tiny_decoder import CHAT_TEMPLATE, TinyDecoderShape, tiny_decoder_model
 from test_generate_engine import (
     GREEDY,
     KV,
@@ -148,6 +148,7 @@ def shared_folder(root: Path, name: str = "tiny_shared", share: str = "true", st
         config += f'parameters {{ key: "num_scheduler_steps" value {{ string_value: "{steps}" }} }}\n'
     (folder / "config.pbtxt").write_text(config)
     (folder / "1" / "model.onnx").write_bytes(SHARED_MODEL)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)  # the example's own
     return folder
 
 
