@@ -7,7 +7,9 @@ token costs work bounded by the longest stop string and the characters it adds.
   never changes again) and pending text (what a later token may still change: an incomplete UTF-8
   character). `Utf8Decoder` is the byte tokenizer's: its final + pending text after each token is exactly
   `ByteTokenizer.decode` of the tokens so far. `WindowDecoder` serves any tokenizer through its `decode`
-  of a few tokens at a time.
+  of a few tokens at a time, starting from the prompt's last tokens as context: a SentencePiece tokenizer
+  writes a word's leading space ("▁up" → " up") only after other text, so the first generated word keeps
+  its space, as transformers' and vLLM's text of the answer has it.
 - `OutputText` (one per request, made by the engine, fed by `check_stop`) keeps the final text, the pending
   text and a tail of the last characters; looks for the stop strings only where the last token can have
   completed one; and `release`s what the client may be shown: nothing the longest stop string could still
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import codecs
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 _REPLACEMENT = "\ufffd"
@@ -57,17 +59,20 @@ class WindowDecoder:
     tokenizer that writes a token differently at the start of a text (a SentencePiece "▁word") or joins
     bytes across tokens decodes it in context. Text that ends in U+FFFD stays pending until a later token
     completes the character; past MAX_PENDING pending tokens (invalid bytes, which never complete) all but
-    the last 3 are taken as final, so a token never costs more than a few tokens' decode."""
+    the last 3 are taken as final, so a token never costs more than a few tokens' decode. `context`: the
+    prompt's last tokens (at most PROMPT_CONTEXT are kept, vLLM's read offset), the first final piece: their
+    text is never output, only what the generated tokens add after it."""
 
     MAX_PENDING = 8
+    PROMPT_CONTEXT = 5
 
     __slots__ = ("_decode", "_prefix", "_read", "_tokens")
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()) -> None:
         self._decode = decode
-        self._tokens: list[int] = []
+        self._tokens: list[int] = list(context[-self.PROMPT_CONTEXT:]) if context else []
         self._prefix = 0  # tokens[_prefix:_read]: the last final piece, context for what follows
-        self._read = 0  # tokens[_read:]: pending
+        self._read = len(self._tokens)  # tokens[_read:]: pending
 
     def push(self, token_id: int) -> tuple[str, str]:
         tokens = self._tokens
@@ -96,14 +101,19 @@ class WindowDecoder:
 
 class OutputText:
     """One request's output text: the decoder's final text (written to `_final`; its last characters also
-    in `_tail`, from `_tail_start`) and its pending text. Only the engine's thread touches it."""
+    in `_tail`, from `_tail_start`) and its pending text. Only the engine's thread touches it.
+    `special_stops`: the stop strings that are a special token's text, by its id (tokenizer.py
+    `special_token_id`): such a token may write no text (skip_special_tokens), so it stops by its id
+    (`special_stop`), not by the text."""
 
-    __slots__ = ("_decoder", "_ends", "_final", "_final_len", "_pending", "_scan_from", "_stop", "_tail",
-                 "_tail_start", "holdback", "shown")
+    __slots__ = ("_decoder", "_ends", "_final", "_final_len", "_pending", "_scan_from", "_special_stops",
+                 "_stop", "_tail", "_tail_start", "holdback", "shown")
 
-    def __init__(self, decoder: StreamDecoder, stop: Sequence[str]) -> None:
+    def __init__(self, decoder: StreamDecoder, stop: Sequence[str],
+                 special_stops: Mapping[int, str] | None = None) -> None:
         self._decoder = decoder
         self._stop = tuple(stop)
+        self._special_stops = dict(special_stops or {})
         self.holdback = max((len(s) for s in self._stop), default=1) - 1
         self._final = io.StringIO()
         self._final_len = 0
@@ -128,6 +138,10 @@ class OutputText:
         # every earlier token was checked: a stop string found now ends past the final text it had
         self._scan_from = max(0, before - self.holdback)
         self._ends.append(len(self))
+
+    def special_stop(self, token_id: int) -> str | None:
+        """The stop string `token_id` is the special token of, if it is one."""
+        return self._special_stops.get(token_id) if self._special_stops else None
 
     def find_stop(self) -> tuple[int, int] | None:
         """If the last token completed a stop string: where the first one found starts and ends."""

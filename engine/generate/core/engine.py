@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import EngineError, ErrorCode, invalid
-from .detokenize import OutputText
+from .detokenize import OutputText, WindowDecoder
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
 from .request import FinishReason, Request, RequestOutput, SamplingParams, TokenLogprob
@@ -88,7 +88,10 @@ class GenerationEngine:
                               "inputs")
             adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
-        text = OutputText(self.tokenizer.stream_decoder(params.skip_special_tokens), params.stop)
+        tokenizer, tail = self.tokenizer, token_ids[-WindowDecoder.PROMPT_CONTEXT:]
+        decoder = tokenizer.stream_decoder(params.skip_special_tokens, tail)
+        special = {i: s for s in params.stop if (i := tokenizer.special_token_id(s)) is not None}
+        text = OutputText(decoder, params.stop, special)
         request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter,
                           group=group, text=text)
         self._requests[request_id] = request

@@ -3,7 +3,10 @@
 1. the model's end-of-sequence token (unless `ignore_eos`) or one of the request's stop tokens → "stop",
    the text without that token's (with it under `include_stop_str_in_output`, as vLLM does);
 2. a stop string in the decoded text → "stop", the text cut before it (after it with
-   `include_stop_str_in_output`; the tokens stay as generated);
+   `include_stop_str_in_output`; the tokens stay as generated); a stop string that is a special token's
+   text (Llama-3's "<|eot_id|>") stops at that token whether or not its text is written
+   (`skip_special_tokens`), the text before it (with `include_stop_str_in_output`: and the token's text,
+   or the stop string where skip_special_tokens wrote none);
 3. `max_tokens` generated, or the model's context full → "length".
 
 Called by the engine once for each token a request generates, in order: it adds the token to the request's
@@ -29,6 +32,12 @@ def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> Fi
         pass  # the sampler held the stop tokens; a stop string counts only past min_tokens, as in vLLM
     elif (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:
         request.output_text = text.text() if params.include_stop_str_in_output else text.text()[:before]
+        return FinishReason.STOP
+    elif (special := text.special_stop(last)) is not None:
+        # kept under include_stop_str_in_output: its text as written, or the stop string where it wrote none
+        whole = text.text()
+        request.output_text = whole[:before] if not params.include_stop_str_in_output else \
+            whole if len(whole) > before else whole + special
         return FinishReason.STOP
     elif (found := text.find_stop()) is not None:
         request.output_text = text.text()[:found[1] if params.include_stop_str_in_output else found[0]]

@@ -37,9 +37,17 @@ class Tokenizer(Protocol):
         token."""
         ...
 
-    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
+    def stream_decoder(self, skip_special_tokens: bool = True,
+                       prompt_tail: Sequence[int] = ()) -> StreamDecoder:
         """A new decoder for one request's output a token at a time (detokenize.py), whose text after each
-        token is `decode` of the tokens so far."""
+        token is the text the tokens so far add after `prompt_tail` (the prompt's last few tokens: a
+        SentencePiece word's leading space is kept, as decoding the prompt and its answer together writes
+        it)."""
+        ...
+
+    def special_token_id(self, text: str) -> int | None:
+        """The id of the special token written `text` (a stop string that is one stops on its id:
+        stopping.py), or None."""
         ...
 
 
@@ -65,8 +73,12 @@ class ByteTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes((token_id,)) if 0 <= token_id < 256 else b""
 
-    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
-        return Utf8Decoder()
+    def stream_decoder(self, skip_special_tokens: bool = True,
+                       prompt_tail: Sequence[int] = ()) -> StreamDecoder:
+        return Utf8Decoder()  # a byte's text never depends on the bytes before it
+
+    def special_token_id(self, text: str) -> int | None:
+        return None  # BOS and EOS have no text
 
 
 class JsonTokenizer:
@@ -82,6 +94,8 @@ class JsonTokenizer:
         self.vocab_size = int(self._tok.get_vocab_size(with_added_tokens=True))
         self.bos_token_id = self._tok.token_to_id(bos_token) if bos_token else None
         self.eos_token_id = self._tok.token_to_id(eos_token) if eos_token else None
+        self._special_ids = {str(t.content): int(i) for i, t in self._tok.get_added_tokens_decoder().items()
+                             if t.special}
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
@@ -94,11 +108,15 @@ class JsonTokenizer:
         # of a multi-byte character shows as U+FFFD (its raw bytes are not asked of `tokenizers` here)
         return self.decode((token_id,)).encode()
 
-    def stream_decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
-        # a few tokens' decode per token; equal to the whole output's decode wherever a token's text depends
-        # only on the tokens just before it (byte-level BPE, SentencePiece), not verified against a real
-        # tokenizer.json here (no test serves a real one yet)
-        return WindowDecoder(functools.partial(self.decode, skip_special_tokens=skip_special_tokens))
+    def stream_decoder(self, skip_special_tokens: bool = True,
+                       prompt_tail: Sequence[int] = ()) -> StreamDecoder:
+        # a few tokens' decode per token; equal to the whole output's decode after the prompt's wherever a
+        # token's text depends only on the tokens just before it (byte-level BPE, SentencePiece)
+        return WindowDecoder(functools.partial(self.decode, skip_special_tokens=skip_special_tokens),
+                             prompt_tail)
+
+    def special_token_id(self, text: str) -> int | None:
+        return self._special_ids.get(text)
 
 
 def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:

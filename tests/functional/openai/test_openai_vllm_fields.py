@@ -181,7 +181,10 @@ def test_skip_special_tokens_false_writes_them_in_the_text(client: openai.OpenAI
     engine.add_request("ref", prompt, SamplingParams(max_tokens=16, ignore_eos=True))
     ids = list(engine.run_to_completion()["ref"].output_token_ids)
     tok = tokenizers.Tokenizer.from_file(str(repo / JSON_MODEL / "tokenizer.json"))
-    shown, skipped = tok.decode(ids, skip_special_tokens=False), tok.decode(ids)
+    # the answer's text as transformers and vLLM give it: decoded after the prompt (a word's separating space
+    # kept), minus the prompt's text
+    shown, skipped = (tok.decode(prompt + ids, skip_special_tokens=skip)[
+        len(tok.decode(prompt, skip_special_tokens=skip)):] for skip in (False, True))
     assert shown != skipped  # the answer has special tokens: the field's effect shows
     for skip, want in ((False, shown), (True, skipped)):
         out = client.completions.create(model=JSON_MODEL, prompt=prompt, max_tokens=16, temperature=0,
@@ -212,4 +215,19 @@ def test_the_end_of_sequence_tokens_text_shows_only_when_asked(client: openai.Op
     shown = {"skip_special_tokens": False}
     assert client.completions.create(**ask, extra_body=shown).choices[0].text == ""
     out = client.completions.create(**ask, extra_body={**shown, "include_stop_str_in_output": True})
-    assert out.choices[0].text == eos and out.choices[0].finish_reason == "stop"
+    assert out.choices[0].text == f" {eos}" and out.choices[0].finish_reason == "stop"  # after the prompt
+
+
+def test_a_stop_string_that_is_a_special_tokens_text_stops_there(client: openai.OpenAI, repo: Path):
+    """Llama-3's "<|eot_id|>" as a stop string: special, so its text is not in the text that stop strings
+    were matched on; it stops at that token all the same (here the EOS token, with `ignore_eos`)."""
+    ask = {"model": JSON_MODEL, "prompt": WORD_PROMPT, "max_tokens": 16, "temperature": 0}
+    eos = f"t{load_engine(repo / JSON_MODEL).tokenizer.eos_token_id}"
+    runs = client.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert runs.usage is not None and runs.usage.completion_tokens == 16  # without the stop string
+    out = client.completions.create(**ask, stop=[eos], extra_body={"ignore_eos": True})
+    assert (out.choices[0].text, out.choices[0].finish_reason) == ("", "stop")
+    assert out.usage is not None and out.usage.completion_tokens == 1
+    kept = client.completions.create(**ask, stop=[eos], extra_body={"ignore_eos": True,
+                                                                    "include_stop_str_in_output": True})
+    assert kept.choices[0].text == eos

@@ -1,15 +1,23 @@
 """A model folder's `tokenizer.json` through `tokenizers` (engine/generate/core/tokenizer.py JsonTokenizer),
 on a small word-level tokenizer written here with BOS and EOS as special tokens: vLLM's
 `add_special_tokens` (the BOS its post-processor adds) and `skip_special_tokens` (special tokens written
-in the text or left out), in `decode` and a token at a time as the engine shows text (detokenize.py)."""
+in the text or left out), in `decode` and a token at a time as the engine shows text (detokenize.py); a
+stop string that is a special token's text stops there (stopping.py); and on SentencePiece-style BPE
+tokenizers trained here, the first generated word's leading space, decoded after the prompt's last tokens
+as transformers' text of the answer (the whole decode minus the prompt's) has it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
 import tokenizers
+from tokenizers import decoders, normalizers, pre_tokenizers, trainers
 
-from engine.generate.core.detokenize import OutputText
+from engine.generate.core.detokenize import OutputText, WindowDecoder
+from engine.generate.core.request import FinishReason, Request, SamplingParams
+from engine.generate.core.stopping import check_stop
 from engine.generate.core.tokenizer import JsonTokenizer
 
 
@@ -44,3 +52,71 @@ def test_skip_special_tokens_false_writes_them_in_the_text(tmp_path: Path):
         for token in ids:
             text.push(token)
         assert text.text() == tok.decode(ids, skip_special_tokens=skip)
+
+
+def stop_run(tok: JsonTokenizer, ids: list[int],
+             params: SamplingParams) -> tuple[FinishReason | None, str, int]:
+    """check_stop after each of `ids`, the engine's way (the text made as engine.add_request makes it):
+    (the reason it finished, its text, the tokens it took)."""
+    special = {i: s for s in params.stop if (i := tok.special_token_id(s)) is not None}
+    request = Request("r", [2], params, np.random.default_rng(0),
+                      text=OutputText(tok.stream_decoder(params.skip_special_tokens), params.stop, special))
+    for token in ids:
+        request.output_token_ids.append(token)
+        reason = check_stop(request, tok, 512)
+        if reason is not None:
+            return reason, request.output_text, len(request.output_token_ids)
+    return None, request.text.text() if request.text else "", len(ids)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_stop_string_that_is_a_special_token_stops_there(tmp_path: Path, skip: bool):
+    tok = word_tokenizer(tmp_path)
+    assert (tok.special_token_id("</s>"), tok.special_token_id("hello")) == (3, None)
+    ids = [0, 1, 3, 0, 1]  # "hello world </s> hello world"
+    params = SamplingParams(max_tokens=10, stop=("</s>",), ignore_eos=True, skip_special_tokens=skip)
+    assert stop_run(tok, ids, params) == (FinishReason.STOP, "hello world", 3)
+    kept = SamplingParams(max_tokens=10, stop=("</s>",), ignore_eos=True, skip_special_tokens=skip,
+                          include_stop_str_in_output=True)
+    # the token's text as the decode writes it, or the stop string where it writes none
+    want = "hello world</s>" if skip else "hello world </s>"
+    assert stop_run(tok, ids, kept) == (FinishReason.STOP, want, 3)
+    # a stop string that is no special token's text is still looked for in the text only
+    assert stop_run(tok, ids, SamplingParams(max_tokens=10, stop=("<s>x",), ignore_eos=True))[0] is None
+
+
+CORPUS = ["the cat will up keep the house", "keep it up", "the house of the cat", "up and up we keep going"]
+
+
+def sentencepiece_bpe(folder: Path, style: str) -> JsonTokenizer:
+    """A BPE tokenizer trained here whose words carry SentencePiece's "▁": `metaspace` (a Metaspace
+    pre-tokenizer and decoder), or `llama` (Llama and Mistral's tokenizer.json: a normalizer prepending "▁",
+    and a decoder replacing it and stripping the text's first space)."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=style == "llama"))
+    if style == "metaspace":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(CORPUS * 5, trainers.BpeTrainer(vocab_size=120,
+                                                            special_tokens=["<unk>", "<s>", "</s>"]))
+    tok.save(str(folder / "tokenizer.json"))
+    return JsonTokenizer(folder / "tokenizer.json", "<s>", "</s>")
+
+
+@pytest.mark.parametrize("style", ["metaspace", "llama"])
+def test_the_first_generated_word_keeps_its_leading_space(tmp_path: Path, style: str):
+    tok = sentencepiece_bpe(tmp_path, style)
+    prompt = tok.encode("the cat will", add_special_tokens=False)
+    answer = tok.encode("up keep the house", add_special_tokens=False)
+    assert tok.decode(answer) == "up keep the house"  # alone, the first word's space is dropped
+    whole = tok.decode(prompt + answer)
+    expected = whole[len(tok.decode(prompt)):]  # transformers' text of the answer, and vLLM's
+    assert expected == " up keep the house"
+    for tail in (prompt, prompt[-WindowDecoder.PROMPT_CONTEXT:], prompt[-1:]):
+        text = OutputText(tok.stream_decoder(True, tail), ())
+        for token in answer:
+            text.push(token)
+        assert text.text() == expected
