@@ -127,7 +127,8 @@ class JinjaTemplate:
                     raise RenderedTooLong(max_chars)
         except jinja2.TemplateError as e:  # raise_exception, UndefinedError, SecurityError
             raise TemplateRenderError(str(e.message or e)) from None
-        except (TypeError, ValueError, ArithmeticError, LookupError) as e:  # a filter or operator on bad data
+        # a filter or an operator on data it does not take, or a macro calling itself without end
+        except (TypeError, ValueError, ArithmeticError, LookupError, RecursionError) as e:
             raise TemplateRenderError(f"{type(e).__name__}: {e}") from None
         return "".join(pieces)
 

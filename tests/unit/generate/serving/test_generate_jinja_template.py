@@ -111,6 +111,7 @@ def test_chat_template_kwargs_and_the_globals_and_loop_controls():
     ("{{ messages.append(1) }}", "unsafe"),  # the immutable sandbox: the messages stay as given
     ("{{ ''.__class__.__mro__ }}", "unsafe"),  # no way into Python's internals
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
 ])
 def test_a_failing_template_is_a_render_error_not_a_crash(source: str, words: str):
     with pytest.raises(TemplateRenderError, match=words):
