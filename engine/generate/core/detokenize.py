@@ -13,7 +13,8 @@ token costs work bounded by the longest stop string and the characters it adds.
 - `OutputText` (one per request, made by the engine, fed by `check_stop`) keeps the final text, the pending
   text and a tail of the last characters; looks for the stop strings only where the last token can have
   completed one; and `release`s what the client may be shown: nothing the longest stop string could still
-  cut (its length - 1 characters), nor trailing U+FFFD (a character not complete yet).
+  cut (its length - 1 characters), nor trailing U+FFFD (a character not complete yet), nor pending text (a
+  later token may still change it).
 """
 
 from __future__ import annotations
@@ -61,15 +62,20 @@ class WindowDecoder:
     completes the character; past MAX_PENDING pending tokens (invalid bytes, which never complete) all but
     the last 3 are taken as final, so a token never costs more than a few tokens' decode. `context`: the
     prompt's last tokens (at most PROMPT_CONTEXT are kept, vLLM's read offset), the first final piece: their
-    text is never output, only what the generated tokens add after it."""
+    text is never output, only what the generated tokens add after it. `held`: tokens whose text a later
+    token may still change even when it is valid: a byte-fallback tokenizer's byte tokens ("<0x65>"), which
+    `tokenizers` decodes as one run (a run that is not UTF-8 is one U+FFFD per byte, its ASCII bytes
+    included); they stay pending until a token of another kind ends the run."""
 
     MAX_PENDING = 8
     PROMPT_CONTEXT = 5
 
-    __slots__ = ("_decode", "_prefix", "_read", "_tokens")
+    __slots__ = ("_decode", "_held", "_prefix", "_read", "_tokens")
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = (),
+                 held: frozenset[int] = frozenset()) -> None:
         self._decode = decode
+        self._held = held
         self._tokens: list[int] = list(context[-self.PROMPT_CONTEXT:]) if context else []
         self._prefix = 0  # tokens[_prefix:_read]: the last final piece, context for what follows
         self._read = len(self._tokens)  # tokens[_read:]: pending
@@ -80,7 +86,7 @@ class WindowDecoder:
         decode, prefix = self._decode, self._prefix
         context = len(decode(tokens[prefix:self._read]))
         text = decode(tokens[prefix:])
-        if len(text) > context and not text.endswith(_REPLACEMENT):
+        if len(text) > context and not text.endswith(_REPLACEMENT) and token_id not in self._held:
             self._advance(len(tokens))
             return text[context:], ""
         if len(tokens) - self._read <= self.MAX_PENDING:
@@ -162,7 +168,8 @@ class OutputText:
     def release(self, finished: bool, output_text: str) -> tuple[str, tuple[int, ...]]:
         """(the text the client may be shown now, past what it was shown: to the end of `output_text` (the
         text cut before a stop string) when finished, else all but the last `holdback` characters and any
-        U+FFFD just before them; the text's length through each token since the last release). Called once
+        U+FFFD just before them, and never pending text; the text's length through each token since the last
+        release). Called once
         per step for each request that got tokens."""
         ends, self._ends = tuple(self._ends), []
         if finished:
@@ -171,7 +178,8 @@ class OutputText:
             return out, ends
         shown, start = self.shown, self._tail_start
         window = self._tail + self._pending  # the text from `start`; before it, from `shown`, only U+FFFD
-        low, end = max(shown, start), len(self) - self.holdback
+        # never pending text, which a later token may still change
+        low, end = max(shown, start), min(len(self) - self.holdback, self._final_len)
         while end > low and window[end - 1 - start] == _REPLACEMENT:
             end -= 1
         out = ""

@@ -9,6 +9,7 @@ dependency of hubserve's (pyproject.toml); an install without it fails such a fo
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -96,6 +97,7 @@ class JsonTokenizer:
         self.eos_token_id = self._tok.token_to_id(eos_token) if eos_token else None
         self._special_ids = {str(t.content): int(i) for i, t in self._tok.get_added_tokens_decoder().items()
                              if t.special}
+        self._byte_tokens = _byte_fallback_tokens(self._tok)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)
@@ -113,10 +115,20 @@ class JsonTokenizer:
         # a few tokens' decode per token; equal to the whole output's decode after the prompt's wherever a
         # token's text depends only on the tokens just before it (byte-level BPE, SentencePiece)
         return WindowDecoder(functools.partial(self.decode, skip_special_tokens=skip_special_tokens),
-                             prompt_tail)
+                             prompt_tail, self._byte_tokens)
 
     def special_token_id(self, text: str) -> int | None:
         return self._special_ids.get(text)
+
+
+def _byte_fallback_tokens(tok: Any) -> frozenset[int]:
+    """A byte-fallback BPE's byte tokens ("<0x00>" … "<0xFF>": Llama's and Mistral's SentencePiece
+    exports), whose text `tokenizers` writes a run at a time; none for other models."""
+    model = json.loads(tok.to_str()).get("model") or {}
+    if not model.get("byte_fallback"):
+        return frozenset()
+    ids = (tok.token_to_id(f"<0x{b:02X}>") for b in range(256))
+    return frozenset(i for i in ids if i is not None)
 
 
 def load_tokenizer(kind: str, folder: Path, params: Mapping[str, str], where: str) -> Tokenizer:

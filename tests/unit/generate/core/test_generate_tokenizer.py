@@ -91,7 +91,7 @@ CORPUS = ["the cat will up keep the house", "keep it up", "the house of the cat"
 def sentencepiece_bpe(folder: Path, style: str) -> JsonTokenizer:
     """A BPE tokenizer trained here whose words carry SentencePiece's "▁": `metaspace` (a Metaspace
     pre-tokenizer and decoder), or `llama` (Llama and Mistral's tokenizer.json: a normalizer prepending "▁",
-    and a decoder replacing it and stripping the text's first space)."""
+    a decoder replacing it and stripping the text's first space, and byte-fallback tokens "<0x00>" …)."""
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=style == "llama"))
     if style == "metaspace":
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
@@ -102,6 +102,8 @@ def sentencepiece_bpe(folder: Path, style: str) -> JsonTokenizer:
                                          decoders.Strip(" ", 1, 0)])
     tok.train_from_iterator(CORPUS * 5, trainers.BpeTrainer(vocab_size=120,
                                                             special_tokens=["<unk>", "<s>", "</s>"]))
+    if style == "llama":
+        tok.add_tokens([f"<0x{b:02X}>" for b in range(256)])
     tok.save(str(folder / "tokenizer.json"))
     return JsonTokenizer(folder / "tokenizer.json", "<s>", "</s>")
 
@@ -120,3 +122,24 @@ def test_the_first_generated_word_keeps_its_leading_space(tmp_path: Path, style:
         for token in answer:
             text.push(token)
         assert text.text() == expected
+
+
+def test_a_run_of_byte_tokens_is_decoded_as_one_as_the_whole_decode_does(tmp_path: Path):
+    """`tokenizers` writes a run of byte-fallback tokens that is not UTF-8 as one U+FFFD per byte, ASCII
+    bytes included: "<0x65>" alone is "e", but "<0x65><0x83><0xDA>" is "���". The run stays pending until a
+    token of another kind ends it, and nothing pending is shown."""
+    tok = sentencepiece_bpe(tmp_path, "llama")
+    prompt = tok.encode("the cat will", add_special_tokens=False)
+    vocab = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json")).get_vocab()
+    run = [vocab[t] for t in ("<0x65>", "<0x83>", "<0xDA>")]
+    up, keep = (tok.encode(word, add_special_tokens=False) for word in ("up", "keep"))
+    answer = [*up, *run, *keep]
+    expected = tok.decode(prompt + answer)[len(tok.decode(prompt)):]
+    assert expected == " up��� keep" and tok.decode(run[:1]) == "e"
+    text = OutputText(tok.stream_decoder(True, prompt), ())
+    shown = ""
+    for token in answer:
+        text.push(token)
+        shown += text.release(False, "")[0]
+        assert expected.startswith(shown)
+    assert text.text() == expected
