@@ -13,7 +13,8 @@ completions still work. There is no silent default.
       "system":    "<|system|>\\n{content}\\n",      one message of each role: {content} is its text
       "user":      "<|user|>\\n{content}\\n",
       "assistant": "<|assistant|>\\n{content}\\n",
-      "prefix":    "",                              before the first message
+      "prefix":    "",                              before the first message (a BOS the model wants: chat
+                                                    prompts are encoded without adding special tokens)
       "generation_prompt": "<|assistant|>\\n",        after the last one: where the model's answer starts
       "stop":      ["<|user|>", "<|system|>"]       stop strings every chat request gets, besides its own
     }                                                 (at most 4, of at most 256 characters: core/request.py)

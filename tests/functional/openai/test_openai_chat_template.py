@@ -149,6 +149,14 @@ def test_a_template_error_is_a_400_in_its_own_words(client: openai.OpenAI, messa
     assert isinstance(error, dict) and words in error["message"] and error["param"] == "messages"
 
 
+def test_a_rendered_chat_past_the_prompts_bound_is_stopped_while_it_is_written(client: openai.OpenAI):
+    endless = "{% for i in range(100000) %}{{ ' t5 t6 t7 t8 t9' }}{% endfor %}"  # 1.5 M characters
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, USER, chat_template=endless)
+    assert refused.value.code == "context_length_exceeded" and refused.value.param == "messages"
+    assert "more than 16384 characters once rendered" in refused.value.message  # 32 per token of 512
+
+
 def test_a_model_without_a_template_refuses_chat_but_completes(client: openai.OpenAI):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=PLAIN, messages=USER, max_tokens=4)
