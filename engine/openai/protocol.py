@@ -3,13 +3,13 @@
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
 field, as OpenAI's own 400s do. Every field is served, or on the compatibility list of fields that change no
 answer (`_IGNORED`, each with why), or refused by name: those we do not serve (tools, `echo`, vLLM's guided
-decoding and chat template fields, ...) unless sent with a value that asks for nothing, and unknown ones
-with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in vLLM's names
-and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`, `min_p`, `ignore_eos`,
-`stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
-`truncate_prompt_tokens`, `skip_special_tokens`, and chat's `chat_template_kwargs`, `add_generation_prompt`,
-`continue_final_message` and `chat_template` (the service refuses the last unless the operator trusts
-request templates). What the engine checks after every token is bounded here
+decoding, the chat template fields on completions, ...) unless sent with a value that asks for nothing, and
+unknown ones with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in
+vLLM's names and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`,
+`min_p`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`,
+`add_special_tokens`, `truncate_prompt_tokens`, `skip_special_tokens`, and chat's `chat_template_kwargs`,
+`add_generation_prompt`, `continue_final_message` and `chat_template` (the service refuses the last unless
+the operator trusts request templates). What the engine checks after every token is bounded here
 (generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
 """
 
