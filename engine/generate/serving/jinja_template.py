@@ -16,10 +16,11 @@ and a `tojson` filter that writes JSON as Python's `json.dumps` does (non-ASCII 
 tokens, and a request's `chat_template_kwargs` over them.
 
 Rendering runs on the loop (the OpenAI service, per request); what bounds it: the sandbox (no attribute of
-Python's internals, `range` of at most 100,000), and the text, which is generated piece by piece and
-stopped at `max_chars` (the prompt's character bound, generate/serving/prompt.py rule 1). A template that
-loops without writing is not bounded by that; such a template can come only from the model's folder, or a
-request when the operator trusts request templates (`--trust-request-chat-template`).
+Python's internals, `range` of at most 100,000, and here `*` and `**` bounded: MAX_VALUE_ITEMS,
+MAX_POWER_BITS), and the text, which is generated piece by piece and stopped at `max_chars` (the prompt's
+character bound, generate/serving/prompt.py rule 1). A template that loops without writing is not bounded
+by that; such a template can come only from the model's folder, or a request when the operator trusts
+request templates (`--trust-request-chat-template`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ JINJA_FILENAME = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 MAX_TEMPLATE_CHARS = 256 * 1024  # a template longer than this is refused (a real one is a few KiB)
+MAX_VALUE_ITEMS = 1 << 20  # a string or list a template makes with `*`
+MAX_POWER_BITS = 4096  # an integer a template makes with `**`
 
 
 class TemplateRenderError(Exception):
@@ -70,9 +73,28 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
+class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with the two operators that can make one value huge bounded (`'x' * 10**9`
+    would hold a gigabyte before the text's bound could see it)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, str | list | tuple) and isinstance(times, int) and \
+                        len(seq) * times > MAX_VALUE_ITEMS:
+                    raise jinja2.sandbox.SecurityError(f"the template makes a value of {len(seq) * times} "
+                                                       f"items; at most {MAX_VALUE_ITEMS} are allowed")
+        elif isinstance(left, int) and isinstance(right, int) and \
+                right * max(abs(left), 2).bit_length() > MAX_POWER_BITS:
+            raise jinja2.sandbox.SecurityError(f"the template raises {left} to the power {right}; the result "
+                                               f"may have at most {MAX_POWER_BITS} bits")
+        return super().call_binop(context, operator, left, right)
+
+
+def _environment() -> _Sandbox:
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

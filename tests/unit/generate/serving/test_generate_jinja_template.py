@@ -112,6 +112,8 @@ def test_chat_template_kwargs_and_the_globals_and_loop_controls():
     ("{{ ''.__class__.__mro__ }}", "unsafe"),  # no way into Python's internals
     ("{{ 1 / 0 }}", "ZeroDivisionError"),
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
+    ("{% set x = 'x' * 10**9 %}", "a value of 1000000000 items"),  # refused before it is made
+    ("{{ 2 ** 100000 }}", "at most 4096 bits"),
 ])
 def test_a_failing_template_is_a_render_error_not_a_crash(source: str, words: str):
     with pytest.raises(TemplateRenderError, match=words):
