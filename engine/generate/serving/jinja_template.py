@@ -18,9 +18,10 @@ tokens, and a request's `chat_template_kwargs` over them.
 Rendering runs on the loop (the OpenAI service, per request); what bounds it: the sandbox (no attribute of
 Python's internals, `range` of at most 100,000, and here `*` and `**` bounded: MAX_VALUE_ITEMS,
 MAX_POWER_BITS), and the text, which is generated piece by piece and stopped at `max_chars` (the prompt's
-character bound, generate/serving/prompt.py rule 1). A template that loops without writing is not bounded
-by that; such a template can come only from the model's folder, or a request when the operator trusts
-request templates (`--trust-request-chat-template`).
+character bound, generate/serving/prompt.py rule 1). The sandbox is no resource bound (jinja2 says so): a
+template that loops without writing, or doubles a string in a loop, or pads one with a filter, is bounded
+by none of that; such a template can come only from the model's folder, or a request when the operator
+trusts request templates (`--trust-request-chat-template`), which is why they are refused by default.
 """
 
 from __future__ import annotations
