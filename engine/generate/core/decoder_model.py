@@ -37,7 +37,9 @@ class DecoderModel:
     (one intra-op thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
 
     def __init__(self, model: Path | bytes, options: ort.SessionOptions, providers: Sequence[str],
-                 where: str, shared_kv: bool) -> None:
+                 where: str, shared_kv: bool, kv_shape: tuple[int | None, int | None] = (None, None)) -> None:
+        """`kv_shape`: the KV heads and head size the model folder states (serving/hf_folder.py), for a graph
+        whose past leaves them symbolic (onnxruntime-genai's exports); a fixed dim must agree with them."""
         source = str(model) if isinstance(model, Path) else model
         self.session = ort.InferenceSession(source, options, providers=list(providers))
         inputs = {a.name: a for a in self.session.get_inputs()}
@@ -49,10 +51,13 @@ class DecoderModel:
             raise invalid(f"{where}: not a decoder with past: it needs inputs input_ids and "
                           "past_key_values.{i}.key/value, and outputs logits and present.{i}.key/value")
         first = inputs["past_key_values.0.key"]
-        heads, head_dim = first.shape[1], first.shape[3]
+        heads, head_dim = (_kv_dim(first.shape[i], stated, name, where)
+                           for i, stated, name in ((1, kv_shape[0], "heads"), (3, kv_shape[1], "head_dim")))
         if not (isinstance(heads, int) and isinstance(head_dim, int)) or first.type not in KV_DTYPES:
             raise invalid(f"{where}: past_key_values.0.key must be float or float16 [batch, heads, past, "
-                          f"head_dim] with fixed heads and head_dim, got {first.type} {first.shape}")
+                          f"head_dim] with fixed heads and head_dim, got {first.type} {first.shape} (a "
+                          "symbolic one is taken from the parameters kv_num_heads / kv_head_dim, which a "
+                          "Hugging Face folder's config.json or genai_config.json gives)")
         self.kv_names = [(f"past_key_values.{i}.{p}", f"present.{i}.{p}")
                          for i in range(layers) for p in ("key", "value")]
         missing = [n for pair in self.kv_names for n in pair if n not in inputs and n not in outputs]
@@ -97,6 +102,17 @@ class DecoderModel:
     def record(self, input_ids: np.ndarray, mask: np.ndarray) -> None:
         if self.trace is not None:
             self.trace.append(RunShape(input_ids.shape, mask.shape[1], mask.sum(axis=1).tolist()))
+
+
+def _kv_dim(dim: int | str | None, stated: int | None, name: str, where: str) -> int | str | None:
+    """A KV dim of the graph's past: its own when fixed (which must agree with the folder's), else the
+    folder's."""
+    if not isinstance(dim, int):
+        return dim if stated is None else stated
+    if stated is not None and stated != dim:
+        kind = "kv_num_heads" if name == "heads" else "kv_head_dim"
+        raise invalid(f"{where}: the graph's past has {name} {dim}, but {kind} says {stated}")
+    return dim
 
 
 def _lora_shape(inputs: dict, layers: int, where: str) -> LoraShape | None:

@@ -81,8 +81,9 @@ class DecoderRunner:
 
     def __init__(self, model: Path | bytes, num_blocks: int, block_size: int, options: ort.SessionOptions,
                  providers: Sequence[str] = ("CPUExecutionProvider",), where: str = "model",
-                 shared_kv: bool = False, max_len: int = 512, max_rows: int = 32) -> None:
-        self.model = decoder = DecoderModel(model, options, providers, where, shared_kv)
+                 shared_kv: bool = False, max_len: int = 512, max_rows: int = 32,
+                 kv_shape: tuple[int | None, int | None] = (None, None)) -> None:
+        self.model = decoder = DecoderModel(model, options, providers, where, shared_kv, kv_shape)
         self.blocks = KVBlocks(len(decoder.kv_names), decoder.heads, decoder.head_dim, decoder.kv_dtype,
                                num_blocks, block_size)
         self.stats = RunnerStats()
