@@ -16,8 +16,9 @@ repository made without engine/kinds.py imported serves only instance models: a 
 UNAVAILABLE with the reason, its code never run (the backend table names the kind each backend needs:
 engine/backends/__init__.py).
 
-Besides building, a kind may take part in a load before its config is frozen (`complete`,
-`complete_from_file`: auto-complete), before it is read (`refuse_upload`, `refuse_override`, `load_first`) and
+Besides building, a kind may take part in a load before its config is frozen (`recognise`: a folder known
+by its own files, whose version 1 may be the folder itself, `version_dir`; `complete`, `complete_from_file`:
+auto-complete), before it is read (`refuse_upload`, `refuse_override`, `load_first`) and
 when a model is unloaded with its dependents (`dependents`). Every registered kind is asked those, in rank
 order; the defaults do nothing.
 """
@@ -69,6 +70,19 @@ class ModelKind:
         model file is `version_dir / config.default_model_filename`). Raises EngineError for a version this
         server cannot serve."""
         raise NotImplementedError
+
+    def recognise(self, msg: pb.ModelConfig, model_dir: Path) -> bool | None:
+        """Declare, in `msg` (the folder's config as read; empty without a config file), a folder this kind
+        knows by its own files rather than by its config (a Hugging Face export: a generative model), before
+        its backend and versions are read. None: not this kind's folder; True: its version 1 is the folder's
+        own top-level files (it need have no version folders); False: its versions are its version folders.
+        On a worker thread."""
+        return None
+
+    def version_dir(self, config: ModelConfig, model_dir: Path, version: int) -> Path:
+        """Where a version's files are: `<model folder>/<version>`, or the folder itself for a version 1
+        that `recognise` said is the folder's own files."""
+        return model_dir / str(version)
 
     def complete(self, msg: pb.ModelConfig, where: str) -> bool:
         """Auto-complete a config this kind declares itself (a generative model's signature), in place;

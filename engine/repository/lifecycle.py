@@ -1,7 +1,9 @@
 """The model repository's lifecycle: load, reload and unload. Routing and the index:
 engine/repository/routing.py; folder fingerprints: engine/repository/fingerprint.py.
 
-Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`.
+Layout (Triton's): `<root>/<model>/config.pbtxt|config.yaml` and `<root>/<model>/<version>/<model file>`; a
+folder a kind knows by its own files (`ModelKind.recognise`: a Hugging Face export) may instead hold version
+1's files at its top level, with no config file, and its fingerprint is then all version 1's.
 Loading runs off the event loop (model files are read and sessions built on worker threads). A reload builds
 the new or changed versions beside the serving ones (versions whose files and config did not change are kept)
 and switches routing in one step once they are READY, warm-up included; the old versions then drain, unload
@@ -271,8 +273,12 @@ class ModelRepository(RoutingTable):
             msg = read_config_proto(model_dir, name)
         if msg.name and msg.name != name:
             raise invalid(f"{where}: config name '{msg.name}' does not match the folder name '{name}'")
+        # a folder a kind knows by its own files (a Hugging Face export: engine/generate/triton/kind.py)
+        recognised = [r for r in (kind.recognise(msg, model_dir) for kind in kinds()) if r is not None]
         backend = backend_of(msg, where)
         versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+        if not versions and any(recognised):  # its own top-level files are its version 1
+            versions = [1]
         if not backend and not msg.backend:
             # A config-less folder: model.onnx, or a Python model's model.py (as Triton tells them apart).
             latest = model_dir / str(versions[-1]) if versions else model_dir
@@ -302,15 +308,17 @@ class ModelRepository(RoutingTable):
 
     async def _load_version(self, config: ModelConfig, model_dir: Path, version: int, base: Path,
                             kind: ModelKind, prepared: Any) -> Model:
-        path = model_dir / str(version) / config.default_model_filename
+        version_dir = kind.version_dir(config, model_dir, version)
+        path = version_dir / config.default_model_filename
         where = f"model '{config.name}' version {version}"
-        shown = f"{config.name}/{version}/{config.default_model_filename}"
+        shown = "/".join((config.name, *version_dir.relative_to(model_dir).parts,
+                          config.default_model_filename))
         self._outside(where, path, shown, base)
         entry = backends.BACKENDS.get(config.backend)  # none for an ensemble: its steps run other models
         if entry is not None and entry.needs_file and not path.exists():
             raise invalid(f"{where}: missing model file {shown}")
         log.info("model %s version %d LOADING", config.name, version)
-        model = kind.build(self, config, version, model_dir / str(version), prepared)
+        model = kind.build(self, config, version, version_dir, prepared)
         await model.start()
         return model
 

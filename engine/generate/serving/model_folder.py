@@ -1,11 +1,19 @@
 """A generative model folder → a ready `GenerationEngine`.
 
-The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/model.onnx`); its config's
+The folder is a Triton model folder like any other (`config.pbtxt`, `<version>/model.onnx`), or a Hugging
+Face export served as it is (hf_folder.py: its files at the top level or in `1/`, with no config file or
+one that only overrides, every parameter below it does not set read from its own files). The config's
 `parameters` declare it to the engine and size the engine:
 
-    generation              "decoder_with_past"  (required: what marks the model as generative)
+    generation              "decoder_with_past"  (required: what marks the model as generative; implied for
+                            a Hugging Face export)
     tokenizer               "bytes" (default) or "tokenizer.json" (needs the `tokenizers` package)
+    bos_token, eos_token    a tokenizer.json's special tokens, by their text
+    eos_token_ids           every end-of-sequence id, comma-separated (request_defaults.py)
+    default_temperature, default_top_p, default_top_k, default_min_p, default_repetition_penalty
+                            what a /v1 request that leaves the field out gets (request_defaults.py)
     max_model_len           context length in tokens (default 512)
+    kv_num_heads, kv_head_dim  the past's heads and head size, for a graph that leaves them symbolic
     kv_block_size           tokens per KV block (default 16)
     kv_num_blocks           blocks in the pool (default 1024)
     max_num_seqs            running sequences at most (default 32)
@@ -41,6 +49,7 @@ from ..core.runner import DecoderRunner
 from ..core.scheduler import SchedulerConfig
 from ..core.tokenizer import load_tokenizer
 from ..triton.signature import complete_generative
+from .hf_folder import SOURCE, declare_export, export_files
 
 GENERATION_FORMS = ("decoder_with_past",)
 
@@ -62,12 +71,28 @@ def _int(params: Mapping[str, str], key: str, default: int, where: str) -> int:
     return value
 
 
+def _optional_int(params: Mapping[str, str], key: str, where: str) -> int | None:
+    return _int(params, key, 1, where) if key in params else None
+
+
+def effective_values(config: ModelConfig) -> str:
+    """The values a Hugging Face folder gave, and where each came from (`source.<name>`), for the load's log
+    line: "max_model_len 128 (config.json n_positions), ..."; "" for a folder that gave none."""
+    params = config.parameters
+    return ", ".join(f"{name[len(SOURCE):]} {params.get(name[len(SOURCE):], '')} ({source})"
+                     for name, source in sorted(params.items()) if name.startswith(SOURCE))
+
+
 def read_model_config(folder: Path, version: int = 1) -> tuple[ModelConfig, Path]:
-    """The validated config of a generative model folder, and its model file."""
+    """The validated config of a generative model folder (a Hugging Face export's included), and its model
+    file: the repository's steps, for tests and benchmarks that build an engine without a server."""
     name = folder.name
     where = f"model '{name}'"
     msg = read_config_proto(folder, name)
-    model_path = folder / str(version) / (msg.default_model_filename or "model.onnx")
+    export = declare_export(msg, folder)
+    own = export is not None and export.top_level and version == 1  # version 1: the folder's own files
+    version_dir = folder if own else folder / str(version)
+    model_path = version_dir / (msg.default_model_filename or "model.onnx")
     complete_generative(msg, where)  # its Triton signature, as the repository completes it
     autocomplete(msg, None, name)
     config = validate(msg, where)
@@ -90,7 +115,8 @@ def adapters_folder(config: ModelConfig, folder: Path) -> Path:
 
 def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int = 0) -> GenerationEngine:
     """The engine for a validated config (the repository's, for a served version: registry.py) whose model
-    file is `model_path`; `folder` holds its tokenizer. Blocking (it makes the ONNX Runtime session)."""
+    file is `model_path`; `folder` (the model's folder) holds its tokenizer, or a Hugging Face export's
+    files do. Blocking (it makes the ONNX Runtime session)."""
     params, where = config.parameters, f"model '{config.name}'"
     form = params.get("generation")
     if form not in GENERATION_FORMS:
@@ -107,14 +133,17 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
         max_num_batched_tokens=_int(params, "max_num_batched_tokens", 256, where),
         num_scheduler_steps=_int(params, "num_scheduler_steps", 1, where),
     )
-    tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), folder, params, where)
+    files = export_files(params, folder) or folder
+    tokenizer = load_tokenizer(params.get("tokenizer", "bytes"), files, params, where)
     options = session_options(config)
     share = params.get("past_present_share_buffer", "false").lower()
     if share not in ("true", "false"):
         raise invalid(f"{where}: parameter past_present_share_buffer must be true or false, got {share!r}")
     runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where,
                            shared_kv=share == "true", max_len=cache.max_model_len,
-                           max_rows=scheduler.max_num_seqs)
+                           max_rows=scheduler.max_num_seqs,
+                           kv_shape=(_optional_int(params, "kv_num_heads", where),
+                                     _optional_int(params, "kv_head_dim", where)))
     adapters = None
     if runner.lora is not None:
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,

@@ -94,9 +94,13 @@ class _Run:
 
 
 class GenerativeModel(Model):
-    def __init__(self, config: ModelConfig, version: int, model_path: Path, source: GenerationSource) -> None:
+    def __init__(self, config: ModelConfig, version: int, model_path: Path, source: GenerationSource,
+                 model_dir: Path | None = None) -> None:
+        """`model_dir`: the model's folder, when it is not the model file's grandparent (a Hugging Face
+        export whose version 1 is the folder's own files: kind.py)."""
         super().__init__(config, version, model_path)
         self.source = source
+        self._model_dir = model_dir or model_path.parent.parent
         self._runs: set[_Run] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -113,6 +117,10 @@ class GenerativeModel(Model):
         self.state = ModelState.UNLOADING
         await self._idle.wait()
         await self.source.release(self)
+
+    @property
+    def model_dir(self) -> Path:
+        return self._model_dir
 
     @property
     def pending_count(self) -> int:
