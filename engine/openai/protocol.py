@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from ..generate.core.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from ..generate.serving.request_defaults import SAMPLING_DEFAULTS
 from .errors import OpenAIError, bad_request
 
 MAX_N = 16          # choices per request
@@ -65,6 +66,9 @@ class ApiRequest:
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # a request's own Jinja template (served only when trusted: service)
+    # the sampling fields the request left out, which get the model folder's defaults where it has them
+    # (generate/serving/request_defaults.py), else the ones above
+    unset: frozenset[str] = frozenset()
 
 
 def parse_body(body: bytes | bytearray) -> dict[str, Any]:
@@ -156,7 +160,8 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         skip_special_tokens=_bool(doc, "skip_special_tokens", True),
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
         chat_template_kwargs=_template_kwargs(doc.get("chat_template_kwargs")),
-        chat_template=_template(doc.get("chat_template")))
+        chat_template=_template(doc.get("chat_template")),
+        unset=frozenset(k for k in SAMPLING_DEFAULTS if doc.get(k) is None))
 
 
 # Every field a request may carry is in one of the lists below; any other is refused by name

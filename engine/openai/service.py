@@ -148,18 +148,19 @@ class OpenAIService:
         stop = api.stop + (template.stop if api.chat and template is not None and api.chat_template is None
                            else ())
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
-                                  top_k=api.top_k, min_p=api.min_p,
-                                  seed=None if api.seed is None else api.seed % 2**64,
-                                  stop=tuple(dict.fromkeys(stop)),
-                                  stop_token_ids=frozenset(api.stop_token_ids), ignore_eos=api.ignore_eos,
-                                  min_tokens=api.min_tokens,
-                                  include_stop_str_in_output=api.include_stop_str_in_output,
-                                  skip_special_tokens=api.skip_special_tokens,
-                                  presence_penalty=api.presence_penalty,
-                                  frequency_penalty=api.frequency_penalty,
-                                  repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
-                                  priority=priority)
+            params = SamplingParams(max_tokens=max_tokens, temperature=api.temperature, top_p=api.top_p,
+                                    top_k=api.top_k, min_p=api.min_p,
+                                    seed=None if api.seed is None else api.seed % 2**64,
+                                    stop=tuple(dict.fromkeys(stop)),
+                                    stop_token_ids=frozenset(api.stop_token_ids), ignore_eos=api.ignore_eos,
+                                    min_tokens=api.min_tokens,
+                                    include_stop_str_in_output=api.include_stop_str_in_output,
+                                    skip_special_tokens=api.skip_special_tokens,
+                                    presence_penalty=api.presence_penalty,
+                                    frequency_penalty=api.frequency_penalty,
+                                    repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
+                                    priority=priority)
+            return version.defaults.apply(params, api.unset)  # the folder's EOS ids and sampling defaults
         except EngineError as e:
             raise from_engine(e) from None
 

@@ -29,19 +29,22 @@ from ..core.engine import GenerationEngine
 from ..core.request import SamplingParams
 from .chat_template import ModelChat, load_chat_template
 from .driver import EngineDriver
-from .model_folder import build_engine, is_generative
+from .model_folder import build_engine, effective_values, is_generative
+from .request_defaults import RequestDefaults
 
 log = logging.getLogger("hubserve.generate")
 
 
 @dataclass(frozen=True, slots=True)
 class GenerativeVersion:
-    """A generative model version ready to take requests: its engine's driver and its chat template (None
-    in `chat.template`: its folder has none, and it serves no chat)."""
+    """A generative model version ready to take requests: its engine's driver, its chat template (None in
+    `chat.template`: its folder has none, and it serves no chat), and what its folder adds to each request
+    (request_defaults.py)."""
 
     model: Model
     driver: EngineDriver
     chat: ModelChat
+    defaults: RequestDefaults = RequestDefaults()
 
     @property
     def config(self) -> ModelConfig:
@@ -132,21 +135,22 @@ class GenerationRegistry:
         when it cannot generate (the repository records the version's load as failed)."""
         where = f"model '{model.name}' version {model.version_str}"
 
-        def build() -> tuple[GenerationEngine, ModelChat]:
+        def build() -> tuple[GenerationEngine, ModelChat, RequestDefaults]:
             engine = build_engine(model.config, model.model_path, model.model_dir)
             chat = load_chat_template(model.model_dir, f"model '{model.name}'", model.config.parameters)
+            defaults = RequestDefaults.of(model.config.parameters, engine.tokenizer, f"model '{model.name}'")
             check_generation(engine)
-            return engine, chat
+            return engine, chat, defaults
 
         try:
-            engine, chat = await asyncio.to_thread(build)
+            engine, chat, defaults = await asyncio.to_thread(build)
         except EngineError as e:
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e.message}") from None
         except Exception as e:  # ONNX Runtime refusing the file or failing a run, say
             log.exception("%s: building its generation engine failed", where)
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e}") from None
         driver = EngineDriver(engine, model.name, model.version_str)
-        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, chat))
+        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, chat, defaults))
         cache, runner = engine.cache_config, engine.runner
         shared = runner.shared_group
         layout = "dense KV" if shared is None else \
@@ -155,6 +159,13 @@ class GenerationRegistry:
                  "tokens, %.0f MiB; %s; context %d; chat template: %s)", model.name, model.version_str,
                  cache.num_blocks, cache.block_size, runner.cache.nbytes / 2**20, layout, cache.max_model_len,
                  "none (chat refused)" if chat.template is None else chat.template.source)
+        folder = effective_values(model.config)
+        if folder:  # a Hugging Face folder: what its files gave, and what the config overrode
+            tokenizer = engine.tokenizer
+            log.info("model %s version %s: from its folder: %s; EOS %s, BOS %s, KV %d heads of %d (%s)%s",
+                     model.name, model.version_str, folder, tokenizer.eos_token_id, tokenizer.bos_token_id,
+                     runner.model.heads, runner.model.head_dim, runner.model.kv_dtype.__name__,
+                     "" if not defaults.describe() else f"; request defaults: {defaults.describe()}")
 
     async def release(self, model: Model) -> None:
         """End `model`'s engine: it finishes the requests it has, then its thread ends. Called by the

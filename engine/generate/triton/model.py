@@ -166,7 +166,7 @@ class GenerativeModel(Model):
                 ) -> tuple[list[int], SamplingParams]:
         """The prompt through the generation APIs' one front door (serving/prompt.py), in Triton's words."""
         door = PromptDoor.of(version.driver.engine)
-        params = options.sampling
+        params = version.defaults.apply(options.sampling)  # the folder's EOS ids (not its sampling defaults)
         try:
             ids = door.tokens(options.prompt)
             if params.lora is not None:
