@@ -28,7 +28,9 @@ under the parameter name model_folder.py reads, and where it came from under `so
     bos_token_id                the same files' bos_token_id
     default_<field>             generation_config.json's temperature, top_p, top_k, min_p, repetition_penalty:
                                 what a /v1 request that leaves the field out gets, as vLLM's
-                                `--generation-config auto` (do_sample is not read, as vLLM does not)
+                                `--generation-config auto` (do_sample is not read, as vLLM does not); a
+                                genai export without the file: its genai_config.json search section's, but
+                                those equal to transformers' defaults (which the builder writes out)
     model_type                  config.json's, or genai_config.json's model.type (shown)
 
 Precedence: a parameter the config (config.pbtxt, or a repository API override) sets wins over the folder's
@@ -56,6 +58,10 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 # generation_config.json's sampling defaults (vLLM's `--generation-config auto` reads the same)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 SOURCE = "source."
+# transformers' GenerationConfig defaults, which a saved generation_config.json leaves out (as vLLM reads
+# it, through to_diff_dict) but genai_config.json's search section writes out
+GENERATION_CONFIG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None,
+                              "repetition_penalty": 1.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +129,15 @@ def folder_parameters(export: Export, model_dir: Path) -> dict[str, str]:
                 found[param] = (",".join(map(str, ids)) if param == "eos_token_ids" else str(ids[0]),
                                 f"{where}{'' if where.endswith('.') else ' '}{key}")
                 break
+    if generation:
+        sampling, where = generation, "generation_config.json"
+    else:  # the genai builder copies generation_config.json's into search, with transformers' defaults
+        sampling, where = {k: v for k, v in _dict(genai.get("search")).items()
+                           if GENERATION_CONFIG_DEFAULTS.get(k) != v}, "genai_config.json search."
     for key in SAMPLING_KEYS:
-        value = generation.get(key)
+        value = sampling.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            found[f"default_{key}"] = (value, f"generation_config.json {key}")
+            found[f"default_{key}"] = (value, f"{where}{'' if where.endswith('.') else ' '}{key}")
     model_type = config.get("model_type") or genai_model.get("type")
     if isinstance(model_type, str) and model_type:
         found["model_type"] = (model_type, "config.json model_type" if config.get("model_type")

@@ -113,8 +113,11 @@ def test_the_genai_config_gives_head_size_share_buffer_and_context(tmp_path: Pat
     folder = write(tmp_path / "g", {"model.onnx": "", "genai_config.json": {
         "model": {"context_length": 4096, "eos_token_id": [2, 32000], "bos_token_id": 1,
                   "decoder": {"head_size": 96, "num_key_value_heads": 32, "num_attention_heads": 32}},
-        "search": {"past_present_share_buffer": True}}})
+        "search": {"past_present_share_buffer": True, "temperature": 0.6, "top_k": 50, "top_p": 1.0}}})
     params = declared(folder)
+    # no generation_config.json: search's sampling values, but transformers' defaults the builder writes out
+    assert params["default_temperature"] == "0.6" and "default_top_k" not in params
+    assert "default_top_p" not in params
     assert (params["max_model_len"], params["kv_head_dim"], params["kv_num_heads"]) == ("4096", "96", "32")
     assert params["past_present_share_buffer"] == "true" and params["eos_token_ids"] == "2,32000"
     assert params["source.eos_token_ids"] == "genai_config.json model.eos_token_id"
