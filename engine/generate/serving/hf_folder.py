@@ -3,8 +3,9 @@
 Two exports are recognised (`find_export`), their files at the model folder's top level (version 1 is the
 folder's own files) or in `1/`:
 
-    Optimum  (`optimum-cli export onnx --task text-generation-with-past`): model.onnx and config.json, with
-             generation_config.json, tokenizer.json, tokenizer_config.json beside them as Optimum copies them
+    Optimum  (`optimum-cli export onnx --task text-generation-with-past`): model.onnx and config.json (a
+             transformers config: its model_type, and a causal LM architecture or a generation_config.json),
+             with generation_config.json, tokenizer.json, tokenizer_config.json as Optimum copies them
     genai    (onnxruntime-genai's model builder): genai_config.json and the model file it names (model.onnx),
              usually with the same Hugging Face files
 
@@ -81,9 +82,24 @@ def find_export(model_dir: Path) -> Export | None:
         if genai.is_file():
             if (files / _genai_filename(_read_json(genai, files, model_dir))).is_file():
                 return Export(GENAI, files, files == model_dir)
-        elif (files / "config.json").is_file() and (files / "model.onnx").is_file():
+        elif (files / "model.onnx").is_file() and _causal_lm(files, model_dir):
             return Export(OPTIMUM, files, files == model_dir)
     return None
+
+
+def _causal_lm(files: Path, model_dir: Path) -> bool:
+    """Whether `files` hold a transformers config.json of a model that generates text: a `model_type`, and a
+    generation_config.json beside it or an architecture named for causal language modelling (an ONNX
+    classifier beside its config.json is no export of ours)."""
+    if not (files / "config.json").is_file():
+        return False
+    config = _read_json(files / "config.json", files, model_dir)
+    if not isinstance(config.get("model_type"), str):
+        return False
+    architectures = config.get("architectures")
+    causal = isinstance(architectures, list) and any(
+        isinstance(a, str) and a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+    return causal or (files / "generation_config.json").is_file()
 
 
 def folder_parameters(export: Export, model_dir: Path) -> dict[str, str]:

@@ -16,9 +16,9 @@ from engine.generate.serving.hf_folder import GENAI, OPTIMUM, declare_export, fi
 from engine.generate.serving.request_defaults import RequestDefaults
 from engine.proto import model_config_pb2 as pb
 
-LLAMA_CONFIG = {"model_type": "llama", "max_position_embeddings": 8192, "hidden_size": 4096,
-                "num_attention_heads": 32, "num_key_value_heads": 8, "bos_token_id": 128000,
-                "eos_token_id": 128001}
+LLAMA_CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192,
+                "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                "bos_token_id": 128000, "eos_token_id": 128001}
 
 
 def write(folder: Path, files: dict[str, Any]) -> Path:
@@ -38,15 +38,28 @@ def declared(folder: Path, config: str = "") -> dict[str, str]:
     return {k: v.string_value for k, v in msg.parameters.items()}
 
 
+GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}
+
+
 def test_an_optimum_export_is_found_at_the_top_level_or_in_1(tmp_path: Path):
-    top = write(tmp_path / "top", {"model.onnx": "", "config.json": {}})
+    top = write(tmp_path / "top", {"model.onnx": "", "config.json": GPT2})
     found = find_export(top)
     assert found is not None and (found.form, found.files, found.top_level) == (OPTIMUM, top, True)
-    nested = write(tmp_path / "nested" / "1", {"model.onnx": "", "config.json": {}})
+    nested = write(tmp_path / "nested" / "1", {"model.onnx": "", "config.json": GPT2})
     found = find_export(nested.parent)
     assert found is not None and (found.files, found.top_level) == (nested, False)
-    assert find_export(write(tmp_path / "no_model", {"config.json": {}})) is None
+    assert find_export(write(tmp_path / "no_model", {"config.json": GPT2})) is None
     assert find_export(write(tmp_path / "no_config", {"model.onnx": ""})) is None
+
+
+def test_only_a_model_that_generates_text_is_an_export(tmp_path: Path):
+    bert = {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}
+    assert find_export(write(tmp_path / "classifier", {"model.onnx": "", "config.json": bert})) is None
+    other = {"model.onnx": "", "config.json": {"a": 1}}
+    assert find_export(write(tmp_path / "not_transformers", other)) is None
+    # no architectures, but the generation_config.json every generating model saves
+    assert find_export(write(tmp_path / "generates", {"model.onnx": "", "config.json": {"model_type": "x"},
+                                                      "generation_config.json": {}})) is not None
 
 
 def test_a_genai_export_names_its_model_file(tmp_path: Path):
@@ -81,7 +94,7 @@ def test_a_llama_folder_gives_context_gqa_layout_eos_list_and_sampling_defaults(
 
 def test_the_least_context_key_wins_and_the_eos_falls_back_to_config_json(tmp_path: Path):
     folder = write(tmp_path / "f", {"model.onnx": "", "config.json": {
-        "n_positions": 1024, "max_position_embeddings": 2048, "eos_token_id": 50256, "head_dim": 64,
+        **GPT2, "n_positions": 1024, "max_position_embeddings": 2048, "eos_token_id": 50256, "head_dim": 64,
         "num_attention_heads": 12}})
     params = declared(folder)
     assert (params["max_model_len"], params["source.max_model_len"]) == ("1024", "config.json n_positions")
@@ -104,7 +117,7 @@ def test_a_config_for_another_backend_is_left_alone(tmp_path: Path):
 
 
 def test_a_file_that_is_not_json_is_refused_by_name(tmp_path: Path):
-    folder = write(tmp_path / "broken", {"model.onnx": "", "config.json": "{"})
+    folder = write(tmp_path / "broken", {"model.onnx": "", "config.json": "{"})  # read to recognise it
     with pytest.raises(EngineError, match="broken/config.json: cannot be read as JSON"):
         declare_export(pb.ModelConfig(), folder)
 
