@@ -219,6 +219,11 @@ def test_dropping_a_folder_serves_it_and_removing_it_unloads_it(server: RunningS
     wait_until(lambda: "dropped" in {m.id for m in client.models.list().data}, "the dropped folder serves")
     assert greedy(client, "dropped", PROMPT, 8, ignore_eos=True).choices[0].text == \
         reference(PROMPT, 8, ignore_eos=True)[1]
+    # an edit of one of its files reloads version 1 with the new value
+    generation = server.repo / "dropped" / "generation_config.json"  # type: ignore[attr-defined]
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "temperature": 0.25}))
+    wait_until(lambda: model_config(server, "dropped").get("default_temperature") == "0.25",
+               "the edited folder reloads")
     shutil.rmtree(server.repo / "dropped")  # type: ignore[attr-defined]
     wait_until(lambda: "dropped" not in {m.id for m in client.models.list().data}, "the folder unloads")
     with pytest.raises(openai.NotFoundError):
