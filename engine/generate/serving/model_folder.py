@@ -14,6 +14,9 @@ one that only overrides, every parameter below it does not set read from its own
                             what a /v1 request that leaves the field out gets (request_defaults.py)
     max_model_len           context length in tokens (default 512)
     kv_num_heads, kv_head_dim  the past's heads and head size, for a graph that leaves them symbolic
+    hf_export, hf_export_files  set for a Hugging Face export: its form ("optimum", "genai") and where its
+                            files are ("." the folder's own, version 1; "1" its version folder); with
+                            `source.<name>` for each value read from its files
     kv_block_size           tokens per KV block (default 16)
     kv_num_blocks           blocks in the pool (default 1024)
     max_num_seqs            running sequences at most (default 32)
