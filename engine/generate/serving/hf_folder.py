@@ -59,6 +59,7 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_le
 # generation_config.json's sampling defaults (vLLM's `--generation-config auto` reads the same)
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 SOURCE = "source."
+OVERRIDDEN = "config (folder: "  # how `source.<name>` starts for a value the config sets over the folder's
 # transformers' GenerationConfig defaults, which a saved generation_config.json leaves out (as vLLM reads
 # it, through to_diff_dict) but genai_config.json's search section writes out
 GENERATION_CONFIG_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "min_p": None,
@@ -174,7 +175,7 @@ def merge_parameters(configured: dict[str, str], folder: dict[str, str]) -> dict
             continue
         source = folder[SOURCE + name]
         if name in configured:
-            out[SOURCE + name] = f"config (folder: {value} from {source})"
+            out[SOURCE + name] = f"{OVERRIDDEN}{value} from {source})"
         else:
             out[name], out[SOURCE + name] = value, source
     return out

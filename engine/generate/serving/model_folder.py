@@ -39,6 +39,7 @@ config's intra_op_thread_count says otherwise).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -52,9 +53,11 @@ from ..core.runner import DecoderRunner
 from ..core.scheduler import SchedulerConfig
 from ..core.tokenizer import load_tokenizer
 from ..triton.signature import complete_generative
-from .hf_folder import SOURCE, declare_export, export_files
+from .hf_folder import OVERRIDDEN, SOURCE, declare_export, export_files
 
 GENERATION_FORMS = ("decoder_with_past",)
+
+log = logging.getLogger("hubserve.generate")
 
 
 def is_generative(config: ModelConfig) -> bool:
@@ -76,6 +79,20 @@ def _int(params: Mapping[str, str], key: str, default: int, where: str) -> int:
 
 def _optional_int(params: Mapping[str, str], key: str, where: str) -> int | None:
     return _int(params, key, 1, where) if key in params else None
+
+
+def _context(params: Mapping[str, str], kv_slots: int, where: str) -> int:
+    """max_model_len. A Hugging Face folder's own context (not one its config sets) longer than the KV
+    cache's token slots is cut to them, with a warning: no request could use more (a Llama-3's 131072
+    positions against the default 16384 slots), and a shared-KV buffer is sized by it."""
+    context = _int(params, "max_model_len", 512, where)
+    source = params.get(SOURCE + "max_model_len")
+    if source is None or source.startswith(OVERRIDDEN) or context <= kv_slots:
+        return context
+    log.warning("%s: its context of %d tokens (%s) is cut to the KV cache's %d token slots (kv_num_blocks × "
+                "kv_block_size); set max_model_len, or more blocks, in a config.pbtxt beside its files",
+                where, context, source, kv_slots)
+    return kv_slots
 
 
 def effective_values(config: ModelConfig) -> str:
@@ -125,10 +142,12 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     if form not in GENERATION_FORMS:
         raise invalid(f"{where}: parameter generation must be one of {', '.join(GENERATION_FORMS)}, "
                       f"got {form!r}")
+    block_size = _int(params, "kv_block_size", 16, where)
+    num_blocks = _int(params, "kv_num_blocks", 1024, where)
     cache = CacheConfig(
-        block_size=_int(params, "kv_block_size", 16, where),
-        num_blocks=_int(params, "kv_num_blocks", 1024, where),
-        max_model_len=_int(params, "max_model_len", 512, where),
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_model_len=_context(params, block_size * num_blocks, where),
         enable_prefix_caching=params.get("enable_prefix_caching", "true").lower() != "false",
     )
     scheduler = SchedulerConfig(

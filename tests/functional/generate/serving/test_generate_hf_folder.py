@@ -246,3 +246,13 @@ def test_a_fixed_kv_dim_must_agree_with_the_folders(tmp_path: Path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(EngineError, match="the graph's past has head_dim 16, but kv_head_dim says 8"):
         load_engine(folder)
+
+
+def test_a_folders_context_longer_than_the_kv_cache_is_cut_to_it(tmp_path: Path):
+    folder = optimum_folder(tmp_path / "long")
+    blocks = 'parameters { key: "kv_num_blocks" value { string_value: "4" } }\n'
+    (folder / "config.pbtxt").write_text(blocks)
+    assert load_engine(folder).cache_config.max_model_len == 4 * 16  # not config.json's 128
+    context = 'parameters { key: "max_model_len" value { string_value: "100" } }\n'
+    (folder / "config.pbtxt").write_text(blocks + context)
+    assert load_engine(folder).cache_config.max_model_len == 100  # the config's own: as it says
