@@ -26,10 +26,6 @@ from conftest import RunningServer, openai_client, start_server
 
 GENERATED = [c for c in cases("prompt") if c.output_ids]
 OVER_CONTEXT = [c for c in cases("prompt") if not c.output_ids]
-# The SentencePiece folder's text is not yet transformers' (its tokens are): the leading space of an answer's
-# first word is lost (issue 29 point 4), and byte-fallback tokens of an unfinished character show otherwise.
-# Detokenizing is TPL's slice of issue 29 (generate/core/detokenize.py); until then its text is not held.
-TEXT_GAPS = {"llama_spm"}
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +49,6 @@ def complete(client: openai.OpenAI, case: Case, **fields: Any) -> Any:
 def check_text(case: Case, text: str) -> None:
     if case.record.get("text") is None:  # not recorded: transformers' decode is not one text
         return
-    if case.model in TEXT_GAPS and text != case.record["text"]:
-        pytest.xfail("a SentencePiece answer's text: its leading space and byte-fallback characters (TPL's "
-                     "slice of issue 29)")
     assert text == case.record["text"]
 
 
@@ -82,7 +75,7 @@ def test_a_models_prompts_at_once_answer_as_they_do_alone(client: openai.OpenAI,
     for case, out in zip(mine, answers, strict=True):
         assert out.usage.completion_tokens == len(case.output_ids), case.id
         assert out.choices[0].finish_reason == case.finish_reason, case.id
-        if case.model not in TEXT_GAPS and case.record.get("text") is not None:
+        if case.record.get("text") is not None:
             assert out.choices[0].text == case.record["text"], case.id
 
 
