@@ -168,7 +168,8 @@ class GenerativeModel(Model):
         door = PromptDoor.of(version.driver.engine)
         params = version.defaults.apply(options.sampling)  # the folder's EOS ids (not its sampling defaults)
         try:
-            ids = door.tokens(options.prompt)
+            keep = options.truncate_prompt_tokens
+            ids = door.tokens(options.prompt, keep_last=door.context_tokens if keep == -1 else keep)
             if params.lora is not None:
                 check_adapter(version, params.lora)
             door.budget(len(ids), params.max_tokens)

@@ -9,7 +9,11 @@ Where the sampling options come from, in the order Triton's LLM backends read th
 (TensorRT-LLM's ensemble spelling). Known keys: temperature, top_p, top_k (-1 or 0: every token, as vLLM),
 max_tokens (default 16, vLLM's), seed, stop (a string or a list of at most 4, each at most 256 characters),
 stop_token_ids (at most 128), ignore_eos, presence_penalty, frequency_penalty, repetition_penalty (the bounds:
-core/request.py). `stream` and `exclude_input_in_output` are inputs, or parameters of those names when the
+core/request.py), and the vLLM fields the OpenAI API serves too, which are vLLM's `SamplingParams` fields and
+so what Triton's vLLM backend takes in `sampling_parameters`: min_p, min_tokens, include_stop_str_in_output,
+skip_special_tokens and truncate_prompt_tokens (≥ 1, or -1: the context's worth; the prompt keeps its last
+that many tokens). `add_special_tokens` is not among them: vLLM takes it with the prompt, not in its
+sampling parameters. `stream` and `exclude_input_in_output` are inputs, or parameters of those names when the
 input is absent. The parameter `lora` (a string) names the LoRA adapter to run with (core/lora.py).
 """
 
@@ -28,7 +32,8 @@ from .signature import EXCLUDE_INPUT, MAX_TOKENS, SAMPLING_PARAMETERS, STREAM, T
 
 DEFAULT_MAX_TOKENS = 16
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop", "stop_token_ids",
-                 "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty")
+                 "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+                 "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class RequestOptions:
     stream: bool
     exclude_input: bool
     sampling: SamplingParams
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last this many tokens; -1: the context's
 
 
 def read_options(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]) -> RequestOptions:
@@ -63,7 +69,7 @@ def read_options(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, Any]
         raise invalid(f"parameter 'lora' must name an adapter (a string), got {lora!r}")
     raw["lora"] = lora
     return RequestOptions(prompt, _flag(inputs, parameters, STREAM), _flag(inputs, parameters, EXCLUDE_INPUT),
-                          sampling_params(raw))
+                          sampling_params(raw), _truncate(raw))
 
 
 def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
@@ -86,9 +92,6 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
     if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                        for t in ids):
         raise invalid("sampling parameter 'stop_token_ids' must be a list of integers")
-    ignore_eos = raw.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise invalid("sampling parameter 'ignore_eos' must be a boolean")
     seed = raw.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise invalid("sampling parameter 'seed' must be an integer")
@@ -97,12 +100,35 @@ def sampling_params(raw: Mapping[str, Any]) -> SamplingParams:
                               temperature=_number(raw, "temperature", float, 0.0),
                               top_p=_number(raw, "top_p", float, 1.0), top_k=0 if top_k == -1 else top_k,
                               seed=None if seed is None else seed % 2**64, stop=tuple(dict.fromkeys(stop)),
-                              stop_token_ids=frozenset(ids), ignore_eos=ignore_eos, lora=raw.get("lora"),
+                              stop_token_ids=frozenset(ids), lora=raw.get("lora"),
+                              min_p=_number(raw, "min_p", float, 0.0),
+                              min_tokens=_number(raw, "min_tokens", int, 0),
+                              ignore_eos=_bool(raw, "ignore_eos", False),
+                              include_stop_str_in_output=_bool(raw, "include_stop_str_in_output", False),
+                              skip_special_tokens=_bool(raw, "skip_special_tokens", True),
                               presence_penalty=_number(raw, "presence_penalty", float, 0.0),
                               frequency_penalty=_number(raw, "frequency_penalty", float, 0.0),
                               repetition_penalty=_number(raw, "repetition_penalty", float, 1.0))
     except EngineError as e:
         raise invalid(f"sampling parameters: {e.message}") from None
+
+
+def _bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise invalid(f"sampling parameter '{key}' must be a boolean")
+    return value
+
+
+def _truncate(raw: Mapping[str, Any]) -> int | None:
+    """`truncate_prompt_tokens`: None (keep the whole prompt), -1 (the context's worth) or at least 1."""
+    if raw.get("truncate_prompt_tokens") is None:
+        return None
+    value = _number(raw, "truncate_prompt_tokens", int, None)
+    if value == 0 or value < -1:
+        raise invalid(f"sampling parameter 'truncate_prompt_tokens' must be at least 1 (-1: the model's "
+                      f"context), got {value}")
+    return int(value)
 
 
 def _number(raw: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:

@@ -264,3 +264,47 @@ def test_both_apis_share_one_engine(server: RunningServer):
     openai_greedy(server, "one", 2)
     _post(server, f"/v2/models/{MODEL}/generate", {"text_input": "two", "parameters": {"max_tokens": 2}})
     assert finished() == before + 2
+
+
+def _generate_text(server: RunningServer, prompt: str, parameters: dict) -> str:
+    status, doc = _post(server, f"/v2/models/{MODEL}/generate", {"text_input": prompt,
+                                                                 "exclude_input_in_output": True,
+                                                                 "parameters": parameters})
+    assert status == 200, doc
+    return doc["text_output"]
+
+
+def test_vllm_sampling_fields_over_http_generate_give_the_openai_apis_answer(server: RunningServer):
+    """min_p, min_tokens, include_stop_str_in_output, truncate_prompt_tokens and skip_special_tokens (vLLM's
+    SamplingParams fields, as Triton's vLLM backend takes them) answer as the OpenAI API answers the same
+    fields, and each changes the answer it is meant to change."""
+    base = openai_greedy(server, PROMPT, 16)
+    stop = next(c for c in base[2:] if c.isprintable() and c != "\ufffd")  # a character greedy writes early
+    cases: list[tuple[dict, dict]] = [
+        # min_p 1: only the most likely token survives, so a hot seeded sampling is greedy
+        ({"temperature": 1.5, "seed": 3, "min_p": 1.0}, {"temperature": 1.5, "seed": 3}),
+        ({"temperature": 0, "stop": stop, "include_stop_str_in_output": True}, {"temperature": 0,
+                                                                                  "stop": stop}),
+        ({"temperature": 0, "stop": stop, "min_tokens": 12}, {"temperature": 0, "stop": stop}),
+        ({"temperature": 0, "truncate_prompt_tokens": 3}, {"temperature": 0}),
+    ]
+    for fields, without in cases:
+        common = {"max_tokens": 16, "ignore_eos": True}
+        served = _generate_text(server, PROMPT, common | fields)
+        assert served == openai_greedy(server, PROMPT, 16, **fields), fields
+        assert served != _generate_text(server, PROMPT, common | without), fields
+    assert _generate_text(server, PROMPT, {"temperature": 0, "max_tokens": 16, "ignore_eos": True,
+                                           "skip_special_tokens": False}) == base
+
+
+def test_bad_vllm_sampling_fields_are_400_and_add_special_tokens_is_not_one(server: RunningServer):
+    for parameters, words in [({"min_p": 2.0}, "min_p"), ({"min_tokens": 20, "max_tokens": 4}, "min_tokens"),
+                              ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+                              ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens")]:
+        status, doc = _post(server, f"/v2/models/{MODEL}/generate", {"text_input": "Hi",
+                                                                     "parameters": parameters})
+        assert status == 400 and words in doc["error"], doc
+    # vLLM takes add_special_tokens with the prompt, not in its sampling parameters: unknown there, as in vLLM
+    status, doc = _post(server, f"/v2/models/{MODEL}/generate", {
+        "text_input": "Hi", "sampling_parameters": json.dumps({"add_special_tokens": False})})
+    assert status == 400 and "unknown sampling parameter(s) 'add_special_tokens'" in doc["error"], doc
