@@ -103,9 +103,11 @@ def usage_chunk(gen: Generation, chat: bool, model: str, created: int) -> dict[s
     return out
 
 
-def model_object(name: str, created: int, root: str | None, parent: str | None = None) -> dict[str, Any]:
+def model_object(name: str, created: int, root: str | None, parent: str | None = None,
+                 max_model_len: int | None = None) -> dict[str, Any]:
     """OpenAI's model object, with vLLM's lineage fields: `parent` is the base model's id for a LoRA adapter
     (null for a base), `root` where its weights are (a base: its folder in the repository; an adapter: its
-    folder there, `base/adapters/name`)."""
+    folder there, `base/adapters/name`), and vLLM's `max_model_len`, the context in tokens (prompt and
+    completion together) its engine serves (an adapter runs in its base's)."""
     return {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY, "root": root,
-            "parent": parent}
+            "parent": parent, "max_model_len": max_model_len}

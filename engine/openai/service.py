@@ -69,10 +69,14 @@ class OpenAIService:
         return self._object(model, adapter)
 
     def _object(self, model: Model, adapter: str | None) -> dict[str, Any]:
+        version = self.registry.loaded(model)
+        context = None if version is None else version.driver.engine.cache_config.max_model_len
         if adapter is None:
-            return responses.model_object(model.name, self._created_at(model.name), model.name)
+            return responses.model_object(model.name, self._created_at(model.name), model.name,
+                                          max_model_len=context)
         name = f"{model.name}:{adapter}"
-        return responses.model_object(name, self._created_at(name), _adapter_root(model, adapter), model.name)
+        return responses.model_object(name, self._created_at(name), _adapter_root(model, adapter), model.name,
+                                      context)
 
     def _created_at(self, name: str) -> int:
         return self._created.setdefault(name, int(time.time()))

@@ -117,11 +117,16 @@ class GenerationRegistry:
 
     async def version(self, name: str) -> GenerativeVersion:
         """The engine of the version routing picks for `name`, built when that version loaded."""
-        model = self.model(name)
-        held = self._loaded.get(id(model))
-        if held is None or held[0] is not model:  # routed to, but unloading already
+        version = self.loaded(self.model(name))
+        if version is None:  # routed to, but unloading already
             raise EngineError(ErrorCode.UNAVAILABLE, f"model '{name}' is unloading; retry")
-        return held[1]
+        return version
+
+    def loaded(self, model: Model) -> GenerativeVersion | None:
+        """`model`'s engine while it serves (None once it is unloading): what /v1/models reads its context
+        from."""
+        held = self._loaded.get(id(model))
+        return held[1] if held is not None and held[0] is model else None
 
     def drivers(self) -> list[EngineDriver]:
         """Every engine of a served version (for metrics): not a version still loading beside the one it
