@@ -13,6 +13,23 @@ from dataclasses import dataclass
 
 from .histograms import Histogram
 
+# The latency histograms' buckets, in seconds. Ours: TTFT spans a queue wait and a prefill, inter-token
+# latency one engine step. vLLM's (vllm/v1/metrics/loggers.py), for its families of the same names
+# (vllm_metrics.py). Each version keeps one histogram over both sets of bounds (`histogram_bounds`), and
+# each family shows its own.
+TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+VLLM_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                       10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                      20.0, 40.0, 80.0)
+
+
+def histogram_bounds(*bucket_sets: tuple[float, ...]) -> tuple[float, ...]:
+    """Every bound of the given bucket sets, once, increasing: a histogram over them can be shown through
+    each set (Histogram.cumulative_at)."""
+    return tuple(sorted(set().union(*bucket_sets)))
+
 
 @dataclass(frozen=True, slots=True)
 class LoraSample:
@@ -26,6 +43,8 @@ class LoraSample:
     in_flight: int  # distinct adapters of the requests queued or running
     loads: int
     evictions: int
+    running_adapters: tuple[str, ...] = ()  # of the engine's running requests, at its last step
+    waiting_adapters: tuple[str, ...] = ()  # of its waiting ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +62,14 @@ class GenerationSample:
     prefix_cache_hit_rate: float
     preemptions: int
     finished: Mapping[str, int]  # requests ended, by reason
-    time_to_first_token: Histogram
-    inter_token_latency: Histogram
+    time_to_first_token: Histogram  # over TTFT_BUCKETS_S and VLLM_TTFT_BUCKETS_S
+    inter_token_latency: Histogram  # over ITL_BUCKETS_S and VLLM_ITL_BUCKETS_S
     lora: LoraSample | None  # None: the version's graph takes no adapters
+    stats_time_s: float = 0.0  # when the engine's statistics above were taken (time.time(), seconds)
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of the KV cache's blocks held by sequences, 0 to 1 (vLLM's `kv_cache_usage_perc`:
+        blocks holding only a cached prefix count as free, as they can be taken)."""
+        total = self.kv_blocks_used + self.kv_blocks_free
+        return self.kv_blocks_used / total if total else 0.0

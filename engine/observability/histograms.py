@@ -71,6 +71,14 @@ class Histogram:
             out.append(total)
         return out
 
+    def cumulative_at(self, bounds: tuple[float, ...]) -> list[int]:
+        """The cumulative counts at `bounds` (in the unit shown; each one of this histogram's own), then
+        +Inf: the same observations seen through coarser buckets, so one histogram can be exported under
+        two families whose buckets differ (ours and vLLM's: engine/observability/vllm_metrics.py)."""
+        running = self.cumulative()
+        index = {b: i for i, b in enumerate(self.bounds)}
+        return [running[index[b * self.unit]] for b in bounds] + [running[-1]]
+
 
 class LatencyHistograms:
     """A model version's request, queue and compute histograms: observed in nanoseconds, shown in µs."""

@@ -14,10 +14,12 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 
 from ..instances.canary import CanaryRecord
 from ..model import Model
-from .generation import GenerationSample, LoraSample
+from .exposition import escape, histogram_family
+from .generation import ITL_BUCKETS_S, TTFT_BUCKETS_S, GenerationSample, LoraSample
 from .histograms import FAMILIES as HISTOGRAM_FAMILIES
 from .histograms import Histogram
 from .stats import ModelStats
+from .vllm_metrics import vllm_lines
 
 # name -> (type, help, value from stats)
 FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
@@ -48,10 +50,6 @@ FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
 ]
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 def render(models: Iterable[Model], process: CollectorRegistry | None = None,
            generation: Iterable[GenerationSample] = ()) -> bytes:
     models = list(models)
@@ -60,7 +58,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for m in models:
-            labels = f'model="{_escape(m.name)}",version="{m.version_str}"'
+            labels = f'model="{escape(m.name)}",version="{m.version_str}"'
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
     lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, "
                  "preferred (a preferred size reached), window (max_queue_delay expired), immediate "
@@ -68,7 +66,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
     lines.append("# TYPE hubserve_batch_dispatch_total counter")
     for m in models:
         for reason, count in sorted(m.stats.dispatch_reasons.items()):
-            lines.append(f'hubserve_batch_dispatch_total{{model="{_escape(m.name)}",version="{m.version_str}",'
+            lines.append(f'hubserve_batch_dispatch_total{{model="{escape(m.name)}",version="{m.version_str}",'
                          f'reason="{reason}"}} {count}')
     lines.extend(_sequence_lines(models))
     lines.extend(_canary_lines(models))
@@ -103,7 +101,7 @@ def _sequence_lines(models: list[Model]) -> list[str]:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for m, values in counted:
-            lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {values[key]}')
+            lines.append(f'{name}{{model="{escape(m.name)}",version="{m.version_str}"}} {values[key]}')
     return lines
 
 
@@ -128,7 +126,7 @@ def _canary_lines(models: list[Model]) -> list[str]:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for m in checked:
-            lines.append(f'{name}{{model="{_escape(m.name)}",version="{m.version_str}"}} {value(m.canary)}')
+            lines.append(f'{name}{{model="{escape(m.name)}",version="{m.version_str}"}} {value(m.canary)}')
     return lines
 
 
@@ -152,11 +150,13 @@ _GENERATION_FAMILIES: list[tuple[str, str, str, Callable[[GenerationSample], flo
     ("hubserve_generation_preemptions_total", "counter", "Sequences preempted (KV blocks ran out)",
      lambda d: d.preemptions),
 ]
-_HISTOGRAMS: list[tuple[str, str, Callable[[GenerationSample], Histogram]]] = [
+_HISTOGRAMS: list[tuple[str, str, Callable[[GenerationSample], Histogram], tuple[float, ...]]] = [
     ("hubserve_generation_time_to_first_token_seconds",
-     "Time from a generation request's arrival to its first token", lambda d: d.time_to_first_token),
+     "Time from a generation request's arrival to its first token", lambda d: d.time_to_first_token,
+     TTFT_BUCKETS_S),
     ("hubserve_generation_inter_token_latency_seconds",
-     "Time between consecutive tokens of a generation request", lambda d: d.inter_token_latency),
+     "Time between consecutive tokens of a generation request", lambda d: d.inter_token_latency,
+     ITL_BUCKETS_S),
 ]
 
 
@@ -164,7 +164,7 @@ def _generation_lines(samples: list[GenerationSample]) -> list[str]:
     if not samples:
         return []
     lines = []
-    labelled = [(d, f'model="{_escape(d.model_name)}",version="{d.version}"') for d in samples]
+    labelled = [(d, f'model="{escape(d.model_name)}",version="{d.version}"') for d in samples]
     for name, kind, help_text, value in _GENERATION_FAMILIES:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
@@ -175,9 +175,11 @@ def _generation_lines(samples: list[GenerationSample]) -> list[str]:
     for d, labels in labelled:
         for reason, count in sorted(d.finished.items()):
             lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
-    for name, help_text, histogram in _HISTOGRAMS:
-        lines.extend(_histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled]))
+    for name, help_text, histogram, buckets in _HISTOGRAMS:
+        lines.extend(histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled],
+                                      buckets))
     lines.extend(_lora_lines([(d.lora, labels) for d, labels in labelled if d.lora is not None]))
+    lines.extend(vllm_lines(samples))
     return lines
 
 
@@ -213,28 +215,11 @@ def _lora_lines(labelled: list[tuple[LoraSample, str]]) -> list[str]:
         lines.append(f"# TYPE {name} counter")
         for d, labels in labelled:
             for adapter, count in sorted(counts(d).items()):
-                lines.append(f'{name}{{{labels},adapter="{_escape(adapter)}"}} {count}')
+                lines.append(f'{name}{{{labels},adapter="{escape(adapter)}"}} {count}')
     for name, kind, help_text, value in _LORA_FAMILIES:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in labelled)
-    return lines
-
-
-def _bound(b: float) -> str:
-    return str(int(b)) if b == int(b) else repr(b)
-
-
-def _histogram_family(name: str, help_text: str, series: list[tuple[str, Histogram]]) -> list[str]:
-    """One histogram family in Prometheus' form: cumulative `_bucket{le}`, `_sum` and `_count` per series
-    (its labels), in the unit each histogram is shown in."""
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    for labels, hist in series:
-        bounds = [_bound(b / hist.unit) for b in hist.bounds] + ["+Inf"]
-        for le, count in zip(bounds, hist.cumulative(), strict=True):
-            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count}')
-        lines.append(f"{name}_sum{{{labels}}} {hist.sum / hist.unit}")
-        lines.append(f"{name}_count{{{labels}}} {hist.count}")
     return lines
 
 
@@ -243,8 +228,8 @@ def _histogram_lines(models: list[Model]) -> list[str]:
     shown = [(m, m.stats.histograms) for m in models if m.stats.histograms is not None]
     lines: list[str] = []
     for attr, name, help_text in HISTOGRAM_FAMILIES if shown else ():
-        lines.extend(_histogram_family(name, help_text, [
-            (f'model="{_escape(m.name)}",version="{m.version_str}"', getattr(hists, attr))
+        lines.extend(histogram_family(name, help_text, [
+            (f'model="{escape(m.name)}",version="{m.version_str}"', getattr(hists, attr))
             for m, hists in shown]))
     return lines
 

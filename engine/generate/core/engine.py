@@ -44,6 +44,9 @@ class EngineStats:
     kv_blocks_free: int
     prefix_cache_hit_rate: float   # prompt tokens found cached / prompt tokens looked up
     preemptions: int
+    # the LoRA adapters of the running and of the waiting requests, each once (a model without adapters: ())
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
 
 
 class GenerationEngine:
@@ -209,4 +212,11 @@ class GenerationEngine:
             running=len(self.scheduler.running), waiting=self.scheduler.num_waiting,
             kv_blocks_used=pool.num_blocks - pool.num_free, kv_blocks_free=pool.num_free,
             prefix_cache_hit_rate=self.kv.prefix_hits / queried if queried else 0.0,
-            preemptions=self.scheduler.num_preemptions)
+            preemptions=self.scheduler.num_preemptions,
+            running_adapters=() if self.adapters is None else _adapters(self.scheduler.running),
+            waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting))
+
+
+def _adapters(requests: list[Request]) -> tuple[str, ...]:
+    """The distinct LoRA adapters of `requests`, in their order."""
+    return tuple(dict.fromkeys(r.params.lora for r in requests if r.params.lora is not None))

@@ -117,6 +117,7 @@ class EngineDriver:
         self.version = version
         self.metrics = GenerationMetrics()
         self.stats: EngineStats = engine.stats()  # replaced by the thread after each step: read any time
+        self.stats_time_s = time.time()  # when `stats` was taken (the lora_requests_info gauge's value)
         self._loop = asyncio.get_running_loop()
         self._clients: dict[str, _Client] = {}  # loop side
         self._lock = threading.Lock()
@@ -138,12 +139,13 @@ class EngineDriver:
         metrics, stats, adapters = self.metrics, self.stats, self.engine.adapters
         lora = None if adapters is None else LoraSample(
             metrics.lora_requests, metrics.lora_tokens, adapters.num_loaded, adapters.max_loaded,
-            self.adapters_in_flight(), adapters.loads, adapters.evictions)
+            self.adapters_in_flight(), adapters.loads, adapters.evictions, stats.running_adapters,
+            stats.waiting_adapters)
         return GenerationSample(
             self.model_name, self.version, metrics.generation_tokens, metrics.prompt_tokens, stats.running,
             stats.waiting, stats.kv_blocks_used, stats.kv_blocks_free, stats.prefix_cache_hit_rate,
             stats.preemptions, metrics.finished, metrics.time_to_first_token, metrics.inter_token_latency,
-            lora)
+            lora, self.stats_time_s)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
@@ -259,7 +261,7 @@ class EngineDriver:
                 engine.abort_request(request_id)
                 self._texts.pop(request_id, None)
             if aborts:
-                self.stats = engine.stats()  # blocks freed: the gauges say so even if no step follows
+                self._take_stats()  # blocks freed: the gauges say so even if no step follows
             while engine.has_unfinished() and not self._wake.is_set():
                 events.extend(self._step())
                 self._post(events)
@@ -282,8 +284,11 @@ class EngineDriver:
             self._texts.clear()
             return [(request_id, TokenEvent(finished=True, error=error)) for request_id in failed]
         finally:
-            self.stats = self.engine.stats()
+            self._take_stats()
         return [event for out in outputs if (event := self._event(out)) is not None]
+
+    def _take_stats(self) -> None:
+        self.stats, self.stats_time_s = self.engine.stats(), time.time()
 
     def _event(self, out: RequestOutput) -> tuple[str, TokenEvent] | None:
         state = self._texts.get(out.request_id)

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...observability.generation import (
+    ITL_BUCKETS_S,
+    TTFT_BUCKETS_S,
+    VLLM_ITL_BUCKETS_S,
+    VLLM_TTFT_BUCKETS_S,
+    histogram_bounds,
+)
 from ...observability.histograms import Histogram
 
-# Seconds. TTFT spans a queue wait and a prefill; inter-token latency one engine step.
-TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# One histogram each, over our buckets and vLLM's: exported as ours and under vLLM's names, each with its
+# own buckets (engine/observability/metrics.py, vllm_metrics.py).
+_TTFT_BOUNDS_S = histogram_bounds(TTFT_BUCKETS_S, VLLM_TTFT_BUCKETS_S)
+_ITL_BOUNDS_S = histogram_bounds(ITL_BUCKETS_S, VLLM_ITL_BUCKETS_S)
 
 
 @dataclass(slots=True)
 class GenerationMetrics:
     """One generative model version's counters (driver.py EngineDriver.metrics)."""
 
-    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
-    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
+    time_to_first_token: Histogram = field(default_factory=lambda: Histogram(_TTFT_BOUNDS_S))
+    inter_token_latency: Histogram = field(default_factory=lambda: Histogram(_ITL_BOUNDS_S))
     generation_tokens: int = 0
     prompt_tokens: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # by finish reason: stop, length, abort, error

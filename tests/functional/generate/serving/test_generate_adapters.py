@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 import urllib.request
 
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
 from hubserve_models.examples import write_model
@@ -81,6 +83,15 @@ def _sample(text: str, name: str, adapter: str | None = None) -> float | None:
     return None if match is None else float(match.group(1))
 
 
+def _lora_info(text: str) -> tuple[dict[str, str], float] | None:
+    """vLLM's `vllm:lora_requests_info` series of MODEL: its labels and value."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:lora_requests_info" and sample.labels.get("model_name") == MODEL:
+                return sample.labels, sample.value
+    return None
+
+
 def _complete(client: openai.OpenAI, model: str, max_tokens: int) -> int:
     out = client.completions.create(model=model, prompt="Hello", max_tokens=max_tokens, temperature=0,
                                     extra_body={"ignore_eos": True})
@@ -128,9 +139,16 @@ def test_metrics_count_requests_and_tokens_per_adapter_and_the_cache(server: Run
         stream.close()
         wait_until(lambda: _sample(_metrics(server), "hubserve_generation_lora_adapters_in_flight") == 0,
                    "the closed stream's adapter is still in flight")
-        if _sample(text, "hubserve_generation_lora_adapters_in_flight") == 1:
+        # vLLM's gauge of the same (its labels the adapters running and waiting at the engine's last step)
+        info = _lora_info(text)
+        if _sample(text, "hubserve_generation_lora_adapters_in_flight") == 1 and info is not None \
+                and info[0]["running_lora_adapters"] == "alpha":
             break
         assert tries < 5, "alpha was never seen in flight: each stream ended before the scrape"
+    assert info is not None
+    assert info[0] == {"max_lora": "2", "waiting_lora_adapters": "", "running_lora_adapters": "alpha",
+                       "model_name": MODEL}
+    assert abs(info[1] - time.time()) < 60  # vLLM's value: when those statistics were taken
     assert _sample(text, "hubserve_generation_lora_requests_total", "alpha") == tries
     assert _sample(text, "hubserve_generation_lora_loads_total") == 3
     assert _sample(text, "hubserve_generation_lora_evictions_total") == 1
