@@ -93,6 +93,7 @@ class Server:
         self._http: http_frontend.HttpApp | None = None
         self._http_servers: list[asyncio.Server] = []
         self._metrics: http_frontend.HttpApp | None = None
+        self._process_metrics = process_registry()  # the process's memory and CPU, on each metrics page
         self._metrics_servers: list[asyncio.Server] = []
         self._grpc: H2GrpcServer | None = None
         self._frontends: FrontendPool | None = None
@@ -173,7 +174,7 @@ class Server:
     async def _start_protocols(self) -> None:
         """One process: HTTP and gRPC served here."""
         options = self.frontend_options()
-        routes = HttpRoutes(self.dataplane, options.http, openai=OpenAIRoutes(self.openai, self.batches))
+        routes = HttpRoutes(self.dataplane, options.http, openai=self._openai_routes())
         frontends = build_frontends(options, self.options.access(), routes, GrpcHandlers(self.dataplane))
         self._http, self._grpc = frontends.http, frontends.grpc
         assert self._listeners is not None  # start() bound them
@@ -196,21 +197,26 @@ class Server:
         policies(opts.access(), opts.workers)  # a limit that cannot be split fails here, not in a frontend
         # /v1 requests are forwarded here and answered by the same routes; streams go back in pieces
         # (workers/streams.py)
-        self._control = ControlRunner(self.dataplane, options.http, OpenAIRoutes(self.openai, self.batches))
+        self._control = ControlRunner(self.dataplane, options.http, self._openai_routes())
         self._frontends = FrontendPool(opts.workers, self.dataplane, self._control, self._listeners.http,
                                        self._listeners.grpc, options, opts.worker_arena_bytes, secrets)
         await self._frontends.start()
+
+    def _openai_routes(self) -> OpenAIRoutes:
+        """The OpenAI API's router, in the process that holds the engines; with vLLM's /metrics, the same
+        page as the metrics port's (behind the API port's keys and restrictions: frontend/endpoints.py)."""
+        return OpenAIRoutes(self.openai, self.batches, self._metrics_page,
+                            lambda: self.dataplane.accepting)
+
+    def _metrics_page(self) -> bytes:
+        """The Prometheus page, rendered at each scrape (engine/observability/metrics.py)."""
+        return render(self.repository.loaded_models(), self._process_metrics,
+                      [driver.sample() for driver in self.generation.drivers()])
 
     async def _start_metrics(self) -> None:
         """The metrics port, on the HTTP/1.1 stack of the KServe port with its timeouts and connection caps
         of its own (frontend/http/metrics_routes.py); in the engine process whatever --workers says."""
         opts = self.options
-        registry = process_registry()
-
-        def page() -> bytes:
-            return render(self.repository.loaded_models(), registry,
-                          [driver.sample() for driver in self.generation.drivers()])
-
         limits = HttpLimits(METRICS_MAX_BODY_BYTES, opts.max_header_bytes, opts.max_header_count,
                             opts.client_timeout_secs, opts.idle_timeout_secs)
         caps = ConnectionLimits(opts.metrics_max_connections, opts.metrics_max_connections_per_client,
@@ -218,7 +224,7 @@ class Server:
         # refused connections linger (holding a descriptor each) no more than the port may hold open
         counter = ConnectionCounter(caps, max_lingering=min(MAX_LINGERING, opts.metrics_max_connections or
                                                             MAX_LINGERING))
-        self._metrics = http_frontend.HttpApp(MetricsRoutes(page), limits, counter=counter)
+        self._metrics = http_frontend.HttpApp(MetricsRoutes(self._metrics_page), limits, counter=counter)
         assert self._listeners is not None  # start() bound them
         self._metrics_servers = await http_frontend.serve(self._metrics, self._listeners.metrics)
 

@@ -114,6 +114,16 @@ def _v1(pattern: str, methods: tuple[bytes, ...] | None, handler: str, api: Api 
                    api)
 
 
+def _vllm(pattern: str, methods: tuple[bytes, ...], group: ApiGroup, handler: str,
+          cancellable: bool = False) -> HttpRow:
+    """One of vLLM's operational endpoints beside the OpenAI API (/health, /version, /tokenize, /detokenize,
+    /metrics, outside /v1 as vLLM has them), answered by the OpenAI router in the engine process, each in
+    the API group of its kind: /health keyless like Triton's health checks, /tokenize and /detokenize
+    inference like a generation, /metrics statistics (keys and restrictions as /v2/models/stats)."""
+    return HttpRow(pattern, methods, group, handler, Where.FORWARDED, cancellable, WrongMethod.OPENAI,
+                   pattern, Api.OPENAI)
+
+
 class Endpoint(enum.Enum):
     """Every HTTP endpoint, each member's value its row. NONE: no endpoint (404, in no group: it still needs a
     key). MALFORMED: a target refused before anything else (400)."""
@@ -157,6 +167,12 @@ class Endpoint(enum.Enum):
     OPENAI_BATCHES = _v1("/v1/batches", POST_GET, "batches", Api.BATCH)  # create, or list
     OPENAI_BATCH = _v1("/v1/batches/{name}", GET_ONLY, "batch", Api.BATCH)
     OPENAI_BATCH_CANCEL = _v1("/v1/batches/{name}/cancel", POST, "cancel_batch", Api.BATCH)
+    # vLLM's operational endpoints, on the OpenAI API's port (frontend/openai/routes.py)
+    VLLM_HEALTH = _vllm("/health", GET, G.HEALTH, "health")
+    VLLM_VERSION = _vllm("/version", GET, G.METADATA, "version")
+    VLLM_TOKENIZE = _vllm("/tokenize", POST, G.INFERENCE, "tokenize", cancellable=True)
+    VLLM_DETOKENIZE = _vllm("/detokenize", POST, G.INFERENCE, "detokenize", cancellable=True)
+    VLLM_METRICS = _vllm("/metrics", GET, G.STATISTICS, "metrics")
     # no endpoint, in OpenAI's words (404 "Unknown request URL"); under /v1/files and /v1/batches only once
     # the Batch API is on and the request's owner known
     OPENAI_UNKNOWN = _v1("/v1[/{rest*}]", None, "unknown_url")

@@ -31,6 +31,7 @@ from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
 from .protocol import ApiRequest
 from .token_quotas import TokenQuotas, charge_waiting
+from .tokenize import DetokenizeRequest, TokenizeRequest, tokenize_answer
 
 
 class OpenAIService:
@@ -81,6 +82,10 @@ class OpenAIService:
     def _created_at(self, name: str) -> int:
         return self._created.setdefault(name, int(time.time()))
 
+    def engines_alive(self) -> bool:
+        """Every served generative version's engine thread runs (vLLM's /health)."""
+        return all(driver.alive for driver in self.registry.drivers())
+
     # ------------------------------------------------------------------ generation
 
     async def start(self, api: ApiRequest, request_id: str, owner: str = "",
@@ -94,13 +99,7 @@ class OpenAIService:
         The request counts in its model version's Triton statistics from here (its queue time lasts
         until the hand-off to the engine: engine/generate/serving/accounting.py)."""
         received_ns = time.perf_counter_ns()
-        base, _, adapter = api.model.partition(":")  # `base:adapter` names a LoRA adapter of base
-        try:
-            version = await self.registry.version(base)
-            if adapter:
-                check_adapter(version, adapter)
-        except EngineError as e:
-            raise _model_error(api.model, e) from None
+        version, adapter = await self._version(api.model)
         door = PromptDoor.of(version.driver.engine)
         prompts = self._prompts(api, door, version)
         params = self._params(api, door, version, max(len(p) for p in prompts), priority)
@@ -123,6 +122,41 @@ class OpenAIService:
             gen.done.add_done_callback(
                 lambda _: reservation.settle(gen.prompt_tokens + gen.completion_tokens))
         return gen
+
+    async def _version(self, name: str) -> tuple[GenerativeVersion, str]:
+        """The version a request's `model` names, and the LoRA adapter it names (`base:adapter`; "" for
+        none); OpenAIError for a model that does not exist, does not generate or is not ready."""
+        base, _, adapter = name.partition(":")
+        try:
+            version = await self.registry.version(base)
+            if adapter:
+                check_adapter(version, adapter)
+        except EngineError as e:
+            raise _model_error(name, e) from None
+        return version, adapter
+
+    # ------------------------------------------------------------------ vLLM's /tokenize, /detokenize
+
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        """The prompt's token ids as a generation request with the same fields would have them: the same
+        chat template and the same front door (`_prompts`), so what /tokenize counts is what the engine
+        gets."""
+        api = request.api
+        version, _ = await self._version(api.model)
+        door = PromptDoor.of(version.driver.engine)
+        ids = self._prompts(api, door, version)[0]
+        strs = [door.tokenizer.token_str(t) for t in ids] if request.return_token_strs else None
+        return tokenize_answer(ids, door.context_tokens, strs)
+
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        """The text of token ids, special tokens written as the tokenizer writes them (vLLM's)."""
+        version, _ = await self._version(request.model)
+        tokenizer = version.driver.engine.tokenizer
+        outside = next((t for t in request.tokens if t >= tokenizer.vocab_size), None)
+        if outside is not None:
+            raise bad_request(f"Token id {outside} in 'tokens' is outside the model's vocabulary "
+                              f"(0 - {tokenizer.vocab_size - 1}).", "tokens", "invalid_value")
+        return {"prompt": tokenizer.decode(request.tokens, skip_special_tokens=False)}
 
     def answer(self, gen: Generation, api: ApiRequest, created: int) -> dict[str, Any]:
         """The JSON answer of a finished generation (it did not stream)."""

@@ -7,6 +7,15 @@
     POST /v1/chat/completions                chat, through the model folder's chat template
     /v1/files, /v1/batches                   the Batch API (batch_routes.py)
 
+and vLLM's operational endpoints beside them, outside /v1 as vLLM serves them:
+
+    GET  /health                             200, empty, while the server takes requests and every
+                                             generative engine runs; else 503
+    GET  /version                            {"version": hubserve's}
+    POST /tokenize, /detokenize              a prompt's token ids through the generation's prompt path, and
+                                             back (engine/openai/tokenize.py)
+    GET  /metrics                            the metrics port's page (engine/observability/metrics.py)
+
 A generation request runs as one task: the engine's work is on its own thread
 (engine/generate/serving/driver.py), the task only waits for its events. Without `stream` the task's result is
 the JSON answer; with it, the task writes the events through the request's `ResponseStream` from the first
@@ -30,17 +39,20 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import orjson
 
+from ... import __version__
 from ...openai.batch.runner import BatchRunner
 from ...openai.errors import NOT_IMPLEMENTED, OpenAIError, bad_request, from_engine
 from ...openai.generation import Generation
 from ...openai.protocol import ApiRequest, parse_body, parse_request
 from ...openai.service import OpenAIService
+from ...openai.tokenize import parse_detokenize, parse_tokenize
 from ..endpoints import Api, Endpoint, HttpRow
+from ..http.metrics_routes import METRICS_CONTENT_TYPE
 from ..http.path import HttpTarget
 from ..http.types import Answer, HttpRequest, OnDone, Pending, ResponseStream
 from .batch_routes import BatchRoutes, Reply, unknown_url
@@ -96,9 +108,15 @@ class OpenAIRoutes:
     `handler(req, target, on_done)`, or one of BatchRoutes (`Api.BATCH`), called as
     `handler(req, target, owner)`."""
 
-    def __init__(self, service: OpenAIService, batches: BatchRunner | None = None) -> None:
+    def __init__(self, service: OpenAIService, batches: BatchRunner | None = None,
+                 metrics: Callable[[], bytes] | None = None, accepting: Callable[[], bool] = lambda: True
+                 ) -> None:
+        """`metrics`: the Prometheus page (the server's, which the metrics port serves too; None: /metrics
+        is 404 here). `accepting`: whether the server takes requests (false once it is stopping)."""
         self.service = service
         self.batches = BatchRoutes(batches) if batches is not None else None
+        self._metrics = metrics
+        self._accepting = accepting
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def handle(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
@@ -152,6 +170,40 @@ class OpenAIRoutes:
 
     def unknown_url(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
         raise unknown_url(req.method, target)
+
+    # vLLM's operational endpoints
+
+    def health(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        ok = self._accepting() and self.service.engines_alive()
+        return (200 if ok else 503), b"", b"text/plain", b""
+
+    def version(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        return _json({"version": __version__})
+
+    def metrics(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
+        if self._metrics is None:
+            raise unknown_url(req.method, target)
+        return 200, self._metrics(), METRICS_CONTENT_TYPE, b""
+
+    def tokenize(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        request = parse_tokenize(parse_body(req.body))
+        return self._spawn(self.service.tokenize(request), on_done)
+
+    def detokenize(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        request = parse_detokenize(parse_body(req.body))
+        return self._spawn(self.service.detokenize(request), on_done)
+
+    def _spawn(self, work: Coroutine[Any, Any, dict[str, Any]], on_done: OnDone) -> Pending:
+        """`work`'s JSON answer, as a task: the connection asks for it when `on_done` says it is ready."""
+
+        async def answer() -> Answer:
+            return _json(await work)
+
+        task: asyncio.Future[Answer | None] = asyncio.ensure_future(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(on_done)
+        return _Task(task, b"")
 
     def _generate(self, req: HttpRequest, chat: bool, on_done: OnDone) -> Answer | Pending:
         request_id = _request_id(req, chat)

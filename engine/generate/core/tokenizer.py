@@ -38,6 +38,11 @@ class Tokenizer(Protocol):
         token."""
         ...
 
+    def token_str(self, token_id: int) -> str:
+        """One token as its vocabulary names it (transformers' `convert_ids_to_tokens`: "Ġword" for a
+        byte-level BPE token, "<s>" for a special one); what vLLM's /tokenize shows as `token_strs`."""
+        ...
+
     def stream_decoder(self, skip_special_tokens: bool = True,
                        prompt_tail: Sequence[int] = ()) -> StreamDecoder:
         """A new decoder for one request's output a token at a time (detokenize.py), whose text after each
@@ -74,6 +79,12 @@ class ByteTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes((token_id,)) if 0 <= token_id < 256 else b""
 
+    def token_str(self, token_id: int) -> str:
+        # a byte as the character of that code point (Latin-1); the special tokens have no names of their own
+        if 0 <= token_id < 256:
+            return chr(token_id)
+        return {256: "<bos>", 257: "<eos>"}.get(token_id, "")
+
     def stream_decoder(self, skip_special_tokens: bool = True,
                        prompt_tail: Sequence[int] = ()) -> StreamDecoder:
         return Utf8Decoder()  # a byte's text never depends on the bytes before it
@@ -109,6 +120,9 @@ class JsonTokenizer:
         # the token decoded alone: exact for a token of whole characters; a byte-level BPE token holding part
         # of a multi-byte character shows as U+FFFD (its raw bytes are not asked of `tokenizers` here)
         return self.decode((token_id,)).encode()
+
+    def token_str(self, token_id: int) -> str:
+        return str(self._tok.id_to_token(token_id) or "")
 
     def stream_decoder(self, skip_special_tokens: bool = True,
                        prompt_tail: Sequence[int] = ()) -> StreamDecoder:

@@ -133,6 +133,12 @@ class EngineDriver:
     def in_flight(self) -> int:
         return len(self._clients)
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread runs (a step's failure fails its requests, not the thread: only a bug
+        outside a step, or `close`, ends it). vLLM's /health asks the same of its engine."""
+        return self._thread.is_alive()
+
     def sample(self) -> GenerationSample:
         """This version's numbers for the metrics (engine/observability/generation.py), on the loop (a
         scrape): the loop's counters and the engine's statistics of its last step."""

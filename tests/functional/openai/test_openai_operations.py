@@ -6,6 +6,8 @@ beside ours, scraped while and after real `openai` requests run, parsed with pro
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
+import json
 import shutil
 import urllib.request
 from pathlib import Path
@@ -14,6 +16,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import engine
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
 from hubserve_models import examples
 
@@ -125,3 +128,125 @@ def test_vllm_gauges_move_with_real_streams_and_the_counters_add_up(server: Runn
         assert after[(f"hubserve_generation_time_to_first_token_seconds_{part}", ours)] == \
             vllm(after, f"vllm:time_to_first_token_seconds_{part}")
     assert not any(name == "vllm:lora_requests_info" for name, _ in after)  # the graph takes no adapters
+
+
+def call(server: RunningServer, method: str, path: str, doc: dict | None = None,
+         key: str | None = None) -> tuple[int, bytes, str]:
+    """(status, body, content type) of one plain HTTP request to the API port."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
+    conn.request(method, path, None if doc is None else json.dumps(doc), headers)
+    r = conn.getresponse()
+    out = r.status, r.read(), r.headers.get("Content-Type", "")
+    conn.close()
+    return out
+
+
+def post(server: RunningServer, path: str, doc: dict) -> tuple[int, dict]:
+    status, body, _ = call(server, "POST", path, doc)
+    return status, json.loads(body)
+
+
+def test_health_and_version(server: RunningServer):
+    assert call(server, "GET", "/health")[:2] == (200, b"")  # vLLM's: 200 with no body while it serves
+    status, body, kind = call(server, "GET", "/version")
+    assert (status, json.loads(body), kind) == (200, {"version": engine.__version__}, "application/json")
+    status, body, _ = call(server, "POST", "/health")
+    message = json.loads(body)["error"]["message"]
+    assert status == 405 and message == "POST is not allowed on /health; use GET."
+
+
+def test_tokenize_a_prompt_and_detokenize_it_back(server: RunningServer, client: openai.OpenAI):
+    status, doc = post(server, "/tokenize", {"model": MODEL, "prompt": "Hi there"})
+    assert status == 200, doc
+    # the byte tokenizer: BOS 256, then the UTF-8 bytes
+    assert doc == {"count": 9, "max_model_len": CONTEXT, "tokens": [256, *b"Hi there"], "token_strs": None}
+    out = client.completions.create(model=MODEL, prompt="Hi there", max_tokens=1)
+    assert out.usage is not None and out.usage.prompt_tokens == doc["count"]  # what a generation is fed
+    status, doc = post(server, "/tokenize", {"model": MODEL, "prompt": "Hi", "add_special_tokens": False,
+                                             "return_token_strs": True})
+    assert (status, doc["tokens"], doc["token_strs"]) == (200, [72, 105], ["H", "i"]), doc
+    status, doc = post(server, "/detokenize", {"model": MODEL, "tokens": [256, *"héllo".encode()]})
+    assert (status, doc) == (200, {"prompt": "héllo"})
+
+
+def test_tokenize_a_chat_through_the_chat_completions_prompt(server: RunningServer, client: openai.OpenAI):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    status, doc = post(server, "/tokenize", {"model": MODEL, "messages": messages})
+    assert status == 200, doc
+    out = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    assert out.usage is not None and out.usage.prompt_tokens == doc["count"] == len(doc["tokens"])
+    status, text = post(server, "/detokenize", {"model": MODEL, "tokens": doc["tokens"]})
+    assert status == 200 and "Be brief." in text["prompt"] and "Hello there" in text["prompt"]
+    # a chat template field is served or refused as chat completions serve or refuse it
+    status, doc = post(server, "/tokenize", {"model": MODEL, "messages": messages, "chat_template": "{{x}}"})
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=messages,  # type: ignore[arg-type]
+                                       extra_body={"chat_template": "{{x}}"})
+    assert (status, doc["error"]["code"], doc["error"]["param"]) == (400, err.value.code, "chat_template")
+
+
+@pytest.mark.parametrize("path, doc, code, param", [
+    ("/tokenize", {"model": MODEL, "prompt": "x", "max_tokens": 3}, "unknown_parameter", "max_tokens"),
+    ("/tokenize", {"model": MODEL, "prompt": ["a", "b"]}, "invalid_type", "prompt"),
+    ("/tokenize", {"prompt": "x"}, None, "model"),
+    ("/tokenize", {"model": MODEL, "messages": [], "prompt": "x"}, "unknown_parameter", "prompt"),
+    ("/tokenize", {"model": MODEL, "prompt": "x", "return_token_strs": "yes"}, "invalid_type",
+     "return_token_strs"),
+    ("/detokenize", {"model": MODEL, "tokens": [1, 258]}, "invalid_value", "tokens"),
+    ("/detokenize", {"model": MODEL, "tokens": "abc"}, "invalid_type", "tokens"),
+    ("/detokenize", {"model": MODEL, "tokens": [1], "skip": True}, "unknown_parameter", "skip"),
+])
+def test_bad_tokenize_requests_are_openai_400s(server: RunningServer, path: str, doc: dict, code: str | None,
+                                                param: str):
+    status, answer = post(server, path, doc)
+    assert status == 400 and answer["error"]["param"] == param and answer["error"]["code"] == code, answer
+    assert answer["error"]["type"] == "invalid_request_error"
+
+
+def test_tokenize_names_models_as_the_api_does(server: RunningServer):
+    for path, doc in (("/tokenize", {"model": "nope", "prompt": "x"}),
+                      ("/detokenize", {"model": "simple", "tokens": [1]})):
+        status, answer = post(server, path, doc)
+        assert status == 404 and answer["error"]["code"] == "model_not_found", answer
+
+
+def test_metrics_on_the_api_port_are_the_metrics_ports_page(server: RunningServer, client: openai.OpenAI):
+    client.completions.create(model=MODEL, prompt="warm", max_tokens=2)
+    api = f"http://{server.http_url}/metrics"
+    on_api, on_port = scrape(api), scrape(server.metrics_url)
+    assert set(on_api) == set(on_port)  # the same families and series; values move between the two scrapes
+    assert vllm(on_api, "vllm:generation_tokens_total") == vllm(on_port, "vllm:generation_tokens_total") > 0
+    assert any(name == "nv_inference_request_success_total" for name, _ in on_api)
+
+
+KEYS = """
+keys:
+  - key: "infer-key"
+    groups: [inference]
+  - key: "stats-key"
+    groups: [statistics]
+"""
+
+
+def test_keys_guard_metrics_and_tokenize_but_not_health(repo: Path, tmp_path_factory: pytest.TempPathFactory):
+    """With --api-keys, /metrics on the API port needs a key holding `statistics` (as /v2/models/stats),
+    /tokenize one holding `inference` (as a generation), and /health none (as Triton's health checks)."""
+    folder = tmp_path_factory.mktemp("operations_keys")
+    (folder / "keys.yaml").write_text(KEYS)
+    (folder / "keys.yaml").chmod(0o600)
+    keyed = start_server(repo, folder / "server.log", "--api-keys", str(folder / "keys.yaml"))
+    try:
+        assert call(keyed, "GET", "/health")[0] == 200
+        assert call(keyed, "GET", "/metrics")[0] == 401
+        assert call(keyed, "GET", "/metrics", key="infer-key")[0] == 403
+        status, body, kind = call(keyed, "GET", "/metrics", key="stats-key")
+        assert status == 200 and kind.startswith("text/plain") and b"vllm:num_requests_waiting" in body
+        tokenize = {"model": MODEL, "prompt": "x"}
+        assert call(keyed, "POST", "/tokenize", tokenize)[0] == 401
+        assert call(keyed, "POST", "/tokenize", tokenize, key="stats-key")[0] == 403
+        assert call(keyed, "POST", "/tokenize", tokenize, key="infer-key")[0] == 200
+        with urllib.request.urlopen(keyed.metrics_url, timeout=10) as r:  # the metrics port: keyless
+            assert r.status == 200
+    finally:
+        keyed.stop()

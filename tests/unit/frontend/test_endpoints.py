@@ -46,6 +46,13 @@ def test_every_route_has_a_row_and_every_row_a_handler(api: Api) -> None:
     assert rows == _handlers(routes, parameters)
 
 
+# vLLM's operational endpoints: (group, cancelled when its client leaves)
+_VLLM = {Endpoint.VLLM_HEALTH: (ApiGroup.HEALTH, False), Endpoint.VLLM_VERSION: (ApiGroup.METADATA, False),
+         Endpoint.VLLM_TOKENIZE: (ApiGroup.INFERENCE, True),
+         Endpoint.VLLM_DETOKENIZE: (ApiGroup.INFERENCE, True),
+         Endpoint.VLLM_METRICS: (ApiGroup.STATISTICS, False)}
+
+
 @pytest.mark.parametrize("endpoint", list(Endpoint), ids=lambda e: e.name)
 def test_each_row_is_whole(endpoint: Endpoint) -> None:
     row = endpoint.row
@@ -59,9 +66,12 @@ def test_each_row_is_whole(endpoint: Endpoint) -> None:
     # the OpenAI API's rows: all of /v1, each answering a wrong method in OpenAI's words (naming its first
     # method); inference, answered in the engine and cancelled there when its client leaves, as a generation
     openai = row.api is not Api.KSERVE
-    assert openai == row.pattern.startswith("/v1")
+    assert openai == (row.pattern.startswith("/v1") or endpoint in _VLLM)
     assert openai == (row.wrong_method is WrongMethod.OPENAI)
-    if openai:
+    if endpoint in _VLLM:  # vLLM's beside /v1, each in its kind's group, answered in the engine
+        assert (row.group, row.cancellable) == _VLLM[endpoint] and row.where is Where.FORWARDED
+        assert row.action == row.pattern and row.api is Api.OPENAI
+    elif openai:
         assert (row.group, row.where, row.cancellable) == (ApiGroup.INFERENCE, Where.FORWARDED, True)
         assert row.action in ("", "/v1/models")
     if row.wrong_method is WrongMethod.NEEDS:

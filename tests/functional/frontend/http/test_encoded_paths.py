@@ -40,11 +40,13 @@ GENERATE = json.dumps({"INPUT0": ["a"]}).encode()
 # Each group's endpoints, as (method, path, body): every endpoint of every group, versions included.
 ENDPOINTS: dict[ApiGroup, list[tuple[str, str, bytes | None]]] = {
     G.HEALTH: [("GET", "/v2/health/live", None), ("GET", "/v2/health/ready", None),
-               ("GET", "/v2/models/simple/ready", None), ("GET", "/v2/models/simple/versions/1/ready", None)],
+               ("GET", "/v2/models/simple/ready", None), ("GET", "/v2/models/simple/versions/1/ready", None),
+               ("GET", "/health", None)],
     G.METADATA: [("GET", "/v2", None), ("GET", "/v2/models/simple", None),
-                 ("GET", "/v2/models/simple/versions/1", None)],
+                 ("GET", "/v2/models/simple/versions/1", None), ("GET", "/version", None)],
     G.MODEL_CONFIG: [("GET", "/v2/models/simple/config", None)],
-    G.STATISTICS: [("GET", "/v2/models/stats", None), ("GET", "/v2/models/simple/versions/1/stats", None)],
+    G.STATISTICS: [("GET", "/v2/models/stats", None), ("GET", "/v2/models/simple/versions/1/stats", None),
+                   ("GET", "/metrics", None)],
     G.INFERENCE: [("POST", "/v2/models/simple/infer", INFER),
                   ("POST", "/v2/models/simple/versions/1/infer", INFER),
                   ("POST", "/v2/models/simple_identity/generate", GENERATE),

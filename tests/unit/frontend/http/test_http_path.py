@@ -161,12 +161,14 @@ def test_what_is_not_the_same_endpoint_is_read_one_way_too(path: str, segments: 
 
 
 def test_unknown_paths_are_no_endpoint_and_in_no_group() -> None:
-    for path in ("/", "/metrics", "/v2/nothing", "/v2/health", "/v2/health/alive", "/v2/models",
+    for path in ("/", "/metrics/x", "/healthz", "/v2/nothing", "/v2/health", "/v2/health/alive", "/v2/models",
                  "/v2/models/m/versions", "/v2/models/m/infer/x", "/v2/repository", "/v2/repository/models/m",
                  "/v2/repository/models/m/delete", "/v2/systemsharedmemory", "/v2/trace",
                  "/v2/systemsharedmemory/region/r", "/v2/logging/x", "/v3/models/m/infer"):
         target = parse_target(path.encode())
         assert target.endpoint is Endpoint.NONE and target.group is None, path
+    # vLLM's /metrics is served on the HTTP port too, in the statistics group (its keys and restrictions)
+    assert parse_target(b"/metrics").endpoint is Endpoint.VLLM_METRICS
 
 
 def test_a_target_crosses_to_the_engine_as_parsed() -> None:
