@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import engine
 from conftest import EXAMPLES, RunningServer, openai_client, start_server, wait_until
 from hubserve_models import examples
+from test_openai_vllm_fields import JSON_MODEL, add_word_tokenizer_model
 
 MODEL = "tiny_decoder"
 CONTEXT = 512
@@ -37,6 +38,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "simple").mkdir()
     shutil.copy(EXAMPLES / "simple" / "config.pbtxt", root / "simple" / "config.pbtxt")
     examples.build_repository(root, [MODEL, "simple"])
+    add_word_tokenizer_model(root)  # JSON_MODEL: the same graph with a tokenizer.json of words
     return root
 
 
@@ -73,8 +75,8 @@ def vllm(samples: Samples, name: str, **labels: str) -> float:
 
 def test_models_carry_max_model_len(client: openai.OpenAI):
     listed = client.models.list()
-    assert [m.id for m in listed.data] == [MODEL]
-    assert listed.data[0].to_dict()["max_model_len"] == CONTEXT
+    assert [m.id for m in listed.data] == [MODEL, JSON_MODEL]
+    assert [m.to_dict()["max_model_len"] for m in listed.data] == [CONTEXT, CONTEXT]
     assert client.models.retrieve(MODEL).to_dict()["max_model_len"] == CONTEXT
 
 
@@ -168,6 +170,16 @@ def test_tokenize_a_prompt_and_detokenize_it_back(server: RunningServer, client:
     assert (status, doc["tokens"], doc["token_strs"]) == (200, [72, 105], ["H", "i"]), doc
     status, doc = post(server, "/detokenize", {"model": MODEL, "tokens": [256, *"héllo".encode()]})
     assert (status, doc) == (200, {"prompt": "héllo"})
+
+
+def test_token_strs_and_special_tokens_of_a_tokenizer_json(server: RunningServer):
+    """A tokenizer.json's tokens are named as its vocabulary names them; /detokenize writes its special
+    tokens (vLLM's), which a generation's text leaves out by default."""
+    status, doc = post(server, "/tokenize", {"model": JSON_MODEL, "prompt": "t7 t42 t7",
+                                             "return_token_strs": True})
+    assert (status, doc["tokens"], doc["token_strs"]) == (200, [7, 42, 7], ["t7", "t42", "t7"]), doc
+    status, doc = post(server, "/detokenize", {"model": JSON_MODEL, "tokens": [256, 7, 257]})
+    assert (status, doc) == (200, {"prompt": "<s> t7 </s>"})
 
 
 def test_tokenize_a_chat_through_the_chat_completions_prompt(server: RunningServer, client: openai.OpenAI):
