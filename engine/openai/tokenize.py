@@ -27,7 +27,9 @@ _CHAT_FIELDS = frozenset({"model", "messages", "add_generation_prompt", "continu
                           "add_special_tokens", "chat_template", "chat_template_kwargs", "tools",
                           "mm_processor_kwargs", "return_token_strs"})
 _DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
-MAX_DETOKENIZE_TOKENS = 1 << 20  # a body's worth; the tokens are decoded on the loop
+# The tokens are decoded on the loop: at most this many (a long context's worth, a few ms to decode), as a
+# text prompt is bounded before it is tokenized (generate/serving/prompt.py)
+MAX_DETOKENIZE_TOKENS = 1 << 17
 
 
 @dataclass(frozen=True, slots=True)
