@@ -66,6 +66,8 @@ class GenerationSample:
     inter_token_latency: Histogram  # over ITL_BUCKETS_S and VLLM_ITL_BUCKETS_S
     lora: LoraSample | None  # None: the version's graph takes no adapters
     stats_time_s: float = 0.0  # when the engine's statistics above were taken (time.time(), seconds)
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (the hit rate's terms)
+    prefix_cache_hits: int = 0
 
     @property
     def kv_cache_usage(self) -> float:

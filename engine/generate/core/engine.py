@@ -47,6 +47,8 @@ class EngineStats:
     # the LoRA adapters of the running and of the waiting requests, each once (a model without adapters: ())
     running_adapters: tuple[str, ...] = ()
     waiting_adapters: tuple[str, ...] = ()
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the engine started
+    prefix_cache_hits: int = 0     # of those, found cached
 
 
 class GenerationEngine:
@@ -213,6 +215,7 @@ class GenerationEngine:
             kv_blocks_used=pool.num_blocks - pool.num_free, kv_blocks_free=pool.num_free,
             prefix_cache_hit_rate=self.kv.prefix_hits / queried if queried else 0.0,
             preemptions=self.scheduler.num_preemptions,
+            prefix_cache_queries=queried, prefix_cache_hits=self.kv.prefix_hits,
             running_adapters=() if self.adapters is None else _adapters(self.scheduler.running),
             waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting))
 

@@ -151,7 +151,7 @@ class EngineDriver:
             self.model_name, self.version, metrics.generation_tokens, metrics.prompt_tokens, stats.running,
             stats.waiting, stats.kv_blocks_used, stats.kv_blocks_free, stats.prefix_cache_hit_rate,
             stats.preemptions, metrics.finished, metrics.time_to_first_token, metrics.inter_token_latency,
-            lora, self.stats_time_s)
+            lora, self.stats_time_s, stats.prefix_cache_queries, stats.prefix_cache_hits)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how

@@ -120,6 +120,8 @@ def test_vllm_gauges_move_with_real_streams_and_the_counters_add_up(server: Runn
     assert grew("vllm:generation_tokens_total") == requests * TOKENS
     assert grew("vllm:prompt_tokens_total") == requests * len(b"go 0") + requests  # BOS each
     assert grew("vllm:inter_token_latency_seconds_count") == requests * (TOKENS - 1)
+    assert grew("vllm:prefix_cache_queries_total") > 0
+    assert 0 <= vllm(after, "vllm:prefix_cache_hits_total") <= vllm(after, "vllm:prefix_cache_queries_total")
     # vLLM's buckets, over the same observations as ours
     assert vllm(after, "vllm:time_to_first_token_seconds_bucket", le="2560.0") == \
         vllm(after, "vllm:time_to_first_token_seconds_count")

@@ -29,7 +29,8 @@ def sample(lora: LoraSample | None = None) -> GenerationSample:
     return GenerationSample("m", "2", generation_tokens=11, prompt_tokens=7, running=3, waiting=2,
                             kv_blocks_used=256, kv_blocks_free=768, prefix_cache_hit_rate=0.5, preemptions=1,
                             finished={"stop": 2, "error": 1}, time_to_first_token=metrics.time_to_first_token,
-                            inter_token_latency=metrics.inter_token_latency, lora=lora, stats_time_s=1234.5)
+                            inter_token_latency=metrics.inter_token_latency, lora=lora, stats_time_s=1234.5,
+                            prefix_cache_queries=40, prefix_cache_hits=20)
 
 
 def page(*samples: GenerationSample) -> Series:
@@ -53,6 +54,8 @@ def test_gauges_and_counters_under_vllms_names_and_labels() -> None:
     assert series[("vllm:prompt_tokens_total", VLLM)] == 7
     assert series[("vllm:generation_tokens_total", VLLM)] == 11
     assert series[("vllm:num_preemptions_total", VLLM)] == 1
+    assert series[("vllm:prefix_cache_queries_total", VLLM)] == 40  # tokens, as the hit rate's terms
+    assert series[("vllm:prefix_cache_hits_total", VLLM)] == 20
     reasons = {dict(labels)["finished_reason"]: value for (n, labels), value in series.items()
                if n == "vllm:request_success_total"}
     assert reasons == {"stop": 2, "length": 0, "abort": 0}  # vLLM's reasons; our "error" is not one
