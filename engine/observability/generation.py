@@ -75,3 +75,8 @@ class GenerationSample:
         blocks holding only a cached prefix count as free, as they can be taken)."""
         total = self.kv_blocks_used + self.kv_blocks_free
         return self.kv_blocks_used / total if total else 0.0
+    # Interactive requests told apart from offline batch jobs' (the Batch API's, at the scheduler's BATCH
+    # priority), so autoscaling can leave batch work out: of `waiting`, the batch jobs' sequences; and the
+    # time to first token of interactive requests alone (None: not recorded by this engine).
+    waiting_batch: int = 0
+    interactive_time_to_first_token: Histogram | None = None

@@ -175,11 +175,32 @@ def _generation_lines(samples: list[GenerationSample]) -> list[str]:
     for d, labels in labelled:
         for reason, count in sorted(d.finished.items()):
             lines.append(f'hubserve_generation_requests_finished_total{{{labels},reason="{reason}"}} {count}')
+    lines.extend(_by_priority_lines(labelled))
     for name, help_text, histogram, buckets in _HISTOGRAMS:
         lines.extend(histogram_family(name, help_text, [(labels, histogram(d)) for d, labels in labelled],
                                       buckets))
+    interactive = [(labels, d.interactive_time_to_first_token) for d, labels in labelled
+                   if d.interactive_time_to_first_token is not None]
+    if interactive:
+        lines.extend(histogram_family(
+            "hubserve_generation_interactive_time_to_first_token_seconds",
+            "Time from an interactive generation request's arrival to its first token (offline batch jobs' "
+            "requests left out)", interactive, TTFT_BUCKETS_S))
     lines.extend(_lora_lines([(d.lora, labels) for d, labels in labelled if d.lora is not None]))
     lines.extend(vllm_lines(samples))
+    return lines
+
+
+def _by_priority_lines(labelled: list[tuple[GenerationSample, str]]) -> list[str]:
+    """The waiting sequences split by the scheduler's priority class (engine/generate/core/request.py
+    `Priority`): `interactive` (API requests) and `batch` (the Batch API's jobs). Autoscaling reads the
+    interactive queue, so a batch job, which waits by design, never scales the fleet."""
+    name = "hubserve_generation_waiting_sequences_by_priority"
+    lines = [f"# HELP {name} Sequences waiting for admission (or preempted), by priority: interactive (API "
+             "requests) or batch (Batch API jobs)", f"# TYPE {name} gauge"]
+    for d, labels in labelled:
+        lines.append(f'{name}{{{labels},priority="interactive"}} {d.waiting - d.waiting_batch}')
+        lines.append(f'{name}{{{labels},priority="batch"}} {d.waiting_batch}')
     return lines
 
 

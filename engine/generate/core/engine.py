@@ -16,7 +16,7 @@ from ...errors import EngineError, ErrorCode, invalid
 from .detokenize import OutputText, WindowDecoder
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
-from .request import FinishReason, Request, RequestOutput, SamplingParams, TokenLogprob
+from .request import FinishReason, Priority, Request, RequestOutput, SamplingParams, TokenLogprob
 from .runner import DecoderRunner
 from .sampler import sample, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -49,6 +49,7 @@ class EngineStats:
     waiting_adapters: tuple[str, ...] = ()
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the engine started
     prefix_cache_hits: int = 0     # of those, found cached
+    waiting_batch: int = 0  # of `waiting`, offline batch jobs' (Priority.BATCH): autoscaling ignores them
 
 
 class GenerationEngine:
@@ -217,7 +218,8 @@ class GenerationEngine:
             preemptions=self.scheduler.num_preemptions,
             prefix_cache_queries=queried, prefix_cache_hits=self.kv.prefix_hits,
             running_adapters=() if self.adapters is None else _adapters(self.scheduler.running),
-            waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting))
+            waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting),
+            waiting_batch=len(self.scheduler.queues[Priority.BATCH]))
 
 
 def _adapters(requests: list[Request]) -> tuple[str, ...]:

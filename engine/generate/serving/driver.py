@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ...errors import EngineError, ErrorCode
 from ...observability.generation import GenerationSample, LoraSample
 from ..core.engine import EngineStats, GenerationEngine
-from ..core.request import RequestOutput, SamplingParams
+from ..core.request import Priority, RequestOutput, SamplingParams
 from .latency import GenerationMetrics
 
 log = logging.getLogger("hubserve.generate")
@@ -70,6 +70,7 @@ class _Client:
     num_prompt_tokens: int
     arrival_s: float
     adapter: str | None
+    interactive: bool  # an API request, not an offline batch job's (Priority.BATCH)
     last_token_s: float = 0.0
     num_tokens: int = 0
 
@@ -151,7 +152,9 @@ class EngineDriver:
             self.model_name, self.version, metrics.generation_tokens, metrics.prompt_tokens, stats.running,
             stats.waiting, stats.kv_blocks_used, stats.kv_blocks_free, stats.prefix_cache_hit_rate,
             stats.preemptions, metrics.finished, metrics.time_to_first_token, metrics.inter_token_latency,
-            lora, self.stats_time_s, stats.prefix_cache_queries, stats.prefix_cache_hits)
+            lora, self.stats_time_s, stats.prefix_cache_queries, stats.prefix_cache_hits,
+            waiting_batch=stats.waiting_batch,
+            interactive_time_to_first_token=metrics.interactive_time_to_first_token)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
@@ -172,7 +175,8 @@ class EngineDriver:
                                                         "request ids (X-Request-ID) must be unique")
         now = time.perf_counter()
         adapter = params.lora
-        self._clients[request_id] = _Client(on_event, len(token_ids), now, adapter)
+        self._clients[request_id] = _Client(on_event, len(token_ids), now, adapter,
+                                            params.priority == Priority.INTERACTIVE)
         self.metrics.prompt_tokens += len(token_ids)
         if adapter is not None:
             counts = self.metrics.lora_requests
@@ -216,6 +220,8 @@ class EngineDriver:
             if event.num_tokens:
                 if client.num_tokens == 0:
                     metrics.time_to_first_token.observe(now - client.arrival_s)
+                    if client.interactive:
+                        metrics.interactive_time_to_first_token.observe(now - client.arrival_s)
                 else:
                     gap = (now - client.last_token_s) / event.num_tokens
                     for _ in range(event.num_tokens):

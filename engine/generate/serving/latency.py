@@ -31,6 +31,9 @@ class GenerationMetrics:
     """One generative model version's counters (driver.py EngineDriver.metrics)."""
 
     time_to_first_token: Histogram = field(default_factory=lambda: Histogram(_TTFT_BOUNDS_S))
+    # The same, of interactive requests alone: an offline batch job's requests wait behind them by design,
+    # so their first tokens come late without anyone waiting (the autoscaling signal: docs/deployment.md).
+    interactive_time_to_first_token: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
     inter_token_latency: Histogram = field(default_factory=lambda: Histogram(_ITL_BOUNDS_S))
     generation_tokens: int = 0
     prompt_tokens: int = 0
