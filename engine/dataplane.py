@@ -82,9 +82,17 @@ class DataPlane:
         return True
 
     def ready(self) -> bool:
+        """Strict readiness: every model ready, and, in none and poll mode, at least one model serving. A
+        repository that serves nothing there was meant to hold models (an empty or mis-laid folder, a mount
+        that failed), so a Service must not route to it. In explicit mode models come through the repository
+        API, and an empty server is ready, as Triton's is."""
         if not self.accepting:
             return False
-        return self.repository.all_ready() if self.strict_readiness else True
+        if not self.strict_readiness:
+            return True
+        if self.model_control_mode != "explicit" and not self.repository.loaded_models():
+            return False
+        return self.repository.all_ready()
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.info.name, "version": self.info.version,

@@ -16,6 +16,9 @@ from .openai.batch.limits import BatchLimits
 @dataclass(frozen=True)
 class ServerOptions:
     model_repository: Path
+    # A folder the repository's model files may resolve into besides the repository: the one-model folder
+    # `model_repository` was made for (engine/repository/single_model.py), its files linked from there.
+    model_files_root: Path | None = None
     host: str = "0.0.0.0"
     http_port: int = 8000
     grpc_port: int = 8001

@@ -71,6 +71,7 @@ class Server:
         limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload,
+                                          files_root=options.model_files_root,
                                           backlog=BacklogLimits(options.max_sequence_backlog,
                                                                 options.max_sequence_backlog_per_key,
                                                                 options.max_sequence_queue))

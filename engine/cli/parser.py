@@ -105,6 +105,10 @@ def _repository_flags(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--model-repository", required=True, type=Path, metavar="DIR",
                        help="folder in Triton's layout: <repo>/<model>/config.pbtxt|config.yaml and "
                             "<repo>/<model>/<version>/model.onnx")
+    group.add_argument("--single-model-name", default=None, metavar="NAME",
+                       help="when --model-repository holds one model's files directly (a model.onnx at its "
+                            "top, KServe's ONNX layout), serve them as a one-model repository under this "
+                            "name (default: the folder's name); ignored for a repository")
     group.add_argument("--model-control-mode", choices=("none", "poll", "explicit"), default="poll",
                        help="none: load every model at start, never rescan; poll: load every model at start "
                             "and pick up added, changed and removed model folders; explicit: load only "

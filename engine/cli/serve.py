@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
@@ -15,8 +16,10 @@ from ..access.policy import PolicyError, policies
 from ..errors import EngineError
 from ..frontend.listeners import PortError
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
+from ..names import name_problem
 from ..observability import logs
 from ..options import ServerOptions
+from ..repository.single_model import is_single_model, single_model_repository
 from ..server import Server
 from .parser import default_workers
 
@@ -130,7 +133,19 @@ def serve(args: argparse.Namespace) -> int:
     except TlsConfigError as e:
         print(f"hubserve: {e}", file=sys.stderr)
         return 2
-    options = options_from_args(args, http_tls, grpc_tls)
+    if is_single_model(args.model_repository):
+        name = args.single_model_name or args.model_repository.resolve().name
+        problem = name_problem(name)
+        if problem is not None:
+            print(f"hubserve: --single-model-name '{name}': {problem}", file=sys.stderr)
+            return 2
+        folder = args.model_repository.resolve()
+        args.model_repository = single_model_repository(folder, name)
+        logging.getLogger("hubserve").info("%s holds one model's files: serving them as model '%s'",
+                                           folder, name)
+    else:
+        folder = None
+    options = dataclasses.replace(options_from_args(args, http_tls, grpc_tls), model_files_root=folder)
     try:  # a flag Triton would refuse, or an unusable keys file: fail now, saying why
         policies(options.access(), options.workers)
     except (RestrictionError, ApiKeysError, PolicyError) as e:

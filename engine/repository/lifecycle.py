@@ -69,8 +69,12 @@ class ModelRepository(RoutingTable):
     """Loads, reloads and unloads models; routing and the index are the `RoutingTable` it is."""
 
     def __init__(self, root: Path, limiter: RateLimiter, gpus: tuple[int, ...] = (),
-                 allow_python_uploads: bool = False, backlog: BacklogLimits = DEFAULT_BACKLOG) -> None:
+                 allow_python_uploads: bool = False, backlog: BacklogLimits = DEFAULT_BACKLOG,
+                 files_root: Path | None = None) -> None:
         super().__init__(root)
+        # Where the repository's links may lead besides the repository itself: the folder of a one-model
+        # repository (single_model.py), whose files the repository made here links to. None: nowhere.
+        self.files_root = files_root
         # What a kind builds an instance model with (kinds.py): the rate limiter, the GPUs, and how many
         # sequences may wait for a slot, per sequence model version.
         self.limiter = limiter
@@ -255,7 +259,9 @@ class ModelRepository(RoutingTable):
     def _outside(self, where: str, path: Path, shown: str, base: Path) -> None:
         """INVALID_ARG when `path` resolves outside `base`: a symbolic link (or a `../` in the config's
         default_model_filename) must not make the server read files outside the repository."""
-        if not inside(path, base):
+        allowed = inside(path, base) or (base == self.root and self.files_root is not None
+                                          and inside(path, self.files_root))
+        if not allowed:
             raise invalid(f"{where}: '{shown}' resolves outside the model repository (a symbolic link to "
                           "elsewhere?); model files are read only from inside the repository")
 

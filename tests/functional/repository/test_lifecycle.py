@@ -330,12 +330,16 @@ def test_warm_up_runs_before_ready_and_a_failing_one_makes_the_model_unavailable
 def test_each_mechanism_alone_picks_up_changes(tmp_path: Path, flags: tuple[str, ...]):
     root = tmp_path / "repository"
     root.mkdir()
-    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "poll", *flags)
+    # An empty repository serves nothing: live, never ready (dataplane.py `ready`) until a model lands.
+    srv = start_server(root, tmp_path / "server.log", "--model-control-mode", "poll", *flags,
+                       wait_ready=False)
     try:
         with httpclient.InferenceServerClient(srv.http_url) as client:
+            assert client.is_server_live() and not client.is_server_ready()
             drop(root, "m", {"config.pbtxt": simple_config("m"), "1/model.onnx": SIMPLE},
                  tmp_path / "staging")
             wait_until(lambda: client.is_model_ready("m"), "'m' READY")
+            assert client.is_server_ready()
             assert infer_simple(client, httpclient, "m") == "1"
             shutil.rmtree(root / "m")
             wait_until(lambda: not rows(client, "m"), "'m' gone")
