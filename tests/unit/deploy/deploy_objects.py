@@ -33,8 +33,8 @@ KUBERNETES = DEPLOY / "kubernetes"
 SCHEMAS = DEPLOY / "schemas"
 KUBECTL = Path(sys.executable).parent / "kubectl"
 OVERLAYS = sorted(p.name for p in (KUBERNETES / "overlays").iterdir() if (p / "kustomization.yaml").exists())
-# The manifests applied as files, beside the overlays (kubectl apply -f).
-FILES = sorted(KUBERNETES.glob("*.yaml"))
+# The manifests applied as files, beside the overlays (kubectl apply -f): the autoscalers, and KServe's.
+FILES = sorted(KUBERNETES.glob("*.yaml")) + sorted((DEPLOY / "kserve").glob("*.yaml"))
 # Kubernetes 1.28 (the oldest release a current managed cluster runs) to the newest kubernetes-validate ships.
 KUBERNETES_VERSIONS = sorted({m.group(1) for v in all_versions() if (m := re.match(r"^v?(\d+\.\d+)", v))
                               and tuple(map(int, m.group(1).split("."))) >= (1, 28)},
@@ -58,7 +58,7 @@ def render(overlay: str) -> tuple[Document, ...]:
 
 
 def file_documents() -> list[tuple[str, Document]]:
-    return [(f"{path.name}:{name_of(doc)}", doc) for path in FILES
+    return [(f"{path.parent.name}/{path.name}:{name_of(doc)}", doc) for path in FILES
             for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 

@@ -96,9 +96,12 @@ def _set(doc: Document, path: str, value: Any) -> Document:
     ("ScaledObject", "spec.triggers.0.metadata.threshold", 4),  # KEDA's metadata is strings only
     ("ScaledObject", "spec.minReplicaCount", "one"),
     ("ScaledObject", "spec.triggers.0.metadataa", {}),
+    ("InferenceService", "spec.predictor.model.storageURI", "s3://x"),
+    ("InferenceService", "spec.predictor.minReplicas", "two"),
 ])
 def test_the_crd_validator_bites(kind, path, value):
-    doc = one([d for _, d in CUSTOM], kind) if kind != "ServiceMonitor" else one(render("cpu"), kind)
+    doc = (one(render("cpu"), kind) if kind == "ServiceMonitor"
+           else [d for _, d in CUSTOM if d["kind"] == kind][0])
     validate_custom(doc)
     with pytest.raises(jsonschema.ValidationError):
         validate_custom(_set(doc, path, value))
@@ -134,11 +137,13 @@ def restricted_violations(pod: dict[str, Any]) -> list[str]:
         kinds = set(volume) - {"name"}
         if not kinds <= allowed_volumes:
             problems.append(f"volume {volume['name']}: {sorted(kinds - allowed_volumes)} not allowed")
-    if pod_context.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
-        problems.append("pod seccompProfile is not RuntimeDefault")
+    seccomp_ok = ("RuntimeDefault", "Localhost")
     for container in pod["containers"]:
         context = container.get("securityContext", {})
         name = container["name"]
+        if (context.get("seccompProfile", pod_context.get("seccompProfile", {})).get("type")
+                not in seccomp_ok):
+            problems.append(f"{name}: seccompProfile is not RuntimeDefault")
         if not (context.get("runAsNonRoot") or pod_context.get("runAsNonRoot")):
             problems.append(f"{name}: runAsNonRoot is not true")
         if 0 in (context.get("runAsUser"), pod_context.get("runAsUser")):
@@ -176,7 +181,8 @@ def test_the_pod_meets_the_restricted_standard_with_the_images_user(overlay):
      "hubserve: allowPrivilegeEscalation is not false"),
     ("containers.0.securityContext.readOnlyRootFilesystem", False,
      "hubserve: the root file system is writable"),
-    ("securityContext.seccompProfile", {"type": "Unconfined"}, "pod seccompProfile is not RuntimeDefault"),
+    ("securityContext.seccompProfile", {"type": "Unconfined"},
+     "hubserve: seccompProfile is not RuntimeDefault"),
     ("securityContext.runAsUser", 0, "hubserve: runs as uid 0"),
     ("volumes.1", {"name": "tmp", "hostPath": {"path": "/tmp"}}, "volume tmp: ['hostPath'] not allowed"),
 ])
@@ -367,3 +373,40 @@ def test_the_keda_scaled_object_scales_the_deployment_and_leaves_batch_jobs_out(
     assert all(t["type"] == "prometheus" for t in triggers.values())
     assert 'priority="interactive"' in triggers["queue-depth"]["metadata"]["query"]
     assert "interactive_time_to_first_token" in triggers["time-to-first-token"]["metadata"]["query"]
+
+
+# --- KServe ------------------------------------------------------------------------------------------------
+
+RUNTIME = one(FILES, "ClusterServingRuntime")
+
+
+def test_the_kserve_runtime_meets_the_restricted_standard():
+    assert restricted_violations(RUNTIME["spec"]) == []
+    mounts = {m["mountPath"]: m["name"] for m in RUNTIME["spec"]["containers"][0]["volumeMounts"]}
+    assert "emptyDir" in {v["name"]: v for v in RUNTIME["spec"]["volumes"]}[mounts["/tmp"]]
+
+
+def test_the_kserve_runtime_declares_both_protocols_ports_and_its_formats():
+    container = RUNTIME["spec"]["containers"][0]
+    args = build_parser().parse_args(_serve_args(container))
+    ports = container["ports"]
+    # KServe (RawDeployment) makes the first port the InferenceService's port 80, and gives a port whose name
+    # holds "grpc" appProtocol kubernetes.io/h2c (its service reconciler's isGrpcPort).
+    assert ports[0]["containerPort"] == args.http_port
+    assert [p["containerPort"] for p in ports if "grpc" in p["name"]] == [args.grpc_port]
+    assert set(RUNTIME["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
+    formats = {f["name"] for f in RUNTIME["spec"]["supportedModelFormats"]}
+    assert formats == {"triton", "onnx", "hubserve-llm"}
+    # A flat model.onnx is served under the InferenceService's name, which KServe fills in for {{.Name}}.
+    assert args.single_model_name == "{{.Name}}" and args.model_repository.as_posix() == "/mnt/models"
+
+
+@pytest.mark.parametrize("isvc", [d for d in FILES if d["kind"] == "InferenceService"],
+                         ids=lambda d: d["metadata"]["name"])
+def test_each_inference_service_asks_for_a_format_the_runtime_serves(isvc):
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["runtime"] == RUNTIME["metadata"]["name"]
+    supported = {(f["name"], f.get("version")) for f in RUNTIME["spec"]["supportedModelFormats"]}
+    wanted = model["modelFormat"]
+    assert (wanted["name"], wanted.get("version", dict(supported)[wanted["name"]])) in supported
+    assert isvc["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "RawDeployment"
