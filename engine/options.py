@@ -109,6 +109,10 @@ class ServerOptions:
     batch_max_live_jobs_per_key: int = 8
     batch_max_live_jobs: int = 64
     batch_completion_window_secs: int = 24 * 3600
+    # --batch-dir shared with other replicas (engine/openai/batch/claims.py): read again at every call, jobs
+    # claimed by one replica, unclaimed ones looked for every batch_claim_interval_secs
+    batch_shared: bool = False
+    batch_claim_interval_secs: float = 5.0
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.batch_max_file_bytes, self.batch_max_requests,

@@ -88,7 +88,8 @@ class Server:
         self.openai = OpenAIService(self.generation, keys, options.trust_request_chat_template)
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         self.batches = None if options.batch_dir is None else BatchRunner(
-            options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys)
+            options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys,
+            options.batch_shared, options.batch_claim_interval_secs)
         self._started = time.monotonic()  # for the ready line's "ready in" where /proc cannot say
         self._listeners: Listeners | None = None
         self._http: http_frontend.HttpApp | None = None

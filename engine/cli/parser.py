@@ -316,6 +316,15 @@ def _batch_api_flags(serve: argparse.ArgumentParser) -> None:
                             "not finished by then ends 'expired', its results so far kept and the requests "
                             "left in its error file as batch_expired (OpenAI's 24h window, whatever "
                             "completion_window says)")
+    group.add_argument("--batch-shared", action="store_true",
+                       help="the --batch-dir is shared with other replicas (a volume every replica mounts, "
+                            "with working POSIX record locks: NFSv4, CephFS, a local disk): every call reads "
+                            "it again, so any replica answers any Batch API call; each job runs on the one "
+                            "replica that holds its lock, and another takes it over if that one dies "
+                            "(docs/replicas.md)")
+    group.add_argument("--batch-claim-interval-secs", type=float, default=5.0, metavar="SECS",
+                       help="with --batch-shared: how often a replica looks for jobs no replica runs (their "
+                            "replica stopped or died) and for cancels made through other replicas")
 
 
 def _logging_flags(serve: argparse.ArgumentParser) -> None:

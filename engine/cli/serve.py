@@ -108,6 +108,8 @@ def options_from_args(args: argparse.Namespace, http_tls: TlsSettings | None,
         batch_max_live_jobs_per_key=max(1, args.batch_max_live_jobs_per_key),
         batch_max_live_jobs=max(1, args.batch_max_live_jobs),
         batch_completion_window_secs=max(1, args.batch_completion_window_secs),
+        batch_shared=args.batch_shared,
+        batch_claim_interval_secs=max(0.05, args.batch_claim_interval_secs),
     )
 
 

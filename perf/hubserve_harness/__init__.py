@@ -7,6 +7,7 @@ it, and pytest finds this checkout's copy through `pythonpath` in pyproject.toml
     server.py         start_server → RunningServer (ports, log, /metrics, stop)
     repository.py     build_test_repository, build_pipeline_repository (the ensemble benchmarks')
     perf_analyzer.py  run_perf_analyzer → PerfResult (exit status, output, throughput, CSV rows)
+    proxy.py          RoundRobinProxy: replicas behind one port, round robin or sticky on a header
 """
 
 from .checkout import EXAMPLES, ROOT, checkout_env

@@ -18,6 +18,9 @@ multipart split and file I/O on worker threads) that OpenAIRoutes runs as a task
 every other path under /v1/files and /v1/batches, answers 501 saying how to turn it on: OpenAIRoutes checks
 that first) unless the server has a `--batch-dir`.
 
+With `--batch-shared` (replicas sharing one `--batch-dir`: docs/replicas.md) every handler first reads the
+folder again (`BatchRunner.refresh`, on worker threads), so it answers for what any replica wrote.
+
 A download streams through the request's `ResponseStream` (http/types.py), a chunk at a time read on a
 worker thread (download.py), awaiting the stream's `drain` before the next: N clients downloading a file of
 the size of a key's whole storage quota hold N chunks, not N copies of the file, however slowly they read
@@ -28,7 +31,8 @@ body is chunked (close-delimited for an HTTP/1.0 client), without a Content-Leng
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import inspect
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -64,27 +68,39 @@ class BatchRoutes:
 
     def files(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
         if req.method == b"GET":
-            return _json(self.runner.files.list(owner, *_file_page(req.url)))
-        return _upload(self.runner, owner, req)
+            return self._fresh(lambda: _json(self.runner.files.list(owner, *_file_page(req.url))))
+        return self._fresh(lambda: _upload(self.runner, owner, req))
 
     def file(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
         if req.method == b"DELETE":
-            return _json(self.runner.files.delete(owner, target.name))
-        return _json(self.runner.files.get(owner, target.name))
+            return self._fresh(lambda: _json(self.runner.files.delete(owner, target.name)))
+        return self._fresh(lambda: _json(self.runner.files.get(owner, target.name)))
 
     def file_content(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
-        return _content(self.runner, owner, target.name, req.stream)
+        return self._fresh(lambda: _content(self.runner, owner, target.name, req.stream))
 
     def batches(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
         if req.method == b"GET":
-            return _json(self.runner.list(owner, *_page(req.url)))
-        return _json(self.runner.create(owner, parse_body(req.body)))
+            return self._fresh(lambda: _json(self.runner.list(owner, *_page(req.url))))
+        return self._fresh(lambda: _json(self.runner.create(owner, parse_body(req.body))))
 
     def batch(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
-        return _json(self.runner.get(owner, target.name))
+        return self._fresh(lambda: _json(self.runner.get(owner, target.name)))
 
     def cancel_batch(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
-        return _json(self.runner.cancel(owner, target.name))
+        return self._fresh(lambda: _json(self.runner.cancel(owner, target.name)))
+
+    def _fresh(self, answer: Callable[[], Reply]) -> Reply:
+        """`answer()` now, or, shared, once the runner has read the folder again."""
+        if not self.runner.shared:
+            return answer()
+
+        async def after_refresh() -> Answer | None:
+            await self.runner.refresh()
+            reply = answer()
+            return await reply if inspect.iscoroutine(reply) else reply  # type: ignore[return-value]
+
+        return after_refresh()
 
     def unknown_url(self, req: HttpRequest, target: HttpTarget, owner: str) -> Reply:
         raise unknown_url(req.method, target)

@@ -7,9 +7,16 @@ endpoint. Each owner's files are bounded in count and bytes (limits.py), inputs 
 write alike; an upload past either is refused (400, as OpenAI refuses a full storage) until files are deleted.
 A job's output always lands, even past the bound: the results were worked for; the next upload is refused.
 
-Threads: the index is touched on the loop only (`reserve`, `register`, `get`, `list`, `delete`); the disk
-work of an upload or an output (`write_upload`, `write_output`) runs on a worker thread between a
+Threads: the index is touched on the loop only (`reserve`, `register`, `get`, `list`, `delete`, `apply`);
+the disk work of an upload or an output (`write_upload`, `write_output`) runs on a worker thread between a
 `reserve` (or nothing, for outputs) and a `register`.
+
+Shared between replicas (`--batch-shared`, docs/replicas.md): the folder is read again before every Batch API
+call (`SharedFolder.read` on a worker thread, then `apply` on the loop), so a file another replica wrote or
+deleted is seen, and a key's bounds count the files in the folder, whoever wrote them, plus this replica's
+uploads under way. Uploads under way on other replicas are not seen: two replicas may each let one upload pass
+a bound at once (by one upload each). A file's bytes are written before its object, so a replica that sees
+the object can read the bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ import orjson
 from ..errors import OpenAIError, bad_request
 from .input import check_upload
 from .limits import BatchLimits
-from .store import make_private_dir, new_id, read_json, valid_id, write_bytes, write_json
+from .store import SharedFolder, make_private_dir, new_id, read_json, valid_id, write_bytes, write_json
+
+ORPHAN_SECS = 3600  # shared: an upload's bytes without an object this old are a crash's, not an upload's
 
 log = logging.getLogger("hubserve.batch")
 
@@ -38,8 +47,18 @@ PURPOSES_SERVED = ("batch",)
 @dataclass(slots=True)
 class _Usage:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)  # id → file object, oldest first
-    count: int = 0   # files held or reserved
-    nbytes: int = 0  # their bytes
+    stored_bytes: int = 0    # the files' bytes
+    reserved_count: int = 0  # uploads under way here
+    reserved_bytes: int = 0
+
+    @property
+    def count(self) -> int:
+        """Files held or reserved."""
+        return len(self.files) + self.reserved_count
+
+    @property
+    def nbytes(self) -> int:
+        return self.stored_bytes + self.reserved_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +70,14 @@ class Reservation:
 
 
 class FileStore:
-    def __init__(self, root: Path, limits: BatchLimits) -> None:
+    def __init__(self, root: Path, limits: BatchLimits, shared: bool = False) -> None:
         self.root = make_private_dir(root / "files")
         self.limits = limits
+        self.shared = shared
         self._owners: dict[str, _Usage] = {}
         self._index: dict[str, str] = {}  # file id → owner
         self._load()
+        self.folder = SharedFolder(self.root, "file-")
 
     # ------------------------------------------------------------------ the index (the loop's)
 
@@ -97,25 +118,37 @@ class FileStore:
                                  f"its storage quota of {limits.max_storage_bytes_per_key} bytes "
                                  "(--batch-max-storage-mb-per-key). Delete files (DELETE /v1/files/{id}) "
                                  "or upload a smaller file.")
-        usage.count += 1
-        usage.nbytes += nbytes
+        usage.reserved_count += 1
+        usage.reserved_bytes += nbytes
         return Reservation(owner, nbytes)
 
     def release(self, reservation: Reservation) -> None:
         """The upload failed: its room goes back."""
-        usage = self._owners[reservation.owner]
-        usage.count -= 1
-        usage.nbytes -= reservation.nbytes
+        usage = self._owners.setdefault(reservation.owner, _Usage())
+        usage.reserved_count -= 1
+        usage.reserved_bytes -= reservation.nbytes
 
     def register(self, owner: str, doc: dict[str, Any], reservation: Reservation | None) -> None:
         """A file written (`write_upload` under `reservation`, or a job's output with None: counted now)."""
+        if reservation is not None:
+            self.release(reservation)
+        self._add(owner, doc)
+
+    def apply(self, stored: dict[str, Any]) -> None:
+        """Shared: the folder as `SharedFolder.read` found it (file id → stored object) becomes the index;
+        the uploads under way here keep their reservations."""
+        for usage in self._owners.values():
+            usage.files.clear()
+            usage.stored_bytes = 0
+        self._index.clear()
+        for owner, doc in sorted(map(_owned, stored.values()), key=lambda x: _created(x[1])):
+            self._add(owner, doc)
+
+    def _add(self, owner: str, doc: dict[str, Any]) -> None:
         usage = self._owners.setdefault(owner, _Usage())
-        if reservation is None:
-            usage.count += 1
-            usage.nbytes += doc["bytes"]
-        else:  # the reservation was the size of the upload's part: the file is exactly that
-            usage.nbytes += doc["bytes"] - reservation.nbytes
-        usage.files[doc["id"]] = doc
+        if doc["id"] not in usage.files:
+            usage.files[doc["id"]] = doc
+            usage.stored_bytes += doc["bytes"]
         self._index[doc["id"]] = owner
 
     def delete(self, owner: str, file_id: str) -> dict[str, Any]:
@@ -125,8 +158,7 @@ class FileStore:
         del self._index[file_id]
         usage = self._owners[owner]
         del usage.files[file_id]
-        usage.count -= 1
-        usage.nbytes -= doc["bytes"]
+        usage.stored_bytes -= doc["bytes"]
         for suffix in (".json", ".jsonl"):  # the object first: a half-deleted file is no file
             with contextlib.suppress(FileNotFoundError):
                 (self.root / f"{file_id}{suffix}").unlink()
@@ -170,14 +202,17 @@ class FileStore:
 
     def _load(self) -> None:
         """The index from the folder, once, at start (before any frontend listens). A file whose object
-        was never written (a crash mid-upload) and temporary files are removed. Objects from before owners
-        were kept belong to the keyless owner."""
+        was never written (a crash mid-upload) and temporary files are removed (shared: only those older
+        than ORPHAN_SECS, since another replica may be writing one now). Objects from before owners were
+        kept belong to the keyless owner."""
         found = []
+        now = time.time()
         for path in self.root.iterdir():
             name = path.name
             if name.endswith(".tmp") or name.endswith(".jsonl") and not path.with_suffix(".json").exists():
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    if not self.shared or now - path.stat().st_mtime > ORPHAN_SECS:
+                        path.unlink()
                 continue
             if not name.endswith(".json") or not valid_id(name[:-5], "file-"):
                 continue
@@ -186,15 +221,14 @@ class FileStore:
             except (OSError, orjson.JSONDecodeError):
                 log.warning("batch files: %s is unreadable; skipped", name)
                 continue
-            owner, doc = (stored["owner"], stored["file"]) if "file" in stored else ("", stored)
-            found.append((owner, doc))
+            found.append(_owned(stored))
         for owner, doc in sorted(found, key=lambda x: _created(x[1])):
-            file_id = doc["id"]
-            usage = self._owners.setdefault(owner, _Usage())
-            usage.files[file_id] = doc
-            usage.count += 1
-            usage.nbytes += doc["bytes"]
-            self._index[file_id] = owner
+            self._add(owner, doc)
+
+
+def _owned(stored: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(owner, file object) of a stored object; one from before owners were kept is the keyless owner's."""
+    return (stored["owner"], stored["file"]) if "file" in stored else ("", stored)
 
 
 def _created(doc: dict[str, Any]) -> tuple[int, str]:

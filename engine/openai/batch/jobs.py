@@ -16,6 +16,13 @@ forgotten (`forget_oldest_finished`), as a bounded history; its output files sta
 
 The index and the documents are the loop's; `read_done` and `count_lines` read result files and run on a
 worker thread.
+
+Shared between replicas (`--batch-shared`, docs/replicas.md): one replica runs a job, the one holding its
+claim (claims.py), and only it writes the job's document and result files. The others see the job by reading
+the folder again (`SharedFolder.read`, then `apply`, keeping the jobs they run themselves as they are in
+memory). A client's cancel reaching a replica that does not run the job leaves a `<id>.cancel` marker
+(`request_cancel`) instead of writing the document: the replica running it (or the next to claim it) sees the
+marker and cancels it, and until then every replica answers the job as `cancelling`.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from typing import Any
 
 import orjson
 
-from .store import make_private_dir, read_json, valid_id, write_json
+from .store import SharedFolder, make_private_dir, read_json, valid_id, write_json
+
+CANCEL_MARKER = ".cancel"
 
 log = logging.getLogger("hubserve.batch")
 
@@ -114,7 +123,43 @@ class JobStore:
         self.root = make_private_dir(root / "batches")
         self._jobs: dict[str, Job] = {}
         self._owners: dict[str, dict[str, Job]] = {}  # owner → its jobs by id, oldest first
+        self._cancels: frozenset[str] = frozenset()  # shared: the ids with a cancel marker, as last read
         self._load()
+        self.folder = SharedFolder(self.root, "batch_", CANCEL_MARKER)
+
+    def apply(self, stored: dict[str, Any], cancels: frozenset[str], running: dict[str, Job]) -> None:
+        """Shared: the folder as `SharedFolder.read` found it (batch id → stored document) and the ids with a
+        cancel marker become the index; the jobs `running` here stay the objects the runner updates."""
+        self._jobs.clear()
+        self._owners.clear()
+        self._cancels = cancels
+        jobs = [running.get(batch_id) or _job(doc) for batch_id, doc in stored.items()]
+        jobs.extend(job for batch_id, job in running.items() if batch_id not in stored)
+        for job in sorted(jobs, key=lambda j: (j.doc["created_at"], j.id)):
+            self._jobs[job.id] = job
+            self._owners.setdefault(job.owner, {})[job.id] = job
+        for job in self._jobs.values():
+            if job.id not in running and job.id in cancels and job.status not in TERMINAL \
+                    and job.status is not BatchStatus.FINALIZING:
+                job.doc = {**job.doc, "status": BatchStatus.CANCELLING.value}  # as it will be
+
+    def cancel_requested(self, batch_id: str) -> bool:
+        """Whether a cancel marker was seen for the job at the last read."""
+        return batch_id in self._cancels
+
+    def request_cancel(self, batch_id: str) -> None:
+        """Shared: ask the replica running the job to cancel it."""
+        with open(self.root / f"{batch_id}{CANCEL_MARKER}", "ab"):
+            pass
+        self._cancels = self._cancels | {batch_id}
+
+    def reread(self, job: Job) -> Job:
+        """The job as its document on disk says now (a claim just taken: another replica may have finished
+        it since the last read)."""
+        try:
+            return _job(read_json(self.root / f"{job.id}.json"))
+        except (OSError, orjson.JSONDecodeError):
+            return job
 
     def add(self, job: Job) -> None:
         self._jobs[job.id] = job
@@ -135,17 +180,19 @@ class JobStore:
     def all(self) -> list[Job]:
         return list(self._jobs.values())
 
-    def forget_oldest_finished(self, owner: str) -> bool:
-        """Drop the owner's oldest job that has ended (its document and result files); False if none has."""
+    def forget_oldest_finished(self, owner: str) -> str | None:
+        """Drop the owner's oldest job that has ended (its document and result files): its id, or None if
+        none has."""
         job = next((j for j in self._owners.get(owner, {}).values() if j.status in TERMINAL), None)
         if job is None:
-            return False
+            return None
         del self._jobs[job.id]
         del self._owners[owner][job.id]
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / f"{job.id}.json").unlink()
+        for suffix in (".json", CANCEL_MARKER):
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / f"{job.id}{suffix}").unlink()
         self.drop_results(job.id)
-        return True
+        return job.id
 
     def result_path(self, batch_id: str, errors: bool) -> Path:
         return self.root / f"{batch_id}.{'errors' if errors else 'output'}.jsonl"
@@ -189,11 +236,15 @@ class JobStore:
             except (OSError, orjson.JSONDecodeError):
                 log.warning("batch jobs: %s is unreadable; skipped", path.name)
                 continue
-            job = Job(stored["owner"], stored["batch"]) if "batch" in stored else Job("", stored)
-            found.append(job)
+            found.append(_job(stored))
         for job in sorted(found, key=lambda j: (j.doc["created_at"], j.id)):
             self._jobs[job.id] = job
             self._owners.setdefault(job.owner, {})[job.id] = job
+
+
+def _job(stored: dict[str, Any]) -> Job:
+    """A stored document's job; one from before owners were kept is the keyless owner's."""
+    return Job(stored["owner"], stored["batch"]) if "batch" in stored else Job("", stored)
 
 
 def _whole_lines(path: Path, cut_expired: bool = False) -> Iterator[bytes]:

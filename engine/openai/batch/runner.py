@@ -25,6 +25,13 @@ one larger than the whole minute fails, as it would interactively.
 Bounds (limits.py): jobs validating or in progress per owner and over all owners (429 past either, with a
 Retry-After), and jobs kept per owner (the oldest finished ones are forgotten).
 
+Many replicas on one folder (`--batch-shared`, docs/replicas.md): every Batch API call first reads the folder
+again (`refresh`), so any replica answers any call; a job runs on the replica that holds its claim
+(claims.py: taken when the job is made, released when it ends), and every `--batch-claim-interval-secs` each
+replica sweeps the folder (`_sweep`): it claims every unfinished job nobody holds (its replica stopped or
+died) and runs it on from its results, and cancels the jobs it runs that a client cancelled through another
+replica (a marker: jobs.py). The bounds on jobs in progress count the folder's jobs, whoever runs them.
+
 Restarts: the state and each finished result are on disk as they happen. `resume()` (at start, once the
 models loaded) restarts every job left validating or in_progress with the requests that have no result
 yet, and finishes a job left cancelling as cancelled; a job whose owner is no configured key any more
@@ -50,6 +57,7 @@ from ..errors import RATE_LIMIT, OpenAIError, bad_request
 from ..protocol import parse_request
 from ..service import OpenAIService
 from ..token_quotas import QuotaWait
+from .claims import Claims
 from .feed import JobFeed
 from .files import FileStore, not_found, page, quota_exceeded
 from .input import BatchLine
@@ -64,14 +72,21 @@ REQUESTS_IN_FLIGHT = 16  # the default: the jobs' requests in the engine at once
 SAVE_EVERY_SECS = 1.0    # the job's counts on disk at most this often while it runs (and at every change)
 RETRY_AFTER_SECS = 10    # told to a client refused for too many jobs in progress
 MAX_QUOTA_WAIT_SECS = 60.0  # a request waiting for its key's tokens looks again at least this often
+CLAIM_INTERVAL_SECS = 5.0  # the default: how often a shared replica looks for jobs nobody runs
 
 
 class BatchRunner:
     def __init__(self, root: Path, service: OpenAIService, limits: BatchLimits,
-                 requests_in_flight: int = REQUESTS_IN_FLIGHT, keys: tuple[ApiKey, ...] = ()) -> None:
+                 requests_in_flight: int = REQUESTS_IN_FLIGHT, keys: tuple[ApiKey, ...] = (),
+                 shared: bool = False, claim_interval_secs: float = CLAIM_INTERVAL_SECS) -> None:
         self.owners = Owners(keys)
-        self.files = FileStore(root, limits)
+        self.shared = shared
+        self.files = FileStore(root, limits, shared)
         self.jobs = JobStore(root)
+        self.claims = Claims(self.jobs.root, shared)
+        self.claim_interval_secs = claim_interval_secs
+        self._refreshing = asyncio.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
         self.limits = limits
         self.service = service
         self._live: dict[str, Job] = {}  # the jobs whose task runs, by id
@@ -112,6 +127,7 @@ class BatchRunner:
         self._admit(owner)
         job = Job(owner, new_batch(new_id("batch_"), input_file_id, endpoint, window, metadata,
                                       self.limits.completion_window_secs))
+        self.claims.try_claim(job.id)  # before its document exists: no other replica's sweep can take it
         self.jobs.add(job)
         self._start(job)
         return job.doc
@@ -134,6 +150,10 @@ class BatchRunner:
         if status in TERMINAL or status is BatchStatus.FINALIZING:
             raise OpenAIError(409, f"Cannot cancel a batch with status '{status.value}'.",
                               "invalid_request_error", None, "batch_not_cancellable")
+        if self.shared and status is not BatchStatus.CANCELLING and batch_id not in self._live:
+            # another replica runs it: it sees the marker at its next sweep
+            self.jobs.request_cancel(batch_id)
+            return {**job.doc, "status": BatchStatus.CANCELLING.value, "cancelling_at": int(time.time())}
         if status is not BatchStatus.CANCELLING:
             set_status(job.doc, BatchStatus.CANCELLING)
             self.jobs.save(job)
@@ -146,17 +166,23 @@ class BatchRunner:
         """Room for one more job of `owner`: 429 past the jobs in progress allowed; the oldest finished job
         forgotten past the jobs kept."""
         limits = self.limits
-        mine = sum(1 for j in self._live.values() if j.owner == owner)
+        live = ([j for j in self.jobs.all() if j.status not in TERMINAL] if self.shared
+                else list(self._live.values()))
+        mine = sum(1 for j in live if j.owner == owner)
+        total = len(live)
         if mine >= limits.max_live_jobs_per_key:
             raise _too_many(f"This API key has {mine} batches validating or in progress, the most it may "
                             f"have at once (--batch-max-live-jobs-per-key {limits.max_live_jobs_per_key}). "
                             "Try again once one has finished, or cancel one.")
-        if len(self._live) >= limits.max_live_jobs:
-            raise _too_many(f"The server has {len(self._live)} batches validating or in progress, the most "
+        if total >= limits.max_live_jobs:
+            raise _too_many(f"The server has {total} batches validating or in progress, the most "
                             f"it runs at once (--batch-max-live-jobs {limits.max_live_jobs}). Try again once "
                             "some have finished.")
         while len(self.jobs.of_owner(owner)) >= limits.max_jobs_per_key:
-            if not self.jobs.forget_oldest_finished(owner):
+            forgotten = self.jobs.forget_oldest_finished(owner)
+            if forgotten is not None:
+                self.claims.forget(forgotten)
+            else:
                 raise quota_exceeded(f"This API key has {limits.max_jobs_per_key} batches in progress, the "
                                      "most it may keep (--batch-max-jobs-per-key).")
 
@@ -164,24 +190,82 @@ class BatchRunner:
 
     def resume(self) -> None:
         """At start: every job the last run left unfinished runs on (or ends, if it was being cancelled);
-        one whose owner is no configured key any more fails."""
+        one whose owner is no configured key any more fails. Shared: the jobs no other replica holds, and
+        from now on every `claim_interval_secs` (`_sweep`)."""
+        if self.shared:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+            return
         for job in self.jobs.all():
-            if job.status in TERMINAL:
-                continue
-            if not self.owners.known(job.owner):
-                log.warning("batch %s: its API key is no longer configured; failed", job.id)
-                self._fail(job, "owner_unknown", "The API key that created this batch is no longer "
-                                                 "configured on the server.")
-                continue
-            log.info("batch %s: resuming (%s)", job.id, job.doc["status"])
-            self._start(job)
+            if job.status not in TERMINAL:
+                self._resume(job)
+
+    def _resume(self, job: Job) -> None:
+        if not self.owners.known(job.owner):
+            log.warning("batch %s: its API key is no longer configured; failed", job.id)
+            self._fail(job, "owner_unknown", "The API key that created this batch is no longer "
+                                             "configured on the server.")
+            self.claims.release(job.id)
+            return
+        log.info("batch %s: resuming (%s)", job.id, job.doc["status"])
+        self._start(job)
+
+    async def refresh(self) -> None:
+        """Shared: the files and jobs as the folder holds them now (read on a worker thread), before a Batch
+        API call is answered and at every sweep."""
+        async with self._refreshing:
+            files = await asyncio.to_thread(self.files.folder.read)
+            jobs, cancels = await asyncio.to_thread(self.jobs.folder.read)
+        self.files.apply(files[0])
+        self.jobs.apply(jobs, cancels, self._live)
+
+    async def _sweep(self) -> None:
+        """Shared, for the server's life: claim and run the unfinished jobs no replica holds; cancel the
+        jobs running here that a client cancelled through another replica."""
+        while True:
+            try:
+                await self.refresh()
+                for job in self.jobs.all():
+                    if job.id in self._live:
+                        if self.jobs.cancel_requested(job.id):
+                            self._cancel_running(job)
+                    elif job.status not in TERMINAL and self.claims.try_claim(job.id):
+                        self._take_over(self.jobs.reread(job))
+            except OSError as e:  # the shared volume failing now and then: try again at the next sweep
+                log.warning("batch jobs: sweeping %s failed: %s", self.jobs.root, e)
+            await asyncio.sleep(self.claim_interval_secs)
+
+    def _take_over(self, job: Job) -> None:
+        """A job claimed here: run it on from its results (its replica stopped or died), unless it ended
+        meanwhile."""
+        if job.status in TERMINAL:
+            self.claims.release(job.id)
+            return
+        if self.jobs.cancel_requested(job.id) and job.status is not BatchStatus.FINALIZING:
+            set_status(job.doc, BatchStatus.CANCELLING)
+            self.jobs.save(job)
+        log.info("batch %s: claimed by this replica", job.id)
+        self._resume(job)
+
+    def _cancel_running(self, job: Job) -> None:
+        if job.status in TERMINAL or job.status in (BatchStatus.CANCELLING, BatchStatus.FINALIZING):
+            return
+        set_status(job.doc, BatchStatus.CANCELLING)
+        self.jobs.save(job)
+        task = self._tasks.get(job.id)
+        if task is not None:
+            task.cancel()
 
     async def close(self) -> None:
-        """The server stops: every job's requests are aborted; their state stays on disk as it is."""
+        """The server stops: every job's requests are aborted; their state stays on disk as it is (shared:
+        their claims are released, for another replica's next sweep)."""
         self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         for task in self._tasks.values():
             task.cancel()
         await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self.claims.release_all()
 
     def _start(self, job: Job) -> None:
         self._live[job.id] = job
@@ -213,6 +297,7 @@ class BatchRunner:
                 self._live.pop(job.id, None)
                 self._tasks.pop(job.id, None)
                 self._saved_at.pop(job.id, None)
+                self.claims.release(job.id)  # after its last save: a replica that claims it sees it ended
 
     async def _work(self, job: Job) -> bool:
         """Validate the input and run its requests until they are done or the job's window ends; True if

@@ -53,3 +53,44 @@ def write_bytes(path: Path, data: bytes | memoryview) -> None:
 
 def read_json(path: Path) -> Any:
     return orjson.loads(path.read_bytes())
+
+
+class SharedFolder:
+    """A folder of `<id>.json` documents that other replicas write too (`--batch-shared`): `read` returns
+    every document, re-reading only those whose inode, size or modification time changed since the last
+    read (a document is replaced whole by a rename, so a change is a new inode), and the ids that have a
+    `<id><marker>` file beside them. Called on a worker thread, one read at a time (the runner's refresh
+    lock)."""
+
+    def __init__(self, root: Path, prefix: str, marker: str = "") -> None:
+        self.root = root
+        self.prefix = prefix
+        self.marker = marker
+        self._seen: dict[str, tuple[tuple[int, int, int], Any]] = {}  # id → (its stat, its document)
+
+    def read(self) -> tuple[dict[str, Any], frozenset[str]]:
+        docs: dict[str, Any] = {}
+        marked = set()
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                name = entry.name
+                if self.marker and name.endswith(self.marker):
+                    marked.add(name[:-len(self.marker)])
+                    continue
+                if not name.endswith(".json") or not valid_id(name[:-5], self.prefix):
+                    continue
+                doc_id = name[:-5]
+                try:
+                    st = entry.stat()
+                    key = (st.st_ino, st.st_size, st.st_mtime_ns)
+                    seen = self._seen.get(doc_id)
+                    fresh = seen is not None and seen[0] == key
+                    docs[doc_id] = seen[1] if fresh else read_json(Path(entry.path))  # type: ignore[index]
+                except FileNotFoundError:  # deleted (or replaced) between the listing and the read
+                    continue
+                except (OSError, orjson.JSONDecodeError):
+                    continue  # half-visible on a shared volume: read again next time
+                self._seen[doc_id] = (key, docs[doc_id])
+        for gone in self._seen.keys() - docs.keys():
+            del self._seen[gone]
+        return docs, frozenset(marked)
