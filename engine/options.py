@@ -97,6 +97,9 @@ class ServerOptions:
     remote_admin_apis: tuple[str, ...] = ()
     # Whether the OpenAI API renders a chat request's own `chat_template` (--trust-request-chat-template).
     trust_request_chat_template: bool = False
+    # The replicas a key's limits are counted over (--quota-replicas; docs/replicas.md): each replica holds
+    # 1/N of every key's limits, so N replicas together never pass them.
+    quota_replicas: int = 1
     # The OpenAI Batch API (engine/openai/batch/): its folder (None: the API is off), the largest input file
     # and the most requests in one, and what one key (owner) may hold (engine/openai/batch/limits.py).
     batch_dir: Path | None = None
@@ -123,4 +126,4 @@ class ServerOptions:
     def access(self) -> AccessConfig:
         """The access flags parsed and checked (RestrictionError, ApiKeysError: fail at start)."""
         return access_config(self.http_restricted_apis, self.grpc_restricted_protocols, self.api_keys_file,
-                             self.max_inflight_bytes, self.remote_admin_apis)
+                             self.max_inflight_bytes, self.remote_admin_apis, self.quota_replicas)

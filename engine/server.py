@@ -166,7 +166,7 @@ class Server:
                            max_watches=max(1, opts.grpc_max_health_watches // frontends))
         tls = TlsOptions(opts.http_tls, opts.grpc_tls, handshake_timeout_secs(opts.client_timeout_secs))
         access = AccessInputs(None if opts.api_keys_file is None else str(opts.api_keys_file),
-                              opts.max_inflight_bytes, tuple(opts.remote_admin_apis))
+                              opts.max_inflight_bytes, tuple(opts.remote_admin_apis), opts.quota_replicas)
         log = LogOptions(opts.log_file, opts.log_format, opts.log_verbose, opts.log_info, opts.log_warning,
                          opts.log_error)
         return FrontendOptions(http, GrpcOptions(opts.max_message_bytes, h2, calls), tls,

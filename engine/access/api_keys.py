@@ -29,6 +29,7 @@ the operator's choice.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import stat
@@ -163,6 +164,29 @@ def _entry(entry: Any, label: str, source: str) -> ApiKey:
                   _positive(entry, "tokens_per_minute", where, int))
 
 
+def per_replica(keys: tuple[ApiKey, ...], replicas: int) -> tuple[ApiKey, ...]:
+    """The keys with the limits one of `replicas` replicas enforces (`--quota-replicas`, docs/replicas.md):
+    each replica counts a key's requests on its own, so each holds 1/`replicas` of every limit (rounded
+    down), and `replicas` of them together never let a key past what the file gives it. ApiKeysError for a
+    limit too small to split: every replica must allow at least one request (or token) of it."""
+    if replicas == 1:
+        return keys
+    out = []
+    for key in keys:
+        for name in ("requests_per_second", "max_concurrent", "tokens_per_minute"):
+            value = getattr(key, name)
+            if value is not None and value < replicas:
+                raise ApiKeysError(f"--api-keys: {key.label}: {name} {value:g} cannot be split across "
+                                   f"{replicas} replicas (--quota-replicas {replicas}): give it at least "
+                                   f"{replicas}, or count over fewer replicas")
+        rps, most, tpm = key.requests_per_second, key.max_concurrent, key.tokens_per_minute
+        out.append(dataclasses.replace(
+            key, requests_per_second=None if rps is None else rps / replicas,
+            max_concurrent=None if most is None else most // replicas,
+            tokens_per_minute=None if tpm is None else tpm // replicas))
+    return tuple(out)
+
+
 def _groups(names: list[str], where: str) -> frozenset[ApiGroup]:
     if "*" in names:
         return frozenset(ApiGroup)
@@ -186,4 +210,4 @@ def _positive(entry: dict[str, Any], name: str, where: str, kind: type) -> Any:
     return kind(value)
 
 
-__all__ = ["ApiKey", "ApiKeysError", "digest", "load_api_keys", "owner_id", "parse_api_keys"]
+__all__ = ["ApiKey", "ApiKeysError", "digest", "load_api_keys", "owner_id", "parse_api_keys", "per_replica"]

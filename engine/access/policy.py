@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .api_keys import ApiKey, digest, load_api_keys
+from .api_keys import ApiKey, digest, load_api_keys, per_replica
 from .groups import GRPC_RESTRICTED_PREFIX, ApiGroup, Restriction, RestrictionError, parse_restrictions
 from .quotas import ByteBudget, Concurrency, TokenBucket, retry_after_secs
 
@@ -301,12 +301,14 @@ class AccessPolicy:
 
 def access_config(http_restricted: tuple[str, ...] = (), grpc_restricted: tuple[str, ...] = (),
                   api_keys_file: Path | None = None, max_inflight_bytes: int = 0,
-                  remote_admin: tuple[str, ...] = ()) -> AccessConfig:
-    """The flags as given, parsed and checked: RestrictionError (Triton's words) or ApiKeysError."""
+                  remote_admin: tuple[str, ...] = (), quota_replicas: int = 1) -> AccessConfig:
+    """The flags as given, parsed and checked: RestrictionError (Triton's words) or ApiKeysError. The keys'
+    limits are this replica's share of them (`--quota-replicas`: api_keys.per_replica)."""
+    keys = load_api_keys(api_keys_file) if api_keys_file is not None else ()
     return AccessConfig(parse_restrictions(list(http_restricted), "http-restricted-api"),
                         parse_restrictions(list(grpc_restricted), "grpc-restricted-protocol",
                                            GRPC_RESTRICTED_PREFIX),
-                        load_api_keys(api_keys_file) if api_keys_file is not None else (),
+                        per_replica(keys, quota_replicas),
                         max_inflight_bytes, parse_admin_groups(remote_admin))
 
 

@@ -227,6 +227,11 @@ def _access_flags(serve: argparse.ArgumentParser) -> None:
                             "'Authorization: Bearer <key>' (gRPC: authorization metadata) naming a key "
                             "whose groups include it; per-key requests_per_second, max_concurrent and "
                             "tokens_per_minute (the OpenAI API)")
+    group.add_argument("--quota-replicas", type=_count, default=1, metavar="N",
+                       help="the replicas a key's limits are counted over: each replica counts its own and "
+                            "holds 1/N of every key's requests_per_second, max_concurrent and "
+                            "tokens_per_minute, so N replicas together never pass them; set it to the "
+                            "autoscaler's maximum (docs/replicas.md)")
     group.add_argument("--http-restricted-api", action="append", default=[],
                        metavar="<api>[,<api>...]:<key>=<value>",
                        help="as Triton's flag: the HTTP API groups listed (health, metadata, inference, "

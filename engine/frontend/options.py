@@ -52,12 +52,13 @@ class AccessInputs:
     api_keys_file: str | None
     max_inflight_bytes: int
     remote_admin_apis: tuple[str, ...]
+    quota_replicas: int = 1  # --quota-replicas: the keys' limits are this replica's share
 
     def config(self, secrets: RestrictionSecrets) -> AccessConfig:
         """The flags parsed and checked (RestrictionError, ApiKeysError); the keys file is read now."""
         keys_file = Path(self.api_keys_file) if self.api_keys_file else None
         return access_config(secrets.http_restricted_apis, secrets.grpc_restricted_protocols, keys_file,
-                             self.max_inflight_bytes, self.remote_admin_apis)
+                             self.max_inflight_bytes, self.remote_admin_apis, self.quota_replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ class FrontendOptions:
                                   tls["handshake_timeout_secs"]),
                    connections=ConnectionLimits(**doc["connections"]), tensors=TensorLimits(**doc["tensors"]),
                    access=AccessInputs(access["api_keys_file"], access["max_inflight_bytes"],
-                                       tuple(access["remote_admin_apis"])),
+                                       tuple(access["remote_admin_apis"]), access["quota_replicas"]),
                    log=LogOptions(**doc["log"]), frontends=doc["frontends"],
                    exit_timeout_secs=doc["exit_timeout_secs"])
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.access.api_keys import ApiKeysError, owner_id, parse_api_keys
+from engine.access.api_keys import ApiKeysError, owner_id, parse_api_keys, per_replica
 from engine.access.groups import (
     GRPC_RESTRICTED_PREFIX,
     ApiGroup,
@@ -288,6 +288,25 @@ def test_limits_that_cannot_be_split_fail_at_start() -> None:
     doc = {"keys": [{"key": "k", "groups": ["*"], "max_concurrent": 1}]}
     with pytest.raises(PolicyError, match=r"keys\[0\]: max_concurrent 1 cannot be split across 2"):
         policy(doc, share=2)
+
+
+def test_quota_replicas_give_each_replica_its_share_and_the_shares_never_pass_the_limit() -> None:
+    keys = parse_api_keys({"keys": [{"key": "k", "groups": ["*"], "max_concurrent": 5,
+                                     "requests_per_second": 3, "tokens_per_minute": 1000},
+                                    {"key": "free", "groups": ["*"]}]})
+    limited, free = per_replica(keys, 2)
+    assert (limited.max_concurrent, limited.requests_per_second, limited.tokens_per_minute) == (2, 1.5, 500)
+    assert (free.max_concurrent, free.requests_per_second, free.tokens_per_minute) == (None, None, None)
+    assert (limited.owner, limited.groups) == (keys[0].owner, keys[0].groups)  # the same key, less of it
+    assert per_replica(keys, 1) is keys
+
+
+@pytest.mark.parametrize("field", ["max_concurrent", "requests_per_second", "tokens_per_minute"])
+def test_a_limit_smaller_than_the_quota_replicas_fails_at_start(field: str) -> None:
+    keys = parse_api_keys({"keys": [{"key": "k", "groups": ["*"], field: 2}]})
+    with pytest.raises(ApiKeysError, match=rf"keys\[0\]: {field} 2 cannot be split across 3 replicas "
+                                           r"\(--quota-replicas 3\)"):
+        per_replica(keys, 3)
 
 
 def test_token_bucket_refills_continuously_up_to_its_burst() -> None:
