@@ -1,6 +1,7 @@
 """A small HTTP/1.1 proxy in front of several hubserve replicas, as a Service or a gateway would be: each
-request goes to the next replica in turn (round robin), unless `affinity` finds a routing key in its head,
-in which case it goes to the replica that key hashes to (the sticky rule of deploy/routing/).
+request goes to the next replica in turn (round robin), unless it carries `sticky_header`: then it goes to
+the replica that header's value hashes to, as the sticky rule of deploy/routing/ routes it (a request without
+the header still goes round robin, as Envoy picks any replica when there is nothing to hash).
 
 Per request, not per connection: a request is read (its head, then Content-Length bytes; a chunked request
 is refused 411), sent to the chosen replica on a new connection with `Connection: close`, and the replica's
@@ -17,15 +18,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-from collections.abc import Callable
-
-Affinity = Callable[[dict[bytes, bytes]], str | None]  # a request's headers (lower-case names) → its key
 
 
 class RoundRobinProxy:
-    def __init__(self, replicas: list[tuple[str, int]], affinity: Affinity | None = None) -> None:
+    def __init__(self, replicas: list[tuple[str, int]], sticky_header: str | None = None) -> None:
         self.replicas = replicas
-        self.affinity = affinity
+        self.sticky_header = sticky_header.lower().encode() if sticky_header is not None else None
         self.routed: list[tuple[str, str, int]] = []
         self._next = 0
         self._loop = asyncio.new_event_loop()
@@ -55,9 +53,9 @@ class RoundRobinProxy:
         server.close()
 
     def _pick(self, headers: dict[bytes, bytes]) -> int:
-        key = self.affinity(headers) if self.affinity is not None else None
-        if key is not None:  # a stable hash, as a gateway's consistent hash on the key
-            return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % len(self.replicas)
+        key = headers.get(self.sticky_header) if self.sticky_header is not None else None
+        if key:  # a stable hash, as a gateway's consistent hash on the key
+            return int.from_bytes(hashlib.sha256(key).digest()[:8], "big") % len(self.replicas)
         self._next = (self._next + 1) % len(self.replicas)
         return self._next
 
