@@ -18,6 +18,7 @@ from ..frontend.listeners import PortError
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
 from ..names import name_problem
 from ..observability import logs
+from ..openai.batch.claims import ClaimsUnsupported
 from ..options import ServerOptions
 from ..repository.single_model import is_single_model, single_model_repository
 from ..server import Server
@@ -170,7 +171,7 @@ def serve(args: argparse.Namespace) -> int:
         pass
     try:
         run(Server(options).run_until_signalled())
-    except PortError as e:  # raised before any model loads
+    except (PortError, ClaimsUnsupported) as e:  # raised before any model loads
         print(f"hubserve: {e}", file=sys.stderr)
         return 2
     return 0

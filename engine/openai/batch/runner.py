@@ -212,11 +212,11 @@ class BatchRunner:
     async def refresh(self) -> None:
         """Shared: the files and jobs as the folder holds them now (read on a worker thread), before a Batch
         API call is answered and at every sweep."""
-        async with self._refreshing:
+        async with self._refreshing:  # one read at a time, each applied before the next starts
             files = await asyncio.to_thread(self.files.folder.read)
             jobs, cancels = await asyncio.to_thread(self.jobs.folder.read)
-        self.files.apply(files[0])
-        self.jobs.apply(jobs, cancels, self._live)
+            self.files.apply(files[0])
+            self.jobs.apply(jobs, cancels, self._live)
 
     async def _sweep(self) -> None:
         """Shared, for the server's life: claim and run the unfinished jobs no replica holds; cancel the
