@@ -50,7 +50,12 @@ class RoundRobinProxy:
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
-        server.close()
+        server.close()  # stopped: connections still open (a replica yet to close one) are cut
+        pending = asyncio.all_tasks(self._loop)
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     def _pick(self, headers: dict[bytes, bytes]) -> int:
         key = headers.get(self.sticky_header) if self.sticky_header is not None else None
