@@ -1,8 +1,9 @@
 """The Batch API on two replicas sharing one `--batch-dir` (`--batch-shared`; engine/openai/batch/claims.py,
 docs/replicas.md), behind a round-robin proxy (perf/hubserve_harness/proxy.py), with the official `openai`
 package as the client: every batch call answered by whichever replica the proxy picks, a job created through
-one replica read, downloaded and cancelled through the other, and a job whose replica is killed finished by
-the other, each request once; and, without `--batch-shared`, the other replica's 404."""
+one replica read, downloaded and cancelled through the other, a job whose replica is killed finished by the
+other, each request once, and a key's bounds counted over both; and, without `--batch-shared`, the other
+replica's 404."""
 
 from __future__ import annotations
 
@@ -117,6 +118,23 @@ def test_the_other_replica_finishes_a_job_whose_replica_was_killed(repo: Path, t
         custom_ids = [json.loads(raw)["custom_id"] for raw in output]
         assert sorted(custom_ids) == sorted(f"k{i}" for i in range(40))  # each request once
         assert f"batch {batch.id}: claimed by this replica" in b_srv.log()
+    finally:
+        a_srv.stop()
+        b_srv.stop()
+
+
+def test_a_keys_bounds_count_the_files_every_replica_wrote(repo: Path, tmp_path: Path):
+    a_srv, b_srv = start_replicas(repo, tmp_path, "--batch-max-files-per-key", "2")
+    try:
+        a, b = client_at(a_srv.http_url), client_at(b_srv.http_url)
+        data = jsonl([line("x", "y")])
+        a.files.create(file=("1.jsonl", data), purpose="batch")
+        second = b.files.create(file=("2.jsonl", data), purpose="batch")
+        for client in (a, b):  # each replica counts both: the third is refused wherever it goes
+            with pytest.raises(openai.BadRequestError, match="holds 2 files"):
+                client.files.create(file=("3.jsonl", data), purpose="batch")
+        a.files.delete(second.id)  # deleted through the other replica: room again
+        b.files.create(file=("3.jsonl", data), purpose="batch")
     finally:
         a_srv.stop()
         b_srv.stop()
