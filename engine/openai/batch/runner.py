@@ -154,12 +154,7 @@ class BatchRunner:
             # another replica runs it: it sees the marker at its next sweep
             self.jobs.request_cancel(batch_id)
             return {**job.doc, "status": BatchStatus.CANCELLING.value, "cancelling_at": int(time.time())}
-        if status is not BatchStatus.CANCELLING:
-            set_status(job.doc, BatchStatus.CANCELLING)
-            self.jobs.save(job)
-            task = self._tasks.get(batch_id)
-            if task is not None:
-                task.cancel()  # the task sees the status and finishes the job as cancelled
+        self._cancel_running(job)
         return job.doc
 
     def _admit(self, owner: str) -> None:
@@ -232,6 +227,8 @@ class BatchRunner:
                         self._take_over(self.jobs.reread(job))
             except OSError as e:  # the shared volume failing now and then: try again at the next sweep
                 log.warning("batch jobs: sweeping %s failed: %s", self.jobs.root, e)
+            except Exception:  # a bug, or a document we cannot read: log it and keep sweeping
+                log.exception("batch jobs: sweeping %s failed", self.jobs.root)
             await asyncio.sleep(self.claim_interval_secs)
 
     def _take_over(self, job: Job) -> None:
@@ -247,13 +244,14 @@ class BatchRunner:
         self._resume(job)
 
     def _cancel_running(self, job: Job) -> None:
+        """Cancel a job this replica runs (a client's cancel, here or, by its marker, through another)."""
         if job.status in TERMINAL or job.status in (BatchStatus.CANCELLING, BatchStatus.FINALIZING):
             return
         set_status(job.doc, BatchStatus.CANCELLING)
         self.jobs.save(job)
         task = self._tasks.get(job.id)
         if task is not None:
-            task.cancel()
+            task.cancel()  # the task sees the status and finishes the job as cancelled
 
     async def close(self) -> None:
         """The server stops: every job's requests are aborted; their state stays on disk as it is (shared:

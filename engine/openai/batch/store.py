@@ -86,10 +86,13 @@ class SharedFolder:
                     seen = self._seen.get(doc_id)
                     fresh = seen is not None and seen[0] == key
                     docs[doc_id] = seen[1] if fresh else read_json(Path(entry.path))  # type: ignore[index]
-                except FileNotFoundError:  # deleted (or replaced) between the listing and the read
+                except FileNotFoundError:  # deleted between the listing and the read
                     continue
-                except (OSError, orjson.JSONDecodeError):
-                    continue  # half-visible on a shared volume: read again next time
+                except (OSError, orjson.JSONDecodeError):  # unreadable now: keep what was read before
+                    seen = self._seen.get(doc_id)
+                    if seen is not None:
+                        docs[doc_id] = seen[1]
+                    continue
                 self._seen[doc_id] = (key, docs[doc_id])
         for gone in self._seen.keys() - docs.keys():
             del self._seen[gone]
