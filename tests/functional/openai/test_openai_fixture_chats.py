@@ -1,16 +1,15 @@
 """The real exporters' folders (tests/fixtures/llm: Optimum's Llama-3-style, Qwen2 and SentencePiece Llama
-exports) chatting through the `openai` package: each folder's own Jinja template (chat_template.jinja, or
-tokenizer_config.json's), the prompt encoded without a second BOS, the EOS list that generation_config.json
-names given as an `eos_token` and a stop string on the other (a special token's text: Llama-3's
-<|eot_id|>), so every recorded chat answers with transformers' greedy text, token counts and finish reason,
-whole and streamed, a SentencePiece answer's leading space included; a template's refusal is a 400 in its
-own words. Each folder is served with a config.pbtxt written here (its model file moved under 1/)."""
+exports, and onnxruntime-genai's Llama) chatting through the `openai` package, each served AS IT IS (no
+config.pbtxt): its own Jinja template (chat_template.jinja, or tokenizer_config.json's), the prompt encoded
+without a second BOS, generation_config.json's EOS list (Llama-3's <|eot_id|> besides <|end_of_text|>) and
+sampling defaults (Qwen2's repetition penalty), so every recorded chat answers with transformers' greedy
+text, token counts and finish reason, whole and streamed, a SentencePiece answer's leading space included; a
+template's refusal is a 400 in its own words. The request says only what a user would: the messages,
+max_tokens and temperature 0."""
 
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -19,21 +18,7 @@ import pytest
 from conftest import ROOT, RunningServer, openai_client, start_server
 
 FIXTURES = ROOT / "tests" / "fixtures" / "llm"
-# model → (its config's eos_token, the request's stop strings: the rest of generation_config.json's EOS list)
-SERVED = {"llama": ("<|end_of_text|>", ["<|eot_id|>"]), "qwen2": ("<|im_end|>", ["<|endoftext|>"]),
-          "llama_spm": ("</s>", [])}
-CONFIG = """name: "{name}"
-backend: "onnxruntime"
-max_batch_size: 0
-model_transaction_policy {{ decoupled: true }}
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-parameters {{ key: "generation" value {{ string_value: "decoder_with_past" }} }}
-parameters {{ key: "tokenizer" value {{ string_value: "tokenizer.json" }} }}
-parameters {{ key: "eos_token" value {{ string_value: "{eos}" }} }}
-parameters {{ key: "max_model_len" value {{ string_value: "{context}" }} }}
-parameters {{ key: "kv_block_size" value {{ string_value: "16" }} }}
-parameters {{ key: "kv_num_blocks" value {{ string_value: "64" }} }}
-"""
+SERVED = ("llama", "qwen2", "llama_spm", "llama_genai")
 
 
 def expected(name: str) -> dict[str, Any]:
@@ -41,21 +26,8 @@ def expected(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("fixture_chats") / "repo"
-    for name, (eos, _) in SERVED.items():
-        folder = root / name
-        shutil.copytree(FIXTURES / "models" / name, folder)
-        (folder / "1").mkdir()
-        (folder / "model.onnx").rename(folder / "1" / "model.onnx")
-        context = expected(name)["context_length"]
-        (folder / "config.pbtxt").write_text(CONFIG.format(name=name, eos=eos, context=context))
-    return root
-
-
-@pytest.fixture(scope="module")
-def server(repo: Path, tmp_path_factory: pytest.TempPathFactory):
-    running = start_server(repo, tmp_path_factory.mktemp("fixture_chats_log") / "server.log")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    running = start_server(FIXTURES / "models", tmp_path_factory.mktemp("fixture_chats_log") / "server.log")
     yield running
     running.stop()
 
@@ -71,9 +43,7 @@ def recorded_chats() -> list[Any]:
 
 
 def ask(name: str) -> dict[str, Any]:
-    greedy = expected(name)["greedy"]
-    return {"model": name, "max_tokens": greedy["max_new_tokens"], "temperature": 0, "stop": SERVED[name][1],
-            "extra_body": {"repetition_penalty": greedy["repetition_penalty"]}}
+    return {"model": name, "max_tokens": expected(name)["greedy"]["max_new_tokens"], "temperature": 0}
 
 
 @pytest.mark.parametrize(("name", "chat"), recorded_chats())
