@@ -1,7 +1,7 @@
 """The suite's own layout: pytest imports each test module by its base name (conftest.py puts every test
-folder on sys.path, and test modules import each other's builders by name), so two test files (or shared builders)
-with one name in different folders stop the whole collection with "import file mismatch". Checked here so a new file that
-repeats a name fails in the file's own slice, not only in a full run."""
+folder on sys.path, and test modules import each other's builders by name), so two test files (or shared
+builders) with one name in different folders stop the whole collection with "import file mismatch". Checked
+here so a new file that repeats a name fails in the file's own slice, not only in a full run."""
 
 from __future__ import annotations
 
