@@ -48,6 +48,7 @@ from .observability.metrics import process_registry, render
 from .observability.tracing.otlp import OtlpExporter
 from .observability.tracing.settings import TraceSettings, parse_trace_config
 from .openai.batch.runner import BatchRunner
+from .openai.embedding_service import EmbeddingService
 from .openai.service import OpenAIService
 from .options import ServerOptions
 from .repository.lifecycle import ModelRepository
@@ -85,7 +86,8 @@ class Server:
         self.generation = GenerationRegistry(self.repository)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         keys = options.access().keys
-        self.openai = OpenAIService(self.generation, keys, options.trust_request_chat_template)
+        self.openai = OpenAIService(self.generation, keys, options.trust_request_chat_template,
+                                    EmbeddingService(self.repository, self.dataplane))
         self.generation.token_quotas = self.openai.quotas  # one bucket per key for both APIs' generation
         self.batches = None if options.batch_dir is None else BatchRunner(
             options.batch_dir, self.openai, options.batch_limits(), options.batch_requests_in_flight, keys,

@@ -161,6 +161,7 @@ class Endpoint(enum.Enum):
     OPENAI_MODEL = _v1("/v1/models/{name}", GET, "retrieve_model", action="/v1/models")
     OPENAI_COMPLETIONS = _v1("/v1/completions", POST, "completions")
     OPENAI_CHAT_COMPLETIONS = _v1("/v1/chat/completions", POST, "chat_completions")
+    OPENAI_EMBEDDINGS = _v1("/v1/embeddings", POST, "embeddings")
     OPENAI_FILES = _v1("/v1/files", POST_GET, "files", Api.BATCH)  # upload, or list
     OPENAI_FILE = _v1("/v1/files/{name}", GET_DELETE, "file", Api.BATCH)  # its object, or delete it
     OPENAI_FILE_CONTENT = _v1("/v1/files/{name}/content", GET_ONLY, "file_content", Api.BATCH)

@@ -7,5 +7,8 @@ engine/frontend/openai/).
     responses.py     OpenAI's answer, chunk and logprobs shapes
     errors.py        OpenAI's error object; the engine's errors mapped once
     token_quotas.py  per-key tokens_per_minute
+    embeddings.py    /v1/embeddings' body checked into EmbeddingRequest, and its answer
+    embedding_service.py  an embeddings request → token ids → padded batches through the model's dynamic
+                     batcher → pooled vectors (the folder's parts: engine/embed/)
     batch/           the Files and Batch APIs: offline jobs through the same engine
 """

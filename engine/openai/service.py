@@ -27,6 +27,7 @@ from ..generate.serving.registry import GenerationRegistry, GenerativeVersion, c
 from ..model import Model
 from ..types import InferenceRequest
 from . import responses
+from .embedding_service import EmbeddingService
 from .errors import OpenAIError, bad_request, from_engine, model_not_found
 from .generation import Generation
 from .protocol import ApiRequest
@@ -38,8 +39,12 @@ class OpenAIService:
     """One per server, in the process that holds the repository and the engines."""
 
     def __init__(self, registry: GenerationRegistry, keys: tuple[ApiKey, ...] = (),
-                 trust_request_chat_template: bool = False) -> None:
+                 trust_request_chat_template: bool = False, embeddings: EmbeddingService | None = None
+                 ) -> None:
+        """`embeddings`: the embedding models' service (None: /v1/embeddings serves none, and /v1/models
+        lists the generative models alone)."""
         self.registry = registry
+        self.embeddings = embeddings
         # a request's own `chat_template` is user-supplied template code (sandboxed, yet code): served only
         # when the operator says so (--trust-request-chat-template), as vLLM's flag of that name
         self.trust_request_chat_template = trust_request_chat_template
@@ -50,14 +55,20 @@ class OpenAIService:
 
     def list_models(self) -> dict[str, Any]:
         """Every generative model that serves, each followed by the LoRA adapters its folder declares, as
-        `base:adapter` (what a request's `model` names to run with one)."""
+        `base:adapter` (what a request's `model` names to run with one); then the embedding models."""
         data = []
         for model in self.registry.models():
             data.append(self._object(model, None))
             data.extend(self._object(model, adapter) for adapter in _declared_adapters(model))
+        if self.embeddings is not None:
+            data.extend(self.embeddings.model_object(model) for model in self.embeddings.models())
         return {"object": "list", "data": data}
 
     def retrieve_model(self, name: str) -> dict[str, Any]:
+        if self.embeddings is not None:
+            embedder = next((m for m in self.embeddings.models() if m.name == name), None)
+            if embedder is not None:
+                return self.embeddings.model_object(embedder)
         base, colon, adapter = name.partition(":")
         try:
             model = self.registry.model(base)

@@ -2,9 +2,10 @@
 (frontend/endpoints.py) whose handler is a method here or of BatchRoutes; HttpRoutes hands each here:
 
     GET  /v1/models, /v1/models/{model}      the generative models that serve now, and their LoRA adapters
-                                             (`model:adapter`)
+                                             (`model:adapter`), then the embedding models
     POST /v1/completions                     text completion
     POST /v1/chat/completions                chat, through the model folder's chat template
+    POST /v1/embeddings                      an embedding model's vectors (engine/openai/embedding_service.py)
     /v1/files, /v1/batches                   the Batch API (batch_routes.py)
 
 and vLLM's operational endpoints beside them, outside /v1 as vLLM serves them:
@@ -46,6 +47,7 @@ import orjson
 
 from ... import __version__
 from ...openai.batch.runner import BatchRunner
+from ...openai.embeddings import parse_embedding
 from ...openai.errors import NOT_IMPLEMENTED, OpenAIError, bad_request, from_engine
 from ...openai.generation import Generation
 from ...openai.protocol import ApiRequest, parse_body, parse_request
@@ -168,6 +170,14 @@ class OpenAIRoutes:
     def chat_completions(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
         return self._generate(req, True, on_done)
 
+    def embeddings(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer | Pending:
+        embedder = self.service.embeddings
+        if embedder is None:
+            raise OpenAIError(501, "This server serves no embeddings.", NOT_IMPLEMENTED)
+        request = parse_embedding(parse_body(req.body))
+        request_id = _given_request_id(req) or f"embd-{uuid.uuid4().hex}"
+        return self._spawn(embedder.embed(request, request_id, req.owner), on_done)
+
     def unknown_url(self, req: HttpRequest, target: HttpTarget, on_done: OnDone) -> Answer:
         raise unknown_url(req.method, target)
 
@@ -241,14 +251,18 @@ class OpenAIRoutes:
 
 
 def _request_id(req: HttpRequest, chat: bool) -> str:
+    return _given_request_id(req) or f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+
+def _given_request_id(req: HttpRequest) -> str | None:
+    """The client's X-Request-ID (None: none sent); a 400 for one we do not take."""
     given = req.headers.get(b"x-request-id")
-    if given is not None:
-        text = given.decode("latin-1")
-        if _REQUEST_ID.fullmatch(text):
-            return text
-        raise bad_request("X-Request-ID must be 1-128 characters of letters, digits and . _ : -",
-                          "X-Request-ID")
-    return f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if given is None:
+        return None
+    text = given.decode("latin-1")
+    if _REQUEST_ID.fullmatch(text):
+        return text
+    raise bad_request("X-Request-ID must be 1-128 characters of letters, digits and . _ : -", "X-Request-ID")
 
 
 def _check_method(method: bytes, row: HttpRow, target: HttpTarget) -> None:

@@ -333,7 +333,7 @@ def test_token_bucket_refills_continuously_up_to_its_burst() -> None:
     (b"/v2/systemsharedmemory/status", G.SHARED_MEMORY),
     (b"/v2/cudasharedmemory/region/r/register", G.SHARED_MEMORY), (b"/v2/trace/setting", G.TRACE),
     (b"/v2/models/m/trace/setting", G.TRACE), (b"/v2/logging", G.LOGGING),
-    (b"/v1/chat/completions", G.INFERENCE), (b"/v1/models", G.INFERENCE),
+    (b"/v1/chat/completions", G.INFERENCE), (b"/v1/models", G.INFERENCE), (b"/v1/embeddings", G.INFERENCE),
     # vLLM's operational endpoints on the HTTP port, each in its kind's group
     (b"/health", G.HEALTH), (b"/version", G.METADATA), (b"/tokenize", G.INFERENCE),
     (b"/detokenize", G.INFERENCE), (b"/metrics", G.STATISTICS),

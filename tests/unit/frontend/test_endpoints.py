@@ -121,7 +121,7 @@ def test_a_literal_wins_over_a_capture_only_where_it_matches() -> None:
     ("v1/chat", Endpoint.OPENAI_UNKNOWN),
     ("v1/models/m/x", Endpoint.OPENAI_UNKNOWN),
     ("v1/completions/x", Endpoint.OPENAI_UNKNOWN),
-    ("v1/embeddings", Endpoint.OPENAI_UNKNOWN),
+    ("v1/embeddings/x", Endpoint.OPENAI_UNKNOWN),
     ("v1/files/f/x", Endpoint.OPENAI_FILES_UNKNOWN),
     ("v1/files/f/content/x", Endpoint.OPENAI_FILES_UNKNOWN),
     ("v1/batches/b/x", Endpoint.OPENAI_BATCHES_UNKNOWN),

@@ -43,6 +43,7 @@ CANONICAL = [
     ("/v2/cudasharedmemory/region/r/status", E.CUDA_SHM, G.SHARED_MEMORY, "r", ""),
     ("/v1/chat/completions", E.OPENAI_CHAT_COMPLETIONS, G.INFERENCE, "", ""),
     ("/v1/models", E.OPENAI_MODELS, G.INFERENCE, "", ""),
+    ("/v1/embeddings", E.OPENAI_EMBEDDINGS, G.INFERENCE, "", ""),
     ("/v1/batches/b/cancel", E.OPENAI_BATCH_CANCEL, G.INFERENCE, "b", ""),
 ]
 IDS = [c[0] for c in CANONICAL]
