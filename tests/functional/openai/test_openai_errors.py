@@ -152,8 +152,10 @@ def test_wrong_methods_and_paths(server: RunningServer):
     assert_error(status, doc, 405)
     status, doc, _ = call(server, "/v1/models", chat())
     assert_error(status, doc, 405)
-    status, doc, _ = call(server, "/v1/embeddings", {"model": MODEL, "input": "x"})
+    status, doc, _ = call(server, "/v1/embedding", {"model": MODEL, "input": "x"})
     assert_error(status, doc, 404, code="unknown_url", type_="not_found_error")
+    status, doc, _ = call(server, "/v1/embeddings", method="GET")
+    assert_error(status, doc, 405)
 
 
 def test_the_server_keeps_serving_after_every_refusal(server: RunningServer):
