@@ -9,9 +9,10 @@ imports none of these: tests/unit/repository/test_kinds.py holds it to that.
 from __future__ import annotations
 
 from .backends.python import kind as python_kind
+from .embed import kind as embedding_kind
 from .generate.triton import kind as generative_kind
 from .scheduling.ensemble import kind as ensemble_kind
 
-PLUGINS = (ensemble_kind, generative_kind, python_kind)
+PLUGINS = (embedding_kind, ensemble_kind, generative_kind, python_kind)
 
 __all__ = ["PLUGINS"]

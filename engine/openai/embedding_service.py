@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..embed.folder import HIDDEN, IDS, MASK, TYPE_IDS, EmbeddingFolder, is_embedding, load_folder
+from ..embed.folder import HIDDEN, IDS, MASK, TYPE_IDS, EmbeddingFolder
+from ..embed.model import EmbeddingModel
 from ..embed.pooling import finish, pool
 from ..errors import EngineError
 from ..frontend.engine import Engine
@@ -51,32 +52,31 @@ class EmbeddingService:
     def __init__(self, repository: RoutingTable, engine: Engine) -> None:
         self.repository = repository
         self.engine = engine
-        # each embedding model's folder, by name, with the version it was read for (read again for another)
-        self._folders: dict[str, tuple[Model, EmbeddingFolder]] = {}
         self._created: dict[str, int] = {}
 
-    def models(self) -> list[Model]:
+    def models(self) -> list[EmbeddingModel]:
         """The embedding models that serve now (the version routing picks for each), by name."""
         out = []
-        for name in sorted({m.name for m in self.repository.loaded_models() if is_embedding(m.config)}):
+        names = {m.name for m in self.repository.loaded_models() if isinstance(m, EmbeddingModel)}
+        for name in sorted(names):
             try:
-                out.append(self.repository.get(name))
+                model = self.repository.get(name)
             except EngineError:
                 continue  # loaded but not ready
+            if isinstance(model, EmbeddingModel):
+                out.append(model)
         return out
 
-    def model_object(self, model: Model) -> dict[str, Any]:
-        """/v1/models' entry: `max_model_len` is the context once a request read the folder, else null."""
-        cached = self._folders.get(model.name)
-        context = cached[1].max_tokens if cached is not None and cached[0] is model else None
+    def model_object(self, model: EmbeddingModel) -> dict[str, Any]:
+        """/v1/models' entry, with vLLM's `max_model_len`: the context in tokens."""
         created = self._created.setdefault(model.name, int(time.time()))
-        return responses.model_object(model.name, created, model.name, max_model_len=context)
+        return responses.model_object(model.name, created, model.name, max_model_len=model.folder.max_tokens)
 
     async def embed(self, request: EmbeddingRequest, request_id: str, owner: str = "") -> dict[str, Any]:
         """The answer to `request`; OpenAIError for what the client must change, or the model's refusals in
         OpenAI's words. `owner`: the request's key owner (InferenceRequest.owner)."""
         model = self._model(request.model)
-        folder = await self._folder(model)
+        folder = model.folder
         dims = request.dimensions
         if dims is not None and not folder.allows(dims):
             allowed = ("any size up to " if folder.any_dimensions else ", ".join(map(str, folder.dimensions))
@@ -90,27 +90,16 @@ class EmbeddingService:
         vectors = finish(pooled, None if dims == folder.hidden_size else dims, folder.normalize)
         return embedding_answer(request.model, vectors, request.base64, sum(len(i) for i in ids))
 
-    def _model(self, name: str) -> Model:
+    def _model(self, name: str) -> EmbeddingModel:
         try:
             model = self.repository.get(name)
         except EngineError as e:
             raise from_engine(e) from None
-        if not is_embedding(model.config):
+        if not isinstance(model, EmbeddingModel):
             raise bad_request(f"Model '{name}' does not serve embeddings (its config has no 'embedding' "
                               "parameter); GET /v1/models lists the models of this server.", "model",
                               "model_not_supported")
         return model
-
-    async def _folder(self, model: Model) -> EmbeddingFolder:
-        cached = self._folders.get(model.name)
-        if cached is not None and cached[0] is model:
-            return cached[1]
-        try:
-            folder = await asyncio.to_thread(load_folder, model.config, model.model_dir)
-        except EngineError as e:  # the operator's folder, not the client's request
-            raise OpenAIError(500, f"The model cannot embed: {e.message}", SERVER) from None
-        self._folders[model.name] = (model, folder)
-        return folder
 
     async def _token_ids(self, request: EmbeddingRequest, folder: EmbeddingFolder) -> list[list[int]]:
         texts = [i for i in request.inputs if isinstance(i, str)]

@@ -7,9 +7,11 @@ the kind it got. Kinds, in the order they are asked (`rank`):
     ensembles          engine/scheduling/ensemble/kind.py   steps on other models (`EnsembleModel`)
     generative models  engine/generate/triton/kind.py       requests handed to the generation engine
     Python models      engine/backends/python/kind.py       instances in their own processes (`PythonModel`)
+    embedding models   engine/embed/kind.py                 ONNX instances whose folder adds a tokenizer and
+                                                            pooling for /v1/embeddings (`EmbeddingModel`)
     instance models    here                                  any other backend's instances (`InstanceModel`)
 
-The first three are plug-ins: each registers itself when its module is imported, and engine/kinds.py (which
+The first four are plug-ins: each registers itself when its module is imported, and engine/kinds.py (which
 the server imports) imports them all. Instance models are the core's own and claim whatever no plug-in
 claims, so nothing here, in engine/model.py or in the rest of the repository imports a plug-in. A
 repository made without engine/kinds.py imported serves only instance models: a Python model is then

@@ -2,7 +2,7 @@
 plug-ins register themselves when engine/kinds.py imports them, the registry names each config's kind, and
 the backend table (engine/backends/__init__.py) says which backends need their kind and their model file.
 Loading and serving each kind is tested with the real server in test_repository.py, test_ensemble*.py,
-test_python_*.py and test_generate_triton.py."""
+test_python_*.py, test_generate_triton.py and test_openai_embeddings*.py."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from engine.repository.lifecycle import ModelRepository
 CORE_MODULES = ["engine.model"]
 CORE_PACKAGES = ["engine.repository", "engine.observability", "engine.scheduling.batching",
                  "engine.scheduling.sequence"]
-PLUGINS = ("engine.generate", "engine.backends.python", "engine.scheduling.ensemble")
+PLUGINS = ("engine.generate", "engine.backends.python", "engine.scheduling.ensemble", "engine.embed")
 
 _IMPORT_CORE = """
 import importlib, json, pkgutil, sys
@@ -47,7 +47,7 @@ def test_the_core_imports_no_plugin_kind() -> None:
 def test_plugins_register_themselves_in_the_order_they_are_asked() -> None:
     import engine.kinds  # noqa: F401  (conftest imported it already; the point is what it registers)
 
-    assert [kind.name for kind in kinds()] == ["ensemble", "generative", "python", "instances"]
+    assert [kind.name for kind in kinds()] == ["ensemble", "generative", "python", "embedding", "instances"]
 
 
 def test_each_config_gets_one_kind() -> None:
@@ -59,6 +59,8 @@ def test_each_config_gets_one_kind() -> None:
     assert kind(f'backend: "identity" max_batch_size: 8 {io}') == "instances"
     assert kind(f'backend: "onnxruntime" {io}') == "instances"
     assert kind(f'backend: "python" max_batch_size: 8 {io}') == "python"
+    embedding = 'parameters { key: "embedding" value { string_value: "true" } }'
+    assert kind(f'backend: "onnxruntime" max_batch_size: 8 {io} {embedding}') == "embedding"
 
 
 _BARE_REPOSITORY = """
