@@ -9,6 +9,7 @@ import base64
 import numpy as np
 import pytest
 
+from engine.openai.embedding_service import padded_length
 from engine.openai.embeddings import MAX_INPUTS, embedding_answer, parse_embedding
 from engine.openai.errors import OpenAIError
 
@@ -62,3 +63,8 @@ def test_the_answer_in_both_encodings():
                                {"object": "embedding", "index": 1, "embedding": [2.0, 0.0]}]}
     packed = embedding_answer("m", vectors, True, 7)["data"][1]["embedding"]
     assert np.frombuffer(base64.b64decode(packed), dtype="<f4").tolist() == [2.0, 0.0]
+
+
+def test_inputs_pad_to_power_of_two_buckets_within_the_context():
+    assert [padded_length(n, 512) for n in (1, 16, 17, 33, 300, 512)] == [16, 16, 32, 64, 512, 512]
+    assert [padded_length(n, 40) for n in (3, 20, 33, 40)] == [16, 32, 40, 40]
