@@ -145,10 +145,12 @@ def _stats(server: RunningServer, model: str) -> dict:
 
 
 def test_concurrent_requests_are_batched(server: RunningServer, weights: dict[str, Weights]):
-    """BATCH_ROWS requests of one input each, the same padded length, sent at once: the model's statistics
-    count BATCH_ROWS inferences in fewer executions (its queue delay lets them meet)."""
+    """BATCH_ROWS requests of one input each, of different lengths in one padding bucket, sent at once: the
+    model's statistics count BATCH_ROWS inferences in fewer executions (its queue delay lets them meet; inputs
+    padded only to their own length could not share a batch)."""
     before = _stats(server, BATCHED)
-    texts = ["the cat", "the dog", "hello world", "embed me"][:BATCH_ROWS]
+    texts = ["cat", "the cat", "the cat sat", "the cat sat on"][:BATCH_ROWS]
+    assert len({len(ids_of(t)) for t in texts}) == BATCH_ROWS
     clients = [openai_client(server) for _ in texts]
     with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
         outs = list(pool.map(lambda c, text: c.embeddings.create(model=BATCHED, input=text,
