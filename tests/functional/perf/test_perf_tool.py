@@ -21,7 +21,8 @@ from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_availabl
 EXPECTED_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
                    "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,"
                    "p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait")
-QUICK = ("-p", "500", "-s", "100", "-r", "8")  # 0.5 s windows, any 3 windows count as stable
+QUICK = ("-p", "500", "-s", "1000", "-r", "8")  # 0.5 s windows; these tests are about what is measured, not
+# how steadily: a loaded machine's windows differed 3.9x (2,224 vs 8,587 infer/s), so any 3 within 11x count
 
 
 def hubserve_perf(*args: str, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:

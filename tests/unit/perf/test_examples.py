@@ -343,7 +343,9 @@ def test_builds_are_byte_identical(tmp_path):
     second = examples.build_repository(tmp_path / "b", SMALL_EXAMPLES)
     assert all(b.written for b in first + second)
     a, b = files_under(tmp_path / "a"), files_under(tmp_path / "b")
-    assert sorted(a) == [f"{name}/1/model.onnx" for name in sorted(SMALL_EXAMPLES)]  # model files only
+    # the model files, and the files an example keeps beside its config (tiny_decoder's chat template)
+    extra = [f"{name}/{file}" for name in SMALL_EXAMPLES for file in examples.EXAMPLE_FILES.get(name, {})]
+    assert sorted(a) == sorted([f"{name}/1/model.onnx" for name in SMALL_EXAMPLES] + extra)
     assert a == b
     for name in SMALL_EXAMPLES:  # a fresh builder call gives the same bytes too
         assert examples.model_bytes(examples.EXAMPLES[name]()) == a[f"{name}/1/model.onnx"]
