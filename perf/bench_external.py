@@ -1,0 +1,250 @@
+"""An external load generator (NVIDIA's aiperf) beside `hubserve perf generate`, on the same server runs.
+
+Issue 29: a public benchmark client nobody here wrote reads the OpenAI API the way users' tools do. One
+hubserve (`--metrics-port 0`, as `make serve` runs it, on free loopback ports) serves a temporary repository
+holding a copy of the example `tiny_decoder` (byte-level tokenizer) and a copy of the Llama fixture folder
+(tests/fixtures/llm/models/llama: an Optimum export with its `tokenizer.json`). For each model and each
+concurrency the two clients take turns (aiperf c=1, ours c=1, aiperf c=4, …; which goes first alternates by
+round), each on streamed `/v1/completions`, greedy or not as the server defaults, `ignore_eos` so every
+request generates `--output-tokens`:
+
+- aiperf: synthetic prompts of `--input-tokens` tokens of the Llama fixture's tokenizer (a local path),
+  `--use-server-token-count` so its token counts are the server's `usage`;
+- ours: `--prompt-tokens N` characters of its own seeded words, N chosen so that the server counts the same
+  mean prompt tokens as it counted for aiperf's prompts (asked of the server itself, `max_tokens: 1`).
+
+Each run has `4 × c + 10` measured requests after `max(2, c)` warm-up ones. Printed: TTFT p50/p95, inter-token
+latency p50, output tokens/s, requests/s and the server's mean prompt/output tokens per client, then ours ÷
+aiperf. Everything each tool wrote is kept under `--out` (default perf/results/external-<time>/, gitignored);
+nothing from aiperf is imported here: it runs in its own venv (perf/peers/setup_aiperf.sh, pinned).
+
+    flock /work/probes/bench.lock .venv/bin/python perf/bench_external.py [--models tiny_decoder,llama]
+        [--concurrency 1,4,16] [--input-tokens 64] [--output-tokens 64] [--rounds 1] [--aiperf PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from hubserve_harness import ROOT, RunningServer, start_server
+from hubserve_harness.checkout import checkout_env
+from hubserve_perf.generative import GenOptions, prompts
+
+FIXTURE = ROOT / "tests" / "fixtures" / "llm" / "models" / "llama"
+FIXTURE_CONFIG = """name: "llama"
+backend: "onnxruntime"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "generation" value { string_value: "decoder_with_past" } }
+parameters { key: "tokenizer" value { string_value: "tokenizer.json" } }
+parameters { key: "bos_token" value { string_value: "<|begin_of_text|>" } }
+parameters { key: "eos_token" value { string_value: "<|end_of_text|>" } }
+parameters { key: "max_model_len" value { string_value: "256" } }
+parameters { key: "kv_block_size" value { string_value: "16" } }
+parameters { key: "kv_num_blocks" value { string_value: "1024" } }
+parameters { key: "max_num_seqs" value { string_value: "32" } }
+parameters { key: "max_num_batched_tokens" value { string_value: "256" } }
+"""
+CALIBRATION_PROMPTS = 16
+
+
+def build_repository(root: Path, fixture_as_is: bool) -> Path:
+    """tiny_decoder as model_repository/ has it (built by `hubserve_models.examples`), and the Llama fixture:
+    as it is (`--fixture-as-is`, for a server that serves a Hugging Face folder without config.pbtxt) or
+    with the config.pbtxt above, its model.onnx in 1/ and its tokenizer.json beside the config."""
+    tiny = ROOT / "model_repository" / "tiny_decoder"
+    if not (tiny / "1" / "model.onnx").exists():
+        sys.exit("model_repository/tiny_decoder/1/model.onnx is missing: run "
+                 "`.venv/bin/python -m hubserve_models.examples model_repository` first")
+    shutil.copytree(tiny, root / "tiny_decoder")
+    llama = root / "llama"
+    if fixture_as_is:
+        shutil.copytree(FIXTURE, llama)
+    else:
+        (llama / "1").mkdir(parents=True)
+        shutil.copy(FIXTURE / "model.onnx", llama / "1" / "model.onnx")
+        shutil.copy(FIXTURE / "tokenizer.json", llama / "tokenizer.json")
+        (llama / "config.pbtxt").write_text(FIXTURE_CONFIG)
+    return root
+
+
+def ensure_aiperf(given: str | None) -> Path:
+    if given:
+        return Path(given)
+    subprocess.run(["bash", str(ROOT / "perf" / "peers" / "setup_aiperf.sh")], check=True)
+    return ROOT / ".peers" / "aiperf" / "bin" / "aiperf"
+
+
+def aiperf_version(aiperf: Path) -> str:
+    out = subprocess.run([str(aiperf.parent / "python"), "-c",
+                          "import importlib.metadata as m; print(m.version('aiperf'))"],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: argparse.Namespace,
+               out: Path) -> dict[str, Any]:
+    cmd = [str(aiperf), "profile", "-m", model, "--url", f"http://{server.http_url}",
+           "--endpoint-type", "completions", "--streaming", "--tokenizer", str(FIXTURE),
+           "--use-server-token-count", "--prompt-input-tokens-mean", str(args.input_tokens),
+           "--prompt-input-tokens-stddev", "0", "--prompt-output-tokens-mean", str(args.output_tokens),
+           "--prompt-output-tokens-stddev", "0", "--extra-inputs", "ignore_eos:true",
+           "--concurrency", str(c), "--request-count", str(4 * c + 10),
+           "--warmup-request-count", str(max(2, c)), "--random-seed", str(args.seed),
+           "--output-artifact-dir", str(out), "--ui-type", "none"]
+    with open(out.with_suffix(".log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+    doc = json.loads((out / "profile_export_aiperf.json").read_text())
+    aiperf_log = (out / "logs" / "aiperf.log").read_text(errors="replace")
+    return {
+        "rc": rc, "isl": doc["input_sequence_length"]["avg"], "osl": doc["output_sequence_length"]["avg"],
+        "ttft_p50": doc["time_to_first_token"]["p50"], "ttft_p95": doc["time_to_first_token"]["p95"],
+        "itl_p50": doc["inter_token_latency"]["p50"],
+        "tok_s": doc["output_token_throughput"]["avg"], "req_s": doc["request_throughput"]["avg"],
+        "requests": doc["request_count"]["avg"],
+        "error_rate": doc.get("request_error_rate", {}).get("avg", 0.0),
+        "no_metrics": "no Prometheus endpoints reachable" in aiperf_log,
+    }
+
+
+def server_prompt_tokens(server: RunningServer, model: str, chars: int, seed: int) -> float:
+    """The server's mean `usage.prompt_tokens` over our first prompts at `chars` characters."""
+    options = GenOptions("", 0, model, "completions", chars, 0.0, 1, None, True, CALIBRATION_PROMPTS, 0, 60.0,
+                         seed)
+    counts = []
+    for prompt in prompts(options, CALIBRATION_PROMPTS):
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
+        request = urllib.request.Request(f"http://{server.http_url}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            counts.append(json.loads(answer.read())["usage"]["prompt_tokens"])
+    return sum(counts) / len(counts)
+
+
+def calibrate(server: RunningServer, model: str, target: float, seed: int) -> int:
+    """The prompt length in characters whose server token count is closest to `target` (bisection)."""
+    lo, hi = 1, max(2, int(target * 8))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if server_prompt_tokens(server, model, mid, seed) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == 1:
+        return lo
+    below = server_prompt_tokens(server, model, lo - 1, seed)
+    at = server_prompt_tokens(server, model, lo, seed)
+    return lo - 1 if target - below < at - target else lo
+
+
+def run_ours(server: RunningServer, model: str, c: int, chars: int, args: argparse.Namespace,
+             out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "engine", "perf", "generate", "-m", model, "-u", server.http_url,
+           "--endpoint", "completions", "--concurrency-range", str(c), "--prompt-tokens", str(chars),
+           "--max-tokens", str(args.output_tokens), "--ignore-eos", "--request-count", str(4 * c + 10),
+           "--warmup-request-count", str(max(2, c)), "--seed", str(args.seed), "--json", str(out)]
+    with open(out.with_suffix(".log"), "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=checkout_env(),
+                            timeout=600).returncode
+    pt = json.loads(out.read_text())["points"][0]
+    return {"rc": rc, "isl": pt["mean_prompt_tokens"], "osl": pt["mean_output_tokens"],
+            "ttft_p50": pt["ttft_ms"]["p50"], "ttft_p95": pt["ttft_ms"]["p95"],
+            "itl_p50": pt["inter_token_latency_ms"]["p50"], "tok_s": pt["output_tokens_per_s"],
+            "req_s": pt["requests_per_s"], "requests": pt["requests"],
+            "error_rate": 0.0 if rc == 0 else 100.0}
+
+
+def load_averages() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | c | round | client | ISL | OSL | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | out tok/s "
+             "| req/s | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['c']} | {r['round']} | {r['client']} | {r['isl']:.1f} "
+                     f"| {r['osl']:.1f} | {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | {r['itl_p50']:.3f} "
+                     f"| {r['tok_s']:,.0f} "
+                     f"| {r['req_s']:.2f} | {r['error_rate']:g} % |")
+    lines += ["", "| model | c | round | ours ÷ aiperf: out tok/s | req/s | TTFT p50 | ITL p50 |",
+              "|---|---|---|---|---|---|---|"]
+    for a in (r for r in rows if r["client"] == "aiperf"):
+        o = next(r for r in rows if r["client"] == "ours" and
+                 (r["model"], r["c"], r["round"]) == (a["model"], a["c"], a["round"]))
+        lines.append(f"| {a['model']} | {a['c']} | {a['round']} | {o['tok_s'] / a['tok_s']:.2f} "
+                     f"| {o['req_s'] / a['req_s']:.2f} | {o['ttft_p50'] / a['ttft_p50']:.2f} "
+                     f"| {o['itl_p50'] / a['itl_p50']:.2f} |")
+    return "\n".join(lines)
+
+
+def run_model(aiperf: Path, server: RunningServer, model: str, args: argparse.Namespace,
+              out: Path) -> list[dict[str, Any]]:
+    """Every concurrency and round of one model, the two clients taking turns (the first alternating by
+    round, except that aiperf always runs first once: ours' prompt length is calibrated on its prompts)."""
+    rows: list[dict[str, Any]] = []
+    chars = 0
+    for round_ in range(1, args.rounds + 1):
+        for c in (int(x) for x in args.concurrency.split(",")):
+            order = ("aiperf", "ours") if round_ % 2 or not chars else ("ours", "aiperf")
+            for client in order:
+                name = f"{model}-c{c}-r{round_}-{client}"
+                if client == "aiperf":
+                    result = run_aiperf(aiperf, server, model, c, args, out / name)
+                    if not chars:
+                        chars = calibrate(server, model, result["isl"], args.seed)
+                        print(f"{model}: aiperf's prompts are {result['isl']:.1f} server tokens; ours get "
+                              f"{chars} characters", flush=True)
+                else:
+                    result = run_ours(server, model, c, chars, args, out / f"{name}.json")
+                rows.append({"model": model, "c": c, "round": round_, "client": client, **result})
+                print(f"{name}: TTFT p50 {result['ttft_p50']:.2f} ms, {result['tok_s']:,.0f} tok/s, "
+                      f"{result['req_s']:.2f} req/s, rc {result['rc']}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny_decoder,llama")
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--input-tokens", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--aiperf", help="an aiperf executable (default: perf/peers/setup_aiperf.sh's)")
+    parser.add_argument("--fixture-as-is", action="store_true",
+                        help="serve the Llama fixture folder unchanged (no config.pbtxt written)")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    aiperf = ensure_aiperf(args.aiperf)
+    out = args.out or ROOT / "perf" / "results" / time.strftime("external-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"aiperf {aiperf_version(aiperf)}; results in {out}; load before {load_averages()}", flush=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = build_repository(Path(tmp) / "repo", args.fixture_as_is)
+        server = start_server(repository, out / "server.log", "--metrics-port", "0", ready_timeout=120)
+        try:
+            for model in args.models.split(","):
+                rows += run_model(aiperf, server, model, args, out)
+        finally:
+            server.stop()
+    no_metrics = any(r.get("no_metrics") for r in rows)
+    report = table(rows) + f"\n\nload after {load_averages()}" + (
+        "\naiperf found no Prometheus /metrics on the API port" if no_metrics else "")
+    print(report)
+    (out / "table.md").write_text(report + "\n")
+    (out / "results.json").write_text(json.dumps(rows, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
