@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +111,7 @@ def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: ar
     return {
         "rc": rc, "isl": doc["input_sequence_length"]["avg"], "osl": doc["output_sequence_length"]["avg"],
         "ttft_p50": doc["time_to_first_token"]["p50"], "ttft_p95": doc["time_to_first_token"]["p95"],
-        "itl_p50": doc["inter_token_latency"]["p50"],
+        "itl_p50": doc["inter_token_latency"]["p50"], "e2e_p50": doc["request_latency"]["p50"],
         "tok_s": doc["output_token_throughput"]["avg"], "req_s": doc["request_throughput"]["avg"],
         "requests": doc["request_count"]["avg"],
         "error_rate": doc.get("request_error_rate", {}).get("avg", 0.0),
@@ -159,31 +161,61 @@ def run_ours(server: RunningServer, model: str, c: int, chars: int, args: argpar
     pt = json.loads(out.read_text())["points"][0]
     return {"rc": rc, "isl": pt["mean_prompt_tokens"], "osl": pt["mean_output_tokens"],
             "ttft_p50": pt["ttft_ms"]["p50"], "ttft_p95": pt["ttft_ms"]["p95"],
-            "itl_p50": pt["inter_token_latency_ms"]["p50"], "tok_s": pt["output_tokens_per_s"],
+            "itl_p50": pt["inter_token_latency_ms"]["p50"], "e2e_p50": pt["request_latency_ms"]["p50"],
+            "tok_s": pt["output_tokens_per_s"],
             "req_s": pt["requests_per_s"], "requests": pt["requests"],
             "error_rate": 0.0 if rc == 0 else 100.0}
+
+
+FINISHED = re.compile(r"generated tokens in ([0-9.]+) ms")
+
+
+def server_ms_p50(server: RunningServer, since: int) -> float:
+    """The median of the server's own time per request (arrival at the engine's driver → last token, from
+    its log's `finished` lines) over the requests logged after byte `since`: warm-up ones included."""
+    with open(server.log_path, "rb") as f:
+        f.seek(since)
+        times = [float(m) for m in FINISHED.findall(f.read().decode(errors="replace"))]
+    return statistics.median(times) if times else float("nan")
 
 
 def load_averages() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+RUN_COLUMNS = (("ISL", "isl", ".1f"), ("OSL", "osl", ".1f"), ("TTFT p50 ms", "ttft_p50", ".2f"),
+               ("TTFT p95 ms", "ttft_p95", ".2f"), ("ITL p50 ms", "itl_p50", ".3f"),
+               ("E2E p50 ms", "e2e_p50", ".1f"), ("server p50 ms", "server_p50", ".1f"),
+               ("out tok/s", "tok_s", ",.0f"), ("req/s", "req_s", ".2f"), ("errors %", "error_rate", "g"))
+RATIOS = (("out tok/s", "tok_s"), ("req/s", "req_s"), ("TTFT p50", "ttft_p50"), ("ITL p50", "itl_p50"),
+          ("server p50", "server_p50"))
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | c | round | client | ISL | OSL | TTFT p50 ms | TTFT p95 ms | ITL p50 ms | out tok/s "
-             "| req/s | errors |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Every run, then per model and concurrency the medians over rounds and ours ÷ aiperf (the median of
+    the rounds' ratios, with their range)."""
+    lines = [_row(["model", "c", "round", "client", *(name for name, _, _ in RUN_COLUMNS)]),
+             _row(["---"] * (4 + len(RUN_COLUMNS)))]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['c']} | {r['round']} | {r['client']} | {r['isl']:.1f} "
-                     f"| {r['osl']:.1f} | {r['ttft_p50']:.2f} | {r['ttft_p95']:.2f} | {r['itl_p50']:.3f} "
-                     f"| {r['tok_s']:,.0f} "
-                     f"| {r['req_s']:.2f} | {r['error_rate']:g} % |")
-    lines += ["", "| model | c | round | ours ÷ aiperf: out tok/s | req/s | TTFT p50 | ITL p50 |",
-              "|---|---|---|---|---|---|---|"]
-    for a in (r for r in rows if r["client"] == "aiperf"):
-        o = next(r for r in rows if r["client"] == "ours" and
-                 (r["model"], r["c"], r["round"]) == (a["model"], a["c"], a["round"]))
-        lines.append(f"| {a['model']} | {a['c']} | {a['round']} | {o['tok_s'] / a['tok_s']:.2f} "
-                     f"| {o['req_s'] / a['req_s']:.2f} | {o['ttft_p50'] / a['ttft_p50']:.2f} "
-                     f"| {o['itl_p50'] / a['itl_p50']:.2f} |")
+        lines.append(_row([r["model"], str(r["c"]), str(r["round"]), r["client"],
+                           *(format(r[key], fmt) for _, key, fmt in RUN_COLUMNS)]))
+    lines += ["", _row(["model", "c", *(f"ours ÷ aiperf: {name}" if i == 0 else name
+                                        for i, (name, _) in enumerate(RATIOS))]),
+              _row(["---"] * (2 + len(RATIOS)))]
+    for model, c in dict.fromkeys((r["model"], r["c"]) for r in rows):
+        pairs = [(a, o) for a in rows for o in rows
+                 if a["client"] == "aiperf" and o["client"] == "ours"
+                 and (a["model"], a["c"]) == (o["model"], o["c"]) == (model, c) and a["round"] == o["round"]]
+        cells = []
+        for _, key in RATIOS:
+            ratios = sorted(o[key] / a[key] for a, o in pairs)
+            spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+            cells.append(f"{statistics.median(ratios):.2f}{spread}")
+        lines.append(_row([model, str(c), *cells]))
     return "\n".join(lines)
 
 
@@ -198,6 +230,7 @@ def run_model(aiperf: Path, server: RunningServer, model: str, args: argparse.Na
             order = ("aiperf", "ours") if round_ % 2 or not chars else ("ours", "aiperf")
             for client in order:
                 name = f"{model}-c{c}-r{round_}-{client}"
+                since = server.log_path.stat().st_size
                 if client == "aiperf":
                     result = run_aiperf(aiperf, server, model, c, args, out / name)
                     if not chars:
@@ -206,6 +239,7 @@ def run_model(aiperf: Path, server: RunningServer, model: str, args: argparse.Na
                               f"{chars} characters", flush=True)
                 else:
                     result = run_ours(server, model, c, chars, args, out / f"{name}.json")
+                result["server_p50"] = server_ms_p50(server, since)
                 rows.append({"model": model, "c": c, "round": round_, "client": client, **result})
                 print(f"{name}: TTFT p50 {result['ttft_p50']:.2f} ms, {result['tok_s']:,.0f} tok/s, "
                       f"{result['req_s']:.2f} req/s, rc {result['rc']}", flush=True)
