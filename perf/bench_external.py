@@ -25,15 +25,19 @@ nothing from aiperf is imported here: it runs in its own venv (perf/peers/setup_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,59 @@ def aiperf_version(aiperf: Path) -> str:
     return out.stdout.strip()
 
 
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, float]:
+    """(parent pid, CPU seconds so far) of one process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+
+
+class CpuSampler:
+    """Every 100 ms, from a thread: the CPU seconds so far of a client's process tree (aiperf is a dozen
+    processes) and of the server, so that `cores(start, end)` tells how many of the machine's cores each
+    kept busy between two wall-clock times: what the two clients cost the 2 cores they share with the
+    server."""
+
+    def __init__(self, client_pid: int, server_pid: int) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._client, self._server = client_pid, server_pid
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree_cpu_s(self) -> float:
+        stats = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stats[int(entry)] = _stat(int(entry))
+        tree, total = {self._client}, 0.0
+        for pid in sorted(stats):  # a child's pid is larger than its parent's, short of pid wrap-around
+            if pid in tree or stats[pid][0] in tree:
+                tree.add(pid)
+                total += stats[pid][1]
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            with contextlib.suppress(OSError):
+                self.samples.append((time.time(), self._tree_cpu_s(), _stat(self._server)[1]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, start: float, end: float) -> tuple[float, float]:
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return float("nan"), float("nan")
+        (t0, c0, s0), (t1, c1, s1) = inside[0], inside[-1]
+        return (c1 - c0) / (t1 - t0), (s1 - s0) / (t1 - t0)
+
+
 def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: argparse.Namespace,
                out: Path) -> dict[str, Any]:
     cmd = [str(aiperf), "profile", "-m", model, "--url", f"http://{server.http_url}",
@@ -105,8 +162,13 @@ def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: ar
            "--warmup-request-count", str(max(2, c)), "--random-seed", str(args.seed),
            "--output-artifact-dir", str(out), "--ui-type", "none"]
     with open(out.with_suffix(".log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=600).returncode
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        sampler = CpuSampler(process.pid, server.process.pid)
+        rc = process.wait(600)
+        sampler.stop()
     doc = json.loads((out / "profile_export_aiperf.json").read_text())
+    client_cores, server_cores = sampler.cores(datetime.fromisoformat(doc["start_time"]).timestamp(),
+                                               datetime.fromisoformat(doc["end_time"]).timestamp())
     aiperf_log = (out / "logs" / "aiperf.log").read_text(errors="replace")
     return {
         "rc": rc, "isl": doc["input_sequence_length"]["avg"], "osl": doc["output_sequence_length"]["avg"],
@@ -116,6 +178,7 @@ def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: ar
         "requests": doc["request_count"]["avg"],
         "error_rate": doc.get("request_error_rate", {}).get("avg", 0.0),
         "no_metrics": "no Prometheus endpoints reachable" in aiperf_log,
+        "client_cores": client_cores, "server_cores": server_cores,
     }
 
 
@@ -156,15 +219,19 @@ def run_ours(server: RunningServer, model: str, c: int, chars: int, args: argpar
            "--max-tokens", str(args.output_tokens), "--ignore-eos", "--request-count", str(4 * c + 10),
            "--warmup-request-count", str(max(2, c)), "--seed", str(args.seed), "--json", str(out)]
     with open(out.with_suffix(".log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=checkout_env(),
-                            timeout=600).returncode
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=checkout_env())
+        sampler = CpuSampler(process.pid, server.process.pid)
+        rc = process.wait(600)
+        sampler.stop()
     pt = json.loads(out.read_text())["points"][0]
+    ended = out.stat().st_mtime  # its measured span ends just before it writes the JSON
+    client_cores, server_cores = sampler.cores(ended - pt["seconds"], ended)
     return {"rc": rc, "isl": pt["mean_prompt_tokens"], "osl": pt["mean_output_tokens"],
             "ttft_p50": pt["ttft_ms"]["p50"], "ttft_p95": pt["ttft_ms"]["p95"],
             "itl_p50": pt["inter_token_latency_ms"]["p50"], "e2e_p50": pt["request_latency_ms"]["p50"],
-            "tok_s": pt["output_tokens_per_s"],
-            "req_s": pt["requests_per_s"], "requests": pt["requests"],
-            "error_rate": 0.0 if rc == 0 else 100.0}
+            "tok_s": pt["output_tokens_per_s"], "req_s": pt["requests_per_s"], "requests": pt["requests"],
+            "error_rate": 0.0 if rc == 0 else 100.0, "client_cores": client_cores,
+            "server_cores": server_cores}
 
 
 FINISHED = re.compile(r"generated tokens in ([0-9.]+) ms")
@@ -186,9 +253,10 @@ def load_averages() -> str:
 RUN_COLUMNS = (("ISL", "isl", ".1f"), ("OSL", "osl", ".1f"), ("TTFT p50 ms", "ttft_p50", ".2f"),
                ("TTFT p95 ms", "ttft_p95", ".2f"), ("ITL p50 ms", "itl_p50", ".3f"),
                ("E2E p50 ms", "e2e_p50", ".1f"), ("server p50 ms", "server_p50", ".1f"),
+               ("client cores", "client_cores", ".2f"), ("server cores", "server_cores", ".2f"),
                ("out tok/s", "tok_s", ",.0f"), ("req/s", "req_s", ".2f"), ("errors %", "error_rate", "g"))
 RATIOS = (("out tok/s", "tok_s"), ("req/s", "req_s"), ("TTFT p50", "ttft_p50"), ("ITL p50", "itl_p50"),
-          ("server p50", "server_p50"))
+          ("server p50", "server_p50"), ("client cores", "client_cores"))
 
 
 def _row(cells: list[str]) -> str:
@@ -233,13 +301,14 @@ def run_model(aiperf: Path, server: RunningServer, model: str, args: argparse.Na
                 since = server.log_path.stat().st_size
                 if client == "aiperf":
                     result = run_aiperf(aiperf, server, model, c, args, out / name)
+                    result["server_p50"] = server_ms_p50(server, since)
                     if not chars:
                         chars = calibrate(server, model, result["isl"], args.seed)
                         print(f"{model}: aiperf's prompts are {result['isl']:.1f} server tokens; ours get "
                               f"{chars} characters", flush=True)
                 else:
                     result = run_ours(server, model, c, chars, args, out / f"{name}.json")
-                result["server_p50"] = server_ms_p50(server, since)
+                    result["server_p50"] = server_ms_p50(server, since)
                 rows.append({"model": model, "c": c, "round": round_, "client": client, **result})
                 print(f"{name}: TTFT p50 {result['ttft_p50']:.2f} ms, {result['tok_s']:,.0f} tok/s, "
                       f"{result['req_s']:.2f} req/s, rc {result['rc']}", flush=True)
