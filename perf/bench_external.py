@@ -3,20 +3,23 @@
 Issue 29: a public benchmark client nobody here wrote reads the OpenAI API the way users' tools do. One
 hubserve (`--metrics-port 0`, as `make serve` runs it, on free loopback ports) serves a temporary repository
 holding a copy of the example `tiny_decoder` (byte-level tokenizer) and a copy of the Llama fixture folder
-(tests/fixtures/llm/models/llama: an Optimum export with its `tokenizer.json`). For each model and each
-concurrency the two clients take turns (aiperf c=1, ours c=1, aiperf c=4, …; which goes first alternates by
-round), each on streamed `/v1/completions`, greedy or not as the server defaults, `ignore_eos` so every
-request generates `--output-tokens`:
+(tests/fixtures/llm/models/llama: an Optimum export with its `tokenizer.json`, served as it is). For each
+model and each concurrency the two clients take turns (aiperf c=1, ours c=1, aiperf c=4, …; which goes first
+alternates by round), each on streamed `/v1/completions` with no sampling fields (the model's defaults: the
+Llama folder's generation_config.json), `ignore_eos` so every request generates `--output-tokens`:
 
 - aiperf: synthetic prompts of `--input-tokens` tokens of the Llama fixture's tokenizer (a local path),
   `--use-server-token-count` so its token counts are the server's `usage`;
 - ours: `--prompt-tokens N` characters of its own seeded words, N chosen so that the server counts the same
   mean prompt tokens as it counted for aiperf's prompts (asked of the server itself, `max_tokens: 1`).
 
-Each run has `4 × c + 10` measured requests after `max(2, c)` warm-up ones. Printed: TTFT p50/p95, inter-token
-latency p50, output tokens/s, requests/s and the server's mean prompt/output tokens per client, then ours ÷
-aiperf. Everything each tool wrote is kept under `--out` (default perf/results/external-<time>/, gitignored);
-nothing from aiperf is imported here: it runs in its own venv (perf/peers/setup_aiperf.sh, pinned).
+Each run has `4 × c + 10` measured requests after `max(2, c)` warm-up ones. Printed per run: the server's
+mean prompt/output tokens (ISL/OSL), TTFT p50/p95, inter-token latency p50 and end-to-end p50 as the client
+saw them, the server's own time per request (its log), the cores the client's processes and the server kept
+busy while the client measured (CpuSampler), output tokens/s and requests/s; then ours ÷ aiperf per model and
+concurrency, the median over rounds with its range. Everything each tool wrote is kept under `--out`
+(default perf/results/external-<time>/, gitignored); nothing from aiperf is imported here: it runs in its own
+venv (perf/peers/setup_aiperf.sh, pinned).
 
     flock /work/probes/bench.lock .venv/bin/python perf/bench_external.py [--models tiny_decoder,llama]
         [--concurrency 1,4,16] [--input-tokens 64] [--output-tokens 64] [--rounds 1] [--aiperf PATH]
@@ -46,41 +49,18 @@ from hubserve_harness.checkout import checkout_env
 from hubserve_perf.generative import GenOptions, prompts
 
 FIXTURE = ROOT / "tests" / "fixtures" / "llm" / "models" / "llama"
-FIXTURE_CONFIG = """name: "llama"
-backend: "onnxruntime"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-instance_group [ { count: 1 kind: KIND_CPU } ]
-parameters { key: "generation" value { string_value: "decoder_with_past" } }
-parameters { key: "tokenizer" value { string_value: "tokenizer.json" } }
-parameters { key: "bos_token" value { string_value: "<|begin_of_text|>" } }
-parameters { key: "eos_token" value { string_value: "<|end_of_text|>" } }
-parameters { key: "max_model_len" value { string_value: "256" } }
-parameters { key: "kv_block_size" value { string_value: "16" } }
-parameters { key: "kv_num_blocks" value { string_value: "1024" } }
-parameters { key: "max_num_seqs" value { string_value: "32" } }
-parameters { key: "max_num_batched_tokens" value { string_value: "256" } }
-"""
 CALIBRATION_PROMPTS = 16
 
 
-def build_repository(root: Path, fixture_as_is: bool) -> Path:
-    """tiny_decoder as model_repository/ has it (built by `hubserve_models.examples`), and the Llama fixture:
-    as it is (`--fixture-as-is`, for a server that serves a Hugging Face folder without config.pbtxt) or
-    with the config.pbtxt above, its model.onnx in 1/ and its tokenizer.json beside the config."""
+def build_repository(root: Path) -> Path:
+    """tiny_decoder as model_repository/ has it (built by `hubserve_models.examples`), and the Llama fixture
+    folder as the exporter wrote it (served as it is: no config.pbtxt)."""
     tiny = ROOT / "model_repository" / "tiny_decoder"
     if not (tiny / "1" / "model.onnx").exists():
         sys.exit("model_repository/tiny_decoder/1/model.onnx is missing: run "
                  "`.venv/bin/python -m hubserve_models.examples model_repository` first")
     shutil.copytree(tiny, root / "tiny_decoder")
-    llama = root / "llama"
-    if fixture_as_is:
-        shutil.copytree(FIXTURE, llama)
-    else:
-        (llama / "1").mkdir(parents=True)
-        shutil.copy(FIXTURE / "model.onnx", llama / "1" / "model.onnx")
-        shutil.copy(FIXTURE / "tokenizer.json", llama / "tokenizer.json")
-        (llama / "config.pbtxt").write_text(FIXTURE_CONFIG)
+    shutil.copytree(FIXTURE, root / "llama")
     return root
 
 
@@ -324,8 +304,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--aiperf", help="an aiperf executable (default: perf/peers/setup_aiperf.sh's)")
-    parser.add_argument("--fixture-as-is", action="store_true",
-                        help="serve the Llama fixture folder unchanged (no config.pbtxt written)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     aiperf = ensure_aiperf(args.aiperf)
@@ -334,7 +312,7 @@ def main() -> None:
     print(f"aiperf {aiperf_version(aiperf)}; results in {out}; load before {load_averages()}", flush=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        repository = build_repository(Path(tmp) / "repo", args.fixture_as_is)
+        repository = build_repository(Path(tmp) / "repo")
         server = start_server(repository, out / "server.log", "--metrics-port", "0", ready_timeout=120)
         try:
             for model in args.models.split(","):
