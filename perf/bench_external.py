@@ -244,13 +244,19 @@ def _row(cells: list[str]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Every run, then per model and concurrency the medians over rounds and ours ÷ aiperf (the median of
-    the rounds' ratios, with their range)."""
+    """Every run; per model, concurrency and client the medians over rounds; per model and concurrency ours ÷
+    aiperf (the median of the rounds' ratios, with their range)."""
     lines = [_row(["model", "c", "round", "client", *(name for name, _, _ in RUN_COLUMNS)]),
              _row(["---"] * (4 + len(RUN_COLUMNS)))]
     for r in rows:
         lines.append(_row([r["model"], str(r["c"]), str(r["round"]), r["client"],
                            *(format(r[key], fmt) for _, key, fmt in RUN_COLUMNS)]))
+    lines += ["", _row(["model", "c", "client (median of rounds)", *(name for name, _, _ in RUN_COLUMNS)]),
+              _row(["---"] * (3 + len(RUN_COLUMNS)))]
+    for model, c, client in dict.fromkeys((r["model"], r["c"], r["client"]) for r in rows):
+        runs = [r for r in rows if (r["model"], r["c"], r["client"]) == (model, c, client)]
+        lines.append(_row([model, str(c), client, *(format(statistics.median(r[key] for r in runs), fmt)
+                                                    for _, key, fmt in RUN_COLUMNS)]))
     lines += ["", _row(["model", "c", *(f"ours ÷ aiperf: {name}" if i == 0 else name
                                         for i, (name, _) in enumerate(RATIOS))]),
               _row(["---"] * (2 + len(RATIOS)))]
