@@ -89,30 +89,30 @@ def _stat(pid: int) -> tuple[int, float]:
 
 
 class CpuSampler:
-    """Every 100 ms, from a thread: the CPU seconds so far of a client's process tree (aiperf is a dozen
+    """Every 100 ms, from a thread: the CPU seconds so far of each process of a client's tree (aiperf is nine
     processes) and of the server, so that `cores(start, end)` tells how many of the machine's cores each
     kept busy between two wall-clock times: what the two clients cost the 2 cores they share with the
-    server."""
+    server. A process that starts inside the window counts from zero; one that ends inside it, up to its
+    last sample."""
 
     def __init__(self, client_pid: int, server_pid: int) -> None:
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, dict[int, float], float]] = []
         self._client, self._server = client_pid, server_pid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _tree_cpu_s(self) -> float:
+    def _tree_cpu_s(self) -> dict[int, float]:
         stats = {}
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 with contextlib.suppress(OSError, IndexError, ValueError):
                     stats[int(entry)] = _stat(int(entry))
-        tree, total = {self._client}, 0.0
+        tree: dict[int, float] = {}
         for pid in sorted(stats):  # a child's pid is larger than its parent's, short of pid wrap-around
-            if pid in tree or stats[pid][0] in tree:
-                tree.add(pid)
-                total += stats[pid][1]
-        return total
+            if pid == self._client or stats[pid][0] in tree:
+                tree[pid] = stats[pid][1]
+        return tree
 
     def _run(self) -> None:
         while not self._stop.wait(0.1):
@@ -127,8 +127,12 @@ class CpuSampler:
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
             return float("nan"), float("nan")
-        (t0, c0, s0), (t1, c1, s1) = inside[0], inside[-1]
-        return (c1 - c0) / (t1 - t0), (s1 - s0) / (t1 - t0)
+        first, last = inside[0][1], {}
+        for _, tree, _ in inside:
+            last.update(tree)
+        client_s = sum(cpu - first.get(pid, 0.0) for pid, cpu in last.items())
+        span_s = inside[-1][0] - inside[0][0]
+        return client_s / span_s, (inside[-1][2] - inside[0][2]) / span_s
 
 
 def run_aiperf(aiperf: Path, server: RunningServer, model: str, c: int, args: argparse.Namespace,
