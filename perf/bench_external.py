@@ -92,8 +92,9 @@ class CpuSampler:
     """Every 100 ms, from a thread: the CPU seconds so far of each process of a client's tree (aiperf is nine
     processes) and of the server, so that `cores(start, end)` tells how many of the machine's cores each
     kept busy between two wall-clock times: what the two clients cost the 2 cores they share with the
-    server. A process that starts inside the window counts from zero; one that ends inside it, up to its
-    last sample."""
+    server. Each process counts from its first sample inside the window to its last: one that ends inside
+    the window keeps what it used, and one missing from a sample (a /proc read that raced its exit or
+    start) is not counted from zero."""
 
     def __init__(self, client_pid: int, server_pid: int) -> None:
         self.samples: list[tuple[float, dict[int, float], float]] = []
@@ -127,10 +128,13 @@ class CpuSampler:
         inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
             return float("nan"), float("nan")
-        first, last = inside[0][1], {}
+        first: dict[int, float] = {}
+        last: dict[int, float] = {}
         for _, tree, _ in inside:
+            for pid, cpu in tree.items():
+                first.setdefault(pid, cpu)
             last.update(tree)
-        client_s = sum(cpu - first.get(pid, 0.0) for pid, cpu in last.items())
+        client_s = sum(cpu - first[pid] for pid, cpu in last.items())
         span_s = inside[-1][0] - inside[0][0]
         return client_s / span_s, (inside[-1][2] - inside[0][2]) / span_s
 
