@@ -214,7 +214,7 @@ class HttpProtocol(asyncio.Protocol):
         self._next()
 
     def _respond(self, req: HttpRequest, answer: Answer) -> None:
-        self._write(answer, self._keep(req))
+        self._write(answer, self._keep(req), head_only=req.method == b"HEAD")
         if req.admission is not None:
             self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
@@ -236,13 +236,18 @@ class HttpProtocol(asyncio.Protocol):
             admission, req.admission = req.admission, None
             self._access.release(admission)
 
-    def _write(self, answer: Answer, keep: bool) -> None:
+    def _write(self, answer: Answer, keep: bool, head_only: bool = False) -> None:
+        """`head_only`: the answer to a HEAD request, whose head says what a GET's would (its length
+        included) and which has no body (RFC 9110 9.3.2): a client reading the next answer on the connection
+        would take the body for it."""
         transport = self._transport
         if transport is None:
             return
         status, body, content_type, extra = answer
         parts = body if isinstance(body, list) else [body]
         size = sum(len(p) for p in parts)
+        if head_only:
+            parts = []
         head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
             status, REASONS.get(status, b"Unknown"), content_type, size, extra,
             b"" if keep else b"Connection: close\r\n")

@@ -9,6 +9,8 @@ import gzip
 import http.client
 import json
 import math
+import re
+import socket
 import zlib
 
 import numpy as np
@@ -459,3 +461,27 @@ def test_decompression_bomb_is_413_without_inflating(server):
         assert status == 413 and "larger than max" in json.loads(payload)["error"]
     assert server.rss_bytes() - before < 256 << 20  # the limit is 64 MiB, the bomb 512
     assert post_infer(server, SIMPLE_JSON, {})[0] == 200  # and the server serves on
+
+
+@pytest.mark.parametrize("path", ["/v2/health/ready", "/v2", "/v2/models/simple/config", "/v1/models",
+                                  "/metrics"])
+def test_head_answers_a_gets_head_without_its_body(server, path: str):
+    """RFC 9110 9.3.2: HEAD's answer is GET's head (its Content-Length included) with no body. With a body,
+    a client that sends HEAD then GET on one connection (aiperf does, for /metrics) reads the HEAD's body as
+    the GET's status line. Both requests go in one write; the answers must be HEAD's head, then at once GET's
+    whole answer, then the close the GET asked for."""
+    request = f"{{}} {path} HTTP/1.1\r\nHost: x\r\n"
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as sock:
+        sock.sendall((request.format("HEAD") + "\r\n" + request.format("GET") + "Connection: close\r\n\r\n")
+                     .encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    length = int(re.search(rb"(?i)\r\ncontent-length: (\d+)", head).group(1))
+    assert rest.startswith(b"HTTP/1.1 200 "), rest[:80]  # nothing of the HEAD's answer before the GET's
+    get_head, _, body = rest.partition(b"\r\n\r\n")
+    assert int(re.search(rb"(?i)\r\ncontent-length: (\d+)", get_head).group(1)) == len(body)
+    if path != "/metrics":  # a scrape's counters move between the two
+        assert len(body) == length
