@@ -2,12 +2,13 @@
 
 Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
 field, as OpenAI's own 400s do. Every field is served, or on the compatibility list of fields that change no
-answer (`_IGNORED`, each with why), or refused by name: those we do not serve (tools, `echo`, vLLM's guided
-decoding, the chat template fields on completions, ...) unless sent with a value that asks for nothing, and
-unknown ones with OpenAI's "Unrecognized request argument supplied". Extensions beyond OpenAI's fields, in
-vLLM's names and with vLLM's meaning (the `openai` client sends them through `extra_body`): `top_k`,
-`min_p`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `min_tokens`, `include_stop_str_in_output`,
-`add_special_tokens`, `truncate_prompt_tokens`, `skip_special_tokens`, and chat's `chat_template_kwargs`,
+answer (`_IGNORED`, each with why), or refused by name: those we do not serve (tools, `echo`, vLLM's
+removed `guided_*` fields, the chat template fields on completions, ...) unless sent with a value that asks
+for nothing, and unknown ones with OpenAI's "Unrecognized request argument supplied". Extensions beyond
+OpenAI's fields, in vLLM's names and with vLLM's meaning (the `openai` client sends them through
+`extra_body`): `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `min_tokens`,
+`include_stop_str_in_output`, `add_special_tokens`, `truncate_prompt_tokens`, `skip_special_tokens`,
+`structured_outputs` (with OpenAI's `response_format`: structured.py), and chat's `chat_template_kwargs`,
 `add_generation_prompt`, `continue_final_message` and `chat_template` (the service refuses the last unless
 the operator trusts request templates). What the engine checks after every token is bounded here
 (generate/core/request.py): at most 4 `stop` strings of at most 256 characters, at most 128 `stop_token_ids`.
@@ -20,9 +21,11 @@ from typing import Any
 
 import orjson
 
+from ..generate.core.grammar import GrammarSpec
 from ..generate.core.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
 from ..generate.serving.request_defaults import SAMPLING_DEFAULTS
 from .errors import OpenAIError, bad_request
+from .structured import structured_spec
 
 MAX_N = 16          # choices per request
 MAX_PROMPTS = 64    # prompts in one completions request
@@ -66,6 +69,8 @@ class ApiRequest:
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     chat_template: str | None = None  # a request's own Jinja template (served only when trusted: service)
+    # response_format / structured_outputs (structured.py): what the output must match; None: anything
+    structured: GrammarSpec | None = None
     # the sampling fields the request left out, which get the model folder's defaults where it has them
     # (generate/serving/request_defaults.py), else the ones above
     unset: frozenset[str] = frozenset()
@@ -161,6 +166,7 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
         chat_template_kwargs=_template_kwargs(doc.get("chat_template_kwargs")),
         chat_template=_template(doc.get("chat_template")),
+        structured=structured_spec(doc),
         unset=frozenset(k for k in SAMPLING_DEFAULTS if doc.get(k) is None))
 
 
@@ -174,7 +180,9 @@ _SERVED_BOTH = frozenset({
     "presence_penalty", "frequency_penalty", "logprobs",
     # vLLM's extensions, with vLLM's meaning
     "top_k", "min_p", "ignore_eos", "stop_token_ids", "repetition_penalty", "min_tokens",
-    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens"})
+    "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens", "skip_special_tokens",
+    # structured output (structured.py): OpenAI's response_format, vLLM's structured_outputs
+    "response_format", "structured_outputs"})
 _SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs", "chat_template",
                                  "chat_template_kwargs", "add_generation_prompt", "continue_final_message"},
            False: _SERVED_BOTH | {"prompt"}}
@@ -195,7 +203,7 @@ _IGNORED: dict[str, str] = {
 _OFF: tuple[Any, ...] = (False, 0, "", [], {})
 _UNSERVED: dict[str, tuple[Any, ...]] = {
     "logit_bias": _OFF, "tools": _OFF, "functions": _OFF, "tool_choice": (*_OFF, "none"),
-    "function_call": (*_OFF, "none"), "suffix": _OFF, "response_format": (*_OFF, {"type": "text"}),
+    "function_call": (*_OFF, "none"), "suffix": _OFF,
     "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "prediction": _OFF, "modalities": ([], ["text"]),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (),
     # vLLM's chat template inputs, served for chat (above); a completion has no template
@@ -203,9 +211,9 @@ _UNSERVED: dict[str, tuple[Any, ...]] = {
     "continue_final_message": (False,),
     # vLLM's: how special tokens are joined to the text when written (`tokenizers` writes them its own way)
     "spaces_between_special_tokens": (True,),
-    # vLLM's guided decoding
+    # vLLM's guided decoding, removed by vLLM 0.12 for `structured_outputs` (served): refused by name
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "guided_decoding_backend": (), "guided_whitespace_pattern": (), "structured_outputs": (),
+    "guided_decoding_backend": (), "guided_whitespace_pattern": (),
 }
 
 

@@ -208,10 +208,16 @@ class OpenAIService:
                                     presence_penalty=api.presence_penalty,
                                     frequency_penalty=api.frequency_penalty,
                                     repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
-                                    priority=priority)
-            return version.defaults.apply(params, api.unset)  # the folder's EOS ids and sampling defaults
+                                    priority=priority, structured=api.structured)
+            params = version.defaults.apply(params, api.unset)  # the folder's EOS ids and sampling defaults
         except EngineError as e:
             raise from_engine(e) from None
+        if api.structured is not None:  # compiled (and cached) now: one that does not compile is a 400
+            try:
+                version.driver.engine.grammars.check(api.structured)
+            except EngineError as e:
+                raise bad_request(f"Invalid {e.message}", api.structured.param, "invalid_value") from None
+        return params
 
     def _render(self, api: ApiRequest, version: GenerativeVersion, context_tokens: int) -> str:
         """The chat's prompt text, by the request's own template (when trusted) or the folder's: a 400

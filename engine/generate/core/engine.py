@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import EngineError, ErrorCode, invalid
 from .detokenize import OutputText, WindowDecoder
+from .grammar import GrammarCompiler
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
 from .request import FinishReason, Priority, Request, RequestOutput, SamplingParams, TokenLogprob
@@ -58,6 +59,7 @@ class GenerationEngine:
         self.runner = runner
         self.adapters = adapters  # the model's LoRA adapters (lora.py), when its graph takes them
         self.tokenizer = tokenizer
+        self.grammars = GrammarCompiler(tokenizer)  # structured output's compiled grammars (grammar.py)
         self.cache_config = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
         self.scheduler = Scheduler(scheduler, self.kv)
@@ -67,7 +69,8 @@ class GenerationEngine:
     def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
                     group: str = "") -> Request:
         """Queue a request (WAITING). INVALID_ARG when it could never run: an empty prompt, token ids the
-        model does not have, or prompt + max_tokens beyond the context or the whole KV cache. `group`: the
+        model does not have, or prompt + max_tokens beyond the context or the whole KV cache, or a
+        `structured` spec that does not compile (grammar.py). `group`: the
         API request it is one sequence of (several share one; "": its own), whose sequences the scheduler
         admits in turn with other groups' (waiting.py)."""
         if request_id in self._requests:
@@ -93,13 +96,14 @@ class GenerationEngine:
                 raise invalid(f"LoRA adapter '{params.lora}' asked of a model whose graph takes no adapter "
                               "inputs")
             adapter = self.adapters.get(params.lora)  # loads it on first use (LRU)
+        grammar = None if params.structured is None else self.grammars.constraint(params.structured)
         seed = params.seed if params.seed is not None else int(self._seeds.integers(2**63))
         tokenizer, tail = self.tokenizer, token_ids[-WindowDecoder.PROMPT_CONTEXT:]
         decoder = tokenizer.stream_decoder(params.skip_special_tokens, tail)
         special = {i: s for s in params.stop if (i := tokenizer.special_token_id(s)) is not None}
         text = OutputText(decoder, params.stop, special)
         request = Request(request_id, token_ids, params, np.random.default_rng(seed), adapter=adapter,
-                          group=group, text=text)
+                          group=group, text=text, grammar=grammar)
         self._requests[request_id] = request
         self.scheduler.add(request)
         return request

@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import invalid
 from .detokenize import OutputText
+from .grammar import Constraint, GrammarSpec
 from .lora import LoraAdapter
 
 
@@ -69,6 +70,8 @@ class SamplingParams:
     first drops the tokens less likely than `min_p` × the most likely one's probability, before top-k.
     Until `min_tokens` tokens are generated, the end-of-sequence token and the stop tokens cannot be drawn
     (sampler.py `hold_stops`) and stop strings do not stop (stopping.py), as vLLM serves it.
+    `structured` constrains every draw to the tokens its grammar allows next (grammar.py), EOS only where
+    the grammar may end; the request stops when the grammar is complete.
     """
 
     max_tokens: int = 16
@@ -89,6 +92,7 @@ class SamplingParams:
     priority: Priority = Priority.INTERACTIVE  # the scheduling class (scheduler.py), not a sampling knob
     lora: str | None = None               # the LoRA adapter to run with (lora.py), None: the base model
     logprobs: int | None = None           # report each token's log-probability and this many most likely
+    structured: GrammarSpec | None = None  # what the output must match (grammar.py), None: anything
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -137,9 +141,10 @@ class SamplingParams:
     @property
     def stepwise(self) -> bool:
         """Each token must be recorded before the next is computed: its penalties count the tokens so far,
-        or it reports each token's log-probabilities, or its stops are held until `min_tokens` (engine.py
-        `_steps`: one step per schedule)."""
-        return self.penalized or self.logprobs is not None or self.min_tokens > 0
+        or it reports each token's log-probabilities, or its stops are held until `min_tokens`, or its
+        grammar's mask depends on the last token (engine.py `_steps`: one step per schedule)."""
+        return (self.penalized or self.logprobs is not None or self.min_tokens > 0
+                or self.structured is not None)
 
 
 @dataclass(slots=True)
@@ -160,6 +165,7 @@ class Request:
     output_text: str = ""                    # the decoded output, cut before a stop string (once finished)
     text: OutputText | None = None           # the output as text so far (made by the engine's add_request)
     adapter: LoraAdapter | None = None       # params.lora's matrices (set by the engine at add_request)
+    grammar: Constraint | None = None        # params.structured's position (set by the engine at add_request)
     # The API request it is one sequence of (OpenAI's prompts × n share one): admission takes the groups in
     # turn (waiting.py). "" (a sequence alone): its own id.
     group: str = ""

@@ -5,7 +5,9 @@ A penalized request's row is first changed by its penalties (`penalize`), over i
 engine runs such a request one step per schedule, so that its tokens so far are all in `output_token_ids`.
 Greedy rows are one vectorised argmax. A sampled row draws from its request's own generator only, so a
 seeded request gives the same tokens whatever runs beside it, and a preempted request, which samples nothing
-while it is recomputed, continues exactly where it was.
+while it is recomputed, continues exactly where it was. A structured request's row is limited to what its
+grammar allows next (`constrain`, grammar.py) and its grammar takes the token drawn; only such rows pay for
+it.
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
     penalized = [row for row, request in enumerate(requests) if request.params.penalized]
     held = [row for row, request in enumerate(requests)
             if request.params.min_tokens and len(request.output_token_ids) < request.params.min_tokens]
-    if penalized or held:
+    constrained = [row for row, request in enumerate(requests) if request.params.structured is not None]
+    if penalized or held or constrained:
         logits = logits.copy()  # the runner's array is not ours to change
         for row in penalized:
             penalize(logits[row], requests[row])
         for row in held:
             hold_stops(logits[row], requests[row], eos_token_id)
+        for row in constrained:  # last: a grammar's mask is never loosened by what comes after it
+            constrain(logits[row], requests[row])
     tokens = logits.argmax(axis=1).tolist()
     rows = [row for row, request in enumerate(requests) if not request.params.greedy]
     if rows:
@@ -44,6 +49,11 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
         for i, row in enumerate(rows):
             request = requests[row]
             tokens[row] = _draw(scaled[i], orders[i], request.params, request.rng)
+    for row in constrained:
+        grammar, stops = requests[row].grammar, requests[row].params.stop_token_ids
+        assert grammar is not None
+        if tokens[row] not in stops:  # a stop token beside EOS ends the request, outside the grammar
+            grammar.advance(tokens[row])
     return tokens
 
 
@@ -76,6 +86,19 @@ def hold_stops(row: np.ndarray, request: Request, eos_token_id: int | None) -> N
         stops.add(eos_token_id)
     ids = np.fromiter((t for t in stops if t < vocab), np.int64)
     row[ids] = -np.inf
+
+
+def constrain(row: np.ndarray, request: Request) -> None:
+    """A structured request's logits `row` limited, in place, to the tokens its grammar allows next
+    (grammar.py): the others get -inf. Where the grammar may end, EOS is allowed and so are the request's
+    stop tokens (a folder's other EOS ids); a request held short of `min_tokens` keeps them held, unless
+    the grammar allows nothing else."""
+    grammar = request.grammar
+    assert grammar is not None
+    grammar.fill_mask(row, request.params.stop_token_ids)
+    if not np.isfinite(row).any():  # the grammar allows only the stops min_tokens held: it gives way
+        row[:] = 0.0
+        grammar.fill_mask(row, request.params.stop_token_ids)
 
 
 def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:

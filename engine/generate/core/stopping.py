@@ -9,6 +9,10 @@
    or the stop string where skip_special_tokens wrote none);
 3. `max_tokens` generated, or the model's context full → "length".
 
+A structured request (grammar.py) also stops ("stop") on the token that completes its grammar, where
+nothing may follow; its text keeps that token's. EOS or a stop token, which its grammar allows only where
+the text may end, stops it as in 1.
+
 Called by the engine once for each token a request generates, in order: it adds the token to the request's
 text (detokenize.py `OutputText`), so each call costs work bounded by the longest stop string, not the
 output's length. Until more than `min_tokens` tokens are generated neither 1 nor 2 stops the request (vLLM's
@@ -28,6 +32,11 @@ def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> Fi
     before = len(text)
     text.push(last)
     reason: FinishReason | None = None
+    if request.grammar is not None and request.grammar.complete:  # matched in full: nothing may follow
+        stopped = last == tokenizer.eos_token_id or last in params.stop_token_ids
+        request.output_text = text.text()[:before] if stopped and not params.include_stop_str_in_output \
+            else text.text()
+        return FinishReason.STOP
     if params.min_tokens and len(request.output_token_ids) <= params.min_tokens:
         pass  # the sampler held the stop tokens; a stop string counts only past min_tokens, as in vLLM
     elif (last == tokenizer.eos_token_id and not params.ignore_eos) or last in params.stop_token_ids:

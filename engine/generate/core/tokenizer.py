@@ -134,6 +134,10 @@ class JsonTokenizer:
     def special_token_id(self, text: str) -> int | None:
         return self._special_ids.get(text)
 
+    def json_text(self) -> str:
+        """The tokenizer as `tokenizer.json` holds it (what the grammar engine reads: grammar.py)."""
+        return str(self._tok.to_str())
+
 
 def _byte_fallback_tokens(tok: Any) -> frozenset[int]:
     """A byte-fallback BPE's byte tokens ("<0x00>" … "<0xFF>": Llama's and Mistral's SentencePiece

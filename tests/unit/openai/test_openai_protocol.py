@@ -92,7 +92,7 @@ def test_chat_template_fields_are_refused_for_completions(field: str):
 @pytest.mark.parametrize(("field", "value"), [
     ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
     ("guided_grammar", "root ::= 'a'"), ("guided_decoding_backend", "xgrammar"),
-    ("structured_outputs", {"json": {}}), ("spaces_between_special_tokens", False),
+    ("guided_whitespace_pattern", " "), ("spaces_between_special_tokens", False),
     ("reasoning_effort", "low"),
 ])
 def test_unserved_fields_are_refused_by_name(field: str, value: object):
@@ -131,7 +131,7 @@ def test_unknown_fields_are_refused_in_openais_words(doc: dict, chat: bool, fiel
     ({"model": "m", "prompt": []}, "prompt"),
     ({"model": "m", "prompt": [[]]}, "prompt"),
     ({"model": "m", "prompt": "x", "echo": True}, "echo"),
-    ({"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"model": "", "prompt": "x"}, "model"),
 ])
 def test_refusals_name_the_field(doc: dict, param: str):

@@ -1,0 +1,182 @@
+"""Structured output: what a request's text must match (`GrammarSpec`), compiled once per tokenizer
+(`GrammarCompiler`), followed a token at a time (`Constraint`).
+
+The grammar engine is llguidance (PyPI `llguidance`, a Rust core with a numpy API and no torch): it turns a
+JSON schema, a regular expression, a list of choices or a Lark / GBNF grammar into a matcher that says, for
+the tokens so far, which tokens may come next (a bitmask over the vocabulary), takes each sampled token,
+and says when the text may end (EOS allowed) and when it must (nothing can follow). docs/generative.md says
+why llguidance and not xgrammar (xgrammar imports torch).
+
+Who calls what: the API layer checks a request's spec once (`GrammarCompiler.check`, a 400 naming its
+field when it does not compile); the engine makes each request's `Constraint` when it adds the request
+(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits with `Constraint.fill_mask`
+before it draws and hands the drawn token to `Constraint.advance`; stopping.py finishes the request when
+`Constraint.complete`. Compiled grammars are kept per (kind, text) in a bounded cache; each request gets a
+copy of the compiled matcher (cheap), so nothing a request does changes another's.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...bounded_cache import BoundedCache
+from ...errors import EngineError, ErrorCode, invalid
+from .tokenizer import ByteTokenizer, JsonTokenizer, Tokenizer
+
+MAX_GRAMMAR_CHARS = 100_000   # a spec's text (schema, regex, grammar) at most: it is compiled on a request
+COMPILED_GRAMMARS = 256       # compiled grammars kept per model (a bounded cache: cleared when full)
+
+
+class GrammarKind(enum.Enum):
+    JSON_SCHEMA = "json_schema"  # text: a JSON schema (OpenAI's response_format json_schema, vLLM's json)
+    REGEX = "regex"              # text: a regular expression the whole output matches (Rust regex syntax)
+    CHOICE = "choice"            # text: a JSON array of strings, the output exactly one of them
+    GRAMMAR = "grammar"          # text: a context-free grammar, Lark or GBNF/EBNF (`root ::= ...`)
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarSpec:
+    """What a request's output must match: a value (hashable, compared by its text), kept in its
+    SamplingParams. `param` is the request field it came from, named in the error when it does not
+    compile ("response_format.json_schema.schema", "structured_outputs.regex", ...)."""
+
+    kind: GrammarKind
+    text: str
+    param: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.text) > MAX_GRAMMAR_CHARS:
+            raise invalid(f"{self.param or self.kind.value}: {len(self.text)} characters; a structured "
+                          f"output constraint may have at most {MAX_GRAMMAR_CHARS}")
+
+
+def constraint_for_json_schema(schema: dict[str, Any] | bool, param: str = "") -> GrammarSpec:
+    """The spec for "the output is one JSON value valid under `schema`": what a caller outside the API's
+    fields sets as `SamplingParams.structured` (a required or named tool call's arguments, for one)."""
+    return GrammarSpec(GrammarKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")), param)
+
+
+ANY_JSON_OBJECT = constraint_for_json_schema({"type": "object"}, "response_format")  # OpenAI's json_object
+
+
+class Constraint:
+    """One request's position in its grammar. Made by `GrammarCompiler.constraint`; used by the engine's
+    thread only (the sampler and the stop check), after the request was added."""
+
+    __slots__ = ("_matcher", "_mask", "_vocab")
+
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab = vocab_size
+        self._mask = np.empty((vocab_size + 31) // 32, np.int32)
+
+    def allowed(self, width: int) -> np.ndarray:
+        """Which of `width` token ids may come next, as booleans (ids past the tokenizer's: none). EOS is
+        among them only where the grammar may end."""
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")
+        if width <= bits.shape[0]:
+            return bits[:width].view(bool)
+        allowed = np.zeros(width, bool)
+        allowed[:bits.shape[0]] = bits.view(bool)
+        return allowed
+
+    def fill_mask(self, row: np.ndarray, also: frozenset[int] = frozenset()) -> None:
+        """`row`'s logits of the tokens that may not come next set to -inf, in place. `also`: stop tokens
+        that end the request as well as EOS does (the folder's EOS ids), allowed where EOS is."""
+        allowed = self.allowed(row.shape[0])
+        if also and self._matcher.is_accepting():
+            allowed = allowed.copy()
+            allowed[[t for t in also if t < row.shape[0]]] = True
+        row[~allowed] = -np.inf
+
+    def advance(self, token: int) -> None:
+        """The sampled `token` taken (after each draw). Only a token `fill_mask` allowed is drawn, so it is
+        always taken."""
+        if not self._matcher.consume_token(token):
+            raise EngineError(ErrorCode.INTERNAL, f"the grammar refused token {token} that its mask allowed: "
+                              f"{self._matcher.get_error()}")
+
+    @property
+    def complete(self) -> bool:
+        """Nothing can follow: the grammar is matched in full (or EOS was taken)."""
+        return bool(self._matcher.is_stopped())
+
+
+class GrammarCompiler:
+    """The grammars of one tokenizer (one engine's): compiled on first use, kept in a bounded cache by
+    (kind, text). Called from the API layer's thread (`check`) and the engine's (`constraint`): a lock
+    guards the cache. The llguidance tokenizer is built on first use (about a second for a vocabulary of
+    128k tokens), so a model nobody asks structured output of never pays it."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._lock = threading.Lock()
+        self._ll_tokenizer: Any = None
+        self._compiled: BoundedCache[tuple[GrammarKind, str], Any] = BoundedCache(COMPILED_GRAMMARS)
+
+    def check(self, spec: GrammarSpec) -> None:
+        """INVALID_ARG naming `spec.param` when the spec does not compile (its engine's own words)."""
+        self._compiled_matcher(spec)
+
+    def constraint(self, spec: GrammarSpec) -> Constraint:
+        """A fresh position at the start of `spec`'s grammar, for one request."""
+        matcher = self._compiled_matcher(spec)
+        with self._lock:
+            copy = matcher.deep_copy()
+        return Constraint(copy, self.tokenizer.vocab_size)
+
+    def _compiled_matcher(self, spec: GrammarSpec) -> Any:
+        key = (spec.kind, spec.text)
+        with self._lock:
+            found = self._compiled.get(key)
+            if found is not None:
+                return found
+            import llguidance
+            try:
+                grammar = llguidance.grammar_from(spec.kind.value, spec.text)
+            except ValueError as e:  # a choice list that is not a list of strings, a GBNF that won't convert
+                raise invalid(f"{spec.param or spec.kind.value}: {e}") from None
+            matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+            if matcher.is_error():
+                raise invalid(f"{spec.param or spec.kind.value}: {matcher.get_error().strip()}")
+            return self._compiled.put(key, matcher)
+
+    def _llg_tokenizer(self) -> Any:
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = _llg_tokenizer(self.tokenizer)
+        return self._ll_tokenizer
+
+
+def _llg_tokenizer(tokenizer: Tokenizer) -> Any:
+    """llguidance's view of our tokenizer: every token's bytes, and EOS."""
+    import llguidance
+    if isinstance(tokenizer, JsonTokenizer):
+        return llguidance.LLTokenizer(tokenizer.json_text(), n_vocab=tokenizer.vocab_size,
+                                      eos_token=tokenizer.eos_token_id)
+    if isinstance(tokenizer, ByteTokenizer):
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer)),
+                                      n_vocab=tokenizer.vocab_size, eos_token=tokenizer.eos_token_id)
+    raise EngineError(ErrorCode.UNSUPPORTED,
+                      f"structured output is not served for a {type(tokenizer).__name__}")
+
+
+class _ByteVocabulary:
+    """The byte tokenizer as llguidance's TokenizerWrapper reads a tokenizer."""
+
+    def __init__(self, tokenizer: ByteTokenizer) -> None:
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        # a special token (no bytes of text) by its name, which llguidance keeps apart from text
+        self.special_token_ids = [i for i in range(tokenizer.vocab_size) if not tokenizer.token_bytes(i)]
+        self.tokens = [tokenizer.token_bytes(i) or tokenizer.token_str(i).encode()
+                       for i in range(tokenizer.vocab_size)]
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        return list(text.encode() if isinstance(text, str) else text)
