@@ -1,0 +1,152 @@
+"""Structured output in the engine (engine/generate/core/grammar.py, the sampler's `constrain`, the stop
+check), in process over the tiny decoder (random weights, byte tokenizer): seeded samples at temperature 1,
+each parsed and checked against what it was asked to match; constrained and unconstrained requests in one
+batch; max_tokens cutting a constrained answer short; specs that do not compile."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from engine.errors import EngineError
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.grammar import GrammarCompiler, GrammarKind, GrammarSpec, constraint_for_json_schema
+from engine.generate.core.request import FinishReason, RequestOutput, SamplingParams
+from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.core.tokenizer import ByteTokenizer
+from hubserve_models import examples
+from hubserve_models.tiny_decoder import tiny_decoder_model
+
+MODEL = examples.model_bytes(tiny_decoder_model())
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "kind": {"enum": ["cat", "dog"]}, "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
+    "required": ["name", "age", "kind", "tags"], "additionalProperties": False}
+# Compact JSON (llguidance's whitespace_flexible off, through the schema's x-guidance): a random model's
+# answers would otherwise wander in whitespace until max_tokens
+COMPACT = {**SCHEMA, "x-guidance": {"whitespace_flexible": False}}
+
+
+def make_engine(steps: int = 1) -> GenerationEngine:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    runner = DecoderRunner(MODEL, 256, 8, opts, max_len=512, max_rows=16)
+    return GenerationEngine(runner, ByteTokenizer(), CacheConfig(8, 256, 512),
+                            SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64,
+                                            num_scheduler_steps=steps))
+
+
+def run(engine: GenerationEngine, asks: dict[str, SamplingParams],
+        prompt: str = "Answer: ") -> dict[str, RequestOutput]:
+    for rid, params in asks.items():
+        engine.add_request(rid, prompt, params)
+    return engine.run_to_completion()
+
+
+def sampled(spec: GrammarSpec, seed: int, max_tokens: int = 200) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, structured=spec)
+
+
+def test_seeded_json_samples_are_valid_under_their_schema() -> None:
+    engine = make_engine()
+    outs = run(engine, {f"r{s}": sampled(constraint_for_json_schema(COMPACT), s) for s in range(24)})
+    for out in outs.values():
+        assert out.finish_reason is FinishReason.STOP, out.output_text
+        jsonschema.validate(json.loads(out.output_text), SCHEMA)
+
+
+def test_regex_choice_and_grammar_samples_match() -> None:
+    engine = make_engine()
+    regex = GrammarSpec(GrammarKind.REGEX, r"[a-z]{2,6}-\d{3}")
+    choice = GrammarSpec(GrammarKind.CHOICE, json.dumps(["yes", "no", "maybe so"]))
+    grammar = GrammarSpec(GrammarKind.GRAMMAR, 'root ::= "(" digit ("+" digit)* ")"\ndigit ::= [0-9]')
+    asks = {f"{kind}{s}": sampled(spec, s, 60) for s in range(12)
+            for kind, spec in (("re", regex), ("ch", choice), ("gr", grammar))}
+    outs = run(engine, asks)
+    for rid, out in outs.items():
+        text = out.output_text
+        assert out.finish_reason is FinishReason.STOP, (rid, text)
+        if rid.startswith("re"):
+            assert re.fullmatch(r"[a-z]{2,6}-\d{3}", text), text
+        elif rid.startswith("ch"):
+            assert text in ("yes", "no", "maybe so")
+        else:
+            assert re.fullmatch(r"\(\d(\+\d)*\)", text), text
+
+
+def test_constrained_and_unconstrained_rows_share_a_batch_and_each_gets_its_own() -> None:
+    """The free rows draw exactly what they draw alone: the constrained rows beside them change nothing."""
+    free = {f"free{s}": SamplingParams(max_tokens=30, temperature=1.0, seed=s, ignore_eos=True)
+            for s in range(4)}
+    alone = run(make_engine(), free)
+    mixed = run(make_engine(), free | {f"json{s}": sampled(constraint_for_json_schema(COMPACT), s)
+                                       for s in range(4)})
+    for rid, out in alone.items():
+        assert mixed[rid].output_token_ids == out.output_token_ids
+    for s in range(4):
+        jsonschema.validate(json.loads(mixed[f"json{s}"].output_text), SCHEMA)
+
+
+def test_a_constrained_request_runs_one_step_per_schedule_under_multistep() -> None:
+    asks = {f"r{s}": sampled(constraint_for_json_schema(COMPACT), s) for s in range(4)}
+    outs = run(make_engine(steps=4), asks)
+    for out in outs.values():
+        jsonschema.validate(json.loads(out.output_text), SCHEMA)
+
+
+def test_max_tokens_cuts_a_json_short_with_length() -> None:
+    out = run(make_engine(), {"r": sampled(constraint_for_json_schema(COMPACT), 1, max_tokens=5)})["r"]
+    assert out.finish_reason is FinishReason.LENGTH
+    assert len(out.output_token_ids) == 5 and out.output_text.startswith("{")
+
+
+def test_eos_comes_only_where_the_grammar_may_end() -> None:
+    """A regex that may go on (more digits) or end: EOS is allowed only once it matched, so every answer
+    is a match, ended by EOS (not in its text) or by its 30th digit."""
+    spec = GrammarSpec(GrammarKind.REGEX, r"[0-9]{1,30}")
+    outs = run(make_engine(), {f"r{s}": sampled(spec, s, 40) for s in range(16)})
+    ends = set()
+    for out in outs.values():
+        assert out.finish_reason is FinishReason.STOP
+        assert re.fullmatch(r"[0-9]{1,30}", out.output_text), out.output_text
+        tokens = out.output_token_ids
+        assert 257 not in tokens[:-1] and (tokens[-1] == 257 or len(tokens) == 30)
+        ends.add(tokens[-1] == 257)
+    assert ends == {True, False}  # both ways of ending were seen
+
+
+@pytest.mark.parametrize(("kind", "text", "words"), [
+    (GrammarKind.JSON_SCHEMA, '{"type": "objec"}', "Invalid type"),
+    (GrammarKind.JSON_SCHEMA, '{"type": "string", "format": "no-such-format"}', "Unknown format"),
+    (GrammarKind.JSON_SCHEMA, '{"$ref": "#/missing"}', "missing"),
+    (GrammarKind.REGEX, "[a-z", "regex"),
+    (GrammarKind.CHOICE, '["a", 1]', ""),
+    (GrammarKind.GRAMMAR, "root ::= undefined_rule", ""),
+])
+def test_a_spec_that_does_not_compile_is_refused_naming_its_field(kind: GrammarKind, text: str,
+                                                                 words: str) -> None:
+    compiler = GrammarCompiler(ByteTokenizer())
+    with pytest.raises(EngineError) as refused:
+        compiler.check(GrammarSpec(kind, text, "the.field"))
+    assert refused.value.message.startswith("the.field: ") and words in refused.value.message
+    engine = make_engine()
+    with pytest.raises(EngineError):  # nor does the engine take it unchecked
+        engine.add_request("r", "x", sampled(GrammarSpec(kind, text, "the.field"), 0))
+    assert not engine.has_unfinished()
+
+
+def test_compiled_grammars_are_cached_and_each_request_starts_afresh() -> None:
+    compiler = GrammarCompiler(ByteTokenizer())
+    spec = GrammarSpec(GrammarKind.CHOICE, '["ab", "ac"]')
+    first, second = compiler.constraint(spec), compiler.constraint(spec)
+    first.advance(ord("a"))
+    assert first.allowed(258)[[ord("b"), ord("c")]].all() and not first.allowed(258)[ord("a")]
+    assert second.allowed(258)[ord("a")] and not second.allowed(258)[ord("b")]
+    assert np.flatnonzero(compiler.constraint(spec).allowed(258)).tolist() == [ord("a")]
