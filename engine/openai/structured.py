@@ -5,7 +5,8 @@ OpenAI's `response_format`: {"type": "text"} (nothing asked), {"type": "json_obj
 `schema`; `strict` is accepted either way: the schema is always enforced). vLLM's `structured_outputs`
 (vLLM ≥ 0.12, after the `guided_*` fields it removed): exactly one of `json` (a schema, as an object or its
 text), `regex`, `choice` (a list of strings), `grammar` (a context-free grammar, Lark or GBNF/EBNF as vLLM's
-xgrammar and guidance backends take) or `json_object: true`. Served on chat and completions alike, as vLLM
+xgrammar and guidance backends take) or `json_object: true`, and for JSON `disable_any_whitespace` (no
+whitespace between its tokens; by default any, as vLLM's). Served on chat and completions alike, as vLLM
 serves them. Everything else in them is refused by name: a constraint is never silently dropped (a 200
 without the constraint asked is the one answer this module must never lead to). Whether the spec compiles is
 checked against the model's tokenizer later, by the service (`GrammarCompiler.check`), naming the same field.
@@ -29,6 +30,7 @@ from .errors import OpenAIError, bad_request
 _SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
 _JSON_SCHEMA_KEYS = frozenset({"name", "schema", "strict", "description"})
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+_STRUCTURED_OPTIONS = ("disable_any_whitespace",)  # vLLM's: JSON with no whitespace between its tokens
 
 
 def structured_spec(doc: dict[str, Any]) -> GrammarSpec | None:
@@ -103,7 +105,8 @@ def _structured_outputs(value: Any) -> GrammarSpec | None:
         raise bad_request(f"{_show(value)} is not of type 'object' - 'structured_outputs'",
                           "structured_outputs")
     for key in value:
-        if key not in _STRUCTURED_KINDS and value[key] not in (None, False):
+        known = key in _STRUCTURED_KINDS or key in _STRUCTURED_OPTIONS
+        if not known and value[key] not in (None, False):
             raise bad_request(f"'structured_outputs.{key}' is not supported by this server; leave it out (it "
                               f"serves {', '.join(_STRUCTURED_KINDS)}).", f"structured_outputs.{key}",
                               "unsupported_parameter")
@@ -114,10 +117,15 @@ def _structured_outputs(value: Any) -> GrammarSpec | None:
                           "structured_outputs", "invalid_value")
     kind = asked[0]
     where, got = f"structured_outputs.{kind}", value[kind]
+    compact, option = value.get("disable_any_whitespace"), "structured_outputs.disable_any_whitespace"
+    if compact not in (None, True, False):
+        raise bad_request(f"{_show(compact)} is not of type 'boolean' - '{option}'", option)
+    if compact and kind not in ("json", "json_object"):
+        raise bad_request(f"'{option}' is for JSON, not {kind!r}; leave it out.", option, "invalid_value")
     if kind == "json_object":
         if got is not True:
             raise bad_request(f"{_show(got)} is not of type 'boolean' - '{where}'", where)
-        return ANY_JSON_OBJECT
+        return _schema_spec({"type": "object"}, where, True) if compact else ANY_JSON_OBJECT
     if kind == "json":
         if isinstance(got, str):  # vLLM takes the schema as its text too
             try:
@@ -127,7 +135,7 @@ def _structured_outputs(value: Any) -> GrammarSpec | None:
                                   "invalid_value") from None
         if not isinstance(got, (dict, bool)):
             raise bad_request(f"{_show(got)} is not of type 'object' - '{where}'", where)
-        return _schema_spec(got, where)
+        return _schema_spec(got, where, bool(compact))
     if kind == "choice":
         if not isinstance(got, list) or not got or not all(isinstance(c, str) for c in got):
             raise bad_request(f"Invalid '{where}': it must be a non-empty list of strings.", where,
@@ -138,7 +146,11 @@ def _structured_outputs(value: Any) -> GrammarSpec | None:
     return _spec(GrammarKind.REGEX if kind == "regex" else GrammarKind.GRAMMAR, got, where)
 
 
-def _schema_spec(schema: dict[str, Any] | bool, where: str) -> GrammarSpec:
+def _schema_spec(schema: dict[str, Any] | bool, where: str, compact: bool = False) -> GrammarSpec:
+    """`compact`: no whitespace between the JSON's tokens (llguidance's own schema option, x-guidance)."""
+    if compact:
+        schema = {"anyOf": [schema]} if isinstance(schema, bool) else dict(schema)
+        schema["x-guidance"] = {**schema.get("x-guidance", {}), "whitespace_flexible": False}
     text = json.dumps(schema, separators=(",", ":"))
     if len(text) > MAX_GRAMMAR_CHARS:
         raise _too_long(where, len(text))
