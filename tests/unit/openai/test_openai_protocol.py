@@ -131,7 +131,8 @@ def test_unknown_fields_are_refused_in_openais_words(doc: dict, chat: bool, fiel
     ({"model": "m", "prompt": []}, "prompt"),
     ({"model": "m", "prompt": [[]]}, "prompt"),
     ({"model": "m", "prompt": "x", "echo": True}, "echo"),
-    ({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"model": "m", "prompt": "x", "response_format": {"type": "json_schema"}},
+     "response_format.json_schema"),
     ({"model": "", "prompt": "x"}, "model"),
 ])
 def test_refusals_name_the_field(doc: dict, param: str):
