@@ -9,6 +9,7 @@ limits), refusals in OpenAI's words; every model step runs on its engine's threa
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import PurePosixPath
@@ -16,6 +17,7 @@ from typing import Any
 
 from ..access.api_keys import ApiKey
 from ..errors import EngineError, ErrorCode
+from ..generate.core.grammar import GrammarSpec
 from ..generate.core.lora import adapter_names
 from ..generate.core.request import Priority, SamplingParams
 from ..generate.serving.accounting import RequestAccount
@@ -114,6 +116,8 @@ class OpenAIService:
         door = PromptDoor.of(version.driver.engine)
         prompts = self._prompts(api, door, version)
         params = self._params(api, door, version, max(len(p) for p in prompts), priority)
+        if api.structured is not None:
+            await self._compile(api.structured, version)
         if adapter:
             params = dataclasses.replace(params, lora=adapter)
         cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
@@ -209,15 +213,21 @@ class OpenAIService:
                                     frequency_penalty=api.frequency_penalty,
                                     repetition_penalty=api.repetition_penalty, logprobs=api.logprobs,
                                     priority=priority, structured=api.structured)
-            params = version.defaults.apply(params, api.unset)  # the folder's EOS ids and sampling defaults
+            return version.defaults.apply(params, api.unset)  # the folder's EOS ids and sampling defaults
         except EngineError as e:
             raise from_engine(e) from None
-        if api.structured is not None:  # compiled (and cached) now: one that does not compile is a 400
-            try:
-                version.driver.engine.grammars.check(api.structured)
-            except EngineError as e:
-                raise bad_request(f"Invalid {e.message}", api.structured.param, "invalid_value") from None
-        return params
+
+    @staticmethod
+    async def _compile(spec: GrammarSpec, version: GenerativeVersion) -> None:
+        """Compile a request's structured output spec (and keep it in the engine's cache) before it is
+        submitted, off the event loop (a large grammar, or llguidance's set-up of a large vocabulary on a
+        model's first structured request, takes up to a second): a 400 naming its field when it does not
+        compile, so no request runs without the constraint it asked for."""
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, version.driver.engine.grammars.check, spec)
+        except EngineError as e:
+            raise bad_request(f"Invalid {e.message}", spec.param, "invalid_value") from None
 
     def _render(self, api: ApiRequest, version: GenerativeVersion, context_tokens: int) -> str:
         """The chat's prompt text, by the request's own template (when trusted) or the folder's: a 400
