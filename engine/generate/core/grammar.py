@@ -9,7 +9,7 @@ why llguidance and not xgrammar (xgrammar imports torch).
 
 Who calls what: the API layer checks a request's spec once (`GrammarCompiler.check`, a 400 naming its
 field when it does not compile); the engine makes each request's `Constraint` when it adds the request
-(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits with `Constraint.fill_mask`
+(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits by `Constraint.allowed`
 before it draws and hands the drawn token to `Constraint.advance`; stopping.py finishes the request when
 `Constraint.complete`. Compiled grammars are kept per (kind, text) in a bounded cache; each request gets a
 copy of the compiled matcher (cheap), so nothing a request does changes another's.
@@ -76,28 +76,23 @@ class Constraint:
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
 
-    def allowed(self, width: int) -> np.ndarray:
-        """Which of `width` token ids may come next, as booleans (ids past the tokenizer's: none). EOS is
-        among them only where the grammar may end."""
+    def allowed(self, width: int, also: frozenset[int] = frozenset()) -> np.ndarray:
+        """Which of `width` token ids may come next, as a new array of booleans (ids past the tokenizer's:
+        none). EOS is among them only where the grammar may end, and so is each of `also` (stop tokens that
+        end the request as EOS does: the folder's other EOS ids)."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")
         if width <= bits.shape[0]:
-            return bits[:width].view(bool)
-        allowed = np.zeros(width, bool)
-        allowed[:bits.shape[0]] = bits.view(bool)
+            allowed = bits[:width].view(bool)
+        else:
+            allowed = np.zeros(width, bool)
+            allowed[:bits.shape[0]] = bits.view(bool)
+        if also and self._matcher.is_accepting():
+            allowed[[t for t in also if t < width]] = True
         return allowed
 
-    def fill_mask(self, row: np.ndarray, also: frozenset[int] = frozenset()) -> None:
-        """`row`'s logits of the tokens that may not come next set to -inf, in place. `also`: stop tokens
-        that end the request as well as EOS does (the folder's EOS ids), allowed where EOS is."""
-        allowed = self.allowed(row.shape[0])
-        if also and self._matcher.is_accepting():
-            allowed = allowed.copy()
-            allowed[[t for t in also if t < row.shape[0]]] = True
-        row[~allowed] = -np.inf
-
     def advance(self, token: int) -> None:
-        """The sampled `token` taken (after each draw). Only a token `fill_mask` allowed is drawn, so it is
+        """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is
         always taken."""
         if not self._matcher.consume_token(token):
             raise EngineError(ErrorCode.INTERNAL, f"the grammar refused token {token} that its mask allowed: "

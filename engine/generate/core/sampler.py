@@ -32,19 +32,26 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
     held = [row for row, request in enumerate(requests)
             if request.params.min_tokens and len(request.output_token_ids) < request.params.min_tokens]
     constrained = [row for row, request in enumerate(requests) if request.params.structured is not None]
-    if penalized or held or constrained:
-        logits = logits.copy()  # the runner's array is not ours to change
-        for row in penalized:
-            penalize(logits[row], requests[row])
-        for row in held:
-            hold_stops(logits[row], requests[row], eos_token_id)
-        for row in constrained:  # last: a grammar's mask is never loosened by what comes after it
-            constrain(logits[row], requests[row])
+    # the changed rows, each a copy (the runner's array is not ours to change; copying only these rows
+    # keeps what the others cost as it was: a step's logits are megabytes at a real vocabulary)
+    changed: dict[int, np.ndarray] = {}
+    for row in penalized:
+        penalize(changed.setdefault(row, logits[row].copy()), requests[row])
+    for row in held:
+        hold_stops(changed.setdefault(row, logits[row].copy()), requests[row], eos_token_id)
+    for row in constrained:  # last: a grammar's mask is never loosened by what comes after it
+        changed[row] = constrain(changed.get(row, logits[row]), requests[row])
     tokens = logits.argmax(axis=1).tolist()
+    for row, values in changed.items():
+        tokens[row] = int(values.argmax())
     rows = [row for row, request in enumerate(requests) if not request.params.greedy]
     if rows:
         temperatures = np.array([requests[row].params.temperature for row in rows], np.float64)
-        scaled = logits[rows].astype(np.float64) / temperatures[:, None]
+        scaled = logits[rows].astype(np.float64)
+        for i, row in enumerate(rows):
+            if row in changed:
+                scaled[i] = changed[row]
+        scaled /= temperatures[:, None]
         orders = np.argsort(-scaled, axis=1, kind="stable")  # most likely first; ties by token id
         for i, row in enumerate(rows):
             request = requests[row]
@@ -88,17 +95,18 @@ def hold_stops(row: np.ndarray, request: Request, eos_token_id: int | None) -> N
     row[ids] = -np.inf
 
 
-def constrain(row: np.ndarray, request: Request) -> None:
-    """A structured request's logits `row` limited, in place, to the tokens its grammar allows next
-    (grammar.py): the others get -inf. Where the grammar may end, EOS is allowed and so are the request's
-    stop tokens (a folder's other EOS ids); a request held short of `min_tokens` keeps them held, unless
-    the grammar allows nothing else."""
+def constrain(row: np.ndarray, request: Request) -> np.ndarray:
+    """A structured request's logits `row` limited to the tokens its grammar allows next (grammar.py), as a
+    new row: the others get -inf. Where the grammar may end, EOS is allowed and so are the request's stop
+    tokens (a folder's other EOS ids); a request held short of `min_tokens` keeps them held, unless the
+    grammar allows nothing else."""
     grammar = request.grammar
     assert grammar is not None
-    grammar.fill_mask(row, request.params.stop_token_ids)
-    if not np.isfinite(row).any():  # the grammar allows only the stops min_tokens held: it gives way
-        row[:] = 0.0
-        grammar.fill_mask(row, request.params.stop_token_ids)
+    allowed = grammar.allowed(row.shape[0], request.params.stop_token_ids)
+    masked = np.where(allowed, row, -np.inf)
+    if request.params.min_tokens and not np.isfinite(masked).any():  # only the stops min_tokens held: allowed
+        masked = np.where(allowed, 0.0, -np.inf).astype(row.dtype)
+    return masked
 
 
 def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:

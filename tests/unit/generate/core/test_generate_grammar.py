@@ -150,3 +150,13 @@ def test_compiled_grammars_are_cached_and_each_request_starts_afresh() -> None:
     assert first.allowed(258)[[ord("b"), ord("c")]].all() and not first.allowed(258)[ord("a")]
     assert second.allowed(258)[ord("a")] and not second.allowed(258)[ord("b")]
     assert np.flatnonzero(compiler.constraint(spec).allowed(258)).tolist() == [ord("a")]
+
+
+def test_min_tokens_holds_eos_within_the_grammar() -> None:
+    """EOS is held until min_tokens as without a grammar; the grammar's own end still ends the request."""
+    spec = GrammarSpec(GrammarKind.REGEX, r"[0-9]{1,4}")
+    asks = {f"r{s}": SamplingParams(max_tokens=20, temperature=1.0, seed=s, min_tokens=3, structured=spec)
+            for s in range(12)}
+    for out in run(make_engine(), asks).values():
+        assert out.finish_reason is FinishReason.STOP
+        assert re.fullmatch(r"[0-9]{3,4}", out.output_text), out.output_text
