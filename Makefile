@@ -68,6 +68,7 @@ WORKER_SUITES = \
 	tests/functional/openai/test_openai_api.py \
 	tests/functional/openai/test_openai_errors.py \
 	tests/functional/openai/test_openai_embeddings.py \
+	tests/functional/openai/test_openai_structured.py \
 	tests/functional/observability/test_observability.py \
 	tests/functional/frontend/test_abuse.py \
 	tests/functional/test_faults.py \

@@ -2,6 +2,7 @@
 engine/frontend/openai/).
 
     protocol.py      request bodies checked into ApiRequest, with OpenAI's 400s
+    structured.py    response_format and vLLM's structured_outputs checked into one GrammarSpec
     service.py       a request → prompt → limits → a Generation → the answer
     generation.py    one API request's choices in the engine and what they produced
     responses.py     OpenAI's answer, chunk and logprobs shapes

@@ -15,7 +15,8 @@ execute → update, with no event loop, threads or sockets, so every policy here
     decode_group.py  the decode rows' dense past, kept between steps (present fed back as past)
     shared_group.py  the decode rows' buffers for a shared-KV model (GroupQueryAttention writes them in place)
     lora.py          LoRA adapters: on disk, loaded on demand, evicted LRU, fed to the runner per row
-    sampler.py       greedy, temperature, top-k, top-p, per-request seeded generators
+    sampler.py       greedy, temperature, top-k, top-p, per-request seeded generators, grammar masks
+    grammar.py       structured output: specs, llguidance's compiled grammars (cached), per-request matchers
     stopping.py      stop tokens, EOS, stop strings, max_tokens, the context limit
     tokenizer.py     byte-level, or tokenizer.json through the optional `tokenizers` package
     detokenize.py    a request's output as text, a token at a time
