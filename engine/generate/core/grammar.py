@@ -106,9 +106,10 @@ class Constraint:
 
 class GrammarCompiler:
     """The grammars of one tokenizer (one engine's): compiled on first use, kept in a bounded cache by
-    (kind, text). Called from the API layer's thread (`check`) and the engine's (`constraint`): a lock
-    guards the cache. The llguidance tokenizer is built on first use (about a second for a vocabulary of
-    128k tokens), so a model nobody asks structured output of never pays it."""
+    (kind, text). Called from the API layer's executor threads (`check`) and the engine's (`constraint`): a
+    lock guards the cache and the matchers' copying, not the compiles. The llguidance tokenizer is built on
+    first use (about a second for a vocabulary of 128k tokens), so a model nobody asks structured output of
+    never pays it."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -133,14 +134,18 @@ class GrammarCompiler:
             found = self._compiled.get(key)
             if found is not None:
                 return found
-            import llguidance
-            try:
-                grammar = llguidance.grammar_from(spec.kind.value, spec.text)
-            except ValueError as e:  # a choice list that is not a list of strings, a GBNF that won't convert
-                raise invalid(f"{spec.param or spec.kind.value}: {e}") from None
-            matcher = llguidance.LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
-            if matcher.is_error():
-                raise invalid(f"{spec.param or spec.kind.value}: {matcher.get_error().strip()}")
+            tokenizer = self._llg_tokenizer()
+        # compiled outside the lock, so the engine's thread, adding a request whose grammar is cached, never
+        # waits for another request's compile (llguidance releases the GIL while it compiles)
+        import llguidance
+        try:
+            grammar = llguidance.grammar_from(spec.kind.value, spec.text)
+        except ValueError as e:  # a choice list that is not a list of strings, a GBNF that won't convert
+            raise invalid(f"{spec.param or spec.kind.value}: {e}") from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise invalid(f"{spec.param or spec.kind.value}: {matcher.get_error().strip()}")
+        with self._lock:
             return self._compiled.put(key, matcher)
 
     def _llg_tokenizer(self) -> Any:
