@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 from conftest import EXAMPLES, RunningServer, start_server
 from hubserve_harness.proxy import RoundRobinProxy
 from hubserve_models import examples
-from test_routing import header_name
+from test_deploy_routing import header_name
 
 MODEL = "sequence_accumulator"
 
