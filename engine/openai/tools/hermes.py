@@ -1,0 +1,102 @@
+"""Hermes / Qwen2.5 tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number,
+with text around them (vLLM's `hermes` parser reads the same form).
+
+An unterminated call at the end (the model stopped after its JSON) is a call when its JSON is complete, as
+vLLM reads it; a call whose JSON is not an object with a name and object arguments stays content, as
+written. Incremental (calls.py): outside a call only a tail that may begin `<tool_call>` is held back;
+inside one, the end tag is looked for in the new text only (and the few characters before it).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from .calls import MAX_CALL_CHARS, Piece, new_call
+
+START = "<tool_call>"
+END = "</tool_call>"
+
+
+class HermesParser:
+    def __init__(self) -> None:
+        self._held = ""     # outside a call: a tail that may be the start of START
+        self._call: list[str] | None = None  # inside a call: its text so far (after START)
+        self._call_chars = 0
+        self._tail = ""     # inside a call: its last few characters, where END may have begun
+        self._given_up = False  # a call grew past MAX_CALL_CHARS: the rest is content
+
+    def feed(self, text: str) -> list[Piece]:
+        out: list[Piece] = []
+        while text:
+            if self._given_up:
+                out.append(Piece(text))
+                break
+            text = self._in_call(text, out) if self._call is not None else self._outside(text, out)
+        return out
+
+    def finish(self) -> list[Piece]:
+        out: list[Piece] = []
+        if self._call is not None:
+            body = "".join(self._call)
+            self._call = None
+            self._close(body, START + body, out)
+        elif self._held:
+            out.append(Piece(self._held))
+        self._held = ""
+        return out
+
+    def _outside(self, text: str, out: list[Piece]) -> str:
+        """Content up to a START (then the rest, in the call); without one, all but a tail that may be
+        START's beginning."""
+        text = self._held + text
+        self._held = ""
+        at = text.find(START)
+        if at >= 0:
+            if at:
+                out.append(Piece(text[:at]))
+            self._call, self._call_chars, self._tail = [], 0, ""
+            return text[at + len(START):]
+        keep = _partial_tail(text, START)
+        if len(text) > keep:
+            out.append(Piece(text[:len(text) - keep]))
+        self._held = text[len(text) - keep:]
+        return ""
+
+    def _in_call(self, text: str, out: list[Piece]) -> str:
+        assert self._call is not None
+        # the end tag may straddle the previous piece: look from the last few characters held
+        tail = self._tail
+        window = tail + text
+        at = window.find(END)
+        if at < 0:
+            self._call.append(text)
+            self._call_chars += len(text)
+            self._tail = window[-(len(END) - 1):]
+            if self._call_chars > MAX_CALL_CHARS:
+                out.append(Piece(START + "".join(self._call)))
+                self._call, self._given_up = None, True
+            return ""
+        cut = at - len(tail)  # where END starts in `text` (negative: inside the held tail)
+        body = "".join(self._call)
+        body = body[:len(body) + cut] if cut < 0 else body + text[:cut]
+        self._call = None
+        self._close(body, START + body + END, out)
+        return text[cut + len(END):]
+
+    @staticmethod
+    def _close(body: str, written: str, out: list[Piece]) -> None:
+        try:
+            doc = orjson.loads(body.strip())
+        except orjson.JSONDecodeError:
+            doc = None
+        call = new_call(doc.get("name"), doc.get("arguments", doc.get("parameters"))) \
+            if isinstance(doc, dict) else None
+        out.append(Piece(call=call) if call is not None else Piece(written))
+
+
+def _partial_tail(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that is a proper beginning of `tag`."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
