@@ -23,6 +23,7 @@ from ..errors import EngineError
 from ..generate.core.request import SamplingParams
 from ..generate.serving.accounting import RequestAccount
 from ..generate.serving.driver import EngineDriver, ShownLogprob, TokenEvent
+from .tools.calls import ChoiceCalls, ToolCallParser
 
 
 @dataclass(slots=True)
@@ -66,6 +67,15 @@ class Generation:
         self.error: EngineError | None = None
         self.listener: Listener | None = None
         self._left = len(self.choices)
+        # a chat with tools (tool_choice auto): each choice's answer is read for calls (service.py sets it)
+        self.tool_parser: Callable[[], ToolCallParser] | None = None
+        self.parallel_tool_calls = True
+
+    def tool_calls(self) -> ChoiceCalls | None:
+        """A new reading of one choice's answer for tool calls; None when it is not read for any."""
+        if self.tool_parser is None:
+            return None
+        return ChoiceCalls(self.tool_parser(), self.parallel_tool_calls)
 
     @property
     def prompt_tokens(self) -> int:

@@ -1,10 +1,11 @@
 """The request bodies of `POST /v1/completions` and `POST /v1/chat/completions`, checked into `ApiRequest`.
 
-Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the
-field, as OpenAI's own 400s do. Every field is served, or on the compatibility list of fields that change no
-answer (`_IGNORED`, each with why), or refused by name: those we do not serve (tools, `echo`, vLLM's
-removed `guided_*` fields, the chat template fields on completions, ...) unless sent with a value that asks
-for nothing, and unknown ones with OpenAI's "Unrecognized request argument supplied". Extensions beyond
+Every field is checked for its type and range here, once, with OpenAI's error shape: `param` names the field,
+as OpenAI's own 400s do. Every field is served, or on the compatibility list of fields that change no answer
+(`_IGNORED`, each with why), or refused by name: those we do not serve (`echo`, vLLM's removed `guided_*`
+fields, the tool and chat template fields on completions, ...) unless sent with a value that asks for nothing,
+and unknown ones with OpenAI's "Unrecognized request argument supplied". Chat's tool fields (`tools`,
+`tool_choice`, `parallel_tool_calls`, tool messages) are checked by tools/request.py. Extensions beyond
 OpenAI's fields, in vLLM's names and with vLLM's meaning (the `openai` client sends them through
 `extra_body`): `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, `repetition_penalty`, `min_tokens`,
 `include_stop_str_in_output`, `add_special_tokens`, `truncate_prompt_tokens`, `skip_special_tokens`,
@@ -26,6 +27,7 @@ from ..generate.core.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STO
 from ..generate.serving.request_defaults import SAMPLING_DEFAULTS
 from .errors import OpenAIError, bad_request
 from .structured import structured_spec
+from .tools.request import ToolRequest, message_fields, not_enforced, parse_tools
 
 MAX_N = 16          # choices per request
 MAX_PROMPTS = 64    # prompts in one completions request
@@ -71,6 +73,8 @@ class ApiRequest:
     chat_template: str | None = None  # a request's own Jinja template (served only when trusted: service)
     # response_format / structured_outputs (structured.py): what the output must match; None: anything
     structured: GrammarSpec | None = None
+    tools: ToolRequest = ToolRequest()  # chat: tools, tool_choice (openai/tools/request.py)
+    message_fields: tuple[dict[str, Any], ...] = ()  # chat: each message's tool parts, for its template
     # the sampling fields the request left out, which get the model folder's defaults where it has them
     # (generate/serving/request_defaults.py), else the ones above
     unset: frozenset[str] = frozenset()
@@ -95,9 +99,14 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         raise bad_request(f"{_show(model)} is not a valid model name - 'model'", "model")
     _check_fields(doc, chat)
     messages: tuple[tuple[str, str], ...] = ()
+    fields: tuple[dict[str, Any], ...] = ()
     prompts: tuple[str | tuple[int, ...], ...] = ()
+    tools = ToolRequest()
     if chat:
-        messages = _messages(doc.get("messages"))
+        messages, fields = _messages(doc.get("messages"))
+        tools = parse_tools(doc)
+        if tools.named or tools.choice == "required":
+            raise not_enforced(tools)
         max_tokens = _int(doc, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _int(doc, "max_tokens", 1)
@@ -165,7 +174,7 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         skip_special_tokens=_bool(doc, "skip_special_tokens", True),
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
         chat_template_kwargs=_template_kwargs(doc.get("chat_template_kwargs")),
-        chat_template=_template(doc.get("chat_template")),
+        chat_template=_template(doc.get("chat_template")), tools=tools, message_fields=fields,
         structured=structured_spec(doc),
         unset=frozenset(k for k in SAMPLING_DEFAULTS if doc.get(k) is None))
 
@@ -184,7 +193,8 @@ _SERVED_BOTH = frozenset({
     # structured output (structured.py): OpenAI's response_format, vLLM's structured_outputs
     "response_format", "structured_outputs"})
 _SERVED = {True: _SERVED_BOTH | {"messages", "max_completion_tokens", "top_logprobs", "chat_template",
-                                 "chat_template_kwargs", "add_generation_prompt", "continue_final_message"},
+                                 "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
+                                 "tools", "tool_choice", "parallel_tool_calls"},
            False: _SERVED_BOTH | {"prompt"}}
 
 # The compatibility list: accepted and ignored, each because it cannot change the answer here.
@@ -195,7 +205,6 @@ _IGNORED: dict[str, str] = {
     "metadata": "tags for OpenAI's stored completions; nothing is stored here",
     "store": "whether OpenAI keeps the completion for its dashboards; nothing is kept here",
     "service_tier": "OpenAI's price and latency tier; every request here is served alike",
-    "parallel_tool_calls": "only says how tools are called, and `tools` is refused",
 }
 
 # Not served, refused by name unless sent with a value that asks for nothing (field → the values that may
@@ -203,6 +212,7 @@ _IGNORED: dict[str, str] = {
 _OFF: tuple[Any, ...] = (False, 0, "", [], {})
 _UNSERVED: dict[str, tuple[Any, ...]] = {
     "logit_bias": _OFF, "tools": _OFF, "functions": _OFF, "tool_choice": (*_OFF, "none"),
+    "parallel_tool_calls": (True, False),  # completions: `tools` is chat's
     "function_call": (*_OFF, "none"), "suffix": _OFF,
     "echo": _OFF, "best_of": (*_OFF, 1), "audio": _OFF, "prediction": _OFF, "modalities": ([], ["text"]),
     "reasoning_effort": (), "verbosity": (), "web_search_options": (),
@@ -230,7 +240,8 @@ def _check_fields(doc: dict[str, Any], chat: bool) -> None:
                               "unsupported_parameter")
 
 
-def _messages(value: Any) -> tuple[tuple[str, str], ...]:
+def _messages(value: Any) -> tuple[tuple[tuple[str, str], ...], tuple[dict[str, Any], ...]]:
+    """The (role, text) of each message, and each one's tool parts (tools/request.py `message_fields`)."""
     if value is None:
         raise bad_request("Missing required parameter: 'messages'.", "messages")
     if not isinstance(value, list):
@@ -238,7 +249,7 @@ def _messages(value: Any) -> tuple[tuple[str, str], ...]:
     if not value:
         raise bad_request("[] is too short - 'messages': send at least one message.", "messages",
                           "empty_array")
-    out = []
+    out, fields = [], []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -246,11 +257,15 @@ def _messages(value: Any) -> tuple[tuple[str, str], ...]:
         role = message.get("role")
         if role == "developer":
             role = "system"
-        if role not in ("system", "user", "assistant"):
+        if role not in ("system", "user", "assistant", "tool"):
             raise bad_request(f"Invalid value {_show(role)} for '{where}.role': this server takes 'system', "
-                              "'developer', 'user' and 'assistant' messages.", f"{where}.role")
-        out.append((role, _content(message.get("content"), f"{where}.content")))
-    return tuple(out)
+                              "'developer', 'user', 'assistant' and 'tool' messages.", f"{where}.role")
+        extra = message_fields(message, role, where)
+        content = message.get("content")
+        text = "" if content is None and "tool_calls" in extra else _content(content, f"{where}.content")
+        out.append((role, text))
+        fields.append(extra)
+    return tuple(out), tuple(fields)
 
 
 # The render variables a request's chat_template_kwargs may not replace (jinja_template.py sets them).

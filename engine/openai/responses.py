@@ -8,6 +8,7 @@ from typing import Any
 
 from ..generate.serving.driver import ShownLogprob
 from .generation import Choice, Generation
+from .tools.calls import ChoiceCalls, Piece
 
 OWNED_BY = "hubserve"
 
@@ -59,15 +60,42 @@ def completion(gen: Generation, chat: bool, model: str, created: int) -> dict[st
         return logprobs_object(c.logprobs, chat)[0] if wanted else None
 
     if chat:
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": "".join(c.text),
-                                                  "refusal": None},
-                    "logprobs": logprobs(c), "finish_reason": _finish(c)} for c in gen.choices]
+        choices = [_chat_choice(gen, c, logprobs(c)) for c in gen.choices]
     else:
         choices = [{"index": c.index, "text": "".join(c.text), "logprobs": logprobs(c),
                     "finish_reason": _finish(c)} for c in gen.choices]
     return {"id": gen.request_id, "object": "chat.completion" if chat else "text_completion",
             "created": created, "model": model, "system_fingerprint": None, "choices": choices,
             "usage": usage(gen)}
+
+
+def _chat_choice(gen: Generation, c: Choice, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+    """A chat choice: its message, with the tool calls read from it when the request has tools."""
+    text, reason = "".join(c.text), _finish(c)
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    reading = gen.tool_calls()
+    if reading is not None:
+        content, calls = reading.message(text)
+        message["content"] = content
+        if calls:
+            message["tool_calls"] = [call.as_message_part() for call in calls]
+        reason = reading.finish_reason(reason)
+    return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
+def tool_call_deltas(calls: ChoiceCalls, pieces: Iterable[Piece]) -> list[dict[str, Any]]:
+    """A streamed chat's deltas for what a choice's reading found (content, or one call): a call goes out
+    as OpenAI streams one, its index, id, type and name with empty arguments, then the arguments."""
+    out: list[dict[str, Any]] = []
+    for piece in pieces:
+        if piece.call is None:
+            out.append({"content": piece.text})
+            continue
+        index = calls.calls.index(piece.call)
+        out.append({"tool_calls": [{"index": index, "id": piece.call.id, "type": "function",
+                                    "function": {"name": piece.call.name, "arguments": ""}}]})
+        out.append({"tool_calls": [{"index": index, "function": {"arguments": piece.call.arguments}}]})
+    return out
 
 
 def chunk(gen: Generation, chat: bool, model: str, created: int, choices: Iterable[dict[str, Any]],
@@ -83,10 +111,14 @@ def chunk(gen: Generation, chat: bool, model: str, created: int, choices: Iterab
 
 
 def chunk_choice(choice: Choice, chat: bool, text: str | None, first: bool = False,
-                 finished: bool = False, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+                 finished: bool = False, logprobs: dict[str, Any] | None = None,
+                 calls: ChoiceCalls | None = None) -> dict[str, Any]:
     """One choice's part of a chunk: its new text, the assistant role on a chat's first chunk, the finish
-    reason on its last, and (`logprobs_object`) the logprobs of the tokens not yet carried."""
+    reason on its last (`calls`: "tool_calls" when its answer made some), and (`logprobs_object`) the
+    logprobs of the tokens not yet carried."""
     reason = _finish(choice) if finished else None
+    if calls is not None:
+        reason = calls.finish_reason(reason)
     if not chat:
         return {"index": choice.index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     delta: dict[str, Any] = {}

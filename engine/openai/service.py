@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -35,6 +36,8 @@ from .generation import Generation
 from .protocol import ApiRequest
 from .token_quotas import TokenQuotas, charge_waiting
 from .tokenize import DetokenizeRequest, TokenizeRequest, tokenize_answer
+from .tools import PARSERS
+from .tools.calls import ToolCallParser
 
 
 class OpenAIService:
@@ -113,6 +116,7 @@ class OpenAIService:
         until the hand-off to the engine: engine/generate/serving/accounting.py)."""
         received_ns = time.perf_counter_ns()
         version, adapter = await self._version(api.model)
+        parser = _tool_parser(api, version)
         door = PromptDoor.of(version.driver.engine)
         prompts = self._prompts(api, door, version)
         params = self._params(api, door, version, max(len(p) for p in prompts), priority)
@@ -127,6 +131,7 @@ class OpenAIService:
         request = InferenceRequest(model.name, model.version_str, [], id=request_id)  # for its access line
         account = RequestAccount(model.stats, model.name, model.version_str, request, received_ns)
         gen = Generation(version.driver, request_id, prompts, api.n, params, account)
+        gen.tool_parser, gen.parallel_tool_calls = parser, api.tools.parallel
         try:
             gen.start()
         except EngineError as e:
@@ -248,7 +253,8 @@ class OpenAIService:
             raise bad_request(f"model {api.model} has no chat template; use /v1/completions or add "
                               "chat_template.jinja", "messages", "chat_template_missing")
         options = ChatOptions(api.add_generation_prompt, api.continue_final_message,
-                              api.chat_template_kwargs or {})
+                              api.chat_template_kwargs or {}, list(api.tools.tools) or None,
+                              api.message_fields)
         limit = MAX_PROMPT_CHARS_PER_TOKEN * context_tokens
         try:
             return render_chat(template, api.messages, options, limit)
@@ -258,6 +264,20 @@ class OpenAIService:
         except RenderedTooLong:
             raise _context_error(context_tokens, f"a chat of more than {limit} characters once rendered",
                                  "messages") from None
+
+
+def _tool_parser(api: ApiRequest, version: GenerativeVersion) -> Callable[[], ToolCallParser] | None:
+    """How the request's answers are read for tool calls (tool_choice auto): the model folder's parser; a
+    400 when it has none (an answer would be returned as text however it wrote calls)."""
+    if not api.tools.parses:
+        return None
+    name = version.chat.tool_call_parser
+    if not name:
+        raise bad_request(f"model {api.model} does not say how it writes tool calls: its chat template shows "
+                          "no known format and its config sets no 'tool_call_parser' parameter (hermes, "
+                          "llama3_json); send tool_choice 'none' or leave 'tools' out.", "tools",
+                          "unsupported_parameter")
+    return PARSERS[name]
 
 
 def _declared_adapters(model: Model) -> list[str]:

@@ -25,6 +25,7 @@ from ...openai import responses
 from ...openai.errors import from_engine
 from ...openai.generation import Choice, Generation
 from ...openai.protocol import ApiRequest
+from ...openai.tools.calls import ChoiceCalls
 from ..http.types import ResponseStream
 
 CONTENT_TYPE = b"text/event-stream; charset=utf-8"
@@ -87,6 +88,7 @@ class _ChoiceState:
     reached: int = 0       # the logprobs of the events taken so far (an index into choice.logprobs)
     sent: int = 0          # of those, how many chunks carried
     text_offset: int = 0   # completions' text_offset: the characters of the tokens those chunks carried
+    calls: ChoiceCalls | None = None  # a chat with tools: the reading of its answer for tool calls
 
 
 class _Writer:
@@ -99,7 +101,7 @@ class _Writer:
         self.api = api
         self.created = created
         self.stream = stream
-        self.states = [_ChoiceState() for _ in gen.choices]
+        self.states = [_ChoiceState(calls=gen.tool_calls()) for _ in gen.choices]
 
     def state(self, choice: Choice) -> _ChoiceState:
         return self.states[choice.index]
@@ -110,6 +112,9 @@ class _Writer:
         if not (text or first or finished):
             return
         state.started = True
+        if state.calls is not None:
+            self._write_read(choice, state, state.calls, text, first, finished)
+            return
         if chat and first and text:  # OpenAI's first chunk: the role and empty content
             send(self._chunk(responses.chunk_choice(choice, chat, "", first=True)))
             first = False
@@ -122,6 +127,22 @@ class _Writer:
                                                     finished=True, logprobs=logprobs)))
         else:
             send(self._chunk(responses.chunk_choice(choice, chat, text, first=first, logprobs=logprobs)))
+
+    def _write_read(self, choice: Choice, state: _ChoiceState, calls: ChoiceCalls, text: str, first: bool,
+                    finished: bool) -> None:
+        """A chat choice read for tool calls: its text through the reading (a call goes out once complete,
+        as two deltas: its name, then its arguments), the finish reason on an empty delta of its own."""
+        send = self.stream.send
+        logprobs = self._logprobs(choice, state)
+        if first:
+            send(self._chunk(responses.chunk_choice(choice, True, "", first=True)))
+        for delta in responses.tool_call_deltas(calls, calls.feed(text, finished)):
+            send(self._chunk({"index": choice.index, "delta": delta, "logprobs": logprobs,
+                              "finish_reason": None}))
+            logprobs = None
+        if finished:
+            send(self._chunk(responses.chunk_choice(choice, True, None, finished=True, logprobs=logprobs,
+                                                    calls=calls)))
 
     def _logprobs(self, choice: Choice, state: _ChoiceState) -> dict[str, Any] | None:
         """The logprobs of the choice's tokens reached and not yet carried. The driver hands a token's out

@@ -24,6 +24,11 @@ Messages reach either kind as (role, text): the role `developer` is written as `
 it), and a message's content is its string, or the `text` of its parts of type "text" joined with "\\n"
 (engine/openai/protocol.py).
 
+Tools: a Jinja template gets the request's `tools`, `tool` messages, and an assistant message's
+`tool_calls` (each call's `arguments` a dict, as transformers documents); chat_template.json writes none of
+them and refuses such a chat. The folder's `tool_call_parser` parameter (`hermes`, `llama3_json`) says how
+the model writes calls; when unset it is read from the Jinja template's text (`detect_tool_call_parser`).
+
 `render_chat` serves a request's `add_generation_prompt` and `continue_final_message` the same way for
 both kinds: the latter renders without the generation prompt and cuts the text after the final message's
 content, as transformers does, so the model continues that message.
@@ -42,7 +47,8 @@ from ..core.request import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from .jinja_template import JinjaTemplate, TemplateRenderError, folder_template_source, special_token_texts
 
 FILENAME = "chat_template.json"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant")  # chat_template.json's; a Jinja template also gets "tool"
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")  # the `tool_call_parser` names (engine/openai/tools/)
 
 
 class ChatTemplate(Protocol):
@@ -57,7 +63,12 @@ class ChatTemplate(Protocol):
         ...
 
     def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool,
-               variables: Mapping[str, Any], max_chars: int) -> str: ...
+               variables: Mapping[str, Any], max_chars: int, tools: list[Any] | None = None,
+               fields: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The prompt text. `tools`: the request's tool definitions (the template's `tools`); `fields`:
+        each message's keys besides role and content (an assistant's `tool_calls`, a tool message's
+        `tool_call_id`), empty or one per message."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +85,14 @@ class JsonChatTemplate:
     source: str = FILENAME
 
     def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool = True,
-               variables: Mapping[str, Any] | None = None, max_chars: int = 0) -> str:
-        """The prompt for (role, text) messages whose roles are already among ROLES (its length is
-        bounded by the messages', which the request's size bounds)."""
+               variables: Mapping[str, Any] | None = None, max_chars: int = 0, tools: list[Any] | None = None,
+               fields: Sequence[Mapping[str, Any]] = ()) -> str:
+        """The prompt for (role, text) messages (its length is bounded by the messages', which the
+        request's size bounds). It has no way to write tools, tool calls or tool messages: a chat with any
+        is refused (TemplateRenderError)."""
+        if tools or any(fields) or any(role not in ROLES for role, _ in messages):
+            raise TemplateRenderError(f"{FILENAME} cannot write tools, tool calls or tool messages; the "
+                                      "model needs a Jinja chat template that does (chat_template.jinja)")
         parts = [self.prefix]
         for role, text in messages:
             parts.append(getattr(self, role).replace("{content}", text))
@@ -92,6 +108,7 @@ class ModelChat:
 
     template: ChatTemplate | None
     special_tokens: Mapping[str, str] = field(default_factory=dict)
+    tool_call_parser: str = ""  # how its answers are read for tool calls (TOOL_CALL_PARSERS); "": not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +118,8 @@ class ChatOptions:
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     variables: Mapping[str, Any] = field(default_factory=dict)  # chat_template_kwargs
+    tools: list[Any] | None = None  # the request's `tools`, for the template's `tools`
+    fields: Sequence[Mapping[str, Any]] = ()  # each message's tool parts (ChatTemplate.render)
 
 
 def render_chat(template: ChatTemplate, messages: Sequence[tuple[str, str]], options: ChatOptions,
@@ -108,7 +127,7 @@ def render_chat(template: ChatTemplate, messages: Sequence[tuple[str, str]], opt
     """The prompt text. TemplateRenderError when the template refuses the chat, or the final message to
     continue is not in what it wrote; jinja_template.RenderedTooLong past `max_chars`."""
     add_prompt = options.add_generation_prompt and not options.continue_final_message
-    text = template.render(messages, add_prompt, options.variables, max_chars)
+    text = template.render(messages, add_prompt, options.variables, max_chars, options.tools, options.fields)
     if not options.continue_final_message:
         return text
     final = messages[-1][1]
@@ -127,17 +146,36 @@ def load_chat_template(folder: Path, where: str, params: Mapping[str, str] | Non
     malformed file or a template that does not parse (the version's load fails, saying why). `params`: the
     config's parameters (its `bos_token` / `eos_token` name the special tokens when tokenizer_config.json
     does not)."""
-    tokens = special_token_texts(folder, params or {}, where)
+    params = params or {}
+    tokens = special_token_texts(folder, params, where)
+    parser = params.get("tool_call_parser", "")
+    if parser and parser not in TOOL_CALL_PARSERS:
+        raise invalid(f"{where}: parameter tool_call_parser '{parser}' is not one of "
+                      f"{list(TOOL_CALL_PARSERS)}")
     if (folder / FILENAME).is_file():
-        return ModelChat(_load_json(folder / FILENAME, where), tokens)
+        return ModelChat(_load_json(folder / FILENAME, where), tokens, parser)
     found = folder_template_source(folder, where)
     if found is None:
-        return ModelChat(None, tokens)
+        return ModelChat(None, tokens, parser)
     source, origin = found
     try:
-        return ModelChat(JinjaTemplate(source, tokens, origin), tokens)
+        template = JinjaTemplate(source, tokens, origin)
     except TemplateRenderError as e:
         raise invalid(f"{where}: {origin}: {e}") from None
+    return ModelChat(template, tokens, parser or detect_tool_call_parser(source))
+
+
+def detect_tool_call_parser(source: str) -> str:
+    """The tool call format a Jinja template teaches its model, read from its text when the config names
+    none: Hermes / Qwen2.5 write `<tool_call>`, Llama 3.1+ `<|python_tag|>` or its JSON form's
+    `"parameters"` instructions. "" when it shows neither (or renders no tools at all)."""
+    if "tools" not in source:
+        return ""
+    if "<tool_call>" in source:
+        return "hermes"
+    if "<|python_tag|>" in source or '"parameters": dictionary' in source:
+        return "llama3_json"
+    return ""
 
 
 def _load_json(path: Path, where: str) -> JsonChatTemplate:

@@ -134,11 +134,14 @@ class JinjaTemplate:
 
     def render(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool,
                variables: Mapping[str, Any], max_chars: int, tools: list[Any] | None = None,
-               documents: list[Any] | None = None) -> str:
+               fields: Sequence[Mapping[str, Any]] = (), documents: list[Any] | None = None) -> str:
         """The chat as the template writes it: TemplateRenderError with the template's words when it
-        refuses or fails, RenderedTooLong past `max_chars`."""
+        refuses or fails, RenderedTooLong past `max_chars`. `fields`: each message's keys besides role
+        and content (chat_template.py ChatTemplate.render)."""
         context: dict[str, Any] = {**self.special_tokens, **variables}
-        context.update(messages=[{"role": role, "content": text} for role, text in messages],
+        extra = fields or [{}] * len(messages)
+        context.update(messages=[{"role": role, "content": text, **more}
+                                 for (role, text), more in zip(messages, extra, strict=True)],
                        add_generation_prompt=add_generation_prompt, tools=tools, documents=documents)
         pieces: list[str] = []
         length = 0

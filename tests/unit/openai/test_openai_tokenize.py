@@ -34,7 +34,7 @@ def test_the_chat_form_is_a_chat_completions_prompt():
     ({"model": "m", "prompt": "x", "return_token_strs": 1}, "return_token_strs", "invalid_type"),
     ({"model": "m", "messages": CHAT, "mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs",
      "unsupported_parameter"),
-    ({"model": "m", "messages": CHAT, "tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"model": "m", "messages": CHAT, "tools": [{"type": "function"}]}, "tools[0].function", None),
     ({"prompt": "x"}, "model", None),
     ({"model": "m", "messages": []}, "messages", "empty_array"),
 ])

@@ -1,0 +1,212 @@
+"""The tool loop through the `openai` package: a request with tools gets the model's tool calls (parsed
+from what it generated), the application answers with tool messages, and the next request renders them
+and gets the model's answer; whole and streamed.
+
+Random weights do not write tool calls, so the model here is the tiny decoder (byte tokenizer) with its
+output head replaced by a script: its logits are a table looked up by position, one-hot on the script's
+next byte, so greedy decoding from a prompt of P0 tokens writes the first answer (two `<tool_call>`s, then
+EOS) and from one of P1 tokens the second. The model really generates them: the engine runs it, the
+parser reads its output. P0 and P1 are the prompts' lengths as this server renders them, worked out
+before the model is built with the server's own code (protocol.py `parse_request`, the folder's template,
+chat_template.py `render_chat`); each answer's `usage.prompt_tokens` is checked against them, so a server
+that renders otherwise fails here rather than passing by chance. The template is Qwen2.5's own (Hermes
+`<tool_call>` form); the folder names no `tool_call_parser`: it is found from the template's text.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from onnx import helper, numpy_helper
+
+from conftest import EXAMPLES, ROOT, RunningServer, openai_client, start_server
+from engine.generate.serving.chat_template import ChatOptions, load_chat_template, render_chat
+from engine.openai.protocol import parse_request
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+
+MODEL = "tool_decoder"
+CONTEXT = 2048
+EOS = 257  # the byte tokenizer's
+QWEN25_TEMPLATE = (ROOT / "tests" / "fixtures" / "chat_templates" / "qwen2_5.jinja").read_text()
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris and in Lyon?"}]
+FIRST = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"}}\n</tool_call>')
+RESULTS = ['{"temperature": 21}', '{"temperature": 19}']
+SECOND = "It is 21 degrees in Paris and 19 in Lyon."
+CALL_ID_CHARS = len("call_") + 24  # the server's call ids: fixed length, so the second prompt's is known
+
+
+def second_turn(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
+    """The messages after the first answer: its calls (id, name, arguments) and one tool message each."""
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in calls]}
+    return [*QUESTION, assistant, *({"role": "tool", "tool_call_id": i, "content": r}
+                                    for (i, _, _), r in zip(calls, RESULTS, strict=True))]
+
+
+def prompt_tokens(folder: Path, messages: list[dict[str, Any]]) -> int:
+    """The prompt's length as the server will render and encode it (a byte a token, no BOS for chat)."""
+    api = parse_request({"model": MODEL, "messages": messages, "tools": TOOLS}, chat=True)
+    template = load_chat_template(folder, MODEL).template
+    assert template is not None
+    options = ChatOptions(tools=list(api.tools.tools), fields=api.message_fields)
+    return len(render_chat(template, api.messages, options, 10 * CONTEXT).encode())
+
+
+def scripted_model(scripts: dict[int, str]) -> Any:
+    """The tiny decoder whose logits are one-hot on a script's next byte: the token at position p (the
+    prompt's last, then each generated one) predicts the one at p + 1, so a script for a prompt of P
+    tokens (its text, then EOS) starts on row P - 1."""
+    model = tiny_decoder_model(TinyDecoderShape(max_positions=CONTEXT))
+    table = np.zeros((CONTEXT, 258), np.float32)
+    for start, text in scripts.items():
+        for offset, token in enumerate([*text.encode(), EOS]):
+            assert not table[start - 1 + offset].any(), "two scripts overlap"
+            table[start - 1 + offset, token] = 20.0
+    graph = model.graph
+    head = next(n for n in graph.node if "logits" in n.output)
+    head.output[list(head.output).index("logits")] = "random_logits"
+    graph.initializer.append(numpy_helper.from_array(table, "script"))
+    graph.node.append(helper.make_node("Gather", ["script", "position_ids"], ["logits"], axis=0))
+    return model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("tools") / "repo"
+    folder = root / MODEL
+    (folder / "1").mkdir(parents=True)
+    config = (EXAMPLES / "tiny_decoder" / "config.pbtxt").read_text()
+    config = config.replace('name: "tiny_decoder"', f'name: "{MODEL}"').replace(
+        'key: "max_model_len" value { string_value: "512" }', f'key: "max_model_len" value {{ string_value: '
+        f'"{CONTEXT}" }}')
+    assert f'"{CONTEXT}"' in config
+    (folder / "config.pbtxt").write_text(config)
+    (folder / "chat_template.jinja").write_text(QWEN25_TEMPLATE)
+    first = prompt_tokens(folder, QUESTION)
+    placeholder = "c" * CALL_ID_CHARS
+    second = prompt_tokens(folder, second_turn([(placeholder, "get_weather", '{"city":"Paris"}'),
+                                                (placeholder, "get_weather", '{"city":"Lyon"}')]))
+    model = scripted_model({first: FIRST, second: SECOND})
+    (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    running = start_server(root, tmp_path_factory.mktemp("tools_log") / "server.log")
+    running.prompts = (first, second)  # type: ignore[attr-defined]
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai_client(server)
+
+
+def test_the_tool_loop_whole(server: RunningServer, client: openai.OpenAI):
+    first, second = server.prompts  # type: ignore[attr-defined]
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0)
+    choice = answer.choices[0]
+    assert answer.usage is not None and answer.usage.prompt_tokens == first
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris"}), ("function", "get_weather", {"city": "Lyon"})]
+    assert all(c.id.startswith("call_") and len(c.id) == CALL_ID_CHARS for c in calls)
+    assert calls[0].id != calls[1].id
+
+    messages = second_turn([(c.id, c.function.name, c.function.arguments) for c in calls])
+    final = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0)
+    assert final.usage is not None and final.usage.prompt_tokens == second
+    assert (final.choices[0].message.content, final.choices[0].message.tool_calls,
+            final.choices[0].finish_reason) == (SECOND, None, "stop")
+
+
+def test_the_tool_loop_streamed(server: RunningServer, client: openai.OpenAI):
+    first, second = server.prompts  # type: ignore[attr-defined]
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == first
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert not "".join(d.content or "" for d in deltas)
+    parts = [t for d in deltas for t in d.tool_calls or []]
+    # each call: its index, id, type and name first (empty arguments), then its arguments
+    assert [(p.index, p.id is not None, p.function.name if p.function else None) for p in parts] == [
+        (0, True, "get_weather"), (0, False, None), (1, True, "get_weather"), (1, False, None)]
+    calls: dict[int, list[str]] = {}
+    for p in parts:
+        entry = calls.setdefault(p.index, [p.id or "", "", ""])
+        if p.function and p.function.name:
+            entry[1] = p.function.name
+        entry[2] += (p.function.arguments if p.function else "") or ""
+    assert [(name, json.loads(args)) for _, name, args in calls.values()] == [
+        ("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Lyon"})]
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
+
+    messages = second_turn([(i, n, a) for i, n, a in calls.values()])
+    stream = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    rest = list(stream)
+    assert rest[-1].usage is not None and rest[-1].usage.prompt_tokens == second
+    assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices) == SECOND
+    assert not any(c.choices[0].delta.tool_calls for c in rest if c.choices)
+    assert [c.choices[0].finish_reason for c in rest if c.choices][-1] == "stop"
+
+
+def test_tool_choice_none_renders_the_tools_and_reads_no_calls(server: RunningServer, client: openai.OpenAI):
+    first, _ = server.prompts  # type: ignore[attr-defined]
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice="none",
+                                            temperature=0)
+    assert answer.usage is not None and answer.usage.prompt_tokens == first  # the tools were in the prompt
+    assert (answer.choices[0].message.content, answer.choices[0].message.tool_calls,
+            answer.choices[0].finish_reason) == (FIRST, None, "stop")
+
+
+def test_parallel_tool_calls_false_keeps_the_first(client: openai.OpenAI):
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, temperature=0,
+                                            parallel_tool_calls=False)
+    calls = answer.choices[0].message.tool_calls or []
+    assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_required_and_named_are_refused_until_enforced(client: openai.OpenAI, choice: Any):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice=choice)
+    assert err.value.body["param"] == "tool_choice" and "not yet enforced" in err.value.body["message"]
+
+
+def test_tokenize_counts_the_tools(server: RunningServer):
+    import httpx
+
+    first, _ = server.prompts  # type: ignore[attr-defined]
+    got = httpx.post(f"http://{server.http_url}/tokenize",
+                     json={"model": MODEL, "messages": QUESTION, "tools": TOOLS}).json()
+    assert got["count"] == first
+
+
+def test_a_model_without_a_tool_format_refuses_auto(tmp_path: Path):
+    """The example tiny decoder's template shows no tool format: tools with auto are a 400 saying so, while
+    tool_choice none is served."""
+    root = tmp_path / "repo"
+    shutil.copytree(EXAMPLES / "tiny_decoder", root / "tiny_decoder")
+    running = start_server(root, tmp_path / "server.log")
+    try:
+        client = openai_client(running)
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS)
+        assert err.value.body["param"] == "tools" and "tool_call_parser" in err.value.body["message"]
+        ok = client.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS,
+                                            tool_choice="none", max_tokens=2)
+        assert ok.choices[0].message.tool_calls is None
+    finally:
+        running.stop()
