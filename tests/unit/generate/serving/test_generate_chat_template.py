@@ -137,3 +137,52 @@ def test_continuing_a_message_the_template_does_not_write_is_refused():
     silent = JinjaTemplate("{% for m in messages %}{{ m['role'] }};{% endfor %}", {})
     with pytest.raises(TemplateRenderError, match="final message does not appear"):
         render_chat(silent, [("user", "a"), ("assistant", "b")], ChatOptions(False, True), 100)
+
+
+HERMES = ("{% if tools %}{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+          "Answer with <tool_call>...</tool_call>\n{% endif %}"
+          "{% for m in messages %}{{ m.role }}: {{ m.content }}"
+          "{% for c in m.tool_calls or [] %} <tool_call>{{ c.function.name }} "
+          "{{ c.function.arguments | tojson }}</tool_call>{% endfor %}"
+          "{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}{{ '\\n' }}{% endfor %}")
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+
+
+def test_a_jinja_template_gets_the_tools_and_each_messages_tool_parts():
+    template = JinjaTemplate(HERMES, {})
+    calls = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]
+    chat = [("user", "q"), ("assistant", ""), ("tool", "42")]
+    fields = [{}, {"tool_calls": calls, "content": None}, {"tool_call_id": "call_1"}]
+    out = render_chat(template, chat, ChatOptions(False, tools=[TOOL], fields=fields), 10_000)
+    assert out == (f"{json.dumps(TOOL)}\nAnswer with <tool_call>...</tool_call>\nuser: q\n"
+                   'assistant: None <tool_call>f {"x": 1}</tool_call>\ntool: 42 (call_1)\n')
+
+
+@pytest.mark.parametrize("tools, chat, fields", [
+    ([TOOL], [("user", "q")], []),
+    (None, [("user", "q"), ("tool", "42")], [{}, {"tool_call_id": "c"}]),
+])
+def test_the_json_template_refuses_tools(tools, chat, fields):
+    with pytest.raises(TemplateRenderError, match="cannot write tools"):
+        render_chat(JsonChatTemplate(), chat, ChatOptions(tools=tools, fields=fields), 10_000)
+
+
+@pytest.mark.parametrize("source, params, parser", [
+    (HERMES, {}, "hermes"),
+    ("{% if tools %}Respond in the format {\"name\": function name, \"parameters\": dictionary of argument "
+     "name and its value}.{% endif %}{{ messages[0].content }}", {}, "llama3_json"),
+    ("{% if tools %}<|python_tag|>{% endif %}{{ messages[0].content }}", {}, "llama3_json"),
+    (CHATML, {}, ""),  # no tools: nothing to read
+    (CHATML, {"tool_call_parser": "hermes"}, "hermes"),  # the config says so
+    (HERMES, {"tool_call_parser": "llama3_json"}, "llama3_json"),  # the config over the template
+])
+def test_the_tool_call_parser_is_the_configs_else_found_in_the_template(tmp_path: Path, source, params,
+                                                                        parser):
+    (tmp_path / "chat_template.jinja").write_text(source)
+    assert load_chat_template(tmp_path, "model 'm'", params).tool_call_parser == parser
+
+
+def test_an_unknown_tool_call_parser_fails_the_load(tmp_path: Path):
+    (tmp_path / "chat_template.jinja").write_text(CHATML)
+    with pytest.raises(EngineError, match="tool_call_parser 'mistral' is not one of"):
+        load_chat_template(tmp_path, "model 'm'", {"tool_call_parser": "mistral"})
