@@ -8,7 +8,9 @@ here, as the engine's small text events; once every choice has finished, the usa
 asked for `stream_options.include_usage`) and `data: [DONE]`. An error after the head went out is sent as an
 event carrying OpenAI's error object, then `[DONE]`. The task returning ends the stream (the connection then
 writes the body's end and releases the request's admission); the task cancelled (the client left) aborts the
-generation, which frees its KV blocks before the engine's next step.
+generation, which frees its KV blocks before the engine's next step. A chat read for tool calls (tools with
+tool_choice auto) sends each choice's text through its parser (engine/openai/tools/): content deltas as they
+come, each call as `tool_calls` deltas once complete.
 """
 
 from __future__ import annotations
