@@ -28,6 +28,7 @@ from onnx import helper, numpy_helper
 from conftest import EXAMPLES, ROOT, RunningServer, openai_client, start_server
 from engine.generate.serving.chat_template import ChatOptions, load_chat_template, render_chat
 from engine.openai.protocol import parse_request
+from hubserve_models import examples
 from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 
 MODEL = "tool_decoder"
@@ -198,7 +199,9 @@ def test_a_model_without_a_tool_format_refuses_auto(tmp_path: Path):
     """The example tiny decoder's template shows no tool format: tools with auto are a 400 saying so, while
     tool_choice none is served."""
     root = tmp_path / "repo"
-    shutil.copytree(EXAMPLES / "tiny_decoder", root / "tiny_decoder")
+    (root / "tiny_decoder").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "tiny_decoder" / "config.pbtxt", root / "tiny_decoder" / "config.pbtxt")
+    examples.build_repository(root, ["tiny_decoder"])
     running = start_server(root, tmp_path / "server.log")
     try:
         client = openai_client(running)
