@@ -27,7 +27,8 @@ from ..generate.core.request import MAX_LOGPROBS, MAX_STOP_STRING_CHARS, MAX_STO
 from ..generate.serving.request_defaults import SAMPLING_DEFAULTS
 from .errors import OpenAIError, bad_request
 from .structured import structured_spec
-from .tools.request import ToolRequest, message_fields, not_enforced, parse_tools
+from .tools.forced import forced_call_spec
+from .tools.request import ToolRequest, message_fields, parse_tools
 
 MAX_N = 16          # choices per request
 MAX_PROMPTS = 64    # prompts in one completions request
@@ -105,8 +106,6 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
     if chat:
         messages, fields = _messages(doc.get("messages"))
         tools = parse_tools(doc)
-        if tools.named or tools.choice == "required":
-            raise not_enforced(tools)
         max_tokens = _int(doc, "max_completion_tokens", 1)
         if max_tokens is None:
             max_tokens = _int(doc, "max_tokens", 1)
@@ -154,6 +153,14 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
     if repetition == 0.0:
         raise bad_request("Invalid 'repetition_penalty': 0; it must be greater than 0 (1: no penalty).",
                           "repetition_penalty", "invalid_value")
+    structured = structured_spec(doc)
+    forced = forced_call_spec(tools)  # tool_choice required or named: the answer constrained to a call
+    if forced is not None:
+        if structured is not None:
+            raise bad_request("'tool_choice' required or a named function constrains the answer to a call: "
+                              "send no 'response_format' or 'structured_outputs' with it.", "tool_choice",
+                              "invalid_value")
+        structured = forced
     return ApiRequest(
         chat=chat, model=model, prompts=prompts, messages=messages, max_tokens=max_tokens,
         temperature=1.0 if temperature is None else temperature,
@@ -175,7 +182,7 @@ def parse_request(doc: dict[str, Any], chat: bool) -> ApiRequest:
         add_generation_prompt=add_generation_prompt, continue_final_message=continue_final,
         chat_template_kwargs=_template_kwargs(doc.get("chat_template_kwargs")),
         chat_template=_template(doc.get("chat_template")), tools=tools, message_fields=fields,
-        structured=structured_spec(doc),
+        structured=structured,
         unset=frozenset(k for k in SAMPLING_DEFAULTS if doc.get(k) is None))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
@@ -38,6 +39,8 @@ from .token_quotas import TokenQuotas, charge_waiting
 from .tokenize import DetokenizeRequest, TokenizeRequest, tokenize_answer
 from .tools import PARSERS
 from .tools.calls import ToolCallParser
+from .tools.forced import NamedCallParser, RequiredCallsParser
+from .tools.request import ToolChoice
 
 
 class OpenAIService:
@@ -267,10 +270,15 @@ class OpenAIService:
 
 
 def _tool_parser(api: ApiRequest, version: GenerativeVersion) -> Callable[[], ToolCallParser] | None:
-    """How the request's answers are read for tool calls (tool_choice auto): the model folder's parser; a
-    400 when it has none (an answer would be returned as text however it wrote calls)."""
+    """How the request's answers are read for tool calls: for tool_choice auto the model folder's parser (a
+    400 when it has none: an answer would be returned as text however it wrote calls); for required or a
+    named function, the reader of the constrained form (tools/forced.py)."""
     if not api.tools.parses:
         return None
+    if api.tools.named:  # the answer is constrained to the call (tools/forced.py)
+        return functools.partial(NamedCallParser, api.tools.choice)
+    if api.tools.choice == ToolChoice.REQUIRED:
+        return RequiredCallsParser
     name = version.chat.tool_call_parser
     if not name:
         raise bad_request(f"model {api.model} does not say how it writes tool calls: its chat template shows "

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import OpenAIError, bad_request
+from ..errors import bad_request
 
 MAX_TOOLS = 128  # OpenAI's limit on `tools`
 MAX_TOOL_CHARS = 64 * 1024  # one tool's definition as JSON
@@ -169,14 +169,6 @@ def _arguments(value: Any, where: str) -> dict[str, Any]:
         raise bad_request(f"Invalid '{where}': {_show(value)} is not a JSON object in a string.", where,
                           "invalid_value")
     return parsed
-
-
-def not_enforced(tools: ToolRequest) -> OpenAIError:
-    """`required` and a named function must be enforced by a grammar so that the answer is a call; until the
-    engine constrains tool calls, they are refused rather than answered with text that may be no call."""
-    what = "'required'" if tools.choice == ToolChoice.REQUIRED else "a named function"
-    return bad_request(f"tool_choice {what} is not yet enforced by this server (its answer could be no "
-                       "call); send tool_choice 'auto' or 'none'.", "tool_choice", "unsupported_value")
 
 
 def _show(value: Any) -> str:

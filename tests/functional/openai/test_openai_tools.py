@@ -11,6 +11,9 @@ before the model is built with the server's own code (protocol.py `parse_request
 chat_template.py `render_chat`); each answer's `usage.prompt_tokens` is checked against them, so a server
 that renders otherwise fails here rather than passing by chance. The template is Qwen2.5's own (Hermes
 `<tool_call>` form); the folder names no `tool_call_parser`: it is found from the template's text.
+
+tool_choice "required" and a named function are enforced by the grammar: the example tiny decoder (random
+weights, sampled with seeds) answers each with a call whose arguments its schema admits, every time.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import openai
 import pytest
@@ -179,11 +183,11 @@ def test_parallel_tool_calls_false_keeps_the_first(client: openai.OpenAI):
     assert [json.loads(c.function.arguments) for c in calls] == [{"city": "Paris"}]
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_required_and_named_are_refused_until_enforced(client: openai.OpenAI, choice: Any):
+def test_forced_choices_conflict_with_response_format(client: openai.OpenAI):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice=choice)
-    assert err.value.body["param"] == "tool_choice" and "not yet enforced" in err.value.body["message"]
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice="required",
+                                       response_format={"type": "json_object"})
+    assert err.value.body["param"] == "tool_choice"
 
 
 def test_tokenize_counts_the_tools(server: RunningServer):
@@ -195,21 +199,86 @@ def test_tokenize_counts_the_tools(server: RunningServer):
     assert got["count"] == first
 
 
-def test_a_model_without_a_tool_format_refuses_auto(tmp_path: Path):
-    """The example tiny decoder's template shows no tool format: tools with auto are a 400 saying so, while
-    tool_choice none is served."""
-    root = tmp_path / "repo"
-    (root / "tiny_decoder").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "tiny_decoder" / "config.pbtxt", root / "tiny_decoder" / "config.pbtxt")
-    examples.build_repository(root, ["tiny_decoder"])
-    running = start_server(root, tmp_path / "server.log")
-    try:
-        client = openai_client(running)
-        with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS)
-        assert err.value.body["param"] == "tools" and "tool_call_parser" in err.value.body["message"]
-        ok = client.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS,
-                                            tool_choice="none", max_tokens=2)
-        assert ok.choices[0].message.tool_calls is None
-    finally:
-        running.stop()
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory):
+    """The example tiny decoder (random weights): its template shows no tool format."""
+    root = tmp_path_factory.mktemp("tools_tiny")
+    (root / "repo" / "tiny_decoder").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "tiny_decoder" / "config.pbtxt", root / "repo" / "tiny_decoder" / "config.pbtxt")
+    examples.build_repository(root / "repo", ["tiny_decoder"])
+    running = start_server(root / "repo", root / "server.log")
+    yield openai_client(running)
+    running.stop()
+
+
+def test_a_model_without_a_tool_format_refuses_auto(tiny: openai.OpenAI):
+    """Tools with auto are a 400 saying so, while tool_choice none is served."""
+    with pytest.raises(openai.BadRequestError) as err:
+        tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS)
+    assert err.value.body["param"] == "tools" and "tool_call_parser" in err.value.body["message"]
+    ok = tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=TOOLS,
+                                      tool_choice="none", max_tokens=2)
+    assert ok.choices[0].message.tool_calls is None
+
+
+# Random weights under the grammar: every answer is a call whose arguments the schema admits
+ARGS = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lyon", "Nice"]},
+                                         "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+FORCED_TOOLS: Any = [{"type": "function", "function": {"name": "forecast", "parameters": ARGS}},
+                     {"type": "function", "function": {"name": "now", "parameters": {
+                         "type": "object", "properties": {}, "additionalProperties": False}}}]
+
+
+def check_call(name: str, arguments: str) -> None:
+    assert name in ("forecast", "now")
+    jsonschema.validate(json.loads(arguments), ARGS if name == "forecast" else
+                        FORCED_TOOLS[1]["function"]["parameters"])
+
+
+def test_a_named_function_is_always_called_with_valid_arguments(tiny: openai.OpenAI):
+    named: Any = {"type": "function", "function": {"name": "forecast"}}
+    for seed in range(8):
+        answer = tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=FORCED_TOOLS,
+                                              tool_choice=named, temperature=1.0, seed=seed, max_tokens=100)
+        choice = answer.choices[0]
+        calls = choice.message.tool_calls or []
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None and len(calls) == 1
+        assert calls[0].function.name == "forecast" and calls[0].id.startswith("call_")
+        check_call(calls[0].function.name, calls[0].function.arguments)
+
+
+def test_required_is_always_one_call_or_more(tiny: openai.OpenAI):
+    for seed in range(8):
+        answer = tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=FORCED_TOOLS,
+                                              tool_choice="required", temperature=1.0, seed=seed,
+                                              max_tokens=200)
+        calls = answer.choices[0].message.tool_calls or []
+        assert answer.choices[0].finish_reason == "tool_calls" and calls
+        for call in calls:
+            check_call(call.function.name, call.function.arguments)
+    single = tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=FORCED_TOOLS,
+                                          tool_choice="required", parallel_tool_calls=False, temperature=1.0,
+                                          seed=0, max_tokens=200)
+    assert len(single.choices[0].message.tool_calls or []) == 1
+
+
+def test_a_named_call_streamed_and_the_loop_goes_on(tiny: openai.OpenAI):
+    named: Any = {"type": "function", "function": {"name": "forecast"}}
+    chunks = list(tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=FORCED_TOOLS,
+                                               tool_choice=named, temperature=1.0, seed=5, max_tokens=100,
+                                               stream=True))
+    parts = [t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []]
+    assert parts[0].index == 0 and parts[0].id and parts[0].function and parts[0].function.name == "forecast"
+    arguments = "".join(p.function.arguments or "" for p in parts if p.function)
+    check_call("forecast", arguments)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # the tool's answer goes back; the model answers in text (random: any text). Its template writes each
+    # message's content as a string: the call's message carries "" (null would fail that template)
+    messages: Any = [*QUESTION, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": parts[0].id, "type": "function", "function": {"name": "forecast", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": parts[0].id, "content": "sunny"}]
+    final = tiny.chat.completions.create(model="tiny_decoder", messages=messages, tools=FORCED_TOOLS,
+                                         tool_choice="none", max_tokens=8, temperature=0)
+    assert final.choices[0].message.tool_calls is None
+    assert final.choices[0].finish_reason in ("stop", "length")

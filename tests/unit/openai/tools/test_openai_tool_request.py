@@ -1,15 +1,20 @@
 """A chat request's tool fields checked (engine/openai/tools/request.py through protocol.py): OpenAI's shapes
 accepted, the bounds and malformed ones refused naming the field, tool messages and an assistant's calls
-handed to the template (arguments as a dict), and required / named tool_choice refused until enforced."""
+handed to the template (arguments as a dict), and required / named tool_choice turned into the JSON schema
+that constrains the answer to a call (tools/forced.py), and read back."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from engine.generate.core.grammar import GrammarKind
 from engine.openai.errors import OpenAIError
 from engine.openai.protocol import parse_request
+from engine.openai.tools.calls import ChoiceCalls
+from engine.openai.tools.forced import NamedCallParser, RequiredCallsParser
 from engine.openai.tools.request import MAX_TOOL_CHARS, MAX_TOOLS
 
 USER = [{"role": "user", "content": "q"}]
@@ -61,9 +66,12 @@ def bad(name: str, **changes: Any) -> dict[str, Any]:
     (chat(tools=[TOOL], tool_choice="sometimes"), "tool_choice", "invalid_value"),
     (chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "other"}}), "tool_choice",
      "invalid_value"),
-    (chat(tools=[TOOL], tool_choice="required"), "tool_choice", "unsupported_value"),
-    (chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}), "tool_choice",
-     "unsupported_value"),
+    (chat(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}), "tool_choice",
+     "invalid_value"),
+    (chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+          structured_outputs={"regex": "a"}), "tool_choice", "invalid_value"),
+    (chat(tools=[{"type": "function", "function": bad(f"f{i}", parameters={"description": "x" * 60_000})}
+                 for i in range(2)], tool_choice="required"), "tools", "invalid_value"),  # past the grammar's
     (chat(tools=[TOOL], parallel_tool_calls="yes"), "parallel_tool_calls", "invalid_type"),
     (chat(messages=[{"role": "tool", "content": "x"}]), "messages[0].tool_call_id", None),
     (chat(messages=[{"role": "user", "content": "x", "tool_calls": []}]), "messages[0].tool_calls", None),
@@ -78,3 +86,34 @@ def test_refusals_name_the_field(doc: dict[str, Any], param: str, code: str | No
     with pytest.raises(OpenAIError) as err:
         parse_request(doc, chat="messages" in doc)
     assert (err.value.status, err.value.param, err.value.code) == (400, param, code)
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def test_named_and_required_constrain_the_answer_to_a_call():
+    assert parse_request(chat(tools=[TOOL]), chat=True).structured is None  # auto: the model's own words
+    named = parse_request(chat(tools=[TOOL], tool_choice=NAMED), chat=True).structured
+    assert named is not None and named.kind is GrammarKind.JSON_SCHEMA and named.param == "tools"
+    assert json.loads(named.text) == {"type": "object", "properties": {},
+                                      "x-guidance": {"whitespace_flexible": False}}
+    other = {"type": "function", "function": {"name": "now"}}
+    required = parse_request(chat(tools=[TOOL, other], tool_choice="required", parallel_tool_calls=False),
+                             chat=True).structured
+    assert required is not None
+    schema = json.loads(required.text)
+    assert (schema["type"], schema["minItems"], schema["maxItems"]) == ("array", 1, 1)
+    assert [item["properties"]["name"] for item in schema["items"]["anyOf"]] == [
+        {"type": "string", "enum": ["get_weather"]}, {"type": "string", "enum": ["now"]}]
+    assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object"}
+
+
+def test_the_forced_forms_are_read_back_as_calls():
+    named = ChoiceCalls(NamedCallParser("get_weather"))
+    content, calls = named.message('{"city":"Paris"}')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city":"Paris"}')]
+    required = ChoiceCalls(RequiredCallsParser())
+    content, calls = required.message('[{"name":"a","parameters":{}},{"name":"b","parameters":{"x":1}}]')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("a", "{}"), ("b", '{"x":1}')]
+    cut = ChoiceCalls(NamedCallParser("get_weather"))  # stopped by max_tokens: content as written
+    assert cut.message('{"city":"Pa') == ('{"city":"Pa', [])
