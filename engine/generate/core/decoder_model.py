@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -34,9 +35,12 @@ class RunShape:
 
 class DecoderModel:
     """One ONNX Runtime session of a decoder with past, checked to be one. `options`: the session options
-    (one intra-op thread and no spinning, as engine/backends/onnxruntime.py sets them)."""
+    (one intra-op thread and no spinning, as engine/backends/onnxruntime.py sets them); `providers`: ONNX
+    Runtime's providers list, names or (name, options) pairs, as the instance group selects them
+    (generate/serving/device.py). Whatever the provider, the runs' inputs and outputs are host (numpy)
+    arrays: ONNX Runtime copies them to and from a GPU."""
 
-    def __init__(self, model: Path | bytes, options: ort.SessionOptions, providers: Sequence[str],
+    def __init__(self, model: Path | bytes, options: ort.SessionOptions, providers: Sequence[Any],
                  where: str, shared_kv: bool, kv_shape: tuple[int | None, int | None] = (None, None)) -> None:
         """`kv_shape`: the KV heads and head size the model folder states (serving/hf_folder.py), for a graph
         whose past leaves them symbolic (onnxruntime-genai's exports); a fixed dim must agree with them."""

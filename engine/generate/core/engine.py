@@ -31,6 +31,10 @@ class CacheConfig:
     num_blocks: int = 1024         # blocks in the pool (block_size * num_blocks token slots)
     max_model_len: int = 512       # prompt + output tokens at most (the model's positions)
     enable_prefix_caching: bool = True
+    # where num_blocks came from (generate/serving/kv_budget.py): the memory budget it was cut from (0: the
+    # count was given, kv_num_blocks) and which setting gave it; shown at load, in metrics and the config
+    budget_bytes: int = 0
+    sized_by: str = "kv_num_blocks"
 
     def __post_init__(self) -> None:
         if min(self.block_size, self.num_blocks, self.max_model_len) < 1:

@@ -34,6 +34,11 @@ class KVBlocks:
     def bytes_per_token(self) -> int:
         return int(self.cache[:, :, 0].nbytes)
 
+    @property
+    def nbytes(self) -> int:
+        """The blocks' memory (the zero slot left out)."""
+        return self.bytes_per_token * (self.slots_per_head - 1)
+
     def slots(self, table: Sequence[int], start: int, count: int) -> np.ndarray:
         """The slots of positions start … start + count - 1 of the sequence whose blocks `table` names."""
         positions = np.arange(start, start + count)

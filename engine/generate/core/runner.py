@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -75,15 +76,28 @@ class RunnerStats:
 
 class DecoderRunner:
     """One ONNX Runtime session (decoder_model.py), the KV blocks' storage (kv_blocks.py) and the model's KV
-    layout. `options`: the session options (one intra-op thread and no spinning, as
-    engine/backends/onnxruntime.py sets them). Made by the model folder's loader (or a benchmark); called by
-    `GenerationEngine.step` (engine.py)."""
+    layout. `model`: the model file or bytes, with `options` the session options (one intra-op thread and no
+    spinning, as engine/backends/onnxruntime.py sets them), `providers` its execution providers and
+    `kv_shape` the folder's stated KV heads and head size (decoder_model.py); or a `DecoderModel` already
+    made (the model folder's loader makes it first, to size the blocks from its KV shape:
+    generate/serving/kv_budget.py), and then those three are not used. Made by the model folder's loader
+    (or a benchmark); called by `GenerationEngine.step` (engine.py).
 
-    def __init__(self, model: Path | bytes, num_blocks: int, block_size: int, options: ort.SessionOptions,
-                 providers: Sequence[str] = ("CPUExecutionProvider",), where: str = "model",
+    On the CUDA or TensorRT provider (generate/serving/device.py) the blocks stay host memory and each run's
+    tensors are host arrays that ONNX Runtime copies to the device and back: correct on any provider, not
+    the fastest on a GPU. Not run on a GPU here (none in CI)."""
+
+    def __init__(self, model: Path | bytes | DecoderModel, num_blocks: int, block_size: int,
+                 options: ort.SessionOptions | None = None,
+                 providers: Sequence[Any] = ("CPUExecutionProvider",), where: str = "model",
                  shared_kv: bool = False, max_len: int = 512, max_rows: int = 32,
                  kv_shape: tuple[int | None, int | None] = (None, None)) -> None:
-        self.model = decoder = DecoderModel(model, options, providers, where, shared_kv, kv_shape)
+        if isinstance(model, DecoderModel):
+            decoder = model
+        else:
+            decoder = DecoderModel(model, options or ort.SessionOptions(), providers, where, shared_kv,
+                                   kv_shape)
+        self.model = decoder
         self.blocks = KVBlocks(len(decoder.kv_names), decoder.heads, decoder.head_dim, decoder.kv_dtype,
                                num_blocks, block_size)
         self.stats = RunnerStats()

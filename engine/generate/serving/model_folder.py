@@ -18,7 +18,9 @@ one that only overrides, every parameter below it does not set read from its own
                             files are ("." the folder's own, version 1; "1" its version folder); with
                             `source.<name>` for each value read from its files
     kv_block_size           tokens per KV block (default 16)
-    kv_num_blocks           blocks in the pool (default 1024)
+    kv_num_blocks           blocks in the pool (default: from the memory budget, kv_budget.py)
+    kv_cache_memory_bytes   the KV blocks' memory budget, "536870912", "512MiB", "2GB" (default: the
+                            server's --kv-cache-memory-bytes, else a share of the memory left: kv_budget.py)
     max_num_seqs            running sequences at most (default 32)
     max_num_batched_tokens  tokens computed per step at most (default 256)
     enable_prefix_caching   "true" (default) or "false"
@@ -53,7 +55,9 @@ from ..core.runner import DecoderRunner
 from ..core.scheduler import SchedulerConfig
 from ..core.tokenizer import load_tokenizer
 from ..triton.signature import complete_generative
+from .device import open_decoder
 from .hf_folder import OVERRIDDEN, SOURCE, declare_export, export_files
+from .kv_budget import KVShape, size_for_model
 
 GENERATION_FORMS = ("decoder_with_past",)
 
@@ -81,17 +85,25 @@ def _optional_int(params: Mapping[str, str], key: str, where: str) -> int | None
     return _int(params, key, 1, where) if key in params else None
 
 
+def _own_context(params: Mapping[str, str]) -> bool:
+    """Whether max_model_len is a Hugging Face folder's own (read from its files, not set by its config):
+    then a KV cache holding fewer tokens cuts it (`_context`) instead of failing the load (kv_budget.py)."""
+    source = params.get(SOURCE + "max_model_len")
+    return source is not None and not source.startswith(OVERRIDDEN)
+
+
 def _context(params: Mapping[str, str], kv_slots: int, where: str) -> int:
     """max_model_len. A Hugging Face folder's own context (not one its config sets) longer than the KV
-    cache's token slots is cut to them, with a warning: no request could use more (a Llama-3's 131072
-    positions against the default 16384 slots), and a shared-KV buffer is sized by it."""
+    cache's token slots is cut to them, with a warning: no request could use more (a Llama-3.1's 131072
+    positions against the 16384 tokens 2 GiB of an 8B fp16 cache holds), and a shared-KV buffer is sized by
+    it."""
     context = _int(params, "max_model_len", 512, where)
-    source = params.get(SOURCE + "max_model_len")
-    if source is None or source.startswith(OVERRIDDEN) or context <= kv_slots:
+    if not _own_context(params) or context <= kv_slots:
         return context
-    log.warning("%s: its context of %d tokens (%s) is cut to the KV cache's %d token slots (kv_num_blocks × "
-                "kv_block_size); set max_model_len, or more blocks, in a config.pbtxt beside its files",
-                where, context, source, kv_slots)
+    log.warning("%s: its context of %d tokens (%s) is cut to the KV cache's %d token slots (its blocks × "
+                "kv_block_size); set max_model_len, kv_cache_memory_bytes or kv_num_blocks in a config.pbtxt "
+                "beside its files, or --kv-cache-memory-bytes", where, context,
+                params.get(SOURCE + "max_model_len"), kv_slots)
     return kv_slots
 
 
@@ -133,23 +145,19 @@ def adapters_folder(config: ModelConfig, folder: Path) -> Path:
     return folder / config.parameters.get("lora_adapters", "adapters")
 
 
-def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int = 0) -> GenerationEngine:
+def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int = 0,
+                 gpus: tuple[int, ...] = (), kv_cache_memory_bytes: int | None = None) -> GenerationEngine:
     """The engine for a validated config (the repository's, for a served version: registry.py) whose model
     file is `model_path`; `folder` (the model's folder) holds its tokenizer, or a Hugging Face export's
-    files do. Blocking (it makes the ONNX Runtime session)."""
+    files do. `gpus`: the visible GPUs (its instance group's device: device.py); `kv_cache_memory_bytes`: the
+    server's --kv-cache-memory-bytes (kv_budget.py). Blocking (it makes the ONNX Runtime session)."""
     params, where = config.parameters, f"model '{config.name}'"
     form = params.get("generation")
     if form not in GENERATION_FORMS:
         raise invalid(f"{where}: parameter generation must be one of {', '.join(GENERATION_FORMS)}, "
                       f"got {form!r}")
     block_size = _int(params, "kv_block_size", 16, where)
-    num_blocks = _int(params, "kv_num_blocks", 1024, where)
-    cache = CacheConfig(
-        block_size=block_size,
-        num_blocks=num_blocks,
-        max_model_len=_context(params, block_size * num_blocks, where),
-        enable_prefix_caching=params.get("enable_prefix_caching", "true").lower() != "false",
-    )
+    max_model_len = _int(params, "max_model_len", 512, where)
     scheduler = SchedulerConfig(
         max_num_seqs=_int(params, "max_num_seqs", 32, where),
         max_num_batched_tokens=_int(params, "max_num_batched_tokens", 256, where),
@@ -161,11 +169,18 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     share = params.get("past_present_share_buffer", "false").lower()
     if share not in ("true", "false"):
         raise invalid(f"{where}: parameter past_present_share_buffer must be true or false, got {share!r}")
-    runner = DecoderRunner(model_path, cache.num_blocks, cache.block_size, options, where=where,
+    # the session on the instance group's device, then the KV blocks from the memory left (kv_budget.py)
+    decoder = open_decoder(config, model_path, options, gpus, where, share == "true",
+                           (_optional_int(params, "kv_num_heads", where),
+                            _optional_int(params, "kv_head_dim", where)))
+    kv = size_for_model(KVShape.of(decoder), params, block_size, max_model_len, scheduler.max_num_seqs,
+                        kv_cache_memory_bytes, where, cut_context=_own_context(params))
+    cache = CacheConfig(block_size, kv.num_blocks, _context(params, kv.tokens, where),
+                        params.get("enable_prefix_caching", "true").lower() != "false",
+                        kv.budget_bytes, kv.sized_by.value)
+    runner = DecoderRunner(decoder, cache.num_blocks, cache.block_size, where=where,
                            shared_kv=share == "true", max_len=cache.max_model_len,
-                           max_rows=scheduler.max_num_seqs,
-                           kv_shape=(_optional_int(params, "kv_num_heads", where),
-                                     _optional_int(params, "kv_head_dim", where)))
+                           max_rows=scheduler.max_num_seqs)
     adapters = None
     if runner.lora is not None:
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,
