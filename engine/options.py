@@ -116,6 +116,9 @@ class ServerOptions:
     # claimed by one replica, unclaimed ones looked for every batch_claim_interval_secs
     batch_shared: bool = False
     batch_claim_interval_secs: float = 5.0
+    # The KV cache budget of each generative model without kv_num_blocks or kv_cache_memory_bytes in its
+    # config (--kv-cache-memory-bytes; engine/generate/serving/kv_budget.py); None: the default budget.
+    kv_cache_memory_bytes: int | None = None
 
     def batch_limits(self) -> BatchLimits:
         return BatchLimits(self.batch_max_file_bytes, self.batch_max_requests,

@@ -83,7 +83,8 @@ class Server:
         wire.configure(self.tensor_limits())
         # The generative models' engines (one per version, built and checked while it loads), for the OpenAI
         # API on the HTTP port; here, in the process that holds the repository, whatever --workers says.
-        self.generation = GenerationRegistry(self.repository)
+        self.generation = GenerationRegistry(self.repository, self.repository.gpus,
+                                             options.kv_cache_memory_bytes)
         self.repository.generation = self.generation  # Triton's side of the same engines (ModelStreamInfer)
         keys = options.access().keys
         self.openai = OpenAIService(self.generation, keys, options.trust_request_chat_template,

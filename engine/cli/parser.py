@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .. import __version__
+from ..generate.serving.kv_budget import parse_bytes
 from ..observability.logs import LOG_FORMATS
 from .flags import HelpFormatter, TritonBool
 
@@ -92,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a model repository", usage=SERVE_USAGE,
                            description=SERVE_DESCRIPTION, formatter_class=HelpFormatter)
     for add_flags in (_repository_flags, _network_flags, _process_flags, _limit_flags, _scheduling_flags,
-                      _access_flags, _client_shm_flags, _tls_flags, _batch_api_flags, _logging_flags,
-                      _metrics_flags):
+                      _generation_flags, _access_flags, _client_shm_flags, _tls_flags, _batch_api_flags,
+                      _logging_flags, _metrics_flags):
         add_flags(serve)
     # Listed for `hubserve --help` only: main() hands `perf ...` to the load tester before parsing.
     sub.add_parser("perf", help=PERF_HELP, add_help=False)
@@ -218,6 +219,23 @@ def _scheduling_flags(serve: argparse.ArgumentParser) -> None:
                        help="requests one sequence may have waiting behind its running one; more are refused "
                             "(HTTP 429, gRPC UNAVAILABLE; on a ModelStreamInfer stream, an error response "
                             "and the stream goes on); 0 = no limit")
+
+
+def _kv_cache_bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _generation_flags(serve: argparse.ArgumentParser) -> None:
+    group = serve.add_argument_group("generative models (the OpenAI API's engine)")
+    group.add_argument("--kv-cache-memory-bytes", type=_kv_cache_bytes, default=None, metavar="SIZE",
+                       help="the KV cache's memory for each generative model whose config sets neither "
+                            "kv_num_blocks nor kv_cache_memory_bytes, as vLLM's flag: bytes, or 512MiB, 2GB "
+                            "(default: a quarter of the memory left once the model is loaded, at most 4 GiB, "
+                            "and no more than max_num_seqs sequences of max_model_len fill; "
+                            "docs/generative.md, \"Sizing the KV cache\")")
 
 
 def _access_flags(serve: argparse.ArgumentParser) -> None:

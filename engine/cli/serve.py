@@ -112,6 +112,7 @@ def options_from_args(args: argparse.Namespace, http_tls: TlsSettings | None,
         batch_completion_window_secs=max(1, args.batch_completion_window_secs),
         batch_shared=args.batch_shared,
         batch_claim_interval_secs=max(0.05, args.batch_claim_interval_secs),
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
     )
 
 

@@ -80,3 +80,7 @@ class GenerationSample:
     # time to first token of interactive requests alone (None: not recorded by this engine).
     waiting_batch: int = 0
     interactive_time_to_first_token: Histogram | None = None
+    # the KV cache as sized at load (generate/serving/kv_budget.py): blocks, tokens per block, bytes
+    kv_num_blocks: int = 0
+    kv_block_size: int = 0
+    kv_cache_bytes: int = 0

@@ -70,7 +70,8 @@ def test_no_form_takes_no_value(capsys):
 
 
 SERVE_GROUPS = ["models and the repository", "network", "processes", "what one request may hold",
-                "execution, batching and sequences", "access and API keys", "client shared memory", "TLS",
+                "execution, batching and sequences", "generative models (the OpenAI API's engine)",
+                "access and API keys", "client shared memory", "TLS",
                 "the OpenAI Batch API (on with --batch-dir)", "logging and tracing", "metrics"]
 
 
@@ -101,6 +102,22 @@ def test_serve_help_shows_each_default_once(capsys):
     assert by_flag["--repository-events"].endswith("(default: true)")
     assert "(default" not in by_flag["--allow-python-model-upload"]  # a switch: off unless given
     assert "(default" not in by_flag["--load-model"]  # repeatable, none unless given
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ((), None), (("--kv-cache-memory-bytes", "512MiB"), 512 << 20),
+    (("--kv-cache-memory-bytes=2GB",), 2 * 10**9), (("--kv-cache-memory-bytes", "1048576"), 1 << 20),
+])
+def test_the_kv_cache_budget_takes_bytes_or_a_unit(flags, expected):
+    assert _serve(*flags).kv_cache_memory_bytes == expected
+
+
+@pytest.mark.parametrize("size", ["lots", "0", "1e9"])
+def test_a_kv_cache_budget_it_cannot_read_is_refused_naming_the_flag(size, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _serve("--kv-cache-memory-bytes", size)
+    assert exit_info.value.code == 2
+    assert "argument --kv-cache-memory-bytes: expected a size" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("port", ["70000", "-1", "http"])

@@ -148,13 +148,16 @@ class EngineDriver:
             metrics.lora_requests, metrics.lora_tokens, adapters.num_loaded, adapters.max_loaded,
             self.adapters_in_flight(), adapters.loads, adapters.evictions, stats.running_adapters,
             stats.waiting_adapters)
+        cache = self.engine.cache_config
         return GenerationSample(
             self.model_name, self.version, metrics.generation_tokens, metrics.prompt_tokens, stats.running,
             stats.waiting, stats.kv_blocks_used, stats.kv_blocks_free, stats.prefix_cache_hit_rate,
             stats.preemptions, metrics.finished, metrics.time_to_first_token, metrics.inter_token_latency,
             lora, self.stats_time_s, stats.prefix_cache_queries, stats.prefix_cache_hits,
             waiting_batch=stats.waiting_batch,
-            interactive_time_to_first_token=metrics.interactive_time_to_first_token)
+            interactive_time_to_first_token=metrics.interactive_time_to_first_token,
+            kv_num_blocks=cache.num_blocks, kv_block_size=cache.block_size,
+            kv_cache_bytes=self.engine.runner.blocks.nbytes)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how

@@ -29,6 +29,7 @@ from ..core.engine import GenerationEngine
 from ..core.request import SamplingParams
 from .chat_template import ModelChat, load_chat_template
 from .driver import EngineDriver
+from .kv_budget import KVSizing, show_parameters
 from .model_folder import build_engine, effective_values, is_generative
 from .request_defaults import RequestDefaults
 
@@ -88,8 +89,14 @@ def check_generation(engine: GenerationEngine) -> None:
 
 
 class GenerationRegistry:
-    def __init__(self, repository: RoutingTable) -> None:
+    """`gpus`: the visible GPUs, where an instance group asks for one (device.py); `kv_cache_memory_bytes`:
+    the server's --kv-cache-memory-bytes, the KV budget of every model without its own (kv_budget.py)."""
+
+    def __init__(self, repository: RoutingTable, gpus: tuple[int, ...] = (),
+                 kv_cache_memory_bytes: int | None = None) -> None:
         self.repository = repository
+        self.gpus = gpus
+        self.kv_cache_memory_bytes = kv_cache_memory_bytes
         # the OpenAI service's quotas, which Triton's generate paths charge too (set by the server)
         self.token_quotas: TokenCharger | None = None
         # each loaded version's engine, by the version's identity (the version kept beside it, so an id is
@@ -141,7 +148,8 @@ class GenerationRegistry:
         where = f"model '{model.name}' version {model.version_str}"
 
         def build() -> tuple[GenerationEngine, ModelChat, RequestDefaults]:
-            engine = build_engine(model.config, model.model_path, model.model_dir)
+            engine = build_engine(model.config, model.model_path, model.model_dir, gpus=self.gpus,
+                                  kv_cache_memory_bytes=self.kv_cache_memory_bytes)
             chat = load_chat_template(model.model_dir, f"model '{model.name}'", model.config.parameters)
             defaults = RequestDefaults.of(model.config.parameters, engine.tokenizer, f"model '{model.name}'")
             check_generation(engine)
@@ -155,14 +163,16 @@ class GenerationRegistry:
             log.exception("%s: building its generation engine failed", where)
             raise EngineError(ErrorCode.UNAVAILABLE, f"{where} cannot generate: {e}") from None
         driver = EngineDriver(engine, model.name, model.version_str)
-        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, chat, defaults))
         cache, runner = engine.cache_config, engine.runner
+        kv = KVSizing.of(cache, runner.blocks.bytes_per_token * cache.block_size)
+        model.config = show_parameters(model.config, kv.parameters())  # the config endpoint's effective KV
+        self._loaded[id(model)] = (model, GenerativeVersion(model, driver, chat, defaults))
         shared = runner.shared_group
         layout = "dense KV" if shared is None else \
             f"shared KV buffers {shared.nbytes / 2**20:.0f} MiB ({len(shared.buffers[0])} rows)"
-        log.info("model %s version %s: generation engine ready, load check passed (%d KV blocks of %d "
-                 "tokens, %.0f MiB; %s; context %d; chat template: %s)", model.name, model.version_str,
-                 cache.num_blocks, cache.block_size, runner.cache.nbytes / 2**20, layout, cache.max_model_len,
+        log.info("model %s version %s: generation engine ready, load check passed (%s; %s; context %d; %s; "
+                 "chat template: %s)", model.name, model.version_str, kv.describe(), layout,
+                 cache.max_model_len, runner.model.session.get_providers()[0],
                  "none (chat refused)" if chat.template is None else chat.template.source)
         folder = effective_values(model.config)
         if folder:  # a Hugging Face folder: what its files gave, and what the config overrode
