@@ -233,7 +233,7 @@ def _generation_flags(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-cache-memory-bytes", type=_kv_cache_bytes, default=None, metavar="SIZE",
                        help="the KV cache's memory for each generative model whose config sets neither "
                             "kv_num_blocks nor kv_cache_memory_bytes, as vLLM's flag: bytes, or 512MiB, 2GB "
-                            "(default: a quarter of the memory left once the model is loaded, at most 4 GiB, "
+                            "(default: a quarter of the memory left once the model is loaded, at most 2 GiB, "
                             "and no more than max_num_seqs sequences of max_model_len fill; "
                             "docs/generative.md, \"Sizing the KV cache\")")
 

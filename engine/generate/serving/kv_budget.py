@@ -9,10 +9,12 @@ session is made, so the weights already hold their memory), in this order:
 2. the config parameter `kv_cache_memory_bytes` (vLLM's `--kv-cache-memory-bytes`): budget // bytes per block;
 3. the server flag `--kv-cache-memory-bytes`, the same for every generative model without either parameter;
 4. the default: a quarter of the memory available to the process once the weights are loaded (MemAvailable,
-   and the cgroup's limit where one is set), at most 4 GiB (vLLM's own CPU default,
-   `VLLM_CPU_KVCACHE_SPACE`), and no more blocks than `max_num_seqs` sequences of `max_model_len` tokens can
-   hold at once (more would only keep cached prefixes, and cost bookkeeping per block: the block pool
-   builds its free list of 262,144 blocks in ~190 ms here, of 1,024 in 0.3 ms).
+   and the cgroup's limit where one is set), at most 2 GiB, and no more blocks than `max_num_seqs`
+   sequences of `max_model_len` tokens can hold at once (more would only keep cached prefixes, and cost
+   bookkeeping per block: the block pool builds its free list of 262,144 blocks in ~190 ms here, of 1,024
+   in 0.3 ms). The cap is half of vLLM's CPU default (`VLLM_CPU_KVCACHE_SPACE`, 4 GiB), the size issue 29
+   found too much for an 8B-shaped fp32 model at 512-token contexts (1024 blocks, 4.3 GB); 2 GiB still
+   holds two whole 8192-token contexts of an 8B fp16 shape (Llama-3-8B: 32 layers, 8 KV heads of 128).
 
 vLLM's other way, `gpu_memory_utilization`, has no meaning here: the blocks are host memory (numpy) whatever
 the execution provider (runner.py). A budget too small for one sequence of `max_model_len` tokens fails the
@@ -43,7 +45,7 @@ if TYPE_CHECKING:  # the CLI parses sizes with this module, without loading the 
 
 GiB = 1 << 30
 DEFAULT_FRACTION = 0.25  # of the memory available once the weights are loaded
-DEFAULT_CAP_BYTES = 4 * GiB  # vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE)
+DEFAULT_CAP_BYTES = 2 * GiB  # half vLLM's CPU default (VLLM_CPU_KVCACHE_SPACE): see above
 UNKNOWN_AVAILABLE_BYTES = DEFAULT_CAP_BYTES  # a platform that does not say: the cap, a quarter of it used
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,

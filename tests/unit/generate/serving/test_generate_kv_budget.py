@@ -50,13 +50,20 @@ def test_bytes_per_block_follow_the_kv_shape():
 
 
 def test_an_8b_shape_under_the_default_budget_gets_a_share_of_the_memory_not_4_gib_regardless():
-    small = size_kv_cache(LLAMA3_8B_FP32, 16, 512, 32, available_bytes=6 * GiB)  # issue 29's defaults
+    # issue 29's case, fp32 at 512-token contexts: a quarter of what is left, and never more than 2 GiB
+    small = size_kv_cache(LLAMA3_8B_FP32, 16, 512, 32, available_bytes=6 * GiB)
     assert small.sized_by is SizedBy.DEFAULT and small.budget_bytes == 6 * GiB // 4
     assert small.num_blocks == 384 and small.tokens == 6144 and small.nbytes == 1536 << 20  # 1.5 GiB
-    # a real Llama-3-8B export: fp16, 8192 positions; a big machine stops at the cap
-    big = size_kv_cache(LLAMA3_8B_FP16, 16, 8192, 32, available_bytes=64 * GiB)
-    assert big.budget_bytes == DEFAULT_CAP_BYTES and big.num_blocks == 2048 and big.tokens == 32768
-    assert big.nbytes <= DEFAULT_CAP_BYTES  # four whole 8192-token contexts
+    big = size_kv_cache(LLAMA3_8B_FP32, 16, 512, 32, available_bytes=64 * GiB)
+    assert big.budget_bytes == DEFAULT_CAP_BYTES == 2 * GiB and big.num_blocks == 512  # was 1024, 4.3 GB
+    assert big.tokens == 8192 and big.nbytes == 2 * GiB
+    # a real Llama-3-8B export: fp16, 8192 positions: two whole contexts
+    export = size_kv_cache(LLAMA3_8B_FP16, 16, 8192, 32, available_bytes=64 * GiB)
+    assert export.num_blocks == 1024 and export.tokens == 2 * 8192 and export.nbytes == 2 * GiB
+    # a machine with little left after the weights: one context still fits, or the load says why not
+    assert size_kv_cache(LLAMA3_8B_FP16, 16, 8192, 32, available_bytes=6 * GiB).tokens == 12288
+    with pytest.raises(EngineError, match="lower max_model_len to 4096 or less"):
+        size_kv_cache(LLAMA3_8B_FP16, 16, 8192, 32, available_bytes=2 * GiB)
 
 
 def test_the_default_stops_at_what_max_num_seqs_full_sequences_hold():
@@ -68,7 +75,7 @@ def test_the_default_stops_at_what_max_num_seqs_full_sequences_hold():
 
 def test_a_machine_that_does_not_say_gets_a_quarter_of_the_cap():
     sizing = size_kv_cache(LLAMA3_8B_FP16, 16, 4096, 32, available_bytes=None)
-    assert sizing.budget_bytes == DEFAULT_CAP_BYTES // 4 and sizing.num_blocks == 512
+    assert sizing.budget_bytes == DEFAULT_CAP_BYTES // 4 and sizing.num_blocks == 256
 
 
 def test_kv_num_blocks_wins_then_the_parameter_then_the_flag():
