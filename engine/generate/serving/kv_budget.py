@@ -142,6 +142,8 @@ class KVSizing:
         """For the load log line: "1024 KV blocks of 16 tokens (16384 tokens, 16 MiB; default budget ...)"."""
         source = "kv_num_blocks" if self.sized_by is SizedBy.BLOCKS else \
             f"{self.sized_by.value} budget {shown_bytes(self.budget_bytes)}"
+        if self.sized_by is SizedBy.DEFAULT and self.nbytes + self.bytes_per_block <= self.budget_bytes:
+            source += ", no more than max_num_seqs sequences of max_model_len fill"
         return (f"{self.num_blocks} KV blocks of {self.block_size} tokens ({self.tokens} tokens, "
                 f"{shown_bytes(self.nbytes)}; {source})")
 

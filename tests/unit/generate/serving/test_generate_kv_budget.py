@@ -70,6 +70,8 @@ def test_the_default_stops_at_what_max_num_seqs_full_sequences_hold():
     sizing = size_kv_cache(TINY, 16, 512, 32, available_bytes=16 * GiB)
     assert sizing.num_blocks == 32 * 512 // 16 == 1024  # the old fixed default, 16 MiB
     assert sizing.nbytes == 16 << 20 and sizing.budget_bytes == DEFAULT_CAP_BYTES
+    assert sizing.describe() == ("1024 KV blocks of 16 tokens (16384 tokens, 16 MiB; default budget 2.0 GiB, "
+                                 "no more than max_num_seqs sequences of max_model_len fill)")
     assert size_kv_cache(TINY, 16, 128, 8, available_bytes=16 * GiB).num_blocks == 64
 
 
