@@ -78,6 +78,7 @@ WORKER_SUITES = \
 	tests/functional/generate/serving/test_generate_adapters.py \
 	tests/functional/generate/triton/test_generate_statistics.py \
 	tests/functional/generate/serving/test_generate_limits.py \
+	tests/functional/generate/serving/test_generate_kv_sizing.py \
 	tests/functional/openai/batch/test_openai_batch_access.py \
 	tests/functional/shm/test_client_shm_owners.py \
 	tests/functional/streaming/test_stream_backpressure.py \

@@ -16,7 +16,9 @@ session is made, so the weights already hold their memory), in this order:
    found too much for an 8B-shaped fp32 model at 512-token contexts (1024 blocks, 4.3 GB); 2 GiB still
    holds two whole 8192-token contexts of an 8B fp16 shape (Llama-3-8B: 32 layers, 8 KV heads of 128).
 
-vLLM's other way, `gpu_memory_utilization`, has no meaning here: the blocks are host memory (numpy) whatever
+The budget is the blocks' alone: a shared-KV model's decode buffers (core/shared_group.py, `max_num_seqs` ×
+`max_model_len` tokens) come on top, and the load log shows both. vLLM's other way,
+`gpu_memory_utilization`, has no meaning here: the blocks are host memory (numpy) whatever
 the execution provider (runner.py). A budget too small for one sequence of `max_model_len` tokens fails the
 load (UNAVAILABLE, with the numbers and what fits); an explicit `kv_num_blocks` is taken as given (a request
 larger than the whole cache is refused when it arrives: core/engine.py).
