@@ -1,7 +1,8 @@
 """The KV cache's block count from a memory budget (engine/generate/serving/kv_budget.py): sizes as the flag
 and the parameter take them, the order of the settings, the default's share and caps, the refusal of a
 budget that cannot hold one sequence, and what the machine says it has left. Pure: the shapes are numbers,
-the available memory is passed in (or read from files written here)."""
+the available memory is passed in (or read from files written here); and one real build of the example
+folder without a setting."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import config_from_pbtxt
+from conftest import EXAMPLES, config_from_pbtxt
 from engine.errors import EngineError, ErrorCode
 from engine.generate.serving.kv_budget import (
     DEFAULT_CAP_BYTES,
@@ -22,6 +23,8 @@ from engine.generate.serving.kv_budget import (
     size_for_model,
     size_kv_cache,
 )
+from engine.generate.serving.model_folder import load_engine
+from hubserve_models import examples
 
 TINY = KVShape(layers=2, kv_heads=4, head_dim=16, dtype_bytes=4)  # the example tiny_decoder, fp32
 LLAMA3_8B_FP32 = KVShape(layers=32, kv_heads=8, head_dim=128, dtype_bytes=4)  # GQA: 8 KV heads of 128
@@ -148,3 +151,19 @@ def test_available_memory_is_memavailable_or_the_cgroups_room_whichever_is_less(
     (cgroup / "memory.max").write_text(f"{2 * GiB}\n")
     (cgroup / "memory.current").write_text(f"{GiB // 2}\n")
     assert available_memory_bytes(meminfo, cgroup) == 3 * GiB // 2
+
+
+def test_a_folder_without_a_setting_is_sized_by_the_default_from_its_graphs_shape(tmp_path: Path):
+    folder = tmp_path / "tiny_decoder"
+    folder.mkdir()
+    config = (EXAMPLES / "tiny_decoder" / "config.pbtxt").read_text()
+    blocks_line = 'parameters { key: "kv_num_blocks" value { string_value: "1024" } }'
+    assert blocks_line in config
+    seqs = 'key: "max_num_seqs" value { string_value: "%s" }'
+    (folder / "config.pbtxt").write_text(config.replace(blocks_line, "").replace(seqs % 32, seqs % 4))
+    examples.build_repository(tmp_path, ["tiny_decoder"])
+    engine = load_engine(folder)
+    cache = engine.cache_config
+    assert (cache.num_blocks, cache.sized_by) == (4 * 512 // 16, "default")  # 4 sequences of 512 tokens
+    assert 0 < cache.budget_bytes <= DEFAULT_CAP_BYTES
+    assert engine.runner.blocks.nbytes == 128 * 16 * TINY.bytes_per_token  # what the graph's shape costs
