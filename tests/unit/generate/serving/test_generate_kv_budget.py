@@ -2,16 +2,18 @@
 and the parameter take them, the order of the settings, the default's share and caps, the refusal of a
 budget that cannot hold one sequence, and what the machine says it has left. Pure: the shapes are numbers,
 the available memory is passed in (or read from files written here); and one real build of the example
-folder without a setting."""
+folder without a setting, and the fixture exports' shapes read from their graphs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
-from conftest import EXAMPLES, config_from_pbtxt
+from conftest import EXAMPLES, ROOT, config_from_pbtxt
 from engine.errors import EngineError, ErrorCode
+from engine.generate.core.decoder_model import DecoderModel
 from engine.generate.serving.kv_budget import (
     DEFAULT_CAP_BYTES,
     GiB,
@@ -167,3 +169,22 @@ def test_a_folder_without_a_setting_is_sized_by_the_default_from_its_graphs_shap
     assert (cache.num_blocks, cache.sized_by) == (4 * 512 // 16, "default")  # 4 sequences of 512 tokens
     assert 0 < cache.budget_bytes <= DEFAULT_CAP_BYTES
     assert engine.runner.blocks.nbytes == 128 * 16 * TINY.bytes_per_token  # what the graph's shape costs
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "llm" / "models"
+
+
+@pytest.mark.parametrize(("name", "shape", "context", "blocks"), [
+    ("gpt2", KVShape(2, 4, 16, 4), 128, 256),
+    ("llama", KVShape(2, 2, 16, 4), 256, 512),  # GQA: 2 KV heads for 4 query heads
+    ("llama_spm", KVShape(2, 4, 16, 4), 256, 512),
+    ("qwen2", KVShape(2, 2, 16, 4), 256, 512),
+    ("llama_genai", KVShape(2, 2, 16, 4), 256, 512),  # the builder's shared past and present
+])
+def test_the_real_exports_kv_shapes_are_read_from_their_graphs(name: str, shape: KVShape, context: int,
+                                                              blocks: int):
+    decoder = DecoderModel(FIXTURES / name / "model.onnx", ort.SessionOptions(), ["CPUExecutionProvider"],
+                           f"model '{name}'", shared_kv=name.endswith("genai"))
+    assert KVShape.of(decoder) == shape
+    sizing = size_kv_cache(shape, 16, context, 32, available_bytes=16 * GiB)  # the default, docs' table
+    assert (sizing.num_blocks, sizing.nbytes) == (blocks, blocks * 16 * shape.bytes_per_token)
