@@ -10,6 +10,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
+from hf_exports import optimum_folder
 
 from conftest import EXAMPLES, ROOT, config_from_pbtxt
 from engine.errors import EngineError, ErrorCode
@@ -188,3 +189,16 @@ def test_the_real_exports_kv_shapes_are_read_from_their_graphs(name: str, shape:
     assert KVShape.of(decoder) == shape
     sizing = size_kv_cache(shape, 16, context, 32, available_bytes=16 * GiB)  # the default, docs' table
     assert (sizing.num_blocks, sizing.nbytes) == (blocks, blocks * 16 * shape.bytes_per_token)
+
+
+def test_a_hugging_face_folders_own_context_is_cut_to_its_budget_but_a_configs_is_refused(tmp_path: Path):
+    folder = optimum_folder(tmp_path / "gpt2ish")  # config.json's 128 positions, 1 KiB per token
+    budget = 'parameters { key: "kv_cache_memory_bytes" value { string_value: "64KiB" } }\n'
+    (folder / "config.pbtxt").write_text(budget)
+    cache = load_engine(folder).cache_config
+    assert (cache.num_blocks, cache.max_model_len, cache.sized_by) == (4, 64, "kv_cache_memory_bytes")
+    context = 'parameters { key: "max_model_len" value { string_value: "100" } }\n'
+    (folder / "config.pbtxt").write_text(budget + context)
+    with pytest.raises(EngineError, match="one sequence of max_model_len 100 needs 7 blocks .*lower "
+                                          "max_model_len to 64 or less"):
+        load_engine(folder)
