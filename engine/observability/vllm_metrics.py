@@ -14,6 +14,11 @@ families read, and each latency histogram is the same one, shown through vLLM's 
 it describes and whose labels carry the state, `running_lora_adapters` and `waiting_lora_adapters` (adapter
 names joined by commas) and `max_lora`; we add `model_name`, so two models' series stay apart. vLLM keeps
 every label set it has ever set, and readers take the newest; we show the current one only.
+
+`vllm:cache_config_info` is vLLM's info gauge (value 1) whose labels are the KV cache's configuration:
+`block_size`, `num_gpu_blocks` (vLLM's name even on its CPU backend, where the blocks are host memory, as
+ours are) and, ours, `kv_cache_memory_bytes` (what the blocks take: generate/serving/kv_budget.py), with
+`model_name` and `engine`.
 """
 
 from __future__ import annotations
@@ -68,6 +73,11 @@ def vllm_lines(samples: list[GenerationSample]) -> list[str]:
     lines.extend(histogram_family(
         "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
         [(labels, d.inter_token_latency) for d, labels in labelled], VLLM_ITL_BUCKETS_S, float_bound))
+    lines.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+    lines.append("# TYPE vllm:cache_config_info gauge")
+    for d, labels in labelled:
+        lines.append(f'vllm:cache_config_info{{block_size="{d.kv_block_size}",num_gpu_blocks="{d.kv_num_blocks}",'
+                     f'kv_cache_memory_bytes="{d.kv_cache_bytes}",{labels}}} 1.0')
     with_lora = [d for d in samples if d.lora is not None]
     if with_lora:
         lines.append("# HELP vllm:lora_requests_info Running stats on lora requests.")

@@ -1,7 +1,7 @@
 """vLLM's metric names beside ours (engine/observability/vllm_metrics.py), rendered from a real
 GenerationSample by the real page renderer (metrics.render) and read back with prometheus_client's parser:
 one histogram per version shown through our buckets and vLLM's, the KV gauge as a fraction, vLLM's finish
-reasons, its LoRA info gauge. Pure: no server."""
+reasons, its LoRA and cache config info gauges. Pure: no server."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def sample(lora: LoraSample | None = None) -> GenerationSample:
                             kv_blocks_used=256, kv_blocks_free=768, prefix_cache_hit_rate=0.5, preemptions=1,
                             finished={"stop": 2, "error": 1}, time_to_first_token=metrics.time_to_first_token,
                             inter_token_latency=metrics.inter_token_latency, lora=lora, stats_time_s=1234.5,
-                            prefix_cache_queries=40, prefix_cache_hits=20)
+                            prefix_cache_queries=40, prefix_cache_hits=20, kv_num_blocks=1024,
+                            kv_block_size=16, kv_cache_bytes=16 << 20)
 
 
 def page(*samples: GenerationSample) -> Series:
@@ -59,6 +60,13 @@ def test_gauges_and_counters_under_vllms_names_and_labels() -> None:
     reasons = {dict(labels)["finished_reason"]: value for (n, labels), value in series.items()
                if n == "vllm:request_success_total"}
     assert reasons == {"stop": 2, "length": 0, "abort": 0}  # vLLM's reasons; our "error" is not one
+
+
+def test_the_kv_caches_sizing_as_vllms_cache_config_info() -> None:
+    series = page(sample())
+    info = {labels: value for (name, labels), value in series.items() if name == "vllm:cache_config_info"}
+    assert info == {(("block_size", "16"), ("engine", "2"), ("kv_cache_memory_bytes", str(16 << 20)),
+                     ("model_name", "m"), ("num_gpu_blocks", "1024")): 1.0}
 
 
 def test_one_histogram_shown_through_our_buckets_and_vllms() -> None:

@@ -65,8 +65,12 @@ def shown_parameters(server: RunningServer, name: str) -> dict[str, str]:
     return {k: v["string_value"] for k, v in config["parameters"].items()}
 
 
+def metrics_page(server: RunningServer) -> str:
+    return urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
+
+
 def metric(server: RunningServer, family: str, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url, timeout=30).read().decode()
+    text = metrics_page(server)
     for line in text.splitlines():
         if line.startswith(f'{family}{{model="{name}",version="1"}} '):
             return float(line.rsplit(" ", 1)[1])
@@ -93,6 +97,8 @@ def test_each_version_is_sized_by_its_setting_and_says_so_everywhere(server: Run
     assert metric(server, "hubserve_generation_kv_cache_capacity_tokens", name) == tokens
     assert metric(server, "hubserve_generation_kv_cache_bytes", name) == nbytes
     assert metric(server, "hubserve_generation_kv_blocks_free", name) == blocks
+    assert (f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{blocks}",kv_cache_memory_bytes='
+            f'"{nbytes}",model_name="{name}",engine="1"}} 1.0') in metrics_page(server).splitlines()
     assert (f"model {name} version 1: generation engine ready, load check passed ({blocks} KV blocks of 16 "
             f"tokens ({tokens} tokens, {nbytes >> 20} MiB; {budget}); dense KV; context 512; "
             "CPUExecutionProvider; chat template: ") in server.log()
