@@ -17,12 +17,14 @@ from .detokenize import OutputText, WindowDecoder
 from .grammar import GrammarCompiler
 from .kv_manager import KVCacheManager
 from .lora import AdapterStore
+from .proposer import Proposer
 from .request import FinishReason, Priority, Request, RequestOutput, SamplingParams, TokenLogprob
 from .runner import DecoderRunner
 from .sampler import sample, token_logprob
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .stopping import check_stop
 from .tokenizer import Tokenizer
+from .verify import verify
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,18 +57,23 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since the engine started
     prefix_cache_hits: int = 0     # of those, found cached
     waiting_batch: int = 0  # of `waiting`, offline batch jobs' (Priority.BATCH): autoscaling ignores them
+    spec_draft_tokens: int = 0     # tokens proposed by speculative decoding and verified, since the start
+    spec_accepted_tokens: int = 0  # of those, kept (verify.py)
 
 
 class GenerationEngine:
     def __init__(self, runner: DecoderRunner, tokenizer: Tokenizer, cache: CacheConfig,
-                 scheduler: SchedulerConfig, seed: int = 0, adapters: AdapterStore | None = None) -> None:
+                 scheduler: SchedulerConfig, seed: int = 0, adapters: AdapterStore | None = None,
+                 proposer: Proposer | None = None) -> None:
         self.runner = runner
         self.adapters = adapters  # the model's LoRA adapters (lora.py), when its graph takes them
         self.tokenizer = tokenizer
         self.grammars = GrammarCompiler(tokenizer)  # structured output's compiled grammars (grammar.py)
         self.cache_config = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
-        self.scheduler = Scheduler(scheduler, self.kv)
+        # speculative decoding's proposer (proposer.py: the model folder's n-gram lookup); None: off
+        self.scheduler = Scheduler(scheduler, self.kv, proposer)
+        self.spec_draft_tokens = self.spec_accepted_tokens = 0
         self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
         self._requests: dict[str, Request] = {}
 
@@ -139,9 +146,12 @@ class GenerationEngine:
             sampled = dict(zip((r.request_id for r in samplers), tokens.tolist(), strict=True))
         else:
             logits = self.runner.execute(plan.chunks)
+            sampled = {}
+            if len(logits) > len(samplers):  # some chunks carry proposals: verify them, sample the others
+                logits, samplers = self._verify(plan, logits, sampled)
             # no row when no chunk samples: a step of prefill chunks only (a prompt longer than the budget)
             picked = sample(logits, samplers, eos) if samplers else []
-            sampled = dict(zip((r.request_id for r in samplers), ((t,) for t in picked), strict=True))
+            sampled.update(zip((r.request_id for r in samplers), ((t,) for t in picked), strict=True))
             for row, request in enumerate(samplers):  # a plan with such a request runs one step (`_steps`)
                 if request.params.logprobs is not None:
                     logprobs[request.request_id] = token_logprob(logits[row], picked[row],
@@ -165,6 +175,28 @@ class GenerationEngine:
                 tuple(request.output_token_ids) if finished else (), request.output_text,
                 () if shown is None else (shown,), text, ends))
         return outputs
+
+    def _verify(self, plan: SchedulerOutput, logits: np.ndarray, sampled: dict[str, Sequence[int]],
+                ) -> tuple[np.ndarray, list[Request]]:
+        """Speculative decoding's verification (verify.py) of each chunk with proposals, its tokens put in
+        `sampled`; returns the other sampling chunks' rows of `logits` and their requests, for `sample`."""
+        rows: list[int] = []
+        plain: list[Request] = []
+        row = 0
+        for chunk in plan.chunks:
+            if not chunk.sample:
+                continue
+            if chunk.num_draft:
+                proposals = chunk.token_ids[1:]
+                tokens = verify(logits[row:row + 1 + chunk.num_draft], proposals, chunk.request)
+                sampled[chunk.request.request_id] = tokens
+                self.spec_draft_tokens += chunk.num_draft
+                self.spec_accepted_tokens += len(tokens) - 1
+            else:
+                rows.append(row)
+                plain.append(chunk.request)
+            row += 1 + chunk.num_draft
+        return logits[rows], plain
 
     def _steps(self, plan: SchedulerOutput) -> int:
         """How many decode steps this plan runs before the next schedule (vLLM's multi-step scheduling):
@@ -227,7 +259,8 @@ class GenerationEngine:
             prefix_cache_queries=queried, prefix_cache_hits=self.kv.prefix_hits,
             running_adapters=() if self.adapters is None else _adapters(self.scheduler.running),
             waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting),
-            waiting_batch=len(self.scheduler.queues[Priority.BATCH]))
+            waiting_batch=len(self.scheduler.queues[Priority.BATCH]),
+            spec_draft_tokens=self.spec_draft_tokens, spec_accepted_tokens=self.spec_accepted_tokens)
 
 
 def _adapters(requests: list[Request]) -> tuple[str, ...]:

@@ -138,26 +138,30 @@ class DecoderRunner:
     def execute(self, chunks: Sequence[ScheduledChunk]) -> np.ndarray:
         """Compute every chunk's tokens into its blocks; the last position's logits of each chunk with
         `sample`, one row each in chunk order ([n, vocab]; n may be 0: a step of prefill chunks only, such
-        as the first chunk of a prompt longer than the token budget)."""
+        as the first chunk of a prompt longer than the token budget). A chunk with `num_draft` proposals
+        (speculative decoding) gets 1 + num_draft rows: its last 1 + num_draft positions', in order; it
+        runs with the prefill chunks, and all its tokens are written (the scheduler's lengths say which
+        count)."""
         self.stats.steps += 1
         decodes = [i for i, c in enumerate(chunks) if len(c.token_ids) == 1]
         decode = self._decode
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
             return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
-        rows: dict[int, np.ndarray] = {}
+        rows: dict[int, np.ndarray] = {}  # each chunk's rows of logits [m, vocab]
         if decodes:
-            rows.update(zip(decodes, decode([chunks[i] for i in decodes]), strict=True))
+            rows.update(zip(decodes, decode([chunks[i] for i in decodes])[:, None], strict=True))
         else:  # nobody is decoding: let go of the kept tensors
             self.layout.clear()
         for group in self.layout.prefill_groups(chunks, prefill_groups(chunks, prefills)):
             rows.update(zip(group, self._prefill([chunks[i] for i in group]), strict=True))
         wanted = [rows[i] for i, c in enumerate(chunks) if c.sample]
-        return np.stack(wanted) if wanted else np.empty((0, self.model.vocab), self.model.logits_dtype)
+        return np.concatenate(wanted) if wanted else np.empty((0, self.model.vocab), self.model.logits_dtype)
 
-    def _prefill(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
-        """Prefill chunks, batched, over their cached context (the layout gathers and runs them); the last
-        position's logits. Only the real new tokens are written to their blocks."""
+    def _prefill(self, group: Sequence[ScheduledChunk]) -> list[np.ndarray]:
+        """Prefill chunks, batched, over their cached context (the layout gathers and runs them); each
+        chunk's last 1 + num_draft positions' logits. Only the real new tokens are written to their
+        blocks."""
         t0 = time.perf_counter_ns()
         batch = len(group)
         width = max(len(c.token_ids) for c in group)
@@ -170,8 +174,9 @@ class DecoderRunner:
         done = self.layout.prefill(group, input_ids, position_ids)
         t1, t2 = done.run_started_ns, time.perf_counter_ns()
         tokens = self.blocks.write(group, done.outs, done.firsts)
-        counts = np.asarray([len(c.token_ids) for c in group])
-        last = done.logits[np.arange(batch), counts - 1]
+        # copies: a shared-KV run's logits are bound, and the next run overwrites them
+        last = [done.logits[row, len(c.token_ids) - 1 - c.num_draft:len(c.token_ids)].copy()
+                for row, c in enumerate(group)]
         t3 = time.perf_counter_ns()
         self._count(batch, tokens, done.past_slots, sum(c.start for c in group), t0, t1, t2, t3)
         return last

@@ -131,11 +131,23 @@ def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Genera
 
 
 def _draw(scaled: np.ndarray, order: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """min-p → top-k → top-p → one draw from `rng`: the inverse of the kept tokens' cumulative distribution at
-    one uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks of
-    `p` (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds the
-    draws equal). min-p keeps the tokens whose probability is at least min_p × the most likely one's: whose
-    scaled logit is at least the highest + log(min_p)."""
+    """One draw from `rng` over `kept_distribution`: the inverse of the kept tokens' cumulative distribution
+    at one uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks
+    of `p` (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds
+    the draws equal)."""
+    order, probs = kept_distribution(scaled, order, params)
+    cdf = probs.cumsum()
+    cdf /= cdf[-1]
+    return int(order[int(cdf.searchsorted(rng.random(), side="right"))])
+
+
+def kept_distribution(scaled: np.ndarray, order: np.ndarray, params: SamplingParams,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """min-p → top-k → top-p over a row's temperature-scaled logits `scaled` (`order`: its token ids, most
+    likely first): the kept token ids, most likely first, and their probabilities (summing to 1). What a
+    sampled request draws from, and what speculative decoding verifies proposals against (verify.py).
+    min-p keeps the tokens whose probability is at least min_p × the most likely one's: whose scaled logit
+    is at least the highest + log(min_p)."""
     if params.min_p > 0.0:
         floor = scaled[order[0]] + np.log(params.min_p)
         order = order[:int(np.searchsorted(-scaled[order], -floor, side="right"))]
@@ -148,6 +160,4 @@ def _draw(scaled: np.ndarray, order: np.ndarray, params: SamplingParams, rng: np
         # the smallest prefix whose probability reaches top_p (always at least the most likely token)
         cut = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
         order, probs = order[:cut], probs[:cut] / probs[:cut].sum()
-    cdf = probs.cumsum()
-    cdf /= cdf[-1]
-    return int(order[int(cdf.searchsorted(rng.random(), side="right"))])
+    return order, probs

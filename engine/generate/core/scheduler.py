@@ -15,6 +15,12 @@ Each step (vLLM v1's order):
    prompt's cached prefix is shared, not computed; a prompt longer than the remaining budget is admitted
    with a first chunk (chunked prefill), so a long prompt never stalls the running streams for a whole step.
 
+Speculative decoding (proposer.py): a decoding request the model's proposer has tokens for computes its
+last token and up to k proposed ones in one chunk (`num_draft`), within the budget and the blocks it can
+get without preempting anyone (else it decodes as usual); `update` advances it by the tokens the engine
+kept (verify.py), so the keys and values written for rejected proposals lie past `num_computed_tokens`,
+in blocks it still holds, and are overwritten by the next step's tokens.
+
 Priorities (`SamplingParams.priority`): steps 1 and 2 run once per class, interactive first, so interactive
 requests are scheduled and admitted before any batch-job request takes budget. `running` is kept ordered by
 class, then admission, so "the newest running" (the preemption victim) is the newest batch-job request while
@@ -28,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from .kv_manager import KVCacheManager
+from .proposer import Proposer
 from .request import FinishReason, Priority, Request, RequestState
 from .waiting import WaitingQueue
 
@@ -54,6 +61,7 @@ class ScheduledChunk:
     token_ids: tuple[int, ...]
     block_table: tuple[int, ...]
     sample: bool
+    num_draft: int = 0  # of `token_ids`, the last ones are proposals to verify (speculative decoding)
 
 
 @dataclass(slots=True)
@@ -69,9 +77,10 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the requests' states and, through the KV cache manager, their blocks."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, proposer: Proposer | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.proposer = proposer  # speculative decoding's (proposer.py); None: every decode is one token
         self.queues: dict[Priority, WaitingQueue] = {p: WaitingQueue() for p in Priority}  # waiting, by class
         self.running: list[Request] = []  # ordered by class, then admission
         self.num_preemptions = 0
@@ -109,6 +118,12 @@ class Scheduler:
         while index < len(self.running) and budget > 0 and self.running[index].params.priority == priority:
             request = self.running[index]
             count = min(request.num_tokens - request.num_computed_tokens, budget)
+            draft = self._propose(request, budget) if count == 1 else []
+            if draft and self.kv.allocate(request.request_id, request.num_computed_tokens, 1 + len(draft)):
+                out.chunks.append(self._chunk(request, 1, draft))
+                budget -= 1 + len(draft)
+                index += 1
+                continue
             while not self.kv.allocate(request.request_id, request.num_computed_tokens, count):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -161,14 +176,24 @@ class Scheduler:
         out.preempted.append(victim.request_id)
         return True
 
-    def _chunk(self, request: Request, count: int) -> ScheduledChunk:
+    def _propose(self, request: Request, budget: int) -> list[int]:
+        """A decoding request's proposals (speculative decoding): none without a proposer, for a stepwise
+        request (verify.py), or beyond the budget or its max_tokens (the engine's add_request keeps prompt +
+        max_tokens within the context, so that bounds the positions too)."""
+        if self.proposer is None or request.params.stepwise:
+            return []
+        limit = min(budget - 1, request.params.max_tokens - len(request.output_token_ids) - 1)
+        return self.proposer.propose(request.all_token_ids, limit) if limit > 0 else []
+
+    def _chunk(self, request: Request, count: int, draft: Sequence[int] = ()) -> ScheduledChunk:
         start, prompt = request.num_computed_tokens, len(request.prompt_token_ids)
         if start >= prompt:  # decoding, or recomputing output: no need to join prompt and output
             tokens = request.output_token_ids[start - prompt:start - prompt + count]
         else:
             tokens = request.all_token_ids[start:start + count]
-        return ScheduledChunk(request, start, tuple(tokens), tuple(self.kv.block_table(request.request_id)),
-                              sample=start + count == request.num_tokens)
+        table = tuple(self.kv.block_table(request.request_id))
+        return ScheduledChunk(request, start, (*tokens, *draft), table,
+                              sample=start + count == request.num_tokens, num_draft=len(draft))
 
     def _preempt(self, request: Request) -> None:
         """Free its blocks and send it back to the front of the line; its generated tokens stay, and are
@@ -197,13 +222,16 @@ class Scheduler:
                ) -> Iterator[tuple[Request, Sequence[int]]]:
         """Advance each scheduled request by its computed tokens and append its sampled tokens (`sampled`,
         by request id, for the chunks with `sample`: one token, or one per step of a multi-step decode,
-        where every token but the last was also fed back and computed). Yields (request, new tokens)."""
+        where every token but the last was also fed back and computed; or, for a chunk with proposals, the
+        kept ones and the target's next: the chunk's first token and the kept ones are computed). Yields
+        (request, new tokens)."""
         for chunk in out.chunks:
             request = chunk.request
             if request.finished:  # aborted between schedule and update
                 continue
             tokens = sampled.get(request.request_id, ()) if chunk.sample else ()
-            request.num_computed_tokens += len(chunk.token_ids) + max(len(tokens) - 1, 0)
+            request.num_computed_tokens += len(tokens) if chunk.num_draft else \
+                len(chunk.token_ids) + max(len(tokens) - 1, 0)
             request.output_token_ids.extend(tokens)
             if self.kv.fills_a_block(request.request_id, request.num_computed_tokens):
                 self.kv.cache_computed(request.request_id, request.all_token_ids,
