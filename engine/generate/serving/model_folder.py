@@ -33,6 +33,10 @@ one that only overrides, every parameter below it does not set read from its own
     lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
                             graph takes LoRA inputs (core/lora.py)
     max_loras               adapters kept loaded at most, least recently used evicted (default 4)
+    speculative_method      "ngram": speculative decoding by prompt lookup (core/proposer.py, vLLM's
+                            `speculative_config` method); absent: off
+    num_speculative_tokens  tokens proposed per step at most (default 4)
+    prompt_lookup_min, prompt_lookup_max  the shortest and longest suffix looked up (defaults 1 and 3)
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
 session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
@@ -51,6 +55,7 @@ from ...config.steps import autocomplete, read_config_proto, validate
 from ...errors import invalid
 from ..core.engine import CacheConfig, GenerationEngine
 from ..core.lora import AdapterStore
+from ..core.proposer import NgramProposer, SpeculativeConfig
 from ..core.runner import DecoderRunner
 from ..core.scheduler import SchedulerConfig
 from ..core.tokenizer import load_tokenizer
@@ -105,6 +110,23 @@ def _context(params: Mapping[str, str], kv_slots: int, where: str) -> int:
                 "beside its files, or --kv-cache-memory-bytes", where, context,
                 params.get(SOURCE + "max_model_len"), kv_slots)
     return kv_slots
+
+
+def _proposer(params: Mapping[str, str], where: str) -> NgramProposer | None:
+    """Speculative decoding's proposer, when the config asks for it (`speculative_method`)."""
+    method = params.get("speculative_method")
+    if method is None:
+        return None
+    if method != "ngram":
+        raise invalid(f"{where}: parameter speculative_method must be 'ngram' (prompt lookup), "
+                      f"got {method!r}")
+    low = _int(params, "prompt_lookup_min", 1, where)
+    high = _int(params, "prompt_lookup_max", max(3, low), where)
+    if low > high:
+        raise invalid(f"{where}: parameter prompt_lookup_min ({low}) must not exceed prompt_lookup_max "
+                      f"({high})")
+    return NgramProposer(SpeculativeConfig(method, _int(params, "num_speculative_tokens", 4, where), low,
+                                           high))
 
 
 def effective_values(config: ModelConfig) -> str:
@@ -185,4 +207,10 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     if runner.lora is not None:
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,
                                 _int(params, "max_loras", 4, where), config.name)
-    return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters)
+    proposer = _proposer(params, where)
+    if proposer is not None:
+        spec = proposer.config
+        log.info("%s: speculative decoding by n-gram prompt lookup, %d tokens proposed per step at most "
+                 "(suffixes of %d to %d tokens)", where, spec.num_speculative_tokens, spec.prompt_lookup_min,
+                 spec.prompt_lookup_max)
+    return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters, proposer)

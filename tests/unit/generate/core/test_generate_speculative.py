@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import EXAMPLES
+from engine.errors import EngineError
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
 from engine.generate.core.request import FinishReason, Request, SamplingParams
 from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.verify import verify
+from engine.generate.serving.model_folder import load_engine
+from hubserve_models import examples
 from test_generate_engine import (
     GREEDY,
     KV,
@@ -296,3 +301,38 @@ def test_sampled_requests_draw_what_plain_sampling_draws(reference_session):
         assert stat < chi_square_critical(max(int(seen.sum()) - 1, 1))
 
 
+
+
+# ------------------------------------------------------------------------------------------ the model folder
+
+def speculative_folder(tmp_path: Path, params: dict[str, str]) -> Path:
+    folder = tmp_path / "tiny_decoder"
+    folder.mkdir()
+    config = (EXAMPLES / "tiny_decoder" / "config.pbtxt").read_text()
+    config += "".join(f'parameters {{ key: "{k}" value {{ string_value: "{v}" }} }}\n'
+                      for k, v in params.items())
+    (folder / "config.pbtxt").write_text(config)
+    examples.build_repository(tmp_path, ["tiny_decoder"])
+    return folder
+
+
+def test_a_folder_asks_for_ngram_speculation_and_gets_the_same_tokens(tmp_path: Path, reference_session):
+    folder = speculative_folder(tmp_path, {"speculative_method": "ngram", "num_speculative_tokens": "3",
+                                           "prompt_lookup_max": "2"})
+    engine = load_engine(folder)
+    batch = repetitive(6, seed=13)
+    want = [tuple(reference_greedy(reference_session, p, 24)) for p in batch]
+    assert run(engine, batch, [GREEDY] * len(batch)) == want
+    assert engine.stats().spec_draft_tokens > 0
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"speculative_method": "eagle"}, "speculative_method must be 'ngram'"),
+    ({"speculative_method": "ngram", "num_speculative_tokens": "0"},
+     "num_speculative_tokens must be a positive"),
+    ({"speculative_method": "ngram", "prompt_lookup_min": "4", "prompt_lookup_max": "2"},
+     r"prompt_lookup_min \(4\) must not exceed prompt_lookup_max \(2\)"),
+])
+def test_a_folders_speculative_parameters_are_checked(tmp_path: Path, params, message):
+    with pytest.raises(EngineError, match=message):
+        load_engine(speculative_folder(tmp_path, params))
