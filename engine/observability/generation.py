@@ -84,3 +84,7 @@ class GenerationSample:
     kv_num_blocks: int = 0
     kv_block_size: int = 0
     kv_cache_bytes: int = 0
+    # Speculative decoding (engine/generate/core/verify.py): tokens proposed and verified, and of those kept,
+    # since the engine started; None: the version does not speculate (its families are left out).
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int = 0

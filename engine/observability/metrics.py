@@ -192,7 +192,30 @@ def _generation_lines(samples: list[GenerationSample]) -> list[str]:
             "Time from an interactive generation request's arrival to its first token (offline batch jobs' "
             "requests left out)", interactive, TTFT_BUCKETS_S))
     lines.extend(_lora_lines([(d.lora, labels) for d, labels in labelled if d.lora is not None]))
+    lines.extend(_spec_lines(labelled))
     lines.extend(vllm_lines(samples))
+    return lines
+
+
+_SPEC_FAMILIES: list[tuple[str, str, Callable[[GenerationSample], float]]] = [
+    ("hubserve_generation_spec_draft_tokens_total",
+     "Tokens proposed by speculative decoding and verified by the model", lambda d: d.spec_draft_tokens or 0),
+    ("hubserve_generation_spec_accepted_tokens_total",
+     "Of the tokens proposed by speculative decoding, those the model kept",
+     lambda d: d.spec_accepted_tokens),
+]
+
+
+def _spec_lines(labelled: list[tuple[GenerationSample, str]]) -> list[str]:
+    """Speculative decoding's proposed and kept tokens (their ratio: the acceptance rate), for the versions
+    that speculate (a model folder's `speculative_method`)."""
+    speculating = [(d, labels) for d, labels in labelled if d.spec_draft_tokens is not None]
+    lines: list[str] = []
+    if not speculating:
+        return lines
+    for name, help_text, value in _SPEC_FAMILIES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+        lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in speculating)
     return lines
 
 

@@ -46,6 +46,13 @@ _FAMILIES: list[tuple[str, str, str, Callable[[GenerationSample], float]]] = [
     ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
      lambda d: d.generation_tokens),
 ]
+# speculative decoding's, shown for the versions that speculate (vLLM shows them when speculation is on)
+_SPEC_FAMILIES: list[tuple[str, str, Callable[[GenerationSample], float]]] = [
+    ("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
+     lambda d: d.spec_draft_tokens or 0),
+    ("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",
+     lambda d: d.spec_accepted_tokens),
+]
 # vLLM's finish reasons, each always shown (0 until one ends so); ours also counts "error", which vLLM's
 # request_success does not
 _FINISHED_REASONS = ("stop", "length", "abort")
@@ -78,6 +85,11 @@ def vllm_lines(samples: list[GenerationSample]) -> list[str]:
     for d, labels in labelled:
         lines.append(f'vllm:cache_config_info{{block_size="{d.kv_block_size}",num_gpu_blocks="{d.kv_num_blocks}",'
                      f'kv_cache_memory_bytes="{d.kv_cache_bytes}",{labels}}} 1.0')
+    speculating = [(d, labels) for d, labels in labelled if d.spec_draft_tokens is not None]
+    for name, help_text, value in _SPEC_FAMILIES:
+        if speculating:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in speculating)
     with_lora = [d for d in samples if d.lora is not None]
     if with_lora:
         lines.append("# HELP vllm:lora_requests_info Running stats on lora requests.")

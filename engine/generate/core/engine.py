@@ -125,6 +125,11 @@ class GenerationEngine:
         if request is not None:
             self.scheduler.finish(request, FinishReason.ABORT)
 
+    @property
+    def speculative(self) -> bool:
+        """Whether decoding requests get proposals (speculative decoding: proposer.py, verify.py)."""
+        return self.scheduler.proposer is not None
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

@@ -127,6 +127,7 @@ class EngineDriver:
         self._closing = False
         self._wake = threading.Event()
         self._texts: dict[str, _TextState] = {}  # thread side
+        self._spec_logged = (0, 0, time.monotonic())  # proposed, kept, when: at the last acceptance log line
         self._thread = threading.Thread(target=self._run, name=f"generate-{model_name}", daemon=True)
         self._thread.start()
 
@@ -157,7 +158,9 @@ class EngineDriver:
             waiting_batch=stats.waiting_batch,
             interactive_time_to_first_token=metrics.interactive_time_to_first_token,
             kv_num_blocks=cache.num_blocks, kv_block_size=cache.block_size,
-            kv_cache_bytes=self.engine.runner.blocks.nbytes)
+            kv_cache_bytes=self.engine.runner.blocks.nbytes,
+            spec_draft_tokens=stats.spec_draft_tokens if self.engine.speculative else None,
+            spec_accepted_tokens=stats.spec_accepted_tokens)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
@@ -304,6 +307,21 @@ class EngineDriver:
 
     def _take_stats(self) -> None:
         self.stats, self.stats_time_s = self.engine.stats(), time.time()
+        if self.engine.speculative:
+            self._log_acceptance()
+
+    def _log_acceptance(self, every_s: float = 10.0) -> None:
+        """Speculative decoding's acceptance since the last such line, at most one line per `every_s` (as
+        vLLM logs its SpecDecoding metrics); nothing when nothing was proposed."""
+        proposed, kept, since = self._spec_logged
+        now = time.monotonic()
+        stats = self.stats
+        if now - since < every_s or stats.spec_draft_tokens == proposed:
+            return
+        new_proposed, new_kept = stats.spec_draft_tokens - proposed, stats.spec_accepted_tokens - kept
+        log.info("model '%s': speculative decoding kept %d of %d proposed tokens (%.1f%%) in the last %.0f s",
+                 self.model_name, new_kept, new_proposed, 100 * new_kept / new_proposed, now - since)
+        self._spec_logged = (stats.spec_draft_tokens, stats.spec_accepted_tokens, now)
 
     def _event(self, out: RequestOutput) -> tuple[str, TokenEvent] | None:
         state = self._texts.get(out.request_id)

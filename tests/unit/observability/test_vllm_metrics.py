@@ -5,6 +5,8 @@ reasons, its LoRA and cache config info gauges. Pure: no server."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine.generate.serving.latency import GenerationMetrics
@@ -99,3 +101,18 @@ def test_lora_requests_info_is_vllms_timestamp_gauge_for_a_model_with_adapters()
 
 def test_no_generative_model_no_vllm_families() -> None:
     assert b"vllm:" not in render([], None, [])
+
+
+def test_speculative_decodings_counters_under_both_names_only_for_versions_that_speculate() -> None:
+    speculating = replace(sample(), spec_draft_tokens=12, spec_accepted_tokens=5)
+    plain = replace(sample(), model_name="p")
+    series = page(speculating, plain)
+    assert series[("vllm:spec_decode_num_draft_tokens_total", VLLM)] == 12
+    assert series[("vllm:spec_decode_num_accepted_tokens_total", VLLM)] == 5
+    ours = (("model", "m"), ("version", "2"))
+    assert series[("hubserve_generation_spec_draft_tokens_total", ours)] == 12
+    assert series[("hubserve_generation_spec_accepted_tokens_total", ours)] == 5
+    names = {name for name, labels in series
+             if "p" in (dict(labels).get("model_name"), dict(labels).get("model"))}
+    assert not {n for n in names if "spec" in n}  # a version that does not speculate shows none
+    assert "vllm:num_requests_running" in names
