@@ -1,0 +1,145 @@
+"""Speculative decoding in the engine, single stream: n-gram prompt lookup against plain decoding, in one run.
+
+One request at a time (a single stream, where speculative decoding is meant to help: each step is one
+model run whose cost barely grows with a few more tokens), greedy, EOS ignored, over the same prompts in
+every mode, the modes interleaved prompt by prompt so the machine's drift falls on all of them:
+
+- plain: the engine as built, one token per step;
+- ngram: `speculative_method` "ngram" (engine/generate/core/proposer.py), k = `--k`, suffixes of 1 … 3;
+- oracle: the same verification, proposals from the greedy tokens computed beforehand (every proposal
+  right): what the mechanism gives at 100 % acceptance, the ceiling for any proposer at this k.
+
+Prompts (`--workload`): `repetitive` (the default) repeats a phrase of 3–8 bytes 4–12 times, as an edit or
+a quote repeats its prompt; `random` is random bytes, where lookup rarely finds anything. The output tokens
+are the model's: with random weights (perf/hubserve_models/tiny_decoder.py) they do not follow the prompt
+the way a trained model's do, so the ngram acceptance here is what a random model's own loops give, not a
+real workload's; the oracle column is the mechanism's ceiling whatever the proposer.
+
+Per mode: tokens/s, tokens per engine step, and for the speculative modes the acceptance (proposed tokens
+kept / proposed). Each mode's tokens are checked equal to plain's (greedy: speculation must not change
+them).
+
+    PYTHONPATH=. .venv/bin/python perf/bench_spec.py [--model tiny|l4h256] [--kv dense|shared] [--k 4]
+        [--prompts 24] [--max-tokens 128] [--workload repetitive|random] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench_generate import MODELS, build_model, options
+from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
+from engine.generate.core.request import SamplingParams
+from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.scheduler import SchedulerConfig
+from engine.generate.core.tokenizer import ByteTokenizer
+
+
+class OracleProposer:
+    """Proposes the greedy tokens computed beforehand (by prompt): every proposal is kept."""
+
+    def __init__(self, want: dict[tuple[int, ...], list[int]], k: int) -> None:
+        self.want, self.k = want, k
+
+    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+        for prompt, out in self.want.items():
+            if tuple(token_ids[:len(prompt)]) == prompt:
+                done = len(token_ids) - len(prompt)
+                return out[done:done + min(limit, self.k)]
+        return []
+
+
+@dataclass
+class Tally:
+    seconds: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+    proposed: int = 0
+    kept: int = 0
+
+
+def make_engine(onnx: bytes, shared: bool, proposer: Proposer | None) -> GenerationEngine:
+    runner = DecoderRunner(onnx, 256, 16, options(), shared_kv=shared, max_len=512, max_rows=4)
+    return GenerationEngine(runner, ByteTokenizer(), CacheConfig(16, 256, 512), SchedulerConfig(4, 256),
+                            proposer=proposer)
+
+
+def prompts(kind: str, count: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        if kind == "repetitive":
+            phrase = rng.integers(32, 127, size=int(rng.integers(3, 9))).tolist()
+            out.append([256, *phrase * int(rng.integers(4, 13))])
+        else:
+            out.append([256, *rng.integers(32, 127, size=int(rng.integers(24, 96))).tolist()])
+    return out
+
+
+def one(engine: GenerationEngine, prompt: list[int], max_tokens: int, tally: Tally) -> list[int]:
+    before = engine.stats()
+    engine.add_request("r", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    t0 = time.perf_counter()
+    steps, done = 0, None
+    while engine.has_unfinished():
+        for output in engine.step():
+            if output.finished:
+                done = output
+        steps += 1
+    tally.seconds += time.perf_counter() - t0
+    assert done is not None
+    after = engine.stats()
+    tally.tokens += len(done.output_token_ids)
+    tally.steps += steps
+    tally.proposed += after.spec_draft_tokens - before.spec_draft_tokens
+    tally.kept += after.spec_accepted_tokens - before.spec_accepted_tokens
+    return list(done.output_token_ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--kv", choices=("dense", "shared"), default="dense")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--prompts", type=int, default=24)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--workload", choices=("repetitive", "random"), default="repetitive")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    model = build_model(args.model, args.kv)
+    shared = args.kv == "shared"
+    batch = prompts(args.workload, args.prompts, args.seed)
+    plain = make_engine(model.onnx, shared, None)
+    want = {tuple(p): one(plain, p, args.max_tokens, Tally()) for p in batch}  # also warms the session up
+    engines = {
+        "plain": plain,
+        "ngram": make_engine(model.onnx, shared,
+                             NgramProposer(SpeculativeConfig(num_speculative_tokens=args.k))),
+        "oracle": make_engine(model.onnx, shared, OracleProposer(want, args.k)),
+    }
+    tallies = {name: Tally() for name in engines}
+    for prompt in batch:  # interleaved, prompt by prompt: drift falls on every mode alike
+        for name, engine in engines.items():
+            tokens = one(engine, prompt, args.max_tokens, tallies[name])
+            assert tokens == want[tuple(prompt)], f"{name} changed the greedy tokens"
+
+    print(f"model {args.model} ({args.kv}), {args.workload} prompts × {args.prompts}, {args.max_tokens} "
+          f"tokens each, greedy, single stream, k = {args.k}")
+    print("| mode | tok/s | × plain | tokens/step | acceptance |")
+    print("|---|---|---|---|---|")
+    base = tallies["plain"].tokens / tallies["plain"].seconds
+    for name, t in tallies.items():
+        rate = t.tokens / t.seconds
+        accepted = f"{t.kept / t.proposed:.0%} of {t.proposed:,}" if t.proposed else "–"
+        print(f"| {name} | {rate:,.0f} | {rate / base:.2f} | {t.tokens / t.steps:.2f} | {accepted} |")
+
+
+if __name__ == "__main__":
+    main()
