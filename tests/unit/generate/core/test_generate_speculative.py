@@ -58,12 +58,13 @@ class OracleProposer:
 
 
 def spec_engine(kv: str = "dense", spec: Proposer | None = NGRAM, budget: int = 64,
-                num_blocks: int = 256, block_size: int = 8, seqs: int = 16) -> GenerationEngine:
+                num_blocks: int = 256, block_size: int = 8, seqs: int = 16, steps: int = 1,
+                ) -> GenerationEngine:
     shared = kv == "shared"
     runner = DecoderRunner(SHARED_MODEL if shared else MODEL, num_blocks, block_size, options(),
                            shared_kv=shared, max_len=512, max_rows=seqs)
     return GenerationEngine(runner, TOKENIZER, CacheConfig(block_size, num_blocks, 512),
-                            SchedulerConfig(seqs, budget), proposer=spec)
+                            SchedulerConfig(seqs, budget, num_scheduler_steps=steps), proposer=spec)
 
 
 def repetitive(count: int, seed: int = 7) -> list[list[int]]:
@@ -114,6 +115,53 @@ def test_greedy_equals_the_step_by_step_loop_with_proposals_kept_and_rejected(re
     assert run(engine, batch, [GREEDY] * len(batch)) == [tuple(w) for w in want]
     stats = engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens  # some kept, some rejected
+    assert_no_leaks(engine)
+
+
+class Sometimes:
+    """Another proposer's proposals, only when the sequence's length is a multiple of `every`."""
+
+    def __init__(self, proposer: Proposer, every: int) -> None:
+        self.proposer, self.every = proposer, every
+
+    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+        return self.proposer.propose(token_ids, limit) if len(token_ids) % self.every == 0 else []
+
+
+@KV
+def test_multi_step_decodes_and_proposals_take_turns(reference_session, kv):
+    """num_scheduler_steps 4 with proposals on some steps only: a plan without any runs several decode runs
+    (fewer schedules than at 1), one with proposals one step; the oracle's tokens either way."""
+    batch = repetitive(3, seed=17)
+    want = [reference_greedy(reference_session, p, 40) for p in batch]
+    oracle = OracleProposer({tuple(p): w for p, w in zip(batch, want, strict=True)}, wrong_every=3)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    schedules = {}
+    for steps in (1, 4):
+        engine = spec_engine(kv, Sometimes(oracle, 7), steps=steps)
+        for i, prompt in enumerate(batch):
+            engine.add_request(f"r{i}", prompt, params)
+        done, schedules[steps] = {}, 0
+        while engine.has_unfinished():
+            done.update({o.request_id: o.output_token_ids for o in engine.step() if o.finished})
+            schedules[steps] += 1
+        assert [done[f"r{i}"] for i in range(len(batch))] == [tuple(w) for w in want]
+        assert engine.stats().spec_accepted_tokens > 0
+        assert_no_leaks(engine)
+    assert schedules[4] < schedules[1]  # some plans without proposals ran several decode runs
+
+
+def test_an_abort_between_steps_frees_a_request_with_proposals(reference_session):
+    prompt = repetitive(10)[4]
+    want = reference_greedy(reference_session, prompt, 30)
+    engine = spec_engine(spec=OracleProposer({tuple(prompt): want}))
+    engine.add_request("gone", prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.add_request("kept", prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+    engine.step()
+    engine.step()  # both have proposals now
+    engine.abort_request("gone")
+    done = engine.run_to_completion()
+    assert list(done["kept"].output_token_ids) == want and "gone" not in done
     assert_no_leaks(engine)
 
 
