@@ -12,10 +12,9 @@ tokens that followed the latest earlier occurrence are the proposal. No model, n
 (code edits, quoting the prompt, a looping generation) gets long runs accepted, a fresh one gets nothing
 proposed and decodes as usual.
 
-A draft model would be another `Proposer`: its `propose` runs a small decoder over the request's tokens
-(its own KV blocks, kept per request id, rolled back to the accepted length on the next call) and returns
-its greedy tokens. For sampled requests it must also hand the verifier its distribution q per proposed
-token (verify.py takes a point mass today).
+`DraftModelProposer` (draft_proposer.py) is the other kind: a small decoder's greedy tokens. Both are
+deterministic given the tokens, so the verifier treats every proposal as a point mass (verify.py); a draft
+that sampled would have to hand it its distribution q as well.
 """
 
 from __future__ import annotations
@@ -27,19 +26,22 @@ from typing import Protocol
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+METHODS = ("ngram", "draft_model")
+
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     """A model folder's speculative decoding (model_folder.py's `speculative_*` parameters, vLLM's names)."""
 
-    method: str = "ngram"            # the only one so far
+    method: str = "ngram"            # or "draft_model" (draft_proposer.py: the lookup bounds unused)
     num_speculative_tokens: int = 4  # tokens proposed per step at most (k)
     prompt_lookup_min: int = 1       # the shortest suffix looked up
     prompt_lookup_max: int = 3       # the longest suffix looked up (tried first)
 
     def __post_init__(self) -> None:
-        if self.method != "ngram":
-            raise ValueError(f"speculative method {self.method!r} is not supported; use 'ngram'")
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not supported; use one of "
+                             f"{', '.join(METHODS)}")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be positive")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
@@ -49,8 +51,13 @@ class SpeculativeConfig:
 class Proposer(Protocol):
     """Called by the scheduler on the engine's thread; owns nothing of the request's."""
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
-        """Up to `limit` tokens to follow `token_ids` (prompt and output so far); [] for none."""
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens to follow `token_ids` (the request's prompt and output so far); [] for none.
+        The tokens may have lost a tail since the last call (proposals rejected): state kept per request
+        must roll back to their common prefix."""
+
+    def release(self, request_id: str) -> None:
+        """The request finished: drop what is kept for it (called by the scheduler)."""
 
 
 class NgramProposer:
@@ -59,7 +66,10 @@ class NgramProposer:
     def __init__(self, config: SpeculativeConfig) -> None:
         self.config = config
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+    def release(self, request_id: str) -> None:
+        pass  # nothing kept
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
         config = self.config
         limit = min(limit, config.num_speculative_tokens)
         if limit < 1 or len(token_ids) < config.prompt_lookup_min + 1:

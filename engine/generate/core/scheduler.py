@@ -183,7 +183,7 @@ class Scheduler:
         if self.proposer is None or request.params.stepwise:
             return []
         limit = min(budget - 1, request.params.max_tokens - len(request.output_token_ids) - 1)
-        return self.proposer.propose(request.all_token_ids, limit) if limit > 0 else []
+        return self.proposer.propose(request.request_id, request.all_token_ids, limit) if limit > 0 else []
 
     def _chunk(self, request: Request, count: int, draft: Sequence[int] = ()) -> ScheduledChunk:
         start, prompt = request.num_computed_tokens, len(request.prompt_token_ids)
@@ -247,5 +247,7 @@ class Scheduler:
         else:
             self.queues[request.params.priority].remove(request)
         self.kv.free(request.request_id)
+        if self.proposer is not None:
+            self.proposer.release(request.request_id)
         request.state = RequestState.FINISHED
         request.finish_reason = reason

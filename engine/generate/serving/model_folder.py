@@ -33,10 +33,13 @@ one that only overrides, every parameter below it does not set read from its own
     lora_adapters           the adapters' folder beside the config (default "adapters"), for a model whose
                             graph takes LoRA inputs (core/lora.py)
     max_loras               adapters kept loaded at most, least recently used evicted (default 4)
-    speculative_method      "ngram": speculative decoding by prompt lookup (core/proposer.py, vLLM's
-                            `speculative_config` method); absent: off
+    speculative_method      speculative decoding (vLLM's `speculative_config` method); absent: off.
+                            "ngram": prompt lookup (core/proposer.py); "draft_model": a small decoder's
+                            greedy tokens (core/draft_proposer.py)
     num_speculative_tokens  tokens proposed per step at most (default 4)
-    prompt_lookup_min, prompt_lookup_max  the shortest and longest suffix looked up (defaults 1 and 3)
+    prompt_lookup_min, prompt_lookup_max  ngram: the shortest and longest suffix looked up (defaults 1, 3)
+    speculative_model       draft_model: the draft's ONNX file, relative to the folder (a dense decoder
+                            with past sharing the model's tokenizer)
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
 session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
@@ -49,13 +52,16 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+import onnxruntime as ort
+
 from ...backends.onnxruntime import session_options
 from ...config.model_config import ModelConfig
 from ...config.steps import autocomplete, read_config_proto, validate
 from ...errors import invalid
+from ..core.draft_proposer import DraftModelProposer
 from ..core.engine import CacheConfig, GenerationEngine
 from ..core.lora import AdapterStore
-from ..core.proposer import NgramProposer, SpeculativeConfig
+from ..core.proposer import METHODS, NgramProposer, Proposer, SpeculativeConfig
 from ..core.runner import DecoderRunner
 from ..core.scheduler import SchedulerConfig
 from ..core.tokenizer import load_tokenizer
@@ -112,21 +118,35 @@ def _context(params: Mapping[str, str], kv_slots: int, where: str) -> int:
     return kv_slots
 
 
-def _proposer(params: Mapping[str, str], where: str) -> NgramProposer | None:
+def _proposer(params: Mapping[str, str], folder: Path, options: ort.SessionOptions, vocab: int,
+              where: str) -> Proposer | None:
     """Speculative decoding's proposer, when the config asks for it (`speculative_method`)."""
     method = params.get("speculative_method")
     if method is None:
         return None
-    if method != "ngram":
-        raise invalid(f"{where}: parameter speculative_method must be 'ngram' (prompt lookup), "
+    if method not in METHODS:
+        raise invalid(f"{where}: parameter speculative_method must be one of {', '.join(METHODS)}, "
                       f"got {method!r}")
+    k = _int(params, "num_speculative_tokens", 4, where)
+    if method == "draft_model":
+        name = params.get("speculative_model")
+        if not name:
+            raise invalid(f"{where}: speculative_method draft_model needs parameter speculative_model, the "
+                          "draft's ONNX file in the model's folder")
+        path = folder / name
+        if not path.is_file() or folder.resolve() not in path.resolve().parents:
+            raise invalid(f"{where}: speculative_model {name!r} is not a file in the model's folder")
+        log.info("%s: speculative decoding by the draft model %s, %d tokens proposed per step at most",
+                 where, name, k)
+        return DraftModelProposer(path, options, k, vocab, f"{where}, draft model {name!r}")
     low = _int(params, "prompt_lookup_min", 1, where)
     high = _int(params, "prompt_lookup_max", max(3, low), where)
     if low > high:
         raise invalid(f"{where}: parameter prompt_lookup_min ({low}) must not exceed prompt_lookup_max "
                       f"({high})")
-    return NgramProposer(SpeculativeConfig(method, _int(params, "num_speculative_tokens", 4, where), low,
-                                           high))
+    log.info("%s: speculative decoding by n-gram prompt lookup, %d tokens proposed per step at most "
+             "(suffixes of %d to %d tokens)", where, k, low, high)
+    return NgramProposer(SpeculativeConfig(method, k, low, high))
 
 
 def effective_values(config: ModelConfig) -> str:
@@ -207,10 +227,5 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
     if runner.lora is not None:
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,
                                 _int(params, "max_loras", 4, where), config.name)
-    proposer = _proposer(params, where)
-    if proposer is not None:
-        spec = proposer.config
-        log.info("%s: speculative decoding by n-gram prompt lookup, %d tokens proposed per step at most "
-                 "(suffixes of %d to %d tokens)", where, spec.num_speculative_tokens, spec.prompt_lookup_min,
-                 spec.prompt_lookup_max)
+    proposer = _proposer(params, folder, options, runner.model.vocab, where)
     return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters, proposer)

@@ -16,6 +16,7 @@ import pytest
 
 from conftest import EXAMPLES
 from engine.errors import EngineError
+from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
 from engine.generate.core.request import FinishReason, Request, SamplingParams
@@ -24,6 +25,7 @@ from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.verify import verify
 from engine.generate.serving.model_folder import load_engine
 from hubserve_models import examples
+from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
 from test_generate_engine import (
     GREEDY,
     KV,
@@ -47,7 +49,10 @@ class OracleProposer:
     def __init__(self, want: dict[tuple[int, ...], list[int]], k: int = 4, wrong_every: int = 0) -> None:
         self.want, self.k, self.wrong_every = want, k, wrong_every
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+    def release(self, request_id: str) -> None:
+        pass
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
         for prompt, out in self.want.items():
             if tuple(token_ids[:len(prompt)]) == prompt:
                 done = len(token_ids) - len(prompt)
@@ -91,11 +96,11 @@ def test_ngram_lookup_takes_the_longest_suffix_at_its_latest_earlier_occurrence(
     proposer = NgramProposer(SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1,
                                                prompt_lookup_max=2))
     # the 2-gram (5, 6) occurs at 0 and at 4: the latest one's followers (9, 9, 5)
-    assert proposer.propose([5, 6, 7, 8, 5, 6, 9, 9, 5, 6], 10) == [9, 9, 5]
-    assert proposer.propose([5, 6, 7, 8, 5, 6, 9, 9, 5, 6], 2) == [9, 9]  # the caller's limit
-    assert proposer.propose([1, 2, 3, 4], 4) == []                        # nothing repeats
-    assert proposer.propose([1, 2, 3, 1], 4) == [2, 3, 1]                 # the 1-gram when no 2-gram
-    assert NgramProposer(SpeculativeConfig(prompt_lookup_min=2)).propose([1, 2, 3, 1], 4) == []
+    assert proposer.propose("r", [5, 6, 7, 8, 5, 6, 9, 9, 5, 6], 10) == [9, 9, 5]
+    assert proposer.propose("r", [5, 6, 7, 8, 5, 6, 9, 9, 5, 6], 2) == [9, 9]  # the caller's limit
+    assert proposer.propose("r", [1, 2, 3, 4], 4) == []                        # nothing repeats
+    assert proposer.propose("r", [1, 2, 3, 1], 4) == [2, 3, 1]                 # the 1-gram when no 2-gram
+    assert NgramProposer(SpeculativeConfig(prompt_lookup_min=2)).propose("r", [1, 2, 3, 1], 4) == []
 
 
 @pytest.mark.parametrize("fields", [dict(method="eagle"), dict(num_speculative_tokens=0),
@@ -124,8 +129,13 @@ class Sometimes:
     def __init__(self, proposer: Proposer, every: int) -> None:
         self.proposer, self.every = proposer, every
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
-        return self.proposer.propose(token_ids, limit) if len(token_ids) % self.every == 0 else []
+    def release(self, request_id: str) -> None:
+        self.proposer.release(request_id)
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
+        if len(token_ids) % self.every:
+            return []
+        return self.proposer.propose(request_id, token_ids, limit)
 
 
 @KV
@@ -205,6 +215,38 @@ def test_without_a_proposer_nothing_is_proposed(reference_session):
     want = [tuple(reference_greedy(reference_session, p, 24)) for p in batch]
     plain = spec_engine(spec=None)
     assert run(plain, batch, [GREEDY] * 4) == want and plain.stats().spec_draft_tokens == 0
+
+
+# ------------------------------------------------------------------------------------------ a draft model
+
+OTHER_DRAFT = examples.model_bytes(tiny_decoder_model(seed=5))  # the same shape, other random weights
+
+
+@KV
+@pytest.mark.parametrize("draft", ["itself", "other"])
+def test_a_draft_models_proposals_give_the_oracles_tokens(reference_session, kv, draft):
+    """The target as its own draft: every proposal kept. Another model: most rejected, its state rolled
+    back each step. The oracle's tokens either way; the draft's state freed with its requests."""
+    batch = repetitive(4, seed=31) + prompts(4, seed=32)
+    want = [tuple(reference_greedy(reference_session, p, GREEDY.max_tokens)) for p in batch]
+    proposer = DraftModelProposer(MODEL if draft == "itself" else OTHER_DRAFT, options(), 3,
+                                  TOKENIZER.vocab_size)
+    engine = spec_engine(kv, proposer)
+    assert run(engine, batch, [GREEDY] * len(batch)) == want
+    stats = engine.stats()
+    assert stats.spec_draft_tokens > 0
+    if draft == "itself":
+        assert stats.spec_accepted_tokens == stats.spec_draft_tokens
+    else:
+        assert stats.spec_accepted_tokens < stats.spec_draft_tokens
+    assert proposer.requests_held == 0
+    assert_no_leaks(engine)
+
+
+def test_a_draft_model_must_share_the_vocabulary():
+    other = examples.model_bytes(tiny_decoder_model(TinyDecoderShape(vocab_size=300)))
+    with pytest.raises(EngineError, match="vocabulary has 300 tokens, the model's 258"):
+        DraftModelProposer(other, options(), 3, TOKENIZER.vocab_size)
 
 
 # ------------------------------------------------------------------------------------------ stopping
@@ -323,10 +365,12 @@ def test_rejection_sampling_keeps_the_targets_distribution(proposal):
         assert stat < chi_square_critical(df)
 
 
-def test_sampled_requests_draw_what_plain_sampling_draws(reference_session):
+@pytest.mark.parametrize("proposing", ["oracle", "draft"])
+def test_sampled_requests_draw_what_plain_sampling_draws(reference_session, proposing):
     """End to end: the second and third tokens of many seeded sampled requests, each proposed the greedy
-    continuation (likely tokens: many kept, some rejected), against the same requests without
-    speculation, two-sample chi-square."""
+    continuation of its prompt (the oracle) or of its tokens so far (the model as its own draft): likely
+    tokens, many kept, some rejected; against the same requests without speculation, two-sample
+    chi-square."""
     prompt = repetitive(10)[4]
     want = reference_greedy(reference_session, prompt, 4)
     count = 800
@@ -335,7 +379,9 @@ def test_sampled_requests_draw_what_plain_sampling_draws(reference_session):
         return [SamplingParams(max_tokens=3, temperature=0.8, top_k=6, seed=base + s, ignore_eos=True)
                 for s in range(count)]
 
-    spec = spec_engine(spec=OracleProposer({tuple(prompt): want}), seqs=64, budget=1024)
+    proposer: Proposer = OracleProposer({tuple(prompt): want}) if proposing == "oracle" else \
+        DraftModelProposer(MODEL, options(), 4, TOKENIZER.vocab_size)
+    spec = spec_engine(spec=proposer, seqs=64, budget=1024)
     got = run(spec, [prompt] * count, params(0))
     base = run(spec_engine(spec=None, seqs=64, budget=1024), [prompt] * count, params(10_000))
     stats = spec.stats()
@@ -374,13 +420,30 @@ def test_a_folder_asks_for_ngram_speculation_and_gets_the_same_tokens(tmp_path: 
     assert engine.stats().spec_draft_tokens > 0
 
 
+def test_a_folder_asks_for_a_draft_model(tmp_path: Path, reference_session):
+    folder = speculative_folder(tmp_path, {"speculative_method": "draft_model",
+                                           "speculative_model": "draft/model.onnx",
+                                           "num_speculative_tokens": "3"})
+    (folder / "draft").mkdir()
+    (folder / "draft" / "model.onnx").write_bytes(OTHER_DRAFT)
+    engine = load_engine(folder)
+    batch = repetitive(3, seed=13)
+    want = [tuple(reference_greedy(reference_session, p, 24)) for p in batch]
+    assert run(engine, batch, [GREEDY] * len(batch)) == want
+    assert engine.stats().spec_draft_tokens > 0
+
+
 @pytest.mark.parametrize(("params", "message"), [
-    ({"speculative_method": "eagle"}, "speculative_method must be 'ngram'"),
+    ({"speculative_method": "eagle"}, "speculative_method must be one of ngram, draft_model"),
+    ({"speculative_method": "draft_model"}, "needs parameter speculative_model"),
+    ({"speculative_method": "draft_model", "speculative_model": "../outside.onnx"},
+     "is not a file in the model's folder"),
     ({"speculative_method": "ngram", "num_speculative_tokens": "0"},
      "num_speculative_tokens must be a positive"),
     ({"speculative_method": "ngram", "prompt_lookup_min": "4", "prompt_lookup_max": "2"},
      r"prompt_lookup_min \(4\) must not exceed prompt_lookup_max \(2\)"),
 ])
 def test_a_folders_speculative_parameters_are_checked(tmp_path: Path, params, message):
+    (tmp_path / "outside.onnx").write_bytes(MODEL)  # a file, but not the folder's
     with pytest.raises(EngineError, match=message):
         load_engine(speculative_folder(tmp_path, params))

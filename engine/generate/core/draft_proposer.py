@@ -1,0 +1,103 @@
+"""Speculative decoding's draft-model proposer: a small decoder's greedy tokens (vLLM's `draft_model`).
+
+The scheduler asks it, per decoding request and step, for up to k tokens after the request's tokens so far
+(proposer.py's `Proposer`). It keeps, per request, the draft's own keys and values as dense tensors (the
+Optimum form: `present` = past + new) and the tokens they cover. At each call the kept state is cut back to
+the common prefix of those tokens and the request's (the proposals the target rejected, and the draft's
+last proposal, which it never fed, fall away), the tokens the draft has not seen are run in one call, and
+then k - 1 more single-token runs give its greedy tokens. The target verifies them (verify.py) as a point
+mass, which a greedy draft is, so sampled requests keep the target's distribution.
+
+One request at a time: the draft runs rows of one, which is what single-stream latency, the case
+speculation is for, asks of it; batching the draft's rows across requests is the next step where many
+requests speculate at once. Its keys and values live outside the engine's KV blocks and are freed when the
+request finishes (`release`); a preempted request keeps its draft state (its tokens do not change).
+Called on the engine's thread; made by the model folder's loader (serving/model_folder.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ...errors import invalid
+from .decoder_model import DecoderModel
+
+
+@dataclass(slots=True)
+class _DraftState:
+    """One request's draft keys and values ([1, heads, len(tokens), head_dim] per KV tensor)."""
+
+    tokens: list[int] = field(default_factory=list)
+    pasts: list[np.ndarray] = field(default_factory=list)
+
+
+class DraftModelProposer:
+    """A draft decoder (dense form, no LoRA inputs) with the target's vocabulary."""
+
+    def __init__(self, model: Path | bytes, options: ort.SessionOptions, num_speculative_tokens: int,
+                 vocab: int, where: str = "draft model",
+                 providers: Sequence[str] = ("CPUExecutionProvider",)) -> None:
+        if num_speculative_tokens < 1:
+            raise invalid(f"{where}: num_speculative_tokens must be positive")
+        self.model = DecoderModel(model, options, providers, where, shared_kv=False)
+        if self.model.lora is not None:
+            raise invalid(f"{where}: a draft model takes no LoRA adapters")
+        if self.model.vocab and vocab and self.model.vocab != vocab:
+            raise invalid(f"{where}: its vocabulary has {self.model.vocab} tokens, the model's {vocab}; a "
+                          "draft model must share the model's tokenizer")
+        self.k = num_speculative_tokens
+        self._states: dict[str, _DraftState] = {}
+
+    @property
+    def requests_held(self) -> int:
+        """Requests whose draft state is kept (those running, or preempted, that were proposed for)."""
+        return len(self._states)
+
+    def release(self, request_id: str) -> None:
+        self._states.pop(request_id, None)
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
+        limit = min(limit, self.k)
+        if limit < 1:
+            return []
+        state = self._states.setdefault(request_id, _DraftState())
+        kept = _common_prefix(state.tokens, token_ids, len(token_ids) - 1)  # feed at least one token
+        if kept < len(state.tokens):  # roll back: what the target did not keep
+            state.tokens = state.tokens[:kept]
+            state.pasts = [np.ascontiguousarray(p[:, :, :kept]) for p in state.pasts]
+        new = list(token_ids[kept:])
+        proposals: list[int] = []
+        while True:
+            proposals.append(self._run(state, new))
+            if len(proposals) == limit:
+                return proposals
+            new = proposals[-1:]
+
+    def _run(self, state: _DraftState, new: list[int]) -> int:
+        """Run `new` after the state's tokens; the state takes them; the draft's greedy next token."""
+        model, start = self.model, len(state.tokens)
+        if not state.pasts:
+            empty = (1, model.heads, 0, model.head_dim)
+            state.pasts = [np.zeros(empty, model.kv_dtype) for _ in model.kv_names]
+        ids = np.asarray([new], np.int64)
+        mask = np.ones((1, start + len(new)), np.int64)
+        positions = np.arange(start, start + len(new), dtype=np.int64)[None]
+        logits, *presents = model.session.run(model.output_names,
+                                              model.feed(ids, mask, positions, state.pasts, [None]))
+        state.tokens.extend(new)
+        state.pasts = presents
+        return int(logits[0, -1].argmax())
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens `a` and `b` share, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
