@@ -6,6 +6,10 @@ every mode, the modes interleaved prompt by prompt so the machine's drift falls 
 
 - plain: the engine as built, one token per step;
 - ngram: `speculative_method` "ngram" (engine/generate/core/proposer.py), k = `--k`, suffixes of 1 … 3;
+- draft: `speculative_method` "draft_model" (engine/generate/core/draft_proposer.py) with the example-size
+  `tiny` decoder as the draft (2 layers, hidden 64): for `--model tiny` that is the target itself (every
+  proposal kept, at the target's own cost per proposal); for `l4h256` a smaller model of other random
+  weights (few kept);
 - oracle: the same verification, proposals from the greedy tokens computed beforehand (every proposal
   right): what the mechanism gives at 100 % acceptance, the ceiling for any proposer at this k.
 
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench_generate import MODELS, build_model, options
+from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
 from engine.generate.core.request import SamplingParams
@@ -47,7 +52,10 @@ class OracleProposer:
     def __init__(self, want: dict[tuple[int, ...], list[int]], k: int) -> None:
         self.want, self.k = want, k
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+    def release(self, request_id: str) -> None:
+        pass
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
         for prompt, out in self.want.items():
             if tuple(token_ids[:len(prompt)]) == prompt:
                 done = len(token_ids) - len(prompt)
@@ -122,6 +130,8 @@ def main() -> None:
         "plain": plain,
         "ngram": make_engine(model.onnx, shared,
                              NgramProposer(SpeculativeConfig(num_speculative_tokens=args.k))),
+        "draft": make_engine(model.onnx, shared, DraftModelProposer(
+            build_model("tiny").onnx, options(), args.k, model.shape.vocab_size)),
         "oracle": make_engine(model.onnx, shared, OracleProposer(want, args.k)),
     }
     tallies = {name: Tally() for name in engines}
