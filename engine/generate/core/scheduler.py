@@ -16,10 +16,11 @@ Each step (vLLM v1's order):
    with a first chunk (chunked prefill), so a long prompt never stalls the running streams for a whole step.
 
 Speculative decoding (proposer.py): a decoding request the model's proposer has tokens for computes its
-last token and up to k proposed ones in one chunk (`num_draft`), within the budget and the blocks it can
-get without preempting anyone (else it decodes as usual); `update` advances it by the tokens the engine
-kept (verify.py), so the keys and values written for rejected proposals lie past `num_computed_tokens`,
-in blocks it still holds, and are overwritten by the next step's tokens.
+last token and up to k proposed ones in one chunk (`num_draft`), within the budget the running requests
+after it leave (a proposal never takes another's decode) and the blocks it can get without preempting
+anyone (else it decodes as usual); `update` advances it by the tokens the engine kept (verify.py), so the
+keys and values written for rejected proposals lie past `num_computed_tokens`, in blocks it still holds,
+and are overwritten by the next step's tokens.
 
 Priorities (`SamplingParams.priority`): steps 1 and 2 run once per class, interactive first, so interactive
 requests are scheduled and admitted before any batch-job request takes budget. `running` is kept ordered by
@@ -118,7 +119,8 @@ class Scheduler:
         while index < len(self.running) and budget > 0 and self.running[index].params.priority == priority:
             request = self.running[index]
             count = min(request.num_tokens - request.num_computed_tokens, budget)
-            draft = self._propose(request, budget) if count == 1 else []
+            # proposals take only the budget the running requests after it leave: never another's decode
+            draft = self._propose(request, budget - (len(self.running) - index - 1)) if count == 1 else []
             if draft and self.kv.allocate(request.request_id, request.num_computed_tokens, 1 + len(draft)):
                 out.chunks.append(self._chunk(request, 1, draft))
                 budget -= 1 + len(draft)
@@ -178,8 +180,9 @@ class Scheduler:
 
     def _propose(self, request: Request, budget: int) -> list[int]:
         """A decoding request's proposals (speculative decoding): none without a proposer, for a stepwise
-        request (verify.py), or beyond the budget or its max_tokens (the engine's add_request keeps prompt +
-        max_tokens within the context, so that bounds the positions too)."""
+        request (verify.py), or beyond `budget` (what this request may spend) or its max_tokens (the
+        engine's add_request keeps prompt + max_tokens within the context, so that bounds the positions
+        too)."""
         if self.proposer is None or request.params.stepwise:
             return []
         limit = min(budget - 1, request.params.max_tokens - len(request.output_token_ids) - 1)

@@ -210,6 +210,25 @@ def test_proposals_fit_the_token_budget(reference_session, budget):
     assert_no_leaks(engine)
 
 
+def test_proposals_never_take_a_running_requests_decode(reference_session):
+    """A budget of 12 for 4 decoding requests with proposals always at hand (k = 4): every step each of
+    them gets a token; proposals take only what the ones after it leave."""
+    batch = [[256, 65 + i, 70 + i] for i in range(4)]  # 12 prompt tokens: all four admitted at once
+    want = [reference_greedy(reference_session, p, 60) for p in batch]
+    engine = spec_engine(spec=OracleProposer({tuple(p): w for p, w in zip(batch, want, strict=True)}),
+                         budget=12)
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=60, ignore_eos=True))
+    done = {}
+    while engine.has_unfinished():
+        outputs = engine.step()
+        assert len(outputs) == len(batch) - len(done) and all(o.new_token_ids for o in outputs)
+        done.update({o.request_id: o.output_token_ids for o in outputs if o.finished})
+    assert [done[f"r{i}"] for i in range(len(batch))] == [tuple(w) for w in want]
+    assert engine.stats().spec_accepted_tokens > 0
+    assert_no_leaks(engine)
+
+
 def test_without_a_proposer_nothing_is_proposed(reference_session):
     batch = repetitive(4, seed=9)
     want = [tuple(reference_greedy(reference_session, p, 24)) for p in batch]
