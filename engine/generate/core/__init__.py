@@ -17,6 +17,9 @@ execute → update, with no event loop, threads or sockets, so every policy here
     lora.py          LoRA adapters: on disk, loaded on demand, evicted LRU, fed to the runner per row
     sampler.py       greedy, temperature, top-k, top-p, per-request seeded generators, grammar masks
     grammar.py       structured output: specs, llguidance's compiled grammars (cached), per-request matchers
+    proposer.py      speculative decoding's proposals: the Proposer seam, n-gram prompt lookup
+    draft_proposer.py  a draft model's greedy proposals, its own keys and values per request
+    verify.py        which proposals the model keeps: greedy prefix, or rejection sampling
     stopping.py      stop tokens, EOS, stop strings, max_tokens, the context limit
     tokenizer.py     byte-level, or tokenizer.json through the optional `tokenizers` package
     detokenize.py    a request's output as text, a token at a time
