@@ -16,8 +16,9 @@ request and step; returns at least one token, so every step advances the request
   proposed; the draws come from the request's own generator, so a seed still reproduces a request, though
   not the same tokens as without speculation.
 
-Requests whose logits depend on the tokens so far (penalties), that report logprobs or hold their stops
-until `min_tokens` (`SamplingParams.stepwise`) get no proposals: the scheduler never gives them any.
+Requests whose logits depend on the tokens so far (penalties, a structured output's grammar), that report
+logprobs or hold their stops until `min_tokens` (`SamplingParams.stepwise`) get no proposals: the
+scheduler never gives them any.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ counted in EngineStats."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from conftest import EXAMPLES
 from engine.errors import EngineError
 from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
+from engine.generate.core.grammar import GrammarKind, GrammarSpec
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
 from engine.generate.core.request import FinishReason, Request, SamplingParams
 from engine.generate.core.runner import DecoderRunner
@@ -225,6 +227,25 @@ def test_proposals_never_take_a_running_requests_decode(reference_session):
         assert len(outputs) == len(batch) - len(done) and all(o.new_token_ids for o in outputs)
         done.update({o.request_id: o.output_token_ids for o in outputs if o.finished})
     assert [done[f"r{i}"] for i in range(len(batch))] == [tuple(w) for w in want]
+    assert engine.stats().spec_accepted_tokens > 0
+    assert_no_leaks(engine)
+
+
+def test_structured_output_beside_proposals_matches_its_grammar(reference_session):
+    """A grammar's mask depends on each token before the next: such requests get no proposals, and match
+    their regex while greedy requests with proposals decode beside them."""
+    batch = repetitive(4, seed=41)
+    want = [tuple(reference_greedy(reference_session, p, 24)) for p in batch]
+    regex = GrammarSpec(GrammarKind.REGEX, r"[a-z]{2,6}-\d{3}")
+    engine = spec_engine(spec=OracleProposer({tuple(p): list(w) for p, w in zip(batch, want, strict=True)}))
+    for i, prompt in enumerate(batch):
+        engine.add_request(f"r{i}", prompt, GREEDY)
+        engine.add_request(f"re{i}", prompt, SamplingParams(max_tokens=24, temperature=1.0, seed=i,
+                                                            structured=regex))
+    done = engine.run_to_completion()
+    assert [done[f"r{i}"].output_token_ids for i in range(len(batch))] == want
+    for i in range(len(batch)):
+        assert re.fullmatch(r"[a-z]{2,6}-\d{3}", done[f"re{i}"].output_text), done[f"re{i}"].output_text
     assert engine.stats().spec_accepted_tokens > 0
     assert_no_leaks(engine)
 
