@@ -71,7 +71,7 @@ class GenerationEngine:
         self.grammars = GrammarCompiler(tokenizer)  # structured output's compiled grammars (grammar.py)
         self.cache_config = cache
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
-        # speculative decoding's proposer (proposer.py: the model folder's n-gram lookup); None: off
+        # speculative decoding's proposer (proposer.py, draft_proposer.py: the model folder's); None: off
         self.scheduler = Scheduler(scheduler, self.kv, proposer)
         self.spec_draft_tokens = self.spec_accepted_tokens = 0
         self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
