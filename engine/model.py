@@ -90,6 +90,13 @@ class Model(abc.ABC):
     def pending_count(self) -> int:
         """Requests accepted and not yet answered (the pending-request gauge)."""
 
+    @property
+    def queued_count(self) -> int | None:
+        """Requests accepted and waiting for the version's scheduler to start them (the queued-request
+        gauge); None where the version has no such queue of its own (a generative model's waiting is the
+        generation engine's: hubserve_generation_waiting_sequences_by_priority)."""
+        return None
+
     def set_health(self, source: str, reason: str) -> None:
         """A health source (the Python instances' supervision, the canary: engine/instances/canary.py) says
         the version cannot serve (`reason`) or can again (""): readiness tells the truth, with every source's
@@ -304,6 +311,11 @@ class InstanceModel(Model):
     def pending_count(self) -> int:
         """Requests accepted and not yet answered (the pending-request gauge)."""
         return self.batcher.pending_count
+
+    @property
+    def queued_count(self) -> int:
+        """Requests queued in the batcher, waiting for an instance (the queued-request gauge)."""
+        return self.batcher.queued_count
 
 
 def refuse_unsupported(what: str, parameters: dict) -> None:

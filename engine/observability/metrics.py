@@ -60,6 +60,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
         for m in models:
             labels = f'model="{escape(m.name)}",version="{m.version_str}"'
             lines.append(f"{name}{{{labels}}} {value(m.stats, m)}")
+    lines.extend(_queued_lines(models))
     lines.append("# HELP hubserve_batch_dispatch_total Batches sent, by why they left the queue: full, "
                  "preferred (a preferred size reached), window (max_queue_delay expired), immediate "
                  "(no window), early (no other request could join before the window ended)")
@@ -76,6 +77,20 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
     if process is not None:
         text += generate_latest(process).decode()
     return text.encode()
+
+
+def _queued_lines(models: list[Model]) -> list[str]:
+    """The queue-only part of the pending gauge, what the CPU and GPU overlays' autoscaler scales on
+    (deploy/kubernetes/hpa.yaml): executing requests are capacity in use, waiting ones are capacity missing.
+    Not for generative versions (`queued_count` None): their waiting is the generation engine's gauges'."""
+    name = "hubserve_inference_queued_requests"
+    lines = [f"# HELP {name} Requests accepted and waiting in the scheduler's queue for an instance "
+             "(not executing)", f"# TYPE {name} gauge"]
+    for m in models:
+        queued = m.queued_count
+        if queued is not None:
+            lines.append(f'{name}{{model="{escape(m.name)}",version="{m.version_str}"}} {queued}')
+    return lines
 
 
 # Sequence models only (engine/scheduling/sequence/batcher.py): key of `sequence_counts()` -> (name, type,

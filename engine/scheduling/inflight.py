@@ -79,6 +79,12 @@ class InflightBatcher:
         """Requests accepted and not yet answered (queued or executing)."""
         return self._inflight
 
+    @property
+    def queued_count(self) -> int:
+        """Requests accepted and waiting in the queue, not executing (the queued-request gauge, what the
+        autoscaler scales on: deploy/kubernetes/hpa.yaml). The subclass's: its policy holds the queues."""
+        raise NotImplementedError
+
     async def drain(self) -> None:
         """Wait until every accepted request has been answered."""
         await self._idle.wait()

@@ -90,6 +90,11 @@ class Batcher(InflightBatcher):
         self._dispatch()
         return future
 
+    @property
+    def queued_count(self) -> int:
+        """Requests in the policy's queues, waiting for an instance (executing ones have left them)."""
+        return len(self.policy)
+
     def _withdraw(self, token: Pending) -> None:
         if self.policy.remove(token):
             self._done(1)

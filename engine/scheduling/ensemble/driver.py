@@ -90,6 +90,11 @@ class EnsembleModel(Model):
     def pending_count(self) -> int:
         return self._running + len(self._waiting)
 
+    @property
+    def queued_count(self) -> int:
+        """Requests waiting for a free slot (their steps, once running, queue at the composing models)."""
+        return len(self._waiting)
+
     def submit(self, request: InferenceRequest, received_ns: int = 0, on_done: Completion | None = None
                ) -> asyncio.Future[InferenceResponse]:
         """Validate against the ensemble's config, then run the steps (or wait for a free slot). Raises at

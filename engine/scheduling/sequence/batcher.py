@@ -329,6 +329,11 @@ class SequenceBatcher(InflightBatcher):
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def queued_count(self) -> int:
+        """Requests waiting in their sequence's queue, slotted or in the backlog (not the running ones)."""
+        return len(self.policy)
+
     def sequence_counts(self) -> dict[str, int]:
         """For the metrics: sequences started, ended, released idle; live ones holding a slot or waiting."""
         p = self.policy
