@@ -1,12 +1,13 @@
 """The autoscalers' queries (deploy/kubernetes: keda-scaledobject.yaml's triggers, prometheus-adapter.yaml's
 rules) evaluated by Prometheus' own `promtool test rules` on series shaped like a real server's /metrics.
 
-A real server with a generative model answers one interactive completion and one Batch API job; its /metrics
-is scraped, and the families the queries read must be there, of the type the query needs, with interactive
-and batch work told apart. Then each family's real label sets (model, version, priority, le), with the labels
-the ServiceMonitor adds (namespace, pod, service) for two pods, become promtool's input series, with values
-set to a scene where the answer is known: the queries must give it. The same run with the value a query
-counting batch jobs would give fails, so a pass means promtool evaluated the queries.
+A real server with a generative model and an ordinary (identity) one answers one interactive completion and
+one Batch API job; its /metrics is scraped, and the families the queries read must be there, of the type the
+query needs, with interactive and batch work told apart. Then each family's real label sets (model,
+version, priority, le), with the labels the ServiceMonitor adds (namespace, pod, service) for two pods, become
+promtool's input series, with values set to a scene where the answer is known: the queries must give it. The
+same run with the value a query counting batch jobs would give fails, and so does the one a rule counting
+executing requests would give, so a pass means promtool evaluated the queries.
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ from conftest import EXAMPLES, ROOT, RunningServer, openai_client, start_server,
 from hubserve_models import examples
 
 MODEL = "tiny_decoder"
+PLAIN = "plain"  # an identity-backend model: the CPU and GPU overlays' autoscaler reads its queue
+PLAIN_CONFIG = """name: "plain"
+backend: "identity"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 PROMTOOL = ROOT / ".tools" / "bin" / "promtool"
 PODS = ("hubserve-0", "hubserve-1")
@@ -41,6 +49,8 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (folder / "repo" / MODEL).mkdir(parents=True)
     shutil.copy(EXAMPLES / MODEL / "config.pbtxt", folder / "repo" / MODEL / "config.pbtxt")
     examples.build_repository(folder / "repo", [MODEL])
+    (folder / "repo" / PLAIN / "1").mkdir(parents=True)  # the identity backend needs no model file
+    (folder / "repo" / PLAIN / "config.pbtxt").write_text(PLAIN_CONFIG)
     running = start_server(folder / "repo", folder / "server.log", "--batch-dir", str(folder / "jobs"))
     yield running
     running.stop()
@@ -122,12 +132,13 @@ def test_every_series_the_autoscalers_read_is_exported_with_the_type_they_need(s
 
 # --- promtool ----------------------------------------------------------------------------------------------
 
-def _series(family: Any, values: Any, pods: tuple[str, ...] = PODS) -> list[dict[str, str]]:
-    """promtool input series: every sample of the real family for MODEL (its own label sets), on each pod,
+def _series(family: Any, values: Any, model: str = MODEL,
+            pods: tuple[str, ...] = PODS) -> list[dict[str, str]]:
+    """promtool input series: every sample of the real family for `model` (its own label sets), on each pod,
     with the labels the ServiceMonitor adds. `values(pod, labels)` is the sample's promtool value string."""
     out = []
     for sample in family.samples:
-        if sample.labels.get("model") != MODEL or (family.type == "histogram"
+        if sample.labels.get("model") != model or (family.type == "histogram"
                                                    and sample.name != f"{family.name}_bucket"):
             continue
         for pod in pods:
@@ -140,7 +151,8 @@ def _series(family: Any, values: Any, pods: tuple[str, ...] = PODS) -> list[dict
 # The scene, at minute 4: pod 0 has 6 interactive requests and 50 batch-job requests waiting, pod 1 has 2
 # interactive; pod 0's KV cache is 90 % held, pod 1's 20 %; both pods answered 50 interactive requests a
 # minute, each with its first token between 2.5 s and 5 s (histogram_quantile interpolates 0.9 of the way
-# through that bucket: 4.75 s). nv_inference_pending_request_count: 7 on pod 0, 3 on pod 1.
+# through that bucket: 4.75 s). The identity model: pod 0 executes 32 requests with 8 more waiting (issue 31's
+# reading: nv_inference_pending_request_count 40), pod 1 executes 3 with none waiting.
 WAITING = {("hubserve-0", "interactive"): 6, ("hubserve-0", "batch"): 50, ("hubserve-1", "interactive"): 2,
            ("hubserve-1", "batch"): 0}
 KV_USED = {"hubserve-0": (90, 10), "hubserve-1": (20, 80)}
@@ -157,7 +169,9 @@ def _scene(scrape: dict[str, Any], ttft_per_minute: int) -> list[dict[str, str]]
         *_series(scrape["hubserve_generation_kv_blocks_free"], lambda pod, labels: f"{KV_USED[pod][1]}x4"),
         *_series(scrape["hubserve_generation_interactive_time_to_first_token_seconds"], ttft),
         *_series(scrape["nv_inference_pending_request_count"],
-                 lambda pod, labels: "7x4" if pod == "hubserve-0" else "3x4"),
+                 lambda pod, labels: "40x4" if pod == "hubserve-0" else "3x4", PLAIN),
+        *_series(scrape["hubserve_inference_queued_requests"],
+                 lambda pod, labels: "8x4" if pod == "hubserve-0" else "0x4", PLAIN),
     ]
 
 
@@ -173,9 +187,9 @@ def _expected(busy: bool) -> list[dict[str, Any]]:
         {"expr": rules["hubserve_generation_waiting_interactive"], "eval_time": at,
          "exp_samples": [{"labels": '{pod="hubserve-0"}', "value": 6},
                          {"labels": '{pod="hubserve-1"}', "value": 2}]},
-        {"expr": rules["nv_inference_pending_request_count"], "eval_time": at,
-         "exp_samples": [{"labels": '{pod="hubserve-0"}', "value": 7},
-                         {"labels": '{pod="hubserve-1"}', "value": 3}]},
+        {"expr": rules["hubserve_inference_queued_requests"], "eval_time": at,
+         "exp_samples": [{"labels": '{pod="hubserve-0"}', "value": 8},
+                         {"labels": '{pod="hubserve-1"}', "value": 0}]},
     ]
 
 
@@ -207,3 +221,16 @@ def test_promtool_refuses_a_wrong_answer(scrape, tmp_path):
     output = result.stdout + result.stderr  # promtool writes the failures to stderr
     assert result.returncode == 1
     assert "FAILED" in output and "exp: {} 5.8E+01" in output and "got: {} 8E+00" in output, output
+
+
+def test_promtool_refuses_the_count_of_executing_requests(scrape, tmp_path):
+    """The per-pod value a rule on nv_inference_pending_request_count would give (40 = 32 executing + 8
+    waiting on pod 0) is not what the CPU and GPU overlays' rule gives."""
+    expected = _expected(busy=True)
+    expected[-1]["exp_samples"] = [{"labels": '{pod="hubserve-0"}', "value": 40},
+                                   {"labels": '{pod="hubserve-1"}', "value": 3}]
+    result = _promtool(tmp_path, [{"interval": "1m", "input_series": _scene(scrape, 50),
+                                   "promql_expr_test": expected}])
+    output = result.stdout + result.stderr
+    assert result.returncode == 1
+    assert "FAILED" in output and "4E+01" in output and "8E+00" in output, output
