@@ -8,6 +8,7 @@ as transformers' text of the answer (the whole decode minus the prompt's) has it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -102,8 +103,12 @@ def sentencepiece_bpe(folder: Path, style: str) -> JsonTokenizer:
                                          decoders.Strip(" ", 1, 0)])
     tok.train_from_iterator(CORPUS * 5, trainers.BpeTrainer(vocab_size=120,
                                                             special_tokens=["<unk>", "<s>", "</s>"]))
-    if style == "llama":
-        tok.add_tokens([f"<0x{b:02X}>" for b in range(256)])
+    if style == "llama":  # the byte tokens in the model's vocabulary, as a SentencePiece export has them (not
+        # added tokens, which `tokenizers` 0.23 decodes as their names, past the ByteFallback decoder)
+        doc = json.loads(tok.to_str())
+        vocab = doc["model"]["vocab"]
+        vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})
+        tok = tokenizers.Tokenizer.from_str(json.dumps(doc))
     tok.save(str(folder / "tokenizer.json"))
     return JsonTokenizer(folder / "tokenizer.json", "<s>", "</s>")
 
