@@ -28,7 +28,8 @@ def forced_call_spec(tools: ToolRequest) -> GrammarSpec | None:
     """The constraint a required or named tool_choice puts on the answer; None for none and auto. A 400
     naming `tools` when the schema it makes is past the grammar's bound."""
     if tools.named:
-        schema: dict[str, Any] = _parameters(_function(tools, tools.choice))
+        # a copy: the function's own `parameters` are rendered into the prompt as the request sent them
+        schema: dict[str, Any] = dict(_parameters(_function(tools, tools.choice)))
     elif tools.choice == ToolChoice.REQUIRED:
         one_of = [{"type": "object",
                    "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},

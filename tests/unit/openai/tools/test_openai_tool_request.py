@@ -5,6 +5,7 @@ that constrains the answer to a call (tools/forced.py), and read back."""
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -106,6 +107,12 @@ def test_named_and_required_constrain_the_answer_to_a_call():
     assert [item["properties"]["name"] for item in schema["items"]["anyOf"]] == [
         {"type": "string", "enum": ["get_weather"]}, {"type": "string", "enum": ["now"]}]
     assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object"}
+
+
+def test_a_named_choice_leaves_the_tools_the_template_renders_as_they_were_sent():
+    sent = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    api = parse_request(chat(tools=[copy.deepcopy(sent)], tool_choice=NAMED), chat=True)
+    assert api.structured is not None and api.tools.tools == (sent,)
 
 
 def test_the_forced_forms_are_read_back_as_calls():
