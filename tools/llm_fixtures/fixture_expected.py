@@ -23,7 +23,7 @@ MIN_TOP2_GAP = 1e-2  # the least top-1/top-2 logit gap accepted at any recorded 
 class Case:
     """One prompt or chat; `prompt_ids` is None where the chat template refuses the conversation."""
 
-    kind: str  # "prompt" or "chat"
+    kind: str  # "prompt", "chat" or "tool_chat"
     name: str
     prompt_ids: list[int] | None
     record: dict[str, Any]
@@ -86,6 +86,21 @@ def cases(family: ff.Family, tok: PreTrainedTokenizerFast, corpus: list[str]) ->
         record["prompt_text"] = text
         record["prompt_ids"] = ids
         out.append(Case("chat", name, ids, record))
+    if family.renders_tools:
+        out += _tool_chats(tok)
+    return out
+
+
+def _tool_chats(tok: PreTrainedTokenizerFast) -> list[Case]:
+    """TOOL_CHATS rendered by apply_chat_template(tools=...): transformers' text and ids for each."""
+    tools = [ff.WEATHER_TOOL]
+    out: list[Case] = []
+    for name, messages in ff.TOOL_CHATS.items():
+        text = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        record: dict[str, Any] = {"name": name, "tools": tools, "messages": messages, "prompt_text": text,
+                                  "prompt_ids": [int(i) for i in ids]}
+        out.append(Case("tool_chat", name, record["prompt_ids"], record))
     return out
 
 

@@ -24,12 +24,55 @@ LLAMA3_TEMPLATE = """{{- bos_token }}
     {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
 {%- endif %}"""
 
-# Qwen2 ChatML: a default system turn when the conversation has none.
-QWEN2_TEMPLATE = """{%- if messages[0]['role'] != 'system' %}
+# Qwen2.5 ChatML with tools: a default system turn when the conversation has none; with `tools`, the system
+# turn lists them (tojson, one a line) inside <tools></tools> and tells the model to answer with
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>; an assistant turn's tool_calls are written as such
+# blocks (arguments through tojson), and `tool` messages, consecutive ones together, inside one user turn as
+# <tool_response> blocks.
+QWEN2_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
+    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+    {%- for tool in tools %}
+        {{- '\\n' + tool | tojson }}
+    {%- endfor %}
+    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments ' }}
+    {{- 'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n' }}
+    {{- '{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0]['role'] != 'system' %}
     {{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}
 {%- endif %}
 {%- for message in messages %}
-    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
+    {%- if message['role'] == 'system' and loop.first and tools %}
+    {%- elif message['role'] == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' and message['tool_calls'] %}
+        {{- '<|im_start|>assistant' }}
+        {%- if message['content'] %}
+            {{- '\\n' + message['content'] }}
+        {%- endif %}
+        {%- for tool_call in message['tool_calls'] %}
+            {%- if tool_call['function'] is defined %}
+                {%- set tool_call = tool_call['function'] %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' + tool_call['name'] + '", "arguments": ' }}
+            {{- tool_call['arguments'] | tojson + '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}
+    {%- endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}
     {{- '<|im_start|>assistant\\n' }}
@@ -87,6 +130,43 @@ CHATS: dict[str, list[dict[str, str]]] = {
 }
 
 
+# The tools of the tool chats, as an OpenAI request sends them. The one argument is an enum of one value, so
+# a call the server's grammar forces is this call whatever the random model prefers, and the conversation
+# after it is the recorded one.
+WEATHER_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris"]}},
+            "required": ["city"],
+        },
+    },
+}
+
+# Chats rendered with tools=[WEATHER_TOOL] (families whose template renders tools): the tools offered, then
+# the whole loop: the assistant's call (arguments a dict, as transformers documents) and the tool's answer.
+TOOL_CHATS: dict[str, list[dict[str, Any]]] = {
+    "tools_offered": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tool_result": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0", "content": '{"temperature": 21, "sky": "clear"}'},
+    ],
+}
+
 @dataclass(frozen=True, slots=True)
 class Family:
     """One fixture model: how its tokenizer and model are built and what its folder says about generation."""
@@ -102,6 +182,8 @@ class Family:
     # The exporters save the template as chat_template.jinja (transformers >= 4.5x); many checkpoints carry it
     # in tokenizer_config.json instead. True: the folder is given that older form after the export.
     template_in_tokenizer_config: bool = False
+    # True: the template renders tools; TOOL_CHATS are recorded too.
+    renders_tools: bool = False
     seeds: tuple[int, ...] = field(default=tuple(range(40)))
 
 
@@ -169,7 +251,7 @@ def _qwen2_config(tok: PreTrainedTokenizerFast) -> PretrainedConfig:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,  # room for the tools' system turn and a tool turn
         max_window_layers=2,
         initializer_range=0.5,
         tie_word_embeddings=True,
@@ -222,8 +304,9 @@ FAMILIES: tuple[Family, ...] = (
         800,
         _qwen2_config,
         _qwen2_generation,
-        256,
+        1024,
         QWEN2_TEMPLATE,
         template_in_tokenizer_config=True,
+        renders_tools=True,
     ),
 )

@@ -108,7 +108,7 @@ def qwen2_tokenizer(lines: list[str], vocab_size: int) -> Qwen2TokenizerFast:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        model_max_length=256,
+        model_max_length=1024,  # the model's context: the tool chats' prompts are over 500 tokens
         clean_up_tokenization_spaces=False,
     )
 

@@ -151,6 +151,7 @@ def _expected(
     exporter: str,
     extra: dict[str, Any],
 ) -> dict[str, Any]:
+    tool_chats = [c.record for c in all_cases if c.kind == "tool_chat"]
     return {
         "model": family.name,
         "exporter": exporter,
@@ -167,6 +168,7 @@ def _expected(
         **extra,
         "prompts": [c.record for c in all_cases if c.kind == "prompt"],
         "chats": [c.record for c in all_cases if c.kind == "chat"],
+        **({"tool_chats": tool_chats} if tool_chats else {}),
     }
 
 

@@ -2,7 +2,8 @@
 themselves, without torch or transformers: every model folder has the files its exporter writes, each
 expected/<name>.json is well formed and names its folder's EOS list, the recorded prompt ids are what the
 committed tokenizer.json encodes, the recorded texts are what it decodes, the chat prompts are what the
-committed template renders, and onnxruntime on each Optimum export greedily gives the recorded tokens."""
+committed template renders (Qwen2's tool chats with their tools), and onnxruntime on each Optimum export
+greedily gives the recorded tokens."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def folder(name: str) -> Path:
 
 
 def generated(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [c for c in data["prompts"] + data["chats"] if "output_ids" in c]
+    return [c for c in data["prompts"] + data["chats"] + data.get("tool_chats", []) if "output_ids" in c]
 
 
 def chat_template(name: str) -> str | None:
@@ -93,7 +94,7 @@ def test_prompt_ids_and_texts_are_what_the_committed_tokenizer_gives(name: str):
     tok = tokenizers.Tokenizer.from_file(str(folder(name) / "tokenizer.json"))
     for case in data["prompts"]:
         assert tok.encode(case["prompt"]).ids == case["prompt_ids"], case["name"]
-    for case in data["chats"]:
+    for case in data["chats"] + data.get("tool_chats", []):
         if "prompt_ids" in case:  # the template writes the special tokens: encoded without adding more
             ids = tok.encode(case["prompt_text"], add_special_tokens=False).ids
             assert ids == case["prompt_ids"], case["name"]
@@ -117,6 +118,13 @@ def test_eos_ids_only_generation_config_names_end_some_recorded_answers():
     assert stops - {config_eos}, "no llama case ends on <|eot_id|>, the id only generation_config.json names"
 
 
+def transformers_tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+                        separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' `tojson` filter (keys in their order, non-ASCII kept), not Jinja's own (sorted keys)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_chat_prompts_are_what_the_committed_template_renders(name: str):
     jinja2_sandbox = pytest.importorskip("jinja2.sandbox")
@@ -131,6 +139,7 @@ def test_chat_prompts_are_what_the_committed_template_renders(name: str):
 
     env = jinja2_sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    env.filters["tojson"] = transformers_tojson
     template = env.from_string(template_text)
     config = json.loads((folder(name) / "tokenizer_config.json").read_text(encoding="utf-8"))
     specials = {"bos_token": config.get("bos_token"), "eos_token": config.get("eos_token")}
@@ -142,6 +151,20 @@ def test_chat_prompts_are_what_the_committed_template_renders(name: str):
             continue
         rendered = template.render(messages=case["messages"], add_generation_prompt=True, **specials)
         assert rendered == case["prompt_text"], case["name"]
+    for case in data.get("tool_chats", []):
+        rendered = template.render(messages=case["messages"], tools=case["tools"], add_generation_prompt=True,
+                                   **specials)
+        assert rendered == case["prompt_text"], case["name"]
+
+
+def test_the_qwen2_template_renders_tools_a_call_and_its_result():
+    """The fixture with a tool-capable template (Qwen2.5's format), recorded with transformers' tools."""
+    chats = {c["name"]: c for c in expected("qwen2")["tool_chats"]}
+    assert set(chats) == {"tools_offered", "tool_result"}
+    offered, result = chats["tools_offered"]["prompt_text"], chats["tool_result"]["prompt_text"]
+    assert "<tools>\n" + json.dumps(chats["tools_offered"]["tools"][0]) + "\n</tools>" in offered
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in result
+    assert "<|im_start|>user\n<tool_response>\n" in result
 
 
 def greedy_onnx(model: Path, prompt_ids: list[int], steps: int, eos: list[int], penalty: float) -> list[int]:

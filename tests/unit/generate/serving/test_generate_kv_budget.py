@@ -179,7 +179,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "llm" / "models"
     ("gpt2", KVShape(2, 4, 16, 4), 128, 256),
     ("llama", KVShape(2, 2, 16, 4), 256, 512),  # GQA: 2 KV heads for 4 query heads
     ("llama_spm", KVShape(2, 4, 16, 4), 256, 512),
-    ("qwen2", KVShape(2, 2, 16, 4), 256, 512),
+    ("qwen2", KVShape(2, 2, 16, 4), 1024, 2048),  # a context long enough for a tools prompt
     ("llama_genai", KVShape(2, 2, 16, 4), 256, 512),  # the builder's shared past and present
 ])
 def test_the_real_exports_kv_shapes_are_read_from_their_graphs(name: str, shape: KVShape, context: int,
