@@ -1,0 +1,124 @@
+"""The tool loop through the `openai` package against the Qwen2 fixture folder (tests/fixtures/llm, built by
+tools/llm_fixtures) served AS IT IS (no config.pbtxt): its own Qwen2.5-style template in
+tokenizer_config.json lists the tools in the system turn and writes calls as `<tool_call>` blocks and tool
+messages as `<tool_response>` blocks, and the server finds its tool call parser (Hermes) from that text.
+
+The loop: a request with tools and a named tool_choice (the grammar forces a valid call whatever the random
+weights prefer; the tool's one argument is an enum of one value, so the call is the recorded one) → the
+assistant's tool_calls → a tool message → a second request with tools (auto). Each request's prompt is
+exactly transformers' `apply_chat_template(messages, tools=...)` ids as recorded in expected/qwen2.json
+(`tool_chats`): the same count in `usage.prompt_tokens`, the same ids from /tokenize, and, the prompt being
+the same, the second answer is transformers' greedy text; whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from typing import Any
+
+import openai
+import pytest
+
+from conftest import ROOT, RunningServer, openai_client, start_server
+
+MODEL = "qwen2"
+EXPECTED = json.loads((ROOT / "tests" / "fixtures" / "llm" / "expected" / f"{MODEL}.json").read_text())
+CHATS = {chat["name"]: chat for chat in EXPECTED["tool_chats"]}
+OFFERED, RESULT = CHATS["tools_offered"], CHATS["tool_result"]
+TOOLS: Any = OFFERED["tools"]
+NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
+MAX_TOKENS = EXPECTED["greedy"]["max_new_tokens"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("fixture_tools")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "llm" / "models" / MODEL, root / "repo" / MODEL)  # as it is
+    running = start_server(root / "repo", root / "server.log")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai_client(server)
+
+
+def after_the_call(call_id: str, name: str, arguments: str) -> list[dict[str, Any]]:
+    """The second request's messages, OpenAI's form of the recorded tool_result chat: the question, the
+    assistant's call as the server returned it (arguments a JSON string), and the tool's answer."""
+    question, _, tool = RESULT["messages"]
+    assistant = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
+    return [question, assistant, {"role": "tool", "tool_call_id": call_id, "content": tool["content"]}]
+
+
+def tokenize(server: RunningServer, messages: list[dict[str, Any]]) -> list[int]:
+    """The ids /tokenize gives the chat with TOOLS (through urllib: the test extra has no httpx)."""
+    body = json.dumps({"model": MODEL, "messages": messages, "tools": TOOLS}).encode()
+    request = urllib.request.Request(f"http://{server.http_url}/tokenize", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        tokens: list[int] = json.loads(answer.read())["tokens"]
+    return tokens
+
+
+def test_the_recorded_tool_chats_are_a_whole_loop():
+    """What the tests below rely on: the call the grammar forces is the recorded one, and the recorded
+    second answer writes no call (random weights), so auto gives it as content."""
+    assert TOOLS[0]["function"]["parameters"]["properties"]["city"]["enum"] == ["Paris"]
+    call = RESULT["messages"][1]["tool_calls"][0]["function"]
+    assert (call["name"], call["arguments"]) == ("get_weather", {"city": "Paris"})
+    assert "<tool_call>" in OFFERED["prompt_text"] and "<tool_response>" in RESULT["prompt_text"]
+    assert "<tool_call>" not in RESULT["text"]
+    assert len(RESULT["prompt_ids"]) + MAX_TOKENS <= EXPECTED["context_length"]
+
+
+def test_the_tool_loop_whole(server: RunningServer, client: openai.OpenAI):
+    first = client.chat.completions.create(model=MODEL, messages=OFFERED["messages"], tools=TOOLS,
+                                           tool_choice=NAMED, temperature=0, max_tokens=100)
+    choice = first.choices[0]
+    assert first.usage is not None and first.usage.prompt_tokens == len(OFFERED["prompt_ids"])
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = choice.message.tool_calls or []
+    assert [(c.type, c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris"})]
+
+    messages = after_the_call(calls[0].id, calls[0].function.name, calls[0].function.arguments)
+    assert tokenize(server, messages) == RESULT["prompt_ids"]  # the tool turn as transformers renders it
+    final = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0,
+                                           max_tokens=MAX_TOKENS)
+    assert final.usage is not None
+    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (len(RESULT["prompt_ids"]),
+                                                                          len(RESULT["output_ids"]))
+    answer = final.choices[0]
+    assert (answer.message.content, answer.message.tool_calls, answer.finish_reason) == (
+        RESULT["text"], None, RESULT["finish_reason"])
+
+
+def test_the_tool_loop_streamed(client: openai.OpenAI):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=OFFERED["messages"], tools=TOOLS,
+                                                 tool_choice=NAMED, temperature=0, max_tokens=100,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(OFFERED["prompt_ids"])
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    parts = [t for d in deltas for t in d.tool_calls or []]
+    assert {p.index for p in parts} == {0}
+    call_id = next(p.id for p in parts if p.id)
+    names = [p.function.name for p in parts if p.function and p.function.name]
+    arguments = "".join(p.function.arguments or "" for p in parts if p.function)
+    assert (names, json.loads(arguments)) == (["get_weather"], {"city": "Paris"})
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
+
+    messages = after_the_call(call_id, names[0], arguments)
+    rest = list(client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0,
+                                               max_tokens=MAX_TOKENS, stream=True,
+                                               stream_options={"include_usage": True}))
+    assert rest[-1].usage is not None and rest[-1].usage.prompt_tokens == len(RESULT["prompt_ids"])
+    assert "".join(c.choices[0].delta.content or "" for c in rest if c.choices) == RESULT["text"]
+    assert not any(c.choices[0].delta.tool_calls for c in rest if c.choices)
+    assert [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason] == [
+        RESULT["finish_reason"]]
