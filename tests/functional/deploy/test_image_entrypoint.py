@@ -44,10 +44,25 @@ INTERPRETER = Path(sys.base_prefix).resolve()
 # scanned apart: the one place the image may write.
 NOT_SCANNED = {"proc", "dev", "sys", "usr", "etc"}
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("unshare", "nsenter", "setpriv", "mount")),
-    reason="needs root (namespaces, mounts, chroot, setpriv to another uid) and util-linux's "
-           "unshare, nsenter, setpriv, mount")
+
+
+def _why_no_sandbox() -> str | None:
+    """Why the sandbox cannot be made on this machine, or None: it needs root (namespaces, mounts, chroot,
+    setpriv to another uid), util-linux's tools, and a kernel or container runtime that lets root make mount
+    and network namespaces (an unprivileged container does not)."""
+    if os.geteuid() != 0:
+        return "not root: the sandbox needs namespaces, mounts, chroot and setpriv to another uid"
+    missing = [tool for tool in ("unshare", "nsenter", "setpriv", "mount") if not shutil.which(tool)]
+    if missing:
+        return f"util-linux's {', '.join(missing)} missing"
+    probe = subprocess.run(["unshare", "--mount", "--net", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"no mount and network namespaces here: {probe.stderr.strip()}"
+    return None
+
+
+WHY_NO_SANDBOX = _why_no_sandbox()
+needs_sandbox = pytest.mark.skipif(WHY_NO_SANDBOX is not None, reason=str(WHY_NO_SANDBOX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +173,7 @@ class Sandbox:
             self.process.wait(30)
 
 
+@needs_sandbox
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_the_entrypoint_serves_as_the_images_user(dockerfile, models, tmp_path):
     image = read_image(dockerfile)
@@ -180,6 +196,7 @@ def test_the_entrypoint_serves_as_the_images_user(dockerfile, models, tmp_path):
     assert sandbox.process.returncode == 0, sandbox.log()
 
 
+@needs_sandbox
 def test_the_images_user_cannot_write_the_package_files(models, tmp_path):
     """The venv, the interpreter and the checkout are mounted writable: only their owner (root) keeps the
     image's user out, as in the image. /tmp, the control, is writable."""
@@ -193,6 +210,7 @@ def test_the_images_user_cannot_write_the_package_files(models, tmp_path):
     assert not Path(probe).exists()
 
 
+@needs_sandbox
 def test_a_home_outside_tmp_is_caught_writing_there(models, tmp_path):
     """The check that nothing is written outside /tmp bites: the image as it would be with a created home
     (`useradd --create-home`, HOME=/home/hubserve) on a writable volume gets ONNX Runtime's files there."""
@@ -212,6 +230,7 @@ def test_a_home_outside_tmp_is_caught_writing_there(models, tmp_path):
     assert "/home/hubserve/.cache" in outside, outside
 
 
+@needs_sandbox
 def test_a_read_only_tmp_still_serves(models, tmp_path):
     """What the server needs /tmp for: nothing to serve an ONNX model. ONNX Runtime's telemetry id (under
     HOME=/tmp) is what the writable run leaves there; read-only, it warns and keeps the id in memory."""
