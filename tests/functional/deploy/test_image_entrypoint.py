@@ -14,7 +14,8 @@ Checked: /v2/health/ready answers 200 on the first EXPOSEd port, `simple` infers
 /proc/PID/status shows the uid and gid everywhere and no groups, and no file owned by the uid exists anywhere
 in the sandbox outside /tmp (the package files are the root's: the uid cannot write them, shown). Negative
 cases: HOME on a writable folder outside /tmp is caught writing there (ONNX Runtime keeps its telemetry id
-under $HOME/.cache); a USER given by name is refused by the reading (setpriv and the kubelet need numbers).
+under $HOME/.cache); a repository only root may read stops the server (the uid is the one files are opened
+as); a USER given by name is refused by the reading (setpriv and the kubelet need numbers).
 With /tmp read-only the server still serves: ONNX Runtime's id is all that is written there.
 
 Left to a real image build: the base image's own files (its Python, its /etc/passwd entry for the uid) and
@@ -23,6 +24,7 @@ Left to a real image build: the base image's own files (its Python, its /etc/pas
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -110,7 +112,7 @@ def _packages() -> list[str]:
 
 
 class Sandbox:
-    """One image run: started by the constructor, stopped by stop(); `pid` is the entrypoint's process."""
+    """One image run: started by the constructor, stopped by stop() or waited for by wait()."""
 
     def __init__(self, image: Image, models: Path, workspace: Path, argv: list[str] | None = None,
                  tmp_read_only: bool = False, extra_binds: list[tuple[str, str]] | None = None) -> None:
@@ -126,13 +128,19 @@ class Sandbox:
             self.process = subprocess.Popen(
                 ["unshare", "--mount", "--net", "--fork", "--kill-child", sys.executable, str(SANDBOX), "run",
                  json.dumps(spec)], stdout=log, stderr=subprocess.STDOUT)
-        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        self.pid = int(wait_until(lambda: self._child(children), "the sandbox's process started").split()[0])
 
-    def _child(self, children: Path) -> str:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the sandbox exited with {self.process.returncode}:\n{self.log()}")
-        return children.read_text().strip()
+    @functools.cached_property
+    def pid(self) -> int:
+        """The entrypoint's process: unshare's one child (the launcher, which execs chroot's setpriv's
+        program); asked for while the sandbox runs."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+
+        def child() -> str:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the sandbox exited with {self.process.returncode}:\n{self.log()}")
+            return children.read_text().strip()
+
+        return int(wait_until(child, "the sandbox's process started").split()[0])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -208,6 +216,18 @@ def test_the_images_user_cannot_write_the_package_files(models, tmp_path):
     assert f"touch: cannot touch '{probe}': Permission denied" in sandbox.log()
     assert "rc=1" in sandbox.log()
     assert not Path(probe).exists()
+
+
+@needs_sandbox
+def test_a_repository_the_user_cannot_read_stops_the_server(models, tmp_path):
+    """The uid is the one files are opened as: a volume only root may read (no fsGroup, say) is refused."""
+    private = tmp_path / "private"
+    shutil.copytree(models, private)
+    private.chmod(0o700)
+    (tmp_path / "run").mkdir()
+    sandbox = Sandbox(read_image(DOCKERFILES[0]), private, tmp_path / "run")
+    assert sandbox.wait() != 0
+    assert "PermissionError: [Errno 13] Permission denied: '/models/" in sandbox.log(), sandbox.log()
 
 
 @needs_sandbox
