@@ -9,7 +9,7 @@ why llguidance and not xgrammar (xgrammar imports torch).
 
 Who calls what: the API layer checks a request's spec once (`GrammarCompiler.check`, a 400 naming its
 field when it does not compile); the engine makes each request's `Constraint` when it adds the request
-(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits by `Constraint.allowed`
+(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits by `Constraint.mask`
 before it draws and hands the drawn token to `Constraint.advance`; stopping.py finishes the request when
 `Constraint.complete`. Compiled grammars are kept per (kind, text) in a bounded cache; each request gets a
 copy of the compiled matcher (cheap), so nothing a request does changes another's.
@@ -76,20 +76,19 @@ class Constraint:
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
 
-    def allowed(self, width: int, also: frozenset[int] = frozenset()) -> np.ndarray:
-        """Which of `width` token ids may come next, as a new array of booleans (ids past the tokenizer's:
-        none). EOS is among them only where the grammar may end, and so is each of `also` (stop tokens that
-        end the request as EOS does: the folder's other EOS ids)."""
+    def mask(self, row: np.ndarray, also: frozenset[int] = frozenset()) -> None:
+        """-inf in the logits `row`, in place, for each token that may not come next (and for ids past the
+        tokenizer's). EOS may come only where the grammar may end, and so may each of `also` (stop tokens
+        that end the request as EOS does: the folder's other EOS ids). llguidance fills the bitmask (1:
+        allowed) kept for this request; its complement, unpacked, is where the row gets -inf."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
-        bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")
-        if width <= bits.shape[0]:
-            allowed = bits[:width].view(bool)
-        else:
-            allowed = np.zeros(width, bool)
-            allowed[:bits.shape[0]] = bits.view(bool)
+        refused = np.unpackbits(np.invert(self._mask).view(np.uint8), bitorder="little").view(bool)
+        width = min(row.shape[0], refused.shape[0])
+        row[width:] = -np.inf
+        refused = refused[:width]
         if also and self._matcher.is_accepting():
-            allowed[[t for t in also if t < width]] = True
-        return allowed
+            refused[[t for t in also if t < width]] = False
+        row[:width][refused] = -np.inf
 
     def advance(self, token: int) -> None:
         """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is

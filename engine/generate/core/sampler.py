@@ -20,8 +20,9 @@ from .request import Request, SamplingParams, TokenLogprob
 
 
 def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | None = None) -> list[int]:
-    """One token id per row of `logits` ([len(requests), vocab]), in order. The sampled rows are scaled and
-    sorted together (one numpy call each for the whole step, not one per row); each then draws alone.
+    """One token id per row of `logits` ([len(requests), vocab]), in order. The sampled rows are scaled
+    together (one numpy call for the whole step, not one per row); each then draws alone, sorting only what
+    its min-p, top-k or top-p keep (`kept_distribution`).
     `eos_token_id`: the model's end-of-sequence token, which a request short of its `min_tokens` may not
     draw."""
     if len(requests) != logits.shape[0]:
@@ -40,7 +41,7 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
     for row in held:
         hold_stops(changed.setdefault(row, logits[row].copy()), requests[row], eos_token_id)
     for row in constrained:  # last: a grammar's mask is never loosened by what comes after it
-        changed[row] = constrain(changed.get(row, logits[row]), requests[row])
+        constrain(changed.setdefault(row, logits[row].copy()), requests[row])
     tokens = logits.argmax(axis=1).tolist()
     for row, values in changed.items():
         tokens[row] = int(values.argmax())
@@ -52,10 +53,9 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
             if row in changed:
                 scaled[i] = changed[row]
         scaled /= temperatures[:, None]
-        orders = np.argsort(-scaled, axis=1, kind="stable")  # most likely first; ties by token id
         for i, row in enumerate(rows):
             request = requests[row]
-            tokens[row] = _draw(scaled[i], orders[i], request.params, request.rng)
+            tokens[row] = _draw(scaled[i], request.params, request.rng)
     for row in constrained:
         grammar, stops = requests[row].grammar, requests[row].params.stop_token_ids
         assert grammar is not None
@@ -95,18 +95,18 @@ def hold_stops(row: np.ndarray, request: Request, eos_token_id: int | None) -> N
     row[ids] = -np.inf
 
 
-def constrain(row: np.ndarray, request: Request) -> np.ndarray:
-    """A structured request's logits `row` limited to the tokens its grammar allows next (grammar.py), as a
-    new row: the others get -inf. Where the grammar may end, EOS is allowed and so are the request's stop
-    tokens (a folder's other EOS ids); a request held short of `min_tokens` keeps them held, unless the
-    grammar allows nothing else."""
+def constrain(row: np.ndarray, request: Request) -> None:
+    """A structured request's logits `row` limited to the tokens its grammar allows next (grammar.py), in
+    place (`sample` hands it its own copy): the others get -inf. Where the grammar may end, EOS is allowed
+    and so are the request's stop tokens (a folder's other EOS ids); a request held short of `min_tokens`
+    keeps them held, unless the grammar allows nothing else."""
     grammar = request.grammar
     assert grammar is not None
-    allowed = grammar.allowed(row.shape[0], request.params.stop_token_ids)
-    masked = np.where(allowed, row, -np.inf)
-    if request.params.min_tokens and not np.isfinite(masked).any():  # only the stops min_tokens held: allowed
-        masked = np.where(allowed, 0.0, -np.inf).astype(row.dtype)
-    return masked
+    stops = request.params.stop_token_ids
+    grammar.mask(row, stops)
+    if request.params.min_tokens and not np.isfinite(row).any():  # only the stops min_tokens held: allowed
+        row[:] = 0.0
+        grammar.mask(row, stops)
 
 
 def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -126,38 +126,71 @@ def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
 
 def sample_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """One row alone (what `sample` does for each sampled row)."""
-    scaled = logits.astype(np.float64) / params.temperature
-    return _draw(scaled, np.argsort(-scaled, kind="stable"), params, rng)
+    return _draw(logits.astype(np.float64) / params.temperature, params, rng)
 
 
-def _draw(scaled: np.ndarray, order: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+def _draw(scaled: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """One draw from `rng` over `kept_distribution`: the inverse of the kept tokens' cumulative distribution
     at one uniform draw, which is what `Generator.choice(n, p=probs)` computes, without its per-call checks
     of `p` (a quarter of a step's Python time at 16 sampled rows; tests/.../test_generate_sampler.py holds
     the draws equal)."""
-    order, probs = kept_distribution(scaled, order, params)
+    ids, probs = kept_distribution(scaled, params)
     cdf = probs.cumsum()
     cdf /= cdf[-1]
-    return int(order[int(cdf.searchsorted(rng.random(), side="right"))])
+    return int(ids[int(cdf.searchsorted(rng.random(), side="right"))])
 
 
-def kept_distribution(scaled: np.ndarray, order: np.ndarray, params: SamplingParams,
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """min-p → top-k → top-p over a row's temperature-scaled logits `scaled` (`order`: its token ids, most
-    likely first): the kept token ids, most likely first, and their probabilities (summing to 1). What a
-    sampled request draws from, and what speculative decoding verifies proposals against (verify.py).
-    min-p keeps the tokens whose probability is at least min_p × the most likely one's: whose scaled logit
-    is at least the highest + log(min_p)."""
-    if params.min_p > 0.0:
-        floor = scaled[order[0]] + np.log(params.min_p)
-        order = order[:int(np.searchsorted(-scaled[order], -floor, side="right"))]
-    if 0 < params.top_k < len(order):
-        order = order[:params.top_k]
-    kept = scaled[order]
-    probs = np.exp(kept - kept[0])
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        # the smallest prefix whose probability reaches top_p (always at least the most likely token)
+def kept_distribution(scaled: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """min-p → top-k → top-p over a row's temperature-scaled logits `scaled`: the kept token ids and their
+    probabilities (summing to 1). What a sampled request draws from, and what speculative decoding verifies
+    proposals against (verify.py). With none of the three, every token id in id order: no sort at all (a
+    stable sort of a 32k vocabulary is milliseconds, more than the rest of a small model's token). With any
+    of them, the kept tokens most likely first, ties by token id (the prefix of a stable sort of the whole
+    row), sorting only the candidates: min-p's, the k best (one partition), top-p's smallest prefix found
+    by partitions of a growing size. min-p keeps the tokens whose probability is at least min_p × the most
+    likely one's: whose scaled logit is at least the highest + log(min_p)."""
+    if params.min_p <= 0.0 and params.top_k <= 0 and params.top_p >= 1.0:
+        probs = np.exp(scaled - scaled.max())
+        return np.arange(scaled.shape[0]), probs / probs.sum()
+    peak = scaled.max()
+    ids = np.flatnonzero(scaled >= peak + np.log(params.min_p)) if params.min_p > 0.0 else None
+    limit = ids.shape[0] if ids is not None else scaled.shape[0]
+    if 0 < params.top_k < limit:
+        ids, limit = _best(scaled, ids, params.top_k), params.top_k
+    if params.top_p >= 1.0:
+        order = _most_likely_first(scaled, ids, limit)
+        probs = np.exp(scaled[order] - peak)
+        return order, probs / probs.sum()
+    # the smallest prefix whose probability reaches top_p (always at least the most likely token): its
+    # candidates grow (x 8) until they hold it; the probabilities are of all that min-p and top-k keep
+    total = np.exp((scaled if ids is None else scaled[ids]) - peak).sum()
+    size = min(limit, 64)
+    while True:
+        order = _most_likely_first(scaled, ids if size == limit else _best(scaled, ids, size), size)
+        probs = np.exp(scaled[order] - peak) / total
         cut = int(np.searchsorted(np.cumsum(probs), params.top_p)) + 1
-        order, probs = order[:cut], probs[:cut] / probs[:cut].sum()
-    return order, probs
+        if cut <= size or size == limit:
+            cut = min(cut, size)
+            return order[:cut], probs[:cut] / probs[:cut].sum()
+        size = min(limit, size * 8)
+
+
+def _best(scaled: np.ndarray, ids: np.ndarray | None, k: int) -> np.ndarray:
+    """The `k` most likely of `ids` (None: of every token id), ties at the k-th value by the lower id, in
+    no particular order: one partition, then the ties at its edge."""
+    values = scaled if ids is None else scaled[ids]
+    if k >= values.shape[0]:
+        return np.arange(values.shape[0]) if ids is None else ids
+    edge = np.partition(values, values.shape[0] - k)[values.shape[0] - k]
+    above = np.flatnonzero(values > edge)
+    tied = np.flatnonzero(values == edge)[:k - above.shape[0]]
+    chosen = np.concatenate((above, tied))
+    return chosen if ids is None else ids[chosen]
+
+
+def _most_likely_first(scaled: np.ndarray, ids: np.ndarray | None, size: int) -> np.ndarray:
+    """`ids` (None: every token id), most likely first, ties by token id; `size` of them."""
+    if ids is None:
+        ids = np.arange(scaled.shape[0])
+    ids = np.sort(ids)
+    return ids[np.argsort(-scaled[ids], kind="stable")][:size]

@@ -46,7 +46,7 @@ def verify(logits: np.ndarray, proposals: Sequence[int], request: Request) -> li
     out: list[int] = []
     for row, proposal in enumerate(proposals):
         scaled = logits[row].astype(np.float64) / params.temperature
-        order, probs = kept_distribution(scaled, np.argsort(-scaled, kind="stable"), params)
+        order, probs = kept_distribution(scaled, params)
         where = np.flatnonzero(order == proposal)
         p = float(probs[where[0]]) if where.size else 0.0
         if request.rng.random() < p:  # kept with probability p(x) (q is a point mass at x)

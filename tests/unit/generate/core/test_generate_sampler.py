@@ -13,9 +13,16 @@ from engine.generate.core.sampler import hold_stops, penalize, sample, sample_ro
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
-    """The sampler as it was: temperature → top-k → top-p → `rng.choice` over the kept tokens."""
+    """The sampler as it was: temperature → min-p → top-k → top-p → `rng.choice` over the kept tokens,
+    most likely first after a stable sort of the whole row; with none of min-p, top-k and top-p, over
+    every token in id order (no sort: perf/README.md, "Structured output")."""
     scaled = logits.astype(np.float64) / params.temperature
+    if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0.0:
+        probs = np.exp(scaled - scaled.max())
+        return int(rng.choice(len(probs), p=probs / probs.sum()))
     order = np.argsort(-scaled, kind="stable")
+    if params.min_p > 0.0:
+        order = order[scaled[order] >= scaled[order[0]] + np.log(params.min_p)]
     if 0 < params.top_k < len(order):
         order = order[:params.top_k]
     kept = scaled[order]
@@ -39,7 +46,9 @@ def test_batched_draws_equal_generator_choice() -> None:
         logits = (gen.normal(size=(rows, vocab)) * gen.choice([0.1, 1.0, 10.0])).astype(np.float32)
         logits[:, 1] = logits[:, 0]  # ties: the order is by token id
         params = [SamplingParams(max_tokens=1, temperature=float(gen.choice([0.0, 0.5, 1.0, 2.0])),
-                                 top_p=float(gen.choice([1.0, 0.9, 0.3])), top_k=int(gen.choice([0, 1, 4])))
+                                 top_p=float(gen.choice([1.0, 0.9, 0.3])),
+                                 top_k=int(gen.choice([0, 1, 4, 100])),
+                                 min_p=float(gen.choice([0.0, 0.0, 0.05])))
                   for _ in range(rows)]
         seeds = [int(s) for s in gen.integers(2**62, size=rows)]
         want = [int(logits[i].argmax()) if p.greedy else reference_row(logits[i], p, np.random.default_rng(s))
