@@ -16,11 +16,11 @@ Vocabularies (`--vocab`): `bytes` (the example tiny_decoder: 258 tokens, the byt
 byte-level BPE of `N` tokens trained at bench time with `tokenizers` on this venv's Python sources (a
 realistic tokenizer's shape, 32k–150k), with the same decoder built for that vocabulary (hidden 64: the
 model is tiny, so the mask's share of a token is much larger here than on a real model). The ratio printed is
-json / free per token. At temperature > 0 the sampler sorts each row's vocabulary (a stable argsort, ~6 ms
-a row at 32k here), and a masked row, mostly -inf, sorts in a tenth of that: at a large vocabulary json is
-then *cheaper* than free, which says more about that sort than about the mask; greedy (`--temperature 0`)
-shows the mask's own cost. Grammar compile time (cached after the first request of a schema) and llguidance's
-tokenizer set-up (once per model) are printed apart and not in the per-token times.
+json / free per token. At temperature > 0 with no top-k, top-p or min-p (as here) the sampler sorts nothing
+and draws from the softmax (it once sorted each row's vocabulary, ~6 ms a row at 32k, which made json look
+cheaper than free); greedy (`--temperature 0`) has no softmax either, so it shows the mask's own cost.
+Grammar compile time (cached after the first request of a schema) and llguidance's tokenizer set-up (once
+per model) are printed apart and not in the per-token times.
 
     .venv/bin/python perf/bench_structured.py --vocab bytes,32000,128000
 
