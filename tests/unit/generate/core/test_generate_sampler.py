@@ -9,7 +9,14 @@ import pytest
 
 from engine.errors import EngineError
 from engine.generate.core.request import Request, SamplingParams
-from engine.generate.core.sampler import hold_stops, penalize, sample, sample_row, token_logprob
+from engine.generate.core.sampler import (
+    hold_stops,
+    kept_distribution,
+    penalize,
+    sample,
+    sample_row,
+    token_logprob,
+)
 
 
 def reference_row(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
@@ -150,3 +157,20 @@ def test_min_tokens_holds_the_stop_tokens_and_eos_until_reached() -> None:
     hold_stops(row, Request("i", [1], SamplingParams(max_tokens=8, min_tokens=2, ignore_eos=True),
                             np.random.default_rng(0)), 7)
     assert row[7] == 5.0 and np.isfinite(row).all()
+
+
+def test_a_masked_rows_draw_among_its_finite_tokens_is_the_draw_over_the_whole_row() -> None:
+    """What the sampler does for a constrained row (its grammar's tokens only) keeps what the whole row,
+    -inf elsewhere, would give: the same tokens with the same probabilities, in the same order."""
+    gen = np.random.default_rng(5)
+    for top_k, top_p, min_p in [(0, 1.0, 0.0), (4, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05), (50, 0.7, 0.01)]:
+        params = SamplingParams(max_tokens=1, temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
+        for _ in range(20):
+            scaled = gen.normal(size=700) * 3.0
+            scaled[gen.random(700) < 0.9] = -np.inf
+            ids = np.flatnonzero(np.isfinite(scaled))
+            whole, whole_probs = kept_distribution(scaled, params)
+            some, some_probs = kept_distribution(scaled, params, ids)
+            nonzero = whole_probs > 0
+            assert whole[nonzero].tolist() == some.tolist()
+            np.testing.assert_allclose(whole_probs[nonzero], some_probs, rtol=1e-12)
