@@ -141,19 +141,25 @@ def render_chat(template: ChatTemplate, messages: Sequence[tuple[str, str]], opt
     return text[:loc + len(final.strip())]
 
 
-def load_chat_template(folder: Path, where: str, params: Mapping[str, str] | None = None) -> ModelChat:
+def load_chat_template(folder: Path, where: str, params: Mapping[str, str] | None = None,
+                       config_folder: Path | None = None) -> ModelChat:
     """The folder's chat (see the module docstring for the order). INVALID_ARG naming the problem for a
     malformed file or a template that does not parse (the version's load fails, saying why). `params`: the
     config's parameters (its `bos_token` / `eos_token` name the special tokens when tokenizer_config.json
-    does not)."""
+    does not). `folder` holds the tokenizer's files (a Hugging Face export's may be in `1/`: a KServe
+    single-model folder is served that way); `config_folder`, the model folder beside its config, where
+    our own chat_template.json overrides them (default: `folder`)."""
     params = params or {}
+    override = (config_folder or folder) / FILENAME
+    if not override.is_file():
+        override = folder / FILENAME
     tokens = special_token_texts(folder, params, where)
     parser = params.get("tool_call_parser", "")
     if parser and parser not in TOOL_CALL_PARSERS:
         raise invalid(f"{where}: parameter tool_call_parser '{parser}' is not one of "
                       f"{list(TOOL_CALL_PARSERS)}")
-    if (folder / FILENAME).is_file():
-        return ModelChat(_load_json(folder / FILENAME, where), tokens, parser)
+    if override.is_file():
+        return ModelChat(_load_json(override, where), tokens, parser)
     found = folder_template_source(folder, where)
     if found is None:
         return ModelChat(None, tokens, parser)

@@ -29,6 +29,7 @@ from ..core.engine import GenerationEngine
 from ..core.request import SamplingParams
 from .chat_template import ModelChat, load_chat_template
 from .driver import EngineDriver
+from .hf_folder import export_files
 from .kv_budget import KVSizing, show_parameters
 from .model_folder import build_engine, effective_values, is_generative
 from .request_defaults import RequestDefaults
@@ -150,7 +151,9 @@ class GenerationRegistry:
         def build() -> tuple[GenerationEngine, ModelChat, RequestDefaults]:
             engine = build_engine(model.config, model.model_path, model.model_dir, gpus=self.gpus,
                                   kv_cache_memory_bytes=self.kv_cache_memory_bytes)
-            chat = load_chat_template(model.model_dir, f"model '{model.name}'", model.config.parameters)
+            files = export_files(model.config.parameters, model.model_dir) or model.model_dir
+            chat = load_chat_template(files, f"model '{model.name}'", model.config.parameters,
+                                      model.model_dir)
             defaults = RequestDefaults.of(model.config.parameters, engine.tokenizer, f"model '{model.name}'")
             check_generation(engine)
             return engine, chat, defaults

@@ -66,3 +66,29 @@ def test_a_repository_that_serves_nothing_is_not_ready(tmp_path: Path, mode: str
             assert client.is_server_ready() is ready
     finally:
         srv.stop()
+
+
+def test_a_flat_hugging_face_export_serves_with_its_own_chat_template(tmp_path: Path):
+    """KServe mounts an LLM folder as it was uploaded: an Optimum export's files at /mnt/models's top.
+    Served as a one-model repository its files are version 1's (`1/`), and its chat template, tokenizer and
+    EOS list are read from there: the recorded chat answers as transformers did."""
+    import json
+
+    import openai
+
+    from conftest import ROOT, openai_client
+
+    fixtures = ROOT / "tests" / "fixtures" / "llm"
+    srv = start_server(fixtures / "models" / "llama", tmp_path / "server.log", "--model-control-mode", "none",
+                       "--single-model-name", "llm")
+    try:
+        recorded = json.loads((fixtures / "expected" / "llama.json").read_text())
+        chat = next(c for c in recorded["chats"] if c["name"] == "system")
+        client: openai.OpenAI = openai_client(srv)
+        out = client.chat.completions.create(model="llm", messages=chat["messages"], temperature=0,
+                                             max_tokens=recorded["greedy"]["max_new_tokens"])
+        assert out.choices[0].message.content == chat["text"]
+        assert out.choices[0].finish_reason == chat["finish_reason"]
+        assert out.usage is not None and out.usage.prompt_tokens == len(chat["prompt_ids"])
+    finally:
+        srv.stop()
