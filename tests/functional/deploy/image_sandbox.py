@@ -60,6 +60,10 @@ def run(spec: dict) -> None:
             _bind(f"/{name}", f"{root}/{name}", read_only=True)
     for path in ("/usr", "/etc"):
         _bind(path, root + path, read_only=True)
+    # /tmp first: a checkout or venv that lives under the host's /tmp (a CI clone, say) is bound inside it,
+    # not hidden under it; a read-only /tmp is made so once they are in place
+    os.makedirs(f"{root}/tmp")
+    _mount("-t", "tmpfs", "-o", "mode=1777", "imagetmp", f"{root}/tmp")
     for path in spec["packages"]:  # the interpreter, the venv, the checkout: root's files, mounted writable
         _bind(path, root + path, read_only=False)
     for source, target in spec.get("extra_binds", []):
@@ -67,9 +71,8 @@ def run(spec: dict) -> None:
     _bind("/proc", f"{root}/proc", read_only=False)
     _bind("/dev", f"{root}/dev", read_only=False)
     _bind(spec["models"], f"{root}/models", read_only=True)
-    os.makedirs(f"{root}/tmp")
-    tmp_options = "mode=1777" + (",ro" if spec["tmp_read_only"] else "")
-    _mount("-t", "tmpfs", "-o", tmp_options, "imagetmp", f"{root}/tmp")
+    if spec["tmp_read_only"]:
+        _mount("-o", "remount,ro", f"{root}/tmp")
     os.makedirs(root + spec["workdir"], exist_ok=True)  # WORKDIR: made by the build, empty here
     _mount("-o", "remount,ro", root)
     os.chroot(root)
