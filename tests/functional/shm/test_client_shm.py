@@ -12,8 +12,10 @@ test creates is destroyed (unlinked) when it ends.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -337,7 +339,12 @@ def test_perf_analyzer_shared_memory_system(shm_server, protocol):
         pytest.fail("perf_analyzer is not installed: run `make perf-analyzer`", pytrace=False)
     url = shm_server.grpc_url if protocol == "grpc" else shm_server.http_url
     extra = ("--concurrency-range", "2", "--shared-memory", "system", "--stability-percentage", "100")
-    result = run_perf_analyzer_settled("simple", url, protocol, *extra, timeout_s=90)
+    # perf_analyzer names its regions after the tensors (/INPUT0_0_0, /OUTPUT0, ...), one namespace per
+    # machine: `make test` runs this file in both of its pytest processes (the second time with --workers 2),
+    # and two runs at once unlink each other's regions. So one at a time on the machine.
+    with open(os.path.join(tempfile.gettempdir(), "hubserve-tests-perf-analyzer-shm.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = run_perf_analyzer_settled("simple", url, protocol, *extra, timeout_s=90)
     assert result.returncode == 0, f"command: {' '.join(result.command)}\n{result.output}"
     assert result.throughput > 0, result.output
 
