@@ -1,8 +1,11 @@
 """ONNX Runtime backend: one InferenceSession per instance.
 
 CPU instances use the CPU execution provider. GPU instances put the CUDA provider (bound to the instance's
-device id) first, or TensorRT then CUDA when the config asks for the `tensorrt` GPU accelerator. The GPU paths
-cannot be exercised in CI (no GPU there); what they do is build the provider list, which is tested as data.
+device id) first, or TensorRT then CUDA when the config asks for the `tensorrt` GPU accelerator. ONNX Runtime
+quietly falls back to the CPU when it cannot start the provider asked first (a CPU-only onnxruntime, no CUDA
+or cuDNN libraries): `check_providers` refuses that session (UNAVAILABLE), so a GPU instance runs on its GPU
+or not at all. The GPU paths cannot be exercised in CI (no GPU there); what is tested is the provider list, as
+data, and the refusal.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..config.model_config import ModelConfig, ModelIO, TensorSpec
-from ..errors import EngineError, ErrorCode, invalid
+from ..errors import EngineError, ErrorCode, invalid, unavailable
 from ..instances.devices import Device
 from ..types import DataType
 
@@ -47,6 +50,22 @@ def providers_for(config: ModelConfig, device: Device) -> list[Any]:
     if any(a.name == "tensorrt" for a in config.gpu_execution_accelerators):
         providers.insert(0, ("TensorrtExecutionProvider", {"device_id": device.index}))
     return providers
+
+
+def provider_name(provider: Any) -> str:
+    return provider[0] if isinstance(provider, tuple) else str(provider)
+
+
+def check_providers(session: ort.InferenceSession, providers: list[Any], where: str) -> None:
+    """UNAVAILABLE when the session did not get the provider asked first (ONNX Runtime fell back to the
+    CPU): an instance runs where its instance group says, or not at all."""
+    wanted = provider_name(providers[0])
+    got, offered = session.get_providers(), ort.get_available_providers()
+    if wanted not in got:
+        raise unavailable(
+            f"{where}: its instance group asks for {wanted}, but ONNX Runtime could not start it (the "
+            f"session got {', '.join(got)}; this onnxruntime offers {', '.join(offered)}): "
+            "check the GPU, CUDA and cuDNN (onnxruntime-gpu's requirements), or use kind KIND_CPU")
 
 
 def session_options(config: ModelConfig) -> ort.SessionOptions:
@@ -112,15 +131,16 @@ def create(config: ModelConfig, model_path: Path, device: Device, instance_name:
 
 class OnnxRuntimeBackend:
     def __init__(self, config: ModelConfig, model_path: Path, device: Device) -> None:
+        providers = providers_for(config, device)
         try:
-            self._session = ort.InferenceSession(
-                str(model_path), session_options(config), providers=providers_for(config, device)
-            )
+            self._session = ort.InferenceSession(str(model_path), session_options(config),
+                                                 providers=providers)
         except EngineError:
             raise
         except Exception as e:
             shown = shown_path(model_path, config.name)
             raise invalid(f"cannot load ONNX model {shown}: {_ort_failure(e, model_path, shown)}") from None
+        check_providers(self._session, providers, f"model '{config.name}'")
         self._check_against_config(config)
         # On the CPU provider, execution time is CPU time, so a short run may execute inline
         # (engine/instances/inline_policy.py).

@@ -28,9 +28,8 @@ from typing import Any
 
 import onnxruntime as ort
 
-from ...backends.onnxruntime import providers_for
+from ...backends.onnxruntime import check_providers, providers_for
 from ...config.model_config import ModelConfig
-from ...errors import unavailable
 from ...instances.devices import CPU, Device
 from ...instances.placement import place
 from ..core.decoder_model import DecoderModel
@@ -48,20 +47,10 @@ def engine_providers(config: ModelConfig, gpus: tuple[int, ...]) -> list[Any]:
     return providers_for(config, engine_device(config, gpus))
 
 
-def provider_name(provider: Any) -> str:
-    return provider[0] if isinstance(provider, tuple) else str(provider)
-
-
 def check_session(session: ort.InferenceSession, providers: list[Any], where: str) -> None:
     """UNAVAILABLE when the session did not get the provider asked first (ONNX Runtime fell back to the
-    CPU): the engine must run where its instance group says, or not at all."""
-    wanted = provider_name(providers[0])
-    got, offered = session.get_providers(), ort.get_available_providers()
-    if wanted not in got:
-        raise unavailable(
-            f"{where}: its instance group asks for {wanted}, but ONNX Runtime could not start it (the "
-            f"session got {', '.join(got)}; this onnxruntime offers {', '.join(offered)}): "
-            "check the GPU, CUDA and cuDNN (onnxruntime-gpu's requirements), or use kind KIND_CPU")
+    CPU): the engine must run where its instance group says, or not at all (the ONNX backend's check)."""
+    check_providers(session, providers, where)
 
 
 def open_decoder(config: ModelConfig, model_path: Path | bytes, options: ort.SessionOptions,
