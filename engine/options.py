@@ -5,7 +5,7 @@ it needs (its own limits object: `HttpLimits`, h2 `Limits`, `BatchLimits`, ...).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .access.policy import AccessConfig, access_config
@@ -36,7 +36,8 @@ class ServerOptions:
     client_timeout_secs: float = 30.0  # the longest a client may stall mid-request or leave answers unread
     idle_timeout_secs: float = 300.0  # a connection with nothing in flight is closed after this long
     max_concurrent_executions: int = 0  # 0 = limited only by instances
-    rate_limit_resources: dict[str, int] = field(default_factory=dict)
+    # --rate-limit-resource NAME:COUNT[:DEVICE] as given (device None: every device): rate_limiter.py
+    rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
     exit_timeout_secs: float = 30.0
     # 1: this process serves everything. N >= 2: this process is the engine (repository, batchers, instances,
     # statistics, metrics) and N frontend processes do the HTTP and gRPC work (engine/workers/).

@@ -69,7 +69,10 @@ class Server:
         values, mode, exporter = parse_trace_config(list(options.trace_config))
         self.trace = TraceSettings(values, mode, exporter)
         self._exporter: OtlpExporter | None = None
-        limiter = RateLimiter(options.max_concurrent_executions, options.rate_limit_resources)
+        every = {name: count for name, count, device in options.rate_limit_resources if device is None}
+        one = {(name, device): count for name, count, device in options.rate_limit_resources
+               if device is not None}
+        limiter = RateLimiter(options.max_concurrent_executions, every, one)
         self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
                                           allow_python_uploads=options.allow_python_model_upload,
                                           files_root=options.model_files_root,

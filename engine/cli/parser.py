@@ -15,11 +15,12 @@ from .flags import HelpFormatter, TritonBool
 PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `hubserve perf --help` for more"
 
 
-def _resource(text: str) -> tuple[str, int]:
-    name, _, count = text.partition(":")
-    if not name or not count.isdigit():
-        raise argparse.ArgumentTypeError(f"expected NAME:COUNT, got '{text}'")
-    return name, int(count)
+def _resource(text: str) -> tuple[str, int, int | None]:
+    """Triton's `--rate-limit-resource NAME:COUNT[:DEVICE]`: the device None means every device."""
+    name, count, *device = text.split(":")
+    if not name or not count.isdigit() or len(device) > 1 or (device and not device[0].isdigit()):
+        raise argparse.ArgumentTypeError(f"expected NAME:COUNT or NAME:COUNT:DEVICE, got '{text}'")
+    return name, int(count), int(device[0]) if device else None
 
 
 def _byte_count(text: str) -> int:
@@ -208,8 +209,9 @@ def _scheduling_flags(serve: argparse.ArgumentParser) -> None:
     group.add_argument("--max-concurrent-executions", type=int, default=0, metavar="N",
                        help="server-wide cap on batches executing at once across all models (0 = no cap)")
     group.add_argument("--rate-limit-resource", action="append", default=[], type=_resource,
-                       metavar="NAME:COUNT",
-                       help="server-wide count of a rate-limiter resource named in instance groups")
+                       metavar="NAME:COUNT[:DEVICE]",
+                       help="copies of a rate-limiter resource named in instance groups: on every device "
+                            "(and for a global resource, the one set), or on DEVICE only; repeatable")
     group.add_argument("--max-sequence-backlog", type=_byte_count, default=4096, metavar="N",
                        help="sequences a sequence model (each version) lets wait for a slot once every slot "
                             "is taken; a START past it is refused (HTTP 429, gRPC UNAVAILABLE); 0 = no limit")

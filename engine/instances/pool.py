@@ -79,7 +79,7 @@ class InstancePool:
         self._free: deque[Instance] = deque(self._instances)
         self.on_release: Callable[[], None] = lambda: None
         for p in placements:
-            limiter.register(p.resources)
+            limiter.register(p.resources, p.device.index)
         limiter.add_listener(self._limiter_released)
 
     @property
@@ -118,7 +118,7 @@ class InstancePool:
         if not self._free:
             return None
         instance = self._free[0]
-        if not self._limiter.try_acquire(instance.placement.resources):
+        if not self._limiter.try_acquire(instance.placement.resources, instance.placement.device.index):
             return None
         self._free.popleft()
         instance.busy = True
@@ -128,7 +128,8 @@ class InstancePool:
         """Acquire the instance at `index` (placement order) if it is free and the limiter agrees: for the
         sequence batcher's direct strategy, whose sequences are pinned to one instance."""
         instance = self._instances[index]
-        if instance.busy or not self._limiter.try_acquire(instance.placement.resources):
+        if instance.busy or not self._limiter.try_acquire(instance.placement.resources,
+                                                          instance.placement.device.index):
             return None
         self._free.remove(instance)
         instance.busy = True
@@ -139,7 +140,7 @@ class InstancePool:
         self._free.append(instance)
         if self._limiter.limiting:
             # Offers the slot to every pool, ours included.
-            self._limiter.release(instance.placement.resources)
+            self._limiter.release(instance.placement.resources, instance.placement.device.index)
         else:
             self._limiter.release_quietly()
             self.on_release()

@@ -114,3 +114,39 @@ def test_release_offers_capacity_to_each_listener_first_in_turn() -> None:
         assert sorted(calls) == ["a", "b", "c"]  # everyone hears of every release
         first_called.append(calls[0])
     assert first_called == ["a", "b", "c", "a", "b", "c"]  # so no busy model keeps the slot to itself
+
+
+def test_a_resource_has_copies_per_device() -> None:
+    """Triton's rule: two instances on GPUs 0 and 1 needing R each take from their own device's copies."""
+    limiter = RateLimiter()
+    limiter.register(R2, device=0)
+    limiter.register(R2, device=1)
+    assert limiter.try_acquire(R2, device=0)
+    assert not limiter.try_acquire(R1, device=0)  # device 0's two copies are taken
+    assert limiter.try_acquire(R2, device=1)  # device 1's are its own
+    limiter.release(R2, device=0)
+    assert limiter.free("R", 0) == 2 and limiter.free("R", 1) == 0
+
+
+def test_a_global_resource_has_one_set_of_copies_for_every_device() -> None:
+    shared = (RateLimiterResource("G", 1, global_=True),)
+    limiter = RateLimiter()
+    limiter.register(shared, device=0)
+    limiter.register(shared, device=1)
+    assert limiter.try_acquire(shared, device=0)
+    assert not limiter.try_acquire(shared, device=1)
+    limiter.release(shared, device=0)
+    assert limiter.try_acquire(shared, device=1)
+
+
+def test_command_line_counts_apply_to_every_device_or_to_one() -> None:
+    """--rate-limit-resource R:3 --rate-limit-resource R:1:1: three copies on each device but GPU 1, which
+    has one; the global set of a global resource gets the every-device count."""
+    limiter = RateLimiter(resources={"R": 3, "G": 2}, device_resources={("R", 1): 1})
+    shared = (RateLimiterResource("G", 1, global_=True),)
+    for device in (0, 1, 2):
+        limiter.register(R1 + shared, device)
+    assert [limiter.free("R", d) for d in (0, 1, 2)] == [3, 1, 3] and limiter.free("G") == 2
+    assert limiter.try_acquire(R1, device=1)
+    assert not limiter.try_acquire(R1, device=1)
+    assert limiter.try_acquire(R2, device=2)
