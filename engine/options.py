@@ -52,6 +52,8 @@ class ServerOptions:
     # Triton's --metrics-config <setting>=<value> (engine/observability/histograms.py) and --trace-config
     # [<mode>,]<setting>=<value> (engine/observability/tracing/settings.py), as given.
     metrics_config: tuple[str, ...] = ()
+    allow_gpu_metrics: bool = True  # Triton's --allow-gpu-metrics (engine/observability/gpu_metrics.py)
+    metrics_interval_ms: int = 2000  # Triton's --metrics-interval-ms: how often the GPU metrics are read
     trace_config: tuple[str, ...] = ()
     allow_python_model_upload: bool = False  # a repository `load` may send a Python model's files
     canary_interval_secs: float = 10.0  # each instance's canary this often (instances/canary.py); 0: off

@@ -39,10 +39,11 @@ from .frontend.options import (
 from .frontend.tls import TlsSettings, handshake_timeout_secs
 from .generate.serving.registry import GenerationRegistry
 from .instances.canary import CanaryOptions, CanaryRunner
-from .instances.devices import discover_gpus
+from .instances.devices import discover_visible_gpus
 from .instances.rate_limiter import RateLimiter
 from .lifecycle_log import process_age_s, ready_line
 from .observability import histograms, observe
+from .observability.gpu_metrics import GpuSampler, load_nvml, open_sampler
 from .observability.histograms import parse_metrics_config
 from .observability.metrics import process_registry, render
 from .observability.tracing.otlp import OtlpExporter
@@ -73,7 +74,9 @@ class Server:
         one = {(name, device): count for name, count, device in options.rate_limit_resources
                if device is not None}
         limiter = RateLimiter(options.max_concurrent_executions, every, one)
-        self.repository = ModelRepository(options.model_repository, limiter, discover_gpus(),
+        self.gpus = discover_visible_gpus()  # the GPU metrics' devices; placement's are their ordinals
+        self.repository = ModelRepository(options.model_repository, limiter,
+                                          tuple(g.ordinal for g in self.gpus),
                                           allow_python_uploads=options.allow_python_model_upload,
                                           files_root=options.model_files_root,
                                           backlog=BacklogLimits(options.max_sequence_backlog,
@@ -102,6 +105,7 @@ class Server:
         self._http_servers: list[asyncio.Server] = []
         self._metrics: http_frontend.HttpApp | None = None
         self._process_metrics = process_registry()  # the process's memory and CPU, on each metrics page
+        self._gpu_metrics: GpuSampler | None = None  # made in start(), after the ports are bound
         self._metrics_servers: list[asyncio.Server] = []
         self._grpc: H2GrpcServer | None = None
         self._frontends: FrontendPool | None = None
@@ -120,6 +124,7 @@ class Server:
         self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
         self.metrics_port = self._listeners.metrics_port
         self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
+        self._start_gpu_metrics()
         self._exporter.start()
         if opts.model_control_mode == "explicit":
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
@@ -219,7 +224,20 @@ class Server:
     def _metrics_page(self) -> bytes:
         """The Prometheus page, rendered at each scrape (engine/observability/metrics.py)."""
         return render(self.repository.loaded_models(), self._process_metrics,
-                      [driver.sample() for driver in self.generation.drivers()])
+                      [driver.sample() for driver in self.generation.drivers()],
+                      self._gpu_metrics.lines() if self._gpu_metrics is not None else ())
+
+    def _start_gpu_metrics(self) -> None:
+        """Triton's GPU metrics, read on a thread of their own (gpu_metrics.py), where asked for, served
+        and possible: with no NVML or no GPU, one info line and no GPU family."""
+        opts = self.options
+        if not (opts.allow_gpu_metrics and opts.metrics_port):
+            return
+        nvml = load_nvml()
+        if nvml is not None:
+            self._gpu_metrics = open_sampler(nvml, self.gpus, opts.metrics_interval_ms / 1000)
+        if self._gpu_metrics is not None:
+            self._gpu_metrics.start()
 
     async def _start_metrics(self) -> None:
         """The metrics port, on the HTTP/1.1 stack of the KServe port with its timeouts and connection caps
@@ -261,6 +279,8 @@ class Server:
             await self._exporter.close()
         if self._metrics is not None:  # last: scrapes see the drain
             await http_frontend.shutdown(self._metrics, self._metrics_servers, min(grace, 1.0))
+        if self._gpu_metrics is not None:
+            await asyncio.to_thread(self._gpu_metrics.stop)
         log.info("stopped")
 
     async def run_until_signalled(self) -> None:

@@ -389,6 +389,12 @@ def _metrics_flags(serve: argparse.ArgumentParser) -> None:
                             "--idle-timeout-secs)")
     group.add_argument("--metrics-max-connections-per-client", type=_byte_count, default=16, metavar="N",
                        help="connections one client address may hold on the metrics port (0 = no limit)")
+    group.add_argument("--allow-gpu-metrics", action=TritonBool, default=True,
+                       help="export Triton's GPU metrics (nv_gpu_utilization, nv_gpu_memory_*_bytes, "
+                            "nv_gpu_power_*, nv_energy_consumption) for the visible GPUs, read through NVML "
+                            "(the `gpu` extra: nvidia-ml-py); absent where there is no GPU or no NVML")
+    group.add_argument("--metrics-interval-ms", type=_count, default=2000, metavar="MS",
+                       help="how often the GPU metrics are read (each scrape shows the last reading)")
     group.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
                        help="histogram_latencies=true|false (the request, queue and compute latency "
                             "histograms; on unless set false), histogram_buckets_us=50,100,... (their "

@@ -51,7 +51,9 @@ FAMILIES: list[tuple[str, str, str, Callable[[ModelStats, Model], int]]] = [
 
 
 def render(models: Iterable[Model], process: CollectorRegistry | None = None,
-           generation: Iterable[GenerationSample] = ()) -> bytes:
+           generation: Iterable[GenerationSample] = (), gpu: Iterable[str] = ()) -> bytes:
+    """The page: the model families, the generative models' (`generation`), the GPU families' lines
+    (`gpu`, gpu_metrics.py) and the process's."""
     models = list(models)
     lines: list[str] = []
     for name, kind, help_text, value in FAMILIES:
@@ -73,6 +75,7 @@ def render(models: Iterable[Model], process: CollectorRegistry | None = None,
     lines.extend(_canary_lines(models))
     lines.extend(_generation_lines(list(generation)))
     lines.extend(_histogram_lines(models))
+    lines.extend(gpu)
     text = "\n".join(lines) + "\n"
     if process is not None:
         text += generate_latest(process).decode()
