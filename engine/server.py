@@ -228,10 +228,11 @@ class Server:
                       self._gpu_metrics.lines() if self._gpu_metrics is not None else ())
 
     def _start_gpu_metrics(self) -> None:
-        """Triton's GPU metrics, read on a thread of their own (gpu_metrics.py), where asked for, served
-        and possible: with no NVML or no GPU, one info line and no GPU family."""
+        """Triton's GPU metrics, read on a thread of their own (gpu_metrics.py), unless
+        --allow-gpu-metrics=false: with no NVML or no GPU, one info line and no GPU family. Whatever
+        --metrics-port says: the HTTP port serves the same page."""
         opts = self.options
-        if not (opts.allow_gpu_metrics and opts.metrics_port):
+        if not opts.allow_gpu_metrics:
             return
         nvml = load_nvml()
         if nvml is not None:
