@@ -17,10 +17,10 @@ PERF_HELP = "measure a server's throughput and latency (perf_analyzer-style); `h
 
 def _resource(text: str) -> tuple[str, int, int | None]:
     """Triton's `--rate-limit-resource NAME:COUNT[:DEVICE]`: the device None means every device."""
-    name, count, *device = text.split(":")
-    if not name or not count.isdigit() or len(device) > 1 or (device and not device[0].isdigit()):
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not all(p.isdigit() for p in parts[1:]):
         raise argparse.ArgumentTypeError(f"expected NAME:COUNT or NAME:COUNT:DEVICE, got '{text}'")
-    return name, int(count), int(device[0]) if device else None
+    return parts[0], int(parts[1]), int(parts[2]) if len(parts) == 3 else None
 
 
 def _byte_count(text: str) -> int:

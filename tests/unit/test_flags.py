@@ -127,3 +127,28 @@ def test_a_port_out_of_range_is_refused_naming_the_flag(port, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     assert f"argument --grpc-port: expected a port number (0 to 65535), got '{port}'" in error
+
+
+def test_rate_limit_resources_take_tritons_name_count_and_optional_device():
+    args = _serve("--rate-limit-resource", "R1:10", "--rate-limit-resource", "R2:5:0",
+                  "--rate-limit-resource=R2:8:1")
+    assert args.rate_limit_resource == [("R1", 10, None), ("R2", 5, 0), ("R2", 8, 1)]
+
+
+@pytest.mark.parametrize("value", ["R", "R:", "R:x", ":3", "R:3:", "R:3:gpu0", "R:3:0:1", "R:-1"])
+def test_a_rate_limit_resource_it_cannot_read_is_refused_naming_the_flag(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _serve("--rate-limit-resource", value)
+    assert exit_info.value.code == 2
+    assert (f"argument --rate-limit-resource: expected NAME:COUNT or NAME:COUNT:DEVICE, got '{value}'"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("flags", "allowed", "interval_ms"), [
+    ((), True, 2000),
+    (("--allow-gpu-metrics=false", "--metrics-interval-ms", "500"), False, 500),
+    (("--allow-gpu-metrics", "true"), True, 2000),
+])
+def test_gpu_metrics_flags_are_tritons(flags, allowed, interval_ms):
+    args = _serve(*flags)
+    assert (args.allow_gpu_metrics, args.metrics_interval_ms) == (allowed, interval_ms)
