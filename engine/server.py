@@ -124,7 +124,7 @@ class Server:
         self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
         self.metrics_port = self._listeners.metrics_port
         self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
-        self._start_gpu_metrics()
+        await self._start_gpu_metrics()
         self._exporter.start()
         if opts.model_control_mode == "explicit":
             await asyncio.gather(*(self.repository.load(name) for name in opts.load_models))
@@ -227,7 +227,7 @@ class Server:
                       [driver.sample() for driver in self.generation.drivers()],
                       self._gpu_metrics.lines() if self._gpu_metrics is not None else ())
 
-    def _start_gpu_metrics(self) -> None:
+    async def _start_gpu_metrics(self) -> None:
         """Triton's GPU metrics, read on a thread of their own (gpu_metrics.py), unless
         --allow-gpu-metrics=false: with no NVML or no GPU, one info line and no GPU family. Whatever
         --metrics-port says: the HTTP port serves the same page."""
@@ -236,7 +236,9 @@ class Server:
             return
         nvml = load_nvml()
         if nvml is not None:
-            self._gpu_metrics = open_sampler(nvml, self.gpus, opts.metrics_interval_ms / 1000)
+            # nvmlInit and the first readings take a while on a real driver: not on the loop
+            self._gpu_metrics = await asyncio.to_thread(open_sampler, nvml, self.gpus,
+                                                        opts.metrics_interval_ms / 1000)
         if self._gpu_metrics is not None:
             self._gpu_metrics.start()
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import wait_until
 from engine.instances.devices import VisibleGpu
-from engine.observability.gpu_metrics import GpuSampler, open_sampler
+from engine.observability.gpu_metrics import GpuSampler, load_nvml, open_sampler
 from engine.observability.metrics import render
 
 UUID0 = "GPU-1b2c3d4e-0000-0000-0000-000000000000"
@@ -187,3 +187,21 @@ def test_the_thread_samples_on_its_interval_and_stops() -> None:
         gpus.stop()
     assert nvml.calls[-1] == "shutdown"
     assert not [t for t in threading.enumerate() if t.name == "gpu-metrics"]
+
+
+def test_the_real_nvml_library_without_a_driver_means_no_sampler(caplog: pytest.LogCaptureFixture) -> None:
+    """nvidia-ml-py itself (the `gpu` extra) on a machine without libnvidia-ml: nvmlInit fails, quietly."""
+    nvml = load_nvml()
+    if nvml is None:
+        pytest.skip("nvidia-ml-py is not installed")
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        pass
+    else:
+        nvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver library is here")
+    with caplog.at_level(logging.INFO, logger="hubserve"):
+        assert open_sampler(nvml, VISIBLE, 2.0) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "GPU metrics off: NVML did not start (NVML Shared Library Not Found)"]
