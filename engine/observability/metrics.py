@@ -1,4 +1,5 @@
-"""Every Prometheus metric the server exports is defined here, and nowhere else.
+"""Every Prometheus metric the server exports is defined here, but for the generative models' families under
+vLLM's names (vllm_metrics.py) and the GPU families (gpu_metrics.py), which this page shows.
 
 The numbers are read from each model version's `ModelStats` at scrape time, so the request path pays nothing
 for metrics. Names and labels follow Triton's (`nv_inference_*{model, version}`) so existing dashboards work.
