@@ -5,6 +5,11 @@ are: the position in `CUDA_VISIBLE_DEVICES` when it is set, else the driver's or
 `CUDA_VISIBLE_DEVICES` and the driver's list (`nvidia-smi -L`) into those numbers with CUDA's rules, as data,
 so every form is tested without a GPU; `discover_visible_gpus` asks the driver.
 
+An index in `CUDA_VISIBLE_DEVICES` is matched to `nvidia-smi`'s index, which is the PCI bus order; CUDA
+numbers GPUs fastest first unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`, so on a machine with unlike GPUs an index
+may name another board for CUDA than for NVML. Placement does not care (it uses CUDA's numbers); the GPU
+metrics' UUID for an index-named GPU would. Unverified: no GPU here.
+
 `HUBSERVE_PRETEND_GPUS=1` takes `CUDA_VISIBLE_DEVICES` at its word without asking any driver: the listed
 GPUs are placed on as if present. It is for testing placement on a machine without one: a Python model's
 instance then runs (on the CPU) with its GPU's device id; an ONNX model's GPU instance fails UNAVAILABLE,
