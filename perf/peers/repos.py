@@ -4,6 +4,7 @@ Run with hubserve's venv (it reads the configs through `engine.config.steps`, so
 settings hubserve actually uses, after auto-complete):
 
     .venv/bin/python perf/peers/repos.py triton   --site-packages .peers/triton/lib/python3.11/site-packages
+    .venv/bin/python perf/peers/repos.py triton-ort
     .venv/bin/python perf/peers/repos.py kserve
     .venv/bin/python perf/peers/repos.py mlserver
 
@@ -19,6 +20,9 @@ hubserve serves.
   not carry implicit state (the state input arrives as the initial state on every request: the state output
   is not kept), so only a sequence model without `state` behaves the same there (perf/bench_sequence.py
   checks it).
+- Triton with its C++ onnxruntime backend (`setup_triton_ort.sh`): `<model>/config.pbtxt` (backend
+  "onnxruntime", the same fields as above) and `<model>/1/model.onnx`; ONNX Runtime's threads are set on the
+  server's command line (`servers.TRITON_ORT`), not per model.
 - KServe: `<model>/{model.onnx,spec.json}`; `spec.json` is read by `kserve_model.py`.
 - MLServer: `settings.json`, `<model>/{model.onnx,model-settings.json,spec.json}`; adaptive batching gets
   `max_batch_size` and `max_batch_time` = hubserve's `max_queue_delay_microseconds` (MLServer only batches
@@ -242,6 +246,17 @@ def write_triton_repo(models: list[ServedModel], dst: Path, site_packages: Path)
         (version_dir / "site-packages.txt").write_text(f"{site_packages.resolve()}\n")
 
 
+def write_triton_ort_repo(models: list[ServedModel], dst: Path) -> None:
+    """The repository Triton's C++ onnxruntime backend serves: the same config fields as the stand-in's, so
+    both Triton rows batch alike, and the model file itself."""
+    _remove_stale(dst, {m.name for m in models}, "1/model.onnx")
+    for model in models:
+        config = peer_config(model, "onnxruntime", batching=True)
+        (dst / model.name).mkdir(parents=True, exist_ok=True)
+        (dst / model.name / "config.pbtxt").write_text(text_format.MessageToString(config))
+        _copy_if_changed(model.onnx_path, dst / model.name / "1" / "model.onnx")
+
+
 def mlserver_batching(model: ServedModel) -> tuple[int, float] | None:
     """MLServer's adaptive batching for the model, (max_batch_size, max_batch_time in s), or None for none:
     hubserve's settings, but MLServer only batches when the time is > 0."""
@@ -286,18 +301,20 @@ def write_mlserver_repo(models: list[ServedModel], dst: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("peer", choices=("triton", "kserve", "mlserver"))
+    parser.add_argument("peer", choices=("triton", "triton-ort", "kserve", "mlserver"))
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--repository", type=Path, default=ROOT / "model_repository")
     parser.add_argument("--out", type=Path, help="default: .peers/<peer>_repo")
     parser.add_argument("--site-packages", type=Path, help="triton: the peer venv's site-packages")
     args = parser.parse_args(argv)
     models = [served_model(args.repository, name) for name in args.models.split(",") if name]
-    out = args.out or PEERS_DIR / f"{args.peer}_repo"
+    out = args.out or PEERS_DIR / f"{args.peer.replace('-', '_')}_repo"
     if args.peer == "triton":
         if args.site_packages is None:
             parser.error("triton needs --site-packages (the peer venv's site-packages)")
         write_triton_repo(models, out, args.site_packages)
+    elif args.peer == "triton-ort":
+        write_triton_ort_repo(models, out)
     elif args.peer == "kserve":
         write_kserve_repo(models, out)
     else:

@@ -1,4 +1,4 @@
-"""The four servers of the side-by-side benchmark: how each is started, watched, counted and stopped.
+"""The servers of the side-by-side benchmark: how each is started, watched, counted and stopped.
 
 Used by `perf/bench_peers.py` (hubserve's venv). Every server listens on 127.0.0.1 only, on free ports picked
 here; it is started in its own process (its own session, so a signal meant for the benchmark does not reach
@@ -119,6 +119,30 @@ TRITON = ServerKind(
     reports_batches=True,
 )
 
+ORT_THREADS = 1
+"""ONNX Runtime intra-op threads on every server: hubserve's ONNX backend and the Python peers use one."""
+
+TRITON_ORT = ServerKind(
+    name="triton-ort",
+    # The backend's global thread pool carries the thread counts, so the generated configs stay the same as
+    # the stand-in's; sequential execution and graph optimization level ALL are the backend's defaults.
+    command=lambda p, models: [
+        str(PEERS_DIR / "triton_ort/bin/tritonserver"),
+        "--model-repository", str(PEERS_DIR / "triton_ort_repo"),
+        "--backend-directory", str(PEERS_DIR / "triton_ort/backends"),
+        "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+        "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics),
+        "--backend-config=onnxruntime,enable-global-threadpool=1",
+        f"--backend-config=onnxruntime,intra_op_thread_count={ORT_THREADS}",
+        "--backend-config=onnxruntime,inter_op_thread_count=1",
+    ],
+    missing=lambda: None if (PEERS_DIR / "triton_ort/backends/onnxruntime/libtriton_onnxruntime.so").exists()
+    else ".peers/triton_ort is missing: run `SOURCES=<folder> bash perf/peers/setup_triton_ort.sh` "
+         "(perf/README.md)",
+    count_inferences=_stats_inferences,
+    reports_batches=True,
+)
+
 KSERVE = ServerKind(
     name="kserve",
     command=lambda p, models: [
@@ -163,7 +187,7 @@ def hubserve_from(tree: Path) -> ServerKind:
 # hubserve with `--workers N` beside it, so one run can put process layouts side by side.
 HUBSERVE_WORKERS = tuple(replace(HUBSERVE.with_args(["--workers", str(n)]), name=f"hubserve-w{n}")
                          for n in (1, 2, 3, 4, 8))
-KINDS = {k.name: k for k in (HUBSERVE, *HUBSERVE_WORKERS, TRITON, KSERVE, MLSERVER)}
+KINDS = {k.name: k for k in (HUBSERVE, *HUBSERVE_WORKERS, TRITON, TRITON_ORT, KSERVE, MLSERVER)}
 
 
 @dataclass
