@@ -2,10 +2,22 @@
 real perf_analyzer on the same models and input data, interleaved in one run.
 
     bash perf/peers/setup_triton.sh; bash perf/peers/setup_kserve.sh; bash perf/peers/setup_mlserver.sh
+    SOURCES=<folder> bash perf/peers/setup_triton_ort.sh     # Triton's C++ onnxruntime backend
     bash tools/install_perf_analyzer.sh
     .venv/bin/python perf/bench_peers.py [--models simple,mlp,image] [--protocols grpc,http]
         [--concurrency 1,4,16,32] [--servers hubserve,triton,kserve,mlserver] [--interval-ms 5000]
         [--configs examples,tuned] [--hubserve-args="--workers 2"]
+    .venv/bin/python perf/bench_peers.py --goal [--interval-ms 2000]    # issue 32's goal table
+    .venv/bin/python perf/bench_peers.py --goal-from perf/results/peers-<date>.json   # again, no servers
+
+Two Triton rows are possible: `triton-ort`, Triton 2.51 running the model with its own C++ onnxruntime
+backend (built by `setup_triton_ort.sh`, ONNX Runtime at 1 intra-op and 1 inter-op thread through the
+backend's global thread pool), the anchor of the goal table; and `triton`, the same server with a
+Python-backend stand-in (`peers/triton_model.py`), the only Triton earlier runs had. `--goal` is
+`--servers hubserve,triton-ort --models simple,mlp,image --protocols grpc,http --concurrency 1,16,32
+--configs tuned` (each overridable) and prints `peers/goal.py`'s table first: hubserve ÷ triton-ort
+throughput, both p99s and both server CPU per inference per point, and which goals hold. The table is
+printed whenever triton-ort ran, and every run writes its per-point numbers as JSON beside the report.
 
 Each model runs in each config variant (`peers/variants.py`): `examples`, its config in model_repository/,
 and `tuned`, the same with `max_batch_size: 64` and a 1000 µs dynamic-batching window (what gives Triton its
@@ -39,7 +51,7 @@ import bench_serving  # perf/, this script's folder, as are peers/ below
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
 from hubserve_models import examples
-from peers import report, repos, servers, variants
+from peers import goal, report, repos, servers, variants
 from peers.report import Measurement, Point
 
 
@@ -128,6 +140,8 @@ def prepare_repositories(names: list[str], models: list[str],
     if "triton" in names:
         site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
         repos.write_triton_repo(served, servers.PEERS_DIR / "triton_repo", site)
+    if "triton-ort" in names:
+        repos.write_triton_ort_repo(served, servers.PEERS_DIR / "triton_ort_repo")
     if "kserve" in names:
         repos.write_kserve_repo(served, servers.PEERS_DIR / "kserve_repo")
     if "mlserver" in names:
@@ -150,6 +164,31 @@ def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str,
     return out
 
 
+def goal_section(measurements: list[Measurement], reference: str, chosen: list[str]) -> str:
+    """Issue 32's table for each config variant the anchor (triton-ort) ran; empty when it did not."""
+    out = []
+    for variant in chosen:
+        points = goal.goal_points(measurements, reference, variant)
+        if any(p.anchor is not None for p in points):
+            out += [f"### Goal table, config `{variant}`: {reference} against Triton's C++ onnxruntime "
+                    "backend", "", *goal.render(points, reference), ""]
+    return "\n".join(out)
+
+
+GOAL_PRESET = {"servers": f"hubserve,{goal.ANCHOR}", "models": "simple,mlp,image", "protocols": "grpc,http",
+               "concurrency": "1,16,32", "configs": "tuned"}
+DEFAULTS = {"servers": "hubserve,triton,kserve,mlserver", "models": "simple,mlp,image",
+            "protocols": "grpc,http", "concurrency": "1,4,16,32", "configs": "examples,tuned"}
+
+
+def print_goal_from(path: Path) -> int:
+    measurements, reference = report.load(path.read_text())
+    variants_run = list(dict.fromkeys(m.point.variant for m in measurements))
+    text = goal_section(measurements, reference, variants_run)
+    print(text or f"{path}: {goal.ANCHOR} has no measurements there")
+    return 0 if text else 1
+
+
 # ------------------------------------------------------------------------------------------------ report
 
 def _exit_on_signal(signum: int, frame: object) -> None:
@@ -159,15 +198,23 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="simple,mlp,image")
-    parser.add_argument("--protocols", default="grpc,http")
-    parser.add_argument("--concurrency", default="1,4,16,32")
-    parser.add_argument("--servers", default="hubserve,triton,kserve,mlserver",
+    parser.add_argument("--goal", action="store_true",
+                        help="issue 32's goal table: "
+                        + " ".join(f"--{k} {v}" for k, v in GOAL_PRESET.items()) + " unless given")
+    parser.add_argument("--goal-from", type=Path, metavar="JSON",
+                        help="print the goal table from a run's recorded numbers (the .json beside its "
+                             "report) and exit; no servers are started")
+    parser.add_argument("--models", help=f"default: {DEFAULTS['models']}")
+    parser.add_argument("--protocols", help=f"default: {DEFAULTS['protocols']}")
+    parser.add_argument("--concurrency", help=f"default: {DEFAULTS['concurrency']}")
+    parser.add_argument("--servers",
                         help="any of hubserve (its default layout), hubserve-w1/-w2/-w3/-w4/-w8 "
-                             "(--workers N), triton, kserve, mlserver; ratios are against the first "
-                             "hubserve listed")
-    parser.add_argument("--configs", default="examples,tuned",
-                        help=f"config variants, each model in each: {', '.join(variants.VARIANTS)}")
+                             "(--workers N), triton-ort (Triton's C++ onnxruntime backend), triton (the "
+                             "Python-backend stand-in), kserve, mlserver; ratios are against the first "
+                             f"hubserve listed (default: {DEFAULTS['servers']})")
+    parser.add_argument("--configs",
+                        help=f"config variants, each model in each: {', '.join(variants.VARIANTS)} "
+                             f"(default: {DEFAULTS['configs']})")
     parser.add_argument("--hubserve-args", default="",
                         help='extra arguments for `engine serve`, e.g. --hubserve-args="--workers 2"')
     parser.add_argument("--baseline-tree", type=Path,
@@ -182,6 +229,11 @@ def main() -> int:
     parser.add_argument("--ceiling-s", type=float, default=1.0, help="seconds per ceiling measurement")
     parser.add_argument("--out", type=Path, help="default: perf/results/peers-<date>.md")
     args = parser.parse_args()
+    if args.goal_from:
+        return print_goal_from(args.goal_from)
+    for key, value in (GOAL_PRESET if args.goal else DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     report.REFERENCE = next((n for n in args.servers.split(",") if n.startswith("hubserve")), "hubserve")
     # unwind through `finally`, which stops every server we started
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -253,8 +305,12 @@ def main() -> int:
     text = report.render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped,
                          events, served, chosen, args,
                          f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
+    goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen])
+    if goals:
+        text = text.replace("\n", "\n\n" + goals, 1)  # after the heading
     out_path.write_text(text)
-    print("\n" + text + f"\nwritten to {out_path} (server logs in "
+    out_path.with_suffix(".json").write_text(report.dump(measurements, report.REFERENCE))
+    print("\n" + text + f"\nwritten to {out_path} and its .json (server logs in "
           f"{log_dir}/)")
     return 0
 

@@ -5,12 +5,13 @@ settings printed from a run. Measuring lives in the script; this module only for
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from hubserve_harness import ROOT
 
@@ -45,6 +46,23 @@ class Measurement:
     avg_batch: float | None = None
     error: str = ""
     command: tuple[str, ...] = ()
+
+
+def dump(measurements: list[Measurement], reference: str) -> str:
+    """A run's per-point numbers as JSON, written beside the report, so tables (the goal table among them)
+    can be printed again from a run without measuring again."""
+    return json.dumps({"reference": reference, "measurements": [asdict(m) for m in measurements]}, indent=1)
+
+
+def load(text: str) -> tuple[list[Measurement], str]:
+    """`dump`'s output back: the measurements and the reference server's name."""
+    data = json.loads(text)
+    out = []
+    for m in data["measurements"]:
+        fields = {k: v for k, v in m.items() if k not in ("point", "command")}
+        # json writes NaN (CPU of a point without inferences) as NaN, which it reads back
+        out.append(Measurement(Point(**m["point"]), **fields, command=tuple(m["command"])))
+    return out, str(data["reference"])
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:

@@ -1,0 +1,134 @@
+"""What `perf/bench_peers.py` computes for issue 32's goal table (perf/peers/goal.py) from recorded per-point
+numbers, and the repository and command line it gives Triton's C++ onnxruntime backend (`triton-ort`). No
+Triton here: the table is pure, the repository is files, and `--goal-from` prints from a recorded run."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from conftest import EXAMPLES, ROOT
+from engine.proto import model_config_pb2 as pb
+from hubserve_models import examples
+from peers import goal, report, repos, servers
+from peers.report import Measurement, Point
+
+
+def m(server: str, model: str, protocol: str, c: int, infer_per_s: float, p99_ms: float,
+      cpu_us: float, error: str = "") -> Measurement:
+    return Measurement(Point(model, "tuned", protocol, c), server, infer_per_s, p99_ms=p99_ms,
+                       cpu_us_per_infer=cpu_us, error=error)
+
+
+# simple over gRPC as issue 32 recorded it (ratios 8.94 / 1.45 / 0.78), and `image` (the issue's `big`)
+# over HTTP with its c = 32 point lost on Triton's side; a `triton` stand-in row the table must ignore.
+RUN = [
+    m("hubserve", "simple", "grpc", 1, 894.0, 0.19, 91), m("triton-ort", "simple", "grpc", 1, 100.0, 1.40, 183),
+    m("triton", "simple", "grpc", 1, 50.0, 9.0, 999),
+    m("hubserve", "simple", "grpc", 16, 1450.0, 2.06, 46), m("triton-ort", "simple", "grpc", 16, 1000.0, 2.45, 44),
+    m("hubserve", "simple", "grpc", 32, 780.0, 4.68, 48), m("triton-ort", "simple", "grpc", 32, 1000.0, 3.64, 39),
+    m("hubserve", "image", "http", 1, 544.0, 0.52, 156), m("triton-ort", "image", "http", 1, 100.0, 1.95, 428),
+    m("hubserve", "image", "http", 16, 107.0, 9.07, 183), m("triton-ort", "image", "http", 16, 100.0, 10.26, 333),
+    m("hubserve", "image", "http", 32, 107.0, 22.03, 184),
+    m("triton-ort", "image", "http", 32, 0.0, 0.0, 0.0, error="perf_analyzer exit 1: timed out"),
+]
+
+
+def by_key(points: list[goal.GoalPoint]) -> dict[tuple[str, str, int], goal.GoalPoint]:
+    return {(p.model, p.protocol, p.concurrency): p for p in points}
+
+
+def test_each_point_pairs_hubserve_with_the_cpp_backend_and_checks_each_goal() -> None:
+    points = by_key(goal.goal_points(RUN, "hubserve", "tuned"))
+    assert len(points) == 6
+    c1, c16, c32 = (points["simple", "grpc", c] for c in (1, 16, 32))
+    assert c1.anchor is not None and c1.anchor.server == "triton-ort"  # never the stand-in
+    assert [round(p.ratio, 2) for p in (c1, c16, c32)] == [8.94, 1.45, 0.78]
+    assert [p.cpu_goal for p in (c1, c16, c32)] == [False, False, True]
+    assert c1.misses == [] and c16.misses == []  # c16's CPU is above Triton's, but that goal is c = 32's
+    assert c32.misses == ["throughput", "p99", "CPU"]
+    lost = points["image", "http", 32]
+    assert not lost.measured and lost.misses == ["not measured"] and math.isnan(lost.ratio)
+
+
+def test_the_table_has_the_issues_shape_with_misses_in_bold_and_a_verdict() -> None:
+    lines = goal.render(goal.goal_points(RUN, "hubserve", "tuned"))
+    simple = next(ln for ln in lines if ln.startswith("| simple | grpc |"))
+    cells = [c.strip() for c in simple.strip("|").split("|")]
+    assert cells == ["simple", "grpc", "1 / 16 / 32", "8.94 / 1.45 / **0.78**",
+                     "0.19 / 1.40 · 2.06 / 2.45 · **4.68** / 3.64", "91 / 183 · 46 / 44 · **48** / 39",
+                     "c=32: throughput, p99, CPU"]
+    image = next(ln for ln in lines if ln.startswith("| image (big) | http |"))
+    assert "— / —" in image and "c=32: not measured" in image
+    assert "- throughput ≥ 1.0 ×: 4 of 6 points" in lines
+    assert "- p99 ≤ the anchor's: 4 of 6 points" in lines
+    assert "- CPU per inference ≤ the anchor's at c = 32: 0 of 2 points" in lines
+    assert lines[-1] == "- **goal does not hold** (1 points not measured)"
+
+
+def test_a_run_that_meets_every_goal_says_so() -> None:
+    run = [m("hubserve", "mlp", p, c, 130.0, 1.0, 40) for p in ("grpc", "http") for c in (1, 32)]
+    run += [m("triton-ort", "mlp", p, c, 100.0, 1.5, 45) for p in ("grpc", "http") for c in (1, 32)]
+    lines = goal.render(goal.goal_points(run, "hubserve", "tuned"))
+    assert "- aim, ≥ 1.2 × at c = 32: 2 of 2 points" in lines
+    assert lines[-1] == "- **goal holds**"
+
+
+def test_goal_from_prints_the_table_from_a_recorded_run(tmp_path: Path) -> None:
+    recorded = tmp_path / "peers-run.json"
+    recorded.write_text(report.dump(RUN, "hubserve"))
+    assert report.load(recorded.read_text()) == (RUN, "hubserve")
+    out = subprocess.run([sys.executable, str(ROOT / "perf/bench_peers.py"), "--goal-from", str(recorded)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| simple | grpc | 1 / 16 / 32 | 8.94 / 1.45 / **0.78** |" in out.stdout
+    assert "### Goal table, config `tuned`: hubserve against Triton's C++ onnxruntime backend" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> list[repos.ServedModel]:
+    """`simple` (a pbtxt with a window) and `image` (`dynamic_batching { }`) as committed, models built."""
+    root = tmp_path_factory.mktemp("examples")
+    for name in ("simple", "image"):
+        (root / name).mkdir()
+        for config in (EXAMPLES / name).glob("config.*"):
+            shutil.copy(config, root / name / config.name)
+    examples.build_repository(root, ["simple", "image"])
+    return [repos.served_model(root, name) for name in ("simple", "image")]
+
+
+def test_the_cpp_backends_repository_is_the_onnx_file_and_hubserves_batching(
+        built: list[repos.ServedModel], tmp_path: Path) -> None:
+    stale = tmp_path / "old_model" / "1"
+    stale.mkdir(parents=True)
+    (stale / "model.onnx").write_bytes(b"")  # written by an earlier run for a model not asked for now
+    repos.write_triton_ort_repo(built, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image", "simple"]
+    for model in built:
+        folder = tmp_path / model.name
+        assert sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")) == [
+            "1", "1/model.onnx", "config.pbtxt"]  # no model.py: the C++ backend runs the file itself
+        assert (folder / "1/model.onnx").read_bytes() == model.onnx_path.read_bytes()
+        config = text_format.Parse((folder / "config.pbtxt").read_text(), pb.ModelConfig())
+        assert (config.name, config.backend) == (model.name, "onnxruntime")
+        assert config.max_batch_size == model.config.max_batch_size
+        assert config.dynamic_batching.max_queue_delay_microseconds == model.max_queue_delay_us
+        assert [(i.name, list(i.dims)) for i in config.input] == [
+            (s.name, list(s.dims)) for s in model.config.inputs]
+        assert [(g.count, g.kind) for g in config.instance_group] == [
+            (model.instance_count, pb.ModelInstanceGroup.KIND_CPU)]
+
+
+def test_triton_ort_runs_onnx_runtime_at_one_thread_from_its_own_backend_directory() -> None:
+    command = servers.KINDS["triton-ort"].command(servers.Ports(1, 2, 3), ["simple"])
+    assert command[0].endswith(".peers/triton_ort/bin/tritonserver")
+    assert command[command.index("--backend-directory") + 1].endswith(".peers/triton_ort/backends")
+    assert {"--backend-config=onnxruntime,enable-global-threadpool=1",
+            "--backend-config=onnxruntime,intra_op_thread_count=1",
+            "--backend-config=onnxruntime,inter_op_thread_count=1"} <= set(command)
