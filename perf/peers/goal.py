@@ -135,8 +135,9 @@ def verdict(points: list[GoalPoint]) -> list[str]:
     ]
     aim = sum(p.measured and p.ratio >= AIM_RATIO for p in top)
     holds = all(n == total for _, n, total in counts) and len(measured) == len(points) and bool(points)
+    lost = len(points) - len(measured)
     return [f"- {label}: {n} of {total} points" for label, n, total in counts] + [
         f"- aim, ≥ {AIM_RATIO} × at c = {top_c}: {aim} of {len(top)} points",
         f"- **goal {'holds' if holds else 'does not hold'}**"
-        + ("" if len(measured) == len(points) else f" ({len(points) - len(measured)} points not measured)"),
+        + (f" ({lost} point{'s' if lost > 1 else ''} not measured)" if lost else ""),
     ]

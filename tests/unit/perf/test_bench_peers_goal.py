@@ -29,12 +29,17 @@ def m(server: str, model: str, protocol: str, c: int, infer_per_s: float, p99_ms
 # simple over gRPC as issue 32 recorded it (ratios 8.94 / 1.45 / 0.78), and `image` (the issue's `big`)
 # over HTTP with its c = 32 point lost on Triton's side; a `triton` stand-in row the table must ignore.
 RUN = [
-    m("hubserve", "simple", "grpc", 1, 894.0, 0.19, 91), m("triton-ort", "simple", "grpc", 1, 100.0, 1.40, 183),
+    m("hubserve", "simple", "grpc", 1, 894.0, 0.19, 91),
+    m("triton-ort", "simple", "grpc", 1, 100.0, 1.40, 183),
     m("triton", "simple", "grpc", 1, 50.0, 9.0, 999),
-    m("hubserve", "simple", "grpc", 16, 1450.0, 2.06, 46), m("triton-ort", "simple", "grpc", 16, 1000.0, 2.45, 44),
-    m("hubserve", "simple", "grpc", 32, 780.0, 4.68, 48), m("triton-ort", "simple", "grpc", 32, 1000.0, 3.64, 39),
-    m("hubserve", "image", "http", 1, 544.0, 0.52, 156), m("triton-ort", "image", "http", 1, 100.0, 1.95, 428),
-    m("hubserve", "image", "http", 16, 107.0, 9.07, 183), m("triton-ort", "image", "http", 16, 100.0, 10.26, 333),
+    m("hubserve", "simple", "grpc", 16, 1450.0, 2.06, 46),
+    m("triton-ort", "simple", "grpc", 16, 1000.0, 2.45, 44),
+    m("hubserve", "simple", "grpc", 32, 780.0, 4.68, 48),
+    m("triton-ort", "simple", "grpc", 32, 1000.0, 3.64, 39),
+    m("hubserve", "image", "http", 1, 544.0, 0.52, 156),
+    m("triton-ort", "image", "http", 1, 100.0, 1.95, 428),
+    m("hubserve", "image", "http", 16, 107.0, 9.07, 183),
+    m("triton-ort", "image", "http", 16, 100.0, 10.26, 333),
     m("hubserve", "image", "http", 32, 107.0, 22.03, 184),
     m("triton-ort", "image", "http", 32, 0.0, 0.0, 0.0, error="perf_analyzer exit 1: timed out"),
 ]
@@ -69,7 +74,7 @@ def test_the_table_has_the_issues_shape_with_misses_in_bold_and_a_verdict() -> N
     assert "- throughput ≥ 1.0 ×: 4 of 6 points" in lines
     assert "- p99 ≤ the anchor's: 4 of 6 points" in lines
     assert "- CPU per inference ≤ the anchor's at c = 32: 0 of 2 points" in lines
-    assert lines[-1] == "- **goal does not hold** (1 points not measured)"
+    assert lines[-1] == "- **goal does not hold** (1 point not measured)"
 
 
 def test_a_run_that_meets_every_goal_says_so() -> None:
