@@ -5,7 +5,7 @@ real perf_analyzer on the same models and input data, interleaved in one run.
     SOURCES=<folder> bash perf/peers/setup_triton_ort.sh     # Triton's C++ onnxruntime backend
     bash tools/install_perf_analyzer.sh
     .venv/bin/python perf/bench_peers.py [--models simple,mlp,image] [--protocols grpc,http]
-        [--concurrency 1,4,16,32] [--servers hubserve,triton,kserve,mlserver] [--interval-ms 5000]
+        [--concurrency 1,4,16,32] [--servers hubserve,triton-ort,triton,kserve,mlserver] [--interval-ms 5000]
         [--configs examples,tuned] [--hubserve-args="--workers 2"]
     .venv/bin/python perf/bench_peers.py --goal [--interval-ms 2000]    # issue 32's goal table
     .venv/bin/python perf/bench_peers.py --goal-from perf/results/peers-<date>.json   # again, no servers
@@ -17,7 +17,8 @@ Python-backend stand-in (`peers/triton_model.py`), the only Triton earlier runs 
 `--servers hubserve,triton-ort --models simple,mlp,image --protocols grpc,http --concurrency 1,16,32
 --configs tuned` (each overridable) and prints `peers/goal.py`'s table first: hubserve ÷ triton-ort
 throughput, both p99s and both server CPU per inference per point, and which goals hold. The table is
-printed whenever triton-ort ran, and every run writes its per-point numbers as JSON beside the report.
+printed whenever triton-ort ran, and every run writes its per-point numbers as JSON beside the report. A
+server that is not installed is left out, with the reason in the report.
 
 Each model runs in each config variant (`peers/variants.py`): `examples`, its config in model_repository/,
 and `tuned`, the same with `max_batch_size: 64` and a 1000 µs dynamic-batching window (what gives Triton its
@@ -177,7 +178,7 @@ def goal_section(measurements: list[Measurement], reference: str, chosen: list[s
 
 GOAL_PRESET = {"servers": f"hubserve,{goal.ANCHOR}", "models": "simple,mlp,image", "protocols": "grpc,http",
                "concurrency": "1,16,32", "configs": "tuned"}
-DEFAULTS = {"servers": "hubserve,triton,kserve,mlserver", "models": "simple,mlp,image",
+DEFAULTS = {"servers": f"hubserve,{goal.ANCHOR},triton,kserve,mlserver", "models": "simple,mlp,image",
             "protocols": "grpc,http", "concurrency": "1,4,16,32", "configs": "examples,tuned"}
 
 
