@@ -26,16 +26,17 @@ from .observability import logs, observe
 from .observability.stats import Duration, ModelStats
 from .repository.lifecycle import ModelRepository
 from .repository.routing import IndexEntry
-from .shm import client as client_shm
 from .shm import requests as shm_requests
 from .shm.client import DEFAULT_LIMITS, ShmLimits, SystemSharedMemory
+from .shm.cuda import CudaRegisterRequest, CudaSharedMemory
 from .streaming.responses import StreamedResponse, infer_stream
 from .types import Completion, InferenceRequest, InferenceResponse
 
 log = logging.getLogger("hubserve")
 
 # What we serve, in Triton's names (core src/server.cc; server docs/protocol/extension_*.md). Left out until
-# built: cuda_shared_memory (no GPU path: its endpoints refuse registration), parameters (custom request
+# built: cuda_shared_memory (its endpoints answer, but a register is refused UNAVAILABLE until its GPU
+# path has passed a device run: engine/shm/cuda_ipc.py), parameters (custom request
 # parameters reach no model: no backend reads them). schedule_policy: the request parameters `priority` and
 # `timeout` of the dynamic batcher. system_shared_memory is added when the server was started with
 # --allow-client-shm (`SHM_EXTENSION`).
@@ -74,6 +75,7 @@ class DataPlane:
         self.accepting = True  # False while draining: ready turns false, live stays true
         # Clients' shared-memory regions (engine/shm/client.py); in the engine process with --workers N.
         self.shm = SystemSharedMemory(allow_client_shm, shm_limits)
+        self.cuda_shm = CudaSharedMemory(self.shm)  # requests find regions of both kinds through it
         self.max_tensor_bytes = max_tensor_bytes  # the largest BYTES input read from a region
 
     # ------------------------------------------------------------------ health & metadata
@@ -169,7 +171,7 @@ class DataPlane:
         """A request with tensors in clients' regions: inputs read now; with outputs in regions, the future
         returned is resolved once they are written (or with the error that kept them from it), and
         cancelling it cancels the request."""
-        resolved, places = shm_requests.resolve(request, self.shm, self.max_tensor_bytes)
+        resolved, places = shm_requests.resolve(request, self.cuda_shm, self.max_tensor_bytes)
         if not places:
             return model.submit(resolved, start, on_done)
         outer: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
@@ -203,19 +205,21 @@ class DataPlane:
     # ------------------------------------------------------------------ shared memory
 
     def shm_status(self, cuda: bool, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
-        """The caller's registered regions, Triton's status form (name, key, offset, byte_size)."""
-        return client_shm.cuda_status(name) if cuda else self.shm.status(name, caller)
+        """The caller's registered regions of one kind, Triton's status form (system: name, key, offset,
+        byte_size; CUDA: name, device_id, byte_size)."""
+        return self.cuda_shm.status(name, caller) if cuda else self.shm.status(name, caller)
 
     def shm_register(self, name: str, key: str, offset: Any, byte_size: Any, caller: Caller = NOBODY) -> None:
         self.shm.register(name, key, offset, byte_size, caller)
 
-    def cuda_shm_register(self, name: str) -> None:
-        client_shm.cuda_register(self.shm, name)
+    def cuda_shm_register(self, request: CudaRegisterRequest, caller: Caller = NOBODY) -> None:
+        """A request each frontend has parsed and checked (engine/shm/cuda.py `from_json`, `checked`)."""
+        self.cuda_shm.register(request, caller)
 
     def shm_unregister(self, cuda: bool, name: str = "", caller: Caller = NOBODY) -> None:
         """One of the caller's regions by name, or every one of them of that kind when `name` is empty."""
         if cuda:
-            client_shm.cuda_unregister(self.shm, name)
+            self.cuda_shm.unregister(name, caller)
         else:
             self.shm.unregister(name, caller)
 

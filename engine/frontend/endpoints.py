@@ -245,8 +245,9 @@ GRPC_METHODS: tuple[GrpcRow, ...] = (
     _rpc("SystemSharedMemoryStatus", G.SHARED_MEMORY, caller=True),
     _rpc("SystemSharedMemoryRegister", G.SHARED_MEMORY, caller=True),
     _rpc("SystemSharedMemoryUnregister", G.SHARED_MEMORY, caller=True),
-    _rpc("CudaSharedMemoryStatus", G.SHARED_MEMORY), _rpc("CudaSharedMemoryRegister", G.SHARED_MEMORY),
-    _rpc("CudaSharedMemoryUnregister", G.SHARED_MEMORY),
+    _rpc("CudaSharedMemoryStatus", G.SHARED_MEMORY, caller=True),
+    _rpc("CudaSharedMemoryRegister", G.SHARED_MEMORY, caller=True),
+    _rpc("CudaSharedMemoryUnregister", G.SHARED_MEMORY, caller=True),
     _rpc("TraceSetting", G.TRACE), _rpc("LogSettings", G.LOGGING),
     GrpcRow(_HEALTH, "Check", G.HEALTH, "Check"),
     # served by each process's HealthWatch; the statuses it reads come from the engine (a HEALTH control)

@@ -56,7 +56,7 @@ import os
 import resource
 import stat
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -187,11 +187,22 @@ class ClientRegion:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
+class PlacedRegion(Protocol):
+    """What a request's tensors read and write: a ClientRegion, or a CUDA region (cuda.py `CudaRegion`)."""
+
+    name: str
+    byte_size: int
+
+    def read_into(self, offset: int, target: Any) -> None: ...
+
+    def write(self, offset: int, data: Any) -> None: ...
+
+
 @dataclass(slots=True)
 class TensorPlace:
     """Where one tensor's bytes are: `byte_size` bytes at `offset` of `region`."""
 
-    region: ClientRegion
+    region: PlacedRegion
     offset: int
     byte_size: int
 
@@ -279,6 +290,10 @@ class SystemSharedMemory:
         if not owned:
             del self._regions[caller.owner]
 
+    def holds(self, name: str, owner: str) -> bool:
+        """Whether `owner` has a system region `name` (a CUDA region may not take its name: cuda.py)."""
+        return name in self._regions.get(owner, {})
+
     def status(self, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
         """`caller`'s regions (one, by name), in Triton's status form."""
         owned = self._regions.get(caller.owner, {})
@@ -308,23 +323,3 @@ class SystemSharedMemory:
             raise invalid(f"Invalid offset + byte size for shared memory region: '{name}'")
         return TensorPlace(region, offset, byte_size)
 
-
-def cuda_status(name: str = "") -> list[dict[str, Any]]:
-    """CUDA shared memory: hubserve has no GPU path, so nothing is ever registered."""
-    if name:
-        raise not_found(f"Unable to find cuda shared memory region: '{name}'")
-    return []
-
-
-def cuda_register(registry: SystemSharedMemory, name: str) -> None:
-    """Refused: hubserve has no GPU path for client memory (Triton's words for a build without GPUs), HTTP
-    400 and gRPC FAILED_PRECONDITION."""
-    registry.require_allowed()
-    raise EngineError(ErrorCode.NOT_ENABLED, f"failed to register CUDA shared memory region: '{name}', GPUs "
-                                             f"not supported: hubserve has no CUDA shared memory path; use "
-                                             f"system shared memory")
-
-
-def cuda_unregister(registry: SystemSharedMemory, name: str = "") -> None:
-    """Nothing is registered, so there is nothing to do (perf_analyzer `--shared-memory system` calls it)."""
-    registry.require_allowed()

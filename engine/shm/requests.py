@@ -27,7 +27,8 @@ from ..types import (
     Tensor,
     element_count,
 )
-from .client import SystemSharedMemory, TensorPlace
+from .client import TensorPlace
+from .cuda import CudaSharedMemory
 
 REGION = "shared_memory_region"
 OutputPlaces = dict[str, TensorPlace]
@@ -55,15 +56,16 @@ def _without_shm(parameters: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in SHARED_MEMORY_PARAMETERS}
 
 
-def _place(registry: SystemSharedMemory, parameters: dict[str, Any], owner: str) -> TensorPlace:
+def _place(registry: CudaSharedMemory, parameters: dict[str, Any], owner: str) -> TensorPlace:
     return registry.place(parameters[REGION], parameters.get("shared_memory_offset", 0),
                           parameters.get("shared_memory_byte_size", 0), owner)
 
 
-def resolve(request: InferenceRequest, registry: SystemSharedMemory, max_tensor_bytes: int
+def resolve(request: InferenceRequest, registry: CudaSharedMemory, max_tensor_bytes: int
             ) -> tuple[InferenceRequest, OutputPlaces]:
     """The request as the model is to see it (inputs read from their regions, shared-memory parameters
-    dropped), and where each output in shared memory goes. The regions are those of the request's `owner`
+    dropped), and where each output in shared memory goes. `registry` finds regions of both kinds (system
+    ones through the SystemSharedMemory it wraps). The regions are those of the request's `owner`
     (the API key that sent it). Raises EngineError in Triton's words for an unknown region, a range outside
     it, a byte size that does not match the tensor, or a region removed or truncated by its owner; nothing is
     queued then."""

@@ -23,6 +23,7 @@ from ...errors import EngineError, ErrorCode, invalid, not_found, unserved_exten
 from ...observability import logs, observe
 from ...observability.tracing import settings as trace_settings
 from ...proto import grpc_service_pb2, health_pb2
+from ...shm import cuda as cuda_shm
 from ...streaming.window import StreamWindow
 from ...types import EMPTY_FINAL, Completion, InferenceRequest, InferenceResponse
 from ..engine import Engine
@@ -178,16 +179,21 @@ class GrpcHandlers:
         self.dp.shm_unregister(False, request.name, caller)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    def CudaSharedMemoryStatus(self, request: Any) -> Any:
-        self.dp.shm_status(True, request.name)  # never any region: raises for a name
-        return pb.CudaSharedMemoryStatusResponse()
+    def CudaSharedMemoryStatus(self, request: Any, caller: Caller = NOBODY) -> Any:
+        resp = pb.CudaSharedMemoryStatusResponse()
+        for region in self.dp.shm_status(True, request.name, caller):
+            resp.regions[region["name"]].CopyFrom(resp.RegionStatus(**region))
+        return resp
 
-    def CudaSharedMemoryRegister(self, request: Any) -> Any:
-        self.dp.cuda_shm_register(request.name)  # refused: no GPU path
+    def CudaSharedMemoryRegister(self, request: Any, caller: Caller = NOBODY) -> Any:
+        """The handle arrives as its raw bytes here (HTTP sends it in base64)."""
+        self.dp.shm.require_allowed()
+        self.dp.cuda_shm_register(cuda_shm.checked(request.name, request.raw_handle, request.device_id,
+                                                   request.byte_size), caller)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    def CudaSharedMemoryUnregister(self, request: Any) -> Any:
-        self.dp.shm_unregister(True, request.name)
+    def CudaSharedMemoryUnregister(self, request: Any, caller: Caller = NOBODY) -> Any:
+        self.dp.shm_unregister(True, request.name, caller)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     def _decode(self, message: Any, header_id: bytes | None, owner: str, start_ns: int) -> InferenceRequest:

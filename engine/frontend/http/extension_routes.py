@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ...access.caller import Caller
 from ...errors import invalid
 from ...observability.tracing import settings as trace_settings
+from ...shm import cuda as cuda_shm
 from ..endpoints import Endpoint
 from .answers import error_answer, json_answer
 from .bodies import json_body
@@ -71,10 +72,10 @@ class ExtensionRoutes:
         self.dp.shm.require_allowed()  # the flag's message first, before the body is read, as Triton's
         if not name:
             raise invalid(f"'region name' is necessary to register {kind} shared memory region")
-        if cuda:
-            self.dp.cuda_shm_register(name)
-            return _OK
         doc = json_body(req, self.limits.max_body_bytes)
+        if cuda:
+            self.dp.cuda_shm_register(cuda_shm.from_json(name, doc), caller)
+            return _OK
         if "key" not in doc:
             raise invalid("Shared memory register request has no 'key' field")
         if "byte_size" not in doc:

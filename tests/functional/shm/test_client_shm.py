@@ -1,9 +1,9 @@
 """The system shared memory extension (engine/shm/client.py, engine/shm/requests.py) against a real server
 started with --allow-client-shm, through tritonclient's own `tritonclient.utils.shared_memory` helpers over
 both protocols: inputs and outputs in regions (at offsets, BYTES too), every error in Triton's words and
-codes, CUDA shared memory refused, the extension off by default, regions truncated or removed by the client
-under the server, the registry shared by the frontends of --workers 2, and perf_analyzer
-`--shared-memory system`.
+codes, CUDA shared memory's protocol on a machine without a device, the extension off by default, regions
+truncated or removed by the client under the server, the registry shared by the frontends of --workers 2,
+and perf_analyzer `--shared-memory system`.
 
 Region keys carry this process's id, so parallel runs on one machine never meet in /dev/shm; every region a
 test creates is destroyed (unlinked) when it ends.
@@ -11,6 +11,7 @@ test creates is destroyed (unlinked) when it ends.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -238,20 +239,66 @@ def test_tensor_errors_use_tritons_words(client, regions):
     client.infer("simple", inputs)  # the server serves on
 
 
-def test_cuda_shared_memory_has_no_path_here(client):
-    e = error_of(lambda: client.register_cuda_shared_memory("c", b"aGFuZGxl", 0, 64))
-    assert "failed to register CUDA shared memory region: 'c', GPUs not supported" in e.message()
-    assert e.status() == status(client, "400", "StatusCode.FAILED_PRECONDITION")
+HANDLE = bytes(range(64))  # a cudaIpcMemHandle_t's size; no device behind it
+
+
+def cuda_register(client, name: str, handle: bytes = HANDLE, device_id: int = 0, byte_size: int = 64):
+    """tritonclient's register call: the handle in base64 (the gRPC client decodes it again)."""
+    return client.register_cuda_shared_memory(name, base64.b64encode(handle).decode(), device_id, byte_size)
+
+
+def cuda_status(client, name: str = ""):
+    if client.module is grpcclient:
+        return client.get_cuda_shared_memory_status(name, as_json=True).get("regions", {})
+    return client.get_cuda_shared_memory_status(name)
+
+
+def test_cuda_shared_memory_protocol_without_a_device(client, regions):
+    # A well-formed register reaches the device module, which says why it cannot open the handle here (no
+    # cuda-bindings, or no device); status and unregister answer as on a GPU server.
+    e = error_of(lambda: cuda_register(client, "c"))
+    assert e.message().startswith("failed to register CUDA shared memory region: 'c': CUDA shared memory is "
+                                  "not available: "), e.message()
+    assert e.status() == status(client, "503", "StatusCode.UNAVAILABLE")
+    for bad in (HANDLE[:10], HANDLE + b"x"):
+        e = error_of(lambda bad=bad: cuda_register(client, "c", bad))
+        assert e.message() == "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t"
+        assert e.status() == status(client, "400", "StatusCode.INVALID_ARGUMENT")
+    e = error_of(lambda: cuda_register(client, "c", byte_size=0))
+    assert e.message() == "failed to register shared memory region 'c': invalid args (byte_size is 0)"
+    # a name is one region's, of either kind, checked before any device is asked
+    regions["create"]("taken", 64)
+    client.register_system_shared_memory("taken", key("taken"), 64)
+    e = error_of(lambda: cuda_register(client, "taken"))
+    assert e.message() == "shared memory region 'taken' already in manager"
+    e = error_of(lambda: cuda_status(client, "taken"))
+    assert e.message() == ("The region named 'taken' is registered as system shared memory, not CUDA shared "
+                           "memory")
     client.unregister_cuda_shared_memory()  # perf_analyzer --shared-memory system calls it first
     client.unregister_cuda_shared_memory("c")
-    status_of_all = client.get_cuda_shared_memory_status(**({"as_json": True} if client.module is grpcclient
-                                                           else {}))
-    assert status_of_all in ([], {})
-    e = error_of(lambda: client.get_cuda_shared_memory_status("c"))
+    assert region_names(client) == ["taken"]  # a CUDA unregister leaves system regions alone
+    assert cuda_status(client) in ([], {})
+    e = error_of(lambda: cuda_status(client, "c"))
     assert e.message() == "Unable to find cuda shared memory region: 'c'"
+    assert e.status() == status(client, "404", "StatusCode.NOT_FOUND")
     meta = client.get_server_metadata(**({"as_json": True} if client.module is grpcclient else {}))
     assert "system_shared_memory" in meta["extensions"]
-    assert "cuda_shared_memory" not in meta["extensions"]
+    assert "cuda_shared_memory" not in meta["extensions"]  # until its GPU path has passed a device run
+
+
+def test_cuda_register_body_checked_in_tritons_words(shm_server):
+    url = f"http://{shm_server.http_url}/v2/cudasharedmemory/region/c/register"
+    b64 = base64.b64encode(HANDLE).decode()
+    for body, words in (({"device_id": 0, "byte_size": 64}, "Shared memory register request has no "
+                                                            "'raw_handle' field"),
+                        ({"raw_handle": {"b64": b64}, "byte_size": 64}, "Shared memory register request has "
+                                                                        "no 'device_id' field"),
+                        ({"raw_handle": {"b64": "%%%"}, "device_id": 0, "byte_size": 64},
+                         "'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")):
+        request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=10)
+        assert e.value.code == 400 and json.loads(e.value.read()) == {"error": words}
 
 
 # ------------------------------------------------------------------------------------------ off by default
