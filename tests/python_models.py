@@ -185,6 +185,44 @@ class TritonPythonModel:
 '''
 SLEEPER_CONFIG = io([("IN", "TYPE_FP32", "1")], [("OUT", "TYPE_FP32", "1")])
 
+# DLPack as model authors use it (Triton's python_backend README): IN (FP32 [-1]) doubled through
+# from_dlpack / to_dlpack; INFO reports whether memory was shared and what was kept. A negative first element
+# hands from_dlpack a tensor that says it lives on CUDA device 0 (DLPack device type 2), as a torch CUDA
+# tensor would: refused with the reason on a server with no GPU path, not a crash.
+DLPACK = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class OnCuda:
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("read before its device was checked")
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if x.size and x.reshape(-1)[0] < 0:
+                pb_utils.Tensor.from_dlpack("OUT", OnCuda())
+            doubled = (x * 2).astype(np.float32)
+            out = pb_utils.Tensor.from_dlpack("OUT", doubled)
+            again = pb_utils.Tensor.from_dlpack("again", out.to_dlpack())
+            info = {"shared": bool(np.shares_memory(out.as_numpy(), doubled)),
+                    "round_trip_shared": bool(np.shares_memory(again.as_numpy(), doubled)),
+                    "through_numpy": np.from_dlpack(out).tolist(),
+                    "dtype": out.datatype(), "shape": out.shape(), "is_cpu": out.is_cpu(),
+                    "int16": pb_utils.Tensor.from_dlpack("i", np.arange(6, dtype=np.int16).reshape(2, 3))
+                    .shape()}
+            responses.append(pb_utils.InferenceResponse(
+                [out, pb_utils.Tensor("INFO", np.array([json.dumps(info).encode()], dtype=np.object_))]))
+        return responses
+'''
+DLPACK_CONFIG = io([("IN", "TYPE_FP32", "-1")], [("OUT", "TYPE_FP32", "-1"), ("INFO", "TYPE_STRING", "1")])
+
 FAILS_INIT = '''
 import triton_python_backend_utils as pb_utils
 

@@ -97,7 +97,8 @@ def v2_datatype(array: np.ndarray) -> str:
 
 
 class _Capsule:
-    """Lets numpy import a bare DLPack capsule (numpy wants an object with __dlpack__)."""
+    """Lets numpy import a bare DLPack capsule (numpy wants an object with __dlpack__). A capsule does not say
+    its device before it is consumed: numpy refuses one that is not on the CPU (`Tensor.from_dlpack`)."""
 
     def __init__(self, capsule: Any) -> None:
         self._capsule = capsule
@@ -106,7 +107,29 @@ class _Capsule:
         return self._capsule
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
+        return (KDL_CPU, 0)
+
+
+# DLPack's device types (dlpack.h DLDeviceType) a model's tensors may report, by the names in its messages.
+KDL_CPU = 1
+_DLPACK_DEVICES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+                   10: "ROCm", 13: "CUDA managed", 14: "oneAPI"}
+NO_GPU_TENSORS = ("hubserve serves Python models' tensors from host memory only: its path for tensors on a "
+                  "GPU (Triton's CUDA outputs and BLS tensors) has not yet passed a device run, so it is not "
+                  "available; copy the tensor to the host first (PyTorch: .cpu(), CuPy: cupy.asnumpy())")
+
+
+def _device_of(source: Any, name: str) -> tuple[int, int]:
+    """`(device type, device id)` from the object's `__dlpack_device__`, CPU when it has none."""
+    report = getattr(source, "__dlpack_device__", None)
+    if report is None:
+        return (KDL_CPU, 0)
+    try:
+        kind, device = report()
+        return int(kind), int(device)
+    except Exception as e:
+        raise TritonModelException(f"Tensor.from_dlpack: '{name}' has a __dlpack_device__ that failed: "
+                                   f"{type(e).__name__}: {e}") from None
 
 
 class Tensor:
@@ -142,9 +165,12 @@ class Tensor:
         return self._datatype
 
     def is_cpu(self) -> bool:
+        """Always True here: every tensor hubserve gives or takes is in host memory (`NO_GPU_TENSORS`), as
+        Triton's with FORCE_CPU_ONLY_INPUT_TENSORS left at its default."""
         return True
 
     def to_dlpack(self) -> Any:
+        """A DLPack capsule over the tensor's memory (a copy for a read-only array), kDLCPU device 0."""
         return self._exportable().__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
@@ -155,12 +181,26 @@ class Tensor:
         return self._array if self._array.flags.writeable else self._array.copy()
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
+        return (KDL_CPU, 0)
 
     @staticmethod
     def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A Tensor over any DLPack producer (an object with `__dlpack__`: numpy, PyTorch, CuPy, JAX) or a
+        bare capsule, sharing its memory where the producer allows (numpy copies nothing for a CPU tensor);
+        dtype and shape are kept. A tensor on a device other than the CPU is refused with the reason, before
+        anything is consumed: TritonModelException, which fails the request with Triton's error form."""
         source = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
-        return Tensor(name, np.from_dlpack(source))
+        kind, device = _device_of(source, name)
+        if kind != KDL_CPU:
+            where = _DLPACK_DEVICES.get(kind, f"DLPack device type {kind}")
+            raise TritonModelException(f"Tensor.from_dlpack: '{name}' is on {where} device {device}; "
+                                       f"{NO_GPU_TENSORS}")
+        try:
+            array = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            raise TritonModelException(f"Tensor.from_dlpack: '{name}' cannot be read through DLPack: {e}") \
+                from None
+        return Tensor(name, array)
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._datatype}, {self.shape()})"

@@ -2,9 +2,9 @@
 
 One server in explicit mode serves a repository of models these tests write (tests/python_models.py). What
 is checked: initialize's args, what a request reports (parameters, requested outputs, id, correlation id,
-flags), BYTES as object arrays of bytes, DLPack, async execute, in-process models, per-request errors and
-which batch-mates they spare, load failures (import error, initialize raising) in the index, auto-complete,
-and the refusal of Python model files sent with a load.
+flags), BYTES as object arrays of bytes, DLPack (a CUDA tensor refused with its reason), async execute,
+in-process models, per-request errors and which batch-mates they spare, load failures (import error,
+initialize raising) in the index, auto-complete, and the refusal of Python model files sent with a load.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from python_models import (
     AUTO,
     BEHAVE,
     BEHAVE_CONFIG,
+    DLPACK,
+    DLPACK_CONFIG,
     FAILS_IMPORT,
     FAILS_INIT,
     ONE_IN_ONE_OUT,
@@ -39,7 +41,7 @@ from python_models import (
 )
 
 MODELS = ("probe", "behave", "async_model", "in_process", "fails_init", "fails_import", "auto",
-          "parameter_echo")
+          "parameter_echo", "dlpack")
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     write_model(repo, "fails_import", FAILS_IMPORT, ONE_IN_ONE_OUT)
     write_model(repo, "auto", AUTO, "")
     write_model(repo, "parameter_echo", PARAMETER_ECHO, ONE_IN_ONE_OUT)
+    write_model(repo, "dlpack", DLPACK, DLPACK_CONFIG)
     args = ["--model-control-mode", "explicit"]
     for name in MODELS:
         args += ["--load-model", name]
@@ -294,3 +297,21 @@ def test_python_files_in_a_load_with_the_flag(tmp_path) -> None:
             np.testing.assert_array_equal(c.infer("uploaded", [i]).as_numpy("OUT"), [2.0])
     finally:
         srv.stop()
+
+
+def test_dlpack_keeps_memory_dtype_and_shape_and_refuses_a_cuda_tensor(http) -> None:
+    x = np.array([1.5, 2.0, 3.0], np.float32)
+    inputs = probe_inputs(httpclient, x)
+    result = http.infer("dlpack", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUT"), x * 2)
+    info = json.loads(result.as_numpy("INFO")[0])
+    assert info == {"shared": True, "round_trip_shared": True, "through_numpy": [3.0, 4.0, 6.0],
+                    "dtype": "FP32", "shape": [3], "is_cpu": True, "int16": [2, 3]}
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("dlpack", probe_inputs(httpclient, np.array([-1.0], np.float32)))
+    assert e.value.status() == "500"
+    message = e.value.message()
+    assert ("Failed to process the request(s) for model 'dlpack_0_0', message: TritonModelException: "
+            "Tensor.from_dlpack: 'OUT' is on CUDA device 0; hubserve serves Python models' tensors from host "
+            "memory only") in message, message
+    assert http.infer("dlpack", inputs).as_numpy("OUT").tolist() == [3.0, 4.0, 6.0]  # the instance lives on
