@@ -45,6 +45,9 @@ A region stays open while a request that uses it is in flight: unregistering dro
 requests no longer find it), and its fd is closed when the last request holding it is done, as Triton
 defers an unregister until its in-flight requests complete; a closed fd number is never written through.
 
+CUDA regions (cuda.py) are a registry of their own beside this one, sharing its switch and limits; a name is
+one region's, of either kind (`cuda_holds`), as in Triton's one map.
+
 Errors are Triton's (server src/shared_memory_manager.cc, src/http_server.cc, src/grpc/grpc_server.cc) where
 Triton has them, in its words and codes.
 """
@@ -55,6 +58,7 @@ import contextlib
 import os
 import resource
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -217,6 +221,9 @@ class SystemSharedMemory:
         self._prefixes = tuple(p.lstrip("/") for p in limits.key_prefixes)
         self._regions: dict[str, dict[str, ClientRegion]] = {}
         self._count = 0  # regions registered, every owner's
+        # Whether an owner holds a CUDA region of a name (set by cuda.py's registry): a name is one region's,
+        # of either kind, as in Triton's one map.
+        self.cuda_holds: Callable[[str, str], bool] = lambda name, owner: False
 
     def require_allowed(self) -> None:
         """Raise the refusal naming the flag unless the server was started with --allow-client-shm."""
@@ -240,7 +247,7 @@ class SystemSharedMemory:
             raise invalid(f"cannot register shared memory region '{name}' with key '{key}' as the key "
                           f"contains the reserved prefix '{RESERVED_PREFIX}'")
         owned = self._regions.get(caller.owner, {})
-        if name in owned:
+        if name in owned or self.cuda_holds(name, caller.owner):
             raise EngineError(ErrorCode.ALREADY_EXISTS, f"shared memory region '{name}' already in manager")
         self._check_room(name, caller.owner, len(owned))
         owner_uid = None
@@ -301,6 +308,9 @@ class SystemSharedMemory:
             return [r.status() for r in owned.values()]
         region = owned.get(name)
         if region is None:
+            if self.cuda_holds(name, caller.owner):
+                raise not_found(f"The region named '{name}' is registered as CUDA shared memory, not system "
+                                "shared memory")
             raise not_found(f"Unable to find system shared memory region: '{name}'")
         return [region.status()]
 

@@ -139,6 +139,10 @@ class CudaSharedMemory:
         self.system = system
         self._open = opener
         self._regions: dict[str, dict[str, CudaRegion]] = {}
+        system.cuda_holds = self.holds
+
+    def holds(self, name: str, owner: str) -> bool:
+        return name in self._regions.get(owner, {})
 
     def register(self, request: CudaRegisterRequest, caller: Caller = NOBODY) -> None:
         self.system.require_allowed()

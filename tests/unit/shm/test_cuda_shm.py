@@ -139,6 +139,12 @@ def test_a_system_regions_name_is_taken() -> None:
         cuda.register(checked("sys", HANDLE, 0, 64))
     with expect(ErrorCode.NOT_FOUND, "registered as system shared memory, not CUDA shared memory"):
         cuda.status("sys")
+    cuda.register(checked("gpu", HANDLE, 0, 64))  # and the other way round
+    with expect(ErrorCode.ALREADY_EXISTS, "shared memory region 'gpu' already in manager"):
+        system.register("gpu", "/" + key, 0, 64)
+    with expect(ErrorCode.NOT_FOUND, "The region named 'gpu' is registered as CUDA shared memory, not system "
+                                     "shared memory"):
+        system.status("gpu")
 
 
 def test_off_without_the_flag_and_bounded_by_the_region_limit() -> None:
