@@ -78,7 +78,7 @@ class IpcRegion:
         handle = cudart.cudaIpcMemHandle_t()
         ctypes.memmove(handle.getPtr(), request.raw_handle, IPC_HANDLE_BYTES)
         try:
-            opened = cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess)
+            opened = cudart.cudaIpcOpenMemHandle(handle, getattr(cudart, "cudaIpcMemLazyEnablePeerAccess", 1))
             pointer = _check(cudart, opened, "cudaIpcOpenMemHandle")
         except EngineError:  # Triton's words for a handle that does not open
             raise invalid("failed to register shared memory region: invalid args") from None
