@@ -299,7 +299,7 @@ def test_python_files_in_a_load_with_the_flag(tmp_path) -> None:
         srv.stop()
 
 
-def test_dlpack_keeps_memory_dtype_and_shape_and_refuses_a_cuda_tensor(http) -> None:
+def test_dlpack_keeps_memory_dtype_and_shape_and_refuses_a_cuda_tensor(http, grpc) -> None:
     x = np.array([1.5, 2.0, 3.0], np.float32)
     inputs = probe_inputs(httpclient, x)
     result = http.infer("dlpack", inputs)
@@ -314,4 +314,7 @@ def test_dlpack_keeps_memory_dtype_and_shape_and_refuses_a_cuda_tensor(http) -> 
     assert ("Failed to process the request(s) for model 'dlpack_0_0', message: TritonModelException: "
             "Tensor.from_dlpack: 'OUT' is on CUDA device 0; hubserve serves Python models' tensors from host "
             "memory only") in message, message
+    with pytest.raises(InferenceServerException) as e:
+        grpc.infer("dlpack", probe_inputs(grpcclient, np.array([-1.0], np.float32)))
+    assert e.value.status() == "StatusCode.INTERNAL" and "is on CUDA device 0" in e.value.message()
     assert http.infer("dlpack", inputs).as_numpy("OUT").tolist() == [3.0, 4.0, 6.0]  # the instance lives on
