@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -103,7 +104,9 @@ def from_json(name: str, doc: Any) -> CudaRegisterRequest:
 
 class CudaRegion:
     """One registered region: the request it came from and its opened memory. Requests' TensorPlaces hold
-    it like a system region (`name`, `byte_size`, `read_into`, `write`); closed when unregistered."""
+    it like a system region (`name`, `byte_size`, `read_into`, `write`). Its memory is closed when the last
+    holder lets go (`__del__`): unregistering drops the registry's hold, and a request in flight keeps the
+    mapping until it is done, as Triton defers an unregister until its in-flight requests complete."""
 
     __slots__ = ("device_id", "memory", "name", "byte_size")
 
@@ -112,6 +115,10 @@ class CudaRegion:
         self.device_id = request.device_id
         self.byte_size = request.byte_size
         self.memory = memory
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self.memory.close()
 
     def read_into(self, offset: int, target: Any) -> None:
         self.memory.read_into(offset, target)
@@ -166,13 +173,12 @@ class CudaSharedMemory:
         owned = self._regions.get(caller.owner)
         if not owned:
             return
-        dropped = [owned.pop(name)] if name in owned else [] if name else list(owned.values())
-        if not name:
+        if name:
+            owned.pop(name, None)  # closed once no request in flight holds it (CudaRegion.__del__)
+        else:
             owned.clear()
         if not owned:
             del self._regions[caller.owner]
-        for region in dropped:
-            region.memory.close()
 
     def status(self, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
         """`caller`'s CUDA regions (one, by name) in Triton's form: name, device_id, byte_size."""

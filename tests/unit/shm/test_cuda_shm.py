@@ -167,15 +167,20 @@ def test_a_requests_tensors_are_copied_from_and_to_a_region() -> None:
     request = InferenceRequest("m", "", [Tensor("IN", DataType.FP32, (4,), np.empty(0, np.float32), params)],
                                outputs=[RequestedOutput("OUT", None, {**params, "shared_memory_offset": 32})])
     resolved, places = shm_requests.resolve(request, cuda, 1 << 20)
+    cuda.unregister("io")  # while the request is in flight: its place keeps the region open
+    assert not device.closed
     np.testing.assert_array_equal(resolved.inputs[0].data, np.arange(4, dtype=np.float32))
     out = Tensor("OUT", DataType.FP32, (4,), resolved.inputs[0].data * 2)
     answered = shm_requests.write_outputs(InferenceResponse("m", "1", [out]), places)
     assert answered.outputs[0].parameters["shared_memory_region"] == "io"
     np.testing.assert_array_equal(np.frombuffer(bytes(device.data[32:48]), np.float32), [0, 2, 4, 6])
-    with expect(ErrorCode.INVALID_ARG, "Invalid offset + byte size for shared memory region: 'io'"):
-        cuda.place("io", 60, 16)
-    with expect(ErrorCode.NOT_FOUND, "Unable to find shared memory region: 'nope'"):
-        cuda.place("nope", 0, 16)
+    del places, answered
+    assert device.closed  # the last holder let go
+    cuda.register(checked("io2", HANDLE, 0, 64))
+    with expect(ErrorCode.INVALID_ARG, "Invalid offset + byte size for shared memory region: 'io2'"):
+        cuda.place("io2", 60, 16)
+    with expect(ErrorCode.NOT_FOUND, "Unable to find shared memory region: 'io'"):
+        cuda.place("io", 0, 16)
 
 
 def test_the_device_opener_refuses_clearly_on_this_machine() -> None:
