@@ -16,8 +16,8 @@ class ErrorCode(enum.Enum):
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # queue full: try again later
     UNSUPPORTED = "UNSUPPORTED"          # a feature this server does not implement
     # A feature asked for through an endpoint that exists, which this server was started without (client
-    # shared memory without --allow-client-shm) or has no path for (CUDA shared memory): HTTP 400, gRPC
-    # UNIMPLEMENTED (Triton's code for client shared memory turned off).
+    # shared memory without --allow-client-shm): HTTP 400, gRPC FAILED_PRECONDITION
+    # (frontend/grpc/handlers.py STATUS).
     NOT_ENABLED = "NOT_ENABLED"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     CANCELLED = "CANCELLED"              # the client went away or a timeout rejected the request

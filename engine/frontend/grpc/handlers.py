@@ -64,7 +64,7 @@ STATUS: dict[ErrorCode, GrpcStatus] = {
     ErrorCode.UNAVAILABLE: GrpcStatus.UNAVAILABLE,
     ErrorCode.RESOURCE_EXHAUSTED: GrpcStatus.UNAVAILABLE,  # a full queue: the client may retry
     ErrorCode.UNSUPPORTED: GrpcStatus.UNIMPLEMENTED,
-    # Refused by the server's configuration (client shared memory off, no GPU path): the method exists, so
+    # Refused by the server's configuration (client shared memory off): the method exists, so
     # not UNIMPLEMENTED; HTTP answers 400, and FAILED_PRECONDITION is the code google.rpc.Code maps to 400
     # for a well-formed request the server's state refuses.
     ErrorCode.NOT_ENABLED: GrpcStatus.FAILED_PRECONDITION,
