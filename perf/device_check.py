@@ -13,6 +13,7 @@ The checks, in order; each is `pass`, `fail: why` or, without a GPU (`--dry-run`
   cuda_shm_protocol                                  register/status/unregister answered (no device: the
                                                      refusal names why; on a GPU: a real region round trip)
   infer_torch_cuda, infer_bls_cuda, perf_*           the GPU models
+  cuda_tensor_refused                                a CUDA tensor answered through from_dlpack: refused
   gpu_metrics                                        nv_gpu_* on /metrics (absent without a GPU)
   load_unload_cycles                                 20 unload/load cycles; GPU memory before and after
 The file: `{"dry_run", "gpu", "checks": [{name, status, detail}], "models": {name: {throughput_infer_per_s,
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -86,6 +88,18 @@ class TritonPythonModel:
             out = pb_utils.Tensor.from_dlpack("OUT", (y * 0.5).cpu())
             responses.append(pb_utils.InferenceResponse([out]))
         return responses
+'''
+# Answers a CUDA tensor through from_dlpack, as a model written for Triton's GPU outputs would: refused with
+# the reason until that path has run (engine/backends/python/pb_utils.py NO_GPU_TENSORS).
+CUDA_OUT = '''
+import torch
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        x = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", torch.from_numpy(a).cuda())])
+                for a in x]
 '''
 CONFIG = '''name: "{name}"
 backend: "python"
@@ -177,11 +191,11 @@ def write_repository(root: Path, gpu: bool) -> list[str]:
     (root / "simple" / "config.pbtxt").write_text((ROOT / "model_repository/simple/config.pbtxt").read_text())
     if not gpu:
         return ["simple"]
-    for name, source in (("torch_cuda", TORCH_CUDA), ("bls_cuda", BLS_CUDA)):
+    for name, source in (("torch_cuda", TORCH_CUDA), ("bls_cuda", BLS_CUDA), ("cuda_out", CUDA_OUT)):
         (root / name / "1").mkdir(parents=True, exist_ok=True)
         (root / name / "1" / "model.py").write_text(source)
         (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
-    return ["simple", "torch_cuda", "bls_cuda"]
+    return ["simple", "torch_cuda", "bls_cuda", "cuda_out"]
 
 
 def http_json(server: RunningServer, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -210,6 +224,18 @@ def infer_fp32(server: RunningServer, model: str) -> dict[str, Any]:
     y = np.array(out["outputs"][0]["data"], np.float32)
     assert y.shape == (256,) and np.all(np.abs(y) <= 1.0), y[:4]
     return {"first": y[:4].tolist()}
+
+
+def cuda_tensor_refused(server: RunningServer) -> dict[str, Any]:
+    """A real CUDA tensor handed to from_dlpack fails its request with the reason, and the instance lives."""
+    try:
+        infer_fp32(server, "cuda_out")
+    except urllib.error.HTTPError as e:
+        message = json.loads(e.read())["error"]
+        assert e.code == 500 and "is on CUDA device 0" in message, (e.code, message)
+        return {"error": message[:300]}
+    raise AssertionError("a CUDA tensor was answered: the GPU output path is no longer refused; move this "
+                         "check to the verified list")
 
 
 def perf(run: Run, server: RunningServer, model: str, seconds_per_window: float) -> dict[str, Any]:
@@ -344,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                 run.check("cuda_shm_protocol", False, lambda: cuda_shm(server, present))
                 run.check("infer_torch_cuda", True, lambda: infer_fp32(server, "torch_cuda"))
                 run.check("infer_bls_cuda", True, lambda: infer_fp32(server, "bls_cuda"))
+                run.check("cuda_tensor_refused", True, lambda: cuda_tensor_refused(server))
                 run.check("perf_torch_cuda", True, lambda: perf(run, server, "torch_cuda", args.window_s))
                 run.check("perf_bls_cuda", True, lambda: perf(run, server, "bls_cuda", args.window_s))
                 if present:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
-GPU_CHECKS = {"infer_torch_cuda", "infer_bls_cuda", "perf_torch_cuda", "perf_bls_cuda", "gpu_metrics"}
+GPU_CHECKS = {"infer_torch_cuda", "infer_bls_cuda", "cuda_tensor_refused", "perf_torch_cuda", "perf_bls_cuda",
+              "gpu_metrics"}
 CPU_CHECKS = {"server_ready", "infer_simple", "perf_simple", "cuda_shm_protocol", "gpu_metrics_absent",
               "load_unload_cycles"}
 
