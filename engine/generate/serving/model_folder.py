@@ -40,6 +40,9 @@ one that only overrides, every parameter below it does not set read from its own
     prompt_lookup_min, prompt_lookup_max  ngram: the shortest and longest suffix looked up (defaults 1, 3)
     speculative_model       draft_model: the draft's ONNX file, relative to the folder (a dense decoder
                             with past sharing the model's tokenizer)
+    speculative_backoff     "true" (default): a request whose proposals do not pay (too few kept for what a
+                            proposal step costs, as measured) stops proposing for a while (core/backoff.py);
+                            "false": every decoding request is proposed for at every step
 
 The config goes through the repository's own steps (parse, auto-complete from the model, validate), and the
 session gets the same options as any ONNX Runtime model (one intra-op thread, no spinning, unless the
@@ -58,6 +61,7 @@ from ...backends.onnxruntime import session_options
 from ...config.model_config import ModelConfig
 from ...config.steps import autocomplete, read_config_proto, validate
 from ...errors import invalid
+from ..core.backoff import BackoffProposer
 from ..core.draft_proposer import DraftModelProposer
 from ..core.engine import CacheConfig, GenerationEngine
 from ..core.lora import AdapterStore
@@ -228,4 +232,6 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
         adapters = AdapterStore(adapters_folder(config, folder), runner.lora,
                                 _int(params, "max_loras", 4, where), config.name)
     proposer = _proposer(params, folder, options, runner.model.vocab, where)
+    if proposer is not None and params.get("speculative_backoff", "true").lower() != "false":
+        proposer = BackoffProposer(proposer)
     return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters, proposer)

@@ -1,0 +1,178 @@
+"""Speculative decoding's back-off: stop proposing for a request while its proposals do not pay.
+
+A step with proposals costs more than a plain step: the draft's runs (or the lookup), and the target's run
+over 1 + k tokens as a small prefill chunk instead of one token in the decode group. It pays only when it
+yields more tokens than that cost in plain steps. So, per request, `BackoffPolicy` keeps the tokens its
+proposal steps yielded (kept + 1, smoothed) and compares them with `cost_ratio`, the measured cost of a
+proposal step over a plain one (`StepCosts`): break-even is tokens per step = cost_ratio, i.e. an
+acceptance of (cost_ratio - 1) / k. Below it the request decodes plainly for `backoff` steps, then probes
+once more; each probe that fails doubles the wait, up to a cap, and one that pays sets it back. With no
+proposal ever kept, that converges to plain decoding plus a probe every `cap` steps: each failed probe costs
+cost_ratio - 1 plain steps, and the cap is chosen so that stays within `PROBE_OVERHEAD` of the time.
+
+`BackoffProposer` wraps any proposer (proposer.py's `Proposer`) with it; the model folder's loader
+(serving/model_folder.py) wraps the one it makes. It learns everything from the calls the scheduler makes
+anyway: a request's tokens at one call, against its tokens and proposals at the one before, say how many
+were kept, and the time between the two calls is what that step cost (a proposal step, or per token a plain
+one). The costs are the engine's, shared by its requests; the acceptance is each request's. Timing decides,
+so which steps propose varies from run to run: greedy output is the same either way, and a sampled request
+keeps the target's distribution, but a seeded sampled request is reproducible only with the same choices.
+Called on the engine's thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .proposer import Proposer
+
+PROBE_OVERHEAD = 0.02  # the share of plain decoding's time that failed probes may cost, once backed off fully
+TOKENS_WEIGHT = 0.3    # the smoothing of a request's tokens per proposal step (an EWMA's new-sample weight)
+COST_WEIGHT = 0.1      # the smoothing of the step costs (many samples, shared by every request)
+REFRESH_STEPS = 256    # proposal steps after which one plain step is timed again, so the ratio stays current
+
+
+@dataclass(slots=True)
+class BackoffPolicy:
+    """One request's decision to propose or not (the module doc); a plain object, its tests need no model."""
+
+    min_backoff: int = 4    # plain steps after the first failed probe
+    tokens_per_step: float | None = None  # smoothed kept + 1 of the proposal steps since the last back-off
+    backoff: int = 4        # plain steps the next back-off lasts
+    skip_left: int = 0      # plain steps left in this back-off
+    backoffs: int = 0       # back-offs so far
+
+    def observe(self, tokens: int) -> None:
+        """A proposal step gave `tokens` (the kept proposals and the target's own token)."""
+        if self.tokens_per_step is None:
+            self.tokens_per_step = float(tokens)
+        else:
+            self.tokens_per_step += TOKENS_WEIGHT * (tokens - self.tokens_per_step)
+
+    @property
+    def backing_off(self) -> bool:
+        return self.skip_left > 0
+
+    def decide(self, cost_ratio: float) -> bool:
+        """Whether to propose this step, a proposal step costing `cost_ratio` plain steps."""
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        if self.tokens_per_step is None or self.tokens_per_step > cost_ratio:
+            if self.tokens_per_step is not None:
+                self.backoff = self.min_backoff  # it pays: the next back-off starts short again
+            return True
+        # does not pay: this step and backoff - 1 more decode plainly; the next probe starts afresh
+        self.skip_left = self.backoff - 1
+        self.backoff = min(2 * self.backoff, max_backoff(cost_ratio, self.min_backoff))
+        self.tokens_per_step = None
+        self.backoffs += 1
+        return False
+
+
+def max_backoff(cost_ratio: float, floor: int) -> int:
+    """The longest back-off: a failed probe costs cost_ratio - 1 plain steps, one per this many steps keeps
+    that within PROBE_OVERHEAD."""
+    return max(floor, math.ceil((cost_ratio - 1) / PROBE_OVERHEAD - 1e-9))  # 1e-9: float noise, not a step
+
+
+@dataclass(slots=True)
+class StepCosts:
+    """The measured seconds of a proposal step and of a plain step (per token), smoothed; engine-wide."""
+
+    proposal_s: float | None = None
+    plain_s: float | None = None
+    since_plain: int = 0  # proposal steps timed since the last plain one
+
+    def add_proposal(self, seconds: float) -> None:
+        self.proposal_s = _smooth(self.proposal_s, seconds)
+        self.since_plain += 1
+
+    def add_plain(self, seconds: float) -> None:
+        self.plain_s = _smooth(self.plain_s, seconds)
+        self.since_plain = 0
+
+    @property
+    def wants_plain(self) -> bool:
+        """A plain step should be timed: none has been, or not for REFRESH_STEPS proposal steps."""
+        return self.plain_s is None or self.since_plain >= REFRESH_STEPS
+
+    @property
+    def ratio(self) -> float:
+        """A proposal step's cost in plain steps; 1 until both are measured (proposals free: only a step
+        that keeps nothing backs off)."""
+        if self.proposal_s is None or not self.plain_s:
+            return 1.0
+        return self.proposal_s / self.plain_s
+
+
+def _smooth(average: float | None, sample: float) -> float:
+    return sample if average is None else average + COST_WEIGHT * (sample - average)
+
+
+@dataclass(slots=True)
+class _Track:
+    """What the last call for a request saw: when, its token count, its proposals."""
+
+    policy: BackoffPolicy
+    called_s: float = 0.0
+    num_tokens: int = 0
+    proposed: Sequence[int] = field(default_factory=list)
+
+
+class BackoffProposer:
+    """A `Proposer` that asks `inner` only while proposing pays (the module doc). `clock`: seconds, for
+    tests; `min_backoff`: plain steps after a first failed probe."""
+
+    def __init__(self, inner: Proposer, clock: Callable[[], float] = time.perf_counter,
+                 min_backoff: int = 4) -> None:
+        self.inner = inner
+        self.clock = clock
+        self.min_backoff = min_backoff
+        self.costs = StepCosts()
+        self._tracks: dict[str, _Track] = {}
+
+    @property
+    def requests_backing_off(self) -> int:
+        """Requests decoding plainly now because their proposals did not pay."""
+        return sum(1 for t in self._tracks.values() if t.policy.backing_off)
+
+    @property
+    def backoffs(self) -> int:
+        """Back-offs of the requests running now (those finished are dropped)."""
+        return sum(t.policy.backoffs for t in self._tracks.values())
+
+    def release(self, request_id: str) -> None:
+        self._tracks.pop(request_id, None)
+        self.inner.release(request_id)
+
+    def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
+        now = self.clock()
+        track = self._tracks.get(request_id)
+        if track is None:
+            policy = BackoffPolicy(self.min_backoff, backoff=self.min_backoff)
+            track = self._tracks[request_id] = _Track(policy)
+        else:
+            self._learn(track, now, len(token_ids))
+        proposals: list[int] = []
+        if limit > 0:
+            wants_plain = self.costs.wants_plain and self.costs.proposal_s is not None
+            if not wants_plain and track.policy.decide(self.costs.ratio):
+                proposals = self.inner.propose(request_id, token_ids, limit)
+        track.called_s, track.num_tokens, track.proposed = now, len(token_ids), proposals
+        return proposals
+
+    def _learn(self, track: _Track, now: float, num_tokens: int) -> None:
+        """What the step since the last call gave: its tokens, and its cost by kind."""
+        gained = num_tokens - track.num_tokens
+        if gained < 1:
+            return
+        seconds = now - track.called_s
+        if track.proposed:
+            self.costs.add_proposal(seconds)
+            track.policy.observe(min(gained, len(track.proposed) + 1))
+        else:
+            self.costs.add_plain(seconds / gained)
