@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine, single stream: n-gram prompt lookup against plain decoding, in one run.
+"""Speculative decoding in the engine, single stream: each proposer against plain decoding, in one run.
 
 One request at a time (a single stream, where speculative decoding is meant to help: each step is one
 model run whose cost barely grows with a few more tokens), greedy, EOS ignored, over the same prompts in
@@ -6,12 +6,20 @@ every mode, the modes interleaved prompt by prompt so the machine's drift falls 
 
 - plain: the engine as built, one token per step;
 - ngram: `speculative_method` "ngram" (engine/generate/core/proposer.py), k = `--k`, suffixes of 1 … 3;
-- draft: `speculative_method` "draft_model" (engine/generate/core/draft_proposer.py) with the example-size
-  `tiny` decoder as the draft (2 layers, hidden 64): for `--model tiny` that is the target itself (every
-  proposal kept, at the target's own cost per proposal); for `l4h256` a smaller model of other random
-  weights (few kept);
+- draft (agreeing): `speculative_method` "draft_model" (engine/generate/core/draft_proposer.py) with a
+  draft that agrees with the target by construction (perf/hubserve_models/draft_pair.py): the target's
+  embedding, first `--draft-layers` layer(s) with `--draft-ffn` of their MLP units, and head; the target's
+  other layers and units write `--residual-scale` × what they would, so they seldom flip its argmax. Random
+  weights give no such pair otherwise; the acceptance printed is what this construction gives;
+- draft (disagreeing): the example-size `tiny` decoder (2 layers, hidden 64, other random weights) as the
+  draft: it agrees with nothing;
 - oracle: the same verification, proposals from the greedy tokens computed beforehand (every proposal
   right): what the mechanism gives at 100 % acceptance, the ceiling for any proposer at this k.
+
+The target is the pair's, of the `--model` shape (`l4h256`: a step costs milliseconds), for every mode.
+With `--backoff both` (the default) each proposer runs twice, bare and wrapped in the back-off the model
+folder's loader applies (engine/generate/core/backoff.py: a request stops proposing while its proposals
+do not pay for their measured cost); `on` / `off` run one of them.
 
 Prompts (`--workload`): `repetitive` (the default) repeats a phrase of 3–8 bytes 4–12 times, as an edit or
 a quote repeats its prompt; `random` is random bytes, where lookup rarely finds anything. The output tokens
@@ -24,12 +32,14 @@ kept / proposed). Each mode's tokens are checked equal to plain's (greedy: specu
 them).
 
     PYTHONPATH=. .venv/bin/python perf/bench_spec.py [--model tiny|l4h256] [--kv dense|shared] [--k 4]
-        [--prompts 24] [--max-tokens 128] [--workload repetitive|random] [--seed 0]
+        [--prompts 24] [--max-tokens 128] [--workload repetitive|random] [--seed 0] [--backoff both|on|off]
+        [--draft-layers 1] [--draft-ffn 128] [--residual-scale 0.05]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench_generate import MODELS, build_model, options
+from engine.generate.core.backoff import BackoffProposer
 from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
@@ -44,6 +55,8 @@ from engine.generate.core.request import SamplingParams
 from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
+from hubserve_models import examples
+from hubserve_models.draft_pair import agreeing_pair
 
 
 class OracleProposer:
@@ -119,21 +132,35 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--workload", choices=("repetitive", "random"), default="repetitive")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backoff", choices=("on", "off", "both"), default="both",
+                        help="wrap the proposers in the back-off (engine/generate/core/backoff.py)")
+    parser.add_argument("--draft-layers", type=int, default=1, help="the agreeing draft's layers")
+    parser.add_argument("--draft-ffn", type=int, default=128, help="the agreeing draft's MLP units")
+    parser.add_argument("--residual-scale", type=float, default=0.05,
+                        help="the target's later layers' output scale (hubserve_models/draft_pair.py)")
     args = parser.parse_args()
 
-    model = build_model(args.model, args.kv)
+    shape = dataclasses.replace(MODELS[args.model], shared_kv=args.kv == "shared")
+    target, agreeing = (examples.model_bytes(m) for m in agreeing_pair(
+        shape, args.draft_layers, args.draft_ffn, args.residual_scale))
     shared = args.kv == "shared"
     batch = prompts(args.workload, args.prompts, args.seed)
-    plain = make_engine(model.onnx, shared, None)
+    plain = make_engine(target, shared, None)
     want = {tuple(p): one(plain, p, args.max_tokens, Tally()) for p in batch}  # also warms the session up
-    engines = {
-        "plain": plain,
-        "ngram": make_engine(model.onnx, shared,
-                             NgramProposer(SpeculativeConfig(num_speculative_tokens=args.k))),
-        "draft": make_engine(model.onnx, shared, DraftModelProposer(
-            build_model("tiny").onnx, options(), args.k, model.shape.vocab_size)),
-        "oracle": make_engine(model.onnx, shared, OracleProposer(want, args.k)),
-    }
+    vocab = shape.vocab_size
+
+    def sources() -> dict[str, Proposer]:  # fresh ones for each engine: a draft keeps state per request
+        return {"ngram": NgramProposer(SpeculativeConfig(num_speculative_tokens=args.k)),
+                "draft (agreeing)": DraftModelProposer(agreeing, options(), args.k, vocab),
+                "draft (disagreeing)": DraftModelProposer(disagreeing, options(), args.k, vocab),
+                "oracle": OracleProposer(want, args.k)}
+
+    disagreeing = build_model("tiny").onnx
+    engines = {"plain": plain}
+    for backoff in (False, True) if args.backoff == "both" else (args.backoff == "on",):
+        for name, proposer in sources().items():
+            label = f"{name}, back-off" if backoff else name
+            engines[label] = make_engine(target, shared, BackoffProposer(proposer) if backoff else proposer)
     tallies = {name: Tally() for name in engines}
     for prompt in batch:  # interleaved, prompt by prompt: drift falls on every mode alike
         for name, engine in engines.items():

@@ -65,7 +65,7 @@ class TinyDecoderShape:
         return self.heads * self.head_dim
 
 
-def _weights(shape: TinyDecoderShape, seed: int) -> dict[str, np.ndarray]:
+def decoder_weights(shape: TinyDecoderShape, seed: int = 17) -> dict[str, np.ndarray]:
     """Every initializer by name, FP32, drawn in a fixed order from `default_rng(seed)`."""
     rng = np.random.default_rng(seed)
     d = shape.hidden
@@ -202,7 +202,12 @@ def _shared_attention(g: _Graph, shape: TinyDecoderShape, i: int, normed: str,
 def tiny_decoder_model(shape: TinyDecoderShape | None = None, seed: int = 17) -> onnx.ModelProto:
     """The decoder as an ONNX model (see the module docstring for its interface)."""
     shape = shape or TinyDecoderShape()
-    weights = _weights(shape, seed)
+    return decoder_from_weights(shape, decoder_weights(shape, seed))
+
+
+def decoder_from_weights(shape: TinyDecoderShape, weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The decoder with the given initializers (`decoder_weights`' names, for `shape.layers` layers): for
+    models derived from another's weights, such as draft_pair.py's."""
     g = _Graph()
     bias: Any = _shared_lengths(g) if shape.shared_kv else _attention_bias(g)
     x = g.op("Add", g.op("Gather", "tok_emb", "input_ids", axis=0),
