@@ -102,11 +102,12 @@ class StepCosts:
 
     @property
     def ratio(self) -> float:
-        """A proposal step's cost in plain steps; 1 until both are measured (proposals free: only a step
-        that keeps nothing backs off)."""
+        """A proposal step's cost in plain steps: at least 1, the plain step it contains (a noisy sample,
+        such as a plain step timed beside another request's prefill, must not make a proposal step that
+        keeps nothing look paying); 1 until both are measured."""
         if self.proposal_s is None or not self.plain_s:
             return 1.0
-        return self.proposal_s / self.plain_s
+        return max(1.0, self.proposal_s / self.plain_s)
 
 
 def _smooth(average: float | None, sample: float) -> float:

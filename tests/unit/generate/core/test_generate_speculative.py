@@ -17,6 +17,7 @@ import pytest
 
 from conftest import EXAMPLES
 from engine.errors import EngineError
+from engine.generate.core.backoff import BackoffProposer
 from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.grammar import GrammarKind, GrammarSpec
@@ -280,6 +281,25 @@ def test_a_draft_models_proposals_give_the_oracles_tokens(reference_session, kv,
     else:
         assert stats.spec_accepted_tokens < stats.spec_draft_tokens
     assert proposer.requests_held == 0
+    assert_no_leaks(engine)
+
+
+@KV
+@pytest.mark.parametrize("source", ["ngram", "other draft"])
+def test_backed_off_proposals_give_the_oracles_tokens(reference_session, kv, source):
+    """Behind the back-off (backoff.py) requests stop and resume proposing at steps the measured costs
+    choose: the draft catches up over the tokens it skipped in one run, and the tokens stay the oracle's;
+    a draft that keeps next to nothing proposes far less than at every step."""
+    batch = repetitive(4, seed=33) + prompts(4, seed=34)
+    want = [tuple(reference_greedy(reference_session, p, GREEDY.max_tokens)) for p in batch]
+    vocab = TOKENIZER.vocab_size
+    inner = NGRAM if source == "ngram" else DraftModelProposer(OTHER_DRAFT, options(), 3, vocab)
+    engine = spec_engine(kv, BackoffProposer(inner, min_backoff=2))
+    assert run(engine, batch, [GREEDY] * len(batch)) == want
+    if isinstance(inner, DraftModelProposer):
+        stats = engine.stats()
+        assert 0 < stats.spec_draft_tokens < GREEDY.max_tokens * len(batch)  # bare: about 3 per token
+        assert inner.requests_held == 0
     assert_no_leaks(engine)
 
 
