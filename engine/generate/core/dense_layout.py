@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from .decode_group import DecodeGroup
 from .decoder_model import DecoderModel
 from .kv_blocks import KVBlocks
 from .kv_layout import Prefilled
+from .request import Request
 from .scheduler import ScheduledChunk
 
 
@@ -39,6 +41,7 @@ class DenseLayout:
     def __init__(self, model: DecoderModel, blocks: KVBlocks) -> None:
         self.model, self.blocks = model, blocks
         self.group = DecodeGroup(blocks.block_size, blocks.flush_rows)
+        self._kept: _KeptPresent | None = None  # the last single-row prefill's present (_KeptPresent)
 
     def _gather(self, group: Sequence[ScheduledChunk], width: int) -> np.ndarray:
         return self.blocks.gather(group, width, left_aligned=False)
@@ -70,16 +73,33 @@ class DenseLayout:
 
     def prefill(self, group: Sequence[ScheduledChunk], input_ids: np.ndarray,
                 positions: np.ndarray) -> Prefilled:
-        """Each context right-aligned before the group's longest (P), the new tokens in slots P … P+S-1."""
+        """Each context right-aligned before the group's longest (P), the new tokens in slots P … P+S-1;
+        or, for one row that continues the last single-row prefill, that run's `present` as its past."""
         model, batch = self.model, len(group)
-        past = max(c.start for c in group)
-        mask = np.zeros((batch, past + input_ids.shape[1]), np.int64)
-        for row, c in enumerate(group):
-            mask[row, past - c.start:past + len(c.token_ids)] = 1
-        feed = model.feed(input_ids, mask, positions, list(self._gather(group, past)), group)
+        kept = None
+        if batch == 1 and self._kept is not None:
+            kept = self._kept.past_for(group[0], model.has_mask)
+        if kept is not None:
+            pasts, slot_positions = kept
+            past = len(slot_positions)
+            mask = np.ones((1, past + input_ids.shape[1]), np.int64)
+            mask[0, :past] = slot_positions >= 0
+        else:
+            past = max(c.start for c in group)
+            mask = np.zeros((batch, past + input_ids.shape[1]), np.int64)
+            for row, c in enumerate(group):
+                mask[row, past - c.start:past + len(c.token_ids)] = 1
+            pasts = list(self._gather(group, past))
+            slot_positions = np.arange(-past, 0) + group[0].start if batch == 1 else np.empty(0, np.int64)
+        feed = model.feed(input_ids, mask, positions, pasts, group)
         started = time.perf_counter_ns()
         model.record(input_ids, mask)
         logits, *outs = model.session.run(model.output_names, feed)
+        self._kept = None
+        if batch == 1:
+            c = group[0]
+            new = np.arange(c.start, c.start + len(c.token_ids))
+            self._kept = _KeptPresent(c.request, outs, np.concatenate([slot_positions, new]))
         return Prefilled(logits, outs, [past] * batch, batch * past, started)
 
     def place(self, group: Sequence[ScheduledChunk]) -> DenseDecodeRun:
@@ -89,6 +109,33 @@ class DenseLayout:
 
     def clear(self) -> None:
         self.group.clear()
+
+
+@dataclass(slots=True)
+class _KeptPresent:
+    """A single-row prefill run's `present` tensors, kept as the past of that request's next chunk when it
+    continues it: a speculative step's chunk of its last token and proposals runs with the prefills (the
+    decode group's kept tensors are not used for it), and would otherwise gather its whole context from
+    the blocks every step. The slots of the proposals rejected since stay in the tensors, masked out (the
+    model ignores masked slots: `DenseLayout.check`), until a quarter of the slots are dead; then the
+    context is gathered compactly again. `positions`: each slot's position, -1 for a masked one."""
+
+    request: Request
+    pasts: list[np.ndarray]
+    positions: np.ndarray
+
+    def past_for(self, chunk: ScheduledChunk, masks: bool) -> tuple[list[np.ndarray], np.ndarray] | None:
+        """The kept past for `chunk` with the slots of positions from its start on masked (-1), or None
+        when it does not continue this one (another request, or positions since computed elsewhere) or
+        would leave dead slots a model without an attention mask (`masks` False) cannot skip."""
+        if chunk.request is not self.request:
+            return None
+        positions = np.where(self.positions < chunk.start, self.positions, -1)
+        live = int(np.count_nonzero(positions >= 0))
+        dead = len(positions) - live
+        if live != chunk.start or 4 * dead > len(positions) or (dead and not masks):
+            return None
+        return self.pasts, positions
 
 
 class DenseDecodeRun:
