@@ -88,3 +88,4 @@ class GenerationSample:
     # since the engine started; None: the version does not speculate (its families are left out).
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int = 0
+    spec_drafts: int = 0  # of a request's steps, those that verified proposals (vLLM's num_drafts)

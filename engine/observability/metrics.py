@@ -217,6 +217,9 @@ def _generation_lines(samples: list[GenerationSample]) -> list[str]:
 
 
 _SPEC_FAMILIES: list[tuple[str, str, Callable[[GenerationSample], float]]] = [
+    ("hubserve_generation_spec_drafts_total",
+     "Steps that verified speculative decoding's proposals for a request (tokens per such step: 1 + accepted "
+     "/ drafts)", lambda d: d.spec_drafts),
     ("hubserve_generation_spec_draft_tokens_total",
      "Tokens proposed by speculative decoding and verified by the model", lambda d: d.spec_draft_tokens or 0),
     ("hubserve_generation_spec_accepted_tokens_total",

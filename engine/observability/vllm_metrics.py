@@ -48,6 +48,7 @@ _FAMILIES: list[tuple[str, str, str, Callable[[GenerationSample], float]]] = [
 ]
 # speculative decoding's, shown for the versions that speculate (vLLM shows them when speculation is on)
 _SPEC_FAMILIES: list[tuple[str, str, Callable[[GenerationSample], float]]] = [
+    ("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", lambda d: d.spec_drafts),
     ("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.",
      lambda d: d.spec_draft_tokens or 0),
     ("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.",

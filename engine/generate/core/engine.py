@@ -59,6 +59,7 @@ class EngineStats:
     waiting_batch: int = 0  # of `waiting`, offline batch jobs' (Priority.BATCH): autoscaling ignores them
     spec_draft_tokens: int = 0     # tokens proposed by speculative decoding and verified, since the start
     spec_accepted_tokens: int = 0  # of those, kept (verify.py)
+    spec_drafts: int = 0           # verifications: a request's steps with proposals (1 + kept / this a step)
 
 
 class GenerationEngine:
@@ -73,7 +74,7 @@ class GenerationEngine:
         self.kv = KVCacheManager(cache.num_blocks, cache.block_size, cache.enable_prefix_caching)
         # speculative decoding's proposer (proposer.py, draft_proposer.py: the model folder's); None: off
         self.scheduler = Scheduler(scheduler, self.kv, proposer)
-        self.spec_draft_tokens = self.spec_accepted_tokens = 0
+        self.spec_draft_tokens = self.spec_accepted_tokens = self.spec_drafts = 0
         self._seeds = np.random.default_rng(seed)  # seeds for requests that bring none
         self._requests: dict[str, Request] = {}
 
@@ -197,6 +198,7 @@ class GenerationEngine:
                 sampled[chunk.request.request_id] = tokens
                 self.spec_draft_tokens += chunk.num_draft
                 self.spec_accepted_tokens += len(tokens) - 1
+                self.spec_drafts += 1
             else:
                 rows.append(row)
                 plain.append(chunk.request)
@@ -265,7 +267,8 @@ class GenerationEngine:
             running_adapters=() if self.adapters is None else _adapters(self.scheduler.running),
             waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting),
             waiting_batch=len(self.scheduler.queues[Priority.BATCH]),
-            spec_draft_tokens=self.spec_draft_tokens, spec_accepted_tokens=self.spec_accepted_tokens)
+            spec_draft_tokens=self.spec_draft_tokens, spec_accepted_tokens=self.spec_accepted_tokens,
+            spec_drafts=self.spec_drafts)
 
 
 def _adapters(requests: list[Request]) -> tuple[str, ...]:

@@ -104,14 +104,17 @@ def test_no_generative_model_no_vllm_families() -> None:
 
 
 def test_speculative_decodings_counters_under_both_names_only_for_versions_that_speculate() -> None:
-    speculating = replace(sample(), spec_draft_tokens=12, spec_accepted_tokens=5)
+    speculating = replace(sample(), spec_draft_tokens=12, spec_accepted_tokens=5,
+                          spec_drafts=4)
     plain = replace(sample(), model_name="p")
     series = page(speculating, plain)
     assert series[("vllm:spec_decode_num_draft_tokens_total", VLLM)] == 12
     assert series[("vllm:spec_decode_num_accepted_tokens_total", VLLM)] == 5
+    assert series[("vllm:spec_decode_num_drafts_total", VLLM)] == 4
     ours = (("model", "m"), ("version", "2"))
     assert series[("hubserve_generation_spec_draft_tokens_total", ours)] == 12
     assert series[("hubserve_generation_spec_accepted_tokens_total", ours)] == 5
+    assert series[("hubserve_generation_spec_drafts_total", ours)] == 4
     names = {name for name, labels in series
              if "p" in (dict(labels).get("model_name"), dict(labels).get("model"))}
     assert not {n for n in names if "spec" in n}  # a version that does not speculate shows none

@@ -138,6 +138,8 @@ def test_one_stream_continues_its_last_chunks_keys_and_values(reference_session,
         assert run(engine, [prompt], [GREEDY]) == [tuple(want[tuple(prompt)])]
     stats = engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+    # one verification per step with proposals, of up to 4 (OracleProposer's k; fewer near max_tokens)
+    assert stats.spec_drafts < stats.spec_draft_tokens <= 4 * stats.spec_drafts
     assert (engine.runner.stats.padded_slots > 0) is (kv == "dense")
     assert_no_leaks(engine)
 
