@@ -99,7 +99,8 @@ class DenseLayout:
         if batch == 1:
             c = group[0]
             new = np.arange(c.start, c.start + len(c.token_ids))
-            self._kept = _KeptPresent(c.request, outs, np.concatenate([slot_positions, new]))
+            self._kept = _KeptPresent(c.request, c.start, c.token_ids, outs,
+                                      np.concatenate([slot_positions, new]))
         return Prefilled(logits, outs, [past] * batch, batch * past, started)
 
     def place(self, group: Sequence[ScheduledChunk]) -> DenseDecodeRun:
@@ -118,17 +119,25 @@ class _KeptPresent:
     decode group's kept tensors are not used for it), and would otherwise gather its whole context from
     the blocks every step. The slots of the proposals rejected since stay in the tensors, masked out (the
     model ignores masked slots: `DenseLayout.check`), until a quarter of the slots are dead; then the
-    context is gathered compactly again. `positions`: each slot's position, -1 for a masked one."""
+    context is gathered compactly again. `positions`: each slot's position, -1 for a masked one; `start`
+    and `token_ids`: that run's chunk, the tokens its new slots hold."""
 
     request: Request
+    start: int
+    token_ids: tuple[int, ...]
     pasts: list[np.ndarray]
     positions: np.ndarray
 
     def past_for(self, chunk: ScheduledChunk, masks: bool) -> tuple[list[np.ndarray], np.ndarray] | None:
         """The kept past for `chunk` with the slots of positions from its start on masked (-1), or None
-        when it does not continue this one (another request, or positions since computed elsewhere) or
-        would leave dead slots a model without an attention mask (`masks` False) cannot skip."""
-        if chunk.request is not self.request:
+        when it does not continue this one or would leave dead slots a model without an attention mask
+        (`masks` False) cannot skip. It continues this one when it is the same request and every token
+        before its start that this run fed is the request's token there: after a plain decode step in
+        between (the decode group computed that token), the slot of a rejected proposal lies before it."""
+        fed = chunk.start - self.start
+        if chunk.request is not self.request or not 0 < fed <= len(self.token_ids):
+            return None
+        if list(self.token_ids[:fed]) != chunk.request.all_token_ids[self.start:chunk.start]:
             return None
         positions = np.where(self.positions < chunk.start, self.positions, -1)
         live = int(np.count_nonzero(positions >= 0))

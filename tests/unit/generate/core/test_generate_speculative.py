@@ -126,24 +126,6 @@ def test_greedy_equals_the_step_by_step_loop_with_proposals_kept_and_rejected(re
     assert_no_leaks(engine)
 
 
-@KV
-def test_one_stream_continues_its_last_chunks_keys_and_values(reference_session, kv):
-    """One request at a time, its proposals every third one wrong: in the dense layout each step's chunk
-    takes the last one's `present` as its past, the rejected proposals' slots masked out (counted as
-    padding: a gathered single row has none), and the tokens are the oracle's."""
-    batch = repetitive(3, seed=35) + prompts(2, seed=36)
-    want = {tuple(p): reference_greedy(reference_session, p, GREEDY.max_tokens) for p in batch}
-    engine = spec_engine(kv, OracleProposer(want, wrong_every=3))
-    for prompt in batch:
-        assert run(engine, [prompt], [GREEDY]) == [tuple(want[tuple(prompt)])]
-    stats = engine.stats()
-    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
-    # one verification per step with proposals, of up to 4 (OracleProposer's k; fewer near max_tokens)
-    assert stats.spec_drafts < stats.spec_draft_tokens <= 4 * stats.spec_drafts
-    assert (engine.runner.stats.padded_slots > 0) is (kv == "dense")
-    assert_no_leaks(engine)
-
-
 class Sometimes:
     """Another proposer's proposals, only when the sequence's length is a multiple of `every`."""
 
@@ -157,6 +139,27 @@ class Sometimes:
         if len(token_ids) % self.every:
             return []
         return self.proposer.propose(request_id, token_ids, limit)
+
+
+@KV
+@pytest.mark.parametrize("every", [1, 2])
+def test_one_stream_continues_its_last_chunks_keys_and_values(reference_session, kv, every):
+    """One request at a time, its proposals every third one wrong, at every step or every other one (a
+    plain decode step between: the token it computes sits where a rejected proposal's slot was): in the
+    dense layout a step's chunk takes the last one's `present` as its past when it continues it, the
+    rejected proposals' slots masked out (counted as padding: a gathered single row has none), and the
+    tokens are the oracle's."""
+    batch = repetitive(3, seed=35) + prompts(2, seed=36)
+    want = {tuple(p): reference_greedy(reference_session, p, GREEDY.max_tokens) for p in batch}
+    engine = spec_engine(kv, Sometimes(OracleProposer(want, wrong_every=3), every))
+    for prompt in batch:
+        assert run(engine, [prompt], [GREEDY]) == [tuple(want[tuple(prompt)])]
+    stats = engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+    # one verification per step with proposals, of up to 4 (OracleProposer's k; fewer near max_tokens)
+    assert stats.spec_drafts < stats.spec_draft_tokens <= 4 * stats.spec_drafts
+    assert (engine.runner.stats.padded_slots > 0) is (kv == "dense")
+    assert_no_leaks(engine)
 
 
 @KV
