@@ -14,7 +14,8 @@ cost_ratio - 1 plain steps, and the cap is chosen so that stays within `PROBE_OV
 (serving/model_folder.py) wraps the one it makes. It learns everything from the calls the scheduler makes
 anyway: a request's tokens at one call, against its tokens and proposals at the one before, say how many
 were kept, and the time between the two calls is what that step cost (a proposal step, or per token a plain
-one). The costs are the engine's, shared by its requests; the acceptance is each request's. Timing decides,
+one). The costs are the engine's, shared by its requests (medians of recent samples: `StepCosts`); the
+acceptance is each request's. Timing decides,
 so which steps propose varies from run to run: greedy output is the same either way, and a sampled request
 keeps the target's distribution, but a seeded sampled request is reproducible only with the same choices.
 Called on the engine's thread.
@@ -23,7 +24,9 @@ Called on the engine's thread.
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,7 +34,8 @@ from .proposer import Proposer
 
 PROBE_OVERHEAD = 0.02  # the share of plain decoding's time that failed probes may cost, once backed off fully
 TOKENS_WEIGHT = 0.3    # the smoothing of a request's tokens per proposal step (an EWMA's new-sample weight)
-COST_WEIGHT = 0.1      # the smoothing of the step costs (many samples, shared by every request)
+COST_WINDOW = 16       # the step costs are the median of the last this many samples of each kind
+PLAIN_SAMPLES = 3      # plain steps timed before the ratio is trusted (a median of one is no median)
 REFRESH_STEPS = 256    # proposal steps after which one plain step is timed again, so the ratio stays current
 
 
@@ -81,37 +85,46 @@ def max_backoff(cost_ratio: float, floor: int) -> int:
 
 @dataclass(slots=True)
 class StepCosts:
-    """The measured seconds of a proposal step and of a plain step (per token), smoothed; engine-wide."""
+    """The measured seconds of a proposal step and of a plain step (per token); engine-wide. Each is the
+    median of its last COST_WINDOW samples, not a mean: on a shared machine a step now and then takes
+    several times its cost (another process ran), and one such sample must not make proposals look dear
+    for long, least of all when proposal steps, and so their samples, have become rare by backing off."""
 
-    proposal_s: float | None = None
-    plain_s: float | None = None
+    proposals: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
+    plains: deque[float] = field(default_factory=lambda: deque(maxlen=COST_WINDOW))
     since_plain: int = 0  # proposal steps timed since the last plain one
 
+    @property
+    def proposal_s(self) -> float | None:
+        return statistics.median(self.proposals) if self.proposals else None
+
+    @property
+    def plain_s(self) -> float | None:
+        return statistics.median(self.plains) if self.plains else None
+
     def add_proposal(self, seconds: float) -> None:
-        self.proposal_s = _smooth(self.proposal_s, seconds)
+        self.proposals.append(seconds)
         self.since_plain += 1
 
     def add_plain(self, seconds: float) -> None:
-        self.plain_s = _smooth(self.plain_s, seconds)
+        self.plains.append(seconds)
         self.since_plain = 0
 
     @property
     def wants_plain(self) -> bool:
-        """A plain step should be timed: none has been, or not for REFRESH_STEPS proposal steps."""
-        return self.plain_s is None or self.since_plain >= REFRESH_STEPS
+        """A plain step should be timed: fewer than PLAIN_SAMPLES have been, or none for REFRESH_STEPS
+        proposal steps."""
+        return len(self.plains) < PLAIN_SAMPLES or self.since_plain >= REFRESH_STEPS
 
     @property
     def ratio(self) -> float:
         """A proposal step's cost in plain steps: at least 1, the plain step it contains (a noisy sample,
         such as a plain step timed beside another request's prefill, must not make a proposal step that
         keeps nothing look paying); 1 until both are measured."""
-        if self.proposal_s is None or not self.plain_s:
+        proposal_s, plain_s = self.proposal_s, self.plain_s
+        if proposal_s is None or not plain_s:
             return 1.0
-        return max(1.0, self.proposal_s / self.plain_s)
-
-
-def _smooth(average: float | None, sample: float) -> float:
-    return sample if average is None else average + COST_WEIGHT * (sample - average)
+        return max(1.0, proposal_s / plain_s)
 
 
 @dataclass(slots=True)
