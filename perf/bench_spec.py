@@ -27,9 +27,10 @@ are the model's: with random weights (perf/hubserve_models/tiny_decoder.py) they
 the way a trained model's do, so the ngram acceptance here is what a random model's own loops give, not a
 real workload's; the oracle column is the mechanism's ceiling whatever the proposer.
 
-Per mode: tokens/s, tokens per engine step, and for the speculative modes the acceptance (proposed tokens
-kept / proposed). Each mode's tokens are checked equal to plain's (greedy: speculation must not change
-them).
+Per mode: tokens/s, tokens per CPU second of this process (one thread: ONNX Runtime runs on it, so on a
+shared machine this is what the others' load does not inflate; read it beside the wall-clock ratio), tokens
+per engine step, and for the speculative modes the acceptance (proposed tokens kept / proposed). Each
+mode's tokens are checked equal to plain's (greedy: speculation must not change them).
 
     PYTHONPATH=. .venv/bin/python perf/bench_spec.py [--model tiny|l4h256] [--kv dense|shared] [--k 4]
         [--prompts 24] [--max-tokens 128] [--workload repetitive|random] [--seed 0] [--backoff both|on|off]
@@ -79,6 +80,7 @@ class OracleProposer:
 @dataclass
 class Tally:
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # this process's CPU time: what other processes' load does not add to
     tokens: int = 0
     steps: int = 0
     proposed: int = 0
@@ -106,7 +108,7 @@ def prompts(kind: str, count: int, seed: int) -> list[list[int]]:
 def one(engine: GenerationEngine, prompt: list[int], max_tokens: int, tally: Tally) -> list[int]:
     before = engine.stats()
     engine.add_request("r", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     steps, done = 0, None
     while engine.has_unfinished():
         for output in engine.step():
@@ -114,6 +116,7 @@ def one(engine: GenerationEngine, prompt: list[int], max_tokens: int, tally: Tal
                 done = output
         steps += 1
     tally.seconds += time.perf_counter() - t0
+    tally.cpu_seconds += time.process_time() - c0
     assert done is not None
     after = engine.stats()
     tally.tokens += len(done.output_token_ids)
@@ -169,13 +172,15 @@ def main() -> None:
 
     print(f"model {args.model} ({args.kv}), {args.workload} prompts × {args.prompts}, {args.max_tokens} "
           f"tokens each, greedy, single stream, k = {args.k}")
-    print("| mode | tok/s | × plain | tokens/step | acceptance |")
-    print("|---|---|---|---|---|")
-    base = tallies["plain"].tokens / tallies["plain"].seconds
+    print("| mode | tok/s | × plain | tok/CPU-s | × plain (CPU) | tokens/step | acceptance |")
+    print("|---|---|---|---|---|---|---|")
+    plain_tally = tallies["plain"]
+    base, cpu_base = plain_tally.tokens / plain_tally.seconds, plain_tally.tokens / plain_tally.cpu_seconds
     for name, t in tallies.items():
-        rate = t.tokens / t.seconds
+        rate, cpu_rate = t.tokens / t.seconds, t.tokens / t.cpu_seconds
         accepted = f"{t.kept / t.proposed:.0%} of {t.proposed:,}" if t.proposed else "–"
-        print(f"| {name} | {rate:,.0f} | {rate / base:.2f} | {t.tokens / t.steps:.2f} | {accepted} |")
+        print(f"| {name} | {rate:,.0f} | {rate / base:.2f} | {cpu_rate:,.0f} | {cpu_rate / cpu_base:.2f} | "
+              f"{t.tokens / t.steps:.2f} | {accepted} |")
 
 
 if __name__ == "__main__":
