@@ -19,6 +19,7 @@ execute → update, with no event loop, threads or sockets, so every policy here
     grammar.py       structured output: specs, llguidance's compiled grammars (cached), per-request matchers
     proposer.py      speculative decoding's proposals: the Proposer seam, n-gram prompt lookup
     draft_proposer.py  a draft model's greedy proposals, its own keys and values per request
+    backoff.py       a request stops proposing while its proposals do not pay for their measured cost
     verify.py        which proposals the model keeps: greedy prefix, or rejection sampling
     stopping.py      stop tokens, EOS, stop strings, max_tokens, the context limit
     tokenizer.py     byte-level, or tokenizer.json through the optional `tokenizers` package

@@ -9,6 +9,9 @@ each call's past as `past_key_values.{i}.key/value` [batch, heads, past_len, hea
   out by `attention_mask` (0).
 - **Run.** The new tokens sit in slots P … P+S-1 (right-padded to the group's longest chunk S); the model's
   causal mask is by slot, so every real query sees exactly its own context and earlier new tokens.
+- **One stream's chunks continue each other.** A single-row prefill's `present` is kept; the same
+  request's next single-row chunk that continues it (speculative decoding's proposal steps, or a long
+  prompt's next chunk) takes it as its past, without a gather (`_KeptPresent`).
 - **The decode group's past is kept** (decode_group.py): a decode run's `present` is the next decode run's
   `past` for the same rows, so while the decoding requests stay the same nothing is gathered and ONNX
   Runtime is fed its own output back; when they change, the continuing rows are copied over (trimmed to the

@@ -12,7 +12,9 @@ tokens that followed the latest earlier occurrence are the proposal. No model, n
 (code edits, quoting the prompt, a looping generation) gets long runs accepted, a fresh one gets nothing
 proposed and decodes as usual.
 
-`DraftModelProposer` (draft_proposer.py) is the other kind: a small decoder's greedy tokens. Both are
+`DraftModelProposer` (draft_proposer.py) is the other kind: a small decoder's greedy tokens. The model
+folder's loader wraps either in `BackoffProposer` (backoff.py), which stops asking it for a request while
+its proposals do not pay. Both are
 deterministic given the tokens, so the verifier treats every proposal as a point mass (verify.py); a draft
 that sampled would have to hand it its distribution q as well.
 """

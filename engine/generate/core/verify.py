@@ -13,8 +13,9 @@ request and step; returns at least one token, so every step advances the request
   drawn from p_k. An n-gram proposal is a point mass (q_i(x_i) = 1), so x_i is kept with probability
   p_i(x_i) and a rejection draws from p_i with x_i removed. Each output token is then distributed as the
   target's p (temperature, min-p, top-k and top-p applied: sampler.py's `kept_distribution`), whatever was
-  proposed; the draws come from the request's own generator, so a seed still reproduces a request, though
-  not the same tokens as without speculation.
+  proposed; the draws come from the request's own generator, so a seed reproduces a request whose steps
+  propose the same way (behind backoff.py's timing, not guaranteed), though not the same tokens as
+  without speculation.
 
 Requests whose logits depend on the tokens so far (penalties, a structured output's grammar), that report
 logprobs or hold their stops until `min_tokens` (`SamplingParams.stepwise`) get no proposals: the
