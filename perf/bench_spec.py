@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench_generate import MODELS, build_model, options
-from engine.generate.core.backoff import BackoffProposer
+from engine.generate.core.backoff import BackoffProposer, step_clock
 from engine.generate.core.draft_proposer import DraftModelProposer
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.proposer import NgramProposer, Proposer, SpeculativeConfig
@@ -163,7 +163,9 @@ def main() -> None:
     for backoff in (False, True) if args.backoff == "both" else (args.backoff == "on",):
         for name, proposer in sources().items():
             label = f"{name}, back-off" if backoff else name
-            engines[label] = make_engine(target, shared, BackoffProposer(proposer) if backoff else proposer)
+            clock = step_clock(["CPUExecutionProvider"], options().intra_op_num_threads)  # as served
+            engines[label] = make_engine(target, shared,
+                                         BackoffProposer(proposer, clock) if backoff else proposer)
     tallies = {name: Tally() for name in engines}
     for prompt in batch:  # interleaved, prompt by prompt: drift falls on every mode alike
         for name, engine in engines.items():

@@ -14,10 +14,11 @@ cost_ratio - 1 plain steps, and the cap is chosen so that stays within `PROBE_OV
 (serving/model_folder.py) wraps the one it makes. It learns everything from the calls the scheduler makes
 anyway: a request's tokens at one call, against its tokens and proposals at the one before, say how many
 were kept, and the time between the two calls is what that step cost (a proposal step, or per token a plain
-one). The costs are the engine's, shared by its requests (medians of recent samples: `StepCosts`); the
-acceptance is each request's. Timing decides,
-so which steps propose varies from run to run: greedy output is the same either way, and a sampled request
-keeps the target's distribution, but a seeded sampled request is reproducible only with the same choices.
+one; the engine thread's CPU time where the model runs on it alone: `step_clock`). The costs are the
+engine's, shared by its requests (medians of recent samples: `StepCosts`); the acceptance is each
+request's. Timing decides, so which steps propose varies from run to run: greedy output is the same either
+way, and a sampled request keeps the target's distribution, but a seeded sampled request is reproducible
+only with the same choices.
 Called on the engine's thread.
 """
 
@@ -125,6 +126,16 @@ class StepCosts:
         if proposal_s is None or not plain_s:
             return 1.0
         return max(1.0, proposal_s / plain_s)
+
+
+def step_clock(providers: Sequence[str], intra_op_threads: int) -> Callable[[], float]:
+    """The clock to time steps with: the engine thread's CPU time when the model runs on it alone (the CPU
+    provider with one intra-op thread, the served default), so another process's load on the machine does
+    not count as the steps' cost; else wall time (a GPU's work, or a thread pool's, is not this thread's
+    CPU time)."""
+    if intra_op_threads == 1 and all(p == "CPUExecutionProvider" for p in providers):
+        return time.thread_time
+    return time.perf_counter
 
 
 @dataclass(slots=True)

@@ -61,7 +61,7 @@ from ...backends.onnxruntime import session_options
 from ...config.model_config import ModelConfig
 from ...config.steps import autocomplete, read_config_proto, validate
 from ...errors import invalid
-from ..core.backoff import BackoffProposer
+from ..core.backoff import BackoffProposer, step_clock
 from ..core.draft_proposer import DraftModelProposer
 from ..core.engine import CacheConfig, GenerationEngine
 from ..core.lora import AdapterStore
@@ -233,5 +233,6 @@ def build_engine(config: ModelConfig, model_path: Path, folder: Path, seed: int 
                                 _int(params, "max_loras", 4, where), config.name)
     proposer = _proposer(params, folder, options, runner.model.vocab, where)
     if proposer is not None and params.get("speculative_backoff", "true").lower() != "false":
-        proposer = BackoffProposer(proposer)
+        clock = step_clock(decoder.session.get_providers(), options.intra_op_num_threads)
+        proposer = BackoffProposer(proposer, clock)
     return GenerationEngine(runner, tokenizer, cache, scheduler, seed, adapters, proposer)

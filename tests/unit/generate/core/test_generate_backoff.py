@@ -5,6 +5,7 @@ proposals at nearly every step when they pay."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from engine.generate.core.backoff import (
     BackoffPolicy,
     BackoffProposer,
     max_backoff,
+    step_clock,
 )
 from engine.generate.core.proposer import NgramProposer, SpeculativeConfig
 
@@ -169,6 +171,12 @@ def test_proposals_that_pay_less_than_they_cost_back_off_and_those_that_pay_more
         run = simulate(proposer, clock, 1000, cost)
         assert (run.proposal_steps > 0.9 * run.steps) is pays
         assert run.seconds <= 1.10 * run.tokens  # never much worse than plain
+
+
+def test_steps_are_timed_in_cpu_time_when_the_model_runs_on_the_engine_thread_alone():
+    assert step_clock(["CPUExecutionProvider"], 1) is time.thread_time
+    assert step_clock(["CPUExecutionProvider"], 0) is time.perf_counter  # 0: a pool of all cores
+    assert step_clock(["CUDAExecutionProvider", "CPUExecutionProvider"], 1) is time.perf_counter
 
 
 def test_release_forgets_the_request_and_tells_the_inner_proposer():
