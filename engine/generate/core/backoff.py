@@ -8,7 +8,8 @@ proposal step over a plain one (`StepCosts`): break-even is tokens per step = co
 acceptance of (cost_ratio - 1) / k. Below it the request decodes plainly for `backoff` steps, then probes
 once more; each probe that fails doubles the wait, up to a cap, and one that pays sets it back. With no
 proposal ever kept, that converges to plain decoding plus a probe every `cap` steps: each failed probe costs
-cost_ratio - 1 plain steps, and the cap is chosen so that stays within `PROBE_OVERHEAD` of the time.
+cost_ratio - 1 plain steps, and the cap is chosen so that stays within `PROBE_OVERHEAD` of the time. A new
+request starts from the back-off the last finished request had reached (it still probes first).
 
 `BackoffProposer` wraps any proposer (proposer.py's `Proposer`) with it; the model folder's loader
 (serving/model_folder.py) wraps the one it makes. It learns everything from the calls the scheduler makes
@@ -159,6 +160,9 @@ class BackoffProposer:
         self.min_backoff = min_backoff
         self.costs = StepCosts()
         self._tracks: dict[str, _Track] = {}
+        # the back-off a new request starts from: the last finished one's (a draft that never agrees fails
+        # every request alike, and each relearning it from min_backoff costs a few probes each)
+        self._inherited = min_backoff
 
     @property
     def requests_backing_off(self) -> int:
@@ -171,14 +175,16 @@ class BackoffProposer:
         return sum(t.policy.backoffs for t in self._tracks.values())
 
     def release(self, request_id: str) -> None:
-        self._tracks.pop(request_id, None)
+        track = self._tracks.pop(request_id, None)
+        if track is not None:
+            self._inherited = track.policy.backoff
         self.inner.release(request_id)
 
     def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
         now = self.clock()
         track = self._tracks.get(request_id)
         if track is None:
-            policy = BackoffPolicy(self.min_backoff, backoff=self.min_backoff)
+            policy = BackoffPolicy(self.min_backoff, backoff=self._inherited)
             track = self._tracks[request_id] = _Track(policy)
         else:
             self._learn(track, now, len(token_ids))

@@ -128,12 +128,18 @@ def test_a_draft_that_never_agrees_costs_at_most_ten_percent_over_plain_decoding
     assert proposer.requests_backing_off == 1
 
 
-def test_a_short_request_that_never_agrees_stays_within_ten_percent():
+def test_short_requests_that_never_agree_stay_within_five_percent():
+    """Each request probes first, then waits as long as the last finished one had come to: a probe costs
+    1.2 plain steps more here, so relearning the back-off from 4 steps in every 128-token request would
+    cost 5 %."""
     clock = Clock()
     proposer = BackoffProposer(SimulatedDraft(right=False), clock=clock)
-    simulate(proposer, clock, 64, 2.2, "warm")  # the costs are the engine's: measured by earlier requests
-    run = simulate(proposer, clock, 128, 2.2)
-    assert run.seconds <= 1.10 * run.tokens
+    total = Run()
+    for i in range(10):
+        run = simulate(proposer, clock, 128, 2.2, f"r{i}")
+        proposer.release(f"r{i}")
+        total.seconds, total.tokens = total.seconds + run.seconds, total.tokens + run.tokens
+    assert total.seconds <= 1.05 * total.tokens
 
 
 def test_a_draft_that_agrees_proposes_at_nearly_every_step():
