@@ -62,18 +62,21 @@ class BackoffPolicy:
     def backing_off(self) -> bool:
         return self.skip_left > 0
 
-    def decide(self, cost_ratio: float) -> bool:
-        """Whether to propose this step, a proposal step costing `cost_ratio` plain steps."""
+    def decide(self, cost_ratio: Callable[[], float]) -> bool:
+        """Whether to propose this step, a proposal step costing `cost_ratio()` plain steps (asked only when
+        the decision needs it: while backing off, every step's few microseconds count)."""
         if self.skip_left > 0:
             self.skip_left -= 1
             return False
-        if self.tokens_per_step is None or self.tokens_per_step > cost_ratio:
-            if self.tokens_per_step is not None:
-                self.backoff = self.min_backoff  # it pays: the next back-off starts short again
+        if self.tokens_per_step is None:
+            return True
+        ratio = cost_ratio()
+        if self.tokens_per_step > ratio:
+            self.backoff = self.min_backoff  # it pays: the next back-off starts short again
             return True
         # does not pay: this step and backoff - 1 more decode plainly; the next probe starts afresh
         self.skip_left = self.backoff - 1
-        self.backoff = min(2 * self.backoff, max_backoff(cost_ratio, self.min_backoff))
+        self.backoff = min(2 * self.backoff, max_backoff(ratio, self.min_backoff))
         self.tokens_per_step = None
         self.backoffs += 1
         return False
@@ -191,7 +194,7 @@ class BackoffProposer:
         proposals: list[int] = []
         if limit > 0:
             wants_plain = self.costs.wants_plain and self.costs.proposal_s is not None
-            if not wants_plain and track.policy.decide(self.costs.ratio):
+            if not wants_plain and track.policy.decide(lambda: self.costs.ratio):
                 proposals = self.inner.propose(request_id, token_ids, limit)
         track.called_s, track.num_tokens, track.proposed = now, len(token_ids), proposals
         return proposals

@@ -89,7 +89,7 @@ def test_a_policy_that_keeps_nothing_backs_off_exponentially_up_to_its_cap():
     ratio = 2.0
     probes = []
     for step in range(600):
-        if policy.decide(ratio):
+        if policy.decide(lambda: ratio):
             probes.append(step)
             policy.observe(1)  # nothing kept: the target's own token only
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
@@ -101,18 +101,18 @@ def test_a_policy_that_keeps_nothing_backs_off_exponentially_up_to_its_cap():
 def test_a_policy_that_pays_keeps_proposing_and_a_paying_probe_shortens_the_next_backoff():
     policy = BackoffPolicy(min_backoff=4, backoff=4)
     for _ in range(50):
-        assert policy.decide(2.0)
+        assert policy.decide(lambda: 2.0)
         policy.observe(4)
     for _ in range(3):
         policy.observe(1)
-    assert policy.decide(2.0)  # smoothed: three bad steps in a row are not enough (4 → 2.03)
+    assert policy.decide(lambda: 2.0)  # smoothed: three bad steps in a row are not enough (4 → 2.03)
     policy.observe(1)
-    assert not policy.decide(2.0) and policy.backing_off
+    assert not policy.decide(lambda: 2.0) and policy.backing_off
     while policy.backing_off:
-        assert not policy.decide(2.0)
-    assert policy.decide(2.0)  # the probe
+        assert not policy.decide(lambda: 2.0)
+    assert policy.decide(lambda: 2.0)  # the probe
     policy.observe(5)
-    assert policy.decide(2.0)  # it paid
+    assert policy.decide(lambda: 2.0)  # it paid
     assert policy.backoff == 4
     assert policy.backoffs == 1
 
