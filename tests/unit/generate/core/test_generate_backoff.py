@@ -152,6 +152,22 @@ def test_a_draft_that_agrees_proposes_at_nearly_every_step():
     assert proposer.backoffs == 0
 
 
+def test_a_draft_that_mostly_agrees_is_not_stopped_by_its_misses():
+    """A quarter of its tokens wrong, scattered (some proposal steps keep nothing): it pays on the whole at
+    a ratio of 2.8, so it keeps proposing at nearly every step, and beats plain decoding."""
+
+    class MostlyRight(SimulatedDraft):
+        def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:
+            n = len(token_ids)
+            return [truth(p) + (1 if (p * 7919) % 100 < 25 else 0) for p in range(n, n + min(limit, self.k))]
+
+    clock = Clock()
+    proposer = BackoffProposer(MostlyRight(right=True), clock=clock)
+    run = simulate(proposer, clock, 2000, 2.8)
+    assert run.proposal_steps > 0.9 * run.steps
+    assert run.tokens / run.seconds > 1.1
+
+
 def test_a_few_slow_steps_do_not_stop_a_draft_that_pays():
     """Proposal steps timed at 20 × their cost (the machine busy), two of the first among them: the costs
     are medians, so the request backs off once at most and then proposes at nearly every step again."""
