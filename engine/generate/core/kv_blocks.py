@@ -62,7 +62,14 @@ class KVBlocks:
     def write(self, group: Sequence[ScheduledChunk], outs: Sequence[np.ndarray],
               firsts: Sequence[int]) -> int:
         """Write each chunk's new tokens from a prefill run's KV tensors `outs` ([B, heads, width,
-        head_dim], row r's first new token at column firsts[r]) into their blocks. Returns how many."""
+        head_dim], row r's first new token at column firsts[r]) into their blocks. Returns how many. One
+        row (one stream's proposal step, or one prompt's chunk) is copied a block's run of slots at a time,
+        as `flush_rows` does: a handful of slice copies where indexing every token costs each tensor two
+        fancy-indexed copies and their index arithmetic."""
+        if len(group) == 1:
+            c = group[0]
+            self.flush_rows(outs, 0, firsts[0] - c.start, c.block_table, c.start, c.start + len(c.token_ids))
+            return len(c.token_ids)
         counts = [len(c.token_ids) for c in group]
         rows = np.repeat(np.arange(len(group)), counts)
         cols = np.concatenate([np.arange(first, first + n) for first, n in zip(firsts, counts, strict=True)])
