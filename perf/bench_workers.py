@@ -64,20 +64,26 @@ def _get(url: str) -> bytes:
 class Server:
     """One `python -m engine serve` from `tree`, on free loopback ports, in its own session."""
 
-    def __init__(self, label: str, tree: Path, workers: int, models: list[str], log_dir: Path) -> None:
-        self.name = f"{label} --workers {workers}"
+    def __init__(self, label: str, tree: Path, workers: int, models: list[str], log_dir: Path,
+                 repository: str = "model_repository", workers_flag: str = "",
+                 cores: frozenset[int] | None = None) -> None:
+        """`workers` is how many frontends to wait for; `workers_flag` what --workers says (default the
+        same number; "auto" lets the server pick). `cores`: the server's CPU affinity (as `taskset -c`)."""
+        flag = workers_flag or str(workers)
+        self.name = f"{label} --workers {flag}"
         self.workers = workers
         self.http, self.grpc, metrics = free_ports(3)
         python = tree / ".venv" / "bin" / "python"
         self.command = [str(python if python.exists() else sys.executable), "-m", "engine", "serve",
-                        "--model-repository", "model_repository", "--model-control-mode", "explicit",
+                        "--model-repository", repository, "--model-control-mode", "explicit",
                         *[arg for m in models for arg in ("--load-model", m)], "--host", "127.0.0.1",
                         "--http-port", str(self.http), "--grpc-port", str(self.grpc),
-                        "--metrics-port", str(metrics), "--workers", str(workers)]
-        with open(log_dir / f"{label}-w{workers}.log", "ab") as log:
+                        "--metrics-port", str(metrics), "--workers", flag]
+        pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
+        with open(log_dir / f"{label}-w{flag}.log", "ab") as log:
             self.process = subprocess.Popen(self.command, cwd=tree, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, start_new_session=True,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=pin)
 
     def wait_ready(self, models: list[str], timeout_s: float = 180.0) -> None:
         urls = [f"http://127.0.0.1:{self.http}/v2/health/ready",
