@@ -70,7 +70,7 @@ class Point:
     concurrency: int
     status: str = "pass"  # "pass", "unstable", "fail: ...", "skipped: ..."
     infer_per_s: float = 0.0
-    p99_ms: float = 0.0
+    p99_ms: float | None = None  # None: no stable window, so the load tool reported no percentiles
     cpu_us_per_infer: float = 0.0
     engine_us: float = 0.0
     frontends_us: float = 0.0
@@ -119,8 +119,8 @@ def pick_tool(force: str) -> Tool:
 
 
 def load(tool: Tool, model: str, url: str, protocol: str, concurrency: int, interval_ms: int,
-         max_trials: int, stability: int) -> tuple[str, float, float]:
-    """One closed-loop point: (status, infer/s, p99 ms)."""
+         max_trials: int, stability: int) -> tuple[str, float, float | None]:
+    """One closed-loop point: (status, infer/s, p99 ms or None)."""
     timeout = max_trials * interval_ms / 1000 * 1.5 + 60
     with tempfile.TemporaryDirectory(prefix="scaling.") as tmp:
         report = Path(tmp) / "report.csv"
@@ -139,19 +139,19 @@ def load(tool: Tool, model: str, url: str, protocol: str, concurrency: int, inte
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                                   check=False)
         except subprocess.TimeoutExpired:
-            return f"fail: {tool.name} ran past {timeout:.0f} s", 0.0, 0.0
+            return f"fail: {tool.name} ran past {timeout:.0f} s", 0.0, None
         if tool.name == "hubserve perf" and (Path(tmp) / "report.json").exists():
             step = json.loads((Path(tmp) / "report.json").read_text())["steps"][-1]
-            status = "pass" if step["stable"] else "unstable"
+            status = "pass" if step["stable"] else "unstable"  # hubserve perf reports percentiles either way
             return status, float(step["throughput_infer_per_s"]), float(step["latency_us"]["p99"]) / 1000
         rows = list(csv.DictReader(report.open())) if report.exists() else []
         passes = PASS.findall(done.stdout)
         if not rows and done.returncode == 2 and passes:
             # no stable measurement: no report, but each window's throughput was printed (no percentiles)
-            return "unstable", float(passes[-1]), 0.0
+            return "unstable", float(passes[-1]), None
         if not rows:
             last = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-1:]
-            return f"fail: {tool.name} exit {done.returncode}: {' '.join(last)[:200]}", 0.0, 0.0
+            return f"fail: {tool.name} exit {done.returncode}: {' '.join(last)[:200]}", 0.0, None
         return ("pass" if done.returncode == 0 else "unstable", float(rows[0]["Inferences/Second"]),
                 float(rows[0]["p99 latency"]) / 1000)
 
@@ -196,8 +196,9 @@ def table(points: list[Point]) -> list[str]:
     for p in points:
         layout = p.layout if p.layout != "auto" else f"auto={p.workers}"
         eff = f"{p.efficiency:.2f}" if p.efficiency is not None else "—"
+        p99 = f"{p.p99_ms:.2f}" if p.p99_ms is not None else "—"
         lines.append(f"{p.model:<7} {p.protocol:<5} {layout:>9} {p.concurrency:>5} {p.infer_per_s:>9,.0f} "
-                     f"{p.p99_ms:>7.2f} {p.cpu_us_per_infer:>10.0f} {p.engine_us:>7.0f} "
+                     f"{p99:>7} {p.cpu_us_per_infer:>10.0f} {p.engine_us:>7.0f} "
                      f"{p.frontends_us:>9.0f} {p.avg_batch:>6.1f} {eff:>6}  {p.status}")
     return lines
 
@@ -205,8 +206,11 @@ def table(points: list[Point]) -> list[str]:
 def machine() -> dict[str, Any]:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
-                            check=False).stdout.strip()
+    try:  # the device gets the working tree without .git, and perhaps no git
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT, check=False).stdout.strip()
+    except OSError:
+        commit = ""
     return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
             "commit": commit or os.environ.get("HUBSERVE_COMMIT", ""), "load_average_start": os.getloadavg()}
 
@@ -286,7 +290,7 @@ def main() -> int:
                     port = server.grpc if point.protocol == "grpc" else server.http
                     measure(server, tool, point, f"127.0.0.1:{port}", args)
                     print(f"  {point.model} {point.protocol} --workers {layout} c={concurrency}: "
-                          f"{point.infer_per_s:,.0f} infer/s, p99 {point.p99_ms:.2f} ms, "
+                          f"{point.infer_per_s:,.0f} infer/s, p99 {point.p99_ms} ms, "
                           f"{point.cpu_us_per_infer:.0f} µs CPU/inf ({point.status})", file=sys.stderr,
                           flush=True)
             except Exception as e:  # a layout that fails to start is a result, not the end of the run

@@ -40,6 +40,7 @@ def test_dry_run_measures_every_layout_into_one_results_file(tmp_path: Path) -> 
         assert p["status"] in ("pass", "unstable"), p
         assert p["infer_per_s"] > 0 and p["cpu_us_per_infer"] > 0 and p["avg_batch"] >= 1, p
         assert p["concurrency"] == 4 * p["workers"], p
+        assert (p["p99_ms"] > 0) if p["status"] == "pass" else (p["p99_ms"] is None), p
         assert p["efficiency"] is not None and p["efficiency"] > 0, p
         if p["workers"] == 1:
             assert p["frontends_us"] == 0 and p["efficiency"] == 1.0, p
