@@ -38,6 +38,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -229,7 +230,7 @@ def main() -> int:
                         help=f"requests in flight per worker (default {PER_WORKER}; dry run: 4)")
     parser.add_argument("--max-concurrency", type=int, default=128)
     parser.add_argument("--interval-ms", type=int, help="measurement window (default 1500; dry run: 250)")
-    parser.add_argument("--max-trials", type=int, help="windows per point at most (default 6; dry run: 3)")
+    parser.add_argument("--max-trials", type=int, help="windows per point at most (default 6; dry run: 4)")
     parser.add_argument("--stability", type=int, help="stability percentage (default 20; dry run: 100)")
     parser.add_argument("--tool", choices=("auto", "perf_analyzer", "hubserve"), default="auto")
     parser.add_argument("--limit-s", type=float, default=float(os.environ.get("SCALING_LIMIT_S", 450)),
@@ -254,11 +255,13 @@ def main() -> int:
     info = machine()
     tool = pick_tool(args.tool)
     where = (f"server cores {sorted(server_cores)}, client cores {sorted(client_cores)}" if pinned
-             else "not pinned (one core)")
+             else "not pinned (fewer cores than asked for)")
     print(f"scaling: {info['cores']} cores ({info['cpu']}), load tool {tool.name} ({tool.why}), {where}",
           file=sys.stderr, flush=True)
     models = args.models.split(",")
     points: list[Point] = []
+    # `timeout` ends the script with SIGTERM: unwind, so each server is stopped and the file holds what ran
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="scaling-repo.") as tmp:
         build_repository(ROOT / "model_repository", models)
         served = write_hubserve_repo(ROOT / "model_repository", models, [TUNED], Path(tmp) / "repo")
@@ -298,24 +301,41 @@ def main() -> int:
                     if point.status == "pass" and not point.infer_per_s:
                         point.status = f"fail: {type(e).__name__}: {str(e)[:200]}"
             finally:
+                for point in todo:  # a run cut short (SIGTERM) leaves the rest of this layout unmeasured
+                    if point.status == "pass" and not point.infer_per_s:
+                        point.status = "skipped: the run was cut short"
                 if server is not None:
                     server.stop()
+                write(args, started, info, tool, bool(pinned), server_cores, client_cores, per_worker, points)
+    lines = write(args, started, info, tool, bool(pinned), server_cores, client_cores, per_worker, points)
+    print("\n".join(lines))
+    return 0 if passed(points) else 1
+
+
+def passed(points: list[Point]) -> bool:
+    return bool(points) and all(p.status in ("pass", "unstable") for p in points)
+
+
+def write(args: argparse.Namespace, started: float, info: dict[str, Any], tool: Tool, pinned: bool,
+          server_cores: frozenset[int], client_cores: frozenset[int], per_worker: int,
+          points: list[Point]) -> list[str]:
+    """The results file and its table, rewritten after each layout, so a run cut short still leaves one."""
     efficiencies(points)
     lines = table(points)
-    passed = bool(points) and all(p.status in ("pass", "unstable") for p in points)
-    result = {"dry_run": dry, "machine": {**info, "load_average_end": os.getloadavg()}, "tool": asdict(tool),
-              "pinning": {"pinned": bool(pinned), "server_cores": sorted(server_cores),
+    result = {"dry_run": args.dry_run, "machine": {**info, "load_average_end": os.getloadavg()},
+              "tool": asdict(tool),
+              "pinning": {"pinned": pinned, "server_cores": sorted(server_cores),
                           "client_cores": sorted(client_cores)},
-              "settings": {"models": [f"{m} (tuned: max_batch_size 64, 1000 µs window)" for m in models],
+              "settings": {"models": [f"{m} (tuned: max_batch_size 64, 1000 µs window)"
+                                      for m in args.models.split(",")],
                            "interval_ms": args.interval_ms, "max_trials": args.max_trials,
                            "stability_percentage": args.stability, "per_worker": per_worker,
                            "max_concurrency": args.max_concurrency},
-              "points": [asdict(p) for p in points], "passed": passed, "table": lines,
+              "points": [asdict(p) for p in points], "passed": passed(points), "table": lines,
               "seconds": round(time.monotonic() - started, 1)}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if passed else 1
+    return lines
 
 
 if __name__ == "__main__":
