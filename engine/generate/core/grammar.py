@@ -9,8 +9,8 @@ why llguidance and not xgrammar (xgrammar imports torch).
 
 Who calls what: the API layer checks a request's spec once (`GrammarCompiler.check`, a 400 naming its
 field when it does not compile); the engine makes each request's `Constraint` when it adds the request
-(`GrammarCompiler.constraint`); the sampler masks a constrained row's logits by `Constraint.mask`
-before it draws and hands the drawn token to `Constraint.advance`; stopping.py finishes the request when
+(`GrammarCompiler.constraint`); the sampler limits a constrained row's draw to `Constraint.allowed`
+and hands the drawn token to `Constraint.advance`; stopping.py finishes the request when
 `Constraint.complete`. Compiled grammars are kept per (kind, text) in a bounded cache; each request gets a
 copy of the compiled matcher (cheap), so nothing a request does changes another's.
 """
@@ -76,19 +76,18 @@ class Constraint:
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
 
-    def mask(self, row: np.ndarray, also: frozenset[int] = frozenset()) -> None:
-        """-inf in the logits `row`, in place, for each token that may not come next (and for ids past the
-        tokenizer's). EOS may come only where the grammar may end, and so may each of `also` (stop tokens
-        that end the request as EOS does: the folder's other EOS ids). llguidance fills the bitmask (1:
-        allowed) kept for this request; its complement, unpacked, is where the row gets -inf."""
+    def allowed(self, also: frozenset[int] = frozenset()) -> AllowedTokens:
+        """The tokens that may come next, until the next `advance`. EOS may come only where the grammar may
+        end, and so may each of `also` (stop tokens that end the request as EOS does: the folder's other EOS
+        ids). llguidance fills the bitmask (1: allowed) kept for this request; the sampler reads it without
+        making a masked copy of the row (sampler.py `sample`)."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
-        refused = np.unpackbits(np.invert(self._mask).view(np.uint8), bitorder="little").view(bool)
-        width = min(row.shape[0], refused.shape[0])
-        row[width:] = -np.inf
-        refused = refused[:width]
         if also and self._matcher.is_accepting():
-            refused[[t for t in also if t < width]] = False
-        row[:width][refused] = -np.inf
+            words = self._mask.view(np.uint32)
+            for token in also:
+                if token < self._vocab:
+                    words[token >> 5] |= np.uint32(1 << (token & 31))
+        return AllowedTokens(self._mask, self._vocab)
 
     def advance(self, token: int) -> None:
         """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is
@@ -101,6 +100,33 @@ class Constraint:
     def complete(self) -> bool:
         """Nothing can follow: the grammar is matched in full (or EOS was taken)."""
         return bool(self._matcher.is_stopped())
+
+
+@dataclass(frozen=True, slots=True)
+class AllowedTokens:
+    """What a grammar allows next: a view of its request's bitmask (bit t of word t // 32: token t may
+    come), valid until that request's grammar advances. Greedy rows ask about one token (`allows`: the
+    row's argmax, mostly allowed on a model that follows its grammar), sampled rows for the ids
+    (`ids`)."""
+
+    bitmask: np.ndarray  # int32 words
+    vocab_size: int      # the tokenizer's: ids past it are never allowed
+
+    def allows(self, token: int) -> bool:
+        return token < self.vocab_size and bool((int(self.bitmask[token >> 5]) >> (token & 31)) & 1)
+
+    def ids(self, width: int) -> np.ndarray:
+        """The allowed ids below `width` (a row's length), ascending. A grammar mostly allows a few tokens
+        (a JSON key's next characters, a number's digits) or nearly all (a string's content): a few set
+        words are unpacked alone, many as one row."""
+        words = np.flatnonzero(self.bitmask)
+        if 4 * words.shape[0] < self.bitmask.shape[0]:
+            bits = np.flatnonzero(np.unpackbits(self.bitmask[words].view(np.uint8), bitorder="little"))
+            ids = words[bits >> 5] * 32 + (bits & 31)
+        else:
+            ids = np.flatnonzero(np.unpackbits(self.bitmask.view(np.uint8), bitorder="little"))
+        limit = min(width, self.vocab_size)
+        return ids if not ids.shape[0] or ids[-1] < limit else ids[:np.searchsorted(ids, limit)]
 
 
 class GrammarCompiler:

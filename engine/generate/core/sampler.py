@@ -5,9 +5,9 @@ A penalized request's row is first changed by its penalties (`penalize`), over i
 engine runs such a request one step per schedule, so that its tokens so far are all in `output_token_ids`.
 Greedy rows are one vectorised argmax. A sampled row draws from its request's own generator only, so a
 seeded request gives the same tokens whatever runs beside it, and a preempted request, which samples nothing
-while it is recomputed, continues exactly where it was. A structured request's row is limited to what its
-grammar allows next (`constrain`, grammar.py) and its grammar takes the token drawn; only such rows pay for
-it.
+while it is recomputed, continues exactly where it was. A structured request's draw is limited to what
+its grammar allows next (grammar.py's bitmask, read in place: no masked copy of the row) and its grammar
+takes the token drawn; only such rows pay for it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .grammar import AllowedTokens
 from .request import Request, SamplingParams, TokenLogprob
 
 
@@ -32,7 +33,6 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
     penalized = [row for row, request in enumerate(requests) if request.params.penalized]
     held = [row for row, request in enumerate(requests)
             if request.params.min_tokens and len(request.output_token_ids) < request.params.min_tokens]
-    constrained = [row for row, request in enumerate(requests) if request.params.structured is not None]
     # the changed rows, each a copy (the runner's array is not ours to change; copying only these rows
     # keeps what the others cost as it was: a step's logits are megabytes at a real vocabulary)
     changed: dict[int, np.ndarray] = {}
@@ -40,11 +40,15 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
         penalize(changed.setdefault(row, logits[row].copy()), requests[row])
     for row in held:
         hold_stops(changed.setdefault(row, logits[row].copy()), requests[row], eos_token_id)
-    for row in constrained:  # last: a grammar's mask is never loosened by what comes after it
-        constrain(changed.setdefault(row, logits[row].copy()), requests[row])
+    # a constrained row is not copied nor masked: its draw is limited to what its grammar allows next
+    allowed = {row: _allowed(request) for row, request in enumerate(requests)
+               if request.params.structured is not None}
     tokens = logits.argmax(axis=1).tolist()
     for row, values in changed.items():
         tokens[row] = int(values.argmax())
+    for row, allows in allowed.items():
+        if requests[row].params.greedy:
+            tokens[row] = constrained_argmax(changed.get(row, logits[row]), tokens[row], allows)
     rows = [row for row, request in enumerate(requests) if not request.params.greedy]
     if rows:
         temperatures = np.array([requests[row].params.temperature for row in rows], np.float64)
@@ -55,13 +59,15 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
         scaled /= temperatures[:, None]
         for i, row in enumerate(rows):
             request = requests[row]
-            # a constrained row draws among its grammar's tokens only: the same draw as over the whole
-            # row, whose -inf tokens add nothing, without an exp and a cumsum over the vocabulary
-            ids = np.flatnonzero(scaled[i] > -np.inf) if request.params.structured is not None else None
-            if ids is not None and not ids.size:
-                ids = None
+            ids = None
+            if row in allowed:  # the same draw as over the row masked (-inf elsewhere), sorting nothing more
+                ids = allowed[row].ids(scaled.shape[1])
+                if not ids.shape[0]:  # a grammar in error: the draw is refused by its advance below
+                    ids = None
+                elif row in changed and np.isneginf(scaled[i, ids]).all():  # only its held stops allowed
+                    scaled[i, ids] = 0.0
             tokens[row] = _draw(scaled[i], request.params, request.rng, ids)
-    for row in constrained:
+    for row in allowed:
         grammar, stops = requests[row].grammar, requests[row].params.stop_token_ids
         assert grammar is not None
         if tokens[row] not in stops:  # a stop token beside EOS ends the request, outside the grammar
@@ -100,18 +106,23 @@ def hold_stops(row: np.ndarray, request: Request, eos_token_id: int | None) -> N
     row[ids] = -np.inf
 
 
-def constrain(row: np.ndarray, request: Request) -> None:
-    """A structured request's logits `row` limited to the tokens its grammar allows next (grammar.py), in
-    place (`sample` hands it its own copy): the others get -inf. Where the grammar may end, EOS is allowed
-    and so are the request's stop tokens (a folder's other EOS ids); a request held short of `min_tokens`
-    keeps them held, unless the grammar allows nothing else."""
-    grammar = request.grammar
-    assert grammar is not None
-    stops = request.params.stop_token_ids
-    grammar.mask(row, stops)
-    if request.params.min_tokens and not np.isfinite(row).any():  # only the stops min_tokens held: allowed
-        row[:] = 0.0
-        grammar.mask(row, stops)
+def _allowed(request: Request) -> AllowedTokens:
+    """What a structured request's grammar allows next (grammar.py): EOS where the grammar may end, and
+    there also the request's stop tokens (a folder's other EOS ids). A request held short of `min_tokens`
+    keeps them held (its row's -inf), unless the grammar allows nothing else."""
+    assert request.grammar is not None
+    return request.grammar.allowed(request.params.stop_token_ids)
+
+
+def constrained_argmax(values: np.ndarray, best: int, allowed: AllowedTokens) -> int:
+    """A greedy constrained row's token: the allowed token of the highest value, the lowest id among ties
+    (the argmax of the row masked). `best`, the row's own argmax, is the answer whenever allowed: one bit
+    looked up; otherwise the argmax over the allowed ids only. Every allowed value -inf (a held stop the
+    only one allowed): the lowest allowed id."""
+    if allowed.allows(best):
+        return best
+    ids = allowed.ids(values.shape[0])
+    return int(ids[values[ids].argmax()]) if ids.shape[0] else best
 
 
 def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
@@ -149,8 +160,8 @@ def _draw(scaled: np.ndarray, params: SamplingParams, rng: np.random.Generator,
 def kept_distribution(scaled: np.ndarray, params: SamplingParams, ids: np.ndarray | None = None,
                       ) -> tuple[np.ndarray, np.ndarray]:
     """min-p → top-k → top-p over a row's temperature-scaled logits `scaled`: the kept token ids and their
-    probabilities (summing to 1). `ids`: the only candidates, ascending (a constrained row's finite ones;
-    the others must be -inf in `scaled`); None: every token id. What a sampled request draws from, and what
+    probabilities (summing to 1). `ids`: the only candidates, ascending (a constrained row's allowed ones:
+    the others' values are never read); None: every token id. What a sampled request draws from, and what
     speculative decoding verifies proposals against (verify.py). With none of the three, the candidates in
     id order: no sort at all (a
     stable sort of a 32k vocabulary is milliseconds, more than the rest of a small model's token). With any
@@ -162,7 +173,7 @@ def kept_distribution(scaled: np.ndarray, params: SamplingParams, ids: np.ndarra
         values = scaled if ids is None else scaled[ids]
         probs = np.exp(values - values.max())
         return np.arange(scaled.shape[0]) if ids is None else ids, probs / probs.sum()
-    peak = scaled.max()
+    peak = scaled.max() if ids is None else scaled[ids].max()
     if params.min_p > 0.0:
         floor = peak + np.log(params.min_p)
         ids = np.flatnonzero(scaled >= floor) if ids is None else ids[scaled[ids] >= floor]

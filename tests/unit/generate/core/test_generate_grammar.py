@@ -1,7 +1,8 @@
-"""Structured output in the engine (engine/generate/core/grammar.py, the sampler's `constrain`, the stop
-check), in process over the tiny decoder (random weights, byte tokenizer): seeded samples at temperature 1,
-each parsed and checked against what it was asked to match; constrained and unconstrained requests in one
-batch; max_tokens cutting a constrained answer short; specs that do not compile."""
+"""Structured output in the engine (engine/generate/core/grammar.py, the sampler's draw among a grammar's
+allowed tokens, the stop check), in process over the tiny decoder (random weights, byte tokenizer): seeded
+samples at temperature 1, each parsed and checked against what it was asked to match; constrained and
+unconstrained requests in one batch; max_tokens cutting a constrained answer short; specs that do not
+compile; the sampler's constrained draw against the row masked as it once was."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from engine.generate.core.grammar import (
     GrammarSpec,
     constraint_for_json_schema,
 )
-from engine.generate.core.request import FinishReason, RequestOutput, SamplingParams
+from engine.generate.core.request import FinishReason, Request, RequestOutput, SamplingParams
 from engine.generate.core.runner import DecoderRunner
+from engine.generate.core.sampler import sample
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
 from hubserve_models import examples
@@ -149,10 +151,12 @@ def test_a_spec_that_does_not_compile_is_refused_naming_its_field(kind: GrammarK
 
 
 def allowed(constraint: Constraint, width: int = 258) -> np.ndarray:
-    """Which of `width` tokens `constraint` lets through: the finite entries of a row it masked."""
-    row = np.zeros(width, np.float32)
-    constraint.mask(row)
-    return np.isfinite(row)
+    """Which of `width` tokens `constraint` lets through, as a boolean row; its `allows` agrees."""
+    tokens = constraint.allowed()
+    row = np.zeros(width, bool)
+    row[tokens.ids(width)] = True
+    assert [tokens.allows(t) for t in range(width)] == row.tolist()
+    return row
 
 
 def test_compiled_grammars_are_cached_and_each_request_starts_afresh() -> None:
@@ -174,3 +178,39 @@ def test_min_tokens_holds_eos_within_the_grammar() -> None:
     for out in run(make_engine(), asks).values():
         assert out.finish_reason is FinishReason.STOP
         assert re.fullmatch(r"[0-9]{3,4}", out.output_text), out.output_text
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_constrained_draw_is_the_masked_rows_seed_for_seed(temperature: float) -> None:
+    """The sampler reads a grammar's bitmask in place, copying no row: greedy, the row's argmax when
+    allowed, else the argmax over the allowed ids; sampled, a draw among the allowed ids. Each gives the
+    token that the row masked (-inf where refused, as the sampler once built it) gives without a grammar,
+    seed for seed, step after step: rows wider than the vocabulary (ids past it never allowed), raw argmaxes
+    both allowed and refused, and a stop token allowed only where the regex may end."""
+    compiler = GrammarCompiler(ByteTokenizer())
+    spec = GrammarSpec(GrammarKind.REGEX, r"[a-z]{2,6}-\d{3}( [a-z]{1,4}){0,3}")
+    stops = frozenset({ord("\n")})
+    ours = Request("ours", [1], SamplingParams(max_tokens=40, temperature=temperature, structured=spec,
+                                               stop_token_ids=stops),
+                   np.random.default_rng(3), grammar=compiler.constraint(spec))
+    masked = Request("masked", [1], SamplingParams(max_tokens=40, temperature=temperature),
+                     np.random.default_rng(3))
+    reference = compiler.constraint(spec)
+    gen = np.random.default_rng(11)
+    for step in range(40):
+        logits = (gen.normal(size=(1, 300)) * 3.0).astype(np.float32)
+        ids = reference.allowed(stops).ids(300)
+        if step % 2:  # a model that follows its grammar: an allowed token on top
+            logits[0, gen.choice(ids)] = logits.max() + 1.0
+        row = np.full_like(logits, -np.inf)
+        row[0, ids] = logits[0, ids]
+        want = sample(row, [masked])
+        assert sample(logits, [ours]) == want, step
+        if want[0] in stops:
+            assert re.fullmatch(r"[a-z]{2,6}-\d{3}( [a-z]{1,4}){0,3}",
+                                bytes(ours.output_token_ids).decode()), ours.output_token_ids
+            return
+        reference.advance(want[0])
+        ours.output_token_ids.append(want[0])
+        if ours.grammar is not None and ours.grammar.complete:
+            return

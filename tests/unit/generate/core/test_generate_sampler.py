@@ -174,3 +174,22 @@ def test_a_masked_rows_draw_among_its_finite_tokens_is_the_draw_over_the_whole_r
             nonzero = whole_probs > 0
             assert whole[nonzero].tolist() == some.tolist()
             np.testing.assert_allclose(whole_probs[nonzero], some_probs, rtol=1e-12)
+
+
+def test_a_constrained_draw_reads_only_its_candidates() -> None:
+    """A constrained row is not masked: its values outside `ids` are whatever the model gave (higher ones
+    too), and the kept tokens and probabilities are those of the row with -inf there."""
+    gen = np.random.default_rng(6)
+    for top_k, top_p, min_p in [(0, 1.0, 0.0), (4, 1.0, 0.0), (0, 0.9, 0.0), (0, 1.0, 0.05), (50, 0.7, 0.01)]:
+        params = SamplingParams(max_tokens=1, temperature=1.0, top_k=top_k, top_p=top_p, min_p=min_p)
+        for _ in range(20):
+            scaled = gen.normal(size=700) * 3.0
+            ids = np.flatnonzero(gen.random(700) < 0.1)
+            masked = np.full_like(scaled, -np.inf)
+            masked[ids] = scaled[ids]
+            refused = np.setdiff1d(np.arange(700), ids)
+            scaled[gen.choice(refused, 5)] += 20.0  # refused tokens far above the allowed
+            want, want_probs = kept_distribution(masked, params, ids)
+            got, got_probs = kept_distribution(scaled, params, ids)
+            assert got.tolist() == want.tolist()
+            np.testing.assert_allclose(got_probs, want_probs, rtol=1e-12)
