@@ -22,7 +22,14 @@ cheaper than free); greedy (`--temperature 0`) has no softmax either, so it show
 Grammar compile time (cached after the first request of a schema) and llguidance's tokenizer set-up (once
 per model) are printed apart and not in the per-token times.
 
+`--model l4h256` (bench_generate.py's 4 layers, hidden 256: ~1 ms a step at 258 tokens) shows a step closer
+to a real model's, which a real model's would still dwarf. `--compare-tree DIR` runs the same workloads on
+another checkout's engine (main's, say) as well, run by run in turn with this one's: each tree's engine
+lives in a worker process of its own (this script with PYTHONPATH=DIR), the tokenizer trained once for
+both, so the two columns share the machine's load.
+
     .venv/bin/python perf/bench_structured.py --vocab bytes,32000,128000
+    PYTHONPATH=. .venv/bin/python perf/bench_structured.py --compare-tree /work/main --model l4h256
 
 Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 """
@@ -30,7 +37,10 @@ Wrap it in `flock /work/probes/bench.lock` on a shared machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +48,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
+from bench_generate import MODELS, options
+from engine.generate.core import sampler as sampler_module
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.grammar import constraint_for_json_schema
 from engine.generate.core.request import SamplingParams
@@ -45,7 +57,7 @@ from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer, JsonTokenizer, Tokenizer
 from hubserve_models import examples
-from hubserve_models.tiny_decoder import TinyDecoderShape, tiny_decoder_model
+from hubserve_models.tiny_decoder import tiny_decoder_model
 
 SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
     "id": {"type": "integer"}, "tag": {"type": "string", "maxLength": 8}},
@@ -72,12 +84,10 @@ def bpe_tokenizer(vocab: int, folder: Path) -> JsonTokenizer:
     return JsonTokenizer(path, None, "<|endoftext|>")
 
 
-def make_engine(tokenizer: Tokenizer, seqs: int) -> GenerationEngine:
-    model = examples.model_bytes(tiny_decoder_model(TinyDecoderShape(vocab_size=tokenizer.vocab_size)))
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    runner = DecoderRunner(model, 512, 16, opts, max_len=512, max_rows=seqs)
+def make_engine(tokenizer: Tokenizer, seqs: int, model: str) -> GenerationEngine:
+    shape = dataclasses.replace(MODELS[model], vocab_size=tokenizer.vocab_size)
+    runner = DecoderRunner(examples.model_bytes(tiny_decoder_model(shape)), 512, 16, options(), max_len=512,
+                           max_rows=seqs)
     return GenerationEngine(runner, tokenizer, CacheConfig(16, 512, 512),
                             SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=2048))
 
@@ -95,45 +105,115 @@ def run(engine: GenerationEngine, constrained: list[bool], tokens: int, rep: int
     return time.perf_counter() - start, sum(len(out.output_token_ids) for out in done.values())
 
 
+def workloads(c: int) -> dict[str, list[bool]]:
+    loads = {"free": [False] * c, "json": [True] * c}
+    if c > 1:
+        loads["mixed"] = [True] + [False] * (c - 1)
+    return loads
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One tree's engine (whichever `engine` PYTHONPATH finds), run on the parent's word: it reads
+    "c rep name" lines and answers "seconds tokens" for each."""
+    tokenizer: Tokenizer = ByteTokenizer() if args.worker == "bytes" else \
+        JsonTokenizer(Path(args.worker), None, "<|endoftext|>")
+    engine = make_engine(tokenizer, args.seqs, args.model)
+    start = time.perf_counter()
+    engine.grammars.check(constraint_for_json_schema(SCHEMA))  # llguidance's tokenizer; the compile
+    setup_ms = 1e3 * (time.perf_counter() - start)
+    print(f"{setup_ms:.0f} {Path(sampler_module.__file__).parents[3]}", flush=True)  # the tree it runs
+    run(engine, [False], 8, 99)  # warm the session
+    for line in sys.stdin:
+        c, rep, name = line.split()
+        seconds, made = run(engine, workloads(int(c))[name], args.tokens, int(rep), args.temperature)
+        print(f"{seconds} {made}", flush=True)
+
+
+class Tree:
+    """A worker process running this script over one checkout's engine."""
+
+    def __init__(self, root: Path, tokenizer: str, args: argparse.Namespace, seqs: int) -> None:
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", tokenizer, "--seqs", str(seqs), "--model", args.model,
+             "--tokens", str(args.tokens), "--temperature", str(args.temperature)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        setup_ms, found = self._read().split()
+        if Path(found) != root:  # PYTHONPATH lost to the venv's editable install: not the tree asked for
+            raise RuntimeError(f"the worker for {root} imported the engine of {found}")
+        self.setup_ms = float(setup_ms)
+
+    def per_token(self, c: int, rep: int, name: str) -> float:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{c} {rep} {name}\n")
+        self.process.stdin.flush()
+        seconds, made = self._read().split()
+        return float(seconds) / int(made)
+
+    def _read(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited ({self.process.wait()})")
+        return line
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--vocab", default="bytes,32000",
                         help="bytes, or BPE vocabulary sizes, comma-separated")
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                        help="the decoder's size (bench_generate.py), built for each vocabulary")
     parser.add_argument("--tokens", type=int, default=128, help="max_tokens of each request")
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="0: greedy (no sort of the vocabulary: the mask's own cost shows)")
     parser.add_argument("--reps", type=int, default=5, help="runs of each workload, interleaved; median kept")
+    parser.add_argument("--compare-tree", type=Path, default=None,
+                        help="another checkout whose engine runs the same workloads, in turn with this one")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # a tree's worker: its tokenizer.json or bytes
+    parser.add_argument("--seqs", type=int, default=16, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return worker(args)
     levels = [int(c) for c in args.concurrency.split(",")]
-    print(f"onnxruntime {ort.__version__}; {args.tokens} tokens per request, temperature {args.temperature}; "
-          f"median of {args.reps} runs")
-    print("| vocab | c | free µs/token | json µs/token | json / free | mixed µs/token | mixed / free |")
-    print("|---|---|---|---|---|---|---|")
+    roots = {"this": Path(__file__).resolve().parents[1]}
+    if args.compare_tree is not None:
+        roots = {"other": args.compare_tree.resolve(), **roots}
+    print(f"onnxruntime {ort.__version__}; model {args.model}; {args.tokens} tokens per request, temperature "
+          f"{args.temperature}; median of {args.reps} runs; trees: "
+          + ", ".join(f"{name} {root}" for name, root in roots.items()))
+    arrow = " → ".join(roots)
+    print(f"| vocab | c | free µs/token {arrow} | json / free {arrow} | mixed / free {arrow} |")
+    print("|---|---|---|---|---|")
     for vocab in args.vocab.split(","):
         with tempfile.TemporaryDirectory() as tmp:
-            tokenizer: Tokenizer = ByteTokenizer() if vocab == "bytes" else \
-                bpe_tokenizer(int(vocab), Path(tmp))
-        engine = make_engine(tokenizer, max(levels))
-        start = time.perf_counter()
-        engine.grammars.check(constraint_for_json_schema(SCHEMA))  # llguidance's tokenizer; the compile
-        setup_ms = 1e3 * (time.perf_counter() - start)
-        run(engine, [False], 8, 99)  # warm the session
+            if vocab != "bytes":
+                bpe_tokenizer(int(vocab), Path(tmp))  # each worker reads it before the folder goes
+            tokenizer = "bytes" if vocab == "bytes" else str(Path(tmp) / "tokenizer.json")
+            trees = {name: Tree(root, tokenizer, args, max(levels)) for name, root in roots.items()}
         for c in levels:
-            loads = {"free": [False] * c, "json": [True] * c}
-            if c > 1:
-                loads["mixed"] = [True] + [False] * (c - 1)
-            per: dict[str, list[float]] = {name: [] for name in loads}
+            per: dict[tuple[str, str], list[float]] = {(tree, name): [] for tree in trees
+                                                       for name in workloads(c)}
             for rep in range(args.reps):
-                for name, constrained in loads.items():
-                    seconds, made = run(engine, constrained, args.tokens, rep, args.temperature)
-                    per[name].append(seconds / made)
-            us = {name: 1e6 * sorted(v)[len(v) // 2] for name, v in per.items()}
-            mixed = f"{us['mixed']:.0f} | {us['mixed'] / us['free']:.2f}" if "mixed" in us else "– | –"
-            print(f"| {tokenizer.vocab_size} | {c} | {us['free']:.0f} | {us['json']:.0f} | "
-                  f"{us['json'] / us['free']:.2f} | {mixed} |")
-        print(f"(vocab {tokenizer.vocab_size}: llguidance's tokenizer set-up and the first compile "
-              f"{setup_ms:.0f} ms)")
+                for name in workloads(c):
+                    for tree, process in trees.items():
+                        per[tree, name].append(process.per_token(c, rep, name))
+            us = {key: 1e6 * sorted(v)[len(v) // 2] for key, v in per.items()}
+            free = " → ".join(f"{us[tree, 'free']:.0f}" for tree in trees)
+            json_ = " → ".join(f"{us[tree, 'json'] / us[tree, 'free']:.2f}" for tree in trees)
+            mixed = " → ".join(f"{us[tree, 'mixed'] / us[tree, 'free']:.2f}" for tree in trees) \
+                if c > 1 else "–"
+            print(f"| {vocab} | {c} | {free} | {json_} | {mixed} |", flush=True)
+        for tree, process in trees.items():
+            print(f"(vocab {vocab}, {tree}: llguidance's tokenizer set-up and the first compile "
+                  f"{process.setup_ms:.0f} ms)")
+            process.close()
 
 
 if __name__ == "__main__":
