@@ -69,19 +69,20 @@ class Constraint:
     """One request's position in its grammar. Made by `GrammarCompiler.constraint`; used by the engine's
     thread only (the sampler and the stop check), after the request was added."""
 
-    __slots__ = ("_matcher", "_mask", "_vocab")
+    __slots__ = ("_matcher", "_mask", "_mask_address", "_vocab")
 
     def __init__(self, matcher: Any, vocab_size: int) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
+        self._mask_address = self._mask.ctypes.data  # once: numpy makes a ctypes object at each .ctypes
 
     def allowed(self, also: frozenset[int] = frozenset()) -> AllowedTokens:
         """The tokens that may come next, until the next `advance`. EOS may come only where the grammar may
         end, and so may each of `also` (stop tokens that end the request as EOS does: the folder's other EOS
         ids). llguidance fills the bitmask (1: allowed) kept for this request; the sampler reads it without
         making a masked copy of the row (sampler.py `sample`)."""
-        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+        self._matcher.unsafe_compute_mask_ptr(self._mask_address, self._mask.nbytes)
         if also and self._matcher.is_accepting():
             words = self._mask.view(np.uint32)
             for token in also:
@@ -117,10 +118,10 @@ class AllowedTokens:
 
     def ids(self, width: int) -> np.ndarray:
         """The allowed ids below `width` (a row's length), ascending. A grammar mostly allows a few tokens
-        (a JSON key's next characters, a number's digits) or nearly all (a string's content): a few set
-        words are unpacked alone, many as one row."""
+        (a JSON key's next characters, a number's digits) or nearly all (a string's content): the set words
+        are unpacked alone while they are fewer than half, else the whole bitmask (fewer numpy calls)."""
         words = np.flatnonzero(self.bitmask)
-        if 4 * words.shape[0] < self.bitmask.shape[0]:
+        if 2 * words.shape[0] < self.bitmask.shape[0]:
             bits = np.flatnonzero(np.unpackbits(self.bitmask[words].view(np.uint8), bitorder="little"))
             ids = words[bits >> 5] * 32 + (bits & 31)
         else:
