@@ -2,8 +2,10 @@
 
 At each concurrency c (`--concurrency`, default 1,16) c requests are added together and run to completion,
 seeded, at `--temperature` (default 1; 0: greedy), each up to `--tokens` tokens; the wall time of the
-whole run over the tokens it generated is the cost per token. Three workloads, side by side in one run on
-the same engine:
+whole run over the tokens it generated is the cost per token, and so is the process's CPU time (every
+thread's: the grammar's mask thread too), which a loaded machine's scheduling moves far less than the
+wall time (a process whose threads hand work to each other is woken ahead of busy ones). Three
+workloads, side by side in one run on the same engine:
 
 - free: no constraint (EOS ignored, so every request makes `--tokens` tokens);
 - json: every request under a JSON schema (an array of at least 64 objects {"id": integer, "tag": string of
@@ -23,10 +25,10 @@ Grammar compile time (cached after the first request of a schema) and llguidance
 per model) are printed apart and not in the per-token times.
 
 `--model l4h256` (bench_generate.py's 4 layers, hidden 256: ~1 ms a step at 258 tokens) shows a step closer
-to a real model's, which a real model's would still dwarf. `--compare-tree DIR` runs the same workloads on
-another checkout's engine (main's, say) as well, run by run in turn with this one's: each tree's engine
-lives in a worker process of its own (this script with PYTHONPATH=DIR), the tokenizer trained once for
-both, so the two columns share the machine's load.
+to a real model's, which a real model's would still dwarf. `--compare-tree DIR` (repeatable) runs the same
+workloads on another checkout's engine (main's, say) as well, run by run in turn with this one's: each
+tree's engine lives in a worker process of its own (this script with PYTHONPATH=DIR), the tokenizer
+trained once for all, so the columns share the machine's load.
 
     .venv/bin/python perf/bench_structured.py --vocab bytes,32000,128000
     PYTHONPATH=. .venv/bin/python perf/bench_structured.py --compare-tree /work/main --model l4h256
@@ -45,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import onnxruntime as ort
 
@@ -93,16 +96,18 @@ def make_engine(tokenizer: Tokenizer, seqs: int, model: str) -> GenerationEngine
 
 
 def run(engine: GenerationEngine, constrained: list[bool], tokens: int, rep: int,
-        temperature: float = 1.0) -> tuple[float, int]:
-    """(seconds, tokens generated) of one run of len(constrained) requests added together."""
+        temperature: float = 1.0) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of the whole process, tokens generated) of one run of len(constrained)
+    requests added together."""
     spec = constraint_for_json_schema(SCHEMA)
     for i, structured in enumerate(constrained):
         params = SamplingParams(max_tokens=tokens, temperature=temperature, seed=1000 * rep + i,
                                 ignore_eos=not structured, structured=spec if structured else None)
         engine.add_request(f"{rep}-{i}", PROMPT, params)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     done = engine.run_to_completion()
-    return time.perf_counter() - start, sum(len(out.output_token_ids) for out in done.values())
+    return (time.perf_counter() - start, time.process_time() - cpu,
+            sum(len(out.output_token_ids) for out in done.values()))
 
 
 def workloads(c: int) -> dict[str, list[bool]]:
@@ -125,8 +130,8 @@ def worker(args: argparse.Namespace) -> None:
     run(engine, [False], 8, 99)  # warm the session
     for line in sys.stdin:
         c, rep, name = line.split()
-        seconds, made = run(engine, workloads(int(c))[name], args.tokens, int(rep), args.temperature)
-        print(f"{seconds} {made}", flush=True)
+        seconds, cpu, made = run(engine, workloads(int(c))[name], args.tokens, int(rep), args.temperature)
+        print(f"{seconds} {cpu} {made}", flush=True)
 
 
 class Tree:
@@ -143,12 +148,13 @@ class Tree:
             raise RuntimeError(f"the worker for {root} imported the engine of {found}")
         self.setup_ms = float(setup_ms)
 
-    def per_token(self, c: int, rep: int, name: str) -> float:
+    def per_token(self, c: int, rep: int, name: str) -> tuple[float, float]:
+        """(wall, CPU) seconds per generated token of one run."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{c} {rep} {name}\n")
         self.process.stdin.flush()
-        seconds, made = self._read().split()
-        return float(seconds) / int(made)
+        seconds, cpu, made = self._read().split()
+        return float(seconds) / int(made), float(cpu) / int(made)
 
     def _read(self) -> str:
         assert self.process.stdout is not None
@@ -163,6 +169,13 @@ class Tree:
         self.process.wait()
 
 
+def ratios(times: dict[tuple[str, str], float], name: str, trees: dict[str, Tree]) -> str:
+    """Workload `name` over free per token, each tree's; "–" where it did not run (mixed at c = 1)."""
+    if (next(iter(trees)), name) not in times:
+        return "–"
+    return " → ".join(f"{times[tree, name] / times[tree, 'free']:.2f}" for tree in trees)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", default="1,16")
@@ -174,23 +187,24 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0,
                         help="0: greedy (no sort of the vocabulary: the mask's own cost shows)")
     parser.add_argument("--reps", type=int, default=5, help="runs of each workload, interleaved; median kept")
-    parser.add_argument("--compare-tree", type=Path, default=None,
-                        help="another checkout whose engine runs the same workloads, in turn with this one")
+    parser.add_argument("--compare-tree", type=Path, action="append", default=[],
+                        help="another checkout whose engine runs the same workloads, in turn with this one "
+                             "(repeatable: each a column before this one's)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a tree's worker: its tokenizer.json or bytes
     parser.add_argument("--seqs", type=int, default=16, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
     levels = [int(c) for c in args.concurrency.split(",")]
-    roots = {"this": Path(__file__).resolve().parents[1]}
-    if args.compare_tree is not None:
-        roots = {"other": args.compare_tree.resolve(), **roots}
+    roots = {f"tree{i}": root.resolve() for i, root in enumerate(args.compare_tree, 1)}
+    roots["this"] = Path(__file__).resolve().parents[1]
     print(f"onnxruntime {ort.__version__}; model {args.model}; {args.tokens} tokens per request, temperature "
           f"{args.temperature}; median of {args.reps} runs; trees: "
           + ", ".join(f"{name} {root}" for name, root in roots.items()))
     arrow = " → ".join(roots)
-    print(f"| vocab | c | free µs/token {arrow} | json / free {arrow} | mixed / free {arrow} |")
-    print("|---|---|---|---|---|")
+    print(f"| vocab | c | free µs/token {arrow} | json / free {arrow} | json / free CPU {arrow} | "
+          f"mixed / free {arrow} | mixed / free CPU {arrow} |")
+    print("|---|---|---|---|---|---|---|")
     for vocab in args.vocab.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             if vocab != "bytes":
@@ -198,18 +212,18 @@ def main() -> None:
             tokenizer = "bytes" if vocab == "bytes" else str(Path(tmp) / "tokenizer.json")
             trees = {name: Tree(root, tokenizer, args, max(levels)) for name, root in roots.items()}
         for c in levels:
-            per: dict[tuple[str, str], list[float]] = {(tree, name): [] for tree in trees
-                                                       for name in workloads(c)}
+            per: dict[tuple[str, str], list[tuple[float, float]]] = {
+                (tree, name): [] for tree in trees for name in workloads(c)}
             for rep in range(args.reps):
                 for name in workloads(c):
                     for tree, process in trees.items():
                         per[tree, name].append(process.per_token(c, rep, name))
-            us = {key: 1e6 * sorted(v)[len(v) // 2] for key, v in per.items()}
-            free = " → ".join(f"{us[tree, 'free']:.0f}" for tree in trees)
-            json_ = " → ".join(f"{us[tree, 'json'] / us[tree, 'free']:.2f}" for tree in trees)
-            mixed = " → ".join(f"{us[tree, 'mixed'] / us[tree, 'free']:.2f}" for tree in trees) \
-                if c > 1 else "–"
-            print(f"| {vocab} | {c} | {free} | {json_} | {mixed} |", flush=True)
+            wall = {key: 1e6 * median([w for w, _ in v]) for key, v in per.items()}
+            cpu = {key: 1e6 * median([t for _, t in v]) for key, v in per.items()}
+            free = " → ".join(f"{wall[tree, 'free']:.0f}" for tree in trees)
+            shares = " | ".join(ratios(times, name, trees)
+                                for name in ("json", "mixed") for times in (wall, cpu))
+            print(f"| {vocab} | {c} | {free} | {shares} |", flush=True)
         for tree, process in trees.items():
             print(f"(vocab {vocab}, {tree}: llguidance's tokenizer set-up and the first compile "
                   f"{process.setup_ms:.0f} ms)")
