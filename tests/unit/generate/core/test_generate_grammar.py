@@ -214,3 +214,24 @@ def test_the_constrained_draw_is_the_masked_rows_seed_for_seed(temperature: floa
         ours.output_token_ids.append(want[0])
         if ours.grammar is not None and ours.grammar.complete:
             return
+
+
+def test_requests_ending_early_leave_the_others_masks_sound() -> None:
+    """The requests of one engine share its compiler's memo of masks' allowed ids: a request aborted after
+    its first token, one ended by a stop string, and ones whose grammar ends leave every other answer valid,
+    and a seeded request's tokens are those it gets alone."""
+    spec = constraint_for_json_schema(COMPACT)
+    alone = run(make_engine(), {"json1": sampled(spec, 1)})["json1"]
+    engine = make_engine()
+    for s in range(4):
+        engine.add_request(f"json{s}", "Answer: ", sampled(spec, s))
+    quoted = SamplingParams(max_tokens=200, temperature=1.0, seed=9, structured=spec, stop=['"'])
+    engine.add_request("quoted", "Answer: ", quoted)
+    while not any(out.new_token_ids for out in engine.step()):  # the prompts' prefill, then a token each
+        pass
+    engine.abort_request("json0")
+    outs = engine.run_to_completion()
+    assert "json0" not in outs and outs["quoted"].output_text == "{"
+    assert outs["json1"].output_token_ids == alone.output_token_ids
+    for rid in ("json1", "json2", "json3"):
+        jsonschema.validate(json.loads(outs[rid].output_text), SCHEMA)
