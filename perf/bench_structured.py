@@ -3,8 +3,9 @@
 At each concurrency c (`--concurrency`, default 1,16) c requests are added together and run to completion,
 seeded, at `--temperature` (default 1; 0: greedy), each up to `--tokens` tokens; the wall time of the
 whole run over the tokens it generated is the cost per token, and so is the process's CPU time (every
-thread's: the grammar's mask thread too), which a loaded machine's scheduling moves far less than the
-wall time (a process whose threads hand work to each other is woken ahead of busy ones). Three
+thread's), which a loaded machine's scheduling moves far less than the wall time (a process whose threads
+hand work to each other is woken ahead of busy ones), and the CPU time spent in the engine's `sample` (the
+masks, the draws and the grammars' advances: what a constrained row adds, apart from the model's run). Three
 workloads, side by side in one run on the same engine:
 
 - free: no constraint (EOS ignored, so every request makes `--tokens` tokens);
@@ -48,10 +49,12 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import onnxruntime as ort
 
 from bench_generate import MODELS, options
+from engine.generate.core import engine as engine_module
 from engine.generate.core import sampler as sampler_module
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.grammar import constraint_for_json_schema
@@ -95,6 +98,23 @@ def make_engine(tokenizer: Tokenizer, seqs: int, model: str) -> GenerationEngine
                             SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=2048))
 
 
+class SamplerClock:
+    """The CPU time spent in the engine's `sample` (the mask, the draw, the grammar's advance): put in the
+    engine module's namespace in its place, so that the step calls it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._sample = engine_module.sample
+        engine_module.sample = self  # type: ignore[assignment]
+
+    def __call__(self, *args: Any) -> list[int]:
+        start = time.process_time()
+        try:
+            return self._sample(*args)
+        finally:
+            self.seconds += time.process_time() - start
+
+
 def run(engine: GenerationEngine, constrained: list[bool], tokens: int, rep: int,
         temperature: float = 1.0) -> tuple[float, float, int]:
     """(wall seconds, CPU seconds of the whole process, tokens generated) of one run of len(constrained)
@@ -119,7 +139,7 @@ def workloads(c: int) -> dict[str, list[bool]]:
 
 def worker(args: argparse.Namespace) -> None:
     """One tree's engine (whichever `engine` PYTHONPATH finds), run on the parent's word: it reads
-    "c rep name" lines and answers "seconds tokens" for each."""
+    "c rep name" lines and answers "wall-seconds CPU-seconds tokens sampler-CPU-seconds" for each."""
     tokenizer: Tokenizer = ByteTokenizer() if args.worker == "bytes" else \
         JsonTokenizer(Path(args.worker), None, "<|endoftext|>")
     engine = make_engine(tokenizer, args.seqs, args.model)
@@ -128,10 +148,12 @@ def worker(args: argparse.Namespace) -> None:
     setup_ms = 1e3 * (time.perf_counter() - start)
     print(f"{setup_ms:.0f} {Path(sampler_module.__file__).parents[3]}", flush=True)  # the tree it runs
     run(engine, [False], 8, 99)  # warm the session
+    clock = SamplerClock()
     for line in sys.stdin:
         c, rep, name = line.split()
+        clock.seconds = 0.0
         seconds, cpu, made = run(engine, workloads(int(c))[name], args.tokens, int(rep), args.temperature)
-        print(f"{seconds} {cpu} {made}", flush=True)
+        print(f"{seconds} {cpu} {made} {clock.seconds}", flush=True)
 
 
 class Tree:
@@ -148,13 +170,13 @@ class Tree:
             raise RuntimeError(f"the worker for {root} imported the engine of {found}")
         self.setup_ms = float(setup_ms)
 
-    def per_token(self, c: int, rep: int, name: str) -> tuple[float, float]:
-        """(wall, CPU) seconds per generated token of one run."""
+    def per_token(self, c: int, rep: int, name: str) -> tuple[float, float, float]:
+        """(wall, CPU, the sampler's CPU) seconds per generated token of one run."""
         assert self.process.stdin is not None
         self.process.stdin.write(f"{c} {rep} {name}\n")
         self.process.stdin.flush()
-        seconds, cpu, made = self._read().split()
-        return float(seconds) / int(made), float(cpu) / int(made)
+        seconds, cpu, made, sampler = self._read().split()
+        return float(seconds) / int(made), float(cpu) / int(made), float(sampler) / int(made)
 
     def _read(self) -> str:
         assert self.process.stdout is not None
@@ -203,8 +225,8 @@ def main() -> None:
           + ", ".join(f"{name} {root}" for name, root in roots.items()))
     arrow = " → ".join(roots)
     print(f"| vocab | c | free µs/token {arrow} | json / free {arrow} | json / free CPU {arrow} | "
-          f"mixed / free {arrow} | mixed / free CPU {arrow} |")
-    print("|---|---|---|---|---|---|---|")
+          f"mixed / free {arrow} | mixed / free CPU {arrow} | sampler CPU µs/token free, json {arrow} |")
+    print("|---|---|---|---|---|---|---|---|")
     for vocab in args.vocab.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             if vocab != "bytes":
@@ -212,18 +234,21 @@ def main() -> None:
             tokenizer = "bytes" if vocab == "bytes" else str(Path(tmp) / "tokenizer.json")
             trees = {name: Tree(root, tokenizer, args, max(levels)) for name, root in roots.items()}
         for c in levels:
-            per: dict[tuple[str, str], list[tuple[float, float]]] = {
+            per: dict[tuple[str, str], list[tuple[float, float, float]]] = {
                 (tree, name): [] for tree in trees for name in workloads(c)}
             for rep in range(args.reps):
                 for name in workloads(c):
                     for tree, process in trees.items():
                         per[tree, name].append(process.per_token(c, rep, name))
-            wall = {key: 1e6 * median([w for w, _ in v]) for key, v in per.items()}
-            cpu = {key: 1e6 * median([t for _, t in v]) for key, v in per.items()}
+            wall = {key: 1e6 * median([w for w, _, _ in v]) for key, v in per.items()}
+            cpu = {key: 1e6 * median([t for _, t, _ in v]) for key, v in per.items()}
+            sampler = {key: 1e6 * median([t for _, _, t in v]) for key, v in per.items()}
             free = " → ".join(f"{wall[tree, 'free']:.0f}" for tree in trees)
             shares = " | ".join(ratios(times, name, trees)
                                 for name in ("json", "mixed") for times in (wall, cpu))
-            print(f"| {vocab} | {c} | {free} | {shares} |", flush=True)
+            sampled = " → ".join(f"{sampler[tree, 'free']:.1f}, {sampler[tree, 'json']:.1f}"
+                                 for tree in trees)
+            print(f"| {vocab} | {c} | {free} | {shares} | {sampled} |", flush=True)
         for tree, process in trees.items():
             print(f"(vocab {vocab}, {tree}: llguidance's tokenizer set-up and the first compile "
                   f"{process.setup_ms:.0f} ms)")
