@@ -70,14 +70,15 @@ class Constraint:
     """One request's position in its grammar. Made by `GrammarCompiler.constraint`; used by the engine's
     thread only (the sampler and the stop check), after the request was added."""
 
-    __slots__ = ("_matcher", "_mask", "_mask_address", "_vocab", "_known")
+    __slots__ = ("_matcher", "_mask", "_mask_address", "_vocab", "_allowed")
 
     def __init__(self, matcher: Any, vocab_size: int, known: BoundedCache[bytes, np.ndarray]) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
-        self._known = known  # its compiler's masks' ids (`AllowedTokens.ids`)
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
         self._mask_address = self._mask.ctypes.data  # once: numpy makes a ctypes object at each .ctypes
+        # a view of the bitmask, refilled in place at each `allowed`; `known`: its compiler's masks' ids
+        self._allowed = AllowedTokens(self._mask, vocab_size, known)
 
     def allowed(self, also: frozenset[int] = frozenset()) -> AllowedTokens:
         """The tokens that may come next, until the next `advance`. EOS may come only where the grammar may
@@ -90,7 +91,7 @@ class Constraint:
             for token in also:
                 if token < self._vocab:
                     words[token >> 5] |= np.uint32(1 << (token & 31))
-        return AllowedTokens(self._mask, self._vocab, self._known)
+        return self._allowed
 
     def advance(self, token: int) -> None:
         """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is
