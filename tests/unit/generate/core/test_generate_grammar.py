@@ -178,6 +178,13 @@ def test_min_tokens_holds_eos_within_the_grammar() -> None:
     for out in run(make_engine(), asks).values():
         assert out.finish_reason is FinishReason.STOP
         assert re.fullmatch(r"[0-9]{3,4}", out.output_text), out.output_text
+    # min_tokens past the grammar's longest match: its 4th digit completes it (nothing may follow), which
+    # ends the request, greedy or sampled, whatever min_tokens holds
+    asks = {f"r{t}": SamplingParams(max_tokens=20, temperature=t, seed=1, min_tokens=6, structured=spec)
+            for t in (0.0, 1.0)}
+    for out in run(make_engine(), asks).values():
+        assert out.finish_reason is FinishReason.STOP
+        assert re.fullmatch(r"[0-9]{4}", out.output_text) and len(out.output_token_ids) == 4, out
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
