@@ -11,7 +11,10 @@ import logging
 import signal
 import time
 
-from . import kinds  # noqa: F401  (registers every plug-in kind of model with the repository)
+from . import (
+    heap,
+    kinds,  # noqa: F401  (registers every plug-in kind of model with the repository)
+)
 from .access.policy import policies
 from .dataplane import DataPlane
 from .frontend import wire
@@ -288,6 +291,7 @@ class Server:
 
     async def run_until_signalled(self) -> None:
         await self.start()
+        heap.settle_after_load()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -27,6 +27,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from .. import heap
 from ..frontend import wire
 from ..frontend.build import build_frontends
 from ..frontend.http import app as http_frontend
@@ -105,6 +106,7 @@ async def serve(spec: FrontendSpec, secrets: RestrictionSecrets) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log.info("frontend %d serving (pid %d)", index, os.getpid())
+    heap.settle_after_load()
     await stop.wait()
     if engine_gone:
         log.error("frontend %d: the engine process is gone; exiting", index)
