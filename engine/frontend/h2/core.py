@@ -176,17 +176,21 @@ class H2Core(Control, Lifecycle):
 
     # ------------------------------------------------------------------ bytes in
 
-    def receive(self, data: bytes) -> None:
+    def receive(self, data: bytes | bytearray) -> None:
         """Bytes from the peer, as they arrived (any split)."""
         if self._closed:
             return
         self._reads += 1
         if self._buffer:
-            self._buffer += data
-            if len(self._buffer) < self._need:
+            buffer = self._buffer
+            buffer += data
+            if len(buffer) < self._need:
                 return  # a large frame still arriving: don't re-scan it on every read
-            data = bytes(self._buffer)
-            self._buffer.clear()
+            # The frames are read from the buffer they were assembled in, not from a copy of it (a large
+            # DATA frame's payload, gRPC's whole message, was copied twice): it is never resized again, so
+            # the views the handlers keep of it stay valid, and a new one takes what arrives next.
+            data = buffer
+            self._buffer = bytearray()
         if not self._preface_done and not (data := self._preface(data)):
             return
         view = memoryview(data)
@@ -238,7 +242,7 @@ class H2Core(Control, Lifecycle):
             self._buffer += view[offset:]
             self._need = need
 
-    def _preface(self, data: bytes) -> bytes:
+    def _preface(self, data: bytes | bytearray) -> bytes:
         """Consume the client connection preface (§3.4); returns the bytes after it, b"" while incomplete."""
         self._buffer += data
         got = bytes(self._buffer[:len(f.PREFACE)])

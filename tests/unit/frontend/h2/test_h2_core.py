@@ -255,6 +255,22 @@ def test_a_request_and_its_answer():
     assert not peer.core.send(stream, None, [b"late"], None) and peer.out() == b""  # dropped
 
 
+def test_a_payload_view_kept_by_its_handler_outlives_the_reads_after_it():
+    """gRPC keeps a one-frame message as the core's view of it; a frame assembled from several reads is
+    read from the buffer it was assembled in, so that buffer must never change after."""
+    kept: list[memoryview] = []
+    peer = server()
+    peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()))
+    peer.handlers[1].data_received = lambda data, end_stream: kept.append(data)  # type: ignore[method-assign]
+    first, second = bytes(range(256)) * 256, b"next" * 5000
+    wire = frame(DATA, 0, 1, first) + frame(DATA, END_STREAM, 1, second)
+    cut = len(wire) - len(second) // 2  # the read that ends `first` starts `second`
+    for start in range(0, cut, 20_000):
+        peer.core.receive(wire[start:min(start + 20_000, cut)])
+    peer.core.receive(wire[cut:])
+    assert [bytes(view) for view in kept] == [first, second]
+
+
 def test_an_answer_before_the_request_ended_resets_it_without_error():
     """§8.1: a server may answer early; the client is told to stop sending, with NO_ERROR."""
     peer = server(answer=answer_at_once)
