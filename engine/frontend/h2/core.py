@@ -176,21 +176,17 @@ class H2Core(Control, Lifecycle):
 
     # ------------------------------------------------------------------ bytes in
 
-    def receive(self, data: bytes | bytearray) -> None:
+    def receive(self, data: bytes) -> None:
         """Bytes from the peer, as they arrived (any split)."""
         if self._closed:
             return
         self._reads += 1
         if self._buffer:
-            buffer = self._buffer
-            buffer += data
-            if len(buffer) < self._need:
+            self._buffer += data
+            if len(self._buffer) < self._need:
                 return  # a large frame still arriving: don't re-scan it on every read
-            # The frames are read from the buffer they were assembled in, not from a copy of it (a large
-            # DATA frame's payload, gRPC's whole message, was copied twice): it is never resized again, so
-            # the views the handlers keep of it stay valid, and a new one takes what arrives next.
-            data = buffer
-            self._buffer = bytearray()
+            data = bytes(self._buffer)
+            self._buffer.clear()
         if not self._preface_done and not (data := self._preface(data)):
             return
         view = memoryview(data)
@@ -242,7 +238,7 @@ class H2Core(Control, Lifecycle):
             self._buffer += view[offset:]
             self._need = need
 
-    def _preface(self, data: bytes | bytearray) -> bytes:
+    def _preface(self, data: bytes) -> bytes:
         """Consume the client connection preface (§3.4); returns the bytes after it, b"" while incomplete."""
         self._buffer += data
         got = bytes(self._buffer[:len(f.PREFACE)])
