@@ -9,6 +9,9 @@ the server's profile at saturation (perf: `gc_collect_main`, `visit_reachable`, 
 - the default first-generation threshold (700 allocations) ran a young collection every ~20 requests;
   a request's objects die by reference counting as it is answered, so a larger threshold runs the same
   walks less often. Reference cycles are still collected, only later.
+A frozen object is never collected, so a version loaded before the freeze and unloaded after it would leave
+whatever it holds in a reference cycle (a batcher and its instance pool refer to each other) for good: the
+repository calls `collect_retired` after every unload.
 """
 
 from __future__ import annotations
@@ -26,3 +29,14 @@ def settle_after_load() -> None:
     gc.freeze()
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_THRESHOLD, older, oldest)
+
+
+def collect_retired() -> None:
+    """Called by the repository once unloaded versions are drained and closed (never on the request path; a
+    full collection takes tens of milliseconds): thaw what was frozen, collect the cycles the versions left,
+    and freeze again what is still alive."""
+    frozen = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    gc.collect()
+    if frozen:
+        gc.freeze()

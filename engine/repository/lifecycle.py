@@ -41,6 +41,7 @@ from ..config.steps import (
     version_policy_of,
 )
 from ..errors import EngineError, ErrorCode, invalid, not_found
+from ..heap import collect_retired
 from ..instances.rate_limiter import RateLimiter
 from ..lifecycle_log import reload_line
 from ..memory import release_freed_memory
@@ -333,6 +334,7 @@ class ModelRepository(RoutingTable):
         if not models:
             return
         await asyncio.gather(*(self._retire(m) for m in models))
+        collect_retired()  # their cycles, frozen with the rest when the server started (engine/heap.py)
         await asyncio.to_thread(release_freed_memory)
 
     async def _retire(self, model: Model) -> None:

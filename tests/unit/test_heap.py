@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -36,3 +37,20 @@ def test_cycles_are_still_collected_after_settling(restored_collector: None) -> 
     a.other, b.other = b, a  # type: ignore[attr-defined]
     del a, b
     assert gc.collect() >= 2
+
+
+def test_what_an_unloaded_version_left_in_a_cycle_is_collected_though_it_was_frozen(
+        restored_collector: None) -> None:
+    class Batcher:  # stands for a version's batcher and its pool, which refer to each other
+        pass
+
+    batcher, pool = Batcher(), Batcher()
+    batcher.pool, pool.on_release = pool, batcher  # type: ignore[attr-defined]
+    alive = weakref.ref(batcher)
+    heap.settle_after_load()  # the version was loaded when the server started
+    del batcher, pool  # unloaded
+    gc.collect()
+    assert alive() is not None  # frozen: no collection reaches it
+    heap.collect_retired()
+    assert alive() is None
+    assert gc.get_freeze_count() > 0  # what is still alive is frozen again
