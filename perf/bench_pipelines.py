@@ -4,6 +4,7 @@
     bash tools/install_perf_analyzer.sh; bash perf/peers/setup_triton.sh   # once
     flock /work/probes/bench.lock .venv/bin/python perf/bench_pipelines.py [--protocol grpc]
         [--hop-concurrency 1,4,16] [--concurrency 16] [--interval-ms 2000] [--servers hubserve,triton]
+        [--parts hop,ensemble] [--rounds 1] [--baseline-tree /tmp/before]
 
 (a) `add_sub_py` is an add/sub in a Triton Python model (`ADD_SUB_PY` below: OUTPUT0 = INPUT0 + INPUT1,
 OUTPUT1 = INPUT0 - INPUT1, INT32 [16], `simple`'s config with `backend: "python"`), measured against the
@@ -13,15 +14,20 @@ FP32 [1024]) -> `mlp_large` (the compute-bound example MLP), against `mlp_large`
 Triton, where the two steps are Python-backend models running the same ONNX files (perf/peers/triton_model.py:
 Triton here has no ONNX Runtime backend) and the ensemble config is the same file.
 
-The servers run one after the other (never both at once), each on its own free loopback ports, from
-repositories written to a temporary folder. Every measurement is one perf_analyzer run at one concurrency,
-`--input-data zero`; the report is markdown, with every command.
+The servers run one after the other (never two at once), each on its own free loopback ports, from
+repositories written to a temporary folder; `--rounds N` runs the whole sequence N times (servers
+interleaved, so drift hits all) and reports each point's median round. `--baseline-tree` serves another
+checkout's `engine/` (e.g. `git worktree add /tmp/before HEAD~3`) as `hubserve@<folder>` right after
+hubserve, on the same repository: before and after in one run. Every measurement is one perf_analyzer run at
+one concurrency, `--input-data zero`, with the server's CPU time (every process of it, the Python models'
+instances included) per inference its own counters saw; the report is markdown, with every command.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -64,6 +70,7 @@ class Row:
     throughput: float = 0.0
     p50_us: float = 0.0
     p99_us: float = 0.0
+    cpu_us: float = 0.0  # server CPU (all its processes) per inference
     error: str = ""
 
 
@@ -97,12 +104,17 @@ def write_triton(hubserve_root: Path, root: Path, site: Path) -> None:
     (root / "add_sub_py" / "1" / "site-packages.txt").write_text(f"{site.resolve()}\n")
 
 
-def server_kind(name: str, repository: Path) -> servers.ServerKind:
-    if name == "hubserve":
+def server_kind(name: str, repository: Path, baseline: Path | None = None) -> servers.ServerKind:
+    if name.startswith("hubserve"):
+        def serve(p: servers.Ports) -> list[str]:
+            return ["--model-repository", str(repository), "--host", "127.0.0.1", "--http-port", str(p.http),
+                    "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics)]
+        if name != "hubserve" and baseline is not None:  # hubserve@<folder>: the other tree's engine/
+            kind = servers.hubserve_from(baseline)
+            boot = kind.command(servers.Ports(0, 0, 0), [])[:3]
+            return dataclasses.replace(kind, command=lambda p, models: [*boot, "serve", *serve(p)])
         return dataclasses.replace(servers.HUBSERVE, command=lambda p, models: [
-            str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", "--model-repository", str(repository),
-            "--host", "127.0.0.1", "--http-port", str(p.http), "--grpc-port", str(p.grpc),
-            "--metrics-port", str(p.metrics)])
+            str(ROOT / ".venv/bin/python"), "-m", "engine", "serve", *serve(p)])
     return dataclasses.replace(servers.TRITON, command=lambda p, models: [
         str(servers.PEERS_DIR / "triton/bin/tritonserver"), "--model-repository", str(repository),
         "--backend-directory", str(servers.PEERS_DIR / "triton/backends"),
@@ -113,6 +125,7 @@ def server_kind(name: str, repository: Path) -> servers.ServerKind:
 def measure(server: servers.RunningServer, protocol: str, plan: list[Row], interval_ms: int,
             commands: list[str]) -> None:
     for row in plan:
+        cpu0, n0 = server.cpu_s(), server.inferences(row.model)
         result = run_perf_analyzer(row.model, server.url(protocol), protocol,
                                    "--concurrency-range", str(row.concurrency),
                                    "--measurement-interval", str(interval_ms), "--input-data", "zero",
@@ -124,18 +137,33 @@ def measure(server: servers.RunningServer, protocol: str, plan: list[Row], inter
             print(result.output, file=sys.stderr)
             continue
         csv = result.csv_rows[0]
+        inferences = server.inferences(row.model) - n0
+        row.cpu_us = (server.cpu_s() - cpu0) * 1e6 / inferences if inferences else 0.0
         row.throughput = result.throughput
         row.p50_us, row.p99_us = float(csv.get("p50 latency", 0)), float(csv.get("p99 latency", 0))
-        print(f"{row.server} {row.model} c={row.concurrency}: {row.throughput:.0f} infer/s", flush=True)
+        print(f"{row.server} {row.model} c={row.concurrency}: {row.throughput:.0f} infer/s, "
+              f"{row.cpu_us:.0f} µs CPU/infer", flush=True)
 
 
-def plan_for(server: str, hop: list[int], concurrency: int) -> list[Row]:
+def plan_for(server: str, hop: list[int], concurrency: int, parts: list[str]) -> list[Row]:
     hop_models = ["simple", "add_sub_py"] if server == "hubserve" else ["add_sub_py"]
-    rows = [Row(server, "hop", m, c) for c in hop for m in hop_models]
-    return rows + [Row(server, "ensemble", m, concurrency) for m in ("mlp_large", "pipeline")]
+    rows = [Row(server, "hop", m, c) for c in hop for m in hop_models] if "hop" in parts else []
+    if "ensemble" in parts:
+        rows += [Row(server, "ensemble", m, concurrency) for m in ("mlp_large", "pipeline")]
+    return rows
 
 
-def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versions: dict[str, str]) -> str:
+def median_rounds(rounds: list[list[Row]]) -> list[Row]:
+    """Each point's median round by throughput (a failed round counts as 0)."""
+    out = []
+    for same in zip(*rounds, strict=True):
+        ranked = sorted(same, key=lambda r: r.throughput)
+        out.append(ranked[(len(ranked) - 1) // 2] if len(ranked) % 2 else ranked[len(ranked) // 2])
+    return out
+
+
+def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versions: dict[str, str],
+           load: tuple[float, ...]) -> str:
     def get(server: str, model: str, c: int) -> Row | None:
         return next((r for r in rows if (r.server, r.model, r.concurrency) == (server, model, c)), None)
 
@@ -143,35 +171,49 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
         if r is None:
             return "—"
         return f"error: {r.error}" if r.error else f"{r.throughput:,.0f} ({r.p50_us / 1000:.2f} / " \
-                                                    f"{r.p99_us / 1000:.2f} ms)"
+                                                    f"{r.p99_us / 1000:.2f} ms, {r.cpu_us:.0f} µs)"
 
     def ratio(a: Row | None, b: Row | None) -> str:
         ok = a is not None and b is not None and a.throughput and b.throughput
         return f"{a.throughput / b.throughput:.1%}" if ok else "—"  # type: ignore[union-attr]
 
+    baseline = next((n for n in versions if n.startswith("hubserve@")), "")
+    extra = f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else ""
     out = [f"Command: `flock /work/probes/bench.lock .venv/bin/python perf/bench_pipelines.py --protocol "
            f"{args.protocol} --hop-concurrency {args.hop_concurrency} --concurrency {args.concurrency} "
-           f"--interval-ms {args.interval_ms} --servers {args.servers}`",
-           f"Servers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Cells: infer/s (p50 / p99).", "",
-           f"(a) Python-model hop, {args.protocol}", "",
-           "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | Triton add_sub_py | "
-           "hubserve / Triton (add_sub_py) |", "|---|---|---|---|---|---|"]
-    for c in [int(x) for x in args.hop_concurrency.split(",")]:
-        onnx, py, tri = get("hubserve", "simple", c), get("hubserve", "add_sub_py", c), \
-            get("triton", "add_sub_py", c)
-        out.append(f"| {c} | {cell(onnx)} | {cell(py)} | {ratio(py, onnx)} | {cell(tri)} "
-                   f"| {ratio(py, tri)} |")
-    c = args.concurrency
-    out += ["", f"(b) Ensemble against its slowest step, {args.protocol}, c = {c}", "",
-            "| server | mlp_large | pipeline (prep → mlp_large) | pipeline / mlp_large |",
-            "|---|---|---|---|"]
-    for server in args.servers.split(","):
-        step, pipe = get(server, "mlp_large", c), get(server, "pipeline", c)
-        out.append(f"| {server} | {cell(step)} | {cell(pipe)} | {ratio(pipe, step)} |")
-    out += ["", f"hubserve pipeline / Triton pipeline: "
-            f"{ratio(get('hubserve', 'pipeline', c), get('triton', 'pipeline', c))}", "",
-            f"perf_analyzer (first run; -m, -u and the last --concurrency-range vary): `{commands[0]}`"
-            if commands else ""]
+           f"--interval-ms {args.interval_ms} --servers {args.servers} --parts {args.parts} "
+           f"--rounds {args.rounds}{extra}`",
+           f"Servers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Load average before / after: "
+           f"{load[0]:.2f} / {load[1]:.2f}. Cells: infer/s (p50 / p99, server CPU µs per inference)"
+           + (f", the median of {args.rounds} interleaved rounds." if args.rounds > 1 else "."), ""]
+    if "hop" in args.parts:
+        head = "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | " \
+               "Triton add_sub_py | hubserve / Triton (add_sub_py) |"
+        if baseline:
+            head += f" {baseline} add_sub_py | hubserve / {baseline} |"
+        out += [f"(a) Python-model hop, {args.protocol}", "", head, "|---" * (head.count("|") - 1) + "|"]
+        for c in [int(x) for x in args.hop_concurrency.split(",")]:
+            onnx, py, tri = get("hubserve", "simple", c), get("hubserve", "add_sub_py", c), \
+                get("triton", "add_sub_py", c)
+            line = f"| {c} | {cell(onnx)} | {cell(py)} | {ratio(py, onnx)} | {cell(tri)} | {ratio(py, tri)} |"
+            if baseline:
+                before = get(baseline, "add_sub_py", c)
+                line += f" {cell(before)} | {ratio(py, before)} |"
+            out.append(line)
+        out.append("")
+    if "ensemble" in args.parts:
+        c = args.concurrency
+        out += [f"(b) Ensemble against its slowest step, {args.protocol}, c = {c}", "",
+                "| server | mlp_large | pipeline (prep → mlp_large) | pipeline / mlp_large |",
+                "|---|---|---|---|"]
+        for server in versions:
+            step, pipe = get(server, "mlp_large", c), get(server, "pipeline", c)
+            out.append(f"| {server} | {cell(step)} | {cell(pipe)} | {ratio(pipe, step)} |")
+        out += ["", f"hubserve pipeline / Triton pipeline: "
+                f"{ratio(get('hubserve', 'pipeline', c), get('triton', 'pipeline', c))}", ""]
+    if commands:
+        out.append("perf_analyzer (first run; -m, -u and the last --concurrency-range vary): "
+                   f"`{commands[0]}`")
     return "\n".join(out)
 
 
@@ -182,6 +224,10 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--interval-ms", type=int, default=2000)
     parser.add_argument("--servers", default="hubserve,triton")
+    parser.add_argument("--parts", default="hop,ensemble", help="hop (a), ensemble (b), or both")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; each point's median")
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="another checkout whose engine/ is served too, as hubserve@<folder>")
     args = parser.parse_args()
     if not perf_analyzer_available():
         print("perf_analyzer is missing: bash tools/install_perf_analyzer.sh", file=sys.stderr)
@@ -190,27 +236,36 @@ def main() -> int:
     if "triton" in names and (missing := servers.TRITON.missing()):
         print(missing, file=sys.stderr)
         return 2
+    if args.baseline_tree:
+        names.insert(names.index("hubserve") + 1 if "hubserve" in names else 0,
+                     f"hubserve@{args.baseline_tree.resolve().name}")
     hop = [int(x) for x in args.hop_concurrency.split(",")]
-    rows: list[Row] = []
+    parts = args.parts.split(",")
+    rounds: list[list[Row]] = []
     commands: list[str] = []
     versions: dict[str, str] = {}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_pipelines.") as tmp:
         repositories = {"hubserve": Path(tmp) / "hubserve", "triton": Path(tmp) / "triton"}
         write_hubserve(repositories["hubserve"])
         if "triton" in names:
             site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
             write_triton(repositories["hubserve"], repositories["triton"], site)
-        for name in names:
-            plan = plan_for(name, hop, args.concurrency)
-            server = servers.start(server_kind(name, repositories[name]),
-                                   sorted({r.model for r in plan}), Path(tmp))
-            versions[name] = server.version
-            try:
-                measure(server, args.protocol, plan, args.interval_ms, commands)
-            finally:
-                server.stop()
-            rows += plan
-    print(report(rows, args, commands, versions))
+        for _ in range(args.rounds):
+            rows: list[Row] = []
+            for name in names:
+                plan = plan_for(name, hop, args.concurrency, parts)
+                repository = repositories["triton" if name == "triton" else "hubserve"]
+                server = servers.start(server_kind(name, repository, args.baseline_tree),
+                                       sorted({r.model for r in plan}), Path(tmp))
+                versions[name] = server.version
+                try:
+                    measure(server, args.protocol, plan, args.interval_ms, commands)
+                finally:
+                    server.stop()
+                rows += plan
+            rounds.append(rows)
+    print(report(median_rounds(rounds), args, commands, versions, (load_before, os.getloadavg()[0])))
     return 0
 
 
