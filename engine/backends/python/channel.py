@@ -14,9 +14,12 @@ last view is gone the block's offset is queued, and the next frame this side sen
 (the engine pings every instance every second or so, so frees never wait long). BYTES tensors cross in
 their wire form, so object arrays are never pickled.
 
-Only the I/O is this module's: blocking sockets, a lock per side. Thread-safe: `send` and `frame` may be
-called from any thread; `recv` from one reader thread. The engine's side writes through outbox.py, which
-never blocks the event loop.
+Only the I/O is this module's: a blocking socket, a lock per side. Thread-safe: `send` and `frame` may be
+called from any thread; `recv` (blocking: the instance process's reader thread) or `receive` (what has
+arrived, never waiting: the engine's event loop, when the socket is readable) from one reader. Reads take what
+the socket has, up to `RECV_BYTES`, in one system call, and cut it into frames (engine/ipc/frames.py
+`FrameReader`): a burst of small frames costs one read, not two per frame. The engine's side writes through
+outbox.py, which never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import select
 import socket
 import threading
 from collections.abc import Sequence
@@ -33,13 +37,15 @@ import numpy as np
 
 from ...errors import EngineError, ErrorCode
 from ...frontend.wire import array_to_bytes
-from ...ipc.frames import HEAD, FrameError, encode_frame, parse_frame
-from ...ipc.tensors import Inline, PeerBlocks, place, read_arrays
+from ...ipc.frames import FrameError, FrameReader, encode_frame
+from ...ipc.tensors import Inline, PeerBlocks, Reads, place, read_arrays
 from ...shm.regions import Arena, Region
 from ...types import DataType
 from .messages import Envelope, TensorHeader, ToEngineFrame, ToInstanceFrame, decoder, encode_envelope
 
 INLINE_BELOW = 4096  # tensors of a message smaller than this in all go inline: a block is not worth it
+RECV_BYTES = 65536  # one read's buffer: a fresh one per read (np.empty: not zeroed), as arrays view it
+READS_CACHED = 256  # tensor header tuples whose Reads are kept (a model sends few distinct ones)
 
 # A received tensor: name, datatype, array (a view over the peer's block or the frame).
 Received = tuple[str, DataType, np.ndarray]
@@ -67,6 +73,12 @@ class Channel:
         # Writable views: a model may write into its inputs (in Triton they are its shared memory); a block is
         # one message's alone until this side reports it freed.
         self._blocks = PeerBlocks(peer, read_only=False) if peer is not None else None
+        self._frames = FrameReader(self._decode)
+        # What a frame's tensor headers read as, by the headers (frozen Structs, hashable): a model answers
+        # the same few shapes again and again, so each frame skips the datatype lookups and Reads' checks.
+        self._reads: dict[tuple[TensorHeader, ...], tuple[list[tuple[str, DataType]], Reads]] = {}
+        self._closed_by_peer = False  # EOF seen: the frames before it are still taken
+        self._arrived: collections.deque[tuple[Any, memoryview]] = collections.deque()  # cut, not yet taken
         self._lock = threading.Lock()  # the arena
         self._send_lock = threading.Lock()  # one frame at a time on the socket (send)
 
@@ -110,41 +122,78 @@ class Channel:
         return [memoryview(p).cast("B") for p in parts]
 
     def recv(self) -> tuple[Any, list[Received]]:
-        """The next frame's message and tensors. Raises ChannelClosed at EOF, and for a frame that is not
-        one (its metadata not an envelope of the peer's messages, a block outside the peer's region)."""
-        head = self._read(HEAD.size)
-        size, _ = HEAD.unpack(head)
-        frame = self._read(HEAD.size + size, head)
+        """The next frame's message and tensors, waiting for it. Raises ChannelClosed at EOF, and for a frame
+        that is not one (its metadata not an envelope of the peer's messages, a block outside the peer's
+        region)."""
+        while not self._arrived:
+            if self._closed_by_peer:
+                raise ChannelClosed("the other side closed the channel")
+            self._read_some(0)
+        return self._unpack(*self._arrived.popleft())
+
+    def receive(self) -> list[tuple[Any, list[Received]]]:
+        """The frames that have arrived, never waiting (the socket stays blocking for the writers: each read
+        is MSG_DONTWAIT); [] when none is complete yet. Raises ChannelClosed as `recv` does, once the frames
+        that came before the EOF have been taken."""
+        while self._read_some(socket.MSG_DONTWAIT):
+            pass
+        if self._closed_by_peer and not self._arrived:
+            raise ChannelClosed("the other side closed the channel")
+        out = []
+        while self._arrived:
+            out.append(self._unpack(*self._arrived.popleft()))
+        return out
+
+    def _read_some(self, flags: int) -> bool:
+        """One read into a fresh buffer, cut into frames. True when it filled the buffer (there may be more
+        to read at once); False after a shorter read, at EOF, or with MSG_DONTWAIT on a drained socket."""
+        if self._closed_by_peer:
+            return False
+        buf = np.empty(RECV_BYTES, np.uint8).data
         try:
-            envelope, inline = parse_frame(memoryview(frame), 0, self._decode)
+            n = self._sock.recv_into(buf, RECV_BYTES, flags)
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            raise ChannelClosed(str(e)) from None
+        if n == 0:
+            self._closed_by_peer = True
+            return False
+        try:
+            self._arrived.extend(self._frames.feed(buf[:n]))
+        except FrameError as e:
+            raise ChannelClosed(f"unreadable frame: {e}") from None
+        return n == RECV_BYTES  # a full buffer: there may be more
+
+    def _unpack(self, envelope: Any, inline: memoryview) -> tuple[Any, list[Received]]:
+        """A frame's message and its tensors, as views over the peer's block or the frame's bytes; the
+        blocks the peer says it no longer views are freed in this side's arena."""
+        try:
             if envelope.freed and self._arena is not None:
                 with self._lock:
                     for offset in envelope.freed:
                         self._arena.free(offset)
-            typed = [(t.name, DataType.from_v2(t.datatype), t.shape) for t in envelope.tensors]
+            headers = envelope.tensors
+            known = self._reads.get(headers)
+            if known is None:
+                known = self._reads_of(headers)
+            named, reads = known
             placement = envelope.placement
-            arrays = (self._blocks.read(typed, placement, inline) if self._blocks is not None
-                      else read_arrays(typed, placement, None, inline))
-        except (FrameError, ValueError, TypeError) as e:  # a broken peer
+            arrays = (self._blocks.read(reads, placement, inline) if self._blocks is not None
+                      else read_arrays(reads, placement, None, inline))
+        except (FrameError, EngineError, ValueError, TypeError) as e:  # a broken peer
             raise ChannelClosed(f"unreadable frame: {e}") from None
-        received = [(name, dt, array) for (name, dt, _), array in zip(typed, arrays, strict=True)]
+        received = [(name, dt, array) for (name, dt), array in zip(named, arrays, strict=True)]
         return envelope.message, received
 
-    def _read(self, n: int, head: bytes | bytearray = b"") -> bytearray:
-        """`n` bytes from the socket, the first of them `head` (already read)."""
-        buf = bytearray(n)
-        buf[:len(head)] = head
-        view = memoryview(buf)
-        got = len(head)
-        while got < n:
-            try:
-                k = self._sock.recv_into(view[got:])
-            except OSError as e:
-                raise ChannelClosed(str(e)) from None
-            if k == 0:
-                raise ChannelClosed("the other side closed the channel")
-            got += k
-        return buf
+    def _reads_of(self, headers: tuple[TensorHeader, ...]) -> tuple[list[tuple[str, DataType]], Reads]:
+        """Raises EngineError for a datatype that is not one."""
+        typed = [(t.name, DataType.from_v2(t.datatype), t.shape) for t in headers]
+        known = [(name, dt) for name, dt, _ in typed], Reads(typed)
+        if len(self._reads) >= READS_CACHED:
+            self._reads.clear()
+        self._reads[headers] = known
+        return known
 
     @property
     def arena_used_bytes(self) -> int:
@@ -172,12 +221,19 @@ def instance_side(sock: socket.socket, own: Region | None, peer: Region | None) 
 
 def write_some(sock: socket.socket, chunks: collections.deque[memoryview], flags: int) -> None:
     """Write from the front of `chunks` (byte views), dropping what the socket took, until all is written or,
-    with MSG_DONTWAIT in `flags`, until the socket would block. Raises OSError when the socket breaks."""
+    with MSG_DONTWAIT in `flags`, until the socket would block. Without it, a full socket is waited on (poll)
+    even when its descriptor is non-blocking: the engine's is, once the loop watches it (libuv's poll handle,
+    under uvloop's add_reader, sets O_NONBLOCK). Raises OSError when the socket breaks."""
     while chunks:
         try:
             sent = sock.sendmsg(list(itertools.islice(chunks, 0, 64)), (), flags)
         except BlockingIOError:
-            return
+            if flags & socket.MSG_DONTWAIT:
+                return
+            writable = select.poll()
+            writable.register(sock.fileno(), select.POLLOUT)
+            writable.poll()
+            continue
         while sent:
             first = chunks[0]
             if len(first) <= sent:
@@ -186,4 +242,3 @@ def write_some(sock: socket.socket, chunks: collections.deque[memoryview], flags
             else:
                 chunks[0] = first[sent:]
                 sent = 0
-
