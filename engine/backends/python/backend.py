@@ -141,9 +141,11 @@ class IsolatedInstance:
         return proc
 
     def bind(self, loop: asyncio.AbstractEventLoop, gateway: Gateway, health: Health) -> None:
+        """Called on the loop, before warm-up: from now on the loop reads the process's frames."""
         self._loop, self._gateway, self._health = loop, gateway, health
         self._up = asyncio.Event()
         self._up.set()
+        self._proc.attach(loop)
 
     # ------------------------------------------------------------------ execution
 
@@ -159,7 +161,7 @@ class IsolatedInstance:
         keys = self._register(relays) if relays is not None else None
         headers, tensors = self._frame(requests, inputs, keys)
         try:
-            result, out = await asyncio.wrap_future(self._proc.call(headers, tensors))
+            result, out = await self._proc.call_async(headers, tensors)
             return self._answers(result, out)
         except BaseException:
             for key in keys or ():  # the batcher fails these requests with the batch's error
@@ -186,11 +188,8 @@ class IsolatedInstance:
             self._proc.send(SendCredit(key, n))
 
     def _on_response(self, resp: Resp, tensors: list[Received]) -> None:
-        """A decoupled model's send, from the reader thread, in the order the model sent."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._respond, resp, tensors)
-
-    def _respond(self, resp: Resp, tensors: list[Received]) -> None:
+        """A decoupled model's send, on the loop (which reads the process's frames), in the order the model
+        sent."""
         key, final = resp.key, resp.final
         relay = self._relays.pop(key, None) if final else self._relays.get(key)
         if relay is None:
@@ -229,14 +228,11 @@ class IsolatedInstance:
                 out.append(_answer(answer, []))
         return out
 
-    # ------------------------------------------------------------------ BLS (reader thread → loop)
+    # ------------------------------------------------------------------ BLS (on the loop)
 
     def _on_bls(self, bls: Bls, tensors: list[Received]) -> None:
+        """A BLS request of the model, on the loop (which reads the process's frames)."""
         proc = self._proc
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._bls, proc, bls, tensors)
-
-    def _bls(self, proc: InstanceProcess, bls: Bls, tensors: list[Received]) -> None:
         call = bls.call
 
         def done(result: InferenceResponse | EngineError) -> None:
@@ -285,6 +281,7 @@ class IsolatedInstance:
                 log.error("instance %s: restart %d of %d failed: %s", self.name, attempt + 1,
                           RESTART_ATTEMPTS, last)
                 continue
+            proc.attach(loop)
             if self._closing:
                 await loop.run_in_executor(None, proc.stop)
                 return

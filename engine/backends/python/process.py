@@ -5,27 +5,37 @@ a socket pair, starts `python -m engine.backends.python.stub` with them as inher
 waits for `Ready` (or `InitFailed`: the model's import or `initialize` error, with its last lines). The
 messages are messages.py's.
 
-Then four threads of its own, none of them the event loop:
-- the reader takes frames off the socket: results resolve the futures `call()` returned, BLS requests go to
-  `on_bls`, a decoupled model's responses to `on_response`, every frame counts as a sign of life;
+Its frames are read on the event loop (`attach`, from the owner's bind, before anything is sent): the
+socket is watched with `add_reader`, and what has arrived is read without waiting (channel.py `receive`):
+results resolve the futures `call_async()` (the loop's) and `call()` (a thread's: warm-up) returned, BLS
+requests go to `on_bls`, a decoupled model's responses to `on_response`, all on the loop; every frame counts
+as a sign of life. Why not a reader thread: each answer then cost a thread's wake-up, its GIL hand-off to
+the loop (call_soon_threadsafe, the loop's self-pipe) and a future per thread; measured, that was a third of
+the engine's CPU per batch of a small model (perf/history/pipelines.md).
+
+Then three threads of its own, none of them the event loop:
 - the watchdog pings about every second and kills a process that has said nothing for `unresponsive_s`
   (frozen, or stuck holding the GIL) or whose oldest batch has run longer than `execute_timeout_s` (when
-  set): a hung instance is detected, not waited on forever;
+  set): a hung instance is detected, not waited on forever. Frames waiting unread in the socket count as a
+  sign of life too: a loop too busy to read is not the instance's fault;
 - the outbox's writer (outbox.py) writes what the socket does not take at once, and large frames, so
   `call()` and `send()` never block their caller (the loop);
 - the output pump forwards what the process prints to the server's log (at the level the model's Logger
   used), keeping the last lines for error messages.
 
 When the process ends for any reason but `stop()`, every batch in flight fails with an error that says what
-happened, and `on_exit(reason)` is called (from the reader thread) so the owner can restart it.
+happened, and `on_exit(reason)` is called (from a thread that waits for the exit status, never the loop) so
+the owner can restart it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -69,6 +79,7 @@ class LaunchSpec:
 
 
 Answered = tuple[Result, list[Received]]
+Waiter = Future[Answered] | asyncio.Future[Answered]  # a thread's (warm-up) or the loop's
 
 
 class InstanceProcess:
@@ -82,7 +93,9 @@ class InstanceProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._channel: Channel | None = None
         self._outbox: Outbox | None = None  # every write after start-up
-        self._pending: dict[int, tuple[Future[Answered], float]] = {}
+        self._pending: dict[int, tuple[Waiter, float]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop that reads the frames (attach)
+        self._reading = False  # the socket is registered with the loop's add_reader
         self._lock = threading.Lock()
         self._next_batch = 0
         self._last_heard = time.monotonic()
@@ -138,8 +151,16 @@ class InstanceProcess:
         ours.settimeout(None)
         self._outbox = Outbox(channel, spec.instance_name)
         self._last_heard = time.monotonic()
-        threading.Thread(target=self._read, name=f"{spec.instance_name}.read", daemon=True).start()
         threading.Thread(target=self._watch, name=f"{spec.instance_name}.watch", daemon=True).start()
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the process's frames on `loop` from now on. Called on the loop, once the process started
+        (the owner's bind, or its restart); frames that came before (pongs) wait in the socket."""
+        channel = self._channel
+        assert channel is not None and self._loop is None
+        self._loop = loop
+        self._reading = True
+        loop.add_reader(channel.socket.fileno(), self._readable)
 
     def _abandon(self) -> None:
         self._stopping = True
@@ -153,23 +174,35 @@ class InstanceProcess:
     # ------------------------------------------------------------------ calls
 
     def call(self, requests: list[RequestHeader], tensors: list[Any]) -> Future[Answered]:
-        """Send one batch (an `Exec` numbered here); the future resolves with its `Result` and the result's
-        tensors, or fails with the reason the process ended."""
+        """Send one batch (an `Exec` numbered here) from a thread other than the loop's (warm-up); the
+        future resolves with its `Result` and the result's tensors, or fails with the reason the process
+        ended."""
         future: Future[Answered] = Future()
+        self._post(requests, tensors, future)
+        return future
+
+    def call_async(self, requests: list[RequestHeader], tensors: list[Any]) -> asyncio.Future[Answered]:
+        """`call`, on the loop that reads the frames (attach): the loop's own future, resolved there."""
+        assert self._loop is not None
+        future: asyncio.Future[Answered] = self._loop.create_future()
+        self._post(requests, tensors, future)
+        return future
+
+    def _post(self, requests: list[RequestHeader], tensors: list[Any], future: Waiter) -> None:
         outbox = self._outbox
         with self._lock:
             self._next_batch += 1
             batch = self._next_batch
             if self._stopping or outbox is None:
-                future.set_exception(unavailable(f"instance '{self.spec.instance_name}' is not running"))
-                return future
+                self._settle(future, unavailable(f"instance '{self.spec.instance_name}' is not running"))
+                return
             self._pending[batch] = (future, time.monotonic())
 
-        def unsendable(error: EngineError) -> None:
+        def unsendable(error: EngineError) -> None:  # from the outbox's writer thread, or right here
             with self._lock:
                 entry = self._pending.pop(batch, None)
             if entry is not None:
-                entry[0].set_exception(error)
+                self._settle(entry[0], error)
 
         try:
             outbox.post(Exec(batch, requests), tensors, unsendable)
@@ -177,7 +210,16 @@ class InstanceProcess:
             pass  # the reader fails the pending batches with the reason the process ended
         except EngineError as e:
             unsendable(e)
-        return future
+
+    def _settle(self, future: Waiter, outcome: Answered | BaseException) -> None:
+        """Resolve `future` from any thread: a loop's future on its loop."""
+        if isinstance(future, asyncio.Future):
+            loop = future.get_loop()
+            if _running_loop() is not loop:
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits it any more
+                    loop.call_soon_threadsafe(_resolve, future, outcome)
+                return
+        _resolve(future, outcome)
 
     def send(self, message: ToInstance, tensors: list[Any] = ()) -> None:  # type: ignore[assignment]
         """A frame that expects no answer (a BLS result, a ping); lost quietly when the process is gone.
@@ -190,18 +232,20 @@ class InstanceProcess:
 
     # ------------------------------------------------------------------ threads
 
-    def _read(self) -> None:
+    def _readable(self) -> None:
+        """The socket has bytes (add_reader, on the loop): handle every frame that has arrived."""
         channel = self._channel
         assert channel is not None
         try:
-            while True:
-                message, tensors = channel.recv()
+            frames = channel.receive()
+            if frames:
                 self._last_heard = time.monotonic()
+            for message, tensors in frames:
                 if isinstance(message, Result):
                     with self._lock:
                         entry = self._pending.pop(message.batch, None)
                     if entry is not None:
-                        entry[0].set_result((message, tensors))
+                        _resolve(entry[0], (message, tensors))
                 elif isinstance(message, Resp):
                     if self._on_response is not None:
                         self._on_response(message, tensors)  # a decoupled model's send
@@ -211,15 +255,44 @@ class InstanceProcess:
                     if message.text:
                         log.error("instance %s: finalize failed: %s", self.spec.instance_name, message.text)
                     self._bye.set()
+            return
         except ChannelClosed:
             pass
         except Exception:
             log.exception("instance %s: reading its channel failed", self.spec.instance_name)
             self._kill("sent a frame the engine could not read")
+        self._detach()
         if self._outbox is not None:
             self._outbox.close()  # its writer thread ends with the process
-        if self._stopping:
+        if not self._stopping:  # its exit status is waited for off the loop
+            threading.Thread(target=self._ended, name=f"{self.spec.instance_name}.exit", daemon=True).start()
+
+    def _detach(self) -> None:
+        """Stop watching the socket (before it closes: a closed descriptor must not stay registered with
+        the loop). From the loop, or from a thread while the loop runs."""
+        loop, channel = self._loop, self._channel
+        if not self._reading or loop is None or channel is None:
             return
+        self._reading = False
+        fd = channel.socket.fileno()
+        if _running_loop() is loop:
+            loop.remove_reader(fd)
+            return
+        removed = threading.Event()
+
+        def remove() -> None:
+            loop.remove_reader(fd)
+            removed.set()
+
+        try:
+            loop.call_soon_threadsafe(remove)
+        except RuntimeError:  # the loop is closed, and its registrations with it
+            return
+        removed.wait(5)
+
+    def _ended(self) -> None:
+        """The process is gone (its socket closed) and `stop()` was not the reason: fail what is in flight
+        with the reason, and tell the owner. On a thread of its own: the exit status may take a moment."""
         reason = self._exit_reason(0)
         error = unavailable(f"Python model instance '{self.spec.instance_name}' {reason} while running "
                             "this request")
@@ -227,9 +300,30 @@ class InstanceProcess:
             self._stopping = True
             pending, self._pending = self._pending, {}
         for future, _ in pending.values():
-            future.set_exception(error)
+            self._settle(future, error)
         log.error("instance %s (pid %d) %s", self.spec.instance_name, self.pid, reason)
         self._on_exit(reason)
+
+    def _read_until_bye(self, timeout_s: float) -> None:
+        """`stop()` of a process no loop reads (its owner was never bound): its frames up to `Bye`."""
+        channel = self._channel
+        assert channel is not None
+        channel.socket.settimeout(timeout_s)
+        while True:
+            message, _ = channel.recv()  # ChannelClosed at EOF or when the time is up
+            if isinstance(message, Bye):
+                if message.text:
+                    log.error("instance %s: finalize failed: %s", self.spec.instance_name, message.text)
+                return
+
+    def _unread(self) -> bool:
+        """Whether frames wait in the socket for the loop to read them."""
+        channel = self._channel
+        if channel is None:
+            return False
+        poller = select.poll()
+        poller.register(channel.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def _watch(self) -> None:
         spec = self.spec
@@ -237,7 +331,7 @@ class InstanceProcess:
         while not self._stopping:
             time.sleep(0.25)
             now = time.monotonic()
-            if now - self._last_heard > spec.unresponsive_s:
+            if now - self._last_heard > spec.unresponsive_s and not self._unread():
                 self._kill(f"was unresponsive for {spec.unresponsive_s:g} s (hung) and was killed")
                 return
             if spec.execute_timeout_s:
@@ -311,9 +405,13 @@ class InstanceProcess:
         if not was_stopping and outbox is not None:
             with contextlib.suppress(ChannelClosed):
                 outbox.post(Finalize())
-                self._bye.wait(timeout_s)
+                if self._loop is None:  # never attached: no loop reads its frames, so read them here
+                    self._read_until_bye(timeout_s)
+                else:
+                    self._bye.wait(timeout_s)
         if outbox is not None:
             outbox.close()
+        self._detach()
         if channel is not None:
             channel.close()
         if proc is not None:
@@ -322,3 +420,21 @@ class InstanceProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _resolve(future: Waiter, outcome: Answered | BaseException) -> None:
+    """Called on the future's loop for the loop's futures; one cancelled meanwhile (its caller gone) stays
+    so."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
