@@ -40,6 +40,7 @@ from .channel import Received
 from .decoupled import Relay
 from .environment import options
 from .messages import Bls, BlsResult, Cancel, Error, Ok, RequestHeader, Resp, Result, SendCredit
+from .pb_utils import compact_json
 from .process import InstanceProcess, LaunchSpec
 from .runner import Answer, ModelError, ModelRunner, convert_response
 from .send_credits import CreditedSink
@@ -84,7 +85,7 @@ def request_meta(config: ModelConfig, request: InferenceRequest) -> RequestMeta:
     shown = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS}
     requested = [o.name for o in request.outputs] if request.outputs is not None else \
         [o.name for o in config.outputs]
-    return request.id, correlation, flags, json.dumps(shown, separators=(",", ":")), requested
+    return request.id, correlation, flags, compact_json(shown) if shown else "{}", requested
 
 
 def _input_types(config: ModelConfig) -> dict[str, DataType]:

@@ -263,7 +263,7 @@ class InferenceRequest:
                 if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
                     raise TritonModelException("request parameters must map str keys to bool, int or str "
                                                f"values; got {key!r}: {type(value).__name__}")
-            self._parameters = json.dumps(params, separators=(",", ":"))
+            self._parameters = compact_json(params)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -329,6 +329,9 @@ class InferenceRequest:
             raise TritonModelException("a BLS request needs model_name")
 
 
+compact_json = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=...) alike
+
+
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
@@ -347,8 +350,8 @@ class InferenceResponse:
         self._error = error
         if isinstance(parameters, str):
             self._parameters = parameters
-        else:
-            self._parameters = json.dumps(parameters or {}, separators=(",", ":"))
+        else:  # most responses have none: "{}" without the encoder (json.dumps with separators makes one)
+            self._parameters = compact_json(parameters) if parameters else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return self._outputs

@@ -149,7 +149,7 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, sink: StubSink) -> None:
+def reader(channel: Channel, work: queue.SimpleQueue[Any], transport: StubTransport, sink: StubSink) -> None:
     """The reader thread's loop; at EOF (the engine is gone) the process exits at once."""
     try:
         while True:
@@ -172,7 +172,7 @@ def reader(channel: Channel, work: queue.Queue[Any], transport: StubTransport, s
     os._exit(0)
 
 
-def serve(channel: Channel, runner: ModelRunner, work: queue.Queue[Any], sink: StubSink) -> None:
+def serve(channel: Channel, runner: ModelRunner, work: queue.SimpleQueue[Any], sink: StubSink) -> None:
     """The main thread's loop: run each batch and answer it; finalize and say goodbye."""
     while True:
         message, tensors = work.get()
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         return 1
     transport = StubTransport(channel)
     pb_utils.set_transport(transport)
-    work: queue.Queue[Any] = queue.Queue()
+    work: queue.SimpleQueue[Any] = queue.SimpleQueue()
     sink = StubSink(channel)
     threading.Thread(target=reader, args=(channel, work, transport, sink), name="channel",
                      daemon=True).start()
