@@ -122,14 +122,15 @@ def server_kind(name: str, repository: Path, baseline: Path | None = None) -> se
         "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics)])
 
 
-def measure(server: servers.RunningServer, protocol: str, plan: list[Row], interval_ms: int,
+def measure(server: servers.RunningServer, protocol: str, plan: list[Row], args: argparse.Namespace,
             commands: list[str]) -> None:
     for row in plan:
         cpu0, n0 = server.cpu_s(), server.inferences(row.model)
         result = run_perf_analyzer(row.model, server.url(protocol), protocol,
                                    "--concurrency-range", str(row.concurrency),
-                                   "--measurement-interval", str(interval_ms), "--input-data", "zero",
-                                   "--percentile", "99", timeout_s=240)
+                                   "--measurement-interval", str(args.interval_ms), "--input-data", "zero",
+                                   "--stability-percentage", str(args.stability), "--percentile", "99",
+                                   timeout_s=240)
         if not commands:
             commands.append(" ".join(Path(c).name if c.startswith("/") else c for c in result.command))
         if not result.ok:
@@ -181,7 +182,8 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
     extra = f" --baseline-tree {args.baseline_tree}" if args.baseline_tree else ""
     out = [f"Command: `flock /work/probes/bench.lock .venv/bin/python perf/bench_pipelines.py --protocol "
            f"{args.protocol} --hop-concurrency {args.hop_concurrency} --concurrency {args.concurrency} "
-           f"--interval-ms {args.interval_ms} --servers {args.servers} --parts {args.parts} "
+           f"--interval-ms {args.interval_ms} --stability {args.stability} --servers {args.servers} "
+           f"--parts {args.parts} "
            f"--rounds {args.rounds}{extra}`",
            f"Servers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Load average before / after: "
            f"{load[0]:.2f} / {load[1]:.2f}. Cells: infer/s (p50 / p99, server CPU µs per inference)"
@@ -224,6 +226,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--interval-ms", type=int, default=2000)
     parser.add_argument("--servers", default="hubserve,triton")
+    parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--parts", default="hop,ensemble", help="hop (a), ensemble (b), or both")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; each point's median")
     parser.add_argument("--baseline-tree", type=Path,
@@ -260,7 +263,7 @@ def main() -> int:
                                        sorted({r.model for r in plan}), Path(tmp))
                 versions[name] = server.version
                 try:
-                    measure(server, args.protocol, plan, args.interval_ms, commands)
+                    measure(server, args.protocol, plan, args, commands)
                 finally:
                     server.stop()
                 rows += plan
