@@ -4,9 +4,9 @@ request's client takes them. So a client that stops reading stops the model's th
 instead of its responses piling up in the server until the client is dropped.
 
 Shared by both sinks of decoupled sends: the instance process's (stub.py `StubSink`; the engine's grants
-arrive as `SendCredit` messages on its reader thread: messages.py) and an in-process instance's (backend.py
-`InProcessSink`; grants come from the loop). Thread-safe: `acquire` runs on the model's threads, `grant`
-and `cancel` on another.
+arrive as `SendCredit` messages, read by whichever of its threads reads: reading.py) and an in-process
+instance's (backend.py `InProcessSink`; grants come from the loop). Thread-safe: `acquire` runs on the
+model's threads, `grant` and `cancel` on another.
 
 A send waits only while its request is live: a cancelled request (the client left; the server then drops
 what is sent) and the final flag never wait, so the model's `is_cancelled()` check and its last send always
@@ -17,7 +17,7 @@ go through. The wait ends when the client reads again, or when it leaves (droppe
 from __future__ import annotations
 
 import threading
-from collections.abc import Container
+from collections.abc import Callable, Container
 
 from ...streaming.window import RESPONSE_WINDOW
 from . import pb_utils
@@ -31,6 +31,8 @@ class SendCredits:
         self._window = window
         self._credit: dict[int, int] = {}  # live keys that sent: sends left before a wait
         self._changed = threading.Condition()
+        # Called before a send waits: the instance process's reader must then read the grant (stub.py).
+        self.waiting: Callable[[], None] = lambda: None
 
     def acquire(self, key: int) -> None:
         """Before a send of `key` that is not its last: take one credit, waiting while there is none and the
@@ -38,6 +40,7 @@ class SendCredits:
         with self._changed:
             left = self._credit.get(key, self._window)
             while left <= 0 and key not in self._cancelled:
+                self.waiting()
                 self._changed.wait()
                 left = self._credit.get(key, self._window)
             self._credit[key] = left - 1

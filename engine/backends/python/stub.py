@@ -5,22 +5,20 @@ Started by process.py with the socket and the two shared-memory regions as inher
 lines), then serves until `finalize` or until the engine is gone (the socket closes: the process exits, so
 an instance never outlives its server).
 
-Two threads: the main thread runs the model (initialize, execute, finalize: user code, in order); a reader
-thread takes frames off the socket, answers pings at once (so a busy model still shows it is alive, and a
-frozen process shows it is not), hands BLS responses to the waiting calls, cancels and credits to the
-decoupled sends, and queues work (`Exec`, `Finalize`) for the main thread. The messages, each way, are
-messages.py's; tensors travel beside them (channel.py).
+Two threads (reading.py): the main thread reads its batches and runs the model (initialize, execute,
+finalize: user code, in order); a helper thread reads the socket while a batch runs, when the model waits for
+a BLS answer or send credit or the batch runs long, so pings are answered however busy the model is (and a
+frozen process shows it is not), BLS responses reach the waiting calls and cancels and credits the decoupled
+sends. The messages, each way, are messages.py's; tensors travel beside them (channel.py).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
-import queue
 import socket
 import sys
-import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,6 @@ from .messages import (
     Bye,
     Cancel,
     Error,
-    Exec,
     Finalize,
     Init,
     InitFailed,
@@ -50,6 +47,7 @@ from .messages import (
     Result,
     SendCredit,
 )
+from .reading import Reading, Route
 from .runner import ModelError, ModelRunner, convert_response
 from .send_credits import CreditedSink
 
@@ -99,22 +97,23 @@ def requests_from(headers: list[RequestHeader], tensors: list[Received],
 
 
 class StubTransport(pb_utils.Transport):
-    """BLS from the instance process: each request goes to the engine as a `Bls` frame; the reader thread
-    resolves its future when its `BlsResult` comes back."""
+    """BLS from the instance process: each request goes to the engine as a `Bls` frame; whichever thread reads
+    its `BlsResult` (reading.py) resolves its future."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._ids = itertools.count(1)
-        self.waiting: dict[int, Future[pb_utils.InferenceResponse]] = {}
+        self.calls: dict[int, Future[pb_utils.InferenceResponse]] = {}
+        self.waiting: Callable[[], None] = lambda: None  # a call is out: its answer must be read (reading.py)
 
     def submit(self, request: pb_utils.InferenceRequest) -> Future[pb_utils.InferenceResponse]:
         future: Future[pb_utils.InferenceResponse] = Future()
         call = next(self._ids)
-        self.waiting[call] = future
+        self.calls[call] = future
         tensors = []
         for t in request.inputs():
             if not isinstance(t, pb_utils.Tensor):
-                self.waiting.pop(call)
+                self.calls.pop(call)
                 future.set_result(_error_response(f"BLS inputs must be pb_utils.Tensor, got "
                                                   f"{type(t).__name__}"))
                 return future
@@ -124,12 +123,14 @@ class StubTransport(pb_utils.Transport):
                                    request.correlation_id(), request.flags(), request.timeout(),
                                    request.parameters(), request.requested_output_names()), tensors)
         except (EngineError, ChannelClosed) as e:
-            self.waiting.pop(call, None)
+            self.calls.pop(call, None)
             future.set_result(_error_response(f"BLS request could not be sent: {e}"))
+            return future
+        self.waiting()
         return future
 
     def answered(self, result: BlsResult, tensors: list[Received]) -> None:
-        future = self.waiting.pop(result.call, None)
+        future = self.calls.pop(result.call, None)
         if future is None:
             return
         error = result.error
@@ -149,33 +150,27 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
-def reader(channel: Channel, work: queue.SimpleQueue[Any], transport: StubTransport, sink: StubSink) -> None:
-    """The reader thread's loop; at EOF (the engine is gone) the process exits at once."""
-    try:
-        while True:
-            message, tensors = channel.recv()
-            if isinstance(message, Ping):
-                channel.send(Pong(message.n))
-            elif isinstance(message, BlsResult):
-                transport.answered(message, tensors)
-            elif isinstance(message, Cancel):
-                sink.cancelled.add(message.key)
-                sink.credits.cancel(message.key)
-            elif isinstance(message, SendCredit):
-                sink.credits.grant(message.key, message.count)
-            elif isinstance(message, (Exec, Finalize)):
-                work.put((message, tensors))
-    except ChannelClosed:
-        pass
-    except BaseException:  # a bug here must not leave a silent process behind
-        logging.getLogger("hubserve.python").exception("instance channel failed")
-    os._exit(0)
+def router(channel: Channel, transport: StubTransport, sink: StubSink) -> Route:
+    """What becomes of a frame that is not work, on whichever thread read it (reading.py)."""
+
+    def route(message: Any, tensors: list[Received]) -> None:
+        if isinstance(message, Ping):
+            channel.send(Pong(message.n))
+        elif isinstance(message, BlsResult):
+            transport.answered(message, tensors)
+        elif isinstance(message, Cancel):
+            sink.cancelled.add(message.key)
+            sink.credits.cancel(message.key)
+        elif isinstance(message, SendCredit):
+            sink.credits.grant(message.key, message.count)
+
+    return route
 
 
-def serve(channel: Channel, runner: ModelRunner, work: queue.SimpleQueue[Any], sink: StubSink) -> None:
-    """The main thread's loop: run each batch and answer it; finalize and say goodbye."""
+def serve(channel: Channel, runner: ModelRunner, reading: Reading, sink: StubSink) -> None:
+    """The main thread's loop: read each batch, run it and answer it; finalize and say goodbye."""
     while True:
-        message, tensors = work.get()
+        message, tensors = reading.next_work()
         if isinstance(message, Finalize):
             channel.send(Bye(runner.finalize()))
             return
@@ -228,12 +223,11 @@ def main(argv: list[str]) -> int:
         return 1
     transport = StubTransport(channel)
     pb_utils.set_transport(transport)
-    work: queue.SimpleQueue[Any] = queue.SimpleQueue()
     sink = StubSink(channel)
-    threading.Thread(target=reader, args=(channel, work, transport, sink), name="channel",
-                     daemon=True).start()
+    reading = Reading(channel, router(channel, transport, sink))
+    transport.waiting = sink.credits.waiting = reading.want  # their answers are read at once
     channel.send(Ready())
-    serve(channel, runner, work, sink)
+    serve(channel, runner, reading, sink)
     return 0
 
 
