@@ -13,7 +13,7 @@ model's waiting thread: the answer comes as soon as it arrives), or when a batch
 thread takes the socket back, waking the helper through a pipe only if it had taken over.
 
 The socket is read by one thread at a time: whoever holds `_role`. Work read by the helper (the next `Exec`,
-`Finalize`) is queued for the main thread. At EOF (the engine is gone) the process exits at once.
+`Finalize`) is queued for the main thread. At EOF (the engine is gone) `on_eof` runs: the stub exits at once.
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ log = logging.getLogger("hubserve.python")
 
 class Reading:
     """Created by the stub's main thread once the model is initialized; `route` handles the frames that are
-    not work, on whichever thread read them."""
+    not work, on whichever thread read them; `on_eof` is called by the thread that finds the socket closed
+    (the stub's ends the process; should it return, `next_work` raises ChannelClosed and the helper ends)."""
 
-    def __init__(self, channel: Channel, route: Route) -> None:
+    def __init__(self, channel: Channel, route: Route, on_eof: Callable[[], None]) -> None:
         self._channel = channel
         self._route = route
+        self._on_eof = on_eof
         self._work: collections.deque[Work] = collections.deque()
         self._role = threading.Lock()  # held by the thread reading the socket
         self._state = threading.Lock()  # the three fields below, changed together
@@ -52,6 +54,7 @@ class Reading:
         self._busy_since = time.monotonic()  # when the main thread last stopped reading
         self._helper_reading = False
         self._wanted = threading.Event()  # a model thread waits for a frame: the helper reads now
+        self._eof = False
         self._back_r, self._back_w = os.pipe()  # the main thread wants the socket back from the helper
         threading.Thread(target=self._help, name="channel", daemon=True).start()
 
@@ -80,7 +83,9 @@ class Reading:
         try:
             return self._channel.recv()
         except ChannelClosed:
-            os._exit(0)
+            self._eof = True  # the helper stops too
+            self._on_eof()
+            raise
 
     def _dispatch(self, message: Any, tensors: list[Received]) -> None:
         if isinstance(message, (Exec, Finalize)):
@@ -92,7 +97,7 @@ class Reading:
 
     def _help(self) -> None:
         try:
-            while True:
+            while not self._eof:
                 wanted = self._wanted.wait(TAKEOVER_S)
                 with self._state:
                     due = wanted or time.monotonic() - self._busy_since >= TAKEOVER_S
@@ -102,6 +107,10 @@ class Reading:
                     self._helper_reading = True
                 self._wanted.clear()
                 with self._role:
+                    if self._eof:  # found by the main thread meanwhile
+                        with self._state:
+                            self._helper_reading = False
+                        return
                     self._read_until_taken_back()
         except BaseException:  # a bug here must not leave a silent process behind
             log.exception("instance channel failed")
@@ -125,7 +134,9 @@ class Reading:
                 try:
                     frames = self._channel.receive()
                 except ChannelClosed:
-                    os._exit(0)
+                    self._eof = True
+                    self._on_eof()
+                    return
                 for message, tensors in frames:
                     self._dispatch(message, tensors)
         finally:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -224,7 +225,7 @@ def main(argv: list[str]) -> int:
     transport = StubTransport(channel)
     pb_utils.set_transport(transport)
     sink = StubSink(channel)
-    reading = Reading(channel, router(channel, transport, sink))
+    reading = Reading(channel, router(channel, transport, sink), lambda: os._exit(0))
     transport.waiting = sink.credits.waiting = reading.want  # their answers are read at once
     channel.send(Ready())
     serve(channel, runner, reading, sink)
