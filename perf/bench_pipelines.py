@@ -155,11 +155,12 @@ def plan_for(server: str, hop: list[int], concurrency: int, parts: list[str]) ->
 
 
 def median_rounds(rounds: list[list[Row]]) -> list[Row]:
-    """Each point's median round by throughput (a failed round counts as 0)."""
+    """Each point's median round by throughput (the upper of the middle two for an even count: of two
+    rounds, the better; a failed round counts as 0)."""
     out = []
     for same in zip(*rounds, strict=True):
         ranked = sorted(same, key=lambda r: r.throughput)
-        out.append(ranked[(len(ranked) - 1) // 2] if len(ranked) % 2 else ranked[len(ranked) // 2])
+        out.append(ranked[len(ranked) // 2])
     return out
 
 
@@ -187,7 +188,8 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
            f"--rounds {args.rounds}{extra}`",
            f"Servers: {', '.join(f'{k} {v}' for k, v in versions.items())}. Load average before / after: "
            f"{load[0]:.2f} / {load[1]:.2f}. Cells: infer/s (p50 / p99, server CPU µs per inference)"
-           + (f", the median of {args.rounds} interleaved rounds." if args.rounds > 1 else "."), ""]
+           + (f", the median of {args.rounds} interleaved rounds (of an even count, the upper middle)."
+              if args.rounds > 1 else "."), ""]
     if "hop" in args.parts:
         head = "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | " \
                "Triton add_sub_py | hubserve / Triton (add_sub_py) |"
