@@ -107,7 +107,7 @@ class Channel:
         with self._lock:
             placement = place(chunks, self._arena, self._own, inline, INLINE_BELOW)
         freed = self._blocks.take_freed() if self._blocks is not None else []
-        specs = tuple(TensorHeader(name, dt.value, tuple(int(d) for d in a.shape)) for name, dt, a in tensors)
+        specs = tuple([TensorHeader(name, dt.value, a.shape) for name, dt, a in tensors])  # shapes: ints
         try:
             parts = encode_frame(self._envelope(message, specs, placement, freed), inline.take(),
                                  encode_envelope)
