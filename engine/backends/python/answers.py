@@ -56,25 +56,27 @@ class AnswerCheck:
             if datatype is not spec.datatype:
                 return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned output '{name}' "
                                    f"as {datatype.value}; its config declares {spec.datatype.value}")
-            problem = self._shape_problem(spec, tuple(array.shape), batch_size)
+            shape = array.shape  # numpy's: a tuple of Python ints
+            problem = self._shape_problem(spec, shape, batch_size)
             if problem:
                 return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned output '{name}' "
-                                   f"with shape {list(array.shape)}; {problem}")
-            tensors.append(Tensor(name, datatype, tuple(int(d) for d in array.shape), array))
+                                   f"with shape {list(shape)}; {problem}")
+            tensors.append(Tensor(name, datatype, shape, array))
         return InferenceResponse(request.model_name, self._version, tensors, request.id,
                                  _parameters(answer[2]))
 
     def _shape_problem(self, spec: TensorSpec, shape: tuple[int, ...], batch_size: int) -> str:
+        """"" when `shape` fits; else what the config declares. Runs on the loop for every output of every
+        answer: the message is built only for a misfit."""
         dims = spec.reshape if spec.reshape is not None else spec.dims
-        if self.config.max_batch_size > 0:
-            want = [batch_size, *dims]
-            shown = f"[{batch_size}{''.join(f',{d}' for d in dims)}] (this request's batch of {batch_size})"
-        else:
-            want = list(dims)
-            shown = str(want)
-        if len(shape) != len(want) or any(w != -1 and w != g for w, g in zip(want, shape, strict=True)):
-            return f"its config declares {shown}"
-        return ""
+        batched = self.config.max_batch_size > 0
+        want = [batch_size, *dims] if batched else list(dims)
+        if len(shape) == len(want) and all(w == -1 or w == g for w, g in zip(want, shape, strict=True)):
+            return ""
+        if batched:
+            return f"its config declares [{batch_size}{''.join(f',{d}' for d in dims)}] (this request's " \
+                   f"batch of {batch_size})"
+        return f"its config declares {want}"
 
 
 def count_error(instance: str, answers: int, requests: int) -> EngineError | None:
