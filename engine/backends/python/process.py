@@ -10,8 +10,9 @@ socket is watched with `add_reader`, and what has arrived is read without waitin
 results resolve the futures `call_async()` (the loop's) and `call()` (a thread's: warm-up) returned, BLS
 requests go to `on_bls`, a decoupled model's responses to `on_response`, all on the loop; every frame counts
 as a sign of life. Why not a reader thread: each answer then cost a thread's wake-up, its GIL hand-off to
-the loop (call_soon_threadsafe, the loop's self-pipe) and a future per thread; measured, that was a third of
-the engine's CPU per batch of a small model (perf/history/pipelines.md).
+the loop (call_soon_threadsafe, the loop's self-pipe) and a future per thread; without it (and with one read
+per burst of frames) a batch of one small request costs the engine about half the CPU it did
+(perf/history/pipelines.md, issue 32).
 
 Then three threads of its own, none of them the event loop:
 - the watchdog pings about every second and kills a process that has said nothing for `unresponsive_s`
