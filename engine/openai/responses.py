@@ -8,7 +8,7 @@ from typing import Any
 
 from ..generate.serving.driver import ShownLogprob
 from .generation import Choice, Generation
-from .tools.calls import ChoiceCalls, Piece
+from .tools.calls import ARGUMENTS, OPEN, ChoiceCalls, Piece
 
 OWNED_BY = "hubserve"
 
@@ -83,18 +83,20 @@ def _chat_choice(gen: Generation, c: Choice, logprobs: dict[str, Any] | None) ->
     return {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": reason}
 
 
-def tool_call_deltas(calls: ChoiceCalls, pieces: Iterable[Piece]) -> list[dict[str, Any]]:
-    """A streamed chat's deltas for what a choice's reading found (content, or one call): a call goes out
-    as OpenAI streams one, its index, id, type and name with empty arguments, then the arguments."""
+def tool_call_deltas(pieces: Iterable[Piece]) -> list[dict[str, Any]]:
+    """A streamed chat's deltas for what a choice's reading found (ChoiceCalls.feed): content, a call's
+    opening as OpenAI streams one (its index, id, type and name with empty arguments), then its arguments'
+    fragments (index and `function.arguments` only), which a client concatenates."""
     out: list[dict[str, Any]] = []
     for piece in pieces:
-        if piece.call is None:
+        if piece.kind == OPEN:
+            assert piece.call is not None
+            out.append({"tool_calls": [{"index": piece.index, "id": piece.call.id, "type": "function",
+                                        "function": {"name": piece.call.name, "arguments": ""}}]})
+        elif piece.kind == ARGUMENTS:
+            out.append({"tool_calls": [{"index": piece.index, "function": {"arguments": piece.text}}]})
+        else:
             out.append({"content": piece.text})
-            continue
-        index = calls.calls.index(piece.call)
-        out.append({"tool_calls": [{"index": index, "id": piece.call.id, "type": "function",
-                                    "function": {"name": piece.call.name, "arguments": ""}}]})
-        out.append({"tool_calls": [{"index": index, "function": {"arguments": piece.call.arguments}}]})
     return out
 
 

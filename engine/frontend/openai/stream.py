@@ -10,7 +10,7 @@ event carrying OpenAI's error object, then `[DONE]`. The task returning ends the
 writes the body's end and releases the request's admission); the task cancelled (the client left) aborts the
 generation, which frees its KV blocks before the engine's next step. A chat read for tool calls (tools with
 tool_choice auto) sends each choice's text through its parser (engine/openai/tools/): content deltas as they
-come, each call as `tool_calls` deltas once complete.
+come, each call as `tool_calls` deltas: its opening once its name is known, then its arguments' fragments.
 """
 
 from __future__ import annotations
@@ -132,13 +132,14 @@ class _Writer:
 
     def _write_read(self, choice: Choice, state: _ChoiceState, calls: ChoiceCalls, text: str, first: bool,
                     finished: bool) -> None:
-        """A chat choice read for tool calls: its text through the reading (a call goes out once complete,
-        as two deltas: its name, then its arguments), the finish reason on an empty delta of its own."""
+        """A chat choice read for tool calls: its text through the reading (a call opens with its name once
+        that is known, then its arguments go out as they are written), the finish reason on an empty delta
+        of its own."""
         send = self.stream.send
         logprobs = self._logprobs(choice, state)
         if first:
             send(self._chunk(responses.chunk_choice(choice, True, "", first=True)))
-        for delta in responses.tool_call_deltas(calls, calls.feed(text, finished)):
+        for delta in responses.tool_call_deltas(calls.feed(text, finished)):
             send(self._chunk({"index": choice.index, "delta": delta, "logprobs": logprobs,
                               "finish_reason": None}))
             logprobs = None

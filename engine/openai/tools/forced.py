@@ -20,7 +20,7 @@ import orjson
 
 from ...generate.core.grammar import MAX_GRAMMAR_CHARS, GrammarSpec, constraint_for_json_schema
 from ..errors import bad_request
-from .calls import Piece, new_call
+from .calls import CLOSE, Piece, new_call
 from .request import ToolChoice, ToolRequest
 
 
@@ -80,7 +80,7 @@ class _Whole:
             calls = None
         if calls is None:
             return [Piece(text)] if text else []
-        return [Piece(call=call) for call in calls]
+        return [Piece(call=call, kind=CLOSE) for call in calls]
 
     def _read(self, doc: Any) -> list[Any] | None:
         raise NotImplementedError

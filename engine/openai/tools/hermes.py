@@ -4,25 +4,29 @@ with text around them (vLLM's `hermes` parser reads the same form).
 An unterminated call at the end (the model stopped after its JSON) is a call when its JSON is complete, as
 vLLM reads it; a call whose JSON is not an object with a name and object arguments stays content, as
 written. Incremental (calls.py): outside a call only a tail that may begin `<tool_call>` is held back;
-inside one, the end tag is looked for in the new text only (and the few characters before it).
+inside one, the end tag is looked for in the new text only (and the few characters before it, held back
+from the scanner until they cannot be the tag's beginning), and the rest goes through the call's scanner
+(scan.py), which streams the arguments once the name is known.
 """
 
 from __future__ import annotations
 
-import orjson
-
-from .calls import MAX_CALL_CHARS, Piece, new_call
+from .calls import BROKEN, CLOSE, MAX_CALL_CHARS, TEXT, Piece, call_id, closed_call, opened
+from .scan import CallScanner
 
 START = "<tool_call>"
 END = "</tool_call>"
+KEYS = ("arguments", "parameters")
 
 
 class HermesParser:
     def __init__(self) -> None:
         self._held = ""     # outside a call: a tail that may be the start of START
-        self._call: list[str] | None = None  # inside a call: its text so far (after START)
+        self._call: list[str] | None = None  # inside a call: its text so far (after START), scanned
         self._call_chars = 0
-        self._tail = ""     # inside a call: its last few characters, where END may have begun
+        self._tail = ""     # inside a call: its last few characters, where END may have begun (not scanned)
+        self._scanner = CallScanner()
+        self._id = ""
         self._given_up = False  # a call grew past MAX_CALL_CHARS: the rest is content
 
     def feed(self, text: str) -> list[Piece]:
@@ -37,6 +41,7 @@ class HermesParser:
     def finish(self) -> list[Piece]:
         out: list[Piece] = []
         if self._call is not None:
+            self._scan(self._tail, out)
             body = "".join(self._call)
             self._call = None
             self._close(body, START + body, out)
@@ -55,6 +60,7 @@ class HermesParser:
             if at:
                 out.append(Piece(text[:at]))
             self._call, self._call_chars, self._tail = [], 0, ""
+            self._scanner, self._id = CallScanner(), call_id()
             return text[at + len(START):]
         keep = _partial_tail(text, START)
         if len(text) > keep:
@@ -65,33 +71,40 @@ class HermesParser:
     def _in_call(self, text: str, out: list[Piece]) -> str:
         assert self._call is not None
         # the end tag may straddle the previous piece: look from the last few characters held
-        tail = self._tail
-        window = tail + text
+        window = self._tail + text
         at = window.find(END)
         if at < 0:
-            self._call.append(text)
+            keep = _partial_tail(window, END)
+            self._tail = window[len(window) - keep:]
+            self._scan(window[:len(window) - keep], out)
             self._call_chars += len(text)
-            self._tail = window[-(len(END) - 1):]
             if self._call_chars > MAX_CALL_CHARS:
-                out.append(Piece(START + "".join(self._call)))
+                written = START + "".join(self._call) + self._tail
+                out.append(Piece(written, kind=BROKEN if self._scanner.streaming else TEXT))
                 self._call, self._given_up = None, True
             return ""
-        cut = at - len(tail)  # where END starts in `text` (negative: inside the held tail)
+        self._scan(window[:at], out)
         body = "".join(self._call)
-        body = body[:len(body) + cut] if cut < 0 else body + text[:cut]
-        self._call = None
+        self._call, self._tail = None, ""
         self._close(body, START + body + END, out)
-        return text[cut + len(END):]
+        return window[at + len(END):]
 
-    @staticmethod
-    def _close(body: str, written: str, out: list[Piece]) -> None:
-        try:
-            doc = orjson.loads(body.strip())
-        except orjson.JSONDecodeError:
-            doc = None
-        call = new_call(doc.get("name"), doc.get("arguments", doc.get("parameters"))) \
-            if isinstance(doc, dict) else None
-        out.append(Piece(call=call) if call is not None else Piece(written))
+    def _scan(self, text: str, out: list[Piece]) -> None:
+        """The call's text, through its scanner, kept for the parse at its end."""
+        if not text:
+            return
+        assert self._call is not None
+        self._call.append(text)
+        was = self._scanner.streaming
+        _, fragment = self._scanner.feed(text)
+        opened(self._scanner, self._id, was, fragment, out)
+
+    def _close(self, body: str, written: str, out: list[Piece]) -> None:
+        call = closed_call(self._scanner, body.strip(), self._id, KEYS)
+        if call is not None:
+            out.append(Piece(call=call, kind=CLOSE))
+        else:
+            out.append(Piece(written, kind=BROKEN if self._scanner.streaming else TEXT))
 
 
 def _partial_tail(text: str, tag: str) -> int:
