@@ -6,9 +6,10 @@ named function, the call's arguments (a JSON object valid under its `parameters`
 array of at least one `{"name": <one of the tools>, "parameters": <its arguments>}` (at most one with
 parallel_tool_calls false). Either is written compact (no whitespace between its tokens, llguidance's
 `whitespace_flexible` off), so a model cannot wander in whitespace. The tools are still rendered into the
-prompt by the model's template, so the model knows them. The readers (calls.py's parser protocol) hold the
-text and parse it once, at the end: a text that does not parse (the answer stopped at max_tokens) stays
-content, with finish_reason "length".
+prompt by the model's template, so the model knows them. The readers (calls.py's parser protocol) parse the
+text once, at the end: a text that does not parse (the answer stopped at max_tokens) stays content in the
+whole answer, with finish_reason "length". A named function's arguments stream as they are generated (the
+call opens with the first text); "required"'s list is held and goes out whole at the end.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import orjson
 
 from ...generate.core.grammar import MAX_GRAMMAR_CHARS, GrammarSpec, constraint_for_json_schema
 from ..errors import bad_request
-from .calls import CLOSE, Piece, new_call
+from .calls import ARGUMENTS, BROKEN, CLOSE, OPEN, Piece, ToolCall, call_id, new_call
 from .request import ToolChoice, ToolRequest
 
 
@@ -86,16 +87,35 @@ class _Whole:
         raise NotImplementedError
 
 
-class NamedCallParser(_Whole):
-    """The answer is the named function's arguments."""
+class NamedCallParser:
+    """The answer is the named function's arguments: the call opens with the answer's first text and every
+    piece is a fragment of its arguments, as it comes. At the end it is parsed once: the call closes with
+    the text as written (compact, the grammar allows no white space); an answer that does not parse (cut
+    by max_tokens) breaks it (ChoiceCalls: streamed, what was sent stands; whole, it is content)."""
 
     def __init__(self, name: str) -> None:
-        super().__init__()
         self.name = name
+        self._id = call_id()
+        self._text: list[str] = []
 
-    def _read(self, doc: Any) -> list[Any] | None:
-        call = new_call(self.name, doc)
-        return None if call is None else [call]
+    def feed(self, text: str) -> list[Piece]:
+        out = [] if self._text else [Piece(call=ToolCall(self._id, self.name, ""), kind=OPEN)]
+        self._text.append(text)
+        out.append(Piece(text, kind=ARGUMENTS))
+        return out
+
+    def finish(self) -> list[Piece]:
+        text = "".join(self._text)
+        if not self._text:
+            return []
+        self._text = []
+        try:
+            doc = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict):
+            return [Piece(text, kind=BROKEN)]
+        return [Piece(call=ToolCall(self._id, self.name, text), kind=CLOSE)]
 
 
 class RequiredCallsParser(_Whole):

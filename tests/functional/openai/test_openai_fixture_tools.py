@@ -110,6 +110,16 @@ def test_the_tool_loop_streamed(client: openai.OpenAI):
     names = [p.function.name for p in parts if p.function and p.function.name]
     arguments = "".join(p.function.arguments or "" for p in parts if p.function)
     assert (names, json.loads(arguments)) == (["get_weather"], {"city": "Paris"})
+    # the call opens first (its name, empty arguments), then its arguments come as they are generated: a
+    # fragment per token, which concatenate to the string the whole answer gives for the same request
+    assert (parts[0].id, parts[0].function and parts[0].function.arguments) == (call_id, "")
+    fragments = [p.function.arguments for p in parts[1:] if p.function and p.function.arguments]
+    assert len(fragments) > 1 and all(p.id is None and p.function and p.function.name is None
+                                      for p in parts[1:])
+    whole = client.chat.completions.create(model=MODEL, messages=OFFERED["messages"], tools=TOOLS,
+                                           tool_choice=NAMED, temperature=0, max_tokens=100)
+    assert [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []] == [
+        (names[0], arguments)]
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
 

@@ -14,7 +14,7 @@ import pytest
 from engine.generate.core.grammar import GrammarKind
 from engine.openai.errors import OpenAIError
 from engine.openai.protocol import parse_request
-from engine.openai.tools.calls import ChoiceCalls
+from engine.openai.tools.calls import ARGUMENTS, OPEN, ChoiceCalls
 from engine.openai.tools.forced import NamedCallParser, RequiredCallsParser
 from engine.openai.tools.request import MAX_TOOL_CHARS, MAX_TOOLS
 
@@ -124,3 +124,15 @@ def test_the_forced_forms_are_read_back_as_calls():
     assert content is None and [(c.name, c.arguments) for c in calls] == [("a", "{}"), ("b", '{"x":1}')]
     cut = ChoiceCalls(NamedCallParser("get_weather"))  # stopped by max_tokens: content as written
     assert cut.message('{"city":"Pa') == ('{"city":"Pa', [])
+
+
+def test_a_named_call_streams_its_arguments_as_they_come():
+    reading = ChoiceCalls(NamedCallParser("get_weather"))
+    pieces = reading.feed('{"city"', False) + reading.feed(':"Paris"}', True)
+    assert [(p.kind, p.index, p.text) for p in pieces] == [
+        (OPEN, 0, ""), (ARGUMENTS, 0, '{"city"'), (ARGUMENTS, 0, ':"Paris"}')]
+    assert pieces[0].call is not None and pieces[0].call.name == "get_weather"
+    assert [(c.id, c.arguments) for c in reading.calls] == [(pieces[0].call.id, '{"city":"Paris"}')]
+    cut = ChoiceCalls(NamedCallParser("get_weather"))  # stopped by max_tokens: what was sent stands
+    assert [p.kind for p in cut.feed('{"city":"Pa', True)] == [OPEN, ARGUMENTS]
+    assert cut.calls == [] and cut.finish_reason("length") == "length"
