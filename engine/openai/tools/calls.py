@@ -142,11 +142,11 @@ class ChoiceCalls:
             if piece.kind == OPEN:
                 self._open, self._skip = True, not self.parallel and self.announced > 0
                 if not self._skip:
-                    out.append(replace(piece, index=self.announced))
+                    out.append(Piece(piece.text, piece.call, OPEN, self.announced))
                     self.announced += 1
             elif piece.kind == ARGUMENTS:
-                if not self._skip:
-                    out.append(replace(piece, index=self.announced - 1))
+                if not self._skip:  # one a token: built directly (dataclasses.replace costs 5x more)
+                    out.append(Piece(piece.text, None, ARGUMENTS, self.announced - 1))
             elif piece.kind == CLOSE:
                 assert piece.call is not None
                 if self._open:
@@ -164,7 +164,7 @@ class ChoiceCalls:
             elif self.announced and not piece.text.strip():
                 self._space += piece.text  # between calls, or before more content: not known yet
             elif piece.text:
-                out.append(replace(piece, text=self._space + piece.text) if self._space else piece)
+                out.append(Piece(self._space + piece.text) if self._space else piece)
                 self._space = ""
             if piece.kind != TEXT:
                 self._space = ""

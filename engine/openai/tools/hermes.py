@@ -109,6 +109,8 @@ class HermesParser:
 
 def _partial_tail(text: str, tag: str) -> int:
     """The length of the longest end of `text` that is a proper beginning of `tag`."""
+    if tag[0] not in text[1 - len(tag):]:
+        return 0  # the usual case, inside a call's text or outside one: no `<` near the end
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if tag.startswith(text[-n:]):
             return n
