@@ -120,6 +120,13 @@ def test_the_tool_loop_streamed(client: openai.OpenAI):
                                            tool_choice=NAMED, temperature=0, max_tokens=100)
     assert [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls or []] == [
         (names[0], arguments)]
+    # the `openai` package's stream helper concatenates the fragments into the same call
+    with client.chat.completions.stream(model=MODEL, messages=OFFERED["messages"], tools=TOOLS,
+                                        tool_choice=NAMED, temperature=0, max_tokens=100) as helper:
+        kinds = [event.type for event in helper]
+        helped = helper.get_final_completion().choices[0].message.tool_calls or []
+    assert kinds.count("tool_calls.function.arguments.delta") > 1
+    assert [(c.function.name, c.function.arguments) for c in helped] == [(names[0], arguments)]
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
 
