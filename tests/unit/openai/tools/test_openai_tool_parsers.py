@@ -254,3 +254,18 @@ def test_long_arguments_fed_in_small_pieces_stream_whole():
     reading, pieces = stream("hermes", [text[i:i + 3] for i in range(0, len(text), 3)])
     _, calls, fragments = accumulate(pieces)
     assert calls == reading.calls and calls[0].arguments == f'{{"v": "{value}"}}' and fragments[0] > 1000
+
+
+@pytest.mark.parametrize("parser, opening", [("hermes", '<tool_call>{"name": "f", "arguments": {"x": "'),
+                                             ("llama3_json", '{"name": "f", "parameters": {"x": "')])
+def test_a_streaming_call_past_the_bound_stops_and_the_rest_is_content(parser: str, opening: str):
+    """Past MAX_CALL_CHARS an opened call stops where it is (what went out stays) and nothing more is
+    parsed: the text after it is content, as for a call that never opened."""
+    reading = ChoiceCalls(PARSERS[parser]())
+    pieces = reading.feed(opening, False)
+    for _ in range(MAX_CALL_CHARS // 1000 + 1):
+        pieces += reading.feed("y" * 1000, False)
+    pieces += reading.feed(f"<tool_call>{WEATHER}</tool_call>", True)
+    content, calls, _ = accumulate(pieces)
+    assert [c.name for c in calls] == ["f"] and len(calls[0].arguments) > MAX_CALL_CHARS - 1000
+    assert content == f"<tool_call>{WEATHER}</tool_call>" and reading.calls == []
