@@ -52,6 +52,13 @@ class DraftModelProposer:
                           "draft model must share the model's tokenizer")
         self.k = num_speculative_tokens
         self._states: dict[str, _DraftState] = {}
+        # a run's inputs, kept between runs: each run is a fraction of a millisecond, and building them
+        # afresh (the mask's ones, the positions, the dict) was 0.05 of the 0.2 ms per step spent around ONNX
+        self._feed: dict[str, np.ndarray] = {}
+        self._past_names = [name for name, _ in self.model.kv_names]
+        self._one_id = np.zeros((1, 1), np.int64)
+        self._ones = np.ones((1, 0), np.int64)
+        self._positions = np.zeros((1, 0), np.int64)
 
     @property
     def requests_held(self) -> int:
@@ -81,14 +88,25 @@ class DraftModelProposer:
     def _run(self, state: _DraftState, new: list[int]) -> int:
         """Run `new` after the state's tokens; the state takes them; the draft's greedy next token."""
         model, start = self.model, len(state.tokens)
+        end = start + len(new)
         if not state.pasts:
             empty = (1, model.heads, 0, model.head_dim)
             state.pasts = [np.zeros(empty, model.kv_dtype) for _ in model.kv_names]
-        ids = np.asarray([new], np.int64)
-        mask = np.ones((1, start + len(new)), np.int64)
-        positions = np.arange(start, start + len(new), dtype=np.int64)[None]
-        logits, *presents = model.session.run(model.output_names,
-                                              model.feed(ids, mask, positions, state.pasts, [None]))
+        if end > self._ones.shape[1]:  # the mask's ones and the positions: views of arrays grown as needed
+            self._ones = np.ones((1, 2 * end), np.int64)
+            self._positions = np.arange(2 * end, dtype=np.int64)[None]
+        feed = self._feed
+        if len(new) == 1:  # the k - 1 runs after the first: one token, written into a kept array
+            self._one_id[0, 0] = new[0]
+            feed["input_ids"] = self._one_id
+        else:
+            feed["input_ids"] = np.asarray([new], np.int64)
+        if model.has_mask:
+            feed["attention_mask"] = self._ones[:, :end]
+        if model.has_positions:
+            feed["position_ids"] = self._positions[:, start:end]
+        feed.update(zip(self._past_names, state.pasts, strict=True))
+        logits, *presents = model.session.run(model.output_names, feed)
         state.tokens.extend(new)
         state.pasts = presents
         return int(logits[0, -1].argmax())
