@@ -89,3 +89,7 @@ class GenerationSample:
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int = 0
     spec_drafts: int = 0  # of a request's steps, those that verified proposals (vLLM's num_drafts)
+    # the back-off (engine/generate/core/backoff.py): requests decoding plainly now because their proposals
+    # did not pay, and back-offs started; None: the version speculates without one (or not at all)
+    spec_requests_backing_off: int | None = None
+    spec_backoffs: int = 0

@@ -227,6 +227,16 @@ _SPEC_FAMILIES: list[tuple[str, str, Callable[[GenerationSample], float]]] = [
      lambda d: d.spec_accepted_tokens),
 ]
 
+# The back-off (engine/generate/core/backoff.py), for the versions whose proposer has it (the default).
+_BACKOFF_FAMILIES: list[tuple[str, str, str, Callable[[GenerationSample], float]]] = [
+    ("hubserve_generation_spec_requests_backing_off", "gauge",
+     "Requests decoding without proposals now because theirs did not pay for their cost (speculative "
+     "decoding's back-off)", lambda d: d.spec_requests_backing_off or 0),
+    ("hubserve_generation_spec_backoffs_total", "counter",
+     "Back-offs started: a request's proposals found not to pay, so it decodes plainly for a while "
+     "(doubling while they keep failing)", lambda d: d.spec_backoffs),
+]
+
 
 def _spec_lines(labelled: list[tuple[GenerationSample, str]]) -> list[str]:
     """Speculative decoding's proposed and kept tokens (their ratio: the acceptance rate), for the versions
@@ -238,6 +248,12 @@ def _spec_lines(labelled: list[tuple[GenerationSample, str]]) -> list[str]:
     for name, help_text, value in _SPEC_FAMILIES:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
         lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in speculating)
+    backing_off = [(d, labels) for d, labels in speculating if d.spec_requests_backing_off is not None]
+    if not backing_off:
+        return lines
+    for name, kind, help_text, value in _BACKOFF_FAMILIES:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines.extend(f"{name}{{{labels}}} {value(d)}" for d, labels in backing_off)
     return lines
 
 

@@ -166,6 +166,7 @@ class BackoffProposer:
         # the back-off a new request starts from: the last finished one's (a draft that never agrees fails
         # every request alike, and each relearning it from min_backoff costs a few probes each)
         self._inherited = min_backoff
+        self._finished_backoffs = 0  # the back-offs of the requests released so far
 
     @property
     def requests_backing_off(self) -> int:
@@ -174,13 +175,15 @@ class BackoffProposer:
 
     @property
     def backoffs(self) -> int:
-        """Back-offs of the requests running now (those finished are dropped)."""
-        return sum(t.policy.backoffs for t in self._tracks.values())
+        """Back-offs started since the proposer was made, the finished requests' included (a counter: the
+        metrics' hubserve_generation_spec_backoffs_total)."""
+        return self._finished_backoffs + sum(t.policy.backoffs for t in self._tracks.values())
 
     def release(self, request_id: str) -> None:
         track = self._tracks.pop(request_id, None)
         if track is not None:
             self._inherited = track.policy.backoff
+            self._finished_backoffs += track.policy.backoffs
         self.inner.release(request_id)
 
     def propose(self, request_id: str, token_ids: Sequence[int], limit: int) -> list[int]:

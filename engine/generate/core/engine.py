@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import EngineError, ErrorCode, invalid
+from .backoff import BackoffProposer
 from .detokenize import OutputText, WindowDecoder
 from .grammar import GrammarCompiler
 from .kv_manager import KVCacheManager
@@ -60,6 +61,10 @@ class EngineStats:
     spec_draft_tokens: int = 0     # tokens proposed by speculative decoding and verified, since the start
     spec_accepted_tokens: int = 0  # of those, kept (verify.py)
     spec_drafts: int = 0           # verifications: a request's steps with proposals (1 + kept / this a step)
+    # the back-off (backoff.py), when the proposer has one: requests decoding plainly now because their
+    # proposals did not pay, and back-offs started since the start; None: no back-off
+    spec_requests_backing_off: int | None = None
+    spec_backoffs: int = 0
 
 
 class GenerationEngine:
@@ -258,6 +263,8 @@ class GenerationEngine:
     def stats(self) -> EngineStats:
         pool = self.kv.pool
         queried = self.kv.prefix_queries
+        proposer = self.scheduler.proposer
+        backoff = proposer if isinstance(proposer, BackoffProposer) else None
         return EngineStats(
             running=len(self.scheduler.running), waiting=self.scheduler.num_waiting,
             kv_blocks_used=pool.num_blocks - pool.num_free, kv_blocks_free=pool.num_free,
@@ -268,7 +275,9 @@ class GenerationEngine:
             waiting_adapters=() if self.adapters is None else _adapters(self.scheduler.waiting),
             waiting_batch=len(self.scheduler.queues[Priority.BATCH]),
             spec_draft_tokens=self.spec_draft_tokens, spec_accepted_tokens=self.spec_accepted_tokens,
-            spec_drafts=self.spec_drafts)
+            spec_drafts=self.spec_drafts,
+            spec_requests_backing_off=None if backoff is None else backoff.requests_backing_off,
+            spec_backoffs=0 if backoff is None else backoff.backoffs)
 
 
 def _adapters(requests: list[Request]) -> tuple[str, ...]:

@@ -160,7 +160,8 @@ class EngineDriver:
             kv_num_blocks=cache.num_blocks, kv_block_size=cache.block_size,
             kv_cache_bytes=self.engine.runner.blocks.nbytes,
             spec_draft_tokens=stats.spec_draft_tokens if self.engine.speculative else None,
-            spec_accepted_tokens=stats.spec_accepted_tokens, spec_drafts=stats.spec_drafts)
+            spec_accepted_tokens=stats.spec_accepted_tokens, spec_drafts=stats.spec_drafts,
+            spec_requests_backing_off=stats.spec_requests_backing_off, spec_backoffs=stats.spec_backoffs)
 
     def adapters_in_flight(self) -> int:
         """Distinct LoRA adapters among the requests in flight (queued or running): beside `max_loras`, how
