@@ -115,7 +115,12 @@ class DraftModelProposer:
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     """How many leading tokens `a` and `b` share, at most `limit`."""
     n = min(len(a), len(b), limit)
-    for i in range(n):
+    # the tokens differ, if at all, in the last step's proposals: compare all before them in one C-level
+    # slice comparison (lists), and only the rest token by token; a Python loop over the whole context
+    # cost ~10 us a step at 200 tokens
+    checked = max(0, n - 16)
+    start = checked if a[:checked] == b[:checked] else 0
+    for i in range(start, n):
         if a[i] != b[i]:
             return i
     return n
