@@ -207,8 +207,11 @@ def test_release_forgets_the_request_and_tells_the_inner_proposer():
     proposer = BackoffProposer(inner, clock=clock)
     simulate(proposer, clock, 40, 2.0)
     assert proposer.requests_backing_off == 1
+    started = proposer.backoffs
+    assert started >= 1
     proposer.release("r")
     assert proposer.requests_backing_off == 0 and inner.released == ["r"]
+    assert proposer.backoffs == started  # a counter (backoffs_total): the released request's stay
 
 
 def test_no_lookup_match_is_a_plain_step_not_a_failed_probe():
