@@ -148,6 +148,17 @@ class Tensor:
         self._array = array
         self._datatype = datatype or v2_datatype(array)
 
+    @staticmethod
+    def _of(name: str, array: np.ndarray, datatype: str) -> Tensor:
+        """hubserve's, for the tensors it hands a model (inputs, BLS outputs): `array` and `datatype` are
+        already what the engine checked and the channel read, so none of `__init__`'s conversion applies
+        (measured: ~1 µs less per input tensor in the instance process, perf/history/pipelines.md)."""
+        tensor = object.__new__(Tensor)
+        tensor._name = name
+        tensor._array = array
+        tensor._datatype = datatype
+        return tensor
+
     def name(self) -> str:
         return self._name
 
@@ -464,9 +475,24 @@ def make_request(inputs: list[Tensor], requested: list[str], request_id: str, co
                  flags: int, parameters: str, sender: InferenceResponseSender | None = None
                  ) -> InferenceRequest:
     """A request for `execute`, as hubserve builds it (no model name: it is not a BLS request); `sender` for
-    a decoupled model's."""
-    request = InferenceRequest(request_id, correlation_id, inputs, requested, "", -1, flags, 0,
-                               parameters=parameters)
+    a decoupled model's. The values are the engine's, already typed (the stub's come through messages.py's
+    checked `RequestHeader`), and `requested` is the request's own list: none of `InferenceRequest.__init__`'s
+    checks or copies applies, so they are skipped (it ran for every request of every batch)."""
+    if type(correlation_id) is not int and type(correlation_id) is not str:  # e.g. a bool: the checks apply
+        request = InferenceRequest(request_id, correlation_id, inputs, requested, "", -1, flags, 0,
+                                   parameters=parameters)
+        request._sender = sender  # type: ignore[attr-defined]
+        return request
+    request = InferenceRequest.__new__(InferenceRequest)
+    request._id = request_id
+    request._correlation_id = correlation_id
+    request._inputs = inputs
+    request._outputs = requested
+    request.model_name = ""
+    request.model_version = -1
+    request._flags = flags
+    request._timeout = 0
+    request._parameters = parameters
     request._sender = sender  # type: ignore[attr-defined]
     return request
 

@@ -86,14 +86,15 @@ def requests_from(headers: list[RequestHeader], tensors: list[Received],
     with a key (a decoupled model's) gets a response sender over `sink`."""
     out = []
     position = 0
+    tensor, request = pb_utils.Tensor._of, pb_utils.make_request
     for header in headers:
         count, key = header.count, header.key
-        inputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in
-                  tensors[position:position + count]]
+        # `_value_`: the member's v2 name without the `value` property's descriptor call (per input tensor)
+        inputs = [tensor(name, array, dt._value_) for name, dt, array in tensors[position:position + count]]
         position += count
         sender = pb_utils.InferenceResponseSender(key, sink) if key and sink is not None else None
-        out.append(pb_utils.make_request(inputs, header.requested, header.request_id, header.correlation_id,
-                                         header.flags, header.parameters, sender))
+        out.append(request(inputs, header.requested, header.request_id, header.correlation_id, header.flags,
+                           header.parameters, sender))
     return out
 
 
@@ -139,7 +140,7 @@ class StubTransport(pb_utils.Transport):
             future.set_result(pb_utils.InferenceResponse(
                 error=pb_utils.TritonError(error.message, getattr(pb_utils.TritonError, error.code, 1))))
             return
-        outputs = [pb_utils.Tensor(name, array, dt.value) for name, dt, array in tensors]
+        outputs = [pb_utils.Tensor._of(name, array, dt._value_) for name, dt, array in tensors]
         future.set_result(pb_utils.InferenceResponse(outputs, parameters=result.parameters))
 
 
