@@ -107,7 +107,9 @@ class Channel:
         with self._lock:
             placement = place(chunks, self._arena, self._own, inline, INLINE_BELOW)
         freed = self._blocks.take_freed() if self._blocks is not None else []
-        specs = tuple([TensorHeader(name, dt.value, a.shape) for name, dt, a in tensors])  # shapes: ints
+        # Shapes: numpy's tuples of ints. `_value_`: the v2 name without the `value` property's descriptor
+        # call (~0.3 us a tensor on Python 3.11, on both sides of every frame).
+        specs = tuple([TensorHeader(name, dt._value_, a.shape) for name, dt, a in tensors])
         try:
             parts = encode_frame(self._envelope(message, specs, placement, freed), inline.take(),
                                  encode_envelope)
