@@ -33,7 +33,10 @@ class AnswerCheck:
     def __init__(self, config: ModelConfig, version: str) -> None:
         self.config = config
         self._version = version
-        self._specs = {spec.name: spec for spec in config.outputs}
+        # By output name: its spec, and its dims when none is -1 (then a shape fits when it is that tuple,
+        # after the batch dimension where there is one: one comparison, the common case) or None.
+        self._specs = {spec.name: (spec, _fixed_dims(spec)) for spec in config.outputs}
+        self._batched = config.max_batch_size > 0
 
     def response(self, request: InferenceRequest, answer: Answer, batch_size: int
                  ) -> InferenceResponse | EngineError:
@@ -52,15 +55,18 @@ class AnswerCheck:
                 return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned no output "
                                    f"'{name}', which the request asked for (it returned {returned})")
             datatype, array = found
-            spec = self._specs[name]
+            spec, dims = self._specs[name]
             if datatype is not spec.datatype:
                 return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned output '{name}' "
                                    f"as {datatype.value}; its config declares {spec.datatype.value}")
             shape = array.shape  # numpy's: a tuple of Python ints
-            problem = self._shape_problem(spec, shape, batch_size)
-            if problem:
-                return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned output '{name}' "
-                                   f"with shape {list(shape)}; {problem}")
+            fits = dims is not None and (shape[1:] == dims and shape[:1] == (batch_size,) if self._batched
+                                         else shape == dims)
+            if not fits:
+                problem = self._shape_problem(spec, shape, batch_size)
+                if problem:
+                    return EngineError(ErrorCode.INTERNAL, f"model '{self.config.name}' returned output "
+                                       f"'{name}' with shape {list(shape)}; {problem}")
             tensors.append(Tensor(name, datatype, shape, array))
         return InferenceResponse(request.model_name, self._version, tensors, request.id,
                                  _parameters(answer[2]))
@@ -77,6 +83,12 @@ class AnswerCheck:
             return f"its config declares [{batch_size}{''.join(f',{d}' for d in dims)}] (this request's " \
                    f"batch of {batch_size})"
         return f"its config declares {want}"
+
+
+def _fixed_dims(spec: TensorSpec) -> tuple[int, ...] | None:
+    """The output's dims (its reshape's where it has one) as a tuple, or None when one is -1 (any size)."""
+    dims = tuple(spec.reshape if spec.reshape is not None else spec.dims)
+    return None if -1 in dims else dims
 
 
 def count_error(instance: str, answers: int, requests: int) -> EngineError | None:
