@@ -79,12 +79,14 @@ RequestMeta = tuple[str, int | str, int, str, list[str]]
 def request_meta(config: ModelConfig, request: InferenceRequest) -> RequestMeta:
     """What pb_utils.InferenceRequest reports: id, correlation id, flags, parameters (compact JSON, in the
     order sent, without the ones Triton makes request fields), requested outputs (all when none named)."""
+    requested = [o.name for o in request.outputs] if request.outputs is not None else \
+        [o.name for o in config.outputs]
     params = request.parameters
+    if not params:  # most requests: no lookups (this runs on the loop for every request of every batch)
+        return request.id, 0, 0, "{}", requested
     correlation = params.get("sequence_id", 0)
     flags = (1 if params.get("sequence_start") else 0) | (2 if params.get("sequence_end") else 0)
     shown = {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS}
-    requested = [o.name for o in request.outputs] if request.outputs is not None else \
-        [o.name for o in config.outputs]
     return request.id, correlation, flags, compact_json(shown) if shown else "{}", requested
 
 
