@@ -103,6 +103,13 @@ class ModelStats:
         if self.histograms is not None:
             self.histograms.queue.observe(wait_ns)
 
+    def record_queue_waits(self, waits_ns: list[int]) -> None:
+        """A batch's requests' times in the queue, as `record_queue` each, in one call per batch (the batcher
+        runs it for every batch it dispatches)."""
+        self.queue.add(sum(waits_ns), len(waits_ns))
+        if self.histograms is not None:
+            self.histograms.queue.observe_each(waits_ns)
+
     def record_execution(self, batch_size: int, requests: int, input_ns: int, infer_ns: int,
                          output_ns: int) -> None:
         """One backend execution of `requests` requests totalling `batch_size` elements. Each request is

@@ -108,7 +108,7 @@ class Batcher(InflightBatcher):
         batching = self.config.max_batch_size > 0
         first = next(iter(inputs.values()))
         batch_size = int(first.shape[0]) if batching and first.ndim else 1
-        shape_key = tuple(a.shape[1:] for a in inputs.values()) if batching else ()
+        shape_key = tuple([a.shape[1:] for a in inputs.values()]) if batching else ()  # a list: one call
         params = request.parameters
         if "priority" in params or "timeout" in params:
             level = policy.level_of(_int_param(request, "priority"))
@@ -129,7 +129,7 @@ class Batcher(InflightBatcher):
     def _dispatch(self) -> None:
         """Form and start batches while an instance is free. Called on every state change."""
         policy = self.policy
-        if not len(policy):
+        if not policy.queued:
             return
         now = time.perf_counter_ns()
         for p in policy.expire(now):
@@ -137,7 +137,7 @@ class Batcher(InflightBatcher):
                                       f"request timed out in the queue of model '{self.config.name}'"))
             self._done(1)
         wait_ns: int | None = None
-        while len(policy) and self._pool.has_free():
+        while policy.queued and self._pool.has_free():
             decision = policy.peek(now)
             if not decision.batch:
                 wait_ns = decision.wait_ns
@@ -218,7 +218,7 @@ class Batcher(InflightBatcher):
 
     def _execute_inline(self, instance: Instance, batch: list[Pending], seq: int, elements: int) -> None:
         try:
-            start, inputs = self._inputs(batch)
+            start, inputs = self._inputs(batch, elements)
             input_ns = time.perf_counter_ns() - start
             outputs, infer_ns = self._pool.execute_inline(instance, inputs, self._output_names, elements)
             results = self._results(batch, outputs, elements, input_ns, infer_ns)
@@ -230,7 +230,7 @@ class Batcher(InflightBatcher):
 
     async def _execute(self, instance: Instance, batch: list[Pending], seq: int, elements: int) -> None:
         try:
-            start, inputs = self._inputs(batch)
+            start, inputs = self._inputs(batch, elements)
             input_ns = time.perf_counter_ns() - start
             outputs, infer_ns = await self._pool.execute(instance, inputs, self._output_names, elements)
             results = self._results(batch, outputs, elements, input_ns, infer_ns)
@@ -247,14 +247,12 @@ class Batcher(InflightBatcher):
         self.policy.finished(len(batch))
         self._pool.release(instance)
 
-    def _inputs(self, batch: list[Pending]) -> tuple[int, dict[str, np.ndarray]]:
-        """When the batch left the queue (accounted as each request's queue time), and its inputs."""
+    def _inputs(self, batch: list[Pending], elements: int) -> tuple[int, dict[str, np.ndarray]]:
+        """When the batch left the queue (accounted as each request's queue time, in one call for the
+        batch), and its inputs."""
         start = time.perf_counter_ns()
-        stats = self._stats
-        for p in batch:
-            stats.record_queue(start - p.enqueue_ns)
+        self._stats.record_queue_waits([start - p.enqueue_ns for p in batch])
         if observe.STATE.active:  # what the access line and the spans read (engine/observability/observe.py)
-            elements = sum(p.batch_size for p in batch)
             for p in batch:
                 req = p.request
                 req.queued_ns, req.dispatched_ns, req.executed_batch = p.enqueue_ns, start, elements
@@ -263,7 +261,7 @@ class Batcher(InflightBatcher):
     def _results(self, batch: list[Pending], outputs: dict[str, np.ndarray], elements: int, input_ns: int,
                  infer_ns: int) -> list[tuple[Pending, InferenceResponse | EngineError]]:
         out_start = time.perf_counter_ns()
-        results = self._split(batch, outputs)
+        results = self._split(batch, outputs, elements)
         end = time.perf_counter_ns()
         output_ns = end - out_start
         self._stats.record_execution(elements, len(batch), input_ns, infer_ns, output_ns)
@@ -282,11 +280,10 @@ class Batcher(InflightBatcher):
                     ", ".join(p.request.id or "-" for p in batch), failure.message)
         return [(p, failure) for p in batch]
 
-    def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray]
+    def _split(self, batch: list[Pending], outputs: dict[str, np.ndarray], total: int
                ) -> list[tuple[Pending, InferenceResponse | EngineError]]:
-        """Slice each output back to its requests (views, no copies)."""
+        """Slice each output back to its requests (views, no copies); `total` is the batch's elements."""
         batching = self.config.max_batch_size > 0
-        total = sum(p.batch_size for p in batch)
         for name, arr in outputs.items():
             if batching and (arr.ndim == 0 or arr.shape[0] != total):
                 raise EngineError(ErrorCode.INTERNAL,

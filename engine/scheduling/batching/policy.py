@@ -67,7 +67,8 @@ class BatchPolicy:
         self._delayed: deque[Pending] = deque()
         self._single = levels == 1
         self._only_queue = self._queues[1]
-        self._size = 0
+        self.queued = 0
+        """Requests in the queues (`len(policy)`); read as an attribute on the batcher's per-arrival path."""
         self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
         # For `peek`'s wait in O(1): batch elements queued, how many queued requests have each shape key,
         # and whether the queue is in arrival order (its head is then the oldest)
@@ -79,7 +80,7 @@ class BatchPolicy:
         self.forecast = JoinForecast() if self.batching and self.config.early_dispatch else None
 
     def __len__(self) -> int:
-        return self._size
+        return self.queued
 
     # ------------------------------------------------------------------ admission
 
@@ -109,17 +110,17 @@ class BatchPolicy:
         if queue and pending.enqueue_ns < queue[-1].enqueue_ns:
             self._ordered = False
         queue.append(pending)
-        self._size += 1
+        self.queued += 1
         self._count(pending, 1)
         if pending.deadline_ns:
             self._with_deadline += 1
-        if self.forecast is not None:
-            self.forecast.on_arrival(pending.enqueue_ns, self.in_flight, self.delay_ns)
+        if self.forecast is not None:  # in_flight, spelled out: this runs for every request
+            self.forecast.on_arrival(pending.enqueue_ns, self.queued + self._executing, self.delay_ns)
 
     @property
     def in_flight(self) -> int:
         """Requests queued or executing: those whose clients are waiting on a batch not yet finished."""
-        return self._size + self._executing
+        return self.queued + self._executing
 
     def remove(self, pending: Pending) -> bool:
         """Take a request out (its client went away). False when it was already dispatched."""
@@ -128,7 +129,7 @@ class BatchPolicy:
                 queue.remove(pending)
             except ValueError:
                 continue
-            self._size -= 1
+            self.queued -= 1
             self._count(pending, -1)
             if pending.deadline_ns:
                 self._with_deadline -= 1
@@ -165,7 +166,7 @@ class BatchPolicy:
                         self._delayed.append(p)
                     else:
                         rejected.append(p)
-                        self._size -= 1
+                        self.queued -= 1
                         self._count(p, -1)
                 else:
                     keep.append(p)
@@ -194,7 +195,7 @@ class BatchPolicy:
 
     def peek(self, now_ns: int) -> Decision:
         """The batch to send now, without removing it; or how long to wait before asking again."""
-        if not self._size:
+        if not self.queued:
             return Decision([], None)
         if (self._simple and self.delay_ns and self._ordered and not self._delayed
                 and self._elements < self.max_batch_size and len(self._keys) == 1):
@@ -244,7 +245,12 @@ class BatchPolicy:
         return Decision([], remaining)
 
     def take(self, batch: list[Pending]) -> None:
-        """Remove a batch returned by `peek` (always a prefix of the walk order)."""
+        """Remove a batch returned by `peek` (always a prefix of the walk order). The shape-key and element
+        counts are settled once per batch, not per request (`peek` puts one shape key in a batch, but any
+        mix is counted right)."""
+        elements = 0
+        key = None
+        same_key = 0
         for p in batch:
             queue = self._queues[p.level]
             if queue and queue[0] is p:
@@ -253,9 +259,27 @@ class BatchPolicy:
                 self._delayed.remove(p)
             if p.deadline_ns:
                 self._with_deadline -= 1
-            self._count(p, -1)
-        self._size -= len(batch)
+            elements += p.batch_size
+            if p.shape_key == key:
+                same_key += 1
+            else:
+                if same_key:
+                    self._uncount_key(key, same_key)
+                key, same_key = p.shape_key, 1
+        if same_key:
+            self._uncount_key(key, same_key)
+        self._elements -= elements
+        if not self._keys:
+            self._ordered = True  # empty: the next arrival starts an ordered queue
+        self.queued -= len(batch)
         self._executing += len(batch)
+
+    def _uncount_key(self, key: Any, requests: int) -> None:
+        left = self._keys[key] - requests
+        if left:
+            self._keys[key] = left
+        else:
+            del self._keys[key]
 
     def finished(self, count: int) -> None:
         """`count` requests taken earlier have their results (answered or failed): their clients may come
