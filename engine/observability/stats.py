@@ -92,8 +92,10 @@ class ModelStats:
     histograms: LatencyHistograms | None = field(default_factory=new_histograms)
 
     def record_request(self, outcome: Duration, elapsed_ns: int) -> None:
-        """An answered request (`outcome` is `success` or `fail`), into the request histogram too."""
-        outcome.add(elapsed_ns)
+        """An answered request (`outcome` is `success` or `fail`), into the request histogram too. Called for
+        every request: `outcome.add` is spelled out."""
+        outcome.count += 1
+        outcome.ns += elapsed_ns
         if self.histograms is not None:
             self.histograms.request.observe(elapsed_ns)
 

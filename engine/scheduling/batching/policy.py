@@ -64,6 +64,8 @@ class BatchPolicy:
         self.preferred = frozenset(self.config.preferred_batch_sizes)
         levels = self.config.priority_levels or 1
         self._queues: dict[int, deque[Pending]] = {lvl: deque() for lvl in range(1, levels + 1)}
+        # Each level's queue policy, looked up once here: `enqueue` reads it for every request
+        self._queue_policies = {lvl: self.config.queue_policy(lvl) for lvl in self._queues}
         self._delayed: deque[Pending] = deque()
         self._single = levels == 1
         self._only_queue = self._queues[1]
@@ -99,7 +101,7 @@ class BatchPolicy:
         return self.config.queue_policy(level)
 
     def enqueue(self, pending: Pending) -> None:
-        policy = self.queue_policy(pending.level)
+        policy = self._queue_policies[pending.level]
         queue = self._queues[pending.level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             raise EngineError(
@@ -111,7 +113,9 @@ class BatchPolicy:
             self._ordered = False
         queue.append(pending)
         self.queued += 1
-        self._count(pending, 1)
+        self._elements += pending.batch_size  # `_count(pending, 1)`, spelled out: it runs for every request
+        key = pending.shape_key
+        self._keys[key] = self._keys.get(key, 0) + 1
         if pending.deadline_ns:
             self._with_deadline += 1
         if self.forecast is not None:  # in_flight, spelled out: this runs for every request
