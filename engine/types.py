@@ -44,6 +44,11 @@ class DataType(enum.Enum):
     numpy_dtype: np.dtype
     itemsize: int
 
+    # Members are singletons compared by identity (a plain Enum, no str mixin), so the identity hash agrees
+    # with equality; Enum's own `__hash__` is Python code (`hash(self._name_)`), run wherever a datatype is
+    # part of a key: the gRPC response-head cache hashes one per output of every answer.
+    __hash__ = object.__hash__
+
     @property
     def config_name(self) -> str:
         """The model-config spelling: `TYPE_FP32`, `TYPE_STRING` for BYTES."""

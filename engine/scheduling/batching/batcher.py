@@ -209,7 +209,7 @@ class Batcher(InflightBatcher):
         a plain callback on the next loop round: no task, whose creation and steps would cost more than such a
         batch's inference. Not at once, inside `_dispatch`: the instance stays busy until then, so requests
         arriving in the same round queue behind it and form the next batch, as they do behind a thread run."""
-        elements = sum(p.batch_size for p in batch)
+        elements = sum([p.batch_size for p in batch])  # a list: one call, not one per request
         loop = asyncio.get_running_loop()
         if self._pool.runs_inline(instance, elements):
             loop.call_soon(self._execute_inline, instance, batch, seq, elements)
