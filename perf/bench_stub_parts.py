@@ -23,31 +23,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from bench_pipelines import ADD_SUB_PY  # perf/ is on the path: the script's own folder
 from engine.backends.python import stub
 from engine.backends.python.channel import instance_side
-from engine.backends.python.messages import Answer, Error, Ok, RequestHeader, Result
+from engine.backends.python.messages import RequestHeader, Result
 from engine.backends.python.runner import ModelRunner, convert_response
 from engine.types import DataType
 
 PARTS = ("requests", "execute", "convert", "answers", "frame")
-
-
-def answers_of(answers: list[Any]) -> tuple[list[Answer], list[Any]]:
-    """What stub.serve sends for `answers`: one message per answer, and the outputs in order."""
-    metas: list[Answer] = []
-    outputs: list[Any] = []
-    for answer in answers:
-        if answer[0] == "ok":
-            metas.append(Ok(len(answer[1]), answer[2]))
-            outputs.extend(answer[1])
-        else:
-            metas.append(Error(answer[1], answer[2]))
-    return metas, outputs
 
 
 def measure(runner: ModelRunner, size: int, batches: int, repeats: int) -> dict[str, float]:
@@ -69,7 +55,7 @@ def measure(runner: ModelRunner, size: int, batches: int, repeats: int) -> dict[
             t2 = clock()
             answers = [convert_response(r, i) for i, r in enumerate(responses)]
             t3 = clock()
-            metas, outputs = answers_of(answers)
+            metas, outputs = stub.answer_frame(answers)
             t4 = clock()
             channel.frame(Result(1, None, metas), outputs)
             t5 = clock()

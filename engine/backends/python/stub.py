@@ -152,6 +152,19 @@ def _error_response(message: str) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
 
+def answer_frame(answers: list[Any]) -> tuple[list[Answer], list[Any]]:
+    """A batch's answers as its Result frame carries them: one message per answer, the outputs in order."""
+    metas: list[Answer] = []
+    outputs: list[Any] = []
+    for answer in answers:
+        if answer[0] == "ok":
+            metas.append(Ok(len(answer[1]), answer[2]))
+            outputs.extend(answer[1])
+        else:
+            metas.append(Error(answer[1], answer[2]))
+    return metas, outputs
+
+
 def router(channel: Channel, transport: StubTransport, sink: StubSink) -> Route:
     """What becomes of a frame that is not work, on whichever thread read it (reading.py)."""
 
@@ -191,14 +204,7 @@ def serve(channel: Channel, runner: ModelRunner, reading: Reading, sink: StubSin
             channel.send(Result(batch, str(e), []))
             continue
         del requests  # the inputs' views: their blocks go back with this frame where nothing else holds them
-        metas: list[Answer] = []
-        outputs: list[Any] = []
-        for answer in answers:
-            if answer[0] == "ok":
-                metas.append(Ok(len(answer[1]), answer[2]))
-                outputs.extend(answer[1])
-            else:
-                metas.append(Error(answer[1], answer[2]))
+        metas, outputs = answer_frame(answers)
         try:
             channel.send(Result(batch, None, metas), outputs)
         except EngineError as e:  # e.g. a tensor no wire form fits
