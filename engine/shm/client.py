@@ -58,7 +58,7 @@ import contextlib
 import os
 import resource
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -211,6 +211,21 @@ class TensorPlace:
     byte_size: int
 
 
+def region_status(owned: Mapping[str, Any], name: str, kind: str, other: str,
+                  other_holds: Callable[[], bool]) -> list[dict[str, Any]]:
+    """One owner's regions of `kind` (one, by name) in Triton's status form; a name the `other` kind holds
+    says so, as Triton's one map of both kinds does."""
+    if not name:
+        return [r.status() for r in owned.values()]
+    region = owned.get(name)
+    if region is None:
+        if other_holds():
+            raise not_found(f"The region named '{name}' is registered as {other} shared memory, not {kind} "
+                            "shared memory")
+        raise not_found(f"Unable to find {kind.lower()} shared memory region: '{name}'")
+    return [region.status()]
+
+
 class SystemSharedMemory:
     """The registry: owner → region name → ClientRegion. One per server (the DataPlane's), on its event
     loop. Every call names its caller (engine/access/caller.py); NOBODY is the keyless owner."""
@@ -303,16 +318,8 @@ class SystemSharedMemory:
 
     def status(self, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
         """`caller`'s regions (one, by name), in Triton's status form."""
-        owned = self._regions.get(caller.owner, {})
-        if not name:
-            return [r.status() for r in owned.values()]
-        region = owned.get(name)
-        if region is None:
-            if self.cuda_holds(name, caller.owner):
-                raise not_found(f"The region named '{name}' is registered as CUDA shared memory, not system "
-                                "shared memory")
-            raise not_found(f"Unable to find system shared memory region: '{name}'")
-        return [region.status()]
+        return region_status(self._regions.get(caller.owner, {}), name, "system", "CUDA",
+                             lambda: self.cuda_holds(name, caller.owner))
 
     def place(self, name: Any, offset: Any, byte_size: Any, owner: str = "") -> TensorPlace:
         """A tensor's place from a request's parameters, checked against `owner`'s region (Triton's

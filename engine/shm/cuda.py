@@ -30,8 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..access.caller import NOBODY, Caller
-from ..errors import EngineError, ErrorCode, invalid, not_found
-from .client import SystemSharedMemory, TensorPlace
+from ..errors import EngineError, ErrorCode, invalid
+from .client import SystemSharedMemory, TensorPlace, region_status
 
 IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t), CUDA_IPC_HANDLE_SIZE
 _UINT64_MAX = (1 << 64) - 1
@@ -182,16 +182,8 @@ class CudaSharedMemory:
 
     def status(self, name: str = "", caller: Caller = NOBODY) -> list[dict[str, Any]]:
         """`caller`'s CUDA regions (one, by name) in Triton's form: name, device_id, byte_size."""
-        owned = self._regions.get(caller.owner, {})
-        if not name:
-            return [r.status() for r in owned.values()]
-        region = owned.get(name)
-        if region is None:
-            if self.system.holds(name, caller.owner):
-                raise not_found(f"The region named '{name}' is registered as system shared memory, not CUDA "
-                                "shared memory")
-            raise not_found(f"Unable to find cuda shared memory region: '{name}'")
-        return [region.status()]
+        return region_status(self._regions.get(caller.owner, {}), name, "CUDA", "system",
+                             lambda: self.system.holds(name, caller.owner))
 
     def place(self, name: Any, offset: Any, byte_size: Any, owner: str = "") -> TensorPlace:
         """A tensor's place in a region of either kind, checked as Triton's GetMemoryInfo does: a CUDA
