@@ -6,10 +6,12 @@ named function, the call's arguments (a JSON object valid under its `parameters`
 array of at least one `{"name": <one of the tools>, "parameters": <its arguments>}` (at most one with
 parallel_tool_calls false). Either is written compact (no whitespace between its tokens, llguidance's
 `whitespace_flexible` off), so a model cannot wander in whitespace. The tools are still rendered into the
-prompt by the model's template, so the model knows them. The readers (calls.py's parser protocol) parse the
-text once, at the end: a text that does not parse (the answer stopped at max_tokens) stays content in the
-whole answer, with finish_reason "length". A named function's arguments stream as they are generated (the
-call opens with the first text); "required"'s list is held and goes out whole at the end.
+prompt by the model's template, so the model knows them. The readers (calls.py's parser protocol) stream
+both as auto's parsers do: a named call opens with the answer's first text, each of "required"'s calls once
+its name is read (the schema puts `name` before `parameters`), and the arguments follow as they are
+generated, the fragments being the text as written; each call's text is parsed once, when it closes. An
+answer cut by max_tokens before any call opened is content, whole, with finish_reason "length"; a call cut
+after it opened keeps what the stream sent (the whole answer gives its text as content).
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ import orjson
 
 from ...generate.core.grammar import MAX_GRAMMAR_CHARS, GrammarSpec, constraint_for_json_schema
 from ..errors import bad_request
-from .calls import ARGUMENTS, BROKEN, CLOSE, OPEN, Piece, ToolCall, call_id, new_call
+from .calls import ARGUMENTS, BROKEN, CLOSE, OPEN, Piece, ToolCall, call_id, closed_call, opened
 from .request import ToolChoice, ToolRequest
+from .scan import CallScanner
+
+_WHITE = " \t\r\n"
 
 
 def forced_call_spec(tools: ToolRequest) -> GrammarSpec | None:
@@ -62,31 +67,6 @@ def _parameters(function: dict[str, Any]) -> dict[str, Any]:
     return {**parameters, "type": "object"} if "type" not in parameters else parameters
 
 
-class _Whole:
-    """Holds the answer; `_read` turns the whole of it into calls, or None (then it is content)."""
-
-    def __init__(self) -> None:
-        self._text: list[str] = []
-
-    def feed(self, text: str) -> list[Piece]:
-        self._text.append(text)
-        return []
-
-    def finish(self) -> list[Piece]:
-        text = "".join(self._text)
-        self._text = []
-        try:
-            calls = self._read(orjson.loads(text))
-        except orjson.JSONDecodeError:
-            calls = None
-        if calls is None:
-            return [Piece(text)] if text else []
-        return [Piece(call=call, kind=CLOSE) for call in calls]
-
-    def _read(self, doc: Any) -> list[Any] | None:
-        raise NotImplementedError
-
-
 class NamedCallParser:
     """The answer is the named function's arguments: the call opens with the answer's first text and every
     piece is a fragment of its arguments, as it comes. At the end it is parsed once: the call closes with
@@ -118,11 +98,80 @@ class NamedCallParser:
         return [Piece(call=ToolCall(self._id, self.name, text), kind=CLOSE)]
 
 
-class RequiredCallsParser(_Whole):
-    """The answer is a list of {"name", "parameters"}."""
+class RequiredCallsParser:
+    """The answer is a JSON array of `{"name", "parameters"}`: each element goes through its own scanner
+    (scan.py) as it comes, so a call opens once its name is read and its parameters stream as they are
+    generated, as a named call's do; it closes when its object does. The array's brackets, commas and white
+    space are never content. The answer cut before any call opened (max_tokens) is content as written,
+    whole; cut inside a later call, that call is BROKEN (ChoiceCalls: streamed, what was sent stands; whole,
+    its text is content) and the calls before it stand. Text that is not the form (which the grammar does not
+    let the model write) is content from there on."""
 
-    def _read(self, doc: Any) -> list[Any] | None:
-        if not isinstance(doc, list) or not doc:
-            return None
-        calls = [new_call(c.get("name"), c.get("parameters")) if isinstance(c, dict) else None for c in doc]
-        return None if any(c is None for c in calls) else calls
+    def __init__(self) -> None:
+        self._mode = "open"   # open: before `[`; between: before an element or `]`; element; done; text
+        self._read: list[str] = []  # the whole text while nothing has gone out: content if no call comes
+        self._sent = False    # a piece went out: what was read before it is not held any more
+        self._object: list[str] = []  # the element being read
+        self._scanner = CallScanner()
+        self._id = ""
+
+    def feed(self, text: str) -> list[Piece]:
+        out: list[Piece] = []
+        if not self._sent:
+            self._read.append(text)
+        i = 0
+        while i < len(text) and self._mode != "text":
+            if self._mode == "element":
+                i = self._element(text, i, out)
+                continue
+            c = text[i]
+            if c in _WHITE:
+                i += 1
+            elif self._mode == "open" and c == "[":
+                self._mode, i = "between", i + 1
+            elif self._mode == "between" and c == ",":
+                i += 1
+            elif self._mode == "between" and c == "]":
+                self._mode, i = "done", i + 1
+            elif self._mode == "between" and c == "{":
+                self._mode, self._object, self._scanner, self._id = "element", [], CallScanner(), call_id()
+            else:
+                self._mode = "text"
+        if self._mode == "text" and i < len(text):
+            self._content(text[i:], out)
+        return self._went(out)
+
+    def finish(self) -> list[Piece]:
+        out: list[Piece] = []
+        if not self._sent:  # no call came (the answer cut before one opened): all of it is content
+            text = "".join(self._read)
+            out = [Piece(text)] if text else []
+        elif self._mode == "element":
+            out.append(Piece("".join(self._object), kind=BROKEN))
+        self._mode, self._read, self._object = "text", [], []
+        return out
+
+    def _element(self, text: str, at: int, out: list[Piece]) -> int:
+        """The element's text from `at` through its scanner, closed as a call when its object ends."""
+        scanner = self._scanner
+        was = scanner.streaming
+        used, fragment = scanner.feed(text[at:])
+        self._object.append(text[at:at + used])
+        opened(scanner, self._id, was, fragment, out)
+        if scanner.done:  # (an element starts with `{`: the scanner never finds it opaque)
+            body = "".join(self._object)
+            call = closed_call(scanner, body, self._id, ("parameters", "arguments"))
+            out.append(Piece(call=call, kind=CLOSE) if call is not None else Piece(body, kind=BROKEN))
+            self._mode, self._object = "between", []
+        return at + used
+
+    def _content(self, text: str, out: list[Piece]) -> None:
+        """Text past the form: content, with all that was read before it when nothing has gone out yet."""
+        if not (self._sent or out):
+            text, self._read = "".join(self._read), []  # the answer so far, this piece included
+        out.append(Piece(text))
+
+    def _went(self, out: list[Piece]) -> list[Piece]:
+        if out and not self._sent:
+            self._sent, self._read = True, []
+        return out

@@ -8,7 +8,9 @@ weights prefer; the tool's one argument is an enum of one value, so the call is 
 assistant's tool_calls → a tool message → a second request with tools (auto). Each request's prompt is
 exactly transformers' `apply_chat_template(messages, tools=...)` ids as recorded in expected/qwen2.json
 (`tool_chats`): the same count in `usage.prompt_tokens`, the same ids from /tokenize, and, the prompt being
-the same, the second answer is transformers' greedy text; whole and streamed."""
+the same, the second answer is transformers' greedy text; whole and streamed. tool_choice "required" and a
+named function, sampled with seeds, stream their calls as the grammar lets the model write them (several
+for "required"), the fragments joining to the whole answer's arguments for the same seed."""
 
 from __future__ import annotations
 
@@ -139,3 +141,46 @@ def test_the_tool_loop_streamed(client: openai.OpenAI):
     assert not any(c.choices[0].delta.tool_calls for c in rest if c.choices)
     assert [c.choices[0].finish_reason for c in rest if c.choices and c.choices[0].finish_reason] == [
         RESULT["finish_reason"]]
+
+
+def streamed_calls(chunks: list[Any]) -> list[tuple[str, str]]:
+    """The calls a client rebuilds from the stream's tool_calls deltas, checking their shape: each call's
+    first delta carries its index, id, type, name and empty arguments; the others only argument fragments,
+    more than one a call (they come as they are generated)."""
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    calls: list[list[str]] = []
+    fragments: list[int] = []
+    for part in (t for d in deltas for t in d.tool_calls or []):
+        assert part.function is not None
+        if part.id is not None:
+            assert (part.index, part.type, part.function.arguments) == (len(calls), "function", "")
+            assert part.function.name is not None
+            calls.append([part.function.name, ""])
+            fragments.append(0)
+        else:
+            assert part.index == len(calls) - 1 and part.function.name is None
+            calls[part.index][1] += part.function.arguments or ""
+            fragments[part.index] += 1
+    assert calls and all(n > 1 for n in fragments)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "tool_calls" and not any(finishes[:-1])
+    return [(name, arguments) for name, arguments in calls]
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_calls_stream_as_they_are_generated(client: openai.OpenAI, choice: str):
+    """tool_choice required (parallel calls included) and a named function stream as auto's calls do, and
+    the fragments join to exactly the whole answer's arguments for the same seed."""
+    tool_choice: Any = "required" if choice == "required" else NAMED
+    most = 0
+    for seed in range(3):
+        fields: Any = dict(model=MODEL, messages=OFFERED["messages"], tools=TOOLS, tool_choice=tool_choice,
+                           temperature=1.0, seed=seed, max_tokens=100)
+        calls = streamed_calls(list(client.chat.completions.create(**fields, stream=True)))
+        whole = client.chat.completions.create(**fields).choices[0]
+        assert whole.finish_reason == "tool_calls" and whole.message.content is None
+        assert calls == [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+        assert all(json.loads(arguments) == {"city": "Paris"} for _, arguments in calls)
+        most = max(most, len(calls))
+    assert most == 1 if choice == "named" else most > 1  # "required" wrote parallel calls for some seed
