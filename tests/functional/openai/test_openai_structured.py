@@ -69,13 +69,16 @@ def test_chat_json_schema_through_the_openai_package(client: openai.OpenAI, mode
 
 @pytest.mark.parametrize("model", MODELS)
 def test_json_object_gives_a_json_object(client: openai.OpenAI, model: str):
-    for seed in range(4):
+    """The tiny model closes its object within max_tokens every time, so each of its samples is parsed; the
+    random Qwen2 model wanders into a long string and is cut (still the start of one)."""
+    for seed in range(4 if model == QWEN else 8):
         answer = client.completions.create(model=model, prompt="{", temperature=1.0, seed=seed,
                                            max_tokens=120,
                                            extra_body={"response_format": {"type": "json_object"}})
-        if answer.choices[0].finish_reason == "stop":
+        if model == TINY or answer.choices[0].finish_reason == "stop":
+            assert answer.choices[0].finish_reason == "stop", answer.choices[0].text
             assert isinstance(json.loads(answer.choices[0].text), dict)
-        else:  # cut by max_tokens: still the start of one
+        else:
             assert answer.choices[0].finish_reason == "length" and answer.choices[0].text.startswith("{")
 
 
