@@ -288,3 +288,14 @@ def test_a_named_call_streamed_and_the_loop_goes_on(tiny: openai.OpenAI):
                                          tool_choice="none", max_tokens=8, temperature=0)
     assert final.choices[0].message.tool_calls is None
     assert final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_tool_schema_the_grammar_cannot_compile_is_a_400_naming_tools(tiny: openai.OpenAI):
+    """required and named compile the tools' schemas (forced.py): one llguidance refuses fails closed."""
+    bad: Any = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"when": {"type": "string", "format": "nope"}}}}}]
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(openai.BadRequestError) as err:
+            tiny.chat.completions.create(model="tiny_decoder", messages=QUESTION, tools=bad,
+                                         tool_choice=choice, max_tokens=8)
+        assert err.value.body["param"] == "tools" and "Unknown format: nope" in err.value.message
