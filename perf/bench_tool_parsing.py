@@ -1,7 +1,8 @@
 """What reading a streamed answer for tool calls costs per token, in process: an answer that is one call
 whose arguments hold a long string (a file's content, say: the case that made Triton's frontend cap its
 streamed tool-call parsing, server #8811), fed to the choice's reading in pieces of `--piece` characters (a
-token's worth), as the SSE writer feeds it. The time per piece should not grow with the call's length: each
+token's worth), as the SSE writer feeds it; `required` is tool_choice "required"'s constrained list
+(tools/forced.py). The time per piece should not grow with the call's length: each
 piece is read once, never the text held before it.
 
 `--compare-tree DIR` (repeatable) runs the same in a subprocess on another checkout's engine (main's, say),
@@ -27,12 +28,17 @@ def answer(parser: str, size: int) -> str:
     if parser == "hermes":
         return ('Let me write it.\n<tool_call>\n{"name": "write_file", "arguments": {"path": "a.py", '
                 f'"content": "{content}"}}}}\n</tool_call>')
+    if parser == "required":  # tool_choice "required": the grammar's compact list (tools/forced.py)
+        return f'[{{"name":"write_file","parameters":{{"path":"a.py","content":"{content}"}}}}]'
     return f'{{"name": "write_file", "parameters": {{"path": "a.py", "content": "{content}"}}}}'
 
 
 def measure(parser: str, piece: int, reps: int) -> list[dict[str, float]]:
     from engine.openai.tools import PARSERS
     from engine.openai.tools.calls import ChoiceCalls
+    from engine.openai.tools.forced import RequiredCallsParser
+
+    make = {**PARSERS, "required": RequiredCallsParser}[parser]
 
     out = []
     for size in SIZES:
@@ -41,7 +47,7 @@ def measure(parser: str, piece: int, reps: int) -> list[dict[str, float]]:
         wall = cpu = float("inf")
         for _ in range(reps):
             w, c = time.perf_counter(), time.process_time()
-            reading = ChoiceCalls(PARSERS[parser]())
+            reading = ChoiceCalls(make())
             for cut in cuts:
                 reading.feed(cut, False)
             reading.feed("", True)
@@ -55,7 +61,7 @@ def measure(parser: str, piece: int, reps: int) -> list[dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--parser", default="hermes,llama3_json")
+    ap.add_argument("--parser", default="hermes,llama3_json,required")
     ap.add_argument("--piece", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
