@@ -184,7 +184,8 @@ class GenerationEngine:
             outputs.append(RequestOutput(
                 request.request_id, tuple(new), finished, reason,
                 tuple(request.output_token_ids) if finished else (), request.output_text,
-                () if shown is None else (shown,), text, ends))
+                () if shown is None else (shown,), text, ends,
+                request.grammar.error if reason is FinishReason.ERROR and request.grammar else None))
         return outputs
 
     def _verify(self, plan: SchedulerOutput, logits: np.ndarray, sampled: dict[str, Sequence[int]],
@@ -248,6 +249,11 @@ class GenerationEngine:
             if reason is not None:
                 return reason, new[:count]
         return None, new
+
+    def close(self) -> None:
+        """End the threads the engine started (grammar.py's mask thread); called once by its owner (the
+        API layer's engine thread, as it ends), after the last step."""
+        self.grammars.close()
 
     def run_to_completion(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:
         """Step until every request finished; the last output of each, by request id."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import invalid
+from ...errors import EngineError, invalid
 from .detokenize import OutputText
 from .grammar import Constraint, GrammarSpec
 from .lora import LoraAdapter
@@ -54,6 +54,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"        # a stop token, the end-of-sequence token or a stop string (OpenAI's "stop")
     LENGTH = "length"    # max_tokens, or the model's context is full (OpenAI's "length")
     ABORT = "abort"      # the caller aborted it (a client gone)
+    ERROR = "error"      # it failed alone (its grammar, grammar.py): `RequestOutput.error` says why
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,3 +221,4 @@ class RequestOutput:
     # string's possible start and an incomplete character held back; the rest of output_text when finished)
     new_text: str = ""
     text_ends: tuple[int, ...] = ()         # per new token, the output text's length through it
+    error: EngineError | None = None        # why it failed (finish_reason ERROR): its client gets this

@@ -7,7 +7,9 @@ Greedy rows are one vectorised argmax. A sampled row draws from its request's ow
 seeded request gives the same tokens whatever runs beside it, and a preempted request, which samples nothing
 while it is recomputed, continues exactly where it was. A structured request's draw is limited to what
 its grammar allows next (grammar.py's bitmask, read in place: no masked copy of the row) and its grammar
-takes the token drawn; only such rows pay for it.
+takes the token drawn; only such rows pay for it. Their next masks are then computed on the grammars' own
+thread while the next step's model runs (grammar.py `NextMasks`), one job for the step's rows; a grammar
+that fails there fails its request alone (stopping.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .grammar import AllowedTokens
+from .grammar import AllowedTokens, Constraint, start_next_masks
 from .request import Request, SamplingParams, TokenLogprob
 
 
@@ -62,16 +64,22 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
             ids = None
             if row in allowed:  # the same draw as over the row masked (-inf elsewhere), sorting nothing more
                 ids = allowed[row].ids(scaled.shape[1])
-                if not ids.shape[0]:  # a grammar in error: the draw is refused by its advance below
+                if not ids.shape[0]:  # a grammar in error: whatever is drawn, the request fails
                     ids = None
                 elif row in changed and np.isneginf(scaled[i, ids]).all():  # only its held stops allowed
                     scaled[i, ids] = 0.0
             tokens[row] = _draw(scaled[i], request.params, request.rng, ids)
+    going_on: list[Constraint] = []
     for row in allowed:
-        grammar, stops = requests[row].grammar, requests[row].params.stop_token_ids
+        request = requests[row]
+        grammar, stops = request.grammar, request.params.stop_token_ids
         assert grammar is not None
         if tokens[row] not in stops:  # a stop token beside EOS ends the request, outside the grammar
             grammar.advance(tokens[row])
+            if len(request.output_token_ids) + 1 < request.params.max_tokens:  # it may draw again
+                going_on.append(grammar)
+    # their next masks, on the mask thread while the next step's model runs (one hand-off per step)
+    start_next_masks(going_on)
     return tokens
 
 

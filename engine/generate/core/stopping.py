@@ -11,7 +11,9 @@
 
 A structured request (grammar.py) also stops ("stop") on the token that completes its grammar, where
 nothing may follow; its text keeps that token's. EOS or a stop token, which its grammar allows only where
-the text may end, stops it as in 1.
+the text may end, stops it as in 1. A grammar that failed (a per-step limit of llguidance's) ends its
+request first of all, with "error" (the token drawn meanwhile is not shown): never a "stop" with a text
+its grammar did not finish.
 
 Called by the engine once for each token a request generates, in order: it adds the token to the request's
 text (detokenize.py `OutputText`), so each call costs work bounded by the longest stop string, not the
@@ -32,6 +34,9 @@ def check_stop(request: Request, tokenizer: Tokenizer, max_model_len: int) -> Fi
     before = len(text)
     text.push(last)
     reason: FinishReason | None = None
+    if request.grammar is not None and request.grammar.error is not None:  # failed: ends alone, with it
+        request.output_text = text.text()[:before]
+        return FinishReason.ERROR
     if request.grammar is not None and request.grammar.complete:  # matched in full: nothing may follow
         stopped = last == tokenizer.eos_token_id or last in params.stop_token_ids
         request.output_text = text.text()[:before] if stopped and not params.include_stop_str_in_output \

@@ -287,6 +287,7 @@ class EngineDriver:
                 events = []
             self._post(events)
             if closing and not engine.has_unfinished():
+                engine.close()
                 return
             if engine.has_unfinished():
                 self._wake.set()  # woken mid-run: take the new work, then go on stepping
@@ -332,6 +333,8 @@ class EngineDriver:
             return None  # a prefill chunk: nothing to show yet
         if out.finished:
             del self._texts[out.request_id]
+        if out.error is not None:  # it failed alone (its grammar): the rest of its text is never shown
+            return out.request_id, TokenEvent(finished=True, error=out.error)
         reason = out.finish_reason.value if out.finish_reason is not None else None
         state.sent += len(out.new_text)
         shown: tuple[ShownLogprob, ...] = ()

@@ -138,6 +138,28 @@ def test_constrained_and_free_requests_in_flight_together_each_get_their_own(cli
             jsonschema.validate(json.loads(f.result()), SCHEMA)
 
 
+def test_a_grammar_failing_while_it_generates_fails_that_request_alone(client: openai.OpenAI):
+    """A grammar that compiles and then passes llguidance's limit of 2,000 Earley items in a row at its
+    first token: that request is a 400 in llguidance's words; free requests in flight beside it get what
+    they get alone (before, the whole engine step failed, and every request in it with a 500)."""
+    grammar = 'start: "a" t\nt: ' + " | ".join(f'"b{i}"' for i in range(2100))
+
+    def free(seed: int) -> str:
+        return client.completions.create(model=TINY, prompt="Once", temperature=1.0, seed=seed,
+                                         max_tokens=40, extra_body={"ignore_eos": True}).choices[0].text
+
+    alone = [free(s) for s in range(3)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        frees = [pool.submit(free, s) for s in range(3)]
+        failing = pool.submit(client.completions.create, model=TINY, prompt="Once", max_tokens=20,
+                              extra_body={"structured_outputs": {"grammar": grammar}})
+        with pytest.raises(openai.BadRequestError) as refused:
+            failing.result()
+        assert [f.result() for f in frees] == alone
+    assert "the grammar failed at output token 1" in refused.value.message
+    assert "max is 2000" in refused.value.message
+
+
 def test_max_tokens_cutting_a_json_short_finishes_with_length(client: openai.OpenAI):
     answer = client.chat.completions.create(model=TINY, messages=MESSAGES, temperature=1.0, seed=0,
                                             max_tokens=4, response_format=JSON_SCHEMA_FORMAT)
