@@ -20,7 +20,8 @@ from __future__ import annotations
 import enum
 import json
 import threading
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+import time
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +29,12 @@ import numpy as np
 
 from ...bounded_cache import BoundedCache
 from ...errors import EngineError, ErrorCode, invalid
+from .mask_thread import MaskThread
 from .tokenizer import ByteTokenizer, JsonTokenizer, Tokenizer
 
 MAX_GRAMMAR_CHARS = 100_000   # a spec's text (schema, regex, grammar) at most: it is compiled on a request
 COMPILED_GRAMMARS = 256       # compiled grammars kept per model (a bounded cache: cleared when full)
 KNOWN_MASKS = 32              # masks whose allowed ids are kept per model: at most 32 × vocabulary × 4 bytes
-MASK_THREAD_NAME = "hubserve-grammar-mask"  # the thread that computes the next step's masks (`NextMasks`)
 
 
 class GrammarKind(enum.Enum):
@@ -71,7 +72,7 @@ ANY_JSON_OBJECT = constraint_for_json_schema({"type": "object"}, "response_forma
 class Constraint:
     """One request's position in its grammar. Made by `GrammarCompiler.constraint`; used by the engine's
     thread (the sampler and the stop check), after the request was added, and by its compiler's mask thread
-    (`NextMasks`) between an `advance` and the next `allowed`: the engine's thread touches the matcher only
+    (mask_thread.py) between an `advance` and the next `allowed`: the engine's thread touches the matcher only
     once that job is done (`allowed` and `advance` wait for it; `complete` reads what `advance` kept), so
     it is never used by two threads at once.
 
@@ -83,7 +84,7 @@ class Constraint:
                  "_filled", "_stopped", "_accepting", "_tokens", "error")
 
     def __init__(self, matcher: Any, vocab_size: int, known: BoundedCache[bytes, np.ndarray],
-                 next_masks: NextMasks | None = None) -> None:
+                 next_masks: MaskThread | None = None) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
@@ -91,7 +92,7 @@ class Constraint:
         # a view of the bitmask, refilled in place at each `allowed`; `known`: its compiler's masks' ids
         self._allowed = AllowedTokens(self._mask, vocab_size, known)
         self._next = next_masks          # its compiler's mask thread; None: every mask on the caller's
-        self._pending: Future[None] | None = None  # the mask job that holds the matcher now
+        self._pending: Future[float] | None = None  # the mask job that holds the matcher now
         self._filled = False             # the mask is the one after the last token taken
         self._stopped = bool(matcher.is_stopped())      # kept at each advance: read while a job runs
         self._accepting = bool(matcher.is_accepting())
@@ -102,7 +103,7 @@ class Constraint:
         """The tokens that may come next, until the next `advance`. EOS may come only where the grammar may
         end, and so may each of `also` (stop tokens that end the request as EOS does: the folder's other EOS
         ids). llguidance fills the bitmask (1: allowed) kept for this request, on the mask thread while the
-        model ran (`NextMasks.start`, after the last advance) or here; the sampler reads it without making a
+        model ran (mask_thread.py, after the last advance) or here; the sampler reads it without making a
         masked copy of the row (sampler.py `sample`). After an `error`, what the grammar left (EOS only)."""
         self._wait()
         if not self._filled:
@@ -117,7 +118,7 @@ class Constraint:
     def advance(self, token: int) -> None:
         """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is
         taken unless the grammar failed meanwhile (`error`). The next mask is not computed here: the
-        sampler hands every advanced row to `NextMasks.start` at once."""
+        sampler hands every advanced row to the mask thread at once (mask_thread.py `start_next_masks`)."""
         self._wait()
         if self.error is not None:
             return
@@ -141,8 +142,8 @@ class Constraint:
         return not self._filled and self._pending is None and not self._stopped and self.error is None
 
     def fill(self) -> None:
-        """Compute the mask after the tokens taken: on the mask thread (a `NextMasks` job, which owns the
-        matcher until `allowed` waits for it) or on the engine's. A grammar that fails here sets `error`:
+        """Compute the mask after the tokens taken: on the mask thread (a mask_thread.py job, which owns
+        the matcher until `allowed` waits for it) or on the engine's. A grammar that fails here sets `error`:
         its request ends alone, the other rows of the step go on."""
         matcher = self._matcher
         try:
@@ -167,63 +168,18 @@ class Constraint:
         if pending is None:
             return
         self._pending = None
+        start = time.perf_counter()
         try:
             pending.result()
         except CancelledError:  # its engine closed before the job ran: computed here, if ever asked
             self._filled = False
+        if self._next is not None:
+            self._next.waited_s += time.perf_counter() - start
 
 
 def _first_line(message: str) -> str:
     """llguidance's error, without the parser state it appends (a dump of every token so far)."""
     return message.strip().split("\n", 1)[0]
-
-
-class NextMasks:
-    """The constrained rows' next masks, computed on a thread of their own while the engine's thread runs
-    the model: one job per step with every advanced row, started by the sampler right after its advances
-    (`start`), waited for by each row's next `allowed`. llguidance releases the GIL while it computes a
-    mask, and ONNX Runtime while it runs the model, so where a core is free the masks leave the step's
-    critical path (vLLM and xgrammar overlap the mask with the GPU's forward pass the same way).
-
-    One per `GrammarCompiler` (so per engine); the thread starts at the first job and ends at `close`
-    (the engine's), which waits for the job running and drops the queued one. A request cancelled or
-    finished while its mask is computed costs that one mask: nothing reads it, and its matcher is its own.
-    Called from the engine's thread only."""
-
-    def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
-        self._closed = False
-
-    def start(self, constraints: list[Constraint]) -> None:
-        """Compute `constraints`' next masks on the mask thread, in one job; each is theirs alone until
-        its `allowed` (or `advance`) waits for it. After `close`, nothing: each is computed when asked."""
-        if self._closed or not constraints:
-            return
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=MASK_THREAD_NAME)
-        job = self._executor.submit(_fill_all, constraints)
-        for constraint in constraints:
-            constraint._pending = job
-
-    def close(self) -> None:
-        """End the thread: the job running finishes (it holds matchers), the queued ones are dropped."""
-        self._closed = True
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
-
-
-def _fill_all(constraints: list[Constraint]) -> None:
-    for constraint in constraints:
-        constraint.fill()
-
-
-def start_next_masks(constraints: list[Constraint]) -> None:
-    """The sampler's hand-off after a step's advances: the rows that will draw again under a grammar get
-    their next masks computed on their compiler's mask thread (all one compiler's: the engine's)."""
-    wanting = [c for c in constraints if c.wants_mask]
-    if wanting and wanting[0]._next is not None:
-        wanting[0]._next.start(wanting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +238,7 @@ class GrammarCompiler:
         self._compiled: BoundedCache[tuple[GrammarKind, str], Any] = BoundedCache(COMPILED_GRAMMARS)
         # the allowed ids of masks seen (`AllowedTokens.ids`): read and filled by the engine's thread only
         self._known_masks: BoundedCache[bytes, np.ndarray] = BoundedCache(KNOWN_MASKS)
-        self.next_masks = NextMasks()  # the mask thread: started by the first structured request's step
+        self.next_masks = MaskThread()  # the next masks' thread (mask_thread.py), started on first use
 
     def check(self, spec: GrammarSpec) -> None:
         """INVALID_ARG naming `spec.param` when the spec does not compile (its engine's own words)."""

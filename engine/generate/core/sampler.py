@@ -8,8 +8,8 @@ seeded request gives the same tokens whatever runs beside it, and a preempted re
 while it is recomputed, continues exactly where it was. A structured request's draw is limited to what
 its grammar allows next (grammar.py's bitmask, read in place: no masked copy of the row) and its grammar
 takes the token drawn; only such rows pay for it. Their next masks are then computed on the grammars' own
-thread while the next step's model runs (grammar.py `NextMasks`), one job for the step's rows; a grammar
-that fails there fails its request alone (stopping.py).
+thread while the next step's model runs (mask_thread.py), one job for the step's rows, where that pays;
+a grammar that fails fails its request alone (stopping.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .grammar import AllowedTokens, Constraint, start_next_masks
+from .grammar import AllowedTokens, Constraint
+from .mask_thread import start_next_masks
 from .request import Request, SamplingParams, TokenLogprob
 
 

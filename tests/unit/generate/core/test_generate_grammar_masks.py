@@ -1,5 +1,5 @@
 """The next step's grammar masks computed on their own thread while the model runs
-(engine/generate/core/grammar.py `NextMasks`, handed the step's rows by the sampler), in process over the
+(engine/generate/core/mask_thread.py, handed the step's rows by the sampler), in process over the
 tiny decoder (random weights, byte tokenizer): the same tokens as masks computed inline, a matcher never
 used by two threads at once (llguidance's matchers raise "Already borrowed" when they are), a request
 aborted while its mask is computed, a grammar that fails on the mask thread failing its request alone, and
@@ -15,14 +15,8 @@ import onnxruntime as ort
 
 from engine.errors import ErrorCode
 from engine.generate.core.engine import CacheConfig, GenerationEngine
-from engine.generate.core.grammar import (
-    MASK_THREAD_NAME,
-    GrammarCompiler,
-    GrammarKind,
-    GrammarSpec,
-    constraint_for_json_schema,
-    start_next_masks,
-)
+from engine.generate.core.grammar import GrammarCompiler, GrammarKind, GrammarSpec, constraint_for_json_schema
+from engine.generate.core.mask_thread import MASK_THREAD_NAME, start_next_masks
 from engine.generate.core.request import FinishReason, SamplingParams
 from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
