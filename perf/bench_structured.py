@@ -154,10 +154,6 @@ def worker(args: argparse.Namespace) -> None:
         clock.seconds = 0.0
         seconds, cpu, made = run(engine, workloads(int(c))[name], args.tokens, int(rep), args.temperature)
         print(f"{seconds} {cpu} {made} {clock.seconds}", flush=True)
-    thread = getattr(engine.grammars, "next_masks", None)  # mask_thread.py: a tree without it has none
-    if thread is not None:
-        print(f"({Path(sampler_module.__file__).parents[3]}: {thread.jobs} steps' masks computed on the mask "
-              f"thread, which was given up {thread.given_up} times)", file=sys.stderr, flush=True)
 
 
 class Tree:

@@ -250,11 +250,6 @@ class GenerationEngine:
                 return reason, new[:count]
         return None, new
 
-    def close(self) -> None:
-        """End the threads the engine started (grammar.py's mask thread); called once by its owner (the
-        API layer's engine thread, as it ends), after the last step."""
-        self.grammars.close()
-
     def run_to_completion(self, max_steps: int = 1_000_000) -> dict[str, RequestOutput]:
         """Step until every request finished; the last output of each, by request id."""
         done: dict[str, RequestOutput] = {}

@@ -20,8 +20,6 @@ from __future__ import annotations
 import enum
 import json
 import threading
-import time
-from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +27,6 @@ import numpy as np
 
 from ...bounded_cache import BoundedCache
 from ...errors import EngineError, ErrorCode, invalid
-from .mask_thread import MaskThread
 from .tokenizer import ByteTokenizer, JsonTokenizer, Tokenizer
 
 MAX_GRAMMAR_CHARS = 100_000   # a spec's text (schema, regex, grammar) at most: it is compiled on a request
@@ -71,44 +68,40 @@ ANY_JSON_OBJECT = constraint_for_json_schema({"type": "object"}, "response_forma
 
 class Constraint:
     """One request's position in its grammar. Made by `GrammarCompiler.constraint`; used by the engine's
-    thread (the sampler and the stop check), after the request was added, and by its compiler's mask thread
-    (mask_thread.py) between an `advance` and the next `allowed`: the engine's thread touches the matcher only
-    once that job is done (`allowed` and `advance` wait for it; `complete` reads what `advance` kept), so
-    it is never used by two threads at once.
+    thread only (the sampler and the stop check), after the request was added.
 
     A grammar that fails while it is followed (llguidance's per-step limits: a row of more than 2,000
-    Earley items, more lexer work than a step may take) sets `error`, and the request ends with it alone
-    (stopping.py); llguidance's own words say which limit."""
+    Earley items, more lexer or parser work than a step may take) sets `error`, and its request ends with
+    it alone (stopping.py), in llguidance's words."""
 
-    __slots__ = ("_matcher", "_mask", "_mask_address", "_vocab", "_allowed", "_next", "_pending",
-                 "_filled", "_stopped", "_accepting", "_tokens", "error")
+    __slots__ = ("_matcher", "_mask", "_mask_address", "_vocab", "_allowed", "_tokens", "error")
 
-    def __init__(self, matcher: Any, vocab_size: int, known: BoundedCache[bytes, np.ndarray],
-                 next_masks: MaskThread | None = None) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, known: BoundedCache[bytes, np.ndarray]) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
         self._mask = np.empty((vocab_size + 31) // 32, np.int32)
         self._mask_address = self._mask.ctypes.data  # once: numpy makes a ctypes object at each .ctypes
         # a view of the bitmask, refilled in place at each `allowed`; `known`: its compiler's masks' ids
         self._allowed = AllowedTokens(self._mask, vocab_size, known)
-        self._next = next_masks          # its compiler's mask thread; None: every mask on the caller's
-        self._pending: Future[float] | None = None  # the mask job that holds the matcher now
-        self._filled = False             # the mask is the one after the last token taken
-        self._stopped = bool(matcher.is_stopped())      # kept at each advance: read while a job runs
-        self._accepting = bool(matcher.is_accepting())
-        self._tokens = 0
+        self._tokens = 0  # taken so far (named in an error)
         self.error: EngineError | None = None
 
     def allowed(self, also: frozenset[int] = frozenset()) -> AllowedTokens:
         """The tokens that may come next, until the next `advance`. EOS may come only where the grammar may
         end, and so may each of `also` (stop tokens that end the request as EOS does: the folder's other EOS
-        ids). llguidance fills the bitmask (1: allowed) kept for this request, on the mask thread while the
-        model ran (mask_thread.py, after the last advance) or here; the sampler reads it without making a
-        masked copy of the row (sampler.py `sample`). After an `error`, what the grammar left (EOS only)."""
-        self._wait()
-        if not self._filled:
-            self.fill()
-        if also and self._accepting and self.error is None:
+        ids). llguidance fills the bitmask (1: allowed) kept for this request; the sampler reads it without
+        making a masked copy of the row (sampler.py `sample`). A grammar that fails here sets `error` (the
+        mask is then what llguidance left: EOS only)."""
+        matcher = self._matcher
+        try:
+            matcher.unsafe_compute_mask_ptr(self._mask_address, self._mask.nbytes)
+        except Exception as e:  # llguidance raises only on misuse (a wrong size): this request fails alone
+            self.error = EngineError(ErrorCode.INTERNAL, f"structured output: the grammar's mask failed: {e}")
+            self._mask.fill(0)
+            return self._allowed
+        if matcher.is_error():
+            self.error = self._failed(self._tokens + 1)
+        elif also and matcher.is_accepting():
             words = self._mask.view(np.uint32)
             for token in also:
                 if token < self._vocab:
@@ -117,64 +110,25 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         """The sampled `token` taken (after each draw). Only a token `allowed` allowed is drawn, so it is
-        taken unless the grammar failed meanwhile (`error`). The next mask is not computed here: the
-        sampler hands every advanced row to the mask thread at once (mask_thread.py `start_next_masks`)."""
-        self._wait()
+        taken unless the grammar failed (`error`): llguidance computes its next parser row as it takes a
+        token, where a limit may be passed."""
         if self.error is not None:
             return
-        matcher = self._matcher
         self._tokens += 1
-        if not matcher.consume_token(token):  # llguidance computes the next parser row here: a limit
+        if not self._matcher.consume_token(token):
             self.error = self._failed(self._tokens)
-        self._filled = False
-        self._stopped = bool(matcher.is_stopped())
-        self._accepting = bool(matcher.is_accepting())
 
     @property
     def complete(self) -> bool:
         """Nothing can follow: the grammar is matched in full (or EOS was taken)."""
-        return self._stopped and self.error is None
-
-    @property
-    def wants_mask(self) -> bool:
-        """Whether a mask is still to compute for the next draw (not yet filled, none pending, more may
-        follow)."""
-        return not self._filled and self._pending is None and not self._stopped and self.error is None
-
-    def fill(self) -> None:
-        """Compute the mask after the tokens taken: on the mask thread (a mask_thread.py job, which owns
-        the matcher until `allowed` waits for it) or on the engine's. A grammar that fails here sets `error`:
-        its request ends alone, the other rows of the step go on."""
-        matcher = self._matcher
-        try:
-            matcher.unsafe_compute_mask_ptr(self._mask_address, self._mask.nbytes)
-        except Exception as e:  # llguidance raises only on misuse (a wrong size): this request fails alone
-            self.error = EngineError(ErrorCode.INTERNAL, f"structured output: the grammar's mask failed: {e}")
-        else:
-            if matcher.is_error():
-                self.error = self._failed(self._tokens + 1)
-        self._filled = True
+        return self.error is None and bool(self._matcher.is_stopped())
 
     def _failed(self, at_token: int) -> EngineError:
-        """INVALID_ARG in llguidance's words: a grammar fails while followed only at its per-step limits
-        (a row of more than 2,000 Earley items, more lexer or parser work than a step may take), which the
-        client's grammar reached: its own message says how to avoid it ("make your grammar
+        """INVALID_ARG in llguidance's words: a grammar fails while followed only at its per-step limits,
+        which the client's grammar reached; its message says how to avoid it ("consider making your grammar
         left-recursive")."""
         return invalid(f"structured output: the grammar failed at output token {at_token}: "
                        f"{_first_line(self._matcher.get_error())}")
-
-    def _wait(self) -> None:
-        pending = self._pending
-        if pending is None:
-            return
-        self._pending = None
-        start = time.perf_counter()
-        try:
-            pending.result()
-        except CancelledError:  # its engine closed before the job ran: computed here, if ever asked
-            self._filled = False
-        if self._next is not None:
-            self._next.waited_s += time.perf_counter() - start
 
 
 def _first_line(message: str) -> str:
@@ -238,7 +192,6 @@ class GrammarCompiler:
         self._compiled: BoundedCache[tuple[GrammarKind, str], Any] = BoundedCache(COMPILED_GRAMMARS)
         # the allowed ids of masks seen (`AllowedTokens.ids`): read and filled by the engine's thread only
         self._known_masks: BoundedCache[bytes, np.ndarray] = BoundedCache(KNOWN_MASKS)
-        self.next_masks = MaskThread()  # the next masks' thread (mask_thread.py), started on first use
 
     def check(self, spec: GrammarSpec) -> None:
         """INVALID_ARG naming `spec.param` when the spec does not compile (its engine's own words)."""
@@ -249,12 +202,7 @@ class GrammarCompiler:
         matcher = self._compiled_matcher(spec)
         with self._lock:
             copy = matcher.deep_copy()
-        return Constraint(copy, self.tokenizer.vocab_size, self._known_masks, self.next_masks)
-
-    def close(self) -> None:
-        """End the mask thread (the engine's `close`); a constraint asked for a mask after it computes it
-        on the caller's thread."""
-        self.next_masks.close()
+        return Constraint(copy, self.tokenizer.vocab_size, self._known_masks)
 
     def _compiled_matcher(self, spec: GrammarSpec) -> Any:
         key = (spec.kind, spec.text)

@@ -7,9 +7,8 @@ Greedy rows are one vectorised argmax. A sampled row draws from its request's ow
 seeded request gives the same tokens whatever runs beside it, and a preempted request, which samples nothing
 while it is recomputed, continues exactly where it was. A structured request's draw is limited to what
 its grammar allows next (grammar.py's bitmask, read in place: no masked copy of the row) and its grammar
-takes the token drawn; only such rows pay for it. Their next masks are then computed on the grammars' own
-thread while the next step's model runs (mask_thread.py), one job for the step's rows, where that pays;
-a grammar that fails fails its request alone (stopping.py).
+takes the token drawn; only such rows pay for it. A grammar that fails (llguidance's per-step limits)
+fails its request alone (stopping.py), whatever it drew.
 """
 
 from __future__ import annotations
@@ -18,8 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .grammar import AllowedTokens, Constraint
-from .mask_thread import start_next_masks
+from .grammar import AllowedTokens
 from .request import Request, SamplingParams, TokenLogprob
 
 
@@ -70,17 +68,11 @@ def sample(logits: np.ndarray, requests: Sequence[Request], eos_token_id: int | 
                 elif row in changed and np.isneginf(scaled[i, ids]).all():  # only its held stops allowed
                     scaled[i, ids] = 0.0
             tokens[row] = _draw(scaled[i], request.params, request.rng, ids)
-    going_on: list[Constraint] = []
     for row in allowed:
-        request = requests[row]
-        grammar, stops = request.grammar, request.params.stop_token_ids
+        grammar, stops = requests[row].grammar, requests[row].params.stop_token_ids
         assert grammar is not None
         if tokens[row] not in stops:  # a stop token beside EOS ends the request, outside the grammar
             grammar.advance(tokens[row])
-            if len(request.output_token_ids) + 1 < request.params.max_tokens:  # it may draw again
-                going_on.append(grammar)
-    # their next masks, on the mask thread while the next step's model runs (one hand-off per step)
-    start_next_masks(going_on)
     return tokens
 
 

@@ -287,7 +287,6 @@ class EngineDriver:
                 events = []
             self._post(events)
             if closing and not engine.has_unfinished():
-                engine.close()
                 return
             if engine.has_unfinished():
                 self._wake.set()  # woken mid-run: take the new work, then go on stepping

@@ -2,7 +2,8 @@
 allowed tokens, the stop check), in process over the tiny decoder (random weights, byte tokenizer): seeded
 samples at temperature 1, each parsed and checked against what it was asked to match; constrained and
 unconstrained requests in one batch; max_tokens cutting a constrained answer short; specs that do not
-compile; the sampler's constrained draw against the row masked as it once was."""
+compile; a grammar that fails while it generates failing its request alone; the sampler's constrained draw
+against the row masked as it once was."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from engine.errors import EngineError
+from engine.errors import EngineError, ErrorCode
 from engine.generate.core.engine import CacheConfig, GenerationEngine
 from engine.generate.core.grammar import (
     Constraint,
@@ -242,3 +243,25 @@ def test_requests_ending_early_leave_the_others_masks_sound() -> None:
     assert outs["json1"].output_token_ids == alone.output_token_ids
     for rid in ("json1", "json2", "json3"):
         jsonschema.validate(json.loads(outs[rid].output_text), SCHEMA)
+
+
+def test_a_grammar_that_fails_while_it_generates_fails_its_request_alone() -> None:
+    """"a" then one of 2,100 alternatives: it compiles (its first row is small) and passes llguidance's
+    limit of 2,000 Earley items in a row as it takes the "a". That request ends with an INVALID_ARG in
+    llguidance's words (finish reason ERROR: never "stop" with a text its grammar did not finish); a JSON
+    request and a free one in the same batch finish as they would have (before, the sampler raised and the
+    whole step failed)."""
+    wide = GrammarSpec(GrammarKind.GRAMMAR, 'start: "a" t\nt: ' + " | ".join(f'"b{i}"' for i in range(2100)))
+    engine = make_engine()
+    asks = {"json": sampled(constraint_for_json_schema(COMPACT), 3),
+            "free": SamplingParams(max_tokens=12, temperature=1.0, seed=4)}
+    outs = run(engine, {"fails": SamplingParams(max_tokens=40, structured=wide), **asks})
+    failed = outs["fails"]
+    assert failed.finish_reason is FinishReason.ERROR and failed.error is not None
+    assert failed.error.code is ErrorCode.INVALID_ARG
+    assert "the grammar failed at output token 1: " in failed.error.message
+    assert "max is 2000" in failed.error.message, failed.error.message
+    alone = run(make_engine(), asks)
+    for rid in asks:
+        assert outs[rid].output_token_ids == alone[rid].output_token_ids
+    jsonschema.validate(json.loads(outs["json"].output_text), SCHEMA)
