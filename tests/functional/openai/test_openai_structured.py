@@ -158,6 +158,11 @@ def test_a_grammar_failing_while_it_generates_fails_that_request_alone(client: o
         assert [f.result() for f in frees] == alone
     assert "the grammar failed at output token 1" in refused.value.message
     assert "max is 2000" in refused.value.message
+    with pytest.raises(openai.APIError) as streamed:  # streamed: an error event (or the 400, head unsent)
+        for _ in client.completions.create(model=TINY, prompt="Once", max_tokens=20, stream=True,
+                                           extra_body={"structured_outputs": {"grammar": grammar}}):
+            pass
+    assert "max is 2000" in streamed.value.message
 
 
 def test_max_tokens_cutting_a_json_short_finishes_with_length(client: openai.OpenAI):
