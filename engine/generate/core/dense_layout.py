@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -78,32 +78,31 @@ class DenseLayout:
                 positions: np.ndarray) -> Prefilled:
         """Each context right-aligned before the group's longest (P), the new tokens in slots P … P+S-1;
         or, for one row that continues the last single-row prefill, that run's `present` as its past."""
-        model, batch = self.model, len(group)
+        model, batch, width = self.model, len(group), input_ids.shape[1]
         kept = None
         if batch == 1 and self._kept is not None:
-            kept = self._kept.past_for(group[0], model.has_mask)
+            kept = self._kept.continued(group[0], width, model.has_mask)
         if kept is not None:
-            pasts, slot_positions = kept
-            past = len(slot_positions)
-            mask = np.ones((1, past + input_ids.shape[1]), np.int64)
-            mask[0, :past] = slot_positions >= 0
+            pasts, mask = kept.pasts, kept.mask[:, :kept.width]
+            past = kept.width - width
         else:
             past = max(c.start for c in group)
-            mask = np.zeros((batch, past + input_ids.shape[1]), np.int64)
+            mask = np.zeros((batch, past + width + (_HEADROOM if batch == 1 else 0)), np.int64)
             for row, c in enumerate(group):
                 mask[row, past - c.start:past + len(c.token_ids)] = 1
             pasts = list(self._gather(group, past))
-            slot_positions = np.arange(-past, 0) + group[0].start if batch == 1 else np.empty(0, np.int64)
+            if batch == 1:
+                kept = _KeptPresent(group[0].request, mask, past + width, past + width)
+            mask = mask[:, :past + width]
         feed = model.feed(input_ids, mask, positions, pasts, group)
         started = time.perf_counter_ns()
         model.record(input_ids, mask)
         logits, *outs = model.session.run(model.output_names, feed)
         self._kept = None
-        if batch == 1:
+        if kept is not None:
             c = group[0]
-            new = np.arange(c.start, c.start + len(c.token_ids))
-            self._kept = _KeptPresent(c.request, c.start, c.token_ids, outs,
-                                      np.concatenate([slot_positions, new]))
+            kept.ran(c.start, c.token_ids, outs)
+            self._kept = kept
         return Prefilled(logits, outs, [past] * batch, batch * past, started)
 
     def place(self, group: Sequence[ScheduledChunk]) -> DenseDecodeRun:
@@ -115,6 +114,9 @@ class DenseLayout:
         self.group.clear()
 
 
+_HEADROOM = 64  # slots a kept present's mask row has past its width, so the next chunks need no new row
+
+
 @dataclass(slots=True)
 class _KeptPresent:
     """A single-row prefill run's `present` tensors, kept as the past of that request's next chunk when it
@@ -122,32 +124,62 @@ class _KeptPresent:
     decode group's kept tensors are not used for it), and would otherwise gather its whole context from
     the blocks every step. The slots of the proposals rejected since stay in the tensors, masked out (the
     model ignores masked slots: `DenseLayout.check`), until a quarter of the slots are dead; then the
-    context is gathered compactly again. `positions`: each slot's position, -1 for a masked one; `start`
-    and `token_ids`: that run's chunk, the tokens its new slots hold."""
+    context is gathered compactly again.
+
+    `mask`: one row of `attention_mask` kept across the request's runs, longer than needed (the slots past
+    `width` are scratch), slot i 1 while it holds a kept token; `live` counts those. A continuing chunk
+    marks the slots of the tokens the target did not keep 0 and its own new ones 1 in place and runs on a
+    view of it: per proposal step, no mask, slot positions or token list rebuilt over the whole context.
+    `start` and `token_ids`: the last run's chunk, the tokens its new slots hold (the last of `width`)."""
 
     request: Request
-    start: int
-    token_ids: tuple[int, ...]
-    pasts: list[np.ndarray]
-    positions: np.ndarray
+    mask: np.ndarray
+    width: int
+    live: int
+    start: int = 0
+    token_ids: tuple[int, ...] = ()
+    pasts: list[np.ndarray] = field(default_factory=list)
 
-    def past_for(self, chunk: ScheduledChunk, masks: bool) -> tuple[list[np.ndarray], np.ndarray] | None:
-        """The kept past for `chunk` with the slots of positions from its start on masked (-1), or None
-        when it does not continue this one or would leave dead slots a model without an attention mask
-        (`masks` False) cannot skip. It continues this one when it is the same request and every token
-        before its start that this run fed is the request's token there: after a plain decode step in
-        between (the decode group computed that token), the slot of a rejected proposal lies before it."""
+    def continued(self, chunk: ScheduledChunk, new: int, masks: bool) -> _KeptPresent | None:
+        """This state moved on to `chunk` (its `new` tokens appended, the slots from its start on masked),
+        or None, untouched, when `chunk` does not continue it or would leave dead slots a model without an
+        attention mask (`masks` False) cannot skip, or more than a quarter of them. It continues it when it
+        is the same request and every token before its start that the last run fed is the request's token
+        there: after a plain decode step in between (the decode group computed that token), the slot of a
+        rejected proposal lies before it."""
         fed = chunk.start - self.start
         if chunk.request is not self.request or not 0 < fed <= len(self.token_ids):
             return None
-        if list(self.token_ids[:fed]) != chunk.request.all_token_ids[self.start:chunk.start]:
+        if self.token_ids[:fed] != _tokens(chunk.request, self.start, chunk.start):
             return None
-        positions = np.where(self.positions < chunk.start, self.positions, -1)
-        live = int(np.count_nonzero(positions >= 0))
-        dead = len(positions) - live
-        if live != chunk.start or 4 * dead > len(positions) or (dead and not masks):
+        dropped = len(self.token_ids) - fed  # the last run's slots from the chunk's start on
+        live, dead = self.live - dropped, self.width - self.live + dropped
+        if live != chunk.start or 4 * dead > self.width or (dead and not masks):
             return None
-        return self.pasts, positions
+        width = self.width + new
+        if width > self.mask.shape[1]:
+            grown = np.zeros((1, width + _HEADROOM), np.int64)
+            grown[:, :self.width] = self.mask[:, :self.width]
+            self.mask = grown
+        self.mask[0, self.width - dropped:self.width] = 0
+        self.mask[0, self.width:width] = 1
+        self.width, self.live = width, live + new
+        return self
+
+    def ran(self, start: int, token_ids: tuple[int, ...], pasts: list[np.ndarray]) -> None:
+        """The run of the chunk at `start` with `token_ids` gave `pasts` (its slots: `width`)."""
+        self.start, self.token_ids, self.pasts = start, token_ids, pasts
+
+
+def _tokens(request: Request, start: int, end: int) -> tuple[int, ...]:
+    """The request's tokens at positions start … end - 1, without joining its prompt and output when they
+    all lie in one of them (a decoding request's do)."""
+    prompt = len(request.prompt_token_ids)
+    if start >= prompt:
+        return tuple(request.output_token_ids[start - prompt:end - prompt])
+    if end <= prompt:
+        return tuple(request.prompt_token_ids[start:end])
+    return tuple(request.all_token_ids[start:end])
 
 
 class DenseDecodeRun:

@@ -101,6 +101,7 @@ class DecoderRunner:
         self.blocks = KVBlocks(len(decoder.kv_names), decoder.heads, decoder.head_dim, decoder.kv_dtype,
                                num_blocks, block_size)
         self.stats = RunnerStats()
+        self._range = np.arange(512, dtype=np.int64)[None]  # positions for one row's chunks (_positions)
         self.shared_kv = shared_kv
         # a shared-KV model's decode buffers (shared_group.py), for the load log line and tests; else None
         self.shared_group: SharedDecodeGroup | None = None
@@ -147,6 +148,10 @@ class DecoderRunner:
         decode = self._decode
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
             return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
+        if len(chunks) == 1 and not decodes:  # one stream's proposal step, or one prompt's chunk: no groups to form
+            self.layout.clear()
+            last = self._prefill(chunks)[0]
+            return last if chunks[0].sample else last[:0]
         prefills = [i for i, c in enumerate(chunks) if len(c.token_ids) > 1]
         rows: dict[int, np.ndarray] = {}  # each chunk's rows of logits [m, vocab]
         if decodes:
@@ -164,13 +169,18 @@ class DecoderRunner:
         blocks."""
         t0 = time.perf_counter_ns()
         batch = len(group)
-        width = max(len(c.token_ids) for c in group)
-        input_ids = np.zeros((batch, width), np.int64)
-        position_ids = np.zeros((batch, width), np.int64)
-        for row, c in enumerate(group):
-            count = len(c.token_ids)
-            input_ids[row, :count] = c.token_ids
-            position_ids[row, :count] = np.arange(c.start, c.start + count)
+        if batch == 1:  # one row: its tokens as they are, its positions a view of a kept range
+            c = group[0]
+            input_ids = np.array((c.token_ids,), np.int64)
+            position_ids = self._positions(c.start, len(c.token_ids))
+        else:
+            width = max(len(c.token_ids) for c in group)
+            input_ids = np.zeros((batch, width), np.int64)
+            position_ids = np.zeros((batch, width), np.int64)
+            for row, c in enumerate(group):
+                count = len(c.token_ids)
+                input_ids[row, :count] = c.token_ids
+                position_ids[row, :count] = np.arange(c.start, c.start + count)
         done = self.layout.prefill(group, input_ids, position_ids)
         t1, t2 = done.run_started_ns, time.perf_counter_ns()
         tokens = self.blocks.write(group, done.outs, done.firsts)
@@ -180,6 +190,13 @@ class DecoderRunner:
         t3 = time.perf_counter_ns()
         self._count(batch, tokens, done.past_slots, sum(c.start for c in group), t0, t1, t2, t3)
         return last
+
+    def _positions(self, start: int, count: int) -> np.ndarray:
+        """[1, count] positions start … start + count - 1: a view of a range kept for the runner's life
+        (the model only reads it), regrown as contexts grow."""
+        if start + count > self._range.shape[1]:
+            self._range = np.arange(2 * (start + count), dtype=np.int64)[None]
+        return self._range[:, start:start + count]
 
     def _decode(self, group: Sequence[ScheduledChunk]) -> np.ndarray:
         """One decode step: a token for each of `group` over the decode group's kept past (decode_group.py,
