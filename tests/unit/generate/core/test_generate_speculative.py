@@ -162,6 +162,22 @@ def test_one_stream_continues_its_last_chunks_keys_and_values(reference_session,
     assert_no_leaks(engine)
 
 
+def test_a_long_streams_kept_mask_outgrows_its_headroom(reference_session):
+    """One stream, 120 tokens, its proposals seldom wrong: in the dense layout every step's chunk
+    continues the last one's present, so the kept attention-mask row grows past the slots it was made
+    with (dense_layout.py's headroom) while a few rejected slots stay masked in it; the tokens are the
+    oracle's."""
+    prompt = repetitive(1, seed=41)[0]
+    params = SamplingParams(max_tokens=120, ignore_eos=True)
+    want = {tuple(prompt): reference_greedy(reference_session, prompt, 120)}
+    engine = spec_engine("dense", OracleProposer(want, wrong_every=23))
+    assert run(engine, [prompt], [params]) == [tuple(want[tuple(prompt)])]
+    stats = engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+    assert engine.runner.stats.padded_slots > 0  # the rejected slots, masked in the kept past
+    assert_no_leaks(engine)
+
+
 @KV
 def test_multi_step_decodes_and_proposals_take_turns(reference_session, kv):
     """num_scheduler_steps 4 with proposals on some steps only: a plan without any runs several decode runs
