@@ -148,7 +148,7 @@ class DecoderRunner:
         decode = self._decode
         if len(decodes) == len(chunks) and all(c.sample for c in chunks):
             return decode(chunks)  # a step of decodes only (the usual one): its logits are the answer
-        if len(chunks) == 1 and not decodes:  # one stream's proposal step, or one prompt's chunk: no groups to form
+        if len(chunks) == 1 and not decodes:  # a proposal step of one stream, or one prompt chunk: no groups
             self.layout.clear()
             last = self._prefill(chunks)[0]
             return last if chunks[0].sample else last[:0]
