@@ -41,6 +41,7 @@ from .tools import PARSERS
 from .tools.calls import ToolCallParser
 from .tools.forced import NamedCallParser, RequiredCallsParser
 from .tools.request import ToolChoice
+from .tools.strict import check_combination, strict_calls
 
 
 class OpenAIService:
@@ -125,6 +126,9 @@ class OpenAIService:
         params = self._params(api, door, version, max(len(p) for p in prompts), priority)
         if api.structured is not None:
             await self._compile(api.structured, version)
+        strict = await self._strict_calls(api, version)
+        if strict is not None:
+            params = dataclasses.replace(params, structured=strict)
         if adapter:
             params = dataclasses.replace(params, lora=adapter)
         cost = sum(len(p) for p in prompts) + params.max_tokens * api.n * len(prompts)
@@ -236,6 +240,24 @@ class OpenAIService:
             await loop.run_in_executor(None, version.driver.engine.grammars.check, spec)
         except EngineError as e:
             raise bad_request(f"Invalid {e.message}", spec.param, "invalid_value") from None
+
+    async def _strict_calls(self, api: ApiRequest, version: GenerativeVersion) -> GrammarSpec | None:
+        """The grammar that enforces the strict tools under tool_choice auto (tools/strict.py), compiled:
+        each strict function's schema first, so one that does not compile is a 400 naming its tool; None
+        without a strict tool (nothing is compiled nor paid)."""
+        if not api.tools.parses:
+            return None
+        parser = version.chat.tool_call_parser
+        check_combination(api.tools, parser, api.structured)
+        if api.structured is not None:  # a JSON answer, which holds no Hermes call (check_combination)
+            return None
+        strict = strict_calls(api.tools, parser)
+        if strict is None:
+            return None
+        for schema in strict.schemas:
+            await self._compile(schema, version)
+        await self._compile(strict.grammar, version)
+        return strict.grammar
 
     def _render(self, api: ApiRequest, version: GenerativeVersion, context_tokens: int) -> str:
         """The chat's prompt text, by the request's own template (when trusted) or the folder's: a 400

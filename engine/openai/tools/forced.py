@@ -35,11 +35,11 @@ def forced_call_spec(tools: ToolRequest) -> GrammarSpec | None:
     naming `tools` when the schema it makes is past the grammar's bound."""
     if tools.named:
         # a copy: the function's own `parameters` are rendered into the prompt as the request sent them
-        schema: dict[str, Any] = dict(_parameters(_function(tools, tools.choice)))
+        schema: dict[str, Any] = dict(parameters_schema(_function(tools, tools.choice)))
     elif tools.choice == ToolChoice.REQUIRED:
         one_of = [{"type": "object",
                    "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                                  "parameters": _parameters(t["function"])},
+                                  "parameters": parameters_schema(t["function"])},
                    "required": ["name", "parameters"], "additionalProperties": False} for t in tools.tools]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": one_of}}
         if not tools.parallel:
@@ -59,7 +59,7 @@ def _function(tools: ToolRequest, name: str) -> dict[str, Any]:
     return next(t["function"] for t in tools.tools if t["function"]["name"] == name)
 
 
-def _parameters(function: dict[str, Any]) -> dict[str, Any]:
+def parameters_schema(function: dict[str, Any]) -> dict[str, Any]:
     """A function's arguments schema: its `parameters`, an object in any case (a call's arguments are)."""
     parameters = function.get("parameters")
     if not parameters:
