@@ -60,13 +60,29 @@ def second_turn(calls: list[tuple[str, str, str]]) -> list[dict[str, Any]]:
                                     for (i, _, _), r in zip(calls, RESULTS, strict=True))]
 
 
-def prompt_tokens(folder: Path, messages: list[dict[str, Any]]) -> int:
+def prompt_tokens(folder: Path, messages: list[dict[str, Any]], tools: list[Any] = TOOLS) -> int:
     """The prompt's length as the server will render and encode it (a byte a token, no BOS for chat)."""
-    api = parse_request({"model": MODEL, "messages": messages, "tools": TOOLS}, chat=True)
+    api = parse_request({"model": MODEL, "messages": messages, "tools": tools}, chat=True)
     template = load_chat_template(folder, MODEL).template
     assert template is not None
     options = ChatOptions(tools=list(api.tools.tools), fields=api.message_fields)
     return len(render_chat(template, api.messages, options, 10 * CONTEXT).encode())
+
+
+# strict under auto: a schema the script's first call ("Paris") breaks and its second ("Lyon") keeps
+STRICT_ARGS = {"type": "object", "properties": {"city": {"enum": ["Brest", "Lyon"]}}, "required": ["city"]}
+
+
+def strict_tools(folder: Path, first: int) -> list[Any]:
+    """get_weather, strict, with STRICT_ARGS, its description cut so that the prompt is as long as TOOLS'
+    (the script is keyed on the prompt's length: the model writes FIRST from this prompt too)."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "",
+                                             "parameters": STRICT_ARGS, "strict": True}}
+    pad = first - prompt_tokens(folder, QUESTION, [tool])
+    assert pad >= 0
+    tool["function"]["description"] = "w" * pad  # type: ignore[index]
+    assert prompt_tokens(folder, QUESTION, [tool]) == first
+    return [tool]
 
 
 def scripted_model(scripts: dict[int, str]) -> Any:
@@ -107,6 +123,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
     running = start_server(root, tmp_path_factory.mktemp("tools_log") / "server.log")
     running.prompts = (first, second)  # type: ignore[attr-defined]
+    running.strict_tools = strict_tools(folder, first)  # type: ignore[attr-defined]
     yield running
     running.stop()
 
@@ -193,6 +210,58 @@ def test_forced_choices_conflict_with_response_format(client: openai.OpenAI):
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS, tool_choice="required",
                                        response_format={"type": "json_object"})
     assert err.value.body["param"] == "tool_choice"
+
+
+def test_strict_under_auto_the_script_s_call_is_made_valid(server: RunningServer, client: openai.OpenAI):
+    """The model writes FIRST ("Paris", then "Lyon"); with get_weather strict, "Paris" is outside its enum:
+    the grammar lets the model write only a valid call (greedy among the allowed: "Brest", the lower byte,
+    so the script goes on in step), whole and streamed alike; the second call is the model's own."""
+    tools = server.strict_tools  # type: ignore[attr-defined]
+    want = [("get_weather", '{"city": "Brest"}'), ("get_weather", '{"city": "Lyon"}')]
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools, temperature=0)
+    choice = answer.choices[0]
+    assert answer.usage is not None and answer.usage.prompt_tokens == server.prompts[0]  # type: ignore[attr-defined]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []] == want
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools, temperature=0,
+                                                 stream=True))
+    calls: dict[int, list[str]] = {}
+    for part in (t for c in chunks if c.choices for t in c.choices[0].delta.tool_calls or []):
+        entry = calls.setdefault(part.index, ["", ""])
+        entry[0] += (part.function.name if part.function else "") or ""
+        entry[1] += (part.function.arguments if part.function else "") or ""
+    assert [tuple(c) for c in calls.values()] == want
+
+
+def test_strict_under_auto_seeded_samples_call_only_within_the_schema(server: RunningServer,
+                                                                       client: openai.OpenAI):
+    """Sampled (the script's choice between the enum's two cities is a coin toss, and the rest of the
+    answer drifts from the script after "Lyon"), every call found is valid under its schema."""
+    tools = server.strict_tools  # type: ignore[attr-defined]
+    found = 0
+    for seed in range(4):
+        answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools, temperature=1.0,
+                                                seed=seed, max_tokens=200)
+        for call in answer.choices[0].message.tool_calls or []:
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), STRICT_ARGS)
+            found += 1
+    assert found >= 4
+
+
+def test_strict_under_auto_fails_closed(client: openai.OpenAI):
+    """A strict function's schema the grammar cannot compile is a 400 naming it; beside response_format a
+    Hermes model's answer is JSON, which holds no call: served."""
+    bad: Any = [TOOLS[0], {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"when": {"type": "string", "format": "nope"}}}}}]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, tools=bad, max_tokens=8)
+    assert err.value.body["param"] == "tools[1].function.parameters" and "Unknown format: nope" in \
+        err.value.message
+    strict: Any = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    answer = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=strict, max_tokens=8,
+                                            response_format={"type": "json_object"})
+    assert answer.choices[0].message.tool_calls is None
 
 
 def test_tokenize_counts_the_tools(server: RunningServer):
