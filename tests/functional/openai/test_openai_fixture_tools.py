@@ -19,6 +19,7 @@ import shutil
 import urllib.request
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 
@@ -184,3 +185,22 @@ def test_forced_calls_stream_as_they_are_generated(client: openai.OpenAI, choice
         assert all(json.loads(arguments) == {"city": "Paris"} for _, arguments in calls)
         most = max(most, len(calls))
     assert most == 1 if choice == "named" else most > 1  # "required" wrote parallel calls for some seed
+
+
+def test_strict_under_auto_is_served_on_the_bpe_tokenizer(client: openai.OpenAI):
+    """get_weather strict under auto: the grammar (tools/strict.py) compiled for the fixture's BPE
+    tokenizer; random weights write text, sampled, the same whole and streamed for a seed, and any call
+    found is valid under the schema."""
+    strict: Any = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True}}]
+    schema = TOOLS[0]["function"]["parameters"]
+    for seed in range(3):
+        fields: Any = dict(model=MODEL, messages=OFFERED["messages"], tools=strict, temperature=1.0,
+                           seed=seed, max_tokens=24)
+        whole = client.chat.completions.create(**fields).choices[0]
+        chunks = list(client.chat.completions.create(**fields, stream=True))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == (whole.message.content or "") and whole.finish_reason in ("stop", "length",
+                                                                                      "tool_calls")
+        for call in whole.message.tool_calls or []:
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), schema)
