@@ -127,7 +127,8 @@ class EngineDriver:
         self._closing = False
         self._wake = threading.Event()
         self._texts: dict[str, _TextState] = {}  # thread side
-        self._spec_logged = (0, 0, time.monotonic())  # proposed, kept, when: at the last acceptance log line
+        # proposed, kept, verifications, when: at the last acceptance log line
+        self._spec_logged = (0, 0, 0, time.monotonic())
         self._thread = threading.Thread(target=self._run, name=f"generate-{model_name}", daemon=True)
         self._thread.start()
 
@@ -314,15 +315,15 @@ class EngineDriver:
     def _log_acceptance(self, every_s: float = 10.0) -> None:
         """Speculative decoding's acceptance since the last such line, at most one line per `every_s` (as
         vLLM logs its SpecDecoding metrics); nothing when nothing was proposed."""
-        proposed, kept, since = self._spec_logged
+        proposed, kept, drafts, since = self._spec_logged
         now = time.monotonic()
         stats = self.stats
         if now - since < every_s or stats.spec_draft_tokens == proposed:
             return
-        new_proposed, new_kept = stats.spec_draft_tokens - proposed, stats.spec_accepted_tokens - kept
-        log.info("model '%s': speculative decoding kept %d of %d proposed tokens (%.1f%%) in the last %.0f s",
-                 self.model_name, new_kept, new_proposed, 100 * new_kept / new_proposed, now - since)
-        self._spec_logged = (stats.spec_draft_tokens, stats.spec_accepted_tokens, now)
+        log.info("%s", acceptance_line(self.model_name, stats.spec_draft_tokens - proposed,
+                                       stats.spec_accepted_tokens - kept, stats.spec_drafts - drafts,
+                                       now - since))
+        self._spec_logged = (stats.spec_draft_tokens, stats.spec_accepted_tokens, stats.spec_drafts, now)
 
     def _event(self, out: RequestOutput) -> tuple[str, TokenEvent] | None:
         state = self._texts.get(out.request_id)
@@ -350,3 +351,13 @@ class EngineDriver:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone, nobody listens
             self._loop.call_soon_threadsafe(self._deliver, events)
+
+
+def acceptance_line(model: str, proposed: int, kept: int, drafts: int, seconds: float) -> str:
+    """The driver's speculative decoding log line over a period: the kept share of the proposed tokens and
+    the tokens each verification gave (the kept ones and the model's own next token: vLLM's "Mean
+    acceptance length", 1 + kept / drafts), which says the speed-up a step's cost allows."""
+    per_step = f"{1 + kept / drafts:.2f}" if drafts else "-"
+    return (f"model '{model}': speculative decoding kept {kept} of {proposed} proposed tokens "
+            f"({100 * kept / max(proposed, 1):.1f}%), {per_step} tokens per verification (mean acceptance "
+            f"length), in the last {seconds:.0f} s")

@@ -16,7 +16,7 @@ from engine.generate.core.request import SamplingParams
 from engine.generate.core.runner import DecoderRunner
 from engine.generate.core.scheduler import SchedulerConfig
 from engine.generate.core.tokenizer import ByteTokenizer
-from engine.generate.serving.driver import EngineDriver, TokenEvent
+from engine.generate.serving.driver import EngineDriver, TokenEvent, acceptance_line
 from hubserve_models import examples
 from hubserve_models.tiny_decoder import tiny_decoder_model
 
@@ -155,3 +155,12 @@ def test_refusals_come_back_as_events_and_duplicates_at_once(model_path):
         assert getattr(closed.value, "code", None) is ErrorCode.UNAVAILABLE
 
     asyncio.run(run())
+
+
+def test_the_acceptance_line_gives_tokens_per_verification():
+    """Speculative decoding's log line: the kept share, and the tokens each verification gave (vLLM's mean
+    acceptance length: 30 kept over 20 verifications of 3 proposals each is 2.50 tokens a step)."""
+    line = acceptance_line("m", proposed=60, kept=30, drafts=20, seconds=10.2)
+    assert line == ("model 'm': speculative decoding kept 30 of 60 proposed tokens (50.0%), 2.50 tokens per "
+                    "verification (mean acceptance length), in the last 10 s")
+    assert "0 of 0 proposed tokens (0.0%), - tokens per verification" in acceptance_line("m", 0, 0, 0, 1.0)
