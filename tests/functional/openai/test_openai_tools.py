@@ -69,6 +69,10 @@ def prompt_tokens(folder: Path, messages: list[dict[str, Any]], tools: list[Any]
     return len(render_chat(template, api.messages, options, 10 * CONTEXT).encode())
 
 
+LLAMA_MODEL = "tool_llama"
+LLAMA_FIRST = ('{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+               '{"name": "get_weather", "parameters": {"city": "Lyon"}}')
+
 # strict under auto: a schema the script's first call ("Paris") breaks and its second ("Lyon") keeps
 STRICT_ARGS = {"type": "object", "properties": {"city": {"enum": ["Brest", "Lyon"]}}, "required": ["city"]}
 
@@ -121,6 +125,14 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                                                 (placeholder, "get_weather", '{"city":"Lyon"}')]))
     model = scripted_model({first: FIRST, second: SECOND})
     (folder / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    # the same template and prompt, its calls read as Llama 3's JSON (the folder's tool_call_parser)
+    llama = root / LLAMA_MODEL
+    (llama / "1").mkdir(parents=True)
+    (llama / "config.pbtxt").write_text(config.replace(f'name: "{MODEL}"', f'name: "{LLAMA_MODEL}"') +
+                                        'parameters { key: "tool_call_parser" value { string_value: '
+                                        '"llama3_json" } }\n')
+    (llama / "chat_template.jinja").write_text(QWEN25_TEMPLATE)
+    (llama / "1" / "model.onnx").write_bytes(scripted_model({first: LLAMA_FIRST}).SerializeToString())
     running = start_server(root, tmp_path_factory.mktemp("tools_log") / "server.log")
     running.prompts = (first, second)  # type: ignore[attr-defined]
     running.strict_tools = strict_tools(folder, first)  # type: ignore[attr-defined]
@@ -231,6 +243,19 @@ def test_strict_under_auto_the_script_s_call_is_made_valid(server: RunningServer
         entry[0] += (part.function.name if part.function else "") or ""
         entry[1] += (part.function.arguments if part.function else "") or ""
     assert [tuple(c) for c in calls.values()] == want
+
+
+def test_strict_under_auto_on_llama3_json(server: RunningServer, client: openai.OpenAI):
+    """The same on a folder whose calls are Llama 3's JSON objects: its script's "Paris" is made valid."""
+    tools = server.strict_tools  # type: ignore[attr-defined]
+    want = [("get_weather", '{"city": "Brest"}'), ("get_weather", '{"city": "Lyon"}')]
+    loose = client.chat.completions.create(model=LLAMA_MODEL, messages=QUESTION, tools=TOOLS, temperature=0)
+    assert [json.loads(c.function.arguments)["city"] for c in loose.choices[0].message.tool_calls or []] == \
+        ["Paris", "Lyon"]  # (not strict: as the script wrote them)
+    answer = client.chat.completions.create(model=LLAMA_MODEL, messages=QUESTION, tools=tools, temperature=0)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []] == want
 
 
 def test_strict_under_auto_seeded_samples_call_only_within_the_schema(server: RunningServer,
