@@ -14,6 +14,10 @@ that renders otherwise fails here rather than passing by chance. The template is
 
 tool_choice "required" and a named function are enforced by the grammar: the example tiny decoder (random
 weights, sampled with seeds) answers each with a call whose arguments its schema admits, every time.
+
+A function's `strict: true` under auto (tools/strict.py): the scripted model's first call is outside the
+strict schema, and the grammar makes it valid (whole, streamed, and on a second folder whose calls are read
+as Llama 3's JSON); sampled, every call found is valid; a strict schema that does not compile is a 400.
 """
 
 from __future__ import annotations
