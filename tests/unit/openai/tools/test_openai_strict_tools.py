@@ -4,11 +4,13 @@ answers a token at a time. Free text and valid calls (text around them, several,
 write it) are accepted to the end with EOS allowed, and the parser reads from them exactly the calls the
 grammar let through; a strict function's argument that its schema refuses, an undeclared function and text
 after an opened call are refused at the offending token; a non-strict function's arguments may be any
-object. No strict tool, no grammar; beside response_format, a 400 unless no call can be read."""
+object. Seeded walks of a "model" pushed off its planned answer by the grammar write only valid calls. No
+strict tool, no grammar; beside response_format, a 400 unless no call can be read."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +34,8 @@ TOOLS = [{"type": "function", "function": {"name": "forecast", "parameters": FOR
 KEY = {"hermes": "arguments", "llama3_json": "parameters"}
 
 
-def call(parser: str, name: str, arguments: dict[str, Any]) -> str:
-    body = json.dumps({"name": name, KEY[parser]: arguments})
+def call(parser: str, name: str, arguments: Any, indent: int | None = None) -> str:
+    body = json.dumps({"name": name, KEY[parser]: arguments}, indent=indent)
     return f"<tool_call>\n{body}\n</tool_call>" if parser == "hermes" else body
 
 
@@ -111,6 +113,53 @@ def test_calls_outside_the_declared_schemas_are_refused(parser: str, tokenizer: 
         assert refused_at(compiler, spec, tokenizer, "a <tool_call> hello") is not None
     else:  # the parser would read calls after the tag: the grammar does not let it start the answer
         assert refused_at(compiler, spec, tokenizer, '<|python_tag|>{"name": "note"') is not None
+
+
+def planned_answer(rng: random.Random, parser: str) -> bytes:
+    """An answer a model might mean to write: text and a few calls, some outside the schemas (a city not in
+    the enum, days past 7, an undeclared function, other arguments), compact or indented."""
+    calls = []
+    for _ in range(rng.randint(0, 3)):
+        name = rng.choice(["forecast", "forecast", "note", "weather"])
+        arguments: Any = {"city": rng.choice(["Paris", "Lyon", "Nice"]), "days": rng.randint(0, 9)}
+        if rng.random() < 0.3:
+            arguments = {"x": [1, {"y": "}"}]}
+        calls.append(call(parser, name, arguments, rng.choice([None, 2])))
+    if parser == "hermes":
+        text = rng.choice(["", "Sure. "]) + rng.choice(["\n", " ok ", ""]).join(calls)
+    else:
+        text = rng.choice(["", " "]) + rng.choice(["\n", "; ", ""]).join(calls)
+    return (text + rng.choice(["", " done", "\n"])).encode()
+
+
+@pytest.mark.parametrize("parser", ["hermes", "llama3_json"])
+def test_a_model_held_by_the_grammar_writes_only_valid_calls(parser: str):
+    """Seeded walks on the byte tokenizer: each step takes the planned answer's next byte when the grammar
+    allows it, else a random allowed token (a model pushed off its plan), until EOS; every call the parser
+    then reads is a declared function's, a strict one's arguments valid under its schema."""
+    tokenizer = ByteTokenizer()
+    compiler, spec = compiled(parser, tokenizer)
+    found = deviated = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        plan, constraint, out = planned_answer(rng, parser), compiler.constraint(spec), bytearray()
+        for _ in range(600):
+            allowed = constraint.allowed()
+            token = plan[len(out)] if len(out) < len(plan) else tokenizer.eos_token_id
+            if not allowed.allows(token):
+                deviated += 1
+                token = rng.choice([int(t) for t in allowed.ids(tokenizer.vocab_size)])
+            if token == tokenizer.eos_token_id:
+                break
+            constraint.advance(token)
+            out.append(token)
+        for found_call in ChoiceCalls(PARSERS[parser]()).message(out.decode())[1]:
+            arguments = json.loads(found_call.arguments)
+            assert found_call.name in ("forecast", "note") and isinstance(arguments, dict)
+            if found_call.name == "forecast":
+                jsonschema.validate(arguments, FORECAST)
+            found += 1
+    assert found > 20 and deviated > 20  # calls were read, and the grammar did push the walks
 
 
 def test_no_strict_tool_no_grammar():
