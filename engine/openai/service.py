@@ -251,7 +251,7 @@ class OpenAIService:
         check_combination(api.tools, parser, api.structured)
         if api.structured is not None:  # a JSON answer, which holds no Hermes call (check_combination)
             return None
-        strict = strict_calls(api.tools, parser)
+        strict = strict_calls(api.tools, parser, version.driver.engine.tokenizer)
         if strict is None:
             return None
         for schema in strict.schemas:

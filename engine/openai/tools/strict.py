@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...generate.core.grammar import MAX_GRAMMAR_CHARS, GrammarKind, GrammarSpec, constraint_for_json_schema
+from ...generate.core.tokenizer import Tokenizer
 from ..errors import bad_request
 from .forced import parameters_schema
+from .hermes import END, START
 from .request import ToolChoice, ToolRequest
 
 WHITE_RUN = 16  # white space characters at most between a call's JSON tokens, and around it
@@ -45,9 +47,10 @@ def any_strict(tools: ToolRequest) -> bool:
         any(t["function"].get("strict") is True for t in tools.tools)
 
 
-def strict_calls(tools: ToolRequest, parser: str) -> StrictCalls | None:
-    """The constraint auto puts on the answer for `parser`'s format; None when no tool is strict (or the
-    choice is not auto). A 400 naming `tools` when the grammar is past its bound."""
+def strict_calls(tools: ToolRequest, parser: str, tokenizer: Tokenizer | None = None) -> StrictCalls | None:
+    """The constraint auto puts on the answer for `parser`'s format, for the model's `tokenizer` (None: a
+    tokenizer whose tags are text); None when no tool is strict (or the choice is not auto). A 400 naming
+    `tools` when the grammar is past its bound."""
     if not any_strict(tools) or parser not in _CALL_KEY:
         return None
     key = _CALL_KEY[parser]
@@ -62,7 +65,7 @@ def strict_calls(tools: ToolRequest, parser: str) -> StrictCalls | None:
                        "required": ["name", key], "additionalProperties": False})
     white = f"[ \\t\\r\\n]{{0,{WHITE_RUN}}}"
     call = json.dumps({"anyOf": one_of, "x-guidance": {"whitespace_pattern": white}}, separators=(",", ":"))
-    text = (_hermes if parser == "hermes" else _llama3_json)(call)
+    text = _hermes(call, tokenizer) if parser == "hermes" else _llama3_json(call)
     if len(text) > MAX_GRAMMAR_CHARS:
         raise bad_request(f"Invalid 'tools': the grammar that enforces the strict tools has {len(text)} "
                           f"characters; at most {MAX_GRAMMAR_CHARS} are taken (send fewer or smaller tools).",
@@ -70,14 +73,30 @@ def strict_calls(tools: ToolRequest, parser: str) -> StrictCalls | None:
     return StrictCalls(GrammarSpec(GrammarKind.GRAMMAR, text, "tools"), tuple(schemas))
 
 
-def _hermes(call: str) -> str:
+def _hermes(call: str, tokenizer: Tokenizer | None) -> str:
+    """Where the tokenizer has `<tool_call>` as one token (Qwen2.5's added tokens), the grammar names that
+    token (llguidance keeps added tokens apart from text: the tag as a string would refuse it), and the text
+    may not spell the tag out; else the tag is text, and the text ends at its first occurrence."""
+    start, end = (_one_token(tokenizer, tag) for tag in (START, END))
+    close = f"<[{end}]>" if end is not None else f'"{END}"'
+    if start is None:  # a lazy lexeme: the text before the tag ends at its first occurrence
+        opening, rules = "call_start", f'call_start[lazy]: TEXT "{START}"\nTEXT: /(.|\\n)*/'
+    else:
+        opening, rules = f"TEXT <[{start}]>", f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{START}(.|\\n)*/"
     return f"""%llguidance {{}}
 start: call* TEXT
-call: call_start WHITE? %json {call} WHITE? "</tool_call>"
-call_start[lazy]: TEXT "<tool_call>"
-TEXT: /(.|\\n)*/
+call: {opening} WHITE? %json {call} WHITE? {close}
+{rules}
 WHITE: /[ \\t\\r\\n]{{1,{WHITE_RUN}}}/
 """
+
+
+def _one_token(tokenizer: Tokenizer | None, tag: str) -> int | None:
+    """The id of the one token `tag` is encoded as, if it is one."""
+    if tokenizer is None:
+        return None
+    ids = tokenizer.encode(tag, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
 
 
 def _llama3_json(call: str) -> str:
