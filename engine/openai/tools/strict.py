@@ -14,6 +14,8 @@ parser reads from the same text (streamed or whole) is what the grammar let thro
 N is one of the tools' names; A is valid under that function's `parameters` when it is strict, any JSON
 object when not. The model may end (EOS) wherever the text may, and max_tokens cuts it as any answer.
 White space inside a call is bounded (at most WHITE_RUN characters a gap), so a model cannot wander in it.
+The free text is text: llguidance keeps a tokenizer's added tokens apart from it, so those the grammar does
+not name (Qwen3's `<think>`) cannot be written under it.
 """
 
 from __future__ import annotations
