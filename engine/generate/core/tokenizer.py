@@ -134,6 +134,12 @@ class JsonTokenizer:
     def special_token_id(self, text: str) -> int | None:
         return self._special_ids.get(text)
 
+    def added_text_token_ids(self) -> tuple[int, ...]:
+        """The added tokens that are not special (Qwen's `<tool_call>`, `<think>`: written as text, kept in
+        a decode), ascending. llguidance keeps every added token apart from text, so a grammar whose text
+        may hold them names them (openai/tools/strict.py)."""
+        return tuple(sorted(int(i) for i, t in self._tok.get_added_tokens_decoder().items() if not t.special))
+
     def json_text(self) -> str:
         """The tokenizer as `tokenizer.json` holds it (what the grammar engine reads: grammar.py)."""
         return str(self._tok.to_str())

@@ -14,8 +14,8 @@ parser reads from the same text (streamed or whole) is what the grammar let thro
 N is one of the tools' names; A is valid under that function's `parameters` when it is strict, any JSON
 object when not. The model may end (EOS) wherever the text may, and max_tokens cuts it as any answer.
 White space inside a call is bounded (at most WHITE_RUN characters a gap), so a model cannot wander in it.
-The free text is text: llguidance keeps a tokenizer's added tokens apart from it, so those the grammar does
-not name (Qwen3's `<think>`) cannot be written under it.
+llguidance keeps a tokenizer's added tokens apart from text: the Hermes grammar names the tags when they are
+tokens, and lets the other added tokens that are not special (Qwen3's `<think>`) come between pieces of text.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...generate.core.grammar import MAX_GRAMMAR_CHARS, GrammarKind, GrammarSpec, constraint_for_json_schema
-from ...generate.core.tokenizer import Tokenizer
+from ...generate.core.tokenizer import JsonTokenizer, Tokenizer
 from ..errors import bad_request
 from .forced import parameters_schema
 from .hermes import END, START
@@ -77,19 +77,28 @@ def strict_calls(tools: ToolRequest, parser: str, tokenizer: Tokenizer | None = 
 
 def _hermes(call: str, tokenizer: Tokenizer | None) -> str:
     """Where the tokenizer has `<tool_call>` as one token (Qwen2.5's added tokens), the grammar names that
-    token (llguidance keeps added tokens apart from text: the tag as a string would refuse it), and the text
-    may not spell the tag out; else the tag is text, and the text ends at its first occurrence."""
+    token (llguidance keeps added tokens apart from text: the tag as a string would refuse it), the text may
+    not spell the tag out, and the tokenizer's other added tokens that are not special (Qwen3's `<think>`)
+    may come between pieces of text; else the tag is text, and the text ends at its first occurrence."""
     start, end = (_one_token(tokenizer, tag) for tag in (START, END))
     close = f"<[{end}]>" if end is not None else f'"{END}"'
+    white = f"WHITE: /[ \\t\\r\\n]{{1,{WHITE_RUN}}}/"
     if start is None:  # a lazy lexeme: the text before the tag ends at its first occurrence
-        opening, rules = "call_start", f'call_start[lazy]: TEXT "{START}"\nTEXT: /(.|\\n)*/'
-    else:
-        opening, rules = f"TEXT <[{start}]>", f"TEXT: /(.|\\n)*/ & ~/(.|\\n)*{START}(.|\\n)*/"
-    return f"""%llguidance {{}}
+        return f"""%llguidance {{}}
 start: call* TEXT
-call: {opening} WHITE? %json {call} WHITE? {close}
-{rules}
-WHITE: /[ \\t\\r\\n]{{1,{WHITE_RUN}}}/
+call: call_start WHITE? %json {call} WHITE? {close}
+call_start[lazy]: TEXT "{START}"
+TEXT: /(.|\\n)*/
+{white}
+"""
+    added = tokenizer.added_text_token_ids() if isinstance(tokenizer, JsonTokenizer) else ()
+    others = ",".join(str(i) for i in added if i not in (start, end))
+    return f"""%llguidance {{}}
+start: text (call text)*
+text: TEXT?{f" (<[{others}]> TEXT?)*" if others else ""}
+call: <[{start}]> WHITE? %json {call} WHITE? {close}
+TEXT: /(.|\\n)+/ & ~/(.|\\n)*{START}(.|\\n)*/
+{white}
 """
 
 

@@ -49,8 +49,8 @@ def compiled(parser: str, tokenizer: Tokenizer) -> tuple[GrammarCompiler, Gramma
 
 @pytest.fixture(scope="module", params=["byte", "qwen2", "qwen2_tags"])
 def tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    """The byte tokenizer, the fixture's BPE, and that BPE with Qwen2.5's tags as added tokens (not
-    special, as Qwen2.5's tokenizer.json has them), which a model writes as one token each."""
+    """The byte tokenizer, the fixture's BPE, and that BPE with Qwen3's tags as added tokens (not special,
+    as its tokenizer.json has them), which a model writes as one token each."""
     if request.param == "byte":
         return ByteTokenizer()
     if request.param == "qwen2":
@@ -59,7 +59,7 @@ def tokenizer(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     size = len(doc["model"]["vocab"]) + len(doc["added_tokens"])
     doc["added_tokens"] += [{"id": size + i, "content": tag, "single_word": False, "lstrip": False,
                              "rstrip": False, "normalized": False, "special": False}
-                            for i, tag in enumerate(("<tool_call>", "</tool_call>"))]
+                            for i, tag in enumerate(("<tool_call>", "</tool_call>", "<think>", "</think>"))]
     path = tmp_path_factory.mktemp("qwen2_tags") / "tokenizer.json"
     path.write_text(json.dumps(doc))
     tokenizer = JsonTokenizer(path, None, "<|im_end|>")
@@ -86,6 +86,7 @@ def valid_answers(parser: str) -> list[tuple[str, int]]:
     note = call(parser, "note", {"text": "any {object}", "tags": [1, None]})
     if parser == "hermes":
         return [("", 0), ("It is sunny; no call needed.", 0), (paris, 1), (f"Let me look.\n{paris}", 1),
+                (f"<think>\nParis, then Lyon.\n</think>\n\n{paris}\n{lyon}", 2), ("<think></think>Hi", 0),
                 (f"{paris}\n{lyon}\nBoth asked.", 2), (f"{note}{paris}", 2),
                 ('<tool_call>{"name":"forecast","arguments":{"city":"Lyon","days":1}}</tool_call>', 1)]
     return [("", 0), ("It is sunny, no call needed.", 0), (paris, 1), (f"  {paris}", 1),
