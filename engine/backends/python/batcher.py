@@ -71,12 +71,15 @@ class RequestBatcher(Batcher):
         except Exception as e:
             failure = self._execution_error(e)
         finally:
-            self._pool.release(instance)
+            self._pool.release(instance)  # its requests count as finished one by one (_relay_finished)
         if failure is not None:
             for relay in relays:
                 relay.fail(failure)
 
     def _relay_finished(self) -> None:
+        """A decoupled request's last response (or its failure): its client may come back (early dispatch
+        counts it), and it is no longer in flight."""
+        self.policy.finished(1)
         self._done(1)
 
     def _response(self, p: Pending, answer: Answer) -> InferenceResponse | EngineError:
@@ -108,7 +111,10 @@ class RequestBatcher(Batcher):
         except Exception as e:  # the instance failed (or died): this batch fails, the next may not
             results = self._failed(batch, e)
         finally:
-            self._pool.release(instance)
+            # Batcher._release: the policy counts these requests finished, then the instance frees up.
+            # Without the count, early dispatch thought every request ever taken was still executing (its
+            # population never matched) and most batches of a lone client waited out the window.
+            self._release(instance, batch)
         self._deliver(seq, results)
 
     def _check(self, instance: str, batch: list[Pending], answers: list[Answer]
