@@ -122,8 +122,11 @@ class TritonPythonModel:
             responses.pop()
         return responses
 '''
+# The window holds a burst of requests in one batch (test_one_bad_request_in_a_batch_fails_alone): without
+# early dispatch, which would send a lone client's request at once (Triton waits out the window too).
 BEHAVE_CONFIG = io([("MODE", "TYPE_INT32", "1")], [("OUT", "TYPE_FP32", "2")],
-                   "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n")
+                   "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n"
+                   'parameters { key: "early_dispatch" value { string_value: "false" } }\n')
 
 ASYNC = '''
 import asyncio
