@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import http.client
 import shutil
-import subprocess
-import sys
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +19,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import EXAMPLES, start_server
-from hubserve_harness import ROOT
 from hubserve_models import examples
+from serve_refusals import serve_refusals
 from test_http_limits import INFER, A, B, RawConnection, infer_body, post, wait_for
 
 BUDGET = 4_000_000  # --max-inflight-bytes; with --workers 2 each frontend holds half
@@ -279,14 +276,6 @@ def test_grpc_message_over_the_budget_is_resource_exhausted(guarded):
 
 # ---------------------------------------------------------------------------- flags refused at start
 
-def serve_fails(repository: Path, *flags: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "engine", "serve", "--model-repository", str(repository),
-                           "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port",
-                           "0", *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    return proc.stderr
-
-
 def test_bad_flags_fail_at_start_in_tritons_words(repository: Path, tmp_path: Path):
     misspelt, one_slot = tmp_path / "keys.yaml", tmp_path / "one_slot.yaml"
     misspelt.write_text("keys:\n  - key: top-secret\n    groups: [inference]\n    max_concurent: 2\n")
@@ -300,9 +289,7 @@ def test_bad_flags_fail_at_start_in_tritons_words(repository: Path, tmp_path: Pa
              ("--api-keys", str(misspelt)),
              ("--api-keys", str(one_slot), "--workers", "2"),
              ("--api-keys", str(tmp_path / "missing.yaml"))]
-    with ThreadPoolExecutor(4) as pool:  # each start is ~0.8 s of imports before the check: run them at once
-        admin, twice, no_setting, unknown, split, missing = pool.map(
-            lambda flags: serve_fails(repository, *flags), cases)
+    admin, twice, no_setting, unknown, split, missing = serve_refusals(repository, *cases)
     assert "unknown restricted api 'admin'" in admin
     assert "restricted protocol 'health' can not be specified in multiple config groups" in twice
     assert "--http-restricted-api option format is '<config name>:<setting>=<value>'. Got inference" in \

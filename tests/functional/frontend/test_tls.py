@@ -8,13 +8,11 @@ Certificates are made by `trustme` into the test's temporary folder.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, start_server
 from hubserve_harness.perf_analyzer import DEFAULT_ARGS, PERF_ANALYZER, perf_analyzer_available
+from serve_refusals import serve_refusals
 
 
 class Certs:
@@ -290,43 +289,10 @@ def test_perf_analyzer_over_grpc_tls_and_https(mtls_server, certs):
 
 # ------------------------------------------------------------------------------------- start-up errors
 
-# `hubserve serve` run in one child process for a list of flag sets, each through the command's own entry
-# point (engine.__main__.main), so the start-up checks are the ones a user meets; one process, not one per
-# case: each start is ~1 s of imports before its check (seconds each under load), the checks milliseconds.
-_STARTS = """
-import contextlib, io, json, sys, traceback
-from engine.__main__ import main
-results = []
-for argv in json.loads(sys.argv[1]):
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err):
-        try:
-            rc = main(argv)
-        except SystemExit as e:
-            rc = e.code
-        except BaseException:
-            rc, _ = None, traceback.print_exc(file=err)
-    results.append([rc, err.getvalue()])
-print(json.dumps(results))
-"""
-
-
 def _starts_fail(tmp: Path, *runs: list[str]) -> list[str]:
-    """`hubserve serve` with each of `runs`' flags must return 2 before serving; what each printed."""
     repo = tmp / "repo"
     repo.mkdir(exist_ok=True)
-    common = ["serve", "--model-repository", str(repo), "--host", "127.0.0.1", "--http-port", "0",
-              "--grpc-port", "0", "--metrics-port", "0"]
-    argvs = json.dumps([common + list(flags) for flags in runs])
-    run = subprocess.run([sys.executable, "-c", _STARTS, argvs], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    printed = []
-    for flags, (rc, stderr) in zip(runs, json.loads(run.stdout), strict=True):
-        assert rc == 2, (flags, rc, stderr)
-        assert "Traceback" not in stderr, stderr
-        printed.append(stderr)
-    return printed
+    return serve_refusals(repo, *runs)
 
 
 def _start_fails(tmp: Path, *flags: str) -> str:
