@@ -15,7 +15,7 @@ ARGS ?=
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: install install-test models serve test test-a test-b test-fast lint perf-analyzer protos clean
+.PHONY: install install-test models serve test test-a test-b test-c test-fast lint perf-analyzer protos clean
 
 $(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,22 +84,26 @@ WORKER_SUITES = \
 	tests/functional/streaming/test_stream_backpressure.py \
 	tests/functional/frontend/grpc/test_health_watch.py
 
-# make test runs the suite as two pytest processes side by side, each printing when it ends: most of a
-# functional test's time is spent waiting on a server (a serial run keeps about half of one core busy), so two
-# fit on 2 cores. test-a: tests/unit, then the functional folders not in SPLIT_B (a new folder lands here);
-# test-b: the SPLIT_B folders, then WORKER_SUITES with --workers 2. Each also runs alone.
+# make test runs the suite as three pytest processes side by side, and lint beside them: most of a
+# functional test's time is spent waiting on a server (a serial run keeps about half of one core busy), so
+# three fit on 2 cores. test-a: the functional folders in neither split (a new folder lands here); test-b:
+# the SPLIT_B folders; test-c: the SPLIT_C folders (tests/unit among them), then WORKER_SUITES with
+# --workers 2. The splits are sized so the three end within a minute of each other. Each also runs alone.
 SPLIT_B = tests/functional/perf tests/functional/openai tests/functional/access tests/functional/backends \
 	tests/functional/frontend/openai
+SPLIT_C = tests/unit tests/functional/workers tests/functional/replicas tests/functional/shm
 
 test: install-test models perf-analyzer
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-a test-b
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory -j4 --output-sync=target test-a test-b test-c lint
 
 test-a: install-test models perf-analyzer
-	$(PY) -m pytest -q tests $(addprefix --ignore=,$(SPLIT_B))
+	$(PY) -m pytest -q tests $(addprefix --ignore=,$(SPLIT_B) $(SPLIT_C))
 
 test-b: install-test models perf-analyzer
 	$(PY) -m pytest -q $(SPLIT_B)
+
+test-c: install-test models perf-analyzer
+	$(PY) -m pytest -q $(SPLIT_C)
 	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
 
 # The in-process half alone (tests/unit/: no server process, no socket to our server), for the inner loop:
