@@ -194,3 +194,21 @@ def test_a_response_block_is_freed_when_its_last_view_is_gone() -> None:
     del kept
     assert reader.take_freed() == [placement[0]] and reader.take_freed() == []
 
+
+
+def test_arrays_read_inline_hold_the_frame_bytes_and_their_read_only_ness() -> None:
+    """Reads builds each view with `np.ndarray(..., buffer, offset)`, which given a memoryview would keep
+    only the object under it and drop the buffer export: the views must still pin the bytes they read."""
+    tensors = _fixed_size_tensors()
+    specs = [(t.name, t.datatype, t.shape) for t in tensors]
+    inline = Inline()
+    placement = place(wire_chunks(tensors), None, None, inline, 0)
+    frame = bytearray(b"".join(bytes(p) for p in inline.take()))
+    arrays = read_arrays(Reads(specs), placement, None, memoryview(frame))
+    with pytest.raises(BufferError):  # a reader reusing its buffer cannot resize it under the views
+        frame.extend(b"x")
+    assert all(a.flags.writeable for a in arrays)
+    assert [a.tolist() for a in arrays] == [t.data.tolist() for t in tensors]
+    frozen = read_arrays(Reads(specs), placement, None, memoryview(bytes(frame)))
+    assert not any(a.flags.writeable for a in frozen)
+    assert [a.shape for a in frozen] == [t.shape for t in tensors]
