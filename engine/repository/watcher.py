@@ -1,9 +1,10 @@
 """Watching the repository folder (`--model-control-mode poll`): a model folder that appears, changes or
 disappears is reconciled (loaded, reloaded, unloaded) once it has settled.
 
-Why events and polling both: file-system events (inotify and friends, through `watchfiles`) make a dropped
-folder serve within about a second without rescanning every folder, but events can be lost (queue overflow,
-network file systems, some container mounts) or unavailable. A full scan every `poll_secs` is the safety net,
+Why events and polling both: file-system events (on Linux inotify, read on the loop with no thread
+(inotify.py); elsewhere FSEvents and friends through `watchfiles`) make a dropped folder serve within about
+a second without rescanning every folder, but events can be lost (queue overflow, network file systems,
+some container mounts) or unavailable. A full scan every `poll_secs` is the safety net,
 and the whole mechanism where events are not available or are turned off (`--no-repository-events`).
 
 Why "settled" and not "a fixed short delay": a copy in progress is not a model, and a copy over a network
@@ -21,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from .fingerprint import Fingerprint
+from .inotify import InotifyTree
 from .lifecycle import ModelRepository
 
 log = logging.getLogger("hubserve.watcher")
@@ -182,31 +185,74 @@ class RepositoryWatcher:
         self._wake.set()
 
     async def _watch_events(self) -> None:
-        """Feed file-system events into `notice` for as long as the server runs; restart after a failure."""
+        """Feed file-system events into `notice` for as long as the server runs; restart after a failure.
+        Linux: inotify read on the loop itself (inotify.py says why); elsewhere watchfiles' thread."""
+        if sys.platform.startswith("linux") and InotifyTree.available():
+            await self._watch_with(self._inotify_once)
+            return
         try:
-            import watchfiles
+            import watchfiles  # noqa: F401
         except ImportError:
             log.warning("watchfiles is not installed: scanning the repository every %.1f s", self.poll_secs)
             return
         logging.getLogger("watchfiles").setLevel(logging.WARNING)  # it logs every batch of changes at INFO
+        await self._watch_with(self._watchfiles_once)
+
+    def _went_live(self) -> None:
+        """The watch is in place. A folder dropped between the start-up scan and now raised no event (the
+        server answers ready before this task first runs): one more scan finds it, instead of the next poll
+        minutes later. Seen under load as a dropped model never served."""
+        self._rescan_all = True
+        self._wake.set()
+
+    async def _inotify_once(self) -> None:
+        """Until cancelled, or until the root goes or the descriptor fails (raised). No thread: the loop's
+        epoll wakes for inotify's descriptor only when something changed."""
+        loop = asyncio.get_running_loop()
+        tree = await asyncio.to_thread(InotifyTree, self.root)  # the first walk touches every folder
+        failed: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                batch = tree.read()
+            except OSError as e:
+                loop.remove_reader(tree.fileno())
+                if not failed.done():
+                    failed.set_exception(e)
+                return
+            if batch.overflow:
+                self._rescan_all = True  # events were lost: look at everything
+                self._wake.set()
+            if batch.paths:
+                self.notice(batch.paths)
+
+        fd = tree.fileno()
+        loop.add_reader(fd, readable)
+        try:
+            self._went_live()
+            await failed
+        finally:
+            loop.remove_reader(fd)
+            tree.close()
+
+    async def _watchfiles_once(self) -> None:
+        import watchfiles
+        live = False
+        async for changes in watchfiles.awatch(self.root, watch_filter=None, debounce=200, step=20,
+                                               stop_event=self._stop_events, recursive=True,
+                                               ignore_permission_denied=True, yield_on_timeout=True,
+                                               rust_timeout=500):
+            if not live:  # the first yield (changes, or an empty set after rust_timeout): watch in place
+                live = True
+                self._went_live()
+            if changes:
+                self.notice([Path(path) for _, path in changes])
+
+    async def _watch_with(self, watch: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 log.info("watching %s for changes (and scanning every %.1f s)", self.root, self.poll_secs)
-                live = False
-                async for changes in watchfiles.awatch(self.root, watch_filter=None, debounce=200, step=20,
-                                                       stop_event=self._stop_events, recursive=True,
-                                                       ignore_permission_denied=True, yield_on_timeout=True,
-                                                       rust_timeout=500):
-                    if not live:
-                        # The first yield (changes, or an empty set after rust_timeout) means the watch is
-                        # in place. A folder dropped between the start-up scan and now raised no event (the
-                        # server answers ready before this task first runs): one more scan finds it, instead
-                        # of the next poll minutes later. Seen under load as a dropped model never served.
-                        live = True
-                        self._rescan_all = True
-                        self._wake.set()
-                    if changes:
-                        self.notice([Path(path) for _, path in changes])
+                await watch()
                 return  # stopped
             except asyncio.CancelledError:
                 raise
