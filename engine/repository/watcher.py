@@ -209,7 +209,12 @@ class RepositoryWatcher:
         """Until cancelled, or until the root goes or the descriptor fails (raised). No thread: the loop's
         epoll wakes for inotify's descriptor only when something changed."""
         loop = asyncio.get_running_loop()
-        tree = await asyncio.to_thread(InotifyTree, self.root)  # the first walk touches every folder
+        opening = asyncio.ensure_future(asyncio.to_thread(InotifyTree, self.root))  # walks every folder
+        try:
+            tree = await asyncio.shield(opening)
+        except asyncio.CancelledError:  # a shutdown during the walk: close the descriptor once it exists
+            opening.add_done_callback(_close_opened)
+            raise
         failed: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:
@@ -261,6 +266,11 @@ class RepositoryWatcher:
                             "in %.0f s", self.root, e, self.poll_secs, EVENT_RETRY_SECS)
             self._rescan_all = True
             await asyncio.sleep(EVENT_RETRY_SECS)
+
+
+def _close_opened(opening: asyncio.Future[InotifyTree]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()
 
 
 __all__ = ["RepositoryWatcher", "SettleTracker"]
