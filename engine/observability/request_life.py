@@ -42,3 +42,14 @@ def request_ended(stats: ModelStats, model: str, version: str, request: Inferenc
         stats.record_request(stats.success, elapsed)
     if observe.STATE.active:
         observe.finished(model, version, request, error, cancelled, received_ns, end_ns)
+
+
+def requests_succeeded(stats: ModelStats, model: str, version: str, requests: list[InferenceRequest],
+                       received_ns: list[int], end_ns: int) -> None:
+    """`request_ended` for each of a batch's answered requests (`received_ns[i]` is `requests[i]`'s), in one
+    call: the batcher's answer pass (engine/scheduling/batching/batcher.py `_resolve`) accounts a whole
+    batch, then answers it."""
+    stats.record_successes([end_ns - received for received in received_ns])
+    if observe.STATE.active:
+        for request, received in zip(requests, received_ns, strict=True):
+            observe.finished(model, version, request, None, False, received, end_ns)

@@ -99,6 +99,14 @@ class ModelStats:
         if self.histograms is not None:
             self.histograms.request.observe(elapsed_ns)
 
+    def record_successes(self, elapsed_ns: list[int]) -> None:
+        """A batch's answered requests, as `record_request(self.success, ...)` each, in one call per batch
+        (the batcher's answer pass: engine/scheduling/inflight.py)."""
+        self.success.count += len(elapsed_ns)
+        self.success.ns += sum(elapsed_ns)
+        if self.histograms is not None:
+            self.histograms.request.observe_each(elapsed_ns)
+
     def record_queue(self, wait_ns: int) -> None:
         """One request's time in the queue, into the queue histogram too."""
         self.queue.add(wait_ns)

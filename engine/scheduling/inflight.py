@@ -39,12 +39,15 @@ class InflightBatcher:
             self._idle.set()
 
     def _accept(self, future: asyncio.Future[InferenceResponse], token: Any, request: InferenceRequest,
-                received_ns: int, on_done: Completion | None) -> None:
-        """Count an accepted request in flight and give its future the one done-callback: it accounts the
-        request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is first taken
-        back from the batcher with `_withdraw(token)`) and observes it (its access line and spans, while
-        those are on), both in engine/observability/request_life.py, and then calls `on_done`, the
-        frontend's answer."""
+                received_ns: int, on_done: Completion | None) -> Completion:
+        """Count an accepted request in flight and give its future the one done-callback (returned): it
+        accounts the request (success, failure, or cancelled, timed from `received_ns`; a cancelled one is
+        first taken back from the batcher with `_withdraw(token)`) and observes it (its access line and
+        spans, while those are on), both in engine/observability/request_life.py, and then calls `on_done`,
+        the frontend's answer.
+
+        A subclass that answers a whole batch at once may take the callback off the future before resolving
+        it and do the same work itself, in one pass (Batcher._resolve): no loop round per request."""
         self._inflight += 1
         self._idle.clear()
         stats = self._stats
@@ -61,6 +64,7 @@ class InflightBatcher:
                 on_done(f)
 
         future.add_done_callback(completed)
+        return completed
 
     def _withdraw(self, token: Any) -> None:
         """A cancelled request's `token` (what the subclass passed to `_accept`): take it out of the queue, so

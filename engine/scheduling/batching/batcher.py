@@ -22,6 +22,7 @@ from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode, invalid
 from ...instances.pool import Instance, InstancePool
 from ...observability import observe
+from ...observability.request_life import requests_succeeded
 from ...observability.stats import ModelStats
 from ...types import Completion, InferenceRequest, InferenceResponse, Tensor
 from ..inflight import InflightBatcher
@@ -86,7 +87,8 @@ class Batcher(InflightBatcher):
         if self.adaptive is not None:
             self.adaptive.on_arrival(pending.enqueue_ns)
         self.policy.enqueue(pending)
-        self._accept(future, pending, request, received, on_done)
+        pending.on_done = on_done
+        pending.callback = self._accept(future, pending, request, received, on_done)
         self._dispatch()
         return future
 
@@ -316,19 +318,37 @@ class Batcher(InflightBatcher):
             self._deliver_seq += 1
 
     def _resolve(self, results: list[tuple[Pending, InferenceResponse | EngineError]]) -> None:
+        """Answer a batch's requests. A failed one's future is failed, and its done-callback accounts and
+        answers it in a later loop round, as any cancelled or timed-out request's does. The answered ones
+        go in one pass, here: each future's done-callback is taken off before it is resolved, the batch is
+        accounted in one call (request_life.requests_succeeded), and then each frontend's `on_done` runs
+        at once, so a request costs no loop round of its own between its batch and its encoded answer."""
         if self.adaptive is not None:
             now = time.perf_counter_ns()
             for p, _ in results:
                 self.adaptive.on_latency(now - p.received_ns)
             self.policy.delay_ns = self.adaptive.window_ns
+        answered: list[Pending] = []
         for p, result in results:
             fut = p.future
             if fut is not None and not fut.done():
                 if isinstance(result, EngineError):
                     fut.set_exception(result)
                 else:
+                    if p.callback is not None:
+                        fut.remove_done_callback(p.callback)
                     fut.set_result(result)
+                    answered.append(p)
         self._done(len(results))
+        if answered:
+            requests_succeeded(self._stats, self.config.name, self._version, [p.request for p in answered],
+                               [p.received_ns for p in answered], time.perf_counter_ns())
+            for p in answered:
+                if p.on_done is not None:
+                    try:
+                        p.on_done(p.future)  # type: ignore[arg-type]  # set above
+                    except Exception:  # one frontend's bug must not leave the rest of the batch unanswered
+                        log.exception("answering a request of model '%s' failed", self.config.name)
 
     def _fail(self, p: Pending, error: EngineError) -> None:
         if p.future is not None and not p.future.done():

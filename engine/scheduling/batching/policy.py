@@ -26,7 +26,7 @@ import numpy as np
 
 from ...config.model_config import DynamicBatchingConfig, QueuePolicy, TimeoutAction
 from ...errors import EngineError, ErrorCode, invalid
-from ...types import InferenceRequest, InferenceResponse
+from ...types import Completion, InferenceRequest, InferenceResponse
 from .join_forecast import JoinForecast
 
 
@@ -44,6 +44,10 @@ class Pending:
     timeout_action: TimeoutAction = TimeoutAction.REJECT
     future: asyncio.Future[InferenceResponse] | None = field(default=None, repr=False)
     received_ns: int = 0  # when the frontend received it: the SLO window counts latency from here
+    # The frontend's answer and the future's done-callback (scheduling/inflight.py): a batch that succeeds
+    # takes the callback off and answers its requests in one pass (Batcher._resolve)
+    on_done: Completion | None = field(default=None, repr=False)
+    callback: Completion | None = field(default=None, repr=False)
 
 
 @dataclass(slots=True)
