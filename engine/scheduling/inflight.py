@@ -48,8 +48,9 @@ class InflightBatcher:
 
         A subclass that answers a whole batch at once may take the callback off the future before resolving
         it and do the same work itself, in one pass (Batcher._resolve): no loop round per request."""
+        if not self._inflight:  # (clear only when the count leaves 0: a Python call per request saved)
+            self._idle.clear()
         self._inflight += 1
-        self._idle.clear()
         stats = self._stats
         version = self._version
 
