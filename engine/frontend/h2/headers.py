@@ -73,6 +73,9 @@ class HeaderDecoder:
         # hpack's own list-size guard only protects memory; our advertised limit is checked by the caller.
         self._decoder = hpack.Decoder(max_header_list_size=4 * max_block_bytes + 4096)
         self._cache: BoundedCache[bytes, RequestHead] = BoundedCache(_CACHE_ENTRIES)
+        # Once the table is 0 with 0 allowed, it stays 0 (a larger size update is an error): then known
+        # without asking hpack's properties (two Python calls) for every block
+        self._stateless = False
 
     def table_size_acknowledged(self) -> None:
         """The client acknowledged our SETTINGS_HEADER_TABLE_SIZE 0: a larger table is now an error."""
@@ -81,7 +84,10 @@ class HeaderDecoder:
     def decode(self, block: bytes) -> RequestHead:
         """Raises hpack.HPACKError for a block that cannot be decoded: a connection error (§4.3)."""
         decoder = self._decoder
-        stateless = decoder.max_allowed_table_size == 0 and decoder.header_table_size == 0
+        stateless = self._stateless
+        if not stateless:
+            stateless = self._stateless = \
+                decoder.max_allowed_table_size == 0 and decoder.header_table_size == 0
         if stateless:
             head = self._cache.get(block)
             if head is not None:

@@ -48,13 +48,22 @@ class Outbound:
         conn = self.windows
         ending = trailers is not None or end_stream
         if not stream.pending and not self.paused and size <= stream.send_window and size <= conn.send_window:
-            out: list[bytes | memoryview] = [] if head is None else [f.headers(sid, head, False, max_frame)]
+            # Every answer passes here: a frame header that fits one frame is packed in place (f.frame_header
+            # and f.headers spelled out), not through a Python call per frame.
+            pack = f.FRAME_HEADER.pack
+            out: list[bytes | memoryview]
+            if head is None:
+                out = []
+            elif (n := len(head)) <= max_frame:
+                out = [pack(n >> 8, n & 0xFF, f.HEADERS, f.END_HEADERS, sid), head]
+            else:
+                out = [f.headers(sid, head, False, max_frame)]
             last_flags = f.END_STREAM if trailers is None and end_stream else 0
             if size:
                 stream.send_window -= size
                 conn.send_window -= size
                 if size <= max_frame:
-                    out.append(f.frame_header(size, f.DATA, last_flags, sid))
+                    out.append(pack(size >> 8, size & 0xFF, f.DATA, last_flags, sid))
                     out += data
                 else:  # within the windows but over the peer's frame size (§4.2): several DATA frames
                     whole = memoryview(b"".join(data))
@@ -66,7 +75,11 @@ class Outbound:
             elif last_flags:
                 out.append(f.frame_header(0, f.DATA, last_flags, sid))
             if trailers is not None:
-                out.append(f.headers(sid, trailers, True, max_frame))
+                if (n := len(trailers)) <= max_frame:
+                    out.append(pack(n >> 8, n & 0xFF, f.HEADERS, f.END_HEADERS | f.END_STREAM, sid))
+                    out.append(trailers)
+                else:
+                    out.append(f.headers(sid, trailers, True, max_frame))
             if size < 65536:
                 self.write(b"".join(out))  # a small answer is one buffer: headers, message, trailers
             else:
