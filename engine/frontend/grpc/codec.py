@@ -241,6 +241,21 @@ class _WirePlan(RequestPlan):
         self.params = request.parameters
 
 
+class _ResponseHead:
+    """A cached response head: the serialized fields before the tensor bytes, and per output the byte length
+    its shape and datatype give with the `raw_output_contents` tag and length for it (BYTES: -1, never
+    matched)."""
+
+    __slots__ = ("head", "prefixes")
+
+    def __init__(self, head: bytes, outputs: list[Tensor]) -> None:
+        self.head = head
+        self.prefixes: list[tuple[int, bytes]] = []
+        for t in outputs:
+            length = element_count(t.shape) * t.datatype.itemsize if t.datatype.itemsize else -1
+            self.prefixes.append((length, field_head(_RAW_OUTPUT_TAG, max(length, 0))))
+
+
 class InferWireCodec:
     """ModelInfer on serialized bytes: decoded plans cached by request key, serialized response heads by
     model, version and output names, datatypes and shapes. One per server. Bounded, so a client sending
@@ -251,7 +266,7 @@ class InferWireCodec:
 
     def __init__(self) -> None:
         self.plans: BoundedCache[bytes, _WirePlan] = BoundedCache(self.MAX_ENTRIES, self.MAX_KEY_BYTES)
-        self.heads: BoundedCache[Any, bytes] = BoundedCache(self.MAX_ENTRIES)
+        self.heads: BoundedCache[Any, _ResponseHead] = BoundedCache(self.MAX_ENTRIES)
 
     def decode(self, message: Any) -> InferenceRequest:
         """Raises EngineError for a request the protocol or the engine refuses, DecodeError for bytes that
@@ -278,14 +293,25 @@ class InferWireCodec:
         return request
 
     def encode(self, response: InferenceResponse) -> tuple[list[Any], int]:
-        """The serialized ModelInferResponse as (parts, total length), the tensor bytes not copied."""
+        """The serialized ModelInferResponse as (parts, total length), the tensor bytes not copied. Runs for
+        every answer, so its loops are spelled out (no comprehension or helper call per output where the
+        output is a contiguous array of its datatype, as a model's outputs are)."""
         outputs = response.outputs
-        chunks = [array_to_bytes(t.data, t.datatype) for t in outputs]
-        key = (response.model_name, response.model_version,
-               tuple([(t.name, t.datatype, t.shape) for t in outputs]))
-        head = self.heads.get(key)
-        if head is None:
-            head = self.heads.put(key, _response_head(response).SerializeToString())
+        chunks: list[Any] = []
+        described = []
+        for t in outputs:
+            arr, datatype = t.data, t.datatype
+            if datatype.itemsize and arr.dtype == datatype.numpy_dtype and arr.size and \
+                    arr.flags.c_contiguous:
+                chunks.append(arr.data.cast("B"))  # what array_to_bytes returns for it
+            else:
+                chunks.append(array_to_bytes(arr, datatype))
+            described.append((t.name, datatype, t.shape))
+        key = (response.model_name, response.model_version, tuple(described))
+        cached = self.heads.get(key)
+        if cached is None:
+            cached = self.heads.put(key, _ResponseHead(_response_head(response).SerializeToString(), outputs))
+        head = cached.head
         parts: list[Any] = [head]
         size = len(head)
         if response.id:
@@ -293,8 +319,9 @@ class InferWireCodec:
             tagged = field_head(_ID_TAG, len(rid)) + rid
             parts.append(tagged)
             size += len(tagged)
-        for chunk in chunks:
-            prefix = field_head(_RAW_OUTPUT_TAG, len(chunk))
+        for chunk, (length, prefix) in zip(chunks, cached.prefixes, strict=True):
+            if len(chunk) != length:  # BYTES, whose length the shape does not tell
+                prefix = field_head(_RAW_OUTPUT_TAG, len(chunk))
             parts.append(prefix)
             parts.append(chunk)
             size += len(prefix) + len(chunk)
