@@ -46,8 +46,8 @@ from ..h2.headers import RequestHead, literal
 from ..h2.streams import H2Stream
 from .handlers import STATUS
 from .handlers import GrpcStatus as S
-from .head import HeadRefusal, admit_head
-from .messages import PREFIX, MessageError, decompress, frame, response_encoding, response_head
+from .head import HeadAdmission, HeadRefusal, admit_head, call_head
+from .messages import PREFIX, MessageError, decompress, frame, response_head
 from .rpcs import OK_TRAILERS, Kind, Rpc, status_block, with_retry
 from .stream_infer import StreamInfer
 from .stream_state import StreamState
@@ -66,9 +66,10 @@ class Call(StreamInfer):
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "fed", "fed_at", "headers_sent",
-                 "need", "remote_done", "request", "request_id", "reserved", "response_encoding", "rpc",
-                 "start_ns", "stream", "streaming", "timer", "watch_counted", "watching", "work")
+    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "facts", "fed", "fed_at",
+                 "headers_sent", "need", "remote_done", "request", "request_id", "reserved",
+                 "response_encoding", "rpc", "start_ns", "stream", "streaming", "timer", "watch_counted",
+                 "watching", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -90,11 +91,14 @@ class Call(StreamInfer):
         self.headers_sent = False
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
-        fields = head.fields
-        self.request_id = fields.get(b"x-request-id")  # a request without an `id` takes it (ModelInfer)
-        self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")  # of compressed messages
-        self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
-        outcome = admit_head(app.head_rules, head, conn.on_loopback, time.monotonic(), self._open_watch)
+        facts = self.facts = call_head(head)  # what this connection's earlier calls with this head found
+        self.request_id = facts.request_id  # a request without an `id` takes it (ModelInfer)
+        self.encoding = facts.encoding  # of compressed messages
+        self.response_encoding = facts.response_encoding
+        outcome: HeadRefusal | HeadAdmission | None = facts.admitted
+        if outcome is None:
+            outcome = admit_head(app.head_rules, head, conn.on_loopback, time.monotonic(), self._open_watch)
+            facts.remember(outcome)
         if isinstance(outcome, HeadRefusal):
             self.rpc = None  # type: ignore[assignment]  # never read: the call is done
             self.admission = None
@@ -349,11 +353,16 @@ class Call(StreamInfer):
                                               f"{self.app.max_message_bytes})")
             return
         self.done = True
-        self._stop_timer()
+        if self.timer is not None:
+            self._stop_timer()
         if self.admission is not None:
             self._release_access()
         encoding = self.response_encoding
-        self.conn.send(self.stream, self._head(), frame(parts, size, encoding), OK_TRAILERS)
+        head = self.facts.answer_head  # (every unary answer: the head's, built once per head and connection)
+        if head is None:
+            head = self.facts.answer_head = self._head()
+        message = [PREFIX.pack(0, size), *parts] if encoding is None else frame(parts, size, encoding)
+        self.conn.send(self.stream, head, message, OK_TRAILERS)
 
     def _head(self) -> bytes:
         """The response headers: cached, plus the client's x-request-id echoed when it sent one."""

@@ -31,6 +31,7 @@ from ...observability.request_ids import header_request_id_problem
 from ..endpoints import Kind
 from ..h2.headers import RequestHead
 from .handlers import GrpcStatus as S
+from .messages import response_encoding
 from .rpcs import Rpc, parse_timeout, with_retry
 
 
@@ -65,6 +66,38 @@ class HeadAdmission:
     timeout_s: float | None
     admission: Admission | None
     watch_counted: bool
+
+
+class CallHead:
+    """What a call reads from its head besides the checks: its `x-request-id`, the encoding of its messages
+    and of its responses, and the checks' verdict where nothing but the head and the connection decide it
+    (no access policy asked, no Watch slot taken). Worked out by the first call that sends a header block and
+    kept on that block's RequestHead (`memo`), which its connection's decoder reuses for every later request
+    with the same block: a client repeating its metadata (perf_analyzer, tritonclient) pays for it once per
+    connection. The response head is the first successful answer's."""
+
+    __slots__ = ("admitted", "answer_head", "encoding", "request_id", "response_encoding")
+
+    def __init__(self, head: RequestHead) -> None:
+        fields = head.fields
+        self.request_id = fields.get(b"x-request-id")
+        self.encoding = fields.get(b"grpc-encoding", b"identity").decode("latin-1")
+        self.response_encoding = response_encoding(self.encoding, fields.get(b"grpc-accept-encoding", b""))
+        self.admitted: HeadAdmission | None = None
+        self.answer_head: bytes | None = None
+
+    def remember(self, outcome: HeadRefusal | HeadAdmission) -> None:
+        """Keep `outcome` for later calls with this head when it holds nothing of its own."""
+        if isinstance(outcome, HeadAdmission) and outcome.admission is None and not outcome.watch_counted:
+            self.admitted = outcome
+
+
+def call_head(head: RequestHead) -> CallHead:
+    """The head's CallHead: the one kept on it, or a new one kept there."""
+    memo = head.memo
+    if memo is None:
+        memo = head.memo = CallHead(head)
+    return memo  # type: ignore[no-any-return]
 
 
 def admit_head(rules: HeadRules, head: RequestHead, on_loopback: bool, now: float,

@@ -10,6 +10,8 @@ path, authority, content type), so the hot path does a dict lookup instead of HP
 
 from __future__ import annotations
 
+from typing import Any
+
 import hpack
 
 from ...bounded_cache import BoundedCache
@@ -24,14 +26,17 @@ _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":authority", b":path"))
 class RequestHead:
     """A decoded request field block. `malformed` says why the request is malformed (§8.1.1), else "".
     `list_size` is the header list size as SETTINGS_MAX_HEADER_LIST_SIZE counts it (§6.5.2). Shared between
-    requests through the cache: never mutate."""
+    requests through the cache: never mutate, but for `memo`, which the application may set once to what it
+    concluded from these fields alone (grpc/head.py `CallHead`), so a request repeating a block seen before on
+    its connection skips the work (the cache is per connection: so is anything the memo holds)."""
 
-    __slots__ = ("fields", "list_size", "malformed")
+    __slots__ = ("fields", "list_size", "malformed", "memo")
 
     def __init__(self, fields: dict[bytes, bytes], malformed: str, list_size: int) -> None:
         self.fields = fields
         self.malformed = malformed
         self.list_size = list_size
+        self.memo: Any = None
 
 
 def _request_head(pairs: list[tuple[bytes, bytes]]) -> RequestHead:
