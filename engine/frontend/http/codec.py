@@ -60,8 +60,10 @@ class _Plan(RequestPlan):
 
     def __init__(self, request: InferenceRequest, sizes: list[int]) -> None:
         super().__init__()
-        self.inputs = [(t.name, t.datatype, t.shape, size)
-                       for t, size in zip(request.inputs, sizes, strict=True)]
+        # per input: its name, datatype, shape, byte size, and numpy dtype (None for BYTES, whose elements
+        # are checked on every request); the full decode checked a fixed-size input's bytes against its shape
+        self.inputs = [(t.name, t.datatype, t.shape, size, None if t.datatype is DataType.BYTES else
+                        t.datatype.numpy_dtype) for t, size in zip(request.inputs, sizes, strict=True)]
         self.outputs = request.outputs
         self.params = request.parameters
         self.id = request.id
@@ -121,9 +123,12 @@ def _from_plan(plan: _Plan, model_name: str, model_version: str, binary: memoryv
     view = memoryview(binary)
     offset = 0
     inputs = []
-    for name, datatype, shape, size in plan.inputs:
-        inputs.append(Tensor(name, datatype, shape, array_from_bytes(name, datatype, shape,
-                                                                     view[offset:offset + size])))
+    for name, datatype, shape, size, dtype in plan.inputs:
+        data = view[offset:offset + size]
+        # (the plan's size is its shape's: a view, with nothing left to check, but for BYTES)
+        array = np.frombuffer(data, dtype=dtype).reshape(shape) if dtype is not None else \
+            array_from_bytes(name, datatype, shape, data)
+        inputs.append(Tensor(name, datatype, shape, array))
         offset += size
     request = InferenceRequest(model_name, model_version, inputs, plan.id, plan.outputs, plan.params)
     request.plan = plan
@@ -292,17 +297,31 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     arrays, not copies), its size in bytes, and the JSON header's length when binary data follows (else
     None). The connection writes the parts as they are (connection.py `_write`)."""
     plan = request.plan if isinstance(request.plan, _Plan) else None
-    placed = any(t.parameters for t in response.outputs)  # outputs written to clients' shared memory
+    placed = False  # outputs written to clients' shared memory: their header differs, never cached
+    output_shapes = []
+    for t in response.outputs:  # (every answer: spelled out, no generator resumed per output)
+        if t.parameters:
+            placed = True
+        output_shapes.append(t.shape)
     if placed:
-        plan = None  # their header differs: never cached
+        plan = None
     if plan is not None and not response.parameters:  # a cached header carries no response parameters
-        key = (response.model_name, response.model_version, tuple(t.shape for t in response.outputs))
-        cached = plan.encoded.get(key)
+        cached = plan.encoded.get((response.model_name, response.model_version, tuple(output_shapes)))
         if cached is not None:
             header, n = cached
-            chunks = [array_to_bytes(t.data, t.datatype) for t in response.outputs]
-            if sum(len(c) for c in chunks) == n:
-                return [header, *chunks], len(header) + n, len(header)
+            parts: list[Any] = [header]
+            size = 0
+            for t in response.outputs:
+                arr, datatype = t.data, t.datatype
+                if datatype.itemsize and arr.dtype == datatype.numpy_dtype and arr.size and \
+                        arr.flags.c_contiguous:
+                    chunk: bytes | memoryview = arr.data.cast("B")  # what array_to_bytes returns for it
+                else:
+                    chunk = array_to_bytes(arr, datatype)
+                parts.append(chunk)
+                size += len(chunk)
+            if size == n:
+                return parts, len(header) + n, len(header)
     default_binary = bool(request.parameters.get("binary_data_output", False))
     wanted = {o.name: o.binary_data for o in request.outputs} if request.outputs else {}
     outputs = []
@@ -343,8 +362,7 @@ def encode_response_parts(response: InferenceResponse, request: InferenceRequest
     if plan is not None and len(chunks) == len(response.outputs) and len(plan.encoded) < 64 and \
             not response.parameters:
         # every output binary: the header depends only on the shapes, so the next one is a lookup
-        shapes = tuple(t.shape for t in response.outputs)
-        plan.encoded[(response.model_name, response.model_version, shapes)] = (
+        plan.encoded[(response.model_name, response.model_version, tuple(output_shapes))] = (
             header, sum(len(c) for c in chunks))
     return [header, *chunks], len(header) + sum(len(c) for c in chunks), len(header)
 

@@ -245,7 +245,9 @@ class HttpProtocol(asyncio.Protocol):
             return
         status, body, content_type, extra = answer
         parts = body if isinstance(body, list) else [body]
-        size = sum(len(p) for p in parts)
+        size = 0
+        for part in parts:  # (every answer: no generator resumed per part)
+            size += len(part)
         if head_only:
             parts = []
         head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
