@@ -86,10 +86,14 @@ class Batcher(InflightBatcher):
         pending.future = future
         if self.adaptive is not None:
             self.adaptive.on_arrival(pending.enqueue_ns)
-        self.policy.enqueue(pending)
+        policy = self.policy
+        policy.enqueue(pending)
         pending.on_done = on_done
         pending.callback = self._accept(future, pending, request, received, on_done)
-        self._dispatch()
+        # With every instance busy and no queued request able to time out, `_dispatch` would find nothing to
+        # do (the pool calls it when an instance frees up): under load, most arrivals skip it
+        if policy.with_deadline or self._pool.has_free():
+            self._dispatch()
         return future
 
     @property

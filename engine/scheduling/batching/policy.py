@@ -75,7 +75,7 @@ class BatchPolicy:
         self._only_queue = self._queues[1]
         self.queued = 0
         """Requests in the queues (`len(policy)`); read as an attribute on the batcher's per-arrival path."""
-        self._with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
+        self.with_deadline = 0  # queued requests that can time out: timeouts cost nothing without them
         # For `peek`'s wait in O(1): batch elements queued, how many queued requests have each shape key,
         # and whether the queue is in arrival order (its head is then the oldest)
         self._elements = 0
@@ -121,7 +121,7 @@ class BatchPolicy:
         key = pending.shape_key
         self._keys[key] = self._keys.get(key, 0) + 1
         if pending.deadline_ns:
-            self._with_deadline += 1
+            self.with_deadline += 1
         if self.forecast is not None:  # in_flight, spelled out: this runs for every request
             self.forecast.on_arrival(pending.enqueue_ns, self.queued + self._executing, self.delay_ns)
 
@@ -140,7 +140,7 @@ class BatchPolicy:
             self.queued -= 1
             self._count(pending, -1)
             if pending.deadline_ns:
-                self._with_deadline -= 1
+                self.with_deadline -= 1
             return True
         return False
 
@@ -160,7 +160,7 @@ class BatchPolicy:
     def expire(self, now_ns: int) -> list[Pending]:
         """Apply queue timeouts: returns the requests to reject; DELAY requests move to the back."""
         rejected: list[Pending] = []
-        if not self._with_deadline:
+        if not self.with_deadline:
             return rejected
         for queue in self._queues.values():
             if not queue:
@@ -168,7 +168,7 @@ class BatchPolicy:
             keep: deque[Pending] = deque()
             for p in queue:
                 if p.deadline_ns and now_ns >= p.deadline_ns:
-                    self._with_deadline -= 1
+                    self.with_deadline -= 1
                     if p.timeout_action is TimeoutAction.DELAY:
                         p.deadline_ns = 0
                         self._delayed.append(p)
@@ -184,7 +184,7 @@ class BatchPolicy:
         return rejected
 
     def next_deadline_ns(self) -> int | None:
-        if not self._with_deadline:
+        if not self.with_deadline:
             return None
         deadlines = [p.deadline_ns for q in self._queues.values() for p in q if p.deadline_ns]
         return min(deadlines) if deadlines else None
@@ -266,7 +266,7 @@ class BatchPolicy:
             else:
                 self._delayed.remove(p)
             if p.deadline_ns:
-                self._with_deadline -= 1
+                self.with_deadline -= 1
             elements += p.batch_size
             if p.shape_key == key:
                 same_key += 1
