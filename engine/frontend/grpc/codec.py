@@ -197,6 +197,9 @@ def split_infer_request(message: Any) -> tuple[bytes, Any, list[Any]] | None:
     view = memoryview(message)
     pos, end = 0, len(view)
     key: list[Any] = []
+    # the key's fields as runs of adjacent bytes: an encoder writes fields in number order, so the key is
+    # usually one run (model name, inputs, outputs) and one slice, not a slice per field
+    run_start = run_stop = 0
     raw: list[Any] = []
     request_id: Any = b""
     try:
@@ -216,11 +219,18 @@ def split_infer_request(message: Any) -> tuple[bytes, Any, list[Any]] | None:
                 raw.append(view[start:stop])
             elif tag == _ID_TAG:
                 request_id = view[start:stop]
+            elif pos == run_stop:
+                run_stop = stop
             else:
-                key.append(view[pos:stop])
+                if run_stop > run_start:
+                    key.append(view[run_start:run_stop])
+                run_start, run_stop = pos, stop
             pos = stop
     except (IndexError, ValueError):
         return None
+    if not key:
+        return view[run_start:run_stop].tobytes(), request_id, raw
+    key.append(view[run_start:run_stop])
     return b"".join(key), request_id, raw
 
 
