@@ -135,9 +135,10 @@ class DataPlane:
                ) -> asyncio.Future[InferenceResponse]:
         """Route and queue one request; the future resolves with its response. Raises at once for an unknown
         model, a bad request or a full queue (accounted as a failure of the model found). `start_ns` is when
-        the frontend received the request. When the future is done, its one done-callback accounts the
-        request (success, failure, or cancelled: the frontend cancels it when the client is gone or its
-        deadline passed) and then calls `on_done` with it, the frontend's answer (Batcher.enqueue)."""
+        the frontend received the request. When the future is done, the request is accounted (success,
+        failure, or cancelled: the frontend cancels it when the client is gone or its deadline passed) and
+        then `on_done` is called with it, the frontend's answer: by the batch's answer pass or the future's
+        one done-callback (Batcher.enqueue)."""
         start = start_ns or time.perf_counter_ns()
         if not request.id and logs.SETTINGS.access:  # the access line names it: the answer echoes it
             request.id = logs.new_request_id()

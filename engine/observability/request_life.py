@@ -6,7 +6,8 @@ its own: the batchers' one done-callback (engine/scheduling/inflight.py, for the
 request batchers), the ensemble driver (scheduling/ensemble/driver.py), and generation, for Triton's
 generate and ModelStreamInfer (engine/generate/triton/model.py) and for the OpenAI API and its Batch API
 (engine/openai/generation.py) through engine/generate/serving/accounting.py. Each now ends here, so every
-answered inference counts once and writes one access line and, when sampled, its spans.
+answered inference counts once and writes one access line and, when sampled, its spans. The dynamic
+batcher's successful requests end a batch at a time, in `requests_succeeded`.
 
 The times a request carries (engine/types.py `InferenceRequest`, perf_counter ns, 0 = never reached): when
 it entered its queue (`queued_ns`), when its batch left the queue (`dispatched_ns`), when its outputs were

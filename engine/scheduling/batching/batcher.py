@@ -76,10 +76,11 @@ class Batcher(InflightBatcher):
         full. Cancelling the future (the client left, its deadline passed) takes the request out of the queue,
         so it is never executed.
 
-        The future gets one done-callback, whatever happens to it: it accounts the request (success, failure
-        or cancelled, timed from `received_ns`, when the frontend received it) and then calls `on_done` with
-        the future, the frontend's answer. So a request costs one callback round of the loop, and a client
-        that reads its answer and then asks for statistics finds its request counted."""
+        The request is accounted (success, failure or cancelled, timed from `received_ns`, when the frontend
+        received it) and then `on_done` is called with the future, the frontend's answer, once, whatever
+        happens to it: a successful one by its batch's answer pass (`_resolve`), with no loop round of its
+        own; a failed, timed-out or cancelled one by the future's done-callback. So a client that reads its
+        answer and then asks for statistics finds its request counted."""
         pending = self._pending(request, inputs)
         received = pending.received_ns = received_ns or pending.enqueue_ns
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
