@@ -103,6 +103,7 @@ class Batcher(InflightBatcher):
         return len(self.policy)
 
     def _withdraw(self, token: Pending) -> None:
+        token.callback = token.on_done = None  # (see _resolve)
         if self.policy.remove(token):
             self._done(1)
 
@@ -336,12 +337,13 @@ class Batcher(InflightBatcher):
         answered: list[Pending] = []
         for p, result in results:
             fut = p.future
+            callback, p.callback = p.callback, None  # the callback holds the pending: no cycle is left behind
             if fut is not None and not fut.done():
                 if isinstance(result, EngineError):
                     fut.set_exception(result)
                 else:
-                    if p.callback is not None:
-                        fut.remove_done_callback(p.callback)
+                    if callback is not None:
+                        fut.remove_done_callback(callback)
                     fut.set_result(result)
                     answered.append(p)
         self._done(len(results))
@@ -349,13 +351,15 @@ class Batcher(InflightBatcher):
             requests_succeeded(self._stats, self.config.name, self._version, [p.request for p in answered],
                                [p.received_ns for p in answered], time.perf_counter_ns())
             for p in answered:
-                if p.on_done is not None:
+                on_done, p.on_done = p.on_done, None
+                if on_done is not None:
                     try:
-                        p.on_done(p.future)  # type: ignore[arg-type]  # set above
+                        on_done(p.future)  # type: ignore[arg-type]  # set above
                     except Exception:  # one frontend's bug must not leave the rest of the batch unanswered
                         log.exception("answering a request of model '%s' failed", self.config.name)
 
     def _fail(self, p: Pending, error: EngineError) -> None:
+        p.callback = p.on_done = None  # (see _resolve)
         if p.future is not None and not p.future.done():
             p.future.set_exception(error)
 

@@ -10,7 +10,9 @@ Backend delays only make an instance stay busy; assertions are about order and c
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -604,6 +606,33 @@ def test_one_done_callback_accounts_then_answers() -> None:
             assert seen[1:] == [("ok", 1, 0, 1), ("failed", 1, 1, 1)]
             assert len(backend_threads(model)) == 2 and model.batcher.pending_count == 0  # `queued` never ran
         finally:
+            await model.stop()
+    run(main)
+
+
+def test_an_answered_request_is_freed_without_the_cyclic_collector() -> None:
+    """Whatever the batcher keeps for a request (its future, its done-callback, the frontend's answer) holds
+    no reference cycle once the request is answered, as a success or cancelled while queued: at thousands of
+    requests a second, a cycle would keep every request's buffers until the collector ran. (A failed batch's
+    error keeps its traceback, whose frames hold the batch, until collected: failures are rare.)"""
+    async def main() -> None:
+        model = await started(model_config("", execute_delay_ms=50))
+        answered: list[bool] = []
+        futures: list[weakref.ref[asyncio.Future[InferenceResponse]]] = []
+        gc.disable()
+        try:
+            for value in (1, 2, 3, 4):
+                future = model.submit(request(model, data(value)), on_done=lambda f: answered.append(True))
+                futures.append(weakref.ref(future))
+                if value == 4:
+                    await until(lambda: executing(model) > 0, "a batch executes")
+                    future.cancel()  # still queued behind the batch
+                del future
+            await until(lambda: len(answered) == 4, "every request is answered")
+            await until(lambda: model.batcher.pending_count == 0, "every request is done")
+            assert [ref() is None for ref in futures] == [True] * 4
+        finally:
+            gc.enable()
             await model.stop()
     run(main)
 
