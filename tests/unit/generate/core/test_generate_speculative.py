@@ -321,6 +321,23 @@ def test_a_draft_models_proposals_give_the_oracles_tokens(reference_session, kv,
     assert_no_leaks(engine)
 
 
+def test_a_rolled_back_draft_proposes_what_a_fresh_one_does():
+    """Each step the target keeps part of the proposals (all, some, none) and adds a token of its own; the
+    request's kept draft state, cut back and fed only what it has not seen, proposes what a request fed
+    every token at once does: its past is exactly the kept tokens' (verification would hide a wrong one,
+    only at a cost)."""
+    proposer = DraftModelProposer(OTHER_DRAFT, options(), 4, TOKENIZER.vocab_size)
+    tokens = repetitive(1, seed=35)[0]
+    proposals = proposer.propose("kept", tokens, 4)
+    for step, kept in enumerate((4, 2, 0, 3, 1, 4)):
+        tokens = tokens + proposals[:kept] + [(proposals[kept] + 1) % 256 if kept < 4 else 65]
+        proposals = proposer.propose("kept", tokens, 4)
+        assert proposals == proposer.propose(f"fresh {step}", tokens, 4), f"step {step}, {kept} kept"
+        proposer.release(f"fresh {step}")
+    proposer.release("kept")
+    assert proposer.requests_held == 0
+
+
 @KV
 @pytest.mark.parametrize("source", ["ngram", "other draft"])
 def test_backed_off_proposals_give_the_oracles_tokens(reference_session, kv, source):
