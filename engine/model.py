@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from . import classification
 from .config.model_config import ModelConfig, TensorSpec
@@ -40,6 +41,7 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class Model(abc.ABC):
     """One served version, whatever runs it: created LOADING; `start()` makes it READY; `stop()` drains then
     frees it. What every kind shares lives here: state and health, the checks of a request against the config
@@ -242,6 +244,7 @@ class Model(abc.ABC):
         }
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class InstanceModel(Model):
     """A version served by instances of a backend (engine/backends/): an instance pool and the batcher that
     feeds it, dynamic or sequence. The kind every model folder is unless another kind claims it."""

@@ -56,7 +56,7 @@ class Histogram:
         self.bounds = tuple(b * unit for b in bounds)
         self.unit = unit
         self.counts = [0] * (len(bounds) + 1)
-        self.sum: float = 0
+        self.sum: float = 0.0
         self.count = 0
 
     def observe(self, value: float, n: int = 1) -> None:

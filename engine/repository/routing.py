@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ..errors import EngineError, ErrorCode, invalid, not_found, unavailable
 from ..model import Model, ModelState
 from ..names import name_problem
@@ -96,6 +98,7 @@ def inside(path: Path, base: Path) -> bool:
         return False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class RoutingTable:
     """The models known to the server, read on every request. Written only by `ModelRepository`."""
 

@@ -13,6 +13,8 @@ import asyncio
 import time
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ..config.model_config import ModelConfig
 from ..errors import EngineError, ErrorCode
 from ..observability.request_life import request_ended
@@ -20,6 +22,7 @@ from ..observability.stats import ModelStats
 from ..types import Completion, InferenceRequest, InferenceResponse
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class InflightBatcher:
     """The subclass adds to `_inflight` (and clears `_idle`) for each request it accepts and calls `_done`
     for each it answers."""

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
+from mypy_extensions import mypyc_attr
 
 from ...access.caller import NOBODY, Caller
 from ...dataplane import DataPlane
@@ -88,6 +89,7 @@ StreamAnswered = Callable[["asyncio.Future[InferenceResponse]", StreamAnswer], N
 StreamPartial = Callable[[tuple[list[Any], int]], None]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class GrpcHandlers:
     """One per server, shared by every connection. Methods named after a unary RPC take its request message
     and return its response message, or an awaitable of it for RPCs that wait (load, unload); they raise

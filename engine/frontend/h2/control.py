@@ -13,6 +13,8 @@ import logging
 import struct
 from collections.abc import Callable
 
+from mypy_extensions import trait
+
 from . import frames as f
 from .frames import H2ConnectionError, H2Error, H2StreamError, error_code
 from .guard import FloodGuard
@@ -31,6 +33,7 @@ _WORD = struct.Struct(">L")
 _TWO_WORDS = struct.Struct(">LL")
 
 
+@trait  # one of H2Core's two bases: mypyc compiles multiple inheritance from traits only
 class Control:
     """The control-frame half of H2Core. Its state lives in H2Core.__init__."""
 

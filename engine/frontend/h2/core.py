@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import hpack
 
@@ -142,8 +142,8 @@ class H2Core(Control, Lifecycle):
         self._opened = True
         return stream
 
-    def send(self, stream: H2Stream, head: bytes | None, data: list[bytes], trailers: bytes | None,
-             end_stream: bool = False) -> bool:
+    def send(self, stream: H2Stream, head: bytes | None, data: Sequence[bytes | memoryview],
+             trailers: bytes | None, end_stream: bool = False) -> bool:
         """Send on `stream`: the field block `head` (headers) if given, then `data` as DATA, then the stream's
         end: `trailers` if given, else END_STREAM on the last DATA if `end_stream`. One buffer when the
         windows allow (the common case); otherwise DATA waits, in order, for WINDOW_UPDATE, and the end

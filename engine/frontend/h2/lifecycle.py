@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mypy_extensions import trait
+
 from . import frames as f
 from .frames import H2Error
 from .guard import ConnectionClock, Expiry, FloodGuard
@@ -21,6 +23,7 @@ from .streams import CoreEvents, H2Stream, Limits, StreamHandler
 SHUTDOWN_PING = b"hubserve"  # opaque data of the PING that times the final GOAWAY (§6.8)
 
 
+@trait  # one of H2Core's two bases: mypyc compiles multiple inheritance from traits only
 class Lifecycle:
     """The ending half of H2Core. Its state lives in H2Core.__init__."""
 

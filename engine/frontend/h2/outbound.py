@@ -11,7 +11,7 @@ loop's round, so one round's frames leave in one syscall.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from . import frames as f
 from .streams import H2Stream
@@ -37,8 +37,8 @@ class Outbound:
         self.drains = 0  # times waiting DATA or trailers went out (the sweeper's sign of a reading peer)
         self._outbox: list[bytes | memoryview] = []
 
-    def send(self, stream: H2Stream, head: bytes | None, data: list[bytes], trailers: bytes | None,
-             end_stream: bool = False) -> bool:
+    def send(self, stream: H2Stream, head: bytes | None, data: Sequence[bytes | memoryview],
+             trailers: bytes | None, end_stream: bool = False) -> bool:
         """See H2Core.send, which checks that neither the stream nor the connection is closed."""
         size = 0
         for part in data:

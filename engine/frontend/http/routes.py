@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from mypy_extensions import mypyc_attr
+
 from ...dataplane import DataPlane
 from ...errors import EngineError, ErrorCode, endpoint_message, invalid, not_found
 from ...observability import logs, observe
@@ -60,6 +62,7 @@ _JSON = b"application/json"
 _UNSAFE_IN_HEADER = re.compile(rb"[^\x20-\x7e]")  # what a request id may not carry into a header
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class Deferred:
     """A route answered by a task (repository load and unload), or, subclassed, an inference here or a
     request a frontend process forwarded to the engine (workers/forwarding.py): `answer()` runs once the

@@ -17,6 +17,7 @@ import logging
 import time
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from ...config.model_config import ModelConfig
 from ...errors import EngineError, ErrorCode, invalid
@@ -33,6 +34,7 @@ from .policy import BatchPolicy, Pending
 log = logging.getLogger("hubserve.batching")
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
 class Batcher(InflightBatcher):
     """The asyncio side: futures, timers, and running formed batches on instances. Runs on the event loop."""
 

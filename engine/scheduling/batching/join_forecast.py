@@ -73,7 +73,7 @@ class JoinForecast:
             self._epoch_start = now_ns
         self._peak = max(self._peak, in_flight)
         if self._last_arrival:
-            gap: float = now_ns - self._last_arrival
+            gap = float(now_ns - self._last_arrival)
             if window_ns:
                 gap = min(gap, 2 * window_ns / RARE)
             self._gap_ns = gap if not self._gap_ns else (1 - _ALPHA) * self._gap_ns + _ALPHA * gap
