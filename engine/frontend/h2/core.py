@@ -224,9 +224,9 @@ class H2Core(Control, Lifecycle):
                 if kind < 10:
                     try:
                         handlers[kind](flags, stream_id & f.STREAM_ID_MASK, payload)
-                    except H2StreamError as e:
+                    except H2StreamError as stream_error:  # not `e`: mypyc types a name once per function
                         self._answer_unread()
-                        self._stream_error(e)
+                        self._stream_error(stream_error)
                     if self._closed:
                         return
                 else:  # unknown frame types are ignored (§5.5), but count as frames that carry nothing
