@@ -3,28 +3,26 @@ PING, GOAWAY and WINDOW_UPDATE, for either role; and stream errors, answered wit
 like the rest of the core.
 
 Why apart from core.py: the receive loop, stream opening and DATA are the request path; these handlers are
-the connection's upkeep, each a few lines of the RFC's rules plus a count for the flood guard. `Control` is a
-base of H2Core and works on its state, named below.
+the connection's upkeep, each a few lines of the RFC's rules plus a count for the flood guard. `Control` is
+H2Core's base and works on its state, named below. Its own base is `Lifecycle` (lifecycle.py), whose methods
+it calls: compiled with mypyc, a method named here only as a `Callable` attribute reads an attribute slot that
+is never set. The order of lookup is H2Core, Control, Lifecycle, as when both were H2Core's bases.
 """
 
 from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable
 
 from mypy_extensions import trait
 
 from . import frames as f
 from .frames import H2ConnectionError, H2Error, H2StreamError, error_code
-from .guard import FloodGuard
 from .headers import HeaderDecoder, ResponseDecoder
-from .lifecycle import SHUTDOWN_PING
-from .outbound import Outbound
+from .lifecycle import SHUTDOWN_PING, Lifecycle
 from .states import StreamEvent as E
 from .states import StreamState as S
 from .states import transition
-from .streams import CoreEvents, H2Stream, StreamHandler
 from .windows import FlowWindows
 
 log = logging.getLogger("hubserve.h2")
@@ -33,27 +31,18 @@ _WORD = struct.Struct(">L")
 _TWO_WORDS = struct.Struct(">LL")
 
 
-@trait  # one of H2Core's two bases: mypyc compiles multiple inheritance from traits only
-class Control:
-    """The control-frame half of H2Core. Its state lives in H2Core.__init__."""
+@trait  # mypyc: it names attributes that only its subclass H2Core holds
+class Control(Lifecycle):
+    """The control-frame half of H2Core. Its state lives in H2Core.__init__ (Lifecycle names the rest)."""
 
-    _events: CoreEvents
-    _out: Outbound
     _conn: FlowWindows
-    _streams: dict[int, H2Stream]
     _decoder: HeaderDecoder | ResponseDecoder
-    _guard: FloodGuard
     _peer_parity: int
-    _peer_gone: bool
-    _shutting_down: bool
-    _goaway_last: int | None
     peer_max_streams: int
-    # H2Core's and Lifecycle's, named for the type checker only (a stub here would shadow them).
     _peer: str
-    _is_idle: Callable[[int], bool]
-    _forget: Callable[[H2Stream], StreamHandler]
-    _close_if_idle: Callable[[], None]
-    _final_goaway: Callable[[], None]
+
+    def _is_idle(self, stream_id: int) -> bool:
+        raise NotImplementedError  # H2Core's, first in the order of lookup
 
     def _on_priority(self, flags: int, stream_id: int, payload: memoryview) -> None:
         if stream_id == 0:

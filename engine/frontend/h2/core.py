@@ -30,7 +30,6 @@ from .control import Control
 from .frames import H2ConnectionError, H2Error, H2StreamError
 from .guard import ConnectionClock, FloodGuard
 from .headers import FieldBlock, HeaderDecoder, ResponseDecoder
-from .lifecycle import Lifecycle
 from .outbound import Outbound
 from .states import AFTER, TRANSITIONS, transition
 from .states import StreamEvent as E
@@ -55,7 +54,7 @@ _OPENED = TRANSITIONS[(S.IDLE, E.RECV_HEADERS)]
 _OPENED_ENDED = TRANSITIONS[(_OPENED, E.RECV_END_STREAM)]
 
 
-class H2Core(Control, Lifecycle):
+class H2Core(Control):  # and Lifecycle, Control's base
     data_to_send: Callable[[], list[bytes | memoryview]]
     """The bytes to write, in order (for `transport.writelines`); empties the outbox."""
 

@@ -3,8 +3,8 @@ connection errors, the peer's going away, and the timeouts `tick` checks (guard.
 the rest of the core: closing the transport is asked of the adapter (`CoreEvents.close_transport`).
 
 Why apart from core.py: the receive loop and the stream states are one concept, ending a connection (and
-letting go of everything it holds) another. `Lifecycle` is a base of H2Core and works on its state, named
-below.
+letting go of everything it holds) another. `Lifecycle` is the base of `Control` (control.py), H2Core's base,
+and works on H2Core's state, named below.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .streams import CoreEvents, H2Stream, Limits, StreamHandler
 SHUTDOWN_PING = b"hubserve"  # opaque data of the PING that times the final GOAWAY (§6.8)
 
 
-@trait  # one of H2Core's two bases: mypyc compiles multiple inheritance from traits only
+@trait  # the base of a trait (Control): mypyc requires it to be one too
 class Lifecycle:
     """The ending half of H2Core. Its state lives in H2Core.__init__."""
 
