@@ -187,12 +187,12 @@ class DataPlane:
             else:
                 try:
                     outer.set_result(shm_requests.write_outputs(inner.result(), places))
-                except EngineError as e:
-                    outer.set_exception(e)
-                except Exception as e:  # a bug: the request fails, the server goes on
+                except EngineError as refused:
+                    outer.set_exception(refused)
+                except Exception as bug:  # a bug: the request fails, the server goes on
                     log.exception("writing outputs to shared memory failed")
                     outer.set_exception(EngineError(ErrorCode.INTERNAL, f"writing outputs to shared "
-                                                                        f"memory failed: {e}"))
+                                                                        f"memory failed: {bug}"))
 
         inner = model.submit(resolved, start, written)
         outer.add_done_callback(lambda f: inner.cancel() if f.cancelled() else None)

@@ -271,8 +271,8 @@ class GrpcHandlers:
                     elif empty_final:
                         answer = self.wire.encode_stream(InferenceResponse(
                             request.model_name, request.model_version, [], request.id))
-                except Exception as e:  # a bug in encoding: the stream ends INTERNAL
-                    answer = e
+                except Exception as bug:  # a bug in encoding: the stream ends INTERNAL
+                    answer = bug
             answered(f, answer)
 
         try:
@@ -282,9 +282,9 @@ class GrpcHandlers:
             request.stream = streamed
             request.stream_window = window
             return self.engine.submit(request, start_ns, done), bool(request.parameters.get("sequence_id"))
-        except EngineError as e:  # refused before queueing: answered on the next loop round, as any other
+        except EngineError as refused:  # before queueing: answered on the next loop round, as any other
             future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-            future.set_exception(e)
+            future.set_exception(refused)
             future.add_done_callback(done)
             return future, False
 

@@ -55,12 +55,12 @@ def decompress(flag: int, encoding: str, message: memoryview, limit: int) -> byt
         raise MessageError(S.INTERNAL, "a request message is marked compressed but has no grpc-encoding")
     try:
         return compression.decode(encoding, message, limit)
-    except compression.UnsupportedEncoding as e:
-        raise MessageError(S.UNIMPLEMENTED, e.message, ACCEPT_ENCODING) from None
-    except compression.TooLarge as e:
-        raise MessageError(S.RESOURCE_EXHAUSTED, e.message) from None
-    except EngineError as e:
-        raise MessageError(S.INTERNAL, e.message) from None
+    except compression.UnsupportedEncoding as unsupported:
+        raise MessageError(S.UNIMPLEMENTED, unsupported.message, ACCEPT_ENCODING) from None
+    except compression.TooLarge as too_large:
+        raise MessageError(S.RESOURCE_EXHAUSTED, too_large.message) from None
+    except EngineError as corrupt:
+        raise MessageError(S.INTERNAL, corrupt.message) from None
 
 
 def frame(parts: list[Any], size: int, encoding: str | None) -> list[Any]:

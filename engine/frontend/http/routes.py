@@ -146,15 +146,15 @@ class HttpRoutes(ExtensionRoutes):
         (a `Pending`) calls `on_done` with its future once that is done."""
         try:
             return self.route(req, on_done)
-        except compression.TooLarge as e:  # a compressed body inflating past the limit, as one over it
-            return error_answer(413, e.message)
-        except compression.UnsupportedEncoding as e:
-            return error_answer(415, e.message)
-        except EngineError as e:
-            return error_answer(STATUS[e.code], endpoint_message(e, "HTTP end point"))
-        except Exception as e:  # a bug: answer 500, keep serving
+        except compression.TooLarge as too_large:  # compressed, inflating past the limit: as a body over it
+            return error_answer(413, too_large.message)
+        except compression.UnsupportedEncoding as unsupported:
+            return error_answer(415, unsupported.message)
+        except EngineError as refused:
+            return error_answer(STATUS[refused.code], endpoint_message(refused, "HTTP end point"))
+        except Exception as bug:  # a bug: answer 500, keep serving
             log.exception("HTTP handler failed")
-            return error_answer(500, f"internal error: {e}")
+            return error_answer(500, f"internal error: {bug}")
 
     def route(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending:
         """Dispatch on the request's parsed target (path.py): the one the access check read. Its endpoint's
