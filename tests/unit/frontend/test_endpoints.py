@@ -30,9 +30,10 @@ _ROUTERS = {Api.KSERVE: (HttpRoutes, _HANDLER_PARAMETERS), Api.OPENAI: (OpenAIRo
 
 def _handlers(routes: type, parameters: list[str]) -> set[str]:
     """A router's methods shaped as a row's handler: handler(req, target, on_done), or a BatchRoutes one
-    handler(req, target, owner)."""
-    return {name for name, fn in inspect.getmembers(routes, inspect.isfunction)
-            if list(inspect.signature(fn).parameters) == parameters}
+    handler(req, target, owner). Routines, not functions: compiled with mypyc, a method is a method
+    descriptor; dunders (mypyc adds some without a signature) are never a handler."""
+    return {name for name, fn in inspect.getmembers(routes, inspect.isroutine)
+            if not name.startswith("__") and list(inspect.signature(fn).parameters) == parameters}
 
 
 @pytest.mark.parametrize("api", list(Api), ids=lambda a: a.name)
