@@ -41,8 +41,11 @@ class ModelState(enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
 
 
+# ABCMeta, not abc.ABC as a base: compiled with mypyc, a Python base gives the class __dict__ and __weakref__
+# slots, and its deallocator never clears weak references, so a weakref to a freed version dangled and
+# crashed the interpreter (mypyc/mypyc#1102). Same abstract-method check in pure Python.
 @mypyc_attr(allow_interpreted_subclasses=True)  # subclassed in modules mypyc leaves uncompiled
-class Model(abc.ABC):
+class Model(metaclass=abc.ABCMeta):
     """One served version, whatever runs it: created LOADING; `start()` makes it READY; `stop()` drains then
     frees it. What every kind shares lives here: state and health, the checks of a request against the config
     (`prepare`), metadata. How requests run is the kind's (engine/repository/kinds.py): instances and a
