@@ -20,7 +20,7 @@ from ...errors import invalid
 from .lora import LoraShape, lora_feed
 from .scheduler import ScheduledChunk
 
-KV_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+KV_DTYPES: dict[str, type[np.floating[Any]]] = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
 @dataclass(frozen=True, slots=True)
