@@ -210,7 +210,9 @@ class DataPlane:
         byte_size; CUDA: name, device_id, byte_size)."""
         return self.cuda_shm.status(name, caller) if cuda else self.shm.status(name, caller)
 
-    def shm_register(self, name: str, key: str, offset: Any, byte_size: Any, caller: Caller = NOBODY) -> None:
+    def shm_register(self, name: str, key: Any, offset: Any, byte_size: Any, caller: Caller = NOBODY) -> None:
+        # key, offset, byte_size: a client's JSON values, checked by register (compiled, an annotation here is
+        # a check of its own: `key: str` answered a key of 5 with a 500, not the 400 register gives)
         self.shm.register(name, key, offset, byte_size, caller)
 
     def cuda_shm_register(self, request: CudaRegisterRequest, caller: Caller = NOBODY) -> None:
