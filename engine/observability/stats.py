@@ -101,9 +101,8 @@ class ModelStats:
 
     def record_successes(self, elapsed_ns: list[int]) -> None:
         """A batch's answered requests, as `record_request(self.success, ...)` each, in one call per batch
-        (the batcher's answer pass: engine/scheduling/inflight.py)."""
-        self.success.count += len(elapsed_ns)
-        self.success.ns += sum(elapsed_ns)
+        (the batcher's answer pass: engine/scheduling/batching/batcher.py `_resolve`)."""
+        self.success.add(sum(elapsed_ns), len(elapsed_ns))
         if self.histograms is not None:
             self.histograms.request.observe_each(elapsed_ns)
 
