@@ -3,9 +3,15 @@
 import os
 from pathlib import Path
 
+from . import native
+
 __version__ = "0.1.0"
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)  # the checkout (or install) holding `engine`
+
+# Before any other engine module is imported: the compiled hot path, where build/native matches these sources
+# (engine/native.py); pure Python otherwise.
+native.install(Path(_PACKAGE_ROOT))
 
 
 def child_pythonpath(current: str | None) -> str:

@@ -14,6 +14,7 @@ import time
 from . import (
     heap,
     kinds,  # noqa: F401  (registers every plug-in kind of model with the repository)
+    native,
 )
 from .access.policy import policies
 from .dataplane import DataPlane
@@ -123,6 +124,8 @@ class Server:
         """Bind the ports (PortError, naming the flag, before any model loads), load the models, serve, and
         write the ready line."""
         opts = self.options
+        compiled = native.status()  # decided as `engine` was imported; a stale build is a warning to rebuild
+        (log.warning if compiled.stale else log.info)("%s", compiled.line())
         self._listeners = bind_ports(opts.host, opts.http_port, opts.grpc_port, opts.metrics_port)
         self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
         self.metrics_port = self._listeners.metrics_port

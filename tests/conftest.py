@@ -27,6 +27,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import engine.kinds  # noqa: F401  (the in-process repositories serve every kind, as the server does)
+from engine import native
 from engine.config import steps as cfg
 from engine.config.model_config import ModelConfig
 from engine.instances.rate_limiter import RateLimiter
@@ -199,8 +200,10 @@ def start_example_server(tmp_path_factory: pytest.TempPathFactory, label: str, m
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     """One line per suite that counts its cases (tests/case_counts.py), e.g. "fuzz: 1200 cases tried", so
-    CI's log says how much each suite tried, with or without `-s`."""
+    CI's log says how much each suite tried, with or without `-s`; and which engine the run tested, the
+    compiled build or pure Python (engine/native.py), as the servers it started decided too."""
     from case_counts import COUNTS
 
     for suite, n in sorted(COUNTS.items()):
         terminalreporter.write_line(f"{suite}: {n} cases tried")
+    terminalreporter.write_line(native.status().line())

@@ -13,6 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import start_server
+from engine import native
 from hubserve_models.examples import simple_model, write_model
 
 
@@ -43,6 +44,7 @@ def test_a_flat_model_onnx_is_served_as_one_model(tmp_path: Path):
     finally:
         srv.stop()
     assert "holds one model's files: serving them as model 'resnet'" in srv.log()
+    assert native.status().line() in srv.log()  # compiled or not, and why: as this checkout decides
 
 
 def test_a_bad_single_model_name_is_refused_before_anything_loads(tmp_path: Path):
