@@ -154,6 +154,7 @@ def minutes(seconds: float) -> str:
 
 
 def build(layout: str, opt_level: str, jobs: int, force: bool, fallback: bool) -> int:
+    os.chdir(ROOT)  # mypycify takes the paths as given and reads [tool.mypy] from pyproject.toml here
     reason = missing_toolchain()
     if reason is not None:
         print(f"native: not compiled, {reason}; the server runs as pure Python")
