@@ -19,8 +19,8 @@ NATIVE_STAMP := $(VENV)/.installed-native
 
 # The hot path (tools/native_modules.txt) compiled with mypyc into build/native/ by tools/build_native.py;
 # engine/native.py loads it only while it matches every engine source, pure Python otherwise, and the server's
-# start-up log says which. NATIVE=1: make serve and make test compile it first (about 1.5 minutes on 2 idle
-# cores, again after any change under engine/; where there is no C compiler or Python headers, one line says
+# start-up log says which. NATIVE=1: make serve and make test compile it first (about 70 s on 2 cores,
+# again after any change under engine/; where there is no C compiler or Python headers, one line says
 # so and they run pure Python). NATIVE=0: both run pure Python (HUBSERVE_NATIVE=0), whatever build/ holds.
 NATIVE ?= 1
 ifeq ($(NATIVE),1)

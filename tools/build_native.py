@@ -36,9 +36,12 @@ os.environ["HUBSERVE_NATIVE"] = "0"  # this process only reads the sources: it n
 sys.path.insert(0, str(ROOT))
 from engine import native  # noqa: E402  (after the switch, so importing engine installs no finder)
 
-# How the modules are grouped into shared libraries. "one": a single library, so every call between compiled
-# modules is a C call (one gcc process: the other core idles). "two": the frontends and the rest, compiled
-# side by side with -j 2. "separate": a library per module (mypyc's separate=True).
+# How the modules are grouped into shared libraries (measured in perf/README.md, "The compiled hot path"):
+# "two" (the default): the frontends and the rest, compiled side by side with -j 2; a call from one library
+# into the other stays a C call, through mypyc's export table, and the CPU per inference is the same as
+# "one"'s, a single library (one gcc process on one 23 MB C file, about 1.4 times the wall and CPU time);
+# "separate": a library per module (mypyc's separate=True), each with its own copy of mypyc's runtime, the
+# slowest to compile.
 LAYOUTS = ("one", "two", "separate")
 
 
@@ -150,7 +153,7 @@ def cpu_seconds() -> float:
 
 
 def minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def build(layout: str, opt_level: str, jobs: int, force: bool, fallback: bool) -> int:
@@ -200,7 +203,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--status", action="store_true", help="say what a process started here would run")
-    parser.add_argument("--layout", choices=LAYOUTS, default="one")
+    parser.add_argument("--layout", choices=LAYOUTS, default="two")
     parser.add_argument("--opt-level", default="3", help="gcc's -O level (mypyc's opt_level)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="libraries compiled at once")
     parser.add_argument("--force", action="store_true", help="compile even if build/native is up to date")
