@@ -184,10 +184,15 @@ def hubserve_from(tree: Path) -> ServerKind:
                    else f"{tree}/engine/__main__.py is missing")
 
 
+# This checkout's engine as pure Python (HUBSERVE_NATIVE=0, engine/native.py) beside `hubserve`, which runs
+# the compiled hot path where build/native is fresh (`make native`): `--servers hubserve,hubserve-pure`.
+HUBSERVE_PURE = replace(HUBSERVE, name="hubserve-pure", env={"HUBSERVE_NATIVE": "0"})
+
 # hubserve with `--workers N` beside it, so one run can put process layouts side by side.
 HUBSERVE_WORKERS = tuple(replace(HUBSERVE.with_args(["--workers", str(n)]), name=f"hubserve-w{n}")
                          for n in (1, 2, 3, 4, 8))
-KINDS = {k.name: k for k in (HUBSERVE, *HUBSERVE_WORKERS, TRITON, TRITON_ORT, KSERVE, MLSERVER)}
+KINDS = {k.name: k for k in (HUBSERVE, HUBSERVE_PURE, *HUBSERVE_WORKERS, TRITON, TRITON_ORT, KSERVE,
+                             MLSERVER)}
 
 
 @dataclass
