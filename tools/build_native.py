@@ -180,9 +180,10 @@ def build(layout: str, opt_level: str, jobs: int, force: bool, fallback: bool) -
         run_logged(log, lambda: compile_into(lib, paths, layout, opt_level, jobs))
     except BaseException as exc:  # SystemExit from setuptools, CompileError, mypyc's type errors
         print("\n".join(log.read_text().splitlines()[-40:]))
-        print(f"native: the compile failed ({exc!r}); full log in {log}", file=sys.stderr)
-        if fallback:
-            print("native: the server runs as pure Python")
+        print(f"native: the compile failed ({type(exc).__name__}: {str(exc)[:300]}); the log: {log}",
+              file=sys.stderr)
+        if fallback:  # what a server started now runs: pure Python, unless an earlier build still matches
+            print(native.decide(ROOT, BUILD_DIR, None)[0].line())
             return 0
         return 1
     wall, cpu = time.monotonic() - started, cpu_seconds() - cpu_before
