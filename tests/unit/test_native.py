@@ -127,3 +127,12 @@ def test_the_first_difference_is_named_in_path_order():
     assert difference(built, {**built, "engine/b.py": "9", "engine/c.py": "9"}) == "engine/b.py changed"
     assert difference(built, {"engine/b.py": "2", "engine/c.py": "3"}) == "engine/a.py was removed"
     assert difference(built, {**built, "engine/ab.py": "4"}) == "engine/ab.py was added"
+
+
+def test_the_native_extra_pins_the_mypy_the_test_extra_pins():
+    """make serve installs the native extra, make test both: two pins of mypy would flip the venv's mypy,
+    and with it the build's C, between the two installs."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    mypy = {extra: [pin for pin in extras[extra] if pin.startswith("mypy==")] for extra in ("native", "test")}
+    assert mypy["native"] == mypy["test"] and len(mypy["native"]) == 1
