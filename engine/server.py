@@ -124,9 +124,11 @@ class Server:
         """Bind the ports (PortError, naming the flag, before any model loads), load the models, serve, and
         write the ready line."""
         opts = self.options
-        compiled = native.status()  # decided as `engine` was imported; a stale build is a warning to rebuild
-        (log.warning if compiled.stale else log.info)("%s", compiled.line())
         self._listeners = bind_ports(opts.host, opts.http_port, opts.grpc_port, opts.metrics_port)
+        # After the ports (a taken one is the only line), before the models: decided as `engine` was imported;
+        # a stale build is a warning to rebuild
+        compiled = native.status()
+        (log.warning if compiled.stale else log.info)("%s", compiled.line())
         self.http_port, self.grpc_port = self._listeners.http_port, self._listeners.grpc_port
         self.metrics_port = self._listeners.metrics_port
         self._exporter = observe.install_tracing(self.trace)  # the engine's: its batchers see every request
