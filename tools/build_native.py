@@ -163,6 +163,12 @@ def build(layout: str, opt_level: str, jobs: int, force: bool, fallback: bool) -
         print(f"native: not compiled, {reason}; the server runs as pure Python")
         return 0
     paths = read_modules()
+    stray = sorted((ROOT / "engine").rglob(f"*{importlib.machinery.EXTENSION_SUFFIXES[0]}"))
+    for path in stray:  # from a `build_ext --inplace` beside the sources: the path finder would prefer them
+        path.unlink()
+    if stray:
+        print(f"native: removed {len(stray)} extension files under engine/ (an in-place build's, e.g. "
+              f"{stray[0].relative_to(ROOT)}): they would shadow the .py files whatever the manifest says")
     sources = native.source_hashes(ROOT)  # before the compile: an edit during it makes the build stale
     config = build_config(paths, layout, opt_level)
     current = None if force else up_to_date(config, sources)
