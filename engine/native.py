@@ -4,8 +4,9 @@ The build compiles the modules in tools/native_modules.txt into build/native/, o
 writes build/native/manifest.json: every extension it made, the Python it was made for, and a hash of every
 engine/**/*.py it saw. `install()`, called by engine/__init__.py before any other engine module is imported,
 puts a finder ahead of the path finders that serves those extensions, and only when every hash still matches:
-mypyc compiles a call from one compiled module to another (and to a constant of a module it imports) into C,
-so an edited source beside a compiled build is run by nobody, never mixed. Anything else (no build, another
+mypyc compiles a call from one compiled module to another into C (and may fold in another module's `Final`
+constants), so a build whose sources moved on is not loaded at all: compiled and edited code never mix.
+Anything else (no build, another
 Python, one file changed, added or removed, HUBSERVE_NATIVE=0) leaves the pure-Python modules in charge, and
 `status()` says why. Every process that imports `engine` (the server, its frontend workers, a Python model's
 stub, the `hubserve` CLI, the tests) decides for itself, from the same files, so they agree.
