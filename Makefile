@@ -145,7 +145,7 @@ test-fast: install-test models
 
 lint: install-test
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy engine perf
+	$(VENV)/bin/mypy engine perf tools
 
 protos: install-test
 	$(PY) protos/generate.py
