@@ -18,6 +18,9 @@ precision) and hands the callback to the loop with `call_soon_threadsafe`. Used 
 
 from __future__ import annotations
 
+# mypyc compiles `class _Timespec(ctypes.Structure)` as a load of `_ctypes.Structure` (typeshed's name for
+# it), and its C declares that module's cache only if this module imports it.
+import _ctypes  # noqa: F401
 import asyncio
 import ctypes
 import ctypes.util
@@ -42,8 +45,9 @@ class PreciseTimer:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"{name}.timer", daemon=True)
-        self._thread.start()
+        # not `_thread`: mypyc's C names an attribute `_<name>`, and `__thread` is a C keyword
+        self._worker = threading.Thread(target=self._run, name=f"{name}.timer", daemon=True)
+        self._worker.start()
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> int:
         when = time.perf_counter() + delay_s
