@@ -31,7 +31,10 @@ def imported_after(code: str) -> set[str]:
 
 
 def server_modules(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if m.split(".")[0] == "engine" and m not in SHARED
+    """The server's modules among `modules`. A module mypyc compiled with `separate=True` keeps its code in
+    a library of its own, `<module>__mypyc`, which its shim imports: that is the module itself."""
+    names = {m.removesuffix("__mypyc") for m in modules}
+    return sorted(m for m in names if m.split(".")[0] == "engine" and m not in SHARED
                   and not m.startswith("engine.proto."))
 
 
