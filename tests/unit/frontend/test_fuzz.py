@@ -410,6 +410,27 @@ def test_h2_a_valid_request_is_handled_in_any_chunking(cuts: list[int]) -> None:
     assert HEADERS in kinds
 
 
+@FEW
+@given(st.lists(st.integers(0, 2**17), max_size=8))
+def test_h2_full_size_frames_cut_anywhere_arrive_whole(cuts: list[int]) -> None:
+    """Reads that end inside a 16 KB frame, header or preface, then carry several more frames: each frame
+    is completed from the buffer and the rest read in place (core.py `receive`), and every byte arrives in
+    order."""
+    tried("fuzz")
+    peer = Peer(Role.SERVER, answer=None)
+    peer.core.initiate()
+    peer.out()
+    body = bytes(range(256)) * 256  # 64 KB, every frame's bytes different
+    parts = [body[i:i + 16384] for i in range(0, len(body), 16384)]
+    data = (PREFACE + frame(SETTINGS, 0, 0) + frame(HEADERS, END_HEADERS, 1, request_block())
+            + b"".join(frame(DATA, 0, 1, part) for part in parts[:-1]) + frame(PING, 0, 0, b"12345678")
+            + frame(DATA, END_STREAM, 1, parts[-1]))
+    for chunk in chunked(data, cuts):
+        peer.core.receive(chunk)
+    assert not peer.core.closed
+    assert peer.handlers[1].data == body and peer.handlers[1].ended
+
+
 # ------------------------------------------------------------------------------------ config parser
 
 FIELD_NAMES = [f.name for f in pb.ModelConfig.DESCRIPTOR.fields]
