@@ -25,6 +25,7 @@ import shutil
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,7 +119,7 @@ def compile_into(lib: Path, paths: list[str], layout: str, opt_level: str, jobs:
     dist.run_commands()
 
 
-def run_logged(log: Path, action: object) -> None:
+def run_logged(log: Path, action: Callable[[], None]) -> None:
     """Runs `action()` with this process's stdout and stderr (gcc's too) sent to `log`."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -127,7 +128,7 @@ def run_logged(log: Path, action: object) -> None:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         try:
-            action()  # type: ignore[operator]
+            action()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
