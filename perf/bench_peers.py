@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -73,11 +74,13 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
     timeout_s = args.max_trials * args.interval_ms / 1000 * 3 + 90
     try:
         cpu0, n0, e0 = server.cpu_s(), server.inferences(model), server.executions(model)
+        client0, machine0 = _children_cpu_s(), servers.machine_cpu_ticks()
         for _ in range(1 + args.retries):  # exit 2: no stable windows; noise on this machine, so try again
             result = run_perf_analyzer(model, server.url(point.protocol), point.protocol,
                                        *perf_args(name, point, args), timeout_s=timeout_s)
             if result.returncode != 2:
                 break
+        client1, machine1 = _children_cpu_s(), servers.machine_cpu_ticks()
         cpu1, n1, e1 = server.cpu_s(), server.inferences(model), server.executions(model)
     except OSError as e:  # the server's stats or metrics endpoint did not answer
         return Measurement(point, name, error=f"reading the server's counters failed: {e}")
@@ -95,8 +98,16 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
         float(row["p50 latency"]) / 1000, float(row["p95 latency"]) / 1000, float(row["p99 latency"]) / 1000,
         (cpu1 - cpu0) * 1e6 / inferences if inferences else float("nan"),
         inferences / (e1 - e0) if e0 is not None and e1 is not None and e1 > e0 else None,
+        (client1 - client0) * 1e6 / inferences if inferences else None,
+        (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]) if machine1[1] > machine0[1] else None,
         command=command,
     )
+
+
+def _children_cpu_s() -> float:
+    """CPU time of this process's ended children: perf_analyzer's runs (the servers have not ended)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def idle_cpu(running: list[servers.RunningServer], seconds: float) -> dict[int, float]:

@@ -44,6 +44,13 @@ class Measurement:
     p99_ms: float = 0.0
     cpu_us_per_infer: float = 0.0
     avg_batch: float | None = None
+    client_cpu_us_per_infer: float | None = None
+    """perf_analyzer's own CPU per inference: on a machine it shares with the server, the client's cost is
+    part of every closed-loop point."""
+    machine_idle: float | None = None
+    """The share of the machine's CPU time (every core) nobody used during the point. A server behind at a
+    point where the machine sat idle is bound by latency (a wait, a hand-off), not by its CPU per
+    inference."""
     error: str = ""
     command: tuple[str, ...] = ()
 
@@ -152,19 +159,21 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
                  "below 1 favour hubserve."), "",
             ("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
-             "| server CPU µs/infer | avg batch | hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
-            "|" + "---|" * 13]
+             "| server CPU µs/infer | avg batch | perf_analyzer CPU µs/infer | machine idle % "
+             "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
+            "|" + "---|" * 15]
     for point, row in by_point.items():
         hub = row.get(REFERENCE)
         for name, m in row.items():
             cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
             if m.error:
-                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 7) + " |")
+                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 9) + " |")
                 continue
             fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
             cells[4] += f" ({fmt})" if fmt else ""
             cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
-                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1)]
+                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1), _fmt(m.client_cpu_us_per_infer),
+                      _fmt(None if m.machine_idle is None else m.machine_idle * 100)]
             if name == REFERENCE or hub is None or hub.error:
                 cells += ["", ""]
             else:

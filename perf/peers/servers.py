@@ -297,6 +297,14 @@ def _stat_fields(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2:].split()
 
 
+def machine_cpu_ticks() -> tuple[int, int]:
+    """The machine's (idle, all) CPU time so far, in clock ticks, over every core (/proc/stat's first line;
+    idle counts iowait too)."""
+    with open("/proc/stat") as stat:
+        ticks = [int(f) for f in stat.readline().split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
 def _cpu_ticks(pid: int) -> int:
     fields = _stat_fields(pid)
     return sum(int(f) for f in fields[11:15]) if fields else 0  # utime, stime, cutime, cstime

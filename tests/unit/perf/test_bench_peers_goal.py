@@ -8,6 +8,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,24 @@ def test_goal_from_prints_the_table_from_a_recorded_run(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "| simple | grpc | 1 / 16 / 32 | 8.94 / 1.45 / **0.78** |" in out.stdout
     assert "### Goal table, config `tuned`: hubserve against Triton's C++ onnxruntime backend" in out.stdout
+
+
+def test_each_point_keeps_the_clients_cpu_and_the_machines_idle_share_and_older_runs_still_load() -> None:
+    """A loss with the machine idle is latency, not CPU per inference (report.Measurement): both numbers
+    survive the JSON a run writes, and a run recorded before them loads with neither."""
+    point = m("hubserve", "mlp", "grpc", 32, 14879.0, 3.98, 51)
+    measured = Measurement(point.point, "hubserve", 14879.0, p99_ms=3.98, cpu_us_per_infer=51,
+                           client_cpu_us_per_infer=51.0, machine_idle=0.25)
+    assert report.load(report.dump([measured, point], "hubserve")) == ([measured, point], "hubserve")
+    older = report.dump([point], "hubserve").replace('"client_cpu_us_per_infer": null,', "").replace(
+        '"machine_idle": null,', "")
+    assert "machine_idle" not in older and report.load(older) == ([point], "hubserve")
+    idle0, all0 = servers.machine_cpu_ticks()
+    deadline = time.monotonic() + 0.1
+    while time.monotonic() < deadline:  # busy: the clock ticks count this core as used
+        pass
+    idle1, all1 = servers.machine_cpu_ticks()
+    assert 0 <= idle0 <= all0 and idle1 >= idle0 and all1 > all0 and idle1 - idle0 < all1 - all0
 
 
 @pytest.fixture(scope="module")
