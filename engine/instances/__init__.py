@@ -7,7 +7,7 @@
                       placement is tested without a GPU
     rate_limiter.py   `RateLimiter`: server-wide caps across models on what executes at once; resources per
                       device unless global
-    inline_policy.py  `InlinePolicy` (pure): which batches run in place on the loop, cheaper than the hand-off
+    inline_policy.py  `InlinePolicy` (pure): which batches run in place on the loop (under 1 ms of CPU)
     warmup.py         `model_warmup` samples, run on every instance before a version is READY
     canary.py         canary readiness: a periodic synthetic inference on every instance
 """

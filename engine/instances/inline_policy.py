@@ -3,17 +3,24 @@
 A hand-off to an instance thread and back costs about 75 us of CPU per batch on the small VMs we measure on
 (futex wake-ups, the GIL, the loop's wake-up pipe): `simple` under concurrency 8 over gRPC, server on one
 core, used ~215 us of server CPU per inference with every batch on the thread and ~190 us with every batch
-inline (batches of ~2.7). A CPU batch that costs less than the hand-off is cheaper run in place, so tiny
-models run inline; anything slower keeps its thread. Only backends that say their execution time is CPU
-time (`cpu_bound = True`) on a CPU instance qualify: one that waits on a device or a sleep uses no CPU yet
-blocks.
+inline (batches of ~2.7). It also costs time the CPU figure does not show: the loop and the instance thread
+pass the GIL back and forth while a batch is on the thread (~13 futex calls per batch at `mlp` c = 32), and
+each pass waits for the holder; at `mlp` c = 32 the machine sat a quarter idle. Run in place instead (this
+threshold raised from 100 us to 1 ms, `perf/bench_peers.py --baseline-tree`, two runs, 2026-12-06), `mlp`
+(~300 us of CPU per batch of ~18) under perf_analyzer at c = 16 and 32 served 1.07-1.22 x the requests at
+6-20 % less server CPU per inference, and `image` (~330 us per batch of ~5) 0.93-1.10 x. So a CPU batch whose
+average cost is under INLINE_BELOW_NS runs in place; anything slower keeps its thread. The price: while an
+inline batch runs, the loop serves nothing else, so a request for another model can wait about that long (a
+run past INLINE_WALL_LIMIT_NS strikes, below). Only backends that say their execution time is CPU time
+(`cpu_bound = True`) on a CPU instance qualify: one that waits on a device or a sleep uses no CPU yet blocks.
 
 The decision rests on a running average of each batch size's CPU time, not on the last run. In the server
 a `simple` run takes ~60 us of CPU (~25 us alone in a loop: the loop, timer and instance threads share the
 core's caches), and some runs take several times that (cache misses, page faults); with a one-sample rule
 each such run sent that batch size back to the thread until a thread run measured fast again — 70 % of
-batches under perf_analyzer at concurrency 4. A sample counts at most INLINE_SAMPLE_CAP_NS, so an outlier
-moves the average by ~15 us while a backend that is really slow crosses INLINE_BELOW_NS within a few runs.
+batches under perf_analyzer at concurrency 4. A sample counts at most INLINE_SAMPLE_CAP_NS, so one outlier
+moves the average by at most a quarter of INLINE_BELOW_NS, while a backend that is really slow crosses it
+within a few runs.
 
 An inline run that still takes longer than INLINE_WALL_LIMIT_NS of wall time is a strike against the
 instance if the run itself may have been the cause: it used that much CPU, or it gave up the CPU (a
@@ -39,7 +46,7 @@ tells it what each run cost. It reads no clock and starts no thread: the pool me
 
 from __future__ import annotations
 
-INLINE_BELOW_NS = 100_000
+INLINE_BELOW_NS = 1_000_000
 INLINE_SAMPLE_CAP_NS = 2 * INLINE_BELOW_NS
 INLINE_AVERAGE_WEIGHT = 1 / 8  # of the newest sample
 INLINE_WALL_LIMIT_NS = 2_000_000

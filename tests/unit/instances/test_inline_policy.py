@@ -140,16 +140,16 @@ def test_one_slow_run_does_not_move_a_batch_size_off_the_loop_but_a_slow_backend
     to the thread within a few samples, and larger batches with it."""
     policy = InlinePolicy()
     for elements in (1, 2, 3):
-        policy.ran_on_thread(elements, 20_000)
+        policy.ran_on_thread(elements, FAST_NS)
     assert policy.inline_elements == 3
-    policy.ran_on_thread(2, 50_000_000)
+    policy.ran_on_thread(2, 100 * INLINE_BELOW_NS)
     assert policy.inline_elements == 3
     slow = 0
     while policy.inline_elements == 3:
-        policy.ran_on_thread(2, 500_000)
+        policy.ran_on_thread(2, 5 * INLINE_BELOW_NS)
         slow += 1
     assert 1 < slow < 10
     assert policy.inline_elements == 1  # 2 and 3 on the thread; 1 still measured fast
     for _ in range(20):
-        policy.ran_on_thread(2, 20_000)  # fast again: back inline
+        policy.ran_on_thread(2, FAST_NS)  # fast again: back inline
     assert policy.inline_elements == 2
