@@ -45,7 +45,6 @@ import csv
 import itertools
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -57,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hubserve_harness import ROOT, checkout_env, start_server
-from hubserve_harness.perf_analyzer import PERF_ANALYZER
+from hubserve_harness.perf_analyzer import PERF_ANALYZER, children_cpu_s
 from hubserve_models import examples
 from hubserve_perf.control import stats_from
 from hubserve_perf.types import ServerStats
@@ -90,11 +89,6 @@ class Run:
 def server_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def command(tool: str, model: str, url: str, protocol: str, load: str, flags: list[str], report: Path

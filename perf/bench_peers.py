@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shlex
 import signal
 import subprocess
@@ -51,7 +50,12 @@ from pathlib import Path
 
 import bench_serving  # perf/, this script's folder, as are peers/ below
 from hubserve_harness import ROOT
-from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import (
+    PERF_ANALYZER,
+    children_cpu_s,
+    perf_analyzer_available,
+    run_perf_analyzer,
+)
 from hubserve_models import examples
 from peers import goal, report, repos, servers, variants
 from peers.report import Measurement, Point
@@ -74,13 +78,13 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
     timeout_s = args.max_trials * args.interval_ms / 1000 * 3 + 90
     try:
         cpu0, n0, e0 = server.cpu_s(), server.inferences(model), server.executions(model)
-        client0, machine0 = _children_cpu_s(), servers.machine_cpu_ticks()
+        client0, machine0 = children_cpu_s(), servers.machine_cpu_ticks()
         for _ in range(1 + args.retries):  # exit 2: no stable windows; noise on this machine, so try again
             result = run_perf_analyzer(model, server.url(point.protocol), point.protocol,
                                        *perf_args(name, point, args), timeout_s=timeout_s)
             if result.returncode != 2:
                 break
-        client1, machine1 = _children_cpu_s(), servers.machine_cpu_ticks()
+        client1, machine1 = children_cpu_s(), servers.machine_cpu_ticks()
         cpu1, n1, e1 = server.cpu_s(), server.inferences(model), server.executions(model)
     except OSError as e:  # the server's stats or metrics endpoint did not answer
         return Measurement(point, name, error=f"reading the server's counters failed: {e}")
@@ -103,11 +107,6 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
         command=command,
     )
 
-
-def _children_cpu_s() -> float:
-    """CPU time of this process's ended children: perf_analyzer's runs (the servers have not ended)."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def idle_cpu(running: list[servers.RunningServer], seconds: float) -> dict[int, float]:

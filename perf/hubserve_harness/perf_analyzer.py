@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import resource
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -67,6 +68,13 @@ class PerfResult:
     @property
     def ok(self) -> bool:
         return self.returncode == 0
+
+
+def children_cpu_s() -> float:
+    """CPU time of this process's ended children: the perf_analyzer runs so far (a server still running is
+    not counted until it ends)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def perf_analyzer_available() -> bool:
