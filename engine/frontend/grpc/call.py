@@ -34,6 +34,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from ...access.caller import Caller
@@ -59,6 +60,8 @@ log = logging.getLogger("hubserve.h2")
 health: Any = health_pb2  # the generated module carries no type information
 
 _EMPTY = memoryview(b"")
+# An incomplete unary message at least this large is allocated at its declared length (`Call.whole`).
+_WHOLE_BYTES = 64 << 10
 _LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
 
 
@@ -66,10 +69,10 @@ class Call(StreamInfer):
     """One RPC on one stream: collects request messages, runs the handler, sends the answer. `done` turns true
     when the final status has been sent or the stream is gone; nothing is sent after that."""
 
-    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "facts", "fed", "fed_at",
+    __slots__ = ("admission", "app", "buffer", "conn", "done", "encoding", "facts", "fed", "fed_at", "filled",
                  "headers_sent", "need", "remote_done", "request", "request_id", "reserved",
                  "response_encoding", "rpc", "start_ns", "stream", "streaming", "timer", "watch_counted",
-                 "watching", "work")
+                 "watching", "whole", "work")
 
     def __init__(self, app: GrpcApp, conn: H2Connection, stream: H2Stream, head: RequestHead) -> None:
         self.app = app
@@ -78,6 +81,11 @@ class Call(StreamInfer):
         self.start_ns = time.perf_counter_ns()
         self.buffer: bytearray | None = None  # an incomplete message
         self.need = 5  # bytes `buffer` must hold before the next message can be read
+        # A large incomplete message (prefix and all), allocated at its declared length when its prefix
+        # came, `filled` bytes of it in: each DATA payload is copied once, to where it ends up (a bytearray
+        # grown frame by frame copies what it held as it grows).
+        self.whole: memoryview | None = None
+        self.filled = 0
         self.reserved = 0  # bytes of the connection's request budget this call holds (buffer, request)
         self.fed = False  # DATA arrived since the last sweep (while in app.partial)
         self.fed_at = 0.0
@@ -156,6 +164,21 @@ class Call(StreamInfer):
     # ------------------------------------------------------------------ requests in
 
     def _read_messages(self, data: memoryview) -> None:
+        whole = self.whole
+        if whole is not None:
+            self.fed = True
+            filled = self.filled
+            missing = len(whole) - filled
+            if len(data) < missing:
+                whole[filled:filled + len(data)] = data
+                self.filled = filled + len(data)
+                return
+            whole[filled:] = data[:missing]
+            self.whole = None
+            self._read_messages(whole)  # exactly one message
+            if len(data) > missing and not self.done:
+                self._read_messages(data[missing:])
+            return
         buf = self.buffer
         if buf is not None:
             buf += data
@@ -192,15 +215,25 @@ class Call(StreamInfer):
             else:
                 self.request = message
         if offset < size:
-            self.buffer = bytearray(data[offset:])
+            if self.need >= _WHOLE_BYTES:  # (the prefix is in: `need` is the message's size)
+                whole = np.empty(self.need, np.uint8).data  # not zeroed: every byte is copied in
+                part = data[offset:]
+                whole[:len(part)] = part
+                self.whole = whole
+                self.filled = len(part)
+            else:
+                self.buffer = bytearray(data[offset:])
 
     def _account(self) -> None:
         """After DATA that did not end the request: what the call holds (a partial message at its declared
         length, a unary request awaiting END_STREAM) is drawn from the connection's budget, or the call ends
         RESOURCE_EXHAUSTED; a call holding a partial message is watched for stalls."""
         buf = self.buffer
+        partial = buf is not None or self.whole is not None
         if buf is not None:
             held = max(self.need, len(buf))
+        elif self.whole is not None:
+            held = len(self.whole)
         else:
             held = 0 if self.streaming is None else self.streaming.held_bytes
         if self.request is not None:
@@ -218,7 +251,7 @@ class Call(StreamInfer):
             if held < self.reserved:
                 budget.give(self.reserved - held)
             self.reserved = held
-        if buf is None:  # (a stream we do not read is not the client stalling: what waits is `held`)
+        if not partial:  # (a stream we do not read is not the client stalling: what waits is `held`)
             self.app.partial.discard(self)
         elif self not in self.app.partial:
             self.app.partial.add(self)
@@ -255,6 +288,11 @@ class Call(StreamInfer):
             self.buffer = None
             if len(buf) >= _LARGE_BUFFER:
                 self.app.memory.freed(len(buf))
+        whole = self.whole
+        if whole is not None:
+            self.whole = None
+            if len(whole) >= _LARGE_BUFFER:
+                self.app.memory.freed(len(whole))
         if self.streaming is not None:
             self.streaming.drop_held()
         if self.reserved:
@@ -268,7 +306,7 @@ class Call(StreamInfer):
     def _requests_complete(self) -> None:
         """The client half-closed: run a unary call now; a stream finishes when its last answer went out."""
         rpc = self.rpc
-        if self.buffer:
+        if self.buffer or self.whole is not None:
             self.finish(S.INTERNAL, "the request ended inside a message")
             return
         if self.reserved:  # what the request held is handed on now

@@ -190,6 +190,24 @@ def test_large_response_to_a_client_that_opens_its_windows_slowly(h2_server):
     assert response.raw_output_contents[0] == values.tobytes()
 
 
+@pytest.mark.parametrize("frame_bytes", [3, 4093, 70_000])
+def test_a_large_message_in_frames_of_any_size_arrives_intact(client, frame_bytes):
+    """A message over 64 KiB is assembled in a buffer of its declared size (grpc/call.py `whole`): frames
+    that split its 5-byte prefix, frames of odd sizes, and frames larger than it all fill it exactly."""
+    values = np.random.default_rng(frame_bytes).standard_normal(40_000).astype(np.float32)  # 160 KB
+    message = grpc_message(echo_request(values))
+    if frame_bytes == 3:  # the prefix split, then the rest in one frame
+        pieces = [message[:3], message[3:]]
+    else:
+        pieces = [message[i:i + frame_bytes] for i in range(0, len(message), frame_bytes)]
+    client.send(client.headers(1))
+    for i, piece in enumerate(pieces):
+        client.send_data(1, piece, frame_bytes=len(piece), end_stream=i == len(pieces) - 1)
+    head, body, trailers = client.response(1)
+    assert trailers.get("grpc-status") == "0", trailers
+    assert pb.ModelInferResponse.FromString(unwrap(body)).raw_output_contents[0] == values.tobytes()
+
+
 def test_request_split_into_continuation_and_many_data_frames(client):
     block = client.headers(1)[9:]
     step = len(block) // 6 + 1  # 7 frames: within the server's limit on frames per block (nghttp2 allows 8)
