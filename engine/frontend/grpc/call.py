@@ -79,7 +79,7 @@ class Call(StreamInfer):
         self.conn = conn
         self.stream = stream
         self.start_ns = time.perf_counter_ns()
-        self.buffer: bytearray | None = None  # an incomplete message
+        self.buffer: bytearray | None = None  # an incomplete message under _WHOLE_BYTES, or its prefix
         self.need = 5  # bytes `buffer` must hold before the next message can be read
         # A large incomplete message (prefix and all), allocated at its declared length when its prefix
         # came, `filled` bytes of it in: each DATA payload is copied once, to where it ends up (a bytearray
@@ -283,16 +283,11 @@ class Call(StreamInfer):
         """The request's bytes are handed on or no longer wanted: the budget is given back, a large dropped
         buffer noted for handing memory back to the OS."""
         self.request = None
-        buf = self.buffer
-        if buf is not None:
-            self.buffer = None
-            if len(buf) >= _LARGE_BUFFER:
-                self.app.memory.freed(len(buf))
-        whole = self.whole
-        if whole is not None:
-            self.whole = None
-            if len(whole) >= _LARGE_BUFFER:
-                self.app.memory.freed(len(whole))
+        partial = self.buffer if self.buffer is not None else self.whole  # at most one holds a message
+        if partial is not None:
+            self.buffer = self.whole = None
+            if len(partial) >= _LARGE_BUFFER:
+                self.app.memory.freed(len(partial))
         if self.streaming is not None:
             self.streaming.drop_held()
         if self.reserved:

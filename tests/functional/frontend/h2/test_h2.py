@@ -196,7 +196,7 @@ def test_a_large_message_in_frames_of_any_size_arrives_intact(client, frame_byte
     that split its 5-byte prefix, frames of odd sizes, and frames larger than it all fill it exactly."""
     values = np.random.default_rng(frame_bytes).standard_normal(40_000).astype(np.float32)  # 160 KB
     message = grpc_message(echo_request(values))
-    if frame_bytes == 3:  # the prefix split, then the rest in one frame
+    if frame_bytes == 3:  # the prefix split, then the rest in frames as large as the windows allow
         pieces = [message[:3], message[3:]]
     else:
         pieces = [message[i:i + frame_bytes] for i in range(0, len(message), frame_bytes)]
