@@ -52,7 +52,7 @@ import bench_serving  # perf/, this script's folder, as are peers/ below
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import (
     PERF_ANALYZER,
-    children_cpu_s,
+    children_usage,
     perf_analyzer_available,
     run_perf_analyzer,
 )
@@ -78,13 +78,13 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
     timeout_s = args.max_trials * args.interval_ms / 1000 * 3 + 90
     try:
         cpu0, n0, e0 = server.cpu_s(), server.inferences(model), server.executions(model)
-        client0, machine0 = children_cpu_s(), servers.machine_cpu_ticks()
+        client0, machine0 = children_usage(), servers.machine_cpu_ticks()
         for _ in range(1 + args.retries):  # exit 2: no stable windows; noise on this machine, so try again
             result = run_perf_analyzer(model, server.url(point.protocol), point.protocol,
                                        *perf_args(name, point, args), timeout_s=timeout_s)
             if result.returncode != 2:
                 break
-        client1, machine1 = children_cpu_s(), servers.machine_cpu_ticks()
+        client1, machine1 = children_usage(), servers.machine_cpu_ticks()
         cpu1, n1, e1 = server.cpu_s(), server.inferences(model), server.executions(model)
     except OSError as e:  # the server's stats or metrics endpoint did not answer
         return Measurement(point, name, error=f"reading the server's counters failed: {e}")
@@ -97,14 +97,17 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
                            command=command)
     row = result.csv_rows[0]
     inferences = n1 - n0
+    client = client1 - client0
     return Measurement(
         point, name, result.throughput,
         float(row["p50 latency"]) / 1000, float(row["p95 latency"]) / 1000, float(row["p99 latency"]) / 1000,
         (cpu1 - cpu0) * 1e6 / inferences if inferences else float("nan"),
         inferences / (e1 - e0) if e0 is not None and e1 is not None and e1 > e0 else None,
-        (client1 - client0) * 1e6 / inferences if inferences else None,
+        client.cpu_s * 1e6 / inferences if inferences else None,
         (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]) if machine1[1] > machine0[1] else None,
         command=command,
+        client_faults_per_infer=client.faults / inferences if inferences else None,
+        client_switches_per_infer=client.switches / inferences if inferences else None,
     )
 
 

@@ -73,8 +73,27 @@ class PerfResult:
 def children_cpu_s() -> float:
     """CPU time of this process's ended children: the perf_analyzer runs so far (a server still running is
     not counted until it ends)."""
+    return children_usage().cpu_s
+
+
+@dataclass(frozen=True, slots=True)
+class ChildUsage:
+    """What this process's ended children used so far: CPU seconds, minor page faults, context switches.
+    On a machine the client shares with the server, a client's faults (fresh pages it must zero) and
+    switches (each wake-up) are where its CPU per inference differs between servers it loads alike."""
+
+    cpu_s: float
+    faults: int
+    switches: int
+
+    def __sub__(self, other: ChildUsage) -> ChildUsage:
+        return ChildUsage(self.cpu_s - other.cpu_s, self.faults - other.faults,
+                          self.switches - other.switches)
+
+
+def children_usage() -> ChildUsage:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return ChildUsage(usage.ru_utime + usage.ru_stime, usage.ru_minflt, usage.ru_nvcsw + usage.ru_nivcsw)
 
 
 def perf_analyzer_available() -> bool:

@@ -53,6 +53,12 @@ class Measurement:
     inference."""
     error: str = ""
     command: tuple[str, ...] = ()
+    client_faults_per_infer: float | None = None
+    """perf_analyzer's minor page faults per inference. Most of its CPU on a 602 KB upload is zeroing the
+    fresh pages its allocator hands it (its 64 MiB arena heaps made and dropped again); how often that
+    happens depends on its threads' timing, so it differs between servers (perf/history/peers.md)."""
+    client_switches_per_infer: float | None = None
+    """perf_analyzer's context switches per inference (each a sleep and a wake-up on a shared core)."""
 
 
 def dump(measurements: list[Measurement], reference: str) -> str:
@@ -128,6 +134,35 @@ def config_table(models: list[str], chosen: list[variants.Variant], served: list
     return out
 
 
+
+def point_table(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
+    """Every server's numbers at every point, with hubserve's ratios to each peer."""
+    out = [("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
+            "| server CPU µs/infer | avg batch | perf_analyzer CPU µs/infer "
+            "| perf_analyzer page faults / switches per infer | machine idle % "
+            "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
+           "|" + "---|" * 16]
+    for point, row in by_point.items():
+        hub = row.get(REFERENCE)
+        for name, m in row.items():
+            cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
+            if m.error:
+                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 10) + " |")
+                continue
+            fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
+            cells[4] += f" ({fmt})" if fmt else ""
+            cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
+                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1), _fmt(m.client_cpu_us_per_infer),
+                      f"{_fmt(m.client_faults_per_infer)} / {_fmt(m.client_switches_per_infer, 1)}",
+                      _fmt(None if m.machine_idle is None else m.machine_idle * 100)]
+            if name == REFERENCE or hub is None or hub.error:
+                cells += ["", ""]
+            else:
+                cells += [_ratio(hub.infer_per_s, m.infer_per_s),
+                          _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
+            out.append("| " + " | ".join(cells) + " |")
+    return out
+
 def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
            running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
            events: list[str], served: list[repos.ServedModel], chosen: list[variants.Variant],
@@ -158,28 +193,7 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += [f"\nEvent: {e}" for e in events]
     out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
                  "below 1 favour hubserve."), "",
-            ("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
-             "| server CPU µs/infer | avg batch | perf_analyzer CPU µs/infer | machine idle % "
-             "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
-            "|" + "---|" * 15]
-    for point, row in by_point.items():
-        hub = row.get(REFERENCE)
-        for name, m in row.items():
-            cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
-            if m.error:
-                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 9) + " |")
-                continue
-            fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
-            cells[4] += f" ({fmt})" if fmt else ""
-            cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
-                      _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1), _fmt(m.client_cpu_us_per_infer),
-                      _fmt(None if m.machine_idle is None else m.machine_idle * 100)]
-            if name == REFERENCE or hub is None or hub.error:
-                cells += ["", ""]
-            else:
-                cells += [_ratio(hub.infer_per_s, m.infer_per_s),
-                          _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
-            out.append("| " + " | ".join(cells) + " |")
+            *point_table(by_point)]
     out += summary(by_point)
     out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
                  "hubserve's session options, at the batch size hubserve formed (`bench_serving.ceiling`, "

@@ -4,6 +4,7 @@ Triton here: the table is pure, the repository is files, and `--goal-from` print
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from google.protobuf import text_format
 
 from conftest import EXAMPLES, ROOT
 from engine.proto import model_config_pb2 as pb
+from hubserve_harness.perf_analyzer import children_usage
 from hubserve_models import examples
 from peers import goal, report, repos, servers
 from peers.report import Measurement, Point
@@ -102,11 +104,15 @@ def test_each_point_keeps_the_clients_cpu_and_the_machines_idle_share_and_older_
     survive the JSON a run writes, and a run recorded before them loads with neither."""
     point = m("hubserve", "mlp", "grpc", 32, 14879.0, 3.98, 51)
     measured = Measurement(point.point, "hubserve", 14879.0, p99_ms=3.98, cpu_us_per_infer=51,
-                           client_cpu_us_per_infer=51.0, machine_idle=0.25)
+                           client_cpu_us_per_infer=51.0, machine_idle=0.25, client_faults_per_infer=80.5,
+                           client_switches_per_infer=2.4)
     assert report.load(report.dump([measured, point], "hubserve")) == ([measured, point], "hubserve")
-    older = report.dump([point], "hubserve").replace('"client_cpu_us_per_infer": null,', "").replace(
-        '"machine_idle": null,', "")
-    assert "machine_idle" not in older and report.load(older) == ([point], "hubserve")
+    run = json.loads(report.dump([point], "hubserve"))  # a run recorded before these fields
+    for name in ("client_cpu_us_per_infer", "machine_idle", "client_faults_per_infer",
+                 "client_switches_per_infer"):
+        del run["measurements"][0][name]
+    assert report.load(json.dumps(run)) == ([point], "hubserve")
+    assert "| 51 | 80 / 2.4 | 25 |" in "\n".join(report.point_table({measured.point: {"hubserve": measured}}))
     idle0, all0 = servers.machine_cpu_ticks()
     deadline = time.monotonic() + 0.1
     while time.monotonic() < deadline:  # busy: the clock ticks count this core as used
@@ -156,3 +162,13 @@ def test_triton_ort_runs_onnx_runtime_at_one_thread_from_its_own_backend_directo
     assert {"--backend-config=onnxruntime,enable-global-threadpool=1",
             "--backend-config=onnxruntime,intra_op_thread_count=1",
             "--backend-config=onnxruntime,inter_op_thread_count=1"} <= set(command)
+
+
+def test_the_clients_page_faults_and_switches_are_counted_once_it_ends() -> None:
+    """bench_peers reads perf_analyzer's faults and switches from the ended children's usage: a child that
+    touches 64 MiB of fresh pages shows at least that many faults."""
+    before = children_usage()
+    subprocess.run([sys.executable, "-c", "b = bytearray(64 << 20)"], check=True)
+    used = children_usage() - before
+    assert used.faults >= (64 << 20) // 4096 // 2  # fresh pages, faulted in (huge pages would count fewer)
+    assert used.switches >= 0 and used.cpu_s > 0
