@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hubserve_harness import ROOT, checkout_env, start_server
-from hubserve_harness.perf_analyzer import PERF_ANALYZER, children_cpu_s
+from hubserve_harness.perf_analyzer import PERF_ANALYZER, children_usage
 from hubserve_models import examples
 from hubserve_perf.control import stats_from
 from hubserve_perf.types import ServerStats
@@ -125,7 +125,7 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
     report = tmp / f"{tool.replace(' ', '_')}-{model}-{protocol}-{load}-{time.monotonic_ns()}.csv"
     cmd = command(tool, model, url, protocol, load, flags, report)
     stats0 = server_stats(http_url, model)
-    cpu0, srv0, wall0 = children_cpu_s(), server_cpu_s(server_pid), time.monotonic()
+    cpu0, srv0, wall0 = children_usage().cpu_s, server_cpu_s(server_pid), time.monotonic()
     try:
         pin = (lambda: os.sched_setaffinity(0, client_cores)) if client_cores else None
         proc = subprocess.run(cmd, cwd=ROOT, env=checkout_env(), stdout=subprocess.PIPE,
@@ -147,7 +147,7 @@ def run_one(rep: int, model: str, tool: str, url: str, protocol: str, load: str,
                                     float(row["Avg latency"]))
             server = sum(float(row[c]) for c in ("Server Queue", "Server Compute Input",
                                                   "Server Compute Infer", "Server Compute Output"))
-    client_cpu, server_cpu = children_cpu_s() - cpu0, server_cpu_s(server_pid) - srv0
+    client_cpu, server_cpu = children_usage().cpu_s - cpu0, server_cpu_s(server_pid) - srv0
     batch = (server_stats(http_url, model) - stats0).avg_batch_size
     return Run(rep, model, tool, protocol, load, rc, throughput, p50, server, avg, client_cpu, server_cpu,
                wall, batch)

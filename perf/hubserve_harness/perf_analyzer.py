@@ -70,15 +70,10 @@ class PerfResult:
         return self.returncode == 0
 
 
-def children_cpu_s() -> float:
-    """CPU time of this process's ended children: the perf_analyzer runs so far (a server still running is
-    not counted until it ends)."""
-    return children_usage().cpu_s
-
-
 @dataclass(frozen=True, slots=True)
 class ChildUsage:
-    """What this process's ended children used so far: CPU seconds, minor page faults, context switches.
+    """What this process's ended children used so far (the perf_analyzer runs; a server still running is not
+    counted until it ends): CPU seconds, minor page faults, context switches.
     On a machine the client shares with the server, a client's faults (fresh pages it must zero) and
     switches (each wake-up) are where its CPU per inference differs between servers it loads alike."""
 

@@ -134,7 +134,6 @@ def config_table(models: list[str], chosen: list[variants.Variant], served: list
     return out
 
 
-
 def point_table(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
     """Every server's numbers at every point, with hubserve's ratios to each peer."""
     out = [("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
@@ -162,6 +161,7 @@ def point_table(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
                           _ratio(hub.cpu_us_per_infer, m.cpu_us_per_infer)]
             out.append("| " + " | ".join(cells) + " |")
     return out
+
 
 def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float],
            running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
