@@ -100,8 +100,8 @@ class ConnectionReceiver(asyncio.AbstractServer):
     With TLS (`http_ssl`, `grpc_ssl`) the handshake runs here, in the frontend: the engine handed over the
     raw TCP socket and never reads from it."""
 
-    def __init__(self, handoff: socket.socket, http: Callable[[], asyncio.Protocol],
-                 grpc: Callable[[], asyncio.Protocol], http_ssl: ssl.SSLContext | None = None,
+    def __init__(self, handoff: socket.socket, http: Callable[[], asyncio.BaseProtocol],
+                 grpc: Callable[[], asyncio.BaseProtocol], http_ssl: ssl.SSLContext | None = None,
                  grpc_ssl: ssl.SSLContext | None = None, handshake_timeout_secs: float | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._handoff: socket.socket | None = handoff

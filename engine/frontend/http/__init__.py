@@ -1,4 +1,4 @@
-"""KServe v2 over HTTP/1.1, on our own `asyncio.Protocol` connection (llhttp parses).
+"""KServe v2 over HTTP/1.1, on our own `asyncio.BufferedProtocol` connection (llhttp parses).
 
     app.py             `HttpApp`: owns the connections, their one timeout sweeper, memory release, the drain
     connection.py      one HTTP/1.1 connection: dispatch in order, timeouts, flow control, writing answers

@@ -28,7 +28,7 @@ from typing import Protocol
 from ...access.policy import AccessPolicy, LoopbackOnly
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
-from .connection import HttpProtocol
+from .connection import READ_BYTES, HttpProtocol
 from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
 
 
@@ -61,6 +61,9 @@ class HttpApp:
         self.access = access
         self.loopback_only = loopback_only
         self.connections: set[HttpProtocol] = set()
+        # Every connection reads into this one buffer and parses what it read before the loop goes on, so
+        # one is enough (connection.py `get_buffer`); a large body is read into its own (reader.py).
+        self.read_buffer = memoryview(bytearray(READ_BYTES))
         self.closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._trim_wanted = False

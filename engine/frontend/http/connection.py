@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ...access.caller import ends
 from ..connections import client_of, close_refused, is_loopback
 from .answers import REASONS, connection_refusal, error_answer, refusal_answer
-from .reader import RequestReader
+from .reader import DIRECT_BODY_BYTES, RequestReader
 from .sse import LAST_CHUNK, chunk
 from .states import ANSWER_AFTER, ENDED, AnswerEvent, AnswerState, ReadState, answer_after, answer_refused
 from .types import Answer, HttpRequest, Pending
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubserve.http")
 
+READ_BYTES = DIRECT_BODY_BYTES  # each read's size outside a large body (the owner's shared buffer)
 LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand freed heap back to the OS
 LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
@@ -64,9 +65,13 @@ _DISPATCH, _ANSWERED = AnswerEvent.DISPATCH, AnswerEvent.ANSWERED
 _AFTER_DISPATCH, _AFTER_ANSWERED = ANSWER_AFTER[_DISPATCH], ANSWER_AFTER[_ANSWERED]
 
 
-class HttpProtocol(asyncio.Protocol):
+class HttpProtocol(asyncio.BufferedProtocol):
+    """A buffered protocol: the transport reads into the buffer `get_buffer` returns (the owner's shared
+    read buffer, or the rest of a large body: reader.py `body_buffer`), then calls `buffer_updated`."""
+
     def __init__(self, owner: HttpApp) -> None:
         self._owner = owner
+        self._read_buffer = owner.read_buffer
         self._limits = owner.limits
         self._access = owner.access
         now = _monotonic()
@@ -139,8 +144,16 @@ class HttpProtocol(asyncio.Protocol):
         if large:
             self._owner.large_body_dropped()
 
-    def data_received(self, data: bytes) -> None:
-        problem = self._feed(data, _monotonic())
+    def get_buffer(self, sizehint: int) -> memoryview:
+        reader = self._reader
+        return reader.body_buffer() if reader.in_place else self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        reader = self._reader
+        if reader.in_place:
+            reader.body_read(nbytes, _monotonic())
+            return
+        problem = self._feed(self._read_buffer[:nbytes], _monotonic())
         if problem is not None:
             self._fail(*problem)
 

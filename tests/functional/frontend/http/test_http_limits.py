@@ -10,6 +10,7 @@ and shutdown tests start servers of their own.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import select
 import signal
@@ -310,6 +311,45 @@ def test_pipelined_requests_are_answered_in_order(limited):
             assert outputs["OUTPUT0"] == (A + i + B).ravel().tolist(), f"answer {i} out of order"
             ready = conn.response()
             assert ready.status == 200 and ready.body == b""
+    finally:
+        conn.close()
+    assert_good_inference(limited)
+
+
+def test_large_bodies_in_uneven_pieces_then_pipelined_requests_are_answered_in_order(limited):
+    """Bodies of 64 KiB and more are read straight into their own buffer (reader.py `direct`), out of the
+    parser's sight: the requests after one, on the same connection and in the same reads, still parse."""
+    padding = b" " * 300_000  # JSON may end in whitespace: a large body for `simple`
+    first, second = post(INFER, infer_body(A + 1) + padding), post(INFER, infer_body(A + 2) + padding)
+    stream = first + second + b"GET /v2/models/simple/ready HTTP/1.1\r\nHost: test\r\n\r\n"
+    conn = RawConnection(limited.http_port)
+    try:
+        cuts = [0, 90, 70_001, 200_003, len(first) - 7, len(first) + 5, len(first) + 150_000, len(stream)]
+        for start, end in itertools.pairwise(cuts):
+            conn.send(stream[start:end])
+            time.sleep(0.01)  # (so the pieces arrive as separate reads; the answers do not depend on it)
+        for i in (1, 2):
+            answer = conn.response()
+            assert answer.status == 200, answer.body
+            outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
+            assert outputs["OUTPUT0"] == (A + i + B).ravel().tolist(), f"answer {i} out of order"
+        ready = conn.response()
+        assert ready.status == 200 and ready.body == b""
+    finally:
+        conn.close()
+    assert_good_inference(limited)
+
+
+def test_a_large_body_that_stalls_is_408(limited):
+    conn = RawConnection(limited.http_port)
+    try:
+        conn.send(f"POST {INFER} HTTP/1.1\r\nHost: test\r\nContent-Length: 500000\r\n\r\n".encode())
+        conn.send(b" " * 100_000)  # well into the part read in place, then nothing
+        started = time.monotonic()
+        answer = conn.response()
+        assert answer.status == 408, answer.body
+        assert time.monotonic() - started >= CLIENT_TIMEOUT_S * 0.9
+        assert conn.closed_by_server()
     finally:
         conn.close()
     assert_good_inference(limited)
