@@ -34,6 +34,13 @@ Afterwards each model's ONNX file runs in this process at the batch sizes hubser
 and is printed.
 
 HTTP uses the binary tensor extension except for MLServer, which does not implement it (JSON tensors there).
+
+A point whose perf_analyzer times out against any server is measured again on every server with
+`SHORT_WINDOW_MS` windows, named in the report's events. perf_analyzer 2.47 removes a window's records from
+its vector one `erase` at a time (quadratic in what a window holds); against Triton's HTTP at 11,000-17,000
+infer/s its summary did not finish with 1 or 2 s windows (gdb: `InferenceProfiler::ValidLatencyMeasurement`)
+and finished in seconds with 500 ms ones, while Triton kept serving (perf/history/peers.md, nineteenth and
+twentieth sessions).
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import bench_serving  # perf/, this script's folder, as are peers/ below
 from hubserve_harness import ROOT
 from hubserve_harness.perf_analyzer import (
     PERF_ANALYZER,
+    PerfResult,
     children_usage,
     perf_analyzer_available,
     run_perf_analyzer,
@@ -68,6 +76,22 @@ def perf_args(server: str, point: Point, args: argparse.Namespace) -> list[str]:
     if server == "mlserver" and point.protocol == "http":
         extra += ["--input-tensor-format", "json", "--output-tensor-format", "json"]
     return extra
+
+
+SHORT_WINDOW_MS = 500  # the window of a point measured again because perf_analyzer timed out (docstring)
+
+
+def failure(result: PerfResult) -> str:
+    """A failed perf_analyzer run as a Measurement's error: its exit status and the line that says why."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    why = next((ln for ln in reversed(lines) if "rror" in ln or "nstable" in ln or "timed out" in ln),
+               lines[-1] if lines else "")
+    return f"perf_analyzer exit {result.returncode}: {why.strip()[:160]}"
+
+
+def timed_out(m: Measurement) -> bool:
+    """perf_analyzer ran out of time (exit 124), as opposed to failing or finding no stable window."""
+    return bool(m.error) and m.error.startswith("perf_analyzer exit 124")
 
 
 def measure(server: servers.RunningServer, point: Point, args: argparse.Namespace) -> Measurement:
@@ -90,11 +114,7 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
         return Measurement(point, name, error=f"reading the server's counters failed: {e}")
     command = tuple("<csv>" if arg.endswith("report.csv") else arg for arg in result.command)
     if not result.ok or not result.csv_rows:
-        lines = [ln for ln in result.output.splitlines() if ln.strip()]
-        why = next((ln for ln in reversed(lines) if "rror" in ln or "nstable" in ln or "timed out" in ln),
-                   lines[-1] if lines else "")
-        return Measurement(point, name, error=f"perf_analyzer exit {result.returncode}: {why.strip()[:160]}",
-                           command=command)
+        return Measurement(point, name, error=failure(result), command=command)
     row = result.csv_rows[0]
     inferences = n1 - n0
     client = client1 - client0
@@ -298,20 +318,32 @@ def main() -> int:
         idle = idle_cpu(running, args.idle_s)
         points = [Point(m, v.name, p, int(c)) for m in models for p in args.protocols.split(",")
                   for c in args.concurrency.split(",") for v in chosen]
+        short = argparse.Namespace(**{**vars(args), "interval_ms": SHORT_WINDOW_MS})
         for i, point in enumerate(points, 1):
-            for j, server in enumerate(running):
-                # a server stopped from outside (only a signal stops one) is restarted once
-                for _ in range(2):
-                    if server.process.poll() is not None:
-                        running[j] = server = restart(server, served_names, log_dir, events)
-                    m = measure(server, point, args)
-                    if not m.error or not exited_within(server, 5.0):
-                        break
-                measurements.append(m)
-                result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
-                                     f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
-                print(f"[{i}/{len(points)}] {point.served_name} {point.protocol} c={point.concurrency} "
-                      f"{server.kind.name}: {result}", flush=True)
+            at_point: list[Measurement] = []
+            for point_args in (args, short):
+                at_point = []
+                for j, server in enumerate(running):
+                    # a server stopped from outside (only a signal stops one) is restarted once
+                    for _ in range(2):
+                        if server.process.poll() is not None:
+                            running[j] = server = restart(server, served_names, log_dir, events)
+                        m = measure(server, point, point_args)
+                        if not m.error or not exited_within(server, 5.0):
+                            break
+                    at_point.append(m)
+                    result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
+                                         f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
+                    print(f"[{i}/{len(points)}] {point.served_name} {point.protocol} c={point.concurrency} "
+                          f"{server.kind.name}: {result}", flush=True)
+                stalled = [m.server for m in at_point if timed_out(m)]
+                if point_args is short or not stalled or args.interval_ms <= SHORT_WINDOW_MS:
+                    break
+                events.append(f"{point.served_name} {point.protocol} c={point.concurrency}: perf_analyzer "
+                              f"timed out against {', '.join(stalled)} with {args.interval_ms} ms windows; "
+                              f"the point was measured again on every server with {SHORT_WINDOW_MS} ms "
+                              "windows, and those numbers are the point's")
+            measurements.extend(at_point)
     finally:
         for server in running:
             server.stop()

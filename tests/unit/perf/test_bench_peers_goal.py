@@ -172,3 +172,33 @@ def test_the_clients_page_faults_and_switches_are_counted_once_it_ends() -> None
     used = children_usage() - before
     assert used.faults >= (64 << 20) // 4096 // 2  # fresh pages, faulted in (huge pages would count fewer)
     assert used.switches >= 0 and used.cpu_s > 0
+
+
+def test_a_perf_analyzer_that_runs_out_of_time_is_told_from_one_that_fails():
+    """bench_peers measures a point again with short windows only when perf_analyzer timed out (its summary
+    stalling against Triton's HTTP at high rates), not when it failed: a real perf_analyzer against a port
+    that accepts and never answers, and against one that refuses."""
+    import socket
+
+    import bench_peers
+    from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+
+    if not perf_analyzer_available():
+        pytest.fail("perf_analyzer is missing: `make perf-analyzer` (the test install has it)")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        stalled = run_perf_analyzer("simple", f"127.0.0.1:{silent.getsockname()[1]}", "http", timeout_s=3)
+        refused = run_perf_analyzer("simple", f"127.0.0.1:{closed.getsockname()[1]}", "http", timeout_s=30)
+    finally:
+        silent.close()
+        closed.close()
+    point = Point("simple", "tuned", "http", 32)
+    as_stalled = Measurement(point, "triton-ort", error=bench_peers.failure(stalled))
+    as_refused = Measurement(point, "triton-ort", error=bench_peers.failure(refused))
+    assert stalled.returncode == 124 and bench_peers.timed_out(as_stalled), as_stalled.error
+    assert refused.returncode not in (0, 124) and not bench_peers.timed_out(as_refused), as_refused.error
+    assert not bench_peers.timed_out(m("hubserve", "simple", "http", 32, 100.0, 1.0, 50))
