@@ -39,8 +39,8 @@ A point whose perf_analyzer times out against any server is measured again on ev
 `SHORT_WINDOW_MS` windows, named in the report's events. perf_analyzer 2.47 removes a window's records from
 its vector one `erase` at a time (quadratic in what a window holds); against Triton's HTTP at 11,000-17,000
 infer/s its summary did not finish with 1 or 2 s windows (gdb: `InferenceProfiler::ValidLatencyMeasurement`)
-and finished in seconds with 500 ms ones, while Triton kept serving (perf/history/peers.md, nineteenth and
-twentieth sessions).
+and mostly finished with 500 ms ones (3 of 6 rounds) and 250 ms ones (5 of 6), while Triton kept serving
+(perf/history/peers.md, nineteenth and twentieth sessions).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def perf_args(server: str, point: Point, args: argparse.Namespace) -> list[str]:
     return extra
 
 
-SHORT_WINDOW_MS = 500  # the window of a point measured again because perf_analyzer timed out (docstring)
+SHORT_WINDOW_MS = 250  # the window of a point measured again because perf_analyzer timed out (docstring)
 
 
 def failure(result: PerfResult) -> str:
