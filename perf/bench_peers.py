@@ -318,31 +318,34 @@ def main() -> int:
         idle = idle_cpu(running, args.idle_s)
         points = [Point(m, v.name, p, int(c)) for m in models for p in args.protocols.split(",")
                   for c in args.concurrency.split(",") for v in chosen]
+        def measure_point(i: int, point: Point, point_args: argparse.Namespace) -> list[Measurement]:
+            """The point on every server in turn (one stopped from outside, only a signal stops one, is
+            restarted once)."""
+            at_point = []
+            for j, server in enumerate(running):
+                for _ in range(2):
+                    if server.process.poll() is not None:
+                        running[j] = server = restart(server, served_names, log_dir, events)
+                    m = measure(server, point, point_args)
+                    if not m.error or not exited_within(server, 5.0):
+                        break
+                at_point.append(m)
+                result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
+                                     f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
+                print(f"[{i}/{len(points)}] {point.served_name} {point.protocol} c={point.concurrency} "
+                      f"{server.kind.name}: {result}", flush=True)
+            return at_point
+
         short = argparse.Namespace(**{**vars(args), "interval_ms": SHORT_WINDOW_MS})
         for i, point in enumerate(points, 1):
-            at_point: list[Measurement] = []
-            for point_args in (args, short):
-                at_point = []
-                for j, server in enumerate(running):
-                    # a server stopped from outside (only a signal stops one) is restarted once
-                    for _ in range(2):
-                        if server.process.poll() is not None:
-                            running[j] = server = restart(server, served_names, log_dir, events)
-                        m = measure(server, point, point_args)
-                        if not m.error or not exited_within(server, 5.0):
-                            break
-                    at_point.append(m)
-                    result = m.error or (f"{m.infer_per_s:,.0f} infer/s, p50 {m.p50_ms:.2f} ms, "
-                                         f"CPU {m.cpu_us_per_infer:,.0f} µs/infer")
-                    print(f"[{i}/{len(points)}] {point.served_name} {point.protocol} c={point.concurrency} "
-                          f"{server.kind.name}: {result}", flush=True)
-                stalled = [m.server for m in at_point if timed_out(m)]
-                if point_args is short or not stalled or args.interval_ms <= SHORT_WINDOW_MS:
-                    break
+            at_point = measure_point(i, point, args)
+            stalled = [m.server for m in at_point if timed_out(m)]
+            if stalled and args.interval_ms > SHORT_WINDOW_MS:
                 events.append(f"{point.served_name} {point.protocol} c={point.concurrency}: perf_analyzer "
                               f"timed out against {', '.join(stalled)} with {args.interval_ms} ms windows; "
                               f"the point was measured again on every server with {SHORT_WINDOW_MS} ms "
                               "windows, and those numbers are the point's")
+                at_point = measure_point(i, point, short)
             measurements.extend(at_point)
     finally:
         for server in running:

@@ -296,32 +296,40 @@ def test_client_leaving_large_answers_unread_is_disconnected(limited):
 
 # ---------------------------------------------------------------------------- pipelining
 
+READY = b"GET /v2/models/simple/ready HTTP/1.1\r\nHost: test\r\n\r\n"
+
+
+def expect_inference(conn: RawConnection, i: int) -> None:
+    """The next answer is `infer_body(A + i)`'s: OUTPUT0 = A + i + B."""
+    answer = conn.response()
+    assert answer.status == 200, answer.body
+    outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
+    assert outputs["OUTPUT0"] == (A + i + B).ravel().tolist(), f"answer {i} out of order"
+
+
+def expect_ready(conn: RawConnection) -> None:
+    ready = conn.response()
+    assert ready.status == 200 and ready.body == b""
+
+
 def test_pipelined_requests_are_answered_in_order(limited):
     conn = RawConnection(limited.http_port)
     try:
-        requests = []
+        conn.send(b"".join(post(INFER, infer_body(A + i)) + READY for i in range(10)))
         for i in range(10):
-            requests.append(post(INFER, infer_body(A + i)))
-            requests.append(b"GET /v2/models/simple/ready HTTP/1.1\r\nHost: test\r\n\r\n")
-        conn.send(b"".join(requests))
-        for i in range(10):
-            answer = conn.response()
-            assert answer.status == 200, answer.body
-            outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
-            assert outputs["OUTPUT0"] == (A + i + B).ravel().tolist(), f"answer {i} out of order"
-            ready = conn.response()
-            assert ready.status == 200 and ready.body == b""
+            expect_inference(conn, i)
+            expect_ready(conn)
     finally:
         conn.close()
     assert_good_inference(limited)
 
 
 def test_large_bodies_in_uneven_pieces_then_pipelined_requests_are_answered_in_order(limited):
-    """Bodies of 64 KiB and more are read straight into their own buffer (reader.py `direct`), out of the
-    parser's sight: the requests after one, on the same connection and in the same reads, still parse."""
+    """Bodies of 64 KiB and more are read straight into their own buffer (reader.py `body_buffer`), out of
+    the parser's sight: the requests after one, on the same connection and in the same reads, still parse."""
     padding = b" " * 300_000  # JSON may end in whitespace: a large body for `simple`
     first, second = post(INFER, infer_body(A + 1) + padding), post(INFER, infer_body(A + 2) + padding)
-    stream = first + second + b"GET /v2/models/simple/ready HTTP/1.1\r\nHost: test\r\n\r\n"
+    stream = first + second + READY
     conn = RawConnection(limited.http_port)
     try:
         cuts = [0, 90, 70_001, 200_003, len(first) - 7, len(first) + 5, len(first) + 150_000, len(stream)]
@@ -329,12 +337,8 @@ def test_large_bodies_in_uneven_pieces_then_pipelined_requests_are_answered_in_o
             conn.send(stream[start:end])
             time.sleep(0.01)  # (so the pieces arrive as separate reads; the answers do not depend on it)
         for i in (1, 2):
-            answer = conn.response()
-            assert answer.status == 200, answer.body
-            outputs = {o["name"]: o["data"] for o in json.loads(answer.body)["outputs"]}
-            assert outputs["OUTPUT0"] == (A + i + B).ravel().tolist(), f"answer {i} out of order"
-        ready = conn.response()
-        assert ready.status == 200 and ready.body == b""
+            expect_inference(conn, i)
+        expect_ready(conn)
     finally:
         conn.close()
     assert_good_inference(limited)
