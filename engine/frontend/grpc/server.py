@@ -20,7 +20,7 @@ from typing import Any
 from ...access.policy import AccessPolicy, LoopbackOnly
 from ...memory import release_freed_memory
 from ..connections import ConnectionCounter
-from ..h2.connection import H2Connection
+from ..h2.connection import READ_BYTES, H2Connection
 from ..h2.streams import Limits
 from .app import CallLimits, GrpcApp
 from .handlers import GrpcHandlers
@@ -80,6 +80,7 @@ class H2GrpcServer:
         self._servers: list[asyncio.AbstractServer] = []
         self._connections: set[H2Connection] = set()
         self._all_closed = asyncio.Event()
+        self._read_buffer = memoryview(bytearray(READ_BYTES))  # every connection's reads (H2Connection)
 
     def add_insecure_port(self, address: str) -> int:
         """Bind `host:port` now (port 0 = any free one; `[::]:port` for IPv6), on every address the host
@@ -123,7 +124,8 @@ class H2GrpcServer:
     def _connection(self) -> H2Connection:
         """A protocol for a connection being accepted. It counts as open only once connected
         (`_opened`): over TLS a failed handshake never connects it, and it must not stay in the set."""
-        return H2Connection(self._app, self._limits, self._closed, self._opened, self._counter)
+        return H2Connection(self._app, self._limits, self._read_buffer, self._closed, self._opened,
+                            self._counter)
 
     def _opened(self, conn: H2Connection) -> None:
         self._connections.add(conn)

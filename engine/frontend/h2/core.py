@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import hpack
 
+from ..in_place import IN_PLACE_BYTES, in_place_size, unfilled
 from . import frames as f
 from .control import Control
 from .frames import H2ConnectionError, H2Error, H2StreamError
@@ -73,6 +74,12 @@ class H2Core(Control):  # and Lifecycle, Control's base
         self._buffer = bytearray()
         # bytes the buffer must hold before parsing is worth trying
         self._need = len(f.PREFACE) if server else 9
+        # A large DATA frame read in place (frame_buffer, frame_read): its buffer, its length (header
+        # included) and how much of it arrived; `in_place` while the reads go straight into it.
+        self._frame: memoryview | None = None
+        self._frame_length = 0
+        self._filled = 0
+        self.in_place = False
         self._preface_done = not server  # the server reads the client's magic first (§3.4)
         self._expect_settings = True  # either preface ends with a SETTINGS frame (§3.4)
         self._streams: dict[int, H2Stream] = {}
@@ -175,11 +182,16 @@ class H2Core(Control):  # and Lifecycle, Control's base
 
     # ------------------------------------------------------------------ bytes in
 
-    def receive(self, data: bytes) -> None:
-        """Bytes from the peer, as they arrived (any split)."""
+    def receive(self, data: bytes | memoryview) -> None:
+        """Bytes from the peer, as they arrived (any split). The core may keep views of them: they must not
+        change afterwards."""
         if self._closed:
             return
         self._reads += 1
+        if self.in_place:  # a caller that does not read in place (a client, a test)
+            data = self._fill(memoryview(data))
+            if not data:
+                return
         if not self._preface_done:
             if self._buffer:
                 self._buffer += data
@@ -206,10 +218,58 @@ class H2Core(Control):  # and Lifecycle, Control's base
             view = view[missing:]
             pending, self._buffer = self._buffer, bytearray()  # never resized again: views of it stay valid
             self._scan(pending)  # that frame (or its header, which may leave the frame pending again)
+            if self.in_place:
+                view = self._fill(view)
             if self._closed:
                 return
         if view:
             self._scan(view)
+
+    def frame_buffer(self) -> memoryview:
+        """Where the next read goes while `in_place`: the unfilled part of the frame's buffer, grown first if
+        it is full (never past the frame's length)."""
+        frame, filled = self._frame, self._filled
+        assert frame is not None
+        if len(frame) == filled:
+            frame = self._frame = self._grown(frame, filled + 1)
+        return frame[filled:]
+
+    def _fill(self, view: memoryview) -> memoryview:
+        """Copy what arrived into the frame read in place; the bytes after it, if it is now complete."""
+        while self.in_place and view:
+            target = self.frame_buffer()
+            taken = min(len(target), len(view))
+            target[:taken] = view[:taken]
+            view = view[taken:]
+            self._frame_filled(taken)
+        return view[:0] if self._closed else view
+
+    def frame_read(self, n: int) -> None:
+        """`n` more bytes were read into `frame_buffer()`."""
+        if self._closed:
+            return
+        self._reads += 1
+        self._frame_filled(n)
+
+    def _frame_filled(self, n: int) -> None:
+        """When the frame read in place is complete, it is handled like any other (its buffer is never
+        written again: views of its payload stay valid)."""
+        self._filled += n
+        if self._filled < self._frame_length:
+            return
+        frame = self._frame
+        assert frame is not None
+        self._frame = None
+        self.in_place = False
+        self._need = 9
+        self._scan(frame)
+
+    def _grown(self, frame: memoryview, need: int) -> memoryview:
+        """A larger buffer for the frame being read in place, holding what arrived of it."""
+        filled = self._filled
+        grown = unfilled(in_place_size(self._frame_length, need, filled))
+        grown[:filled] = frame[:filled]
+        return grown
 
     def _scan(self, data: bytes | bytearray | memoryview) -> None:
         """The frames in `data`, which starts at a frame's first byte; a partial frame at its end is kept in
@@ -260,10 +320,17 @@ class H2Core(Control):  # and Lifecycle, Control's base
             self._fail(e.code, e.message)
             return
         if offset < size:
-            self._buffer += view[offset:]
-            self._need = need
+            if need >= IN_PLACE_BYTES and view[offset + 3] == f.DATA:  # the rest is read in place
+                part = view[offset:]
+                self._frame = frame = unfilled(in_place_size(need, len(part), len(part)))
+                frame[:len(part)] = part
+                self._frame_length, self._filled = need, len(part)
+                self.in_place = True
+            else:
+                self._buffer += view[offset:]
+                self._need = need
 
-    def _preface(self, data: bytes) -> bytes:
+    def _preface(self, data: bytes | memoryview) -> bytes:
         """Consume the client connection preface (§3.4); returns the bytes after it, b"" while incomplete."""
         self._buffer += data
         got = bytes(self._buffer[:len(f.PREFACE)])

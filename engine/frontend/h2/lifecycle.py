@@ -32,6 +32,8 @@ class Lifecycle:
     _out: Outbound
     _streams: dict[int, H2Stream]
     _buffer: bytearray
+    _frame: memoryview | None
+    in_place: bool
     _block: FieldBlock
     _guard: FloodGuard
     _clock: ConnectionClock
@@ -92,7 +94,8 @@ class Lifecycle:
         out = self._out
         expiry = self._clock.check(
             now, handshaken=self._preface_done and not self._expect_settings,
-            busy=self._opened or bool(self._streams), reads=self._reads, partial_frame=bool(self._buffer),
+            busy=self._opened or bool(self._streams), reads=self._reads,
+            partial_frame=bool(self._buffer) or self.in_place,
             waiting=out.paused or bool(out.blocked), drains=out.drains, buffered=buffered,
             heading=bool(self._block.stream_id) or (len(self._buffer) > 3
                                                     and self._buffer[3] in (f.HEADERS, f.CONTINUATION)),
@@ -131,6 +134,8 @@ class Lifecycle:
         self._closed = True
         self._out.closed = True  # nothing more is written; late answers are dropped
         self._buffer = bytearray()  # a partial frame (up to max_frame_bytes) is not kept while closing
+        self._frame = None
+        self.in_place = False
         self._block.clear()
 
     def _reset_all(self, code: H2Error) -> None:

@@ -28,10 +28,8 @@ straight into it (`body_buffer`, `body_read`: the protocol's `get_buffer` hands 
 with no bytes object made per read and no join. llhttp does not see those bytes, so when the body is
 complete the request ends here and the next one starts with a fresh parser. A 600 KB tensor is then copied
 once from the kernel and once into its batch (perf/history/peers.md, twentieth session: `memmove` was 23 %
-of the server's samples, 10 % after). The buffer is never more than `IN_PLACE_GROWTH` times what the client
-has sent of that request (at least `DIRECT_BODY_BYTES`): a head declaring a large body, then silence, holds
-little; it grows, a new buffer and one copy each time, as the body arrives (and the copy is never resized,
-so a view the transport still holds stays valid).
+of the server's samples, 10 % after). How large that buffer may be, and how it grows, is
+engine/frontend/in_place.py's (HTTP/2 reads large DATA frames the same way).
 
 The parser's callbacks are this object's bound methods, a reference cycle: `stop` cuts it, so buffers are
 freed by reference counting, not by the cycle collector.
@@ -46,6 +44,7 @@ from typing import Any
 import httptools
 
 from ...access.policy import AccessPolicy, LoopbackOnly, Refusal, RefusalKind
+from ..in_place import IN_PLACE_BYTES, in_place_size
 from .path import Endpoint, parse_target
 from .states import READ_AFTER, ReadEvent, ReadState, read_after, read_refused
 from .types import HttpLimits, HttpRequest
@@ -59,8 +58,7 @@ _AFTER_COMPLETE = READ_AFTER[_COMPLETE]
 
 # A body with a Content-Length this large is read in place (the module docstring); a smaller one arrives in
 # the protocol's reads (connection.py `READ_BYTES`, the same size), usually in one.
-DIRECT_BODY_BYTES = 1 << 16
-IN_PLACE_GROWTH = 16  # a body read in place holds at most this many times the bytes sent of its request
+DIRECT_BODY_BYTES = IN_PLACE_BYTES
 
 
 class _Reject(Exception):
@@ -159,12 +157,11 @@ class RequestReader:
         self.on_message_complete()
 
     def _grow(self, need: int) -> bytearray:
-        """A larger buffer for the body being read in place, holding what arrived: at least `need` bytes,
-        at most the declared length and `IN_PLACE_GROWTH` times what was sent. The old one is not resized
-        (the transport may still hold a view of it)."""
+        """A larger buffer for the body being read in place, holding what arrived: at least `need` bytes
+        (in_place.py's bound). The old one is not resized (the transport may still hold a view of it)."""
         old, req = self._sized, self.current
         assert old is not None and req is not None
-        size = min(self._length, max(need, IN_PLACE_GROWTH * (self._head_fed + self._filled)))
+        size = in_place_size(self._length, need, self._head_fed + self._filled)
         req.body = self._sized = new = bytearray(size)
         new[:self._filled] = memoryview(old)[:self._filled]
         return new
@@ -251,8 +248,7 @@ class RequestReader:
             self._length = n = int(length)  # llhttp checked it: it is the body's length
             self._filled = 0
             # (`_head_fed` counts this request's reads so far, the one being parsed included)
-            first = min(n, max(DIRECT_BODY_BYTES, IN_PLACE_GROWTH * self._head_fed))
-            req.body = self._sized = bytearray(first)
+            req.body = self._sized = bytearray(in_place_size(n, 0, self._head_fed))
 
     def on_body(self, body: bytes) -> None:
         req = self.current

@@ -208,6 +208,37 @@ def test_a_large_message_in_frames_of_any_size_arrives_intact(client, frame_byte
     assert pb.ModelInferResponse.FromString(unwrap(body)).raw_output_contents[0] == values.tobytes()
 
 
+def test_a_large_frame_in_uneven_pieces_then_a_call_in_the_same_bytes(client):
+    """A DATA frame of 64 KiB or more is read straight into a buffer of its own (frontend/in_place.py):
+    however the socket splits it, and with the next call's frames right behind it, both are answered."""
+    values = np.random.default_rng(7).standard_normal(40_000).astype(np.float32)  # 160 KB in one frame
+    wire = (client.headers(1) + frame(DATA, END_STREAM, 1, grpc_message(echo_request(values)))
+            + client.headers(3) + frame(DATA, END_STREAM, 3, grpc_message(simple_request())))
+    offset, sizes = 0, [1, 8, 20, 5000, 65536, 3, 70_000]
+    for i in range(len(wire)):
+        if offset >= len(wire):
+            break
+        client.send(wire[offset:offset + sizes[i % len(sizes)]])
+        offset += sizes[i % len(sizes)]
+    data: dict[int, bytes] = {1: b"", 3: b""}
+    trailers: dict[int, dict[str, str]] = {}
+    while len(trailers) < 2:  # the answers in whichever order they come, windows opened as DATA arrives
+        got = client.read()
+        assert got is not None, "the server closed the connection"
+        kind, flags, stream_id, payload = got
+        if kind == DATA and payload:
+            data[stream_id] += payload
+            client.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", len(payload))),
+                        frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", len(payload))))
+        elif kind == HEADERS and flags & END_STREAM:
+            trailers[stream_id] = dict(client.decoder.decode(payload))
+        elif kind == HEADERS:
+            client.decoder.decode(payload)
+    assert trailers[1].get("grpc-status") == "0" and trailers[3].get("grpc-status") == "0", trailers
+    assert pb.ModelInferResponse.FromString(unwrap(data[1])).raw_output_contents[0] == values.tobytes()
+    assert pb.ModelInferResponse.FromString(unwrap(data[3])).id == "raw"
+
+
 def test_request_split_into_continuation_and_many_data_frames(client):
     block = client.headers(1)[9:]
     step = len(block) // 6 + 1  # 7 frames: within the server's limit on frames per block (nghttp2 allows 8)

@@ -274,6 +274,18 @@ def test_an_idle_connection_gets_goaway_then_close(server):
     assert IDLE_TIMEOUT_SECS - 1.5 <= time.monotonic() - start < IDLE_TIMEOUT_SECS + 5
 
 
+def test_a_large_frame_that_stalls_ends_the_connection_after_the_client_timeout(server):
+    """A DATA frame of 64 KiB or more is read into a buffer of its own; one that stops arriving holds that
+    buffer no longer than a pause in any partial frame: GOAWAY, then the close."""
+    c = RawClient(server.grpc_port)
+    c.handshake()
+    c.send(c.headers(1), frame(DATA, 0, 1, struct.pack(">BI", 0, 500_000) + b"x" * 500_000)[:100_000])
+    start = time.monotonic()
+    assert goaway_code(c) == NO_ERROR
+    assert CLIENT_TIMEOUT_SECS - 0.1 <= time.monotonic() - start < CLIENT_TIMEOUT_SECS + 5
+    assert closed(c)
+
+
 def test_a_stalled_partial_message_is_reset(server):
     c = RawClient(server.grpc_port)
     c.handshake()

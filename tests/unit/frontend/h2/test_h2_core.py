@@ -271,6 +271,80 @@ def test_a_payload_view_kept_by_its_handler_outlives_the_reads_after_it():
     assert [bytes(view) for view in kept] == [first, second]
 
 
+# A DATA frame of 64 KiB or more is read in place (engine/frontend/in_place.py): the adapter hands the socket
+# `frame_buffer()` and reports each read with `frame_read(n)`, as uvloop does with a BufferedProtocol.
+
+def read_in_place(core: H2Core, wire: bytes, pieces: list[int]) -> None:
+    """Read `wire` as the adapter does, in reads of the sizes in `pieces` (cycled): into the frame's buffer
+    while the core reads in place, else through `receive`."""
+    i = 0
+    while wire:
+        size = pieces[i % len(pieces)]
+        i += 1
+        if core.in_place:
+            target = core.frame_buffer()
+            n = min(size, len(target), len(wire))
+            target[:n] = wire[:n]
+            core.frame_read(n)
+        else:
+            n = min(size, len(wire))
+            core.receive(wire[:n])
+        wire = wire[n:]
+
+
+def test_a_large_frame_read_in_place_in_uneven_pieces_arrives_whole_and_the_next_frame_follows():
+    peer = server()
+    big, tail = bytes(range(256)) * 1200, b"after the large frame"  # 300 KB
+    wire = (frame(HEADERS, END_HEADERS, 1, request_block()) + frame(DATA, 0, 1, big)
+            + frame(DATA, END_STREAM, 1, tail) + frame(PING, 0, 0, b"8 bytes!"))
+    went_in_place = []
+    rest, reads = wire, [1000, 7, 65536, 3, 40_000]
+    while rest:  # one read at a time, noting where each went
+        went_in_place.append(peer.core.in_place)
+        n = min(reads[len(went_in_place) % len(reads)], len(rest))
+        read_in_place(peer.core, rest[:n], [n])
+        rest = rest[n:]
+    handler = peer.handlers[1]
+    assert handler.data == big + tail and handler.ended
+    assert any(went_in_place) and not peer.core.in_place  # the large frame went in place, then ended
+    assert [(k, p) for k, f, _, p in peer.frames() if k == PING] == [(PING, b"8 bytes!")]
+
+
+def test_a_frame_read_in_place_holds_at_most_16_times_what_arrived():
+    """A header declaring a large frame, then silence, holds 64 KiB; as the frame arrives its buffer grows,
+    never past 16 times what the client sent of it, nor past the frame."""
+    peer = server()
+    peer.core.receive(frame(HEADERS, END_HEADERS, 1, request_block()))
+    payload = b"\x01" * 1_000_000
+    wire = frame(DATA, END_STREAM, 1, payload)
+    peer.core.receive(wire[:20])
+    assert peer.core.in_place and len(peer.core.frame_buffer()) == (1 << 16) - 20
+    sent = 20
+    while peer.core.in_place:
+        held = sent + len(peer.core.frame_buffer())  # what arrived, and the room the buffer has left
+        assert held <= min(len(wire), max(1 << 16, 16 * sent)), (sent, held)
+        target = peer.core.frame_buffer()
+        n = min(4096, len(target))
+        target[:n] = wire[sent:sent + n]
+        peer.core.frame_read(n)
+        sent += n
+    assert sent == len(wire) and peer.handlers[1].data == payload
+
+
+def test_a_frame_read_in_place_that_stalls_ends_the_connection_and_its_buffer_goes():
+    peer = server(Limits(client_timeout_secs=5))
+    wire = frame(HEADERS, END_HEADERS, 1, request_block()) + frame(DATA, 0, 1, b"x" * 200_000)
+    peer.core.receive(wire[:100_000])
+    assert peer.core.in_place
+    peer.core.tick(1.0)  # the clock sees the last read
+    peer.core.tick(5.9)
+    assert peer.closed is None
+    peer.core.tick(6.0)  # a pause within a frame, as within a body: the client timeout
+    assert peer.closed is not None and not peer.core.in_place
+    peer.core.frame_read(0)  # a read the transport had in flight: nothing happens
+    assert peer.handlers[1].data == b""
+
+
 def test_an_answer_before_the_request_ended_resets_it_without_error():
     """§8.1: a server may answer early; the client is told to stop sending, with NO_ERROR."""
     peer = server(answer=answer_at_once)

@@ -3,9 +3,10 @@ fed in, complete requests and refusals out, and its `ReadState` between. No sock
 
 from __future__ import annotations
 
-from engine.frontend.http.reader import DIRECT_BODY_BYTES, IN_PLACE_GROWTH, RequestReader
+from engine.frontend.http.reader import DIRECT_BODY_BYTES, RequestReader
 from engine.frontend.http.states import ReadState
 from engine.frontend.http.types import HttpLimits, HttpRequest
+from engine.frontend.in_place import IN_PLACE_GROWTH
 
 LIMITS = HttpLimits(max_body_bytes=64, max_header_bytes=256, max_header_count=4)
 
