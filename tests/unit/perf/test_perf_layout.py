@@ -14,11 +14,12 @@ from hubserve_harness import ROOT, checkout_env
 # (frames, HPACK, stream states, windows, the core with its sending and ending halves, its limits and
 # policies, with their packages' __init__), the generated protobuf messages, the datatype table
 # (engine.types, with engine.errors, which it raises), and the bounded memo HPACK decoding keeps its blocks in
-# (engine.bounded_cache); and engine.native, which `import engine` runs (the compiled hot path's finder).
+# (engine.bounded_cache), the bound on a frame read in place (engine.frontend.in_place, the core's like the
+# HTTP reader's); and engine.native, which `import engine` runs (the compiled hot path's finder).
 H2_CORE = {f"engine.frontend.h2.{m}" for m in ("frames", "headers", "states", "windows", "streams", "guard",
                                                "outbound", "control", "lifecycle", "core")}
 SHARED = {"engine", "engine.native", "engine.errors", "engine.types", "engine.proto", "engine.frontend",
-          "engine.frontend.h2", "engine.bounded_cache", *H2_CORE}
+          "engine.frontend.h2", "engine.frontend.in_place", "engine.bounded_cache", *H2_CORE}
 
 
 def imported_after(code: str) -> set[str]:
