@@ -276,13 +276,16 @@ class InstanceProcess:
             return
         self._reading = False
         fd = channel.socket.fileno()
-        if _running_loop() is loop:
-            loop.remove_reader(fd)
+        # Not Optional: compiled (mypyc), a method called on a union has its result checked against the
+        # declared type, and uvloop's remove_reader returns None where asyncio's says bool.
+        owner: asyncio.AbstractEventLoop = loop
+        if _running_loop() is owner:
+            owner.remove_reader(fd)
             return
         removed = threading.Event()
 
         def remove() -> None:
-            loop.remove_reader(fd)
+            owner.remove_reader(fd)
             removed.set()
 
         try:
