@@ -141,6 +141,13 @@ class _PortTaken(RuntimeError):
     pass
 
 
+def _bound(server: RunningServer) -> bool:
+    """Whether this server holds its ports: it logs its `native:` line right after binding them (server.py
+    `start`). Until then an answer on its HTTP port may be another process's: a concurrent test's server
+    handed the same free port, which this one then fails to bind (and is started again on new ports)."""
+    return " native: " in server.log()
+
+
 def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float, wait_ready: bool,
                   env: dict[str, str] | None, https: ssl.SSLContext | None) -> RunningServer:
     http, grpc_port, metrics = free_ports(3)
@@ -164,7 +171,7 @@ def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: 
             scheme = "https" if https is not None else "http"
             with urllib.request.urlopen(f"{scheme}://127.0.0.1:{http}{path}", timeout=1,
                                         context=https) as r:
-                if r.status == 200:
+                if r.status == 200 and _bound(server):
                     return server
         except OSError:
             pass

@@ -106,3 +106,28 @@ def test_one_line_says_the_server_is_ready_with_its_models_and_ports(tmp_path):
         assert sum("ready in" in x for x in server.log().splitlines()) == 1
     finally:
         server.stop()
+
+
+def test_the_harness_never_takes_another_servers_answer_for_its_own(tmp_path, monkeypatch):
+    """The suite runs three pytest processes side by side, each picking free ports: a port one picked and let
+    go may be bound by another's server a moment later. The server started on it then fails to bind, but the
+    other server answers its health check; the harness must not return it (its test would talk to the other
+    server: a keys test got 401 from one with other keys). It waits for the server's own line after binding
+    (perf/hubserve_harness/server.py `_bound`) and starts it again on new ports."""
+    from hubserve_harness import server as harness
+
+    root = tmp_path / "repo"
+    add_simple(root)
+    other = start_server(root, tmp_path / "other.log")
+    try:
+        picks = [[other.http_port, *free_ports(2)]]
+        real = harness.free_ports
+        monkeypatch.setattr(harness, "free_ports", lambda n: picks.pop() if picks else real(n))
+        ours = start_server(root, tmp_path / "ours.log")
+        try:
+            assert ours.http_port != other.http_port and ours.process.poll() is None
+            assert " native: " in ours.log()
+        finally:
+            ours.stop()
+    finally:
+        other.stop()
