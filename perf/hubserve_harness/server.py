@@ -142,10 +142,27 @@ class _PortTaken(RuntimeError):
 
 
 def _bound(server: RunningServer) -> bool:
-    """Whether this server holds its ports: it logs its `native:` line right after binding them (server.py
-    `start`). Until then an answer on its HTTP port may be another process's: a concurrent test's server
-    handed the same free port, which this one then fails to bind (and is started again on new ports)."""
-    return " native: " in server.log()
+    """Whether this server's process holds the listening socket of its HTTP port. An answer on that port may
+    be another process's: a concurrent test's server handed the same free port, which this one then fails to
+    bind (and is started again on new ports). Read from /proc (Linux); elsewhere the answer is taken."""
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].is_file():
+        return True
+    port = f":{server.http_port:04X}"
+    listening = set()
+    for table in tables:
+        with contextlib.suppress(OSError):
+            for row in table.read_text().splitlines()[1:]:
+                fields = row.split()
+                if fields[1].endswith(port) and fields[3] == "0A":  # local address, state LISTEN
+                    listening.add(f"socket:[{fields[9]}]")  # the socket's inode
+    fds = Path(f"/proc/{server.process.pid}/fd")
+    with contextlib.suppress(OSError):
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):  # closed since the listing
+                if os.readlink(fd) in listening:
+                    return True
+    return False
 
 
 def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float, wait_ready: bool,
