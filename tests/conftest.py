@@ -38,6 +38,7 @@ from hubserve_harness import (
     ROOT,
     RunningServer,
     build_test_repository,
+    fd_links,
     free_port,
     free_ports,
     start_server,
@@ -66,7 +67,7 @@ def _add_test_folders_to_path() -> None:
 _add_test_folders_to_path()
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "assert_serves_simple", "build_test_repository",
-           "config_from_pbtxt", "free_port", "free_ports",
+           "config_from_pbtxt", "fd_links", "free_port", "free_ports",
            "openai_client", "run_repository", "start_example_server", "start_server", "wait_until"]
 
 

@@ -12,7 +12,7 @@ it, and pytest finds this checkout's copy through `pythonpath` in pyproject.toml
 
 from .checkout import EXAMPLES, ROOT, checkout_env
 from .repository import build_pipeline_repository, build_test_repository
-from .server import RunningServer, free_port, free_ports, start_server
+from .server import RunningServer, fd_links, free_port, free_ports, start_server
 
 __all__ = ["EXAMPLES", "ROOT", "RunningServer", "build_pipeline_repository", "build_test_repository",
-           "checkout_env", "free_port", "free_ports", "start_server"]
+           "checkout_env", "fd_links", "free_port", "free_ports", "start_server"]

@@ -156,13 +156,18 @@ def _bound(server: RunningServer) -> bool:
                 fields = row.split()
                 if fields[1].endswith(port) and fields[3] == "0A":  # local address, state LISTEN
                     listening.add(f"socket:[{fields[9]}]")  # the socket's inode
-    fds = Path(f"/proc/{server.process.pid}/fd")
+    return not listening.isdisjoint(fd_links(server.process.pid))
+
+
+def fd_links(pid: int) -> set[str]:
+    """What process `pid`'s open descriptors point to (`socket:[<inode>]`, paths), read from /proc/<pid>/fd;
+    empty once the process is gone."""
+    links = set()
     with contextlib.suppress(OSError):
-        for fd in fds.iterdir():
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
             with contextlib.suppress(OSError):  # closed since the listing
-                if os.readlink(fd) in listening:
-                    return True
-    return False
+                links.add(os.readlink(fd))
+    return links
 
 
 def _start_server(repository: Path, log_path: Path, *extra: str, ready_timeout: float, wait_ready: bool,

@@ -289,7 +289,7 @@ class InstanceProcess:
             removed.set()
 
         try:
-            loop.call_soon_threadsafe(remove)
+            owner.call_soon_threadsafe(remove)
         except RuntimeError:  # the loop is closed, and its registrations with it
             return
         removed.wait(5)

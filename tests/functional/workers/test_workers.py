@@ -28,7 +28,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import EXAMPLES, RunningServer, build_test_repository, start_server
+from conftest import EXAMPLES, RunningServer, build_test_repository, fd_links, start_server
 from engine.ipc.frames import HEAD
 from hubserve_models import examples
 
@@ -147,11 +147,7 @@ def frontend_of(server: RunningServer, client: socket.socket) -> int:
         if not inode:
             return None
         for pid in frontends(server):
-            try:
-                links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if f"socket:[{inode}]" in links:
+            if f"socket:[{inode}]" in fd_links(pid):
                 return pid
         return None
 
