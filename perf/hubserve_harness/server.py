@@ -159,14 +159,14 @@ def _bound(server: RunningServer) -> bool:
     return not listening.isdisjoint(fd_links(server.process.pid))
 
 
-def fd_links(pid: int) -> set[str]:
-    """What process `pid`'s open descriptors point to (`socket:[<inode>]`, paths), read from /proc/<pid>/fd;
-    empty once the process is gone."""
-    links = set()
+def fd_links(pid: int) -> list[str]:
+    """What process `pid`'s open descriptors point to (`socket:[<inode>]`, paths), one entry per descriptor
+    (a dup'd one counts again), read from /proc/<pid>/fd; empty once the process is gone."""
+    links = []
     with contextlib.suppress(OSError):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             with contextlib.suppress(OSError):  # closed since the listing
-                links.add(os.readlink(fd))
+                links.append(os.readlink(fd))
     return links
 
 

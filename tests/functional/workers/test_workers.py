@@ -362,8 +362,7 @@ def test_a_load_through_one_frontend_is_seen_by_the_other(repository: Path, tmp_
 
 
 def _memfds(pid: int) -> int:
-    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
-    return sum(link.startswith("/memfd:") for link in links)
+    return sum(link.startswith("/memfd:") for link in fd_links(pid))
 
 
 def _slow_request(conn: http.client.HTTPConnection, value: float, out: list[Any]) -> threading.Thread:
