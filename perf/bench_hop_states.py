@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from bench_pipelines import server_kind, write_hubserve, write_triton
+from bench_pipelines import server_kind, write_repositories
 from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available
 from peers import servers
 
@@ -44,7 +44,6 @@ MODEL = "add_sub_py"
 _LINE = re.compile(r"^\s*(?P<comm>\S.*?)\s+(?P<pid>\d+)/(?P<tid>\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<t>[\d.]+):\s+"
                    r"(?P<event>\S+):\s*(?P<args>.*)$")
 _FIELD = re.compile(r"(\w+)=(\S+)")
-STATES = ("run", "runq", "sleep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +84,7 @@ def state_split(events: list[Event], instance: set[int], server: set[int]) -> di
 
     def group(tids: set[int]) -> str:
         seen = {state.get(t, "sleep") for t in tids}
-        return next(s for s in STATES if s in seen or s == "sleep")
+        return "run" if "run" in seen else "runq" if "runq" in seen else "sleep"
 
     spent: collections.defaultdict[tuple[str, str], float] = collections.defaultdict(float)
     if not events:
@@ -186,11 +185,7 @@ def main() -> int:
         return 2
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_hop_states.") as tmp:
-        repositories = {"hubserve": Path(tmp) / "hubserve", "triton": Path(tmp) / "triton"}
-        write_hubserve(repositories["hubserve"])
-        if "triton" in names:
-            site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
-            write_triton(repositories["hubserve"], repositories["triton"], site)
+        repositories = write_repositories(Path(tmp), names)
         print(f"`{MODEL}`, {args.protocol} c = {args.concurrency}, {args.secs:g} s of scheduler trace per "
               f"server, load average {load:.2f} at the start\n")
         for name in names:

@@ -104,6 +104,16 @@ def write_triton(hubserve_root: Path, root: Path, site: Path) -> None:
     (root / "add_sub_py" / "1" / "site-packages.txt").write_text(f"{site.resolve()}\n")
 
 
+def write_repositories(tmp: Path, names: list[str]) -> dict[str, Path]:
+    """hubserve's repository under `tmp`, and Triton's beside it when `names` has "triton"; by server."""
+    repositories = {"hubserve": tmp / "hubserve", "triton": tmp / "triton"}
+    write_hubserve(repositories["hubserve"])
+    if "triton" in names:
+        site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
+        write_triton(repositories["hubserve"], repositories["triton"], site)
+    return repositories
+
+
 def server_kind(name: str, repository: Path, baseline: Path | None = None) -> servers.ServerKind:
     if name.startswith("hubserve"):
         def serve(p: servers.Ports) -> list[str]:
@@ -251,11 +261,7 @@ def main() -> int:
     versions: dict[str, str] = {}
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_pipelines.") as tmp:
-        repositories = {"hubserve": Path(tmp) / "hubserve", "triton": Path(tmp) / "triton"}
-        write_hubserve(repositories["hubserve"])
-        if "triton" in names:
-            site = next((servers.PEERS_DIR / "triton/lib").glob("python3.*/site-packages"))
-            write_triton(repositories["hubserve"], repositories["triton"], site)
+        repositories = write_repositories(Path(tmp), names)
         for _ in range(args.rounds):
             rows: list[Row] = []
             for name in names:
