@@ -16,6 +16,7 @@ from ..access.policy import PolicyError, policies
 from ..errors import EngineError
 from ..frontend.listeners import PortError
 from ..frontend.tls import ALPN_GRPC, ALPN_HTTP, TlsConfigError, TlsSettings, server_context
+from ..memory import keep_heap_while_serving
 from ..names import name_problem
 from ..observability import logs
 from ..openai.batch.claims import ClaimsUnsupported
@@ -165,6 +166,7 @@ def serve(args: argparse.Namespace) -> int:
     # switch interval a busy loop keeps it that long, so every batch waited up to 5 ms after it had
     # finished.
     sys.setswitchinterval(float(os.environ.get("HUBSERVE_SWITCH_INTERVAL_S", "0.0002")))
+    keep_heap_while_serving()  # large requests' buffers are not given back and faulted in again per batch
     run = asyncio.run
     try:
         import uvloop  # a faster event loop where available; the server is correct without it

@@ -33,6 +33,7 @@ from ..frontend.build import build_frontends
 from ..frontend.http import app as http_frontend
 from ..frontend.options import FrontendOptions, RestrictionSecrets
 from ..frontend.tls import TlsConfigError
+from ..memory import keep_heap_while_serving
 from ..observability import logs
 from ..shm.regions import Region
 from .forwarding import FrontendGrpcHandlers, FrontendRoutes
@@ -136,6 +137,7 @@ def main(argv: list[str]) -> int:
     secrets = read_secrets(spec.secrets_fd)
     # the engine's settings at start (the logging extension changes the engine's)
     logs.configure(**dataclasses.asdict(spec.options.log))
+    keep_heap_while_serving()  # as the engine (engine/memory.py)
     run = asyncio.run
     try:
         import uvloop  # as the engine: a faster loop where installed

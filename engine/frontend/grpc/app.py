@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...access.policy import AccessPolicy, LoopbackOnly
+from ...memory import MemoryReturn
 from ..h2.connection import H2Connection
 from ..h2.frames import H2Error
-from ..h2.guard import MemoryReturn
 from ..h2.headers import RequestHead
 from ..h2.streams import H2Stream, Limits
 from .api_groups import grpc_group
@@ -59,7 +59,7 @@ class GrpcApp:
         self.partial: set[Call] = set()  # calls holding part of a message: `sweep` resets those that stall
         # streams whose next message waits for room in the in-flight budget, oldest first (`budget_freed`)
         self.budget_waiting: dict[StreamInfer, None] = {}
-        self.memory = MemoryReturn()  # large dropped buffers, for the server's sweeper to trim
+        self.memory = MemoryReturn()  # large request buffers let go, for the server's sweeper to trim after
         # every Health/Watch stream of this process, served by one notifier; and how many are open, in all
         # and per connection (CallLimits caps both)
         self.health = HealthWatch(handlers.watch_statuses)

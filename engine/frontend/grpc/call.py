@@ -62,7 +62,7 @@ health: Any = health_pb2  # the generated module carries no type information
 _EMPTY = memoryview(b"")
 # An incomplete unary message at least this large is allocated at its declared length (`Call.whole`).
 _WHOLE_BYTES = 64 << 10
-_LARGE_BUFFER = 1 << 20  # a dropped partial message this large counts towards handing memory back to the OS
+_LARGE_BUFFER = 1 << 20  # a request message this large, run or dropped, counts towards trimming the heap
 
 
 class Call(StreamInfer):
@@ -318,6 +318,8 @@ class Call(StreamInfer):
         try:
             if rpc.kind is Kind.INFER:
                 message, self.request = self.request, None
+                if len(message) >= _LARGE_BUFFER:  # freed once answered: the heap is trimmed when these stop
+                    self.app.memory.freed(len(message))
                 # its one done-callback
                 admission = self.admission  # the key's owner id: inline, this is every ModelInfer's path
                 self.work = rpc.handler(message, self.start_ns, self._infer_done, self.request_id,

@@ -152,29 +152,3 @@ class ConnectionClock:
         elif now - self._waiting_since >= self._client:
             return Expiry.UNREAD
         return None
-
-
-class MemoryReturn:
-    """Server-wide: when dropped request buffers add up to `threshold_bytes`, hand free heap back to the OS
-    (engine/memory.py's malloc_trim), at most once per `min_interval_secs`. glibc keeps a freed buffer that
-    came from the heap (its mmap threshold rises after each large free) until trimmed, so without this the
-    resident size stays at the peak an abandoned upload caused."""
-
-    __slots__ = ("_last", "min_interval_secs", "pending_bytes", "threshold_bytes")
-
-    def __init__(self, threshold_bytes: int = 8 << 20, min_interval_secs: float = 2.0) -> None:
-        self.threshold_bytes = threshold_bytes
-        self.min_interval_secs = min_interval_secs
-        self.pending_bytes = 0
-        self._last = float("-inf")
-
-    def freed(self, size: int) -> None:
-        self.pending_bytes += size
-
-    def due(self, now: float) -> bool:
-        """Whether to trim now; if so, the count starts again."""
-        if self.pending_bytes < self.threshold_bytes or now - self._last < self.min_interval_secs:
-            return False
-        self.pending_bytes = 0
-        self._last = now
-        return True

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ...access.policy import AccessPolicy, LoopbackOnly
-from ...memory import release_freed_memory
+from ...memory import MemoryReturn, release_freed_memory
 from ..connections import ConnectionCounter
 from .connection import READ_BYTES, HttpProtocol
 from .types import Answer, HttpLimits, HttpRequest, OnDone, Pending
@@ -37,7 +37,7 @@ class Routes(Protocol):
 
     def handle(self, req: HttpRequest, on_done: OnDone) -> Answer | Pending: ...
 
-TRIM_INTERVAL_SECS = 1.0  # at most one malloc_trim a second, and only after a large body was dropped
+TRIM_INTERVAL_SECS = 1.0  # at most one malloc_trim a second, after large bodies stopped coming (MemoryReturn)
 DRAIN_QUIET_SECS = 1.0  # draining: an idle keep-alive connection is closed once this quiet
 
 
@@ -66,16 +66,16 @@ class HttpApp:
         self.read_buffer = memoryview(bytearray(READ_BYTES))
         self.closing = False
         self._sweeper: asyncio.Task[None] | None = None
-        self._trim_wanted = False
-        self._trim_running = False
-        self._trimmed_at = 0.0
+        # large bodies let go, for the sweeper to trim after: any one is enough (LARGE_BODY_BYTES)
+        self.memory = MemoryReturn(threshold_bytes=1, min_interval_secs=TRIM_INTERVAL_SECS)
 
     def protocol(self) -> HttpProtocol:
         return HttpProtocol(self)
 
-    def large_body_dropped(self) -> None:
-        """Called by a connection when a large request body is let go; the sweeper trims the heap soon."""
-        self._trim_wanted = True
+    def large_body_dropped(self, size: int) -> None:
+        """Called by a connection when a large request body is let go; the sweeper trims the heap once they
+        stop."""
+        self.memory.freed(size)
 
     def start_sweeper(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
@@ -88,21 +88,15 @@ class HttpApp:
 
     async def _sweep_forever(self) -> None:
         """Every quarter of the client timeout (at most a second): each connection applies its timeouts, and
-        freed heap goes back to the OS if a large body was dropped since the last trim."""
+        freed heap goes back to the OS once large bodies were let go and then none for a tick."""
         interval = max(0.05, min(1.0, self.limits.client_timeout_secs / 4))
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
             for conn in list(self.connections):
                 conn.sweep(now)
-            if self._trim_wanted and not self._trim_running and now - self._trimmed_at >= TRIM_INTERVAL_SECS:
-                self._trim_wanted = False
-                self._trim_running = True
-                self._trimmed_at = now
-                try:
-                    await asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
-                finally:
-                    self._trim_running = False
+            if self.memory.due(now):
+                await asyncio.get_running_loop().run_in_executor(None, release_freed_memory)
 
 
 async def serve(app: HttpApp, sockets: Sequence[socket.socket], ssl_context: ssl.SSLContext | None = None,

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubserve.http")
 
 READ_BYTES = DIRECT_BODY_BYTES  # each read's size outside a large body (the owner's shared buffer)
-LARGE_BODY_BYTES = 1 << 20  # dropping a body this large asks the owner to hand freed heap back to the OS
+LARGE_BODY_BYTES = 1 << 20  # letting a body this large go asks the owner to hand freed heap back to the OS
 LINGER_QUIET_SECS = 1.0  # after our last answer, a client silent this long is closed on
 _SMALL_WRITE = 65536  # answers below this go out in one write with their head
 _monotonic = time.monotonic  # looked up once: it runs twice per request
@@ -133,7 +133,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             inflight.future.cancel()
         self._wake_drain()
         held = (self._reader.drop_partial(), self._inflight_req, *self._queue)
-        large = any(r is not None and len(r.body) >= LARGE_BODY_BYTES for r in held)
+        large = sum(len(r.body) for r in held if r is not None and len(r.body) >= LARGE_BODY_BYTES)
         if self._access is not None:
             for r in held:
                 self._release(r)
@@ -142,7 +142,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         self._inflight = self._inflight_req = None
         self._transport = None
         if large:
-            self._owner.large_body_dropped()
+            self._owner.large_body_dropped(large)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         reader = self._reader
@@ -231,7 +231,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         if req.admission is not None:
             self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
-            self._owner.large_body_dropped()
+            self._owner.large_body_dropped(len(req.body))
 
     def _keep(self, req: HttpRequest) -> bool:
         """Whether the connection stays open after answering `req`. Draining: close after this answer,
@@ -331,7 +331,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
             self._close_gracefully()
         self._release(req)
         if len(req.body) >= LARGE_BODY_BYTES:
-            self._owner.large_body_dropped()
+            self._owner.large_body_dropped(len(req.body))
 
     def _fail(self, status: int, message: str) -> None:
         """The client broke a rule: parse nothing more, drop the partial request, and answer `status` after
@@ -342,7 +342,7 @@ class HttpProtocol(asyncio.BufferedProtocol):
         dropped = self._reader.drop_partial()
         self._release(dropped)
         if dropped is not None and len(dropped.body) >= LARGE_BODY_BYTES:
-            self._owner.large_body_dropped()
+            self._owner.large_body_dropped(len(dropped.body))
         if self._answer in ENDED:
             return
         if self._answer is not _ANSWER_IDLE or self._queue:

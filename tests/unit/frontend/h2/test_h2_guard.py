@@ -7,7 +7,7 @@ import pytest
 
 from engine.access.quotas import ByteBudget
 from engine.frontend.h2.frames import H2ConnectionError, H2Error
-from engine.frontend.h2.guard import ConnectionClock, Expiry, FloodGuard, MemoryReturn
+from engine.frontend.h2.guard import ConnectionClock, Expiry, FloodGuard
 from engine.frontend.h2.headers import FieldBlock
 from engine.frontend.h2.streams import Limits
 
@@ -136,17 +136,6 @@ def test_timeouts_of_zero_are_off():
     clock = ConnectionClock(client_timeout_secs=0, idle_timeout_secs=0, now=0.0)
     assert clock_check(clock, 1e6, waiting=True, partial_frame=True) is None
     assert clock_check(clock, 2e6, waiting=True, partial_frame=True) is None
-
-
-def test_memory_return_waits_for_enough_freed_and_is_rate_limited():
-    memory = MemoryReturn(threshold_bytes=100, min_interval_secs=2.0)
-    memory.freed(60)
-    assert not memory.due(0.0)
-    memory.freed(60)
-    assert memory.due(0.5) and not memory.due(0.6)
-    memory.freed(500)
-    assert not memory.due(2.4)  # within the interval: it waits, keeping the count
-    assert memory.due(2.5) and not memory.due(10.0)
 
 
 def test_field_block_joins_fragments_and_bounds_bytes_and_frames():
