@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from hubserve_harness import ROOT
-from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import run_perf_analyzer
 from peers import servers
 
 MODEL = "repeat_stream"
@@ -138,11 +138,8 @@ def main() -> int:
     parser.add_argument("--servers", default="hubserve,triton")
     parser.add_argument("--workers", type=int, default=1, help="hubserve's --workers")
     args = parser.parse_args()
-    if not perf_analyzer_available():
-        print("perf_analyzer is missing: bash tools/install_perf_analyzer.sh", file=sys.stderr)
-        return 2
     names = args.servers.split(",")
-    if "triton" in names and (missing := servers.TRITON.missing()):
+    if missing := servers.missing_for_bench(names):
         print(missing, file=sys.stderr)
         return 2
     rows: list[Row] = []

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench_pipelines import server_kind, write_repositories
-from hubserve_harness.perf_analyzer import PERF_ANALYZER, perf_analyzer_available
+from hubserve_harness.perf_analyzer import PERF_ANALYZER
 from peers import servers
 
 MODEL = "add_sub_py"
@@ -173,15 +173,12 @@ def main() -> int:
     parser.add_argument("--secs", type=float, default=2.0, help="how long the scheduler is traced")
     parser.add_argument("--servers", default="hubserve,triton")
     args = parser.parse_args()
-    if not perf_analyzer_available():
-        print("perf_analyzer is missing: bash tools/install_perf_analyzer.sh", file=sys.stderr)
+    names = args.servers.split(",")
+    if missing := servers.missing_for_bench(names):
+        print(missing, file=sys.stderr)
         return 2
     if shutil.which("perf") is None:
         print("`perf` is missing (Debian: apt-get install linux-perf)", file=sys.stderr)
-        return 2
-    names = args.servers.split(",")
-    if "triton" in names and (missing := servers.TRITON.missing()):
-        print(missing, file=sys.stderr)
         return 2
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_hop_states.") as tmp:

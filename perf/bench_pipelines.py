@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 from hubserve_harness import ROOT, build_pipeline_repository
-from hubserve_harness.perf_analyzer import perf_analyzer_available, run_perf_analyzer
+from hubserve_harness.perf_analyzer import run_perf_analyzer
 from peers import repos, servers
 
 ADD_SUB_PY = '''"""add/sub, a Triton Python model: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
@@ -244,11 +244,8 @@ def main() -> int:
     parser.add_argument("--baseline-tree", type=Path,
                         help="another checkout whose engine/ is served too, as hubserve@<folder>")
     args = parser.parse_args()
-    if not perf_analyzer_available():
-        print("perf_analyzer is missing: bash tools/install_perf_analyzer.sh", file=sys.stderr)
-        return 2
     names = args.servers.split(",")
-    if "triton" in names and (missing := servers.TRITON.missing()):
+    if missing := servers.missing_for_bench(names):
         print(missing, file=sys.stderr)
         return 2
     if args.baseline_tree:

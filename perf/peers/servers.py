@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hubserve_harness import free_ports
+from hubserve_harness.perf_analyzer import perf_analyzer_available
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS_DIR = ROOT / ".peers"
@@ -295,6 +296,14 @@ def _stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text[text.rindex(")") + 2:].split()
+
+
+def missing_for_bench(names: list[str]) -> str | None:
+    """What a perf_analyzer bench over servers `names` cannot run without (perf_analyzer; Triton's own
+    install where "triton" is among them), as the line to print; None when nothing is missing."""
+    if not perf_analyzer_available():
+        return "perf_analyzer is missing: bash tools/install_perf_analyzer.sh"
+    return TRITON.missing() if "triton" in names else None
 
 
 def machine_cpu_ticks() -> tuple[int, int]:
