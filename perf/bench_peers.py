@@ -15,7 +15,7 @@ backend (built by `setup_triton_ort.sh`, ONNX Runtime at 1 intra-op and 1 inter-
 backend's global thread pool), the anchor of the goal table; and `triton`, the same server with a
 Python-backend stand-in (`peers/triton_model.py`), the only Triton earlier runs had. `--goal` is
 `--servers hubserve,triton-ort --models simple,mlp,image --protocols grpc,http --concurrency 1,16,32
---configs tuned` (each overridable) and prints `peers/goal.py`'s table first: hubserve ÷ triton-ort
+--configs tuned --rounds 3` (each overridable) and prints `peers/goal.py`'s table first: hubserve ÷ triton-ort
 throughput, both p99s and both server CPU per inference per point, and which goals hold. The table is
 printed whenever triton-ort ran, and every run writes its per-point numbers as JSON beside the report. A
 server that is not installed is left out, with the reason in the report.
@@ -27,8 +27,13 @@ best here). The variants are models of their own (`simple`, `simple_tuned`) in t
 from it. Every server is started once on free 127.0.0.1 ports (a peer that is not installed or fails to start
 is left out, with the reason in the report). Then for each model, protocol, concurrency and variant,
 perf_analyzer runs against each server in turn (server A then B at the same point, so drift on this shared
-machine hits all of them), with `-b 1` and `--input-data zero`. Around each run the server's CPU time (its
-process tree, /proc) and its own inference counter are read: CPU per inference = CPU delta / inference delta.
+machine hits all of them), with `-b 1` and `--input-data zero`. With `--rounds N` it does so N times, the
+order reversed every other round (A B, B A, A B), and each of a server's numbers at the point is the median
+of its rounds (`report.median_of`): a single goal run decided each p99 by one measurement, and one stall of
+this shared machine in it (seen as a p99 2-16 % over the other server's, at a different point each run while
+the same point held in the runs around it) decided the table; the rounds are listed beside it.
+Around each run the server's CPU time (its process tree, /proc) and its own inference counter are read:
+CPU per inference = CPU delta / inference delta.
 Afterwards each model's ONNX file runs in this process at the batch sizes hubserve formed (the ceiling,
 `bench_serving.ceiling`). The markdown report, with the exact commands, goes to perf/results/peers-<date>.md
 and is printed.
@@ -212,9 +217,9 @@ def goal_section(measurements: list[Measurement], reference: str, chosen: list[s
 
 
 GOAL_PRESET = {"servers": f"hubserve,{goal.ANCHOR}", "models": "simple,mlp,image", "protocols": "grpc,http",
-               "concurrency": "1,16,32", "configs": "tuned"}
+               "concurrency": "1,16,32", "configs": "tuned", "rounds": 3}
 DEFAULTS = {"servers": f"hubserve,{goal.ANCHOR},triton,kserve,mlserver", "models": "simple,mlp,image",
-            "protocols": "grpc,http", "concurrency": "1,4,16,32", "configs": "examples,tuned"}
+            "protocols": "grpc,http", "concurrency": "1,4,16,32", "configs": "examples,tuned", "rounds": 1}
 
 
 def print_goal_from(path: Path) -> int:
@@ -259,6 +264,10 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=int, default=5000, help="perf_analyzer measurement window")
     parser.add_argument("--stability", type=int, default=50, help="perf_analyzer --stability-percentage")
     parser.add_argument("--max-trials", type=int, default=10, help="perf_analyzer --max-trials")
+    parser.add_argument("--rounds", type=int,
+                        help="measurements of each point on each server, the server order alternating "
+                             "round by round; the tables use each number's median (default: "
+                             f"{DEFAULTS['rounds']}, {GOAL_PRESET['rounds']} with --goal)")
     parser.add_argument("--retries", type=int, default=1,
                         help="reruns of a point that found no stable windows")
     parser.add_argument("--idle-s", type=float, default=3.0, help="seconds to measure idle server CPU")
@@ -307,6 +316,7 @@ def main() -> int:
     load_start, t0 = os.getloadavg(), time.monotonic()
     running: list[servers.RunningServer] = []
     measurements: list[Measurement] = []
+    rounds: list[list[Measurement]] = []  # every round's numbers, point by point
     events: list[str] = []
     idle: dict[int, float] = {}
     try:
@@ -320,11 +330,14 @@ def main() -> int:
         idle = idle_cpu(running, args.idle_s)
         points = [Point(m, v.name, p, int(c)) for m in models for p in args.protocols.split(",")
                   for c in args.concurrency.split(",") for v in chosen]
-        def measure_point(i: int, point: Point, point_args: argparse.Namespace) -> list[Measurement]:
-            """The point on every server in turn (one stopped from outside, only a signal stops one, is
-            restarted once)."""
+        def measure_point(i: int, point: Point, point_args: argparse.Namespace,
+                          backwards: bool = False) -> list[Measurement]:
+            """The point on every server in turn, last to first when `backwards` (one stopped from outside,
+            only a signal stops one, is restarted once)."""
             at_point = []
-            for j, server in enumerate(running):
+            order = range(len(running) - 1, -1, -1) if backwards else range(len(running))
+            for j in order:
+                server = running[j]
                 for _ in range(2):
                     if server.process.poll() is not None:
                         running[j] = server = restart(server, served_names, log_dir, events)
@@ -340,34 +353,43 @@ def main() -> int:
 
         short = argparse.Namespace(**{**vars(args), "interval_ms": SHORT_WINDOW_MS})
         for i, point in enumerate(points, 1):
-            at_point = measure_point(i, point, args)
-            first_stalled = [m.server for m in at_point if timed_out(m)]
-            if first_stalled and args.interval_ms > SHORT_WINDOW_MS:
-                stalled, tries = first_stalled, 0
-                while stalled and tries < SHORT_WINDOW_TRIES:
-                    at_point = measure_point(i, point, short)
-                    stalled = [m.server for m in at_point if timed_out(m)]
-                    tries += 1
-                events.append(f"{point.served_name} {point.protocol} c={point.concurrency}: perf_analyzer "
-                              f"timed out against {', '.join(first_stalled)} with {args.interval_ms} ms "
-                              "windows; "
-                              f"the point was measured again on every server with {SHORT_WINDOW_MS} ms "
-                              f"windows ({tries} time{'s' if tries > 1 else ''}"
-                              f"{', timing out every time' if stalled else ''}), and those numbers are the "
-                              "point's")
-            measurements.extend(at_point)
+            every_round: list[Measurement] = []
+            for r in range(args.rounds):
+                backwards = r % 2 == 1
+                at_point = measure_point(i, point, args, backwards)
+                first_stalled = [m.server for m in at_point if timed_out(m)]
+                if first_stalled and args.interval_ms > SHORT_WINDOW_MS:
+                    stalled, tries = first_stalled, 0
+                    while stalled and tries < SHORT_WINDOW_TRIES:
+                        at_point = measure_point(i, point, short, backwards)
+                        stalled = [m.server for m in at_point if timed_out(m)]
+                        tries += 1
+                    events.append(f"{point.served_name} {point.protocol} c={point.concurrency}"
+                                  f"{f' round {r + 1}' if args.rounds > 1 else ''}: perf_analyzer timed out "
+                                  f"against {', '.join(first_stalled)} with {args.interval_ms} ms windows; "
+                                  f"the point was measured again on every server with {SHORT_WINDOW_MS} ms "
+                                  f"windows ({tries} time{'s' if tries > 1 else ''}"
+                                  f"{', timing out every time' if stalled else ''}), and those numbers are "
+                                  f"the {'round' if args.rounds > 1 else 'point'}'s")
+                every_round.extend(at_point)
+            rounds.append(every_round)
+            for server in running:  # the run's server order, whichever order the last round took
+                own = [m for m in every_round if m.server == server.kind.name]
+                if own:
+                    measurements.append(report.median_of(own) if args.rounds > 1 else own[-1])
     finally:
         for server in running:
             server.stop()
     wall_s, load_end = time.monotonic() - t0, os.getloadavg()
     text = report.render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped,
                          events, served, chosen, args,
-                         f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end))
+                         f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end), rounds)
     goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen])
     if goals:
         text = text.replace("\n", "\n\n" + goals, 1)  # after the heading
     out_path.write_text(text)
-    out_path.with_suffix(".json").write_text(report.dump(measurements, report.REFERENCE))
+    out_path.with_suffix(".json").write_text(
+        report.dump(measurements, report.REFERENCE, rounds if args.rounds > 1 else None))
     print("\n" + text + f"\nwritten to {out_path} and its .json (server logs in "
           f"{log_dir}/)")
     return 0

@@ -10,8 +10,10 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from hubserve_harness import ROOT
 
@@ -61,10 +63,51 @@ class Measurement:
     """perf_analyzer's context switches per inference (each a sleep and a wake-up on a shared core)."""
 
 
-def dump(measurements: list[Measurement], reference: str) -> str:
+_NUMBERS = tuple(f.name for f in fields(Measurement) if f.name not in ("point", "server", "error", "command"))
+
+
+def median_of(rounds: list[Measurement]) -> Measurement:
+    """One server's point over several alternated rounds (`bench_peers.py --rounds`): each number the median
+    of the rounds that completed, so one round caught by a stall of this shared machine (a p99 or a
+    throughput far off the others) does not decide the point. Every number is a median on its own, not one
+    round's row: with three rounds, the middle of each. All rounds failed: the last one's error."""
+    done = [m for m in rounds if not m.error]
+    if not done:
+        return rounds[-1]
+    medians: dict[str, Any] = {}
+    for name in _NUMBERS:
+        values = [v for v in (getattr(m, name) for m in done) if v is not None and not math.isnan(v)]
+        medians[name] = statistics.median(values) if values else getattr(done[0], name)
+    return replace(done[0], **medians)
+
+
+def rounds_table(rounds: list[list[Measurement]]) -> list[str]:
+    """Every round's throughput and p99 beside the median the tables above use, per point and server, in the
+    order the rounds ran."""
+    out = ["| model | config | proto | conc | server | infer/s, round by round | p99 ms, round by round |",
+           "|---|---|---|---|---|---|---|"]
+    for at_point in rounds:
+        by_server: dict[str, list[Measurement]] = {}
+        for m in at_point:
+            by_server.setdefault(m.server, []).append(m)
+        for name, ms in by_server.items():
+            point = ms[0].point
+            tput = " / ".join("failed" if m.error else _fmt(m.infer_per_s) for m in ms)
+            p99 = " / ".join("failed" if m.error else _fmt(m.p99_ms, 2) for m in ms)
+            out.append(f"| {point.model} | {point.variant} | {point.protocol} | {point.concurrency} | {name} "
+                       f"| {tput} | {p99} |")
+    return out
+
+
+def dump(measurements: list[Measurement], reference: str,
+         rounds: list[list[Measurement]] | None = None) -> str:
     """A run's per-point numbers as JSON, written beside the report, so tables (the goal table among them)
-    can be printed again from a run without measuring again."""
-    return json.dumps({"reference": reference, "measurements": [asdict(m) for m in measurements]}, indent=1)
+    can be printed again from a run without measuring again. With `--rounds`, `measurements` are the
+    medians and `rounds` keeps every round's own numbers, point by point, server by server."""
+    data: dict[str, object] = {"reference": reference, "measurements": [asdict(m) for m in measurements]}
+    if rounds:
+        data["rounds"] = [[asdict(m) for m in at_point] for at_point in rounds]
+    return json.dumps(data, indent=1)
 
 
 def load(text: str) -> tuple[list[Measurement], str]:
@@ -167,7 +210,8 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
            running: list[servers.RunningServer], idle: dict[int, float], skipped: dict[str, str],
            events: list[str], served: list[repos.ServedModel], chosen: list[variants.Variant],
            args: argparse.Namespace, started: str, wall_s: float,
-           load: tuple[tuple[float, ...], tuple[float, ...]]) -> str:
+           load: tuple[tuple[float, ...], tuple[float, ...]],
+           rounds: list[list[Measurement]] | None = None) -> str:
     by_point: dict[Point, dict[str, Measurement]] = {}
     for m in measurements:
         by_point.setdefault(m.point, {})[m.server] = m
@@ -179,7 +223,10 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
            (f"Settings: models {args.models}; configs {args.configs}; protocols {args.protocols}; "
             f"concurrency {args.concurrency}; `-b 1`; `--input-data zero`; {args.interval_ms} ms windows, "
             f"stability {args.stability} %, at most {args.max_trials} windows, {args.retries} rerun(s) of a "
-            f"point without stable windows; hubserve's extra arguments: `{args.hubserve_args or 'none'}`; "
+            f"point without stable windows; "
+            + (f"{args.rounds} rounds a point, the server order alternating (A B, B A, ...), each number "
+               "the median of the rounds; " if args.rounds > 1 else "")
+            + f"hubserve's extra arguments: `{args.hubserve_args or 'none'}`; "
             f"wall time {wall_s / 60:.1f} min."), "",
            f"Run as: `{shlex.join(['.venv/bin/python', 'perf/bench_peers.py', *sys.argv[1:]])}`", "",
            *config_table([m for m in args.models.split(",") if m], chosen, served,
@@ -194,6 +241,8 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
                  "below 1 favour hubserve."), "",
             *point_table(by_point)]
+    if rounds and args.rounds > 1:
+        out += ["", "Round by round (the tables use each number's median):", "", *rounds_table(rounds)]
     out += summary(by_point)
     out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
                  "hubserve's session options, at the batch size hubserve formed (`bench_serving.ceiling`, "

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,33 @@ def test_each_point_keeps_the_clients_cpu_and_the_machines_idle_share_and_older_
         pass
     idle1, all1 = servers.machine_cpu_ticks()
     assert 0 <= idle0 <= all0 and idle1 >= idle0 and all1 > all0 and idle1 - idle0 < all1 - all0
+
+
+def test_rounds_take_each_numbers_median_so_one_stalled_round_does_not_decide_a_point() -> None:
+    """--rounds: a server's point is the median of its rounds, number by number (the p99 of one round and the
+    throughput of another can both be the middle); a failed round is left out; every round failing keeps the
+    error; the rounds survive the JSON beside the medians, which `load` reads as before."""
+    point = Point("image", "tuned", "http", 32)
+    rounds = [
+        Measurement(point, "hubserve", 2100.0, p99_ms=71.1, cpu_us_per_infer=390, avg_batch=4.0),  # stalled
+        Measurement(point, "hubserve", 2200.0, p99_ms=56.3, cpu_us_per_infer=float("nan"), avg_batch=4.4),
+        Measurement(point, "hubserve", 0.0, error="perf_analyzer exit 2: unstable"),
+        Measurement(point, "hubserve", 1900.0, p99_ms=53.6, cpu_us_per_infer=380, avg_batch=None),
+    ]
+    median = report.median_of(rounds)
+    assert (median.infer_per_s, median.p99_ms, median.cpu_us_per_infer, median.avg_batch) == (
+        2100.0, 56.3, 385.0, 4.2)
+    assert median.error == "" and median.point == point and median.server == "hubserve"
+    failed = [rounds[2], replace(rounds[2], error="perf_analyzer exit 124: timed out")]
+    assert report.median_of(failed) == failed[-1]
+    anchor = [replace(r, server="triton-ort", p99_ms=r.p99_ms + 1) for r in rounds if not r.error]
+    text = report.dump([median], "hubserve", [rounds + anchor])
+    assert report.load(text) == ([median], "hubserve")
+    assert len(json.loads(text)["rounds"][0]) == 7
+    table = report.rounds_table([rounds + anchor])
+    row = "| image | tuned | http | 32 | {} | {} | {} |".format
+    assert row("hubserve", "2,100 / 2,200 / failed / 1,900", "71.10 / 56.30 / failed / 53.60") in table
+    assert row("triton-ort", "2,100 / 2,200 / 1,900", "72.10 / 57.30 / 54.60") in table
 
 
 @pytest.fixture(scope="module")
