@@ -354,23 +354,27 @@ def main() -> int:
         short = argparse.Namespace(**{**vars(args), "interval_ms": SHORT_WINDOW_MS})
         for i, point in enumerate(points, 1):
             every_round: list[Measurement] = []
+            windows = args  # the first time-out moves the point to short windows, its later rounds too
             for r in range(args.rounds):
                 backwards = r % 2 == 1
-                at_point = measure_point(i, point, args, backwards)
-                first_stalled = [m.server for m in at_point if timed_out(m)]
-                if first_stalled and args.interval_ms > SHORT_WINDOW_MS:
-                    stalled, tries = first_stalled, 0
+                at_point = measure_point(i, point, windows, backwards)
+                stalled = [m.server for m in at_point if timed_out(m)]
+                if stalled and args.interval_ms > SHORT_WINDOW_MS:
+                    what = f"{windows.interval_ms} ms"
+                    first, windows, tries, first_stalled = windows is args, short, 0, stalled
                     while stalled and tries < SHORT_WINDOW_TRIES:
                         at_point = measure_point(i, point, short, backwards)
                         stalled = [m.server for m in at_point if timed_out(m)]
                         tries += 1
                     events.append(f"{point.served_name} {point.protocol} c={point.concurrency}"
                                   f"{f' round {r + 1}' if args.rounds > 1 else ''}: perf_analyzer timed out "
-                                  f"against {', '.join(first_stalled)} with {args.interval_ms} ms windows; "
-                                  f"the point was measured again on every server with {SHORT_WINDOW_MS} ms "
-                                  f"windows ({tries} time{'s' if tries > 1 else ''}"
+                                  f"against {', '.join(first_stalled)} with "
+                                  f"{what} windows; the point was measured again on every server with "
+                                  f"{SHORT_WINDOW_MS} ms windows ({tries} time{'s' if tries > 1 else ''}"
                                   f"{', timing out every time' if stalled else ''}), and those numbers are "
-                                  f"the {'round' if args.rounds > 1 else 'point'}'s")
+                                  f"the {'round' if args.rounds > 1 else 'point'}'s"
+                                  + (" (its later rounds had those windows from the start)"
+                                     if first and r + 1 < args.rounds else ""))
                 every_round.extend(at_point)
             rounds.append(every_round)
             for server in running:  # the run's server order, whichever order the last round took
