@@ -205,14 +205,18 @@ def ceilings(measurements: list[Measurement], seconds: float) -> dict[tuple[str,
     return out
 
 
-def goal_section(measurements: list[Measurement], reference: str, chosen: list[str]) -> str:
-    """Issue 32's table for each config variant the anchor (triton-ort) ran; empty when it did not."""
+def goal_section(measurements: list[Measurement], reference: str, chosen: list[str],
+                 rounds: list[list[Measurement]] | None = None) -> str:
+    """Issue 32's table for each config variant the anchor (triton-ort) ran; empty when it did not. With
+    several rounds, also each round's own count of points meeting each goal, as if it had been the run."""
     out = []
     for variant in chosen:
         points = goal.goal_points(measurements, reference, variant)
         if any(p.anchor is not None for p in points):
             out += [f"### Goal table, config `{variant}`: {reference} against Triton's C++ onnxruntime "
                     "backend", "", *goal.render(points, reference), ""]
+            if rounds:
+                out += [*goal.by_round(rounds, reference, variant), ""]
     return "\n".join(out)
 
 
@@ -225,7 +229,7 @@ DEFAULTS = {"servers": f"hubserve,{goal.ANCHOR},triton,kserve,mlserver", "models
 def print_goal_from(path: Path) -> int:
     measurements, reference = report.load(path.read_text())
     variants_run = list(dict.fromkeys(m.point.variant for m in measurements))
-    text = goal_section(measurements, reference, variants_run)
+    text = goal_section(measurements, reference, variants_run, report.load_rounds(path.read_text()) or None)
     print(text or f"{path}: {goal.ANCHOR} has no measurements there")
     return 0 if text else 1
 
@@ -388,7 +392,8 @@ def main() -> int:
     text = report.render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped,
                          events, served, chosen, args,
                          f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end), rounds)
-    goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen])
+    goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen],
+                         rounds if args.rounds > 1 else None)
     if goals:
         text = text.replace("\n", "\n\n" + goals, 1)  # after the heading
     out_path.write_text(text)

@@ -141,3 +141,23 @@ def verdict(points: list[GoalPoint]) -> list[str]:
         f"- **goal {'holds' if holds else 'does not hold'}**"
         + (f" ({lost} point{'s' if lost > 1 else ''} not measured)" if lost else ""),
     ]
+
+
+def by_round(rounds: list[list[Measurement]], reference: str, variant: str,
+             anchor: str = ANCHOR) -> list[str]:
+    """Each round of a `--rounds` run on its own (the i-th measurement of each server at each point), the
+    goal's counts as that round alone would give them: how much the medians' verdict owes to the rounds."""
+    count = max((sum(m.server == reference for m in at_point) for at_point in rounds), default=0)
+    out = []
+    for i in range(count):
+        alone = []
+        for at_point in rounds:
+            for server in (reference, anchor):
+                own = [m for m in at_point if m.server == server]
+                if i < len(own):
+                    alone.append(own[i])
+        lines = verdict(goal_points(alone, reference, variant, anchor))
+        counts = "; ".join(line.removeprefix("- ") for line in lines[:3])
+        held = "holds" if lines[-1].startswith("- **goal holds") else "does not hold"
+        out.append(f"- round {i + 1} alone: {counts}; the goal {held}")
+    return out

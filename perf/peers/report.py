@@ -110,15 +110,21 @@ def dump(measurements: list[Measurement], reference: str,
     return json.dumps(data, indent=1)
 
 
+def _measurement(m: dict[str, Any]) -> Measurement:
+    numbers = {k: v for k, v in m.items() if k not in ("point", "command")}
+    # json writes NaN (CPU of a point without inferences) as NaN, which it reads back
+    return Measurement(Point(**m["point"]), **numbers, command=tuple(m["command"]))
+
+
 def load(text: str) -> tuple[list[Measurement], str]:
     """`dump`'s output back: the measurements and the reference server's name."""
     data = json.loads(text)
-    out = []
-    for m in data["measurements"]:
-        fields = {k: v for k, v in m.items() if k not in ("point", "command")}
-        # json writes NaN (CPU of a point without inferences) as NaN, which it reads back
-        out.append(Measurement(Point(**m["point"]), **fields, command=tuple(m["command"])))
-    return out, str(data["reference"])
+    return [_measurement(m) for m in data["measurements"]], str(data["reference"])
+
+
+def load_rounds(text: str) -> list[list[Measurement]]:
+    """The rounds `dump` kept (a `--rounds` run), point by point; empty for a single-round run."""
+    return [[_measurement(m) for m in at_point] for at_point in json.loads(text).get("rounds", [])]
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:

@@ -149,6 +149,38 @@ def test_rounds_take_each_numbers_median_so_one_stalled_round_does_not_decide_a_
     assert row("triton-ort", "2,100 / 2,200 / 1,900", "72.10 / 57.30 / 54.60") in table
 
 
+def test_each_round_alone_is_counted_beside_the_medians_verdict(tmp_path: Path) -> None:
+    """A `--rounds` run says how each round alone would have read, so a verdict of medians shows what it owes
+    to them; `--goal-from` prints those lines from the JSON too."""
+    point = Point("simple", "tuned", "http", 16)
+    rounds = [[
+        Measurement(point, "hubserve", 11000.0, p99_ms=2.5, cpu_us_per_infer=70),
+        Measurement(point, "triton-ort", 9000.0, p99_ms=2.7, cpu_us_per_infer=90),
+        Measurement(point, "triton-ort", 9100.0, p99_ms=2.6, cpu_us_per_infer=90),
+        Measurement(point, "hubserve", 10800.0, p99_ms=2.9, cpu_us_per_infer=70),  # a stalled round
+        Measurement(point, "hubserve", 11100.0, p99_ms=2.4, cpu_us_per_infer=70),
+        Measurement(point, "triton-ort", 8900.0, p99_ms=2.8, cpu_us_per_infer=90),
+    ]]
+    lines = goal.by_round(rounds, "hubserve", "tuned")
+    assert lines == [
+        "- round 1 alone: throughput ≥ 1.0 ×: 1 of 1 points; p99 ≤ the anchor's: 1 of 1 points; CPU per "
+        "inference ≤ the anchor's at c = 16: 1 of 1 points; the goal holds",
+        "- round 2 alone: throughput ≥ 1.0 ×: 1 of 1 points; p99 ≤ the anchor's: 0 of 1 points; CPU per "
+        "inference ≤ the anchor's at c = 16: 1 of 1 points; the goal does not hold",
+        "- round 3 alone: throughput ≥ 1.0 ×: 1 of 1 points; p99 ≤ the anchor's: 1 of 1 points; CPU per "
+        "inference ≤ the anchor's at c = 16: 1 of 1 points; the goal holds",
+    ]
+    medians = [report.median_of([m for m in rounds[0] if m.server == s]) for s in ("hubserve", "triton-ort")]
+    recorded = tmp_path / "peers-rounds.json"
+    recorded.write_text(report.dump(medians, "hubserve", rounds))
+    assert report.load_rounds(recorded.read_text()) == rounds
+    out = subprocess.run([sys.executable, str(ROOT / "perf/bench_peers.py"), "--goal-from", str(recorded)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "| simple | http | 16 | 1.22 | 2.50 / 2.70 | 70 / 90 | none |" in out.stdout
+    assert lines[1] in out.stdout
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> list[repos.ServedModel]:
     """`simple` (a pbtxt with a window) and `image` (`dynamic_batching { }`) as committed, models built."""
