@@ -2,7 +2,7 @@
 (a) the cost of a Python-model hop and (b) an ensemble against its slowest step.
 
     bash tools/install_perf_analyzer.sh; bash perf/peers/setup_triton.sh   # once
-    flock /work/probes/bench.lock .venv/bin/python perf/bench_pipelines.py [--protocol grpc]
+    flock /work/probes/bench.lock .venv/bin/python perf/bench_pipelines.py [--protocol grpc,http]
         [--hop-concurrency 1,4,16] [--concurrency 16] [--interval-ms 2000] [--servers hubserve,triton]
         [--parts hop,ensemble] [--rounds 1] [--baseline-tree /tmp/before]
 
@@ -14,13 +14,18 @@ FP32 [1024]) -> `mlp_large` (the compute-bound example MLP), against `mlp_large`
 Triton, where the two steps are Python-backend models running the same ONNX files (perf/peers/triton_model.py:
 Triton here has no ONNX Runtime backend) and the ensemble config is the same file.
 
+`--protocol grpc,http` measures both protocols in one run (each server started once a round, every point over
+gRPC then over HTTP), with a table per protocol and, for the hop, whether issue 32's Python-model goal (≥ 1.0
+× Triton at every hop concurrency, both protocols) holds in the run.
+
 The servers run one after the other (never two at once), each on its own free loopback ports, from
-repositories written to a temporary folder; `--rounds N` runs the whole sequence N times (servers
-interleaved, so drift hits all) and reports each point's median round. `--baseline-tree` serves another
-checkout's `engine/` (e.g. `git worktree add /tmp/before HEAD~3`) as `hubserve@<folder>` right after
-hubserve, on the same repository: before and after in one run. Every measurement is one perf_analyzer run at
-one concurrency, `--input-data zero`, with the server's CPU time (every process of it, the Python models'
-instances included) per inference its own counters saw; the report is markdown, with every command.
+repositories written to a temporary folder; `--rounds N` runs the whole sequence N times (servers interleaved,
+the order reversed every other round, so drift hits all) and reports each point's median round.
+`--baseline-tree` serves another checkout's `engine/` (e.g. `git worktree add /tmp/before HEAD~3`) as
+`hubserve@<folder>` right after hubserve, on the same repository: before and after in one run. Every
+measurement is one perf_analyzer run at one concurrency, `--input-data zero`, with the server's CPU time
+(every process of it, the Python models' instances included) per inference its own counters saw; the report is
+markdown, with every command.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Row:
     part: str  # "hop" or "ensemble"
     model: str
     concurrency: int
+    protocol: str = "grpc"
     throughput: float = 0.0
     p50_us: float = 0.0
     p99_us: float = 0.0
@@ -132,11 +138,11 @@ def server_kind(name: str, repository: Path, baseline: Path | None = None) -> se
         "--http-port", str(p.http), "--grpc-port", str(p.grpc), "--metrics-port", str(p.metrics)])
 
 
-def measure(server: servers.RunningServer, protocol: str, plan: list[Row], args: argparse.Namespace,
+def measure(server: servers.RunningServer, plan: list[Row], args: argparse.Namespace,
             commands: list[str]) -> None:
     for row in plan:
         cpu0, n0 = server.cpu_s(), server.inferences(row.model)
-        result = run_perf_analyzer(row.model, server.url(protocol), protocol,
+        result = run_perf_analyzer(row.model, server.url(row.protocol), row.protocol,
                                    "--concurrency-range", str(row.concurrency),
                                    "--measurement-interval", str(args.interval_ms), "--input-data", "zero",
                                    "--stability-percentage", str(args.stability), "--percentile", "99",
@@ -152,15 +158,15 @@ def measure(server: servers.RunningServer, protocol: str, plan: list[Row], args:
         row.cpu_us = (server.cpu_s() - cpu0) * 1e6 / inferences if inferences else 0.0
         row.throughput = result.throughput
         row.p50_us, row.p99_us = float(csv.get("p50 latency", 0)), float(csv.get("p99 latency", 0))
-        print(f"{row.server} {row.model} c={row.concurrency}: {row.throughput:.0f} infer/s, "
+        print(f"{row.server} {row.protocol} {row.model} c={row.concurrency}: {row.throughput:.0f} infer/s, "
               f"{row.cpu_us:.0f} µs CPU/infer", flush=True)
 
 
-def plan_for(server: str, hop: list[int], concurrency: int, parts: list[str]) -> list[Row]:
+def plan_for(server: str, hop: list[int], concurrency: int, parts: list[str], protocol: str) -> list[Row]:
     hop_models = ["simple", "add_sub_py"] if server == "hubserve" else ["add_sub_py"]
-    rows = [Row(server, "hop", m, c) for c in hop for m in hop_models] if "hop" in parts else []
+    rows = [Row(server, "hop", m, c, protocol) for c in hop for m in hop_models] if "hop" in parts else []
     if "ensemble" in parts:
-        rows += [Row(server, "ensemble", m, concurrency) for m in ("mlp_large", "pipeline")]
+        rows += [Row(server, "ensemble", m, concurrency, protocol) for m in ("mlp_large", "pipeline")]
     return rows
 
 
@@ -176,8 +182,11 @@ def median_rounds(rounds: list[list[Row]]) -> list[Row]:
 
 def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versions: dict[str, str],
            load: tuple[float, ...]) -> str:
-    def get(server: str, model: str, c: int) -> Row | None:
-        return next((r for r in rows if (r.server, r.model, r.concurrency) == (server, model, c)), None)
+    protocols = args.protocol.split(",")
+
+    def get(server: str, model: str, c: int, protocol: str) -> Row | None:
+        key = (server, model, c, protocol)
+        return next((r for r in rows if (r.server, r.model, r.concurrency, r.protocol) == key), None)
 
     def cell(r: Row | None) -> str:
         if r is None:
@@ -200,40 +209,65 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
            f"{load[0]:.2f} / {load[1]:.2f}. Cells: infer/s (p50 / p99, server CPU µs per inference)"
            + (f", the median of {args.rounds} interleaved rounds (of an even count, the upper middle)."
               if args.rounds > 1 else "."), ""]
-    if "hop" in args.parts:
-        head = "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | " \
-               "Triton add_sub_py | hubserve / Triton (add_sub_py) |"
-        if baseline:
-            head += f" {baseline} add_sub_py | hubserve / {baseline} |"
-        out += [f"(a) Python-model hop, {args.protocol}", "", head, "|---" * (head.count("|") - 1) + "|"]
-        for c in [int(x) for x in args.hop_concurrency.split(",")]:
-            onnx, py, tri = get("hubserve", "simple", c), get("hubserve", "add_sub_py", c), \
-                get("triton", "add_sub_py", c)
-            line = f"| {c} | {cell(onnx)} | {cell(py)} | {ratio(py, onnx)} | {cell(tri)} | {ratio(py, tri)} |"
+    hops = [int(x) for x in args.hop_concurrency.split(",")]
+    for protocol in protocols:
+        def at(server: str, model: str, c: int, protocol: str = protocol) -> Row | None:
+            return get(server, model, c, protocol)
+
+        if "hop" in args.parts:
+            head = "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | " \
+                   "Triton add_sub_py | hubserve / Triton (add_sub_py) |"
             if baseline:
-                before = get(baseline, "add_sub_py", c)
-                line += f" {cell(before)} | {ratio(py, before)} |"
-            out.append(line)
-        out.append("")
-    if "ensemble" in args.parts:
-        c = args.concurrency
-        out += [f"(b) Ensemble against its slowest step, {args.protocol}, c = {c}", "",
-                "| server | mlp_large | pipeline (prep → mlp_large) | pipeline / mlp_large |",
-                "|---|---|---|---|"]
-        for server in versions:
-            step, pipe = get(server, "mlp_large", c), get(server, "pipeline", c)
-            out.append(f"| {server} | {cell(step)} | {cell(pipe)} | {ratio(pipe, step)} |")
-        out += ["", f"hubserve pipeline / Triton pipeline: "
-                f"{ratio(get('hubserve', 'pipeline', c), get('triton', 'pipeline', c))}", ""]
+                head += f" {baseline} add_sub_py | hubserve / {baseline} |"
+            out += [f"(a) Python-model hop, {protocol}", "", head, "|---" * (head.count("|") - 1) + "|"]
+            for c in hops:
+                onnx, py, tri = at("hubserve", "simple", c), at("hubserve", "add_sub_py", c), \
+                    at("triton", "add_sub_py", c)
+                line = (f"| {c} | {cell(onnx)} | {cell(py)} | {ratio(py, onnx)} | {cell(tri)} "
+                        f"| {ratio(py, tri)} |")
+                if baseline:
+                    before = at(baseline, "add_sub_py", c)
+                    line += f" {cell(before)} | {ratio(py, before)} |"
+                out.append(line)
+            out.append("")
+        if "ensemble" in args.parts:
+            c = args.concurrency
+            out += [f"(b) Ensemble against its slowest step, {protocol}, c = {c}", "",
+                    "| server | mlp_large | pipeline (prep → mlp_large) | pipeline / mlp_large |",
+                    "|---|---|---|---|"]
+            for server in versions:
+                step, pipe = at(server, "mlp_large", c), at(server, "pipeline", c)
+                out.append(f"| {server} | {cell(step)} | {cell(pipe)} | {ratio(pipe, step)} |")
+            out += ["", f"hubserve pipeline / Triton pipeline: "
+                    f"{ratio(at('hubserve', 'pipeline', c), at('triton', 'pipeline', c))}", ""]
+    if "hop" in args.parts and "triton" in versions:
+        out += hop_goal(rows, protocols, hops)
     if commands:
         out.append("perf_analyzer (first run; -m, -u and the last --concurrency-range vary): "
                    f"`{commands[0]}`")
     return "\n".join(out)
 
 
+def hop_goal(rows: list[Row], protocols: list[str], hops: list[int]) -> list[str]:
+    """Issue 32's Python-model goal in this run: hubserve's add_sub_py ≥ 1.0 × Triton's at every hop
+    concurrency and protocol measured (the goal names c = 1, 4, 16 and both protocols)."""
+    def tput(server: str, c: int, protocol: str) -> float:
+        row = next((r for r in rows if (r.server, r.model, r.concurrency, r.protocol)
+                    == (server, "add_sub_py", c, protocol)), None)
+        return row.throughput if row is not None and not row.error else 0.0
+
+    points = [(p, c, tput("hubserve", c, p), tput("triton", c, p)) for p in protocols for c in hops]
+    under = [f"{p} c = {c}" + (f" ({h / t:.2f} ×)" if h and t else " (not measured)")
+             for p, c, h, t in points if not (h and t and h >= t)]
+    held = len(points) - len(under)
+    return [f"Python-model goal (add_sub_py ≥ 1.0 × Triton, {', '.join(protocols)} × c = "
+            f"{', '.join(map(str, hops))}): {held} of {len(points)} points"
+            + (f"; under: {'; '.join(under)}" if under else "; **holds in this run**"), ""]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--protocol", default="grpc", choices=("grpc", "http"))
+    parser.add_argument("--protocol", default="grpc", help="grpc, http, or both (grpc,http) in one run")
     parser.add_argument("--hop-concurrency", default="1,4,16")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--interval-ms", type=int, default=2000)
@@ -245,6 +279,8 @@ def main() -> int:
                         help="another checkout whose engine/ is served too, as hubserve@<folder>")
     args = parser.parse_args()
     names = args.servers.split(",")
+    if not args.protocol or not set(args.protocol.split(",")) <= {"grpc", "http"}:
+        parser.error(f"--protocol: grpc, http or grpc,http (got {args.protocol!r})")
     if missing := servers.missing_for_bench(names):
         print(missing, file=sys.stderr)
         return 2
@@ -259,20 +295,20 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_pipelines.") as tmp:
         repositories = write_repositories(Path(tmp), names)
-        for _ in range(args.rounds):
-            rows: list[Row] = []
-            for name in names:
-                plan = plan_for(name, hop, args.concurrency, parts)
+        for r in range(args.rounds):
+            by_server: dict[str, list[Row]] = {}
+            for name in names if r % 2 == 0 else names[::-1]:  # the order alternates, round by round
+                plan = by_server[name] = [row for protocol in args.protocol.split(",")
+                                          for row in plan_for(name, hop, args.concurrency, parts, protocol)]
                 repository = repositories["triton" if name == "triton" else "hubserve"]
                 server = servers.start(server_kind(name, repository, args.baseline_tree),
                                        sorted({r.model for r in plan}), Path(tmp))
                 versions[name] = server.version
                 try:
-                    measure(server, args.protocol, plan, args, commands)
+                    measure(server, plan, args, commands)
                 finally:
                     server.stop()
-                rows += plan
-            rounds.append(rows)
+            rounds.append([row for name in names for row in by_server[name]])  # one order for the medians
     print(report(median_rounds(rounds), args, commands, versions, (load_before, os.getloadavg()[0])))
     return 0
 
