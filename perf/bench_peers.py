@@ -381,24 +381,25 @@ def main() -> int:
                                      if first and r + 1 < args.rounds else ""))
                 every_round.extend(at_point)
             rounds.append(every_round)
+            own = report.by_server(every_round)
             for server in running:  # the run's server order, whichever order the last round took
-                own = [m for m in every_round if m.server == server.kind.name]
-                if own:
-                    measurements.append(report.median_of(own) if args.rounds > 1 else own[-1])
+                if server.kind.name in own:
+                    ms = own[server.kind.name]
+                    measurements.append(report.median_of(ms) if args.rounds > 1 else ms[-1])
     finally:
         for server in running:
             server.stop()
     wall_s, load_end = time.monotonic() - t0, os.getloadavg()
+    kept = rounds if args.rounds > 1 else None  # a single pass has no rounds to show
     text = report.render(measurements, ceilings(measurements, args.ceiling_s), running, idle, skipped,
                          events, served, chosen, args,
-                         f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end), rounds)
-    goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen],
-                         rounds if args.rounds > 1 else None)
+                         f"{started:%Y-%m-%d %H:%M}", wall_s, (load_start, load_end), kept)
+    goals = goal_section(measurements, report.REFERENCE, [v.name for v in chosen], kept)
     if goals:
         text = text.replace("\n", "\n\n" + goals, 1)  # after the heading
     out_path.write_text(text)
     out_path.with_suffix(".json").write_text(
-        report.dump(measurements, report.REFERENCE, rounds if args.rounds > 1 else None))
+        report.dump(measurements, report.REFERENCE, kept))
     print("\n" + text + f"\nwritten to {out_path} and its .json (server logs in "
           f"{log_dir}/)")
     return 0

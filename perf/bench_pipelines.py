@@ -180,13 +180,17 @@ def median_rounds(rounds: list[list[Row]]) -> list[Row]:
     return out
 
 
+def find(rows: list[Row], server: str, model: str, c: int, protocol: str) -> Row | None:
+    key = (server, model, c, protocol)
+    return next((r for r in rows if (r.server, r.model, r.concurrency, r.protocol) == key), None)
+
+
 def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versions: dict[str, str],
            load: tuple[float, ...]) -> str:
     protocols = args.protocol.split(",")
 
     def get(server: str, model: str, c: int, protocol: str) -> Row | None:
-        key = (server, model, c, protocol)
-        return next((r for r in rows if (r.server, r.model, r.concurrency, r.protocol) == key), None)
+        return find(rows, server, model, c, protocol)
 
     def cell(r: Row | None) -> str:
         if r is None:
@@ -252,8 +256,7 @@ def hop_goal(rows: list[Row], protocols: list[str], hops: list[int]) -> list[str
     """Issue 32's Python-model goal in this run: hubserve's add_sub_py ≥ 1.0 × Triton's at every hop
     concurrency and protocol measured (the goal names c = 1, 4, 16 and both protocols)."""
     def tput(server: str, c: int, protocol: str) -> float:
-        row = next((r for r in rows if (r.server, r.model, r.concurrency, r.protocol)
-                    == (server, "add_sub_py", c, protocol)), None)
+        row = find(rows, server, "add_sub_py", c, protocol)
         return row.throughput if row is not None and not row.error else 0.0
 
     points = [(p, c, tput("hubserve", c, p), tput("triton", c, p)) for p in protocols for c in hops]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .report import Measurement
+from .report import Measurement, by_server
 
 ANCHOR = "triton-ort"
 AIM_RATIO = 1.2
@@ -147,15 +147,12 @@ def by_round(rounds: list[list[Measurement]], reference: str, variant: str,
              anchor: str = ANCHOR) -> list[str]:
     """Each round of a `--rounds` run on its own (the i-th measurement of each server at each point), the
     goal's counts as that round alone would give them: how much the medians' verdict owes to the rounds."""
-    count = max((sum(m.server == reference for m in at_point) for at_point in rounds), default=0)
+    grouped = [by_server(at_point) for at_point in rounds]
+    count = max((len(g.get(reference, [])) for g in grouped), default=0)
     out = []
     for i in range(count):
-        alone = []
-        for at_point in rounds:
-            for server in (reference, anchor):
-                own = [m for m in at_point if m.server == server]
-                if i < len(own):
-                    alone.append(own[i])
+        alone = [own[i] for g in grouped for server in (reference, anchor)
+                 if i < len(own := g.get(server, []))]
         lines = verdict(goal_points(alone, reference, variant, anchor))
         counts = "; ".join(line.removeprefix("- ") for line in lines[:3])
         held = "holds" if lines[-1].startswith("- **goal holds") else "does not hold"

@@ -81,16 +81,22 @@ def median_of(rounds: list[Measurement]) -> Measurement:
     return replace(done[0], **medians)
 
 
+def by_server(at_point: list[Measurement]) -> dict[str, list[Measurement]]:
+    """A point's measurements over its rounds, per server in the order the servers first appear, each server's
+    in the order its rounds ran."""
+    out: dict[str, list[Measurement]] = {}
+    for m in at_point:
+        out.setdefault(m.server, []).append(m)
+    return out
+
+
 def rounds_table(rounds: list[list[Measurement]]) -> list[str]:
     """Every round's throughput and p99 beside the median the tables above use, per point and server, in the
     order the rounds ran."""
     out = ["| model | config | proto | conc | server | infer/s, round by round | p99 ms, round by round |",
            "|---|---|---|---|---|---|---|"]
     for at_point in rounds:
-        by_server: dict[str, list[Measurement]] = {}
-        for m in at_point:
-            by_server.setdefault(m.server, []).append(m)
-        for name, ms in by_server.items():
+        for name, ms in by_server(at_point).items():
             point = ms[0].point
             tput = " / ".join("failed" if m.error else _fmt(m.infer_per_s) for m in ms)
             p99 = " / ".join("failed" if m.error else _fmt(m.p99_ms, 2) for m in ms)
@@ -247,7 +253,7 @@ def render(measurements: list[Measurement], ceiling: dict[tuple[str, int], float
     out += ["", ("Ratios are hubserve ÷ that server at the same point: infer/s above 1 and CPU/inference "
                  "below 1 favour hubserve."), "",
             *point_table(by_point)]
-    if rounds and args.rounds > 1:
+    if rounds:
         out += ["", "Round by round (the tables use each number's median):", "", *rounds_table(rounds)]
     out += summary(by_point)
     out += ["", ("In-process ONNX Runtime ceiling: the same model.onnx in the benchmark's own process, "
