@@ -135,6 +135,7 @@ def measure(server: servers.RunningServer, point: Point, args: argparse.Namespac
         command=command,
         client_faults_per_infer=client.faults / inferences if inferences else None,
         client_switches_per_infer=client.switches / inferences if inferences else None,
+        client_peak_rss_mb=result.peak_rss_mb,
     )
 
 

@@ -21,6 +21,7 @@ import os
 import resource
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,11 @@ class PerfResult:
     csv_rows: tuple[dict[str, str], ...] = field(default=(), repr=False)
     """All rows of the CSV report (one per concurrency level), as perf_analyzer wrote them."""
     timed_out: bool = False
+    peak_rss_mb: float | None = None
+    """perf_analyzer's peak resident memory. It keeps growing with the requests it has sent (by about a
+    third of the input per request on the 602 KB `image` upload), and past a few GB its own cost per
+    request rises 3-4 times (perf/history/peers.md, twenty-seventh session): a run that sent more
+    requests ends in a slower client."""
 
     @property
     def ok(self) -> bool:
@@ -133,21 +139,9 @@ def run_perf_analyzer(
             str(report),
             *extra_args,
         )
-        timed_out = False
-        try:
-            proc = subprocess.run(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                timeout=timeout_s,
-                check=False,
-            )
-            returncode, raw = proc.returncode, proc.stdout
-        except subprocess.TimeoutExpired as exc:
-            timed_out = True
-            returncode = 124
-            raw = (exc.stdout or b"") + f"\n[perf_analyzer timed out after {timeout_s} s]\n".encode()
+        returncode, raw, timed_out, peak_rss_kb = run_reaped(command, timeout_s)
+        if timed_out:
+            raw += f"\n[perf_analyzer timed out after {timeout_s} s]\n".encode()
         output = raw.decode("utf-8", errors="replace")
         rows = _read_csv_report(report)
 
@@ -158,7 +152,38 @@ def run_perf_analyzer(
         command=command,
         csv_rows=rows,
         timed_out=timed_out,
+        peak_rss_mb=peak_rss_kb / 1024 if peak_rss_kb else None,
     )
+
+
+def run_reaped(command: tuple[str, ...], timeout_s: float) -> tuple[int, bytes, bool, int]:
+    """Run ``command`` to its end (killed after ``timeout_s``: exit 124) and reap it with wait4(2), which
+    returns that one process's resource usage, its peak RSS among it. ``RUSAGE_CHILDREN`` has only the
+    largest peak of all children so far. The wrapper script execs the binary, so the PID is
+    perf_analyzer's. Linux carries the parent's RSS at the fork into the child's peak, so the number is at
+    least this process's RSS then (tens of MB for a bench, against the GBs perf_analyzer grows to).
+    Returns (exit status, stdout and stderr, timed out, peak RSS in KiB)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        with proc.stdout:
+            raw = proc.stdout.read()  # EOF: it exited (or closed its output and is about to)
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    if killed.is_set() and os.WIFSIGNALED(status):
+        return 124, raw, True, usage.ru_maxrss
+    return proc.returncode, raw, False, usage.ru_maxrss
 
 
 def _read_csv_report(path: Path) -> tuple[dict[str, str], ...]:

@@ -61,6 +61,11 @@ class Measurement:
     happens depends on its threads' timing, so it differs between servers (perf/history/peers.md)."""
     client_switches_per_infer: float | None = None
     """perf_analyzer's context switches per inference (each a sleep and a wake-up on a shared core)."""
+    client_peak_rss_mb: float | None = None
+    """perf_analyzer's peak resident memory over the point. It grows with the requests sent (by GBs on
+    `image`), and a client grown past a few GB costs 3-4 times as much per request, whichever server it
+    loads: in a fixed time window the faster server makes the client send more and pays for it
+    (perf/history/peers.md, twenty-seventh session)."""
 
 
 _NUMBERS = tuple(f.name for f in fields(Measurement) if f.name not in ("point", "server", "error", "command"))
@@ -193,21 +198,22 @@ def point_table(by_point: dict[Point, dict[str, Measurement]]) -> list[str]:
     """Every server's numbers at every point, with hubserve's ratios to each peer."""
     out = [("| model | config | proto | conc | server | infer/s | p50 ms | p95 ms | p99 ms "
             "| server CPU µs/infer | avg batch | perf_analyzer CPU µs/infer "
-            "| perf_analyzer page faults / switches per infer | machine idle % "
+            "| perf_analyzer page faults / switches per infer | perf_analyzer peak RSS MB | machine idle % "
             "| hubserve ÷ it, infer/s | hubserve ÷ it, CPU/infer |"),
-           "|" + "---|" * 16]
+           "|" + "---|" * 17]
     for point, row in by_point.items():
         hub = row.get(REFERENCE)
         for name, m in row.items():
             cells = [point.model, point.variant, point.protocol, str(point.concurrency), name]
             if m.error:
-                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 10) + " |")
+                out.append("| " + " | ".join(cells + [f"failed: {m.error}"] + [""] * 11) + " |")
                 continue
             fmt = "json" if name == "mlserver" and point.protocol == "http" else ""
             cells[4] += f" ({fmt})" if fmt else ""
             cells += [_fmt(m.infer_per_s), _fmt(m.p50_ms, 2), _fmt(m.p95_ms, 2), _fmt(m.p99_ms, 2),
                       _fmt(m.cpu_us_per_infer), _fmt(m.avg_batch, 1), _fmt(m.client_cpu_us_per_infer),
                       f"{_fmt(m.client_faults_per_infer)} / {_fmt(m.client_switches_per_infer, 1)}",
+                      _fmt(m.client_peak_rss_mb),
                       _fmt(None if m.machine_idle is None else m.machine_idle * 100)]
             if name == REFERENCE or hub is None or hub.error:
                 cells += ["", ""]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import shutil
 import subprocess
 import sys
@@ -106,14 +107,15 @@ def test_each_point_keeps_the_clients_cpu_and_the_machines_idle_share_and_older_
     point = m("hubserve", "mlp", "grpc", 32, 14879.0, 3.98, 51)
     measured = Measurement(point.point, "hubserve", 14879.0, p99_ms=3.98, cpu_us_per_infer=51,
                            client_cpu_us_per_infer=51.0, machine_idle=0.25, client_faults_per_infer=80.5,
-                           client_switches_per_infer=2.4)
+                           client_switches_per_infer=2.4, client_peak_rss_mb=3931.5)
     assert report.load(report.dump([measured, point], "hubserve")) == ([measured, point], "hubserve")
     run = json.loads(report.dump([point], "hubserve"))  # a run recorded before these fields
     for name in ("client_cpu_us_per_infer", "machine_idle", "client_faults_per_infer",
-                 "client_switches_per_infer"):
+                 "client_switches_per_infer", "client_peak_rss_mb"):
         del run["measurements"][0][name]
     assert report.load(json.dumps(run)) == ([point], "hubserve")
-    assert "| 51 | 80 / 2.4 | 25 |" in "\n".join(report.point_table({measured.point: {"hubserve": measured}}))
+    table = "\n".join(report.point_table({measured.point: {"hubserve": measured}}))
+    assert "| 51 | 80 / 2.4 | 3,932 | 25 |" in table
     idle0, all0 = servers.machine_cpu_ticks()
     deadline = time.monotonic() + 0.1
     while time.monotonic() < deadline:  # busy: the clock ticks count this core as used
@@ -234,6 +236,22 @@ def test_the_clients_page_faults_and_switches_are_counted_once_it_ends() -> None
     assert used.switches >= 0 and used.cpu_s > 0
 
 
+def test_each_client_run_reports_its_own_peak_memory():
+    """A point's perf_analyzer peak RSS is that run's own (reaped with wait4), not the largest of every child
+    so far (RUSAGE_CHILDREN's): a small run after a big one reads small. Linux starts a child's count at its
+    parent's RSS at the fork, so the big run grows well past this process's."""
+    from hubserve_harness.perf_analyzer import run_reaped
+
+    mine_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    grow = (mine_kib << 10) + (256 << 20)
+    big = run_reaped((sys.executable, "-c", f"x = b'x' * {grow}"), 60)
+    small = run_reaped((sys.executable, "-c", "print('small')"), 60)
+    assert big[0] == 0 and not big[2] and big[3] > grow >> 10, big  # KiB
+    assert small[:3] == (0, b"small\n", False) and small[3] < big[3] - (200 << 10), (small, big)
+    slept = run_reaped((sys.executable, "-c", "import time; time.sleep(30)"), 0.5)
+    assert slept[0] == 124 and slept[2], slept
+
+
 def test_a_perf_analyzer_that_runs_out_of_time_is_told_from_one_that_fails():
     """bench_peers measures a point again with short windows only when perf_analyzer timed out (its summary
     stalling against Triton's HTTP at high rates), not when it failed: a real perf_analyzer against a port
@@ -260,5 +278,8 @@ def test_a_perf_analyzer_that_runs_out_of_time_is_told_from_one_that_fails():
     as_stalled = Measurement(point, "triton-ort", error=bench_peers.failure(stalled))
     as_refused = Measurement(point, "triton-ort", error=bench_peers.failure(refused))
     assert stalled.returncode == 124 and bench_peers.timed_out(as_stalled), as_stalled.error
+    assert stalled.timed_out and "[perf_analyzer timed out after 3 s]" in stalled.output
+    # each run reaped on its own (wait4): its own peak memory, a running binary's few MB at least
+    assert stalled.peak_rss_mb is not None and stalled.peak_rss_mb > 1, stalled.peak_rss_mb
     assert refused.returncode not in (0, 124) and not bench_peers.timed_out(as_refused), as_refused.error
     assert not bench_peers.timed_out(m("hubserve", "simple", "http", 32, 100.0, 1.0, 50))
