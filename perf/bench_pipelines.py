@@ -189,9 +189,6 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
            load: tuple[float, ...]) -> str:
     protocols = args.protocol.split(",")
 
-    def get(server: str, model: str, c: int, protocol: str) -> Row | None:
-        return find(rows, server, model, c, protocol)
-
     def cell(r: Row | None) -> str:
         if r is None:
             return "—"
@@ -216,7 +213,7 @@ def report(rows: list[Row], args: argparse.Namespace, commands: list[str], versi
     hops = [int(x) for x in args.hop_concurrency.split(",")]
     for protocol in protocols:
         def at(server: str, model: str, c: int, protocol: str = protocol) -> Row | None:
-            return get(server, model, c, protocol)
+            return find(rows, server, model, c, protocol)
 
         if "hop" in args.parts:
             head = "| c | hubserve simple (ONNX) | hubserve add_sub_py | add_sub_py / simple | " \

@@ -66,10 +66,8 @@ class PerfResult:
     """All rows of the CSV report (one per concurrency level), as perf_analyzer wrote them."""
     timed_out: bool = False
     peak_rss_mb: float | None = None
-    """perf_analyzer's peak resident memory. It keeps growing with the requests it has sent (by about a
-    third of the input per request on the 602 KB `image` upload), and past a few GB its own cost per
-    request rises 3-4 times (perf/history/peers.md, twenty-seventh session): a run that sent more
-    requests ends in a slower client."""
+    """perf_analyzer's own peak resident memory (`run_reaped`); why it matters: perf/peers/report.py
+    `Measurement.client_peak_rss_mb`."""
 
     @property
     def ok(self) -> bool:
