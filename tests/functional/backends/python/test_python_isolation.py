@@ -212,6 +212,17 @@ def test_a_model_sent_more_than_its_arena_stalls_no_other_model(server) -> None:
     assert count(server, np.ones(3, np.float32)) == [pid, 3]  # the same process, still in step
 
 
+def test_an_instance_has_its_own_process_group_in_its_servers_session(server) -> None:
+    """Its own process group, so a Ctrl-C (SIGINT to the terminal's foreground group) or a signal to the
+    server's group reaches the server alone, which finalizes its instances in order; the server's session,
+    so that where the kernel groups CPU time by session (Linux autogroup) an instance shares its server's
+    group, as Triton's stubs do, rather than being scheduled as a group of its own."""
+    pid, _ = count(server, np.ones(2, np.float32))
+    assert pid != server.process.pid
+    assert os.getsid(pid) == os.getsid(server.process.pid)
+    assert os.getpgid(pid) == pid != os.getpgid(server.process.pid)
+
+
 def memory(server, field: str) -> int:
     """One line of the server's /proc status (RssAnon: its own memory; RssShmem: shared memory it touched)."""
     with open(f"/proc/{server.process.pid}/status") as f:
